@@ -1,0 +1,92 @@
+"""Federated Dual Averaging, FedDualAvg (Yuan, Zaheer, Reddi, ICML 2021), and -OSP.
+
+The server keeps a dual state z (z_0 = w_0) and an elapsed coefficient c (c_0 = 0).
+
+    client m: z_0^m = z_r; for k < K:
+        w_k^m = prox_{(c_r + eta_c k) psi}(z_k^m)         (OSP: w_k^m = z_k^m)
+        z_{k+1}^m = z_k^m - eta_c grad f(w_k^m; batch)
+    server: z_{r+1} = z_r + eta_s mean_m(z_K^m - z_r)      (the dual-state mean)
+            c_{r+1} = c_r + eta_s mean_m(sum eta_c)        (= eta_s eta_c (r+1) K)
+            w_{r+1} = prox_{c_{r+1} psi}(z_{r+1})
+
+Averaging in the dual and applying the prox once keeps sparse (low-rank) structure that
+averaging primal models destroys. `get_model_weights` gives the primal w.
+With psi = 0 it reduces to FedAvg.
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import aggregators
+from tff_comp import client_work
+from tff_comp import registry
+from tff_comp import regularizers as regularizers_lib
+from tff_comp import server_updates
+from tff_comp.algorithms import common
+from tff_comp.ops import client_updates
+
+
+def _build(
+    model, *, client_prox: bool, regularizer, client_learning_rate,
+    server_learning_rate, batch_size, local_epochs, client_weighting,
+) -> tff.learning.templates.LearningProcess:
+  common.check_positive(client_learning_rate=client_learning_rate)
+  rule = client_updates.DualAveraging(
+      model,
+      learning_rate=client_learning_rate,
+      regularizer=regularizer,
+      client_prox=client_prox,
+  )
+  server_update = server_updates.build_dual_averaging_update(
+      common.server_sgd(server_learning_rate, 0.0),
+      client_work.model_weights_type(model),
+      regularizer,
+  )
+  return common.compose(
+      model,
+      rule,
+      server_update,
+      batch_size=batch_size,
+      local_epochs=local_epochs,
+      client_weighting=client_weighting,
+      aggregator=aggregators.dual_state_mean(),
+  )
+
+
+@registry.register_algorithm('feddualavg')
+def build_feddualavg(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    regularizer: regularizers_lib.Regularizer,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    client_weighting: str = 'uniform',
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedDualAvg: dual averaging on clients and server."""
+  return _build(
+      model, client_prox=True, regularizer=regularizer,
+      client_learning_rate=client_learning_rate,
+      server_learning_rate=server_learning_rate, batch_size=batch_size,
+      local_epochs=local_epochs, client_weighting=client_weighting,
+  )
+
+
+@registry.register_algorithm('feddualavg_osp')
+def build_feddualavg_osp(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    regularizer: regularizers_lib.Regularizer,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    client_weighting: str = 'uniform',
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedDualAvg-OSP: clients step on the dual without the prox."""
+  return _build(
+      model, client_prox=False, regularizer=regularizer,
+      client_learning_rate=client_learning_rate,
+      server_learning_rate=server_learning_rate, batch_size=batch_size,
+      local_epochs=local_epochs, client_weighting=client_weighting,
+  )

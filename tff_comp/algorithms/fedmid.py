@@ -1,0 +1,85 @@
+"""Federated Mirror Descent, FedMiD (Yuan, Zaheer, Reddi, ICML 2021), and FedMiD-OSP.
+
+Problem: min_w (1/N) sum_m F_m(w) + psi(w), with h = 0.5||.||^2.
+
+    client: w_{k+1} = prox_{eta_c psi}(w_k - eta_c g_k)         (OSP: plain SGD)
+    server: w_{r+1} = prox_{eta_s eta_c K psi}(w_r + eta_s Delta)
+
+Clients with unequal step counts: eta_c K is the clients' mean sum of eta_c.
+With psi = 0 both reduce to FedAvg.
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import client_work
+from tff_comp import registry
+from tff_comp import regularizers as regularizers_lib
+from tff_comp import server_updates
+from tff_comp.algorithms import common
+from tff_comp.ops import client_updates
+
+
+def _build(
+    model, *, client_prox: bool, regularizer, client_learning_rate,
+    server_learning_rate, batch_size, local_epochs, client_weighting,
+) -> tff.learning.templates.LearningProcess:
+  common.check_positive(client_learning_rate=client_learning_rate)
+  rule = client_updates.ProximalSGD(
+      model,
+      learning_rate=client_learning_rate,
+      regularizer=regularizer,
+      client_prox=client_prox,
+  )
+  server_update = server_updates.build_mirror_descent_update(
+      common.server_sgd(server_learning_rate, 0.0),
+      client_work.model_weights_type(model),
+      regularizer,
+  )
+  return common.compose(
+      model,
+      rule,
+      server_update,
+      batch_size=batch_size,
+      local_epochs=local_epochs,
+      client_weighting=client_weighting,
+  )
+
+
+@registry.register_algorithm('fedmid')
+def build_fedmid(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    regularizer: regularizers_lib.Regularizer,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    client_weighting: str = 'uniform',
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedMiD: prox after every client step and at the server."""
+  return _build(
+      model, client_prox=True, regularizer=regularizer,
+      client_learning_rate=client_learning_rate,
+      server_learning_rate=server_learning_rate, batch_size=batch_size,
+      local_epochs=local_epochs, client_weighting=client_weighting,
+  )
+
+
+@registry.register_algorithm('fedmid_osp')
+def build_fedmid_osp(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    regularizer: regularizers_lib.Regularizer,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    client_weighting: str = 'uniform',
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedMiD-OSP: clients run plain SGD; only the server applies the prox."""
+  return _build(
+      model, client_prox=False, regularizer=regularizer,
+      client_learning_rate=client_learning_rate,
+      server_learning_rate=server_learning_rate, batch_size=batch_size,
+      local_epochs=local_epochs, client_weighting=client_weighting,
+  )

@@ -1,0 +1,42 @@
+"""FedProx (Li et al., MLSys 2020): FedAvg whose clients add a proximal term.
+
+    client: w_{k+1} = w_k - eta_c (g_k + mu (w_k - w_r))
+    server: as FedAvg
+
+mu = 0 is FedAvg. Equals `tff.learning.algorithms.build_weighted_fed_prox` (tested).
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import registry
+from tff_comp.algorithms import common
+from tff_comp.algorithms import fedavg
+from tff_comp.ops import client_updates
+
+
+@registry.register_algorithm('fedprox')
+def build_fedprox(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    client_learning_rate: float,
+    mu: float = 0.01,
+    server_learning_rate: float = 1.0,
+    server_momentum: float = 0.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    client_weighting: str = 'examples',
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedProx with proximal strength `mu`."""
+  common.check_positive(client_learning_rate=client_learning_rate)
+  common.check_nonnegative(mu=mu)
+  rule = client_updates.SGD(
+      model, learning_rate=client_learning_rate, proximal_strength=mu
+  )
+  return fedavg.compose_fedavg_like(
+      model, rule, server_learning_rate=server_learning_rate,
+      server_momentum=server_momentum, batch_size=batch_size,
+      local_epochs=local_epochs, client_weighting=client_weighting,
+      server_optimizer=server_optimizer, model_aggregator=model_aggregator,
+  )

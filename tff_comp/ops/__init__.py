@@ -1,0 +1,1 @@
+"""Pure TensorFlow math: no TFF import, usable and testable from any runtime."""

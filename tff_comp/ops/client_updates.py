@@ -1,0 +1,252 @@
+"""Client update rules: what one client computes from the broadcast and its data.
+
+Each rule is pure TensorFlow (no TFF) with three functions, run by
+`tff_comp.client_work.build_local_client_work` for every sampled client:
+
+    state  = rule.initialize(payload, hparams)
+    state  = rule.step(state, batch, hparams)          # once per local step
+    update = rule.finalize(state, payload, hparams)
+
+`payload` is what the server broadcast (model weights, or a dual state), `hparams` an
+OrderedDict of float tensors held in the client work's state, so learning rates can be
+read and set through the process. Updates follow TFF's sign convention: a client
+reports the pseudo-gradient `start - end` (= -Delta in ../shared/algorithms.md), so a
+server optimizer can apply it as a gradient.
+"""
+
+import abc
+import collections
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from tff_comp import regularizers as regularizers_lib
+
+Weights = tuple[tf.Tensor, ...]
+
+
+class LocalState(NamedTuple):
+  """Loop state of every rule: the iterate, rule extras, and loss bookkeeping."""
+
+  weights: Weights  # the trainable weights being trained (dual state for DA)
+  extras: Any  # rule-specific tensors (e.g. elapsed step sizes)
+  loss_sum: tf.Tensor  # sum over steps of batch loss x batch size
+  examples: tf.Tensor  # examples processed
+
+
+def batch_loss_and_gradient(
+    model, trainable: Weights, non_trainable: Weights, batch: Any
+) -> tuple[tf.Tensor, Weights]:
+  """Loss of `model` (a FunctionalModel) on `batch` and its gradient."""
+  x, y = (batch['x'], batch['y']) if isinstance(batch, dict) else batch
+  with tf.GradientTape() as tape:
+    tape.watch(trainable)
+    output = model.predict_on_batch((trainable, non_trainable), x, training=True)
+    loss = model.loss(output=output, label=y)
+  return loss, tuple(tape.gradient(loss, trainable))
+
+
+def batch_size_of(batch: Any) -> tf.Tensor:
+  return tf.shape(tf.nest.flatten(batch)[0])[0]
+
+
+class ClientUpdateRule(abc.ABC):
+  """Local update rule on a FunctionalModel; see the module docstring."""
+
+  def __init__(self, model, *, learning_rate: float):
+    self.model = model
+    self._learning_rate = float(learning_rate)
+
+  def initial_hparams(self) -> collections.OrderedDict:
+    """The rule's hyperparameters, stored as float32 in the client work state."""
+    return collections.OrderedDict(learning_rate=self._learning_rate)
+
+  @abc.abstractmethod
+  def start(self, payload) -> tuple[Weights, Weights, Any]:
+    """(trainable start point, non-trainable weights, extras) from the payload."""
+
+  @abc.abstractmethod
+  def local_step(
+      self,
+      weights: Weights,
+      extras: Any,
+      gradient_fn: Callable,
+      hparams,
+      payload,
+  ) -> tuple[tf.Tensor, Weights, Any]:
+    """One step: returns (batch loss, new weights, new extras).
+
+    `gradient_fn(trainable)` gives (loss, gradient) on this step's batch.
+    """
+
+  def update(self, start: Weights, state: LocalState, hparams) -> Any:
+    """The update sent for aggregation; default: the pseudo-gradient start - end."""
+    del hparams
+    return tuple(a - b for a, b in zip(start, state.weights))
+
+  def initialize(self, payload, hparams) -> LocalState:
+    del hparams
+    trainable, _, extras = self.start(payload)
+    return LocalState(
+        tuple(trainable), extras, tf.constant(0.0), tf.constant(0, tf.int32)
+    )
+
+  def step(self, state: LocalState, batch, payload, hparams) -> LocalState:
+    _, non_trainable, _ = self.start(payload)
+
+    def gradient_fn(trainable):
+      return batch_loss_and_gradient(self.model, trainable, non_trainable, batch)
+
+    loss, weights, extras = self.local_step(
+        state.weights, state.extras, gradient_fn, hparams, payload
+    )
+    size = batch_size_of(batch)
+    return LocalState(
+        weights,
+        extras,
+        state.loss_sum + loss * tf.cast(size, tf.float32),
+        state.examples + size,
+    )
+
+  def finalize(self, state: LocalState, payload, hparams) -> Any:
+    trainable, _, _ = self.start(payload)
+    return self.update(tuple(trainable), state, hparams)
+
+
+class SGD(ClientUpdateRule):
+  """Local SGD, optionally proximal (FedProx) or with a regularizer subgradient.
+
+      w_{k+1} = w_k - eta_c (g_k + mu (w_k - w_r) + s_k),  s_k in d psi(w_k)
+
+  mu = 0 and no regularizer is FedAvg's client; mu > 0 is FedProx's; a regularizer
+  gives the naive composite baseline "FedAvg with subgradients".
+  Payload: the broadcast ModelWeights.
+  """
+
+  def __init__(
+      self,
+      model,
+      *,
+      learning_rate: float,
+      proximal_strength: float = 0.0,
+      subgradient_of: regularizers_lib.Regularizer | None = None,
+  ):
+    super().__init__(model, learning_rate=learning_rate)
+    self._mu = float(proximal_strength)
+    self._subgradient_of = subgradient_of
+
+  def initial_hparams(self):
+    hparams = super().initial_hparams()
+    if self._mu:
+      hparams['proximal_strength'] = self._mu
+    return hparams
+
+  def start(self, payload):
+    return tuple(payload.trainable), tuple(payload.non_trainable), tuple(payload.trainable)
+
+  def local_step(self, weights, extras, gradient_fn, hparams, payload):
+    del payload
+    loss, grads = gradient_fn(weights)
+    if 'proximal_strength' in hparams:
+      mu = hparams['proximal_strength']
+      grads = tuple(g + mu * (w - w0) for g, w, w0 in zip(grads, weights, extras))
+    if self._subgradient_of is not None:
+      grads = tuple(
+          g + s for g, s in zip(grads, self._subgradient_of.subgradient(weights))
+      )
+    lr = hparams['learning_rate']
+    return loss, tuple(w - lr * g for w, g in zip(weights, grads)), extras
+
+
+class ElapsedUpdate(NamedTuple):
+  """An update with the client's elapsed learning-rate sum (sum of eta_c)."""
+
+  delta: Weights  # pseudo-gradient: start - end
+  lr_sum: tf.Tensor
+
+
+class ProximalSGD(ClientUpdateRule):
+  """Federated mirror descent's client (FedMiD): prox after each SGD step.
+
+      w_{k+1} = prox_{eta_c psi}(w_k - eta_c g_k)
+
+  With `client_prox=False` the client runs plain SGD (FedMiD-OSP: only the server
+  applies the prox). Reports the pseudo-gradient and its sum of eta_c.
+  Payload: the broadcast ModelWeights.
+  """
+
+  def __init__(
+      self,
+      model,
+      *,
+      learning_rate: float,
+      regularizer: regularizers_lib.Regularizer,
+      client_prox: bool = True,
+  ):
+    super().__init__(model, learning_rate=learning_rate)
+    self._regularizer = regularizer
+    self._client_prox = client_prox
+
+  def start(self, payload):
+    return tuple(payload.trainable), tuple(payload.non_trainable), tf.constant(0.0)
+
+  def local_step(self, weights, lr_sum, gradient_fn, hparams, payload):
+    del payload
+    lr = hparams['learning_rate']
+    loss, grads = gradient_fn(weights)
+    weights = tuple(w - lr * g for w, g in zip(weights, grads))
+    if self._client_prox:
+      weights = self._regularizer.prox(weights, lr)
+    return loss, weights, lr_sum + lr
+
+  def update(self, start, state, hparams):
+    return ElapsedUpdate(super().update(start, state, hparams), state.extras)
+
+
+class DualAveraging(ClientUpdateRule):
+  """Federated dual averaging's client (FedDualAvg).
+
+  From the broadcast dual state z_r and the server's elapsed coefficient
+  c_r (= eta_s eta_c r K with equal steps), for k < K:
+
+      w_k = prox_{(c_r + e_k) psi}(z_k),  e_k = sum of the client's eta_c so far
+      z_{k+1} = z_k - eta_c grad f(w_k; batch)
+
+  With `client_prox=False` gradients are taken at w_k = z_k (FedDualAvg-OSP).
+  Reports the dual pseudo-gradient z_r - z_K and its sum of eta_c.
+  Payload: DualPayload (dual ModelWeights and the elapsed coefficient).
+  """
+
+  def __init__(
+      self,
+      model,
+      *,
+      learning_rate: float,
+      regularizer: regularizers_lib.Regularizer,
+      client_prox: bool = True,
+  ):
+    super().__init__(model, learning_rate=learning_rate)
+    self._regularizer = regularizer
+    self._client_prox = client_prox
+
+  def start(self, payload):
+    dual = payload['dual']
+    return (
+        tuple(dual.trainable),
+        tuple(dual.non_trainable),
+        tf.constant(0.0),
+    )
+
+  def primal(self, dual: Weights, elapsed: tf.Tensor) -> Weights:
+    if not self._client_prox:
+      return dual
+    return self._regularizer.prox(dual, elapsed)
+
+  def local_step(self, dual, lr_sum, gradient_fn, hparams, payload):
+    lr = hparams['learning_rate']
+    loss, grads = gradient_fn(self.primal(dual, payload['elapsed'] + lr_sum))
+    return loss, tuple(z - lr * g for z, g in zip(dual, grads)), lr_sum + lr
+
+  def update(self, start, state, hparams):
+    return ElapsedUpdate(super().update(start, state, hparams), state.extras)

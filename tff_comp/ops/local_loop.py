@@ -1,0 +1,90 @@
+"""The client's local loop: batches drawn from in-memory examples, steps in-graph.
+
+Why not iterate a `tf.data.Dataset` of batches, as TFF's own client work does?
+Inside TFF's C++ worker every dataset element costs a function dispatch; on the lasso
+shape (10 clients x 13 batches, d = 1024) a round took 0.037 s with `Dataset.reduce`
+and 0.012 s when each client's examples are materialized once and the steps run as
+one `tf.while_loop` over slices (measured on the project's 2-core machines). Client
+datasets in federated simulations are small, so holding one in memory is cheap.
+
+Batches follow `dataset.repeat(epochs).batch(batch_size)`: examples in dataset order,
+batches may straddle epoch boundaries, and the last batch may be short unless
+`drop_remainder` is set (then `floor(epochs * n / batch_size)` steps, FedNova's tau).
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+_MAX_EXAMPLES = 2**31 - 1
+
+
+def materialize(dataset: tf.data.Dataset) -> Any:
+  """All elements of a dataset of examples as one structure of stacked tensors.
+
+  An empty dataset gives tensors with a leading dimension of 0.
+  """
+  empty = tf.data.Dataset.from_tensors(
+      tf.nest.map_structure(
+          lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype),
+          dataset.element_spec,
+      )
+  )
+  batched = dataset.batch(_MAX_EXAMPLES)
+  return batched.concatenate(empty).take(1).get_single_element()
+
+
+def num_examples(examples: Any) -> tf.Tensor:
+  """The leading dimension of a structure of stacked examples, as int32."""
+  return tf.shape(tf.nest.flatten(examples)[0])[0]
+
+
+def num_steps(
+    n: tf.Tensor, *, batch_size: int, epochs, drop_remainder: bool = False
+) -> tf.Tensor:
+  """Local steps for n examples: ceil (or floor) of epochs * n / batch_size."""
+  total = tf.cast(epochs, tf.int32) * n
+  if drop_remainder:
+    return total // batch_size
+  return (total + batch_size - 1) // batch_size
+
+
+def run_local_steps(
+    step_fn: Callable[[Any, Any], Any],
+    initial_state: Any,
+    examples: Any,
+    *,
+    batch_size: int,
+    epochs=1,
+    drop_remainder: bool = False,
+) -> tuple[Any, tf.Tensor]:
+  """Runs `state = step_fn(state, batch)` over the batches of `examples`.
+
+  Args:
+    step_fn: pure function of (state, batch) returning the new state.
+    initial_state: a structure of tensors with fixed shapes.
+    examples: a structure of tensors stacked along a leading example dimension.
+    batch_size: examples per step.
+    epochs: passes over the examples (a Python or tensor int).
+    drop_remainder: drop the last short batch.
+
+  Returns:
+    The final state and the number of steps taken (int32).
+  """
+  n = num_examples(examples)
+  steps = num_steps(
+      n, batch_size=batch_size, epochs=epochs, drop_remainder=drop_remainder
+  )
+  total = tf.cast(epochs, tf.int32) * n
+
+  def body(k, state):
+    start = k * batch_size
+    index = tf.range(start, tf.minimum(start + batch_size, total)) % n
+    batch = tf.nest.map_structure(lambda t: tf.gather(t, index), examples)
+    return k + 1, step_fn(state, batch)
+
+  _, final_state = tf.while_loop(
+      lambda k, _: k < steps, body, (tf.constant(0), initial_state)
+  )
+  return final_state, steps

@@ -1,0 +1,153 @@
+"""Named algorithms and tasks, with third-party plugins through entry points.
+
+Built-ins register with a decorator on their builder:
+
+    @registry.register_algorithm('fedprox')
+    def build_fedprox(model, *, client_learning_rate: float, mu: float = 0.01): ...
+
+Another package adds its own by declaring entry points in its packaging metadata, in
+the groups `tff_comp.algorithms` and `tff_comp.tasks`:
+
+    [options.entry_points]
+    tff_comp.algorithms =
+        my_algo = my_package.my_module:build_my_algo
+
+Loading an entry point imports its module; a builder its module did not register
+already is registered under the entry point's name. The keyword-only parameters of a
+builder with a plain type (float, int, bool, str) are its hyperparameters: binaries
+turn them into flags.
+"""
+
+from collections.abc import Callable
+import dataclasses
+import difflib
+import importlib
+import importlib.metadata
+import inspect
+from typing import Any
+
+ALGORITHMS_GROUP = 'tff_comp.algorithms'
+TASKS_GROUP = 'tff_comp.tasks'
+_FLAG_TYPES = (float, int, bool, str)
+
+
+class RegistryError(KeyError):
+  """An unknown or duplicate name; the message lists what is known."""
+
+  def __str__(self) -> str:
+    return str(self.args[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Hparam:
+  """A builder's keyword-only parameter with a flag-friendly type."""
+
+  name: str
+  type: type
+  default: Any  # inspect.Parameter.empty when required
+  help: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """A registered builder."""
+
+  name: str
+  builder: Callable[..., Any]
+
+  @property
+  def hparams(self) -> tuple[Hparam, ...]:
+    """Keyword-only parameters with a plain type, in declaration order."""
+    signature = inspect.signature(self.builder)
+    found = []
+    for p in signature.parameters.values():
+      if p.kind is not inspect.Parameter.KEYWORD_ONLY:
+        continue
+      if p.annotation in _FLAG_TYPES:
+        found.append(Hparam(p.name, p.annotation, p.default))
+    return tuple(found)
+
+  def accepts(self, name: str) -> bool:
+    return name in inspect.signature(self.builder).parameters
+
+
+class Registry:
+  """A name -> builder table for one kind of plugin."""
+
+  def __init__(self, kind: str, group: str, builtin_package: str):
+    self.kind = kind
+    self.group = group
+    self._builtin_package = builtin_package
+    self._entries: dict[str, Entry] = {}
+    self._plugins_loaded = False
+
+  def register(self, name: str) -> Callable[[Callable], Callable]:
+    """Decorator registering a builder under `name`; a name is registered once."""
+
+    def decorator(builder: Callable) -> Callable:
+      self.add(name, builder)
+      return builder
+
+    return decorator
+
+  def add(self, name: str, builder: Callable) -> None:
+    if name in self._entries:
+      existing = self._entries[name].builder
+      raise RegistryError(
+          f'{self.kind} {name!r} is already registered (by'
+          f' {existing.__module__}.{existing.__qualname__}).'
+      )
+    self._entries[name] = Entry(name, builder)
+
+  def load_plugins(self) -> None:
+    """Imports the built-in package and the entry points of `self.group` (once)."""
+    if self._plugins_loaded:
+      return
+    self._plugins_loaded = True
+    importlib.import_module(self._builtin_package)
+    for ep in importlib.metadata.entry_points(group=self.group):
+      obj = ep.load()
+      registered = any(e.builder is obj for e in self._entries.values())
+      if callable(obj) and not registered and ep.name not in self._entries:
+        self.add(ep.name, obj)
+
+  def names(self) -> list[str]:
+    self.load_plugins()
+    return sorted(self._entries)
+
+  def get(self, name: str) -> Entry:
+    """The entry for `name`; an unknown name raises a RegistryError listing names."""
+    names = self.names()
+    if name not in self._entries:
+      close = difflib.get_close_matches(name, names, n=1)
+      hint = f' Did you mean {close[0]!r}?' if close else ''
+      raise RegistryError(
+          f'unknown {self.kind} {name!r}.{hint} Known {self.kind}s:'
+          f' {", ".join(names)}.'
+      )
+    return self._entries[name]
+
+  def __contains__(self, name: str) -> bool:
+    return name in self.names()
+
+
+ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
+TASKS = Registry('task', TASKS_GROUP, 'tasks')
+
+
+def register_algorithm(name: str):
+  """Registers an algorithm builder `(model, *, hyperparameters) -> LearningProcess`."""
+  return ALGORITHMS.register(name)
+
+
+def register_task(name: str):
+  """Registers a task builder `(*, options) -> tasks.Task`."""
+  return TASKS.register(name)
+
+
+def get_algorithm(name: str) -> Entry:
+  return ALGORITHMS.get(name)
+
+
+def get_task(name: str) -> Entry:
+  return TASKS.get(name)

@@ -1,0 +1,157 @@
+"""A local TFF execution context whose C++ worker dies with Python.
+
+`import tensorflow_federated` installs a context that starts the bundled
+`worker_binary` on first use, with the parent's stdout/stderr, and relies on
+`__del__` to stop it. At interpreter exit `__del__` often never runs, so the worker
+outlives Python and holds the parent's pipes open: shell pipelines and CI steps that
+read them hang. TFF offers no switch for this, so this module replaces the default
+context with the same executor stack (remote executor over gRPC to a local worker)
+but starts the worker itself:
+
+* on Linux the worker gets `PR_SET_PDEATHSIG = SIGKILL`, so the kernel kills it when
+  the Python process ends for any reason (exit, exception, SIGTERM, even SIGKILL);
+* an `atexit` hook also stops it on a normal exit (and on platforms without prctl);
+* its output goes to a log file (or /dev/null), never to the parent's pipes.
+
+`tff_comp` installs this context on import; it starts no worker until a computation
+first runs.
+"""
+
+import atexit
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from absl import logging
+import grpc
+import portpicker
+import tensorflow_federated as tff
+
+_WORKER_BINARY = os.path.join(
+    os.path.dirname(tff.__file__), 'data', 'worker_binary'
+)
+_LOG_ENV = 'TFF_COMP_WORKER_LOG'
+_PR_SET_PDEATHSIG = 1
+_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
+_CHANNEL_OPTIONS = [
+    ('grpc.max_message_length', _MAX_MESSAGE_BYTES),
+    ('grpc.max_receive_message_length', _MAX_MESSAGE_BYTES),
+    ('grpc.max_send_message_length', _MAX_MESSAGE_BYTES),
+]
+_READY_TIMEOUT_S = 60.0
+
+
+def _die_with_parent() -> None:
+  """Runs in the child between fork and exec: SIGKILL it when the parent dies."""
+  if sys.platform.startswith('linux'):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class _Worker:
+  """One lazily started local worker process and the gRPC stub that talks to it."""
+
+  def __init__(self, max_concurrent_computation_calls: int):
+    self._max_calls = max_concurrent_computation_calls
+    self._lock = threading.Lock()
+    self._process: subprocess.Popen | None = None
+    self._stub = None
+
+  @property
+  def pid(self) -> int | None:
+    alive = self._process is not None and self._process.poll() is None
+    return self._process.pid if alive else None
+
+  def stub(self):
+    with self._lock:
+      if self._stub is not None and self._stub.is_ready:
+        return self._stub
+      self.stop()
+      port = portpicker.pick_unused_port()
+      log_path = os.environ.get(_LOG_ENV)
+      out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
+      try:
+        self._process = subprocess.Popen(  # pylint: disable=consider-using-with
+            [
+                _WORKER_BINARY,
+                f'--port={port}',
+                f'--max_concurrent_computation_calls={self._max_calls}',
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            preexec_fn=_die_with_parent,
+        )
+      finally:
+        if log_path:
+          out.close()
+      channel = grpc.insecure_channel(f'localhost:{port}', _CHANNEL_OPTIONS)
+      self._stub = tff.framework.RemoteExecutorGrpcStub(channel)
+      deadline = time.monotonic() + _READY_TIMEOUT_S
+      while not self._stub.is_ready:
+        if self._process.poll() is not None or time.monotonic() > deadline:
+          code = self._process.poll()
+          self.stop()
+          raise RuntimeError(
+              f'TFF worker {_WORKER_BINARY} did not start (exit code {code});'
+              f' set {_LOG_ENV}=<file> to capture its output.'
+          )
+        time.sleep(0.05)
+      logging.debug('TFF worker pid %d on port %d', self._process.pid, port)
+      return self._stub
+
+  def stop(self) -> None:
+    if self._process is not None and self._process.poll() is None:
+      self._process.kill()
+      self._process.wait()
+    self._process = None
+    self._stub = None
+
+
+_worker: _Worker | None = None
+
+
+def install_local_runtime(max_concurrent_computation_calls: int = -1) -> None:
+  """Makes a local C++ runtime with a parent-bound worker TFF's default context.
+
+  Args:
+    max_concurrent_computation_calls: forwarded to the worker; nonpositive means no
+      limit.
+  """
+  global _worker
+  shutdown_local_runtime()
+  worker = _Worker(max_concurrent_computation_calls)
+
+  def stack_fn(cardinalities):
+    cardinalities.setdefault(tff.CLIENTS, 0)
+    executor = tff.framework.RemoteExecutor(worker.stub())
+    executor.set_cardinalities(cardinalities)
+    return executor
+
+  context = tff.framework.SyncExecutionContext(
+      executor_fn=tff.framework.ResourceManagingExecutorFactory(stack_fn),
+      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+      transform_args=tff.tensorflow.transform_args,
+      transform_result=tff.tensorflow.transform_result,
+  )
+  tff.framework.set_default_context(context)
+  _worker = worker
+
+
+def shutdown_local_runtime() -> None:
+  """Stops the worker started by `install_local_runtime`, if any."""
+  if _worker is not None:
+    _worker.stop()
+
+
+def worker_pids() -> list[int]:
+  """Pids of live workers started by this process (at most one)."""
+  pid = _worker.pid if _worker is not None else None
+  return [pid] if pid is not None else []
+
+
+atexit.register(shutdown_local_runtime)
