@@ -231,7 +231,7 @@ class DualAveraging(ClientUpdateRule):
     self._client_prox = client_prox
 
   def start(self, payload):
-    dual = payload['dual']
+    dual = payload.dual
     return (
         tuple(dual.trainable),
         tuple(dual.non_trainable),
@@ -245,7 +245,7 @@ class DualAveraging(ClientUpdateRule):
 
   def local_step(self, dual, lr_sum, gradient_fn, hparams, payload):
     lr = hparams['learning_rate']
-    loss, grads = gradient_fn(self.primal(dual, payload['elapsed'] + lr_sum))
+    loss, grads = gradient_fn(self.primal(dual, payload.elapsed + lr_sum))
     return loss, tuple(z - lr * g for z, g in zip(dual, grads)), lr_sum + lr
 
   def update(self, start, state, hparams):

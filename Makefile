@@ -1,0 +1,44 @@
+# tff_comp: `make run` runs the main job, `make test` the test suite (both install first).
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test test-slow bench reproduce clean
+
+install: $(STAMP)
+
+$(STAMP): requirements/tff.txt requirements/dev.txt setup.cfg
+	@command -v $(PYTHON) >/dev/null 2>&1 || { \
+	  echo "error: $(PYTHON) not found. tff_comp needs Python 3.11 (TensorFlow Federated 0.87 supports 3.9-3.11)."; \
+	  echo "Install it (e.g. 'apt-get install python3.11 python3.11-venv' or 'pyenv install 3.11') or run 'make PYTHON=/path/to/python3.11'."; \
+	  exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+	  echo "error: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'), need 3.11."; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -r requirements/tff.txt -r requirements/dev.txt
+	# TFF itself without its unsatisfiable jax/jaxlib 0.4.14 pins (BUILD_NOTES.md).
+	$(PY) -m pip install --quiet --no-deps tensorflow-federated==0.87.0
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -c "import tensorflow_federated, tff_comp, tasks, binaries; print('tff_comp installed with TFF', tensorflow_federated.__version__)"
+	touch $(STAMP)
+
+# The main job: FedDualAvg on federated LASSO (built-in generated data).
+run: install
+	$(PY) binaries/run.py --algo=feddualavg --task=lasso
+
+test: install
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+bench: install
+	$(PY) binaries/bench.py
+
+reproduce: install
+	$(PY) binaries/reproduce.py --experiment=fco_lasso
+
+clean:
+	rm -rf $(VENV) runs *.egg-info

@@ -1,0 +1,1 @@
+"""absl entry points: run.py (one experiment), bench.py (speed), reproduce.py."""

@@ -1,0 +1,115 @@
+"""absl flags for experiments, derived from the registered builders' signatures.
+
+Common flags cover what every run sets. Each algorithm's extra keyword-only
+hyperparameters become a flag of the same name (shared when two algorithms use the
+same name); each task option becomes `--<task>_<option>`. Plugin flags default to
+None, so a flag is passed on only when given, and a flag given for an algorithm or
+task that was not chosen is an error.
+"""
+
+import inspect
+
+from absl import flags
+
+from tff_comp import experiment
+from tff_comp import registry
+
+_DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
+           bool: flags.DEFINE_bool, str: flags.DEFINE_string}
+
+
+def define_common_flags() -> None:
+  """Flags shared by every run."""
+  flags.DEFINE_string('algo', 'feddualavg', 'Registered algorithm name.')
+  flags.DEFINE_string('task', 'lasso', 'Registered task name.')
+  flags.DEFINE_integer('rounds', None, 'Training rounds (default: the task\'s).')
+  flags.DEFINE_integer('clients_per_round', None, 'Clients sampled per round.')
+  flags.DEFINE_float('client_learning_rate', None, 'Client learning rate eta_c.')
+  flags.DEFINE_float('server_learning_rate', None, 'Server learning rate eta_s.')
+  flags.DEFINE_integer('batch_size', None, 'Examples per local step.')
+  flags.DEFINE_integer('local_epochs', None, 'Local passes over client data per round.')
+  flags.DEFINE_enum('client_weighting', None, ['examples', 'uniform'],
+                    'Weigh clients by examples or uniformly (default: the algorithm\'s).')
+  flags.DEFINE_integer('eval_period', None, 'Evaluate every this many rounds.')
+  flags.DEFINE_integer('seed', 0, 'Seed for data generation and client sampling.')
+  flags.DEFINE_string('output_dir', None, 'Where metrics go (default runs/<algo>-<task>).')
+  flags.DEFINE_string('regularizer', None,
+                      'Regularizer psi (default: the task\'s): '
+                      'none, l1, l2_squared, nuclear, l2_ball, l1_ball.')
+  flags.DEFINE_float('regularizer_strength', None,
+                     'Strength lam of psi, or radius of a ball constraint.')
+
+
+def _plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
+  """(algorithm flag -> algorithms using it, task flag -> (task, option))."""
+  algo_flags: dict[str, list[str]] = {}
+  types: dict[str, type] = {}
+  for name in registry.ALGORITHMS.names():
+    for h in registry.get_algorithm(name).hparams:
+      if h.name in experiment.COMMON_ALGORITHM_ARGS:
+        continue
+      if types.setdefault(h.name, h.type) is not h.type:
+        raise TypeError(f'algorithms disagree on the type of --{h.name}.')
+      algo_flags.setdefault(h.name, []).append(name)
+  task_flags = {}
+  for name in registry.TASKS.names():
+    for h in registry.get_task(name).hparams:
+      if h.name not in experiment.COMMON_TASK_ARGS:
+        task_flags[f'{name}_{h.name}'] = (name, h.name)
+  return algo_flags, task_flags
+
+
+def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
+  """Defines algorithm and task option flags; returns their owners."""
+  algo_flags, task_flags = _plugin_flags()
+  hparams = {}
+  for name in registry.ALGORITHMS.names():
+    for h in registry.get_algorithm(name).hparams:
+      hparams.setdefault(h.name, h)
+  for flag, users in algo_flags.items():
+    h = hparams[flag]
+    _DEFINE[h.type](flag, None, f'Option of {", ".join(users)}.')
+  for flag, (task, option) in task_flags.items():
+    h = next(x for x in registry.get_task(task).hparams if x.name == option)
+    default = '' if h.default is inspect.Parameter.empty else f' (default {h.default!r})'
+    _DEFINE[h.type](flag, None, f'Task {task}: {option}{default}.')
+  return algo_flags, task_flags
+
+
+def config_from_flags(
+    values: flags.FlagValues,
+    algo_flags: dict[str, list[str]],
+    task_flags: dict[str, tuple[str, str]],
+) -> experiment.ExperimentConfig:
+  """The ExperimentConfig the command line asks for.
+
+  Raises:
+    experiment.ConfigError: a task flag given for another task.
+  """
+  algorithm_options = {f: values[f].value for f in algo_flags if values[f].present}
+  task_options = {}
+  for flag, (task, option) in task_flags.items():
+    if values[flag].present:
+      if task != values.task:
+        raise experiment.ConfigError(
+            f'--{flag} is an option of task {task!r}, not of {values.task!r}.'
+        )
+      task_options[option] = values[flag].value
+  return experiment.ExperimentConfig(
+      algorithm=values.algo,
+      task=values.task,
+      rounds=values.rounds,
+      clients_per_round=values.clients_per_round,
+      client_learning_rate=values.client_learning_rate,
+      server_learning_rate=values.server_learning_rate,
+      batch_size=values.batch_size,
+      local_epochs=values.local_epochs,
+      client_weighting=values.client_weighting,
+      eval_period=values.eval_period,
+      seed=values.seed,
+      regularizer=values.regularizer,
+      regularizer_strength=values.regularizer_strength,
+      algorithm_options=algorithm_options,
+      task_options=task_options,
+      output_dir=values.output_dir or f'runs/{values.algo}-{values.task}',
+  )

@@ -1,0 +1,6 @@
+"""Registered tasks: data, model, objective and metrics for an experiment."""
+
+from tasks import lasso
+from tasks.base import Task
+
+__all__ = ['Task', 'lasso']

@@ -1,0 +1,49 @@
+"""The Task record every registered task builder returns."""
+
+from collections.abc import Callable, Mapping
+import dataclasses
+from typing import Any
+
+import numpy as np
+import tensorflow_federated as tff
+
+from tff_comp import regularizers as regularizers_lib
+
+Metrics = dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """An experiment's data, model, objective and metrics.
+
+  Attributes:
+    name: the registered name.
+    model: the FunctionalModel to train.
+    train_data: client datasets of unbatched examples, built where the
+      computation runs from a client id (`train_data.dataset_computation`).
+    regularizer: psi in the objective F(w) + psi(w) (NoRegularizer if none).
+    regularizer_targets: indices of the trainable tensors a user-chosen
+      regularizer may cover (usually the kernel).
+    evaluate: (trainable weights as numpy, regularizer psi) -> metrics; runs in
+      Python, outside TFF (psi is the run's, for the objective value).
+    defaults: default run settings (client_learning_rate, server_learning_rate,
+      rounds, clients_per_round, batch_size, local_epochs, ...).
+    reference: lazily computed reference metrics (e.g. a centralized optimum).
+  """
+
+  name: str
+  model: tff.learning.models.FunctionalModel
+  train_data: tff.simulation.datasets.ClientData
+  regularizer: regularizers_lib.Regularizer
+  evaluate: Callable[[tuple[np.ndarray, ...], regularizers_lib.Regularizer], Metrics]
+  defaults: Mapping[str, Any]
+  regularizer_targets: tuple[int, ...] = (0,)
+  reference: Callable[[], Metrics] | None = None
+
+  @property
+  def num_clients(self) -> int:
+    return len(self.train_data.client_ids)
+
+  @property
+  def weight_shapes(self) -> list[tuple[int, ...]]:
+    return [tuple(w.shape) for w in self.model.initial_weights[0]]

@@ -1,0 +1,179 @@
+"""One experiment = a registered algorithm on a registered task, validated up front.
+
+`ExperimentConfig` holds every setting; `prepare` checks it and builds the task, the
+regularizer and the builder arguments without running any TFF computation, raising
+`ConfigError` with a one-line message on bad input; `run_experiment` then builds the
+process and trains it. Binaries (`binaries/run.py`, `binaries/reproduce.py`) are thin
+layers over these two functions.
+"""
+
+import dataclasses
+import pathlib
+from typing import Any
+
+from tff_comp import registry
+from tff_comp import regularizers as regularizers_lib
+from tff_comp.runtime import simulation
+
+# Builder parameters that every run sets from the common flags.
+COMMON_ALGORITHM_ARGS = (
+    'client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs',
+    'client_weighting', 'regularizer',
+)
+# Task parameters fed from common settings rather than task flags.
+COMMON_TASK_ARGS = ('seed',)
+
+
+class ConfigError(ValueError):
+  """Bad experiment settings; the message is one line for the user."""
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+  """All settings of one run. None means: the task's default."""
+
+  algorithm: str
+  task: str
+  rounds: int | None = None
+  clients_per_round: int | None = None
+  client_learning_rate: float | None = None
+  server_learning_rate: float | None = None
+  batch_size: int | None = None
+  local_epochs: int | None = None
+  client_weighting: str | None = None
+  eval_period: int | None = None
+  seed: int = 0
+  regularizer: str | None = None
+  regularizer_strength: float | None = None
+  algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  output_dir: str = 'runs/latest'
+
+
+@dataclasses.dataclass
+class Prepared:
+  """A validated experiment, ready to build its process."""
+
+  config: ExperimentConfig
+  task: Any  # tasks.Task
+  algorithm: registry.Entry
+  builder_args: dict[str, Any]
+  settings: dict[str, Any]  # the resolved run settings (after task defaults)
+
+  def build_process(self):
+    return self.algorithm.builder(self.task.model, **self.builder_args)
+
+
+def _resolve(config: ExperimentConfig, defaults) -> dict[str, Any]:
+  keys = ('rounds', 'clients_per_round', 'client_learning_rate',
+          'server_learning_rate', 'batch_size', 'local_epochs', 'eval_period')
+  fallback = dict(rounds=100, clients_per_round=10, server_learning_rate=1.0,
+                  batch_size=10, local_epochs=1, eval_period=10)
+  settings = {}
+  for key in keys:
+    value = getattr(config, key)
+    if value is None:
+      value = defaults.get(key, fallback.get(key))
+    settings[key] = value
+  return settings
+
+
+def _regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
+  chosen = config.regularizer is not None or config.regularizer_strength is not None
+  if not algorithm.accepts('regularizer'):
+    if chosen:
+      raise ConfigError(
+          f'--regularizer/--regularizer_strength do not apply to algorithm'
+          f' {config.algorithm!r}, which ignores regularizers.'
+      )
+    return None
+  name = config.regularizer or task.regularizer.name
+  strength = config.regularizer_strength
+  if strength is None:
+    strength = task.regularizer.strength
+  if strength < 0:
+    raise ConfigError(f'--regularizer_strength must be >= 0, got {strength}.')
+  try:
+    psi = regularizers_lib.make_regularizer(name, strength, task.regularizer_targets)
+    psi.check_applies_to(task.weight_shapes)
+  except ValueError as e:
+    raise ConfigError(f'task {task.name!r} cannot apply this regularizer: {e}') from e
+  return psi
+
+
+def prepare(config: ExperimentConfig) -> Prepared:
+  """Validates `config` and builds the task; runs no TFF computation.
+
+  Raises:
+    registry.RegistryError: unknown algorithm or task.
+    ConfigError: any other bad setting.
+  """
+  algorithm = registry.get_algorithm(config.algorithm)
+  task_entry = registry.get_task(config.task)
+  known = {h.name for h in algorithm.hparams}
+  for name in config.algorithm_options:
+    if name not in known or name in COMMON_ALGORITHM_ARGS:
+      raise ConfigError(
+          f'--{name} does not apply to algorithm {config.algorithm!r}'
+          f' (its options: {", ".join(sorted(known - set(COMMON_ALGORITHM_ARGS))) or "none"}).'
+      )
+  task_known = {h.name for h in task_entry.hparams}
+  for name in config.task_options:
+    if name not in task_known:
+      raise ConfigError(f'task {config.task!r} has no option {name!r}.')
+  task_args = dict(config.task_options)
+  if task_entry.accepts('seed'):
+    task_args['seed'] = config.seed
+  try:
+    task = task_entry.builder(**task_args)
+  except ValueError as e:
+    raise ConfigError(f'task {config.task!r}: {e}') from e
+
+  settings = _resolve(config, task.defaults)
+  for name in ('rounds', 'clients_per_round', 'eval_period', 'batch_size', 'local_epochs'):
+    if settings[name] is None or settings[name] < 1:
+      raise ConfigError(f'--{name} must be >= 1, got {settings[name]}.')
+  for name in ('client_learning_rate', 'server_learning_rate'):
+    if settings[name] is None or not settings[name] > 0:
+      raise ConfigError(f'--{name} must be > 0, got {settings[name]}.')
+  if settings['clients_per_round'] > task.num_clients:
+    raise ConfigError(
+        f'--clients_per_round={settings["clients_per_round"]} exceeds the'
+        f' {task.num_clients} clients of task {task.name!r}.'
+    )
+
+  builder_args = dict(config.algorithm_options)
+  for name in ('client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs'):
+    builder_args[name] = settings[name]
+  if config.client_weighting is not None:
+    builder_args['client_weighting'] = config.client_weighting
+  psi = _regularizer(config, task, algorithm)
+  if psi is not None:
+    builder_args['regularizer'] = psi
+  settings['regularizer'] = psi.name if psi else None
+  settings['regularizer_strength'] = psi.strength if psi else None
+  return Prepared(config, task, algorithm, builder_args, settings)
+
+
+def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:
+  """Builds the process and trains it; returns the final evaluation metrics."""
+  try:
+    process = prepared.build_process()
+  except ValueError as e:
+    raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
+  task = prepared.task
+  psi = prepared.builder_args.get('regularizer', task.regularizer)
+  config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings)
+  return simulation.run_simulation(
+      process,
+      client_ids=task.train_data.client_ids,
+      dataset_computation=task.train_data.dataset_computation,
+      evaluate=lambda weights: task.evaluate(weights, psi),
+      rounds=prepared.settings['rounds'],
+      clients_per_round=prepared.settings['clients_per_round'],
+      seed=prepared.config.seed,
+      eval_period=prepared.settings['eval_period'],
+      output_dir=pathlib.Path(prepared.config.output_dir),
+      config=config,
+      show_progress=show_progress,
+  )

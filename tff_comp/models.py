@@ -1,0 +1,79 @@
+"""Functional models (`tff.learning.models.FunctionalModel`) used by the tasks.
+
+Weights are plain tensors, so client rules can differentiate through inner steps.
+Examples are (x, y) pairs; `input_spec` describes batches.
+"""
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+def linear_regression(
+    input_shape: tuple[int, ...], *, kernel_shape: tuple[int, ...] | None = None
+) -> tff.learning.models.FunctionalModel:
+  """y = <W, x> + b with loss 0.5 * mean squared error; weights start at zero.
+
+  Trainable weights: (kernel, bias). The kernel has shape `kernel_shape` (default
+  `input_shape`), e.g. a d-vector for lasso or a matrix for nuclear-norm tasks.
+  """
+  kernel_shape = tuple(kernel_shape or input_shape)
+  initial = ((np.zeros(kernel_shape, np.float32), np.zeros([], np.float32)), ())
+  axes = list(range(1, len(input_shape) + 1))
+
+  @tf.function
+  def predict_on_batch(weights, x, training=True):
+    del training
+    (kernel, bias), _ = weights
+    return tf.reduce_sum(x * kernel, axis=axes) + bias
+
+  @tf.function
+  def loss(output, label, sample_weight=None):
+    del sample_weight
+    return 0.5 * tf.reduce_mean(tf.square(output - label))
+
+  return tff.learning.models.FunctionalModel(
+      initial_weights=initial,
+      predict_on_batch_fn=predict_on_batch,
+      loss_fn=loss,
+      input_spec=(
+          tf.TensorSpec([None, *input_shape], tf.float32),
+          tf.TensorSpec([None], tf.float32),
+      ),
+  )
+
+
+def softmax_regression(
+    num_features: int, num_classes: int
+) -> tff.learning.models.FunctionalModel:
+  """Multinomial logistic regression: logits = x W + b, mean cross-entropy loss."""
+  initial = (
+      (
+          np.zeros([num_features, num_classes], np.float32),
+          np.zeros([num_classes], np.float32),
+      ),
+      (),
+  )
+
+  @tf.function
+  def predict_on_batch(weights, x, training=True):
+    del training
+    (kernel, bias), _ = weights
+    return tf.matmul(x, kernel) + bias
+
+  @tf.function
+  def loss(output, label, sample_weight=None):
+    del sample_weight
+    return tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=output)
+    )
+
+  return tff.learning.models.FunctionalModel(
+      initial_weights=initial,
+      predict_on_batch_fn=predict_on_batch,
+      loss_fn=loss,
+      input_spec=(
+          tf.TensorSpec([None, num_features], tf.float32),
+          tf.TensorSpec([None], tf.int32),
+      ),
+  )
