@@ -1,0 +1,39 @@
+"""Test-wide setup: quiet TensorFlow, private data cache, and no leftover TFF worker."""
+
+import os
+import pathlib
+import tempfile
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+os.environ.setdefault(
+    'TFF_COMP_DATA_DIR', os.path.join(tempfile.gettempdir(), 'tff_comp_test_data')
+)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest
+
+from tests import workers
+
+_SESSION_START = {}
+
+
+def pytest_sessionstart(session):
+  del session
+  _SESSION_START['workers'] = set(workers.worker_pids())
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """Fails the run if a TFF worker started during the session is still alive."""
+  del exitstatus
+  import tff_comp.runtime  # pylint: disable=g-import-not-at-top
+
+  tff_comp.runtime.shutdown_local_runtime()
+  left = set(workers.wait_for_exit(exclude=_SESSION_START.get('workers', set())))
+  if left:
+    print(f'\nERROR: TFF worker process(es) left running: {sorted(left)}')
+    session.exitstatus = 1
+
+
+@pytest.fixture
+def repo_root() -> pathlib.Path:
+  return pathlib.Path(__file__).resolve().parent.parent

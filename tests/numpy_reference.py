@@ -1,0 +1,58 @@
+"""Independent NumPy implementations of the spec's update rules (../shared/algorithms.md).
+
+Linear regression y ~ <w, x> + b with loss 0.5 mean squared error; weights are
+(kernel, bias). Batches follow dataset.batch(batch_size) with one local epoch.
+"""
+
+import numpy as np
+
+
+def gradient(w, b, x, y):
+  r = x @ w + b - y
+  return x.T @ r / len(y), np.mean(r)
+
+
+def batches(x, y, batch_size):
+  for i in range(0, len(y), batch_size):
+    yield x[i:i + batch_size], y[i:i + batch_size]
+
+
+def soft_threshold(v, t):
+  return np.sign(v) * np.maximum(np.abs(v) - t, 0)
+
+
+def fedmid_round(w, b, clients, *, lr_c, lr_s, lam, batch_size, client_prox=True):
+  """FedMiD (or -OSP) with the uniform mean; returns new (w, b)."""
+  deltas, lr_sums = [], []
+  for x, y in clients:
+    cw, cb, lr_sum = w.copy(), b, 0.0
+    for xb, yb in batches(x, y, batch_size):
+      gw, gb = gradient(cw, cb, xb, yb)
+      cw, cb = cw - lr_c * gw, cb - lr_c * gb
+      if client_prox:
+        cw = soft_threshold(cw, lr_c * lam)
+      lr_sum += lr_c
+    deltas.append((cw - w, cb - b))
+    lr_sums.append(lr_sum)
+  dw = np.mean([d[0] for d in deltas], axis=0)
+  db = np.mean([d[1] for d in deltas])
+  step = lr_s * np.mean(lr_sums)
+  return soft_threshold(w + lr_s * dw, step * lam), b + lr_s * db
+
+
+def feddualavg_round(z, zb, elapsed, clients, *, lr_c, lr_s, lam, batch_size, client_prox=True):
+  """FedDualAvg (or -OSP); returns (z, zb, elapsed, primal w, primal b)."""
+  deltas, lr_sums = [], []
+  for x, y in clients:
+    cz, czb, own = z.copy(), zb, 0.0
+    for xb, yb in batches(x, y, batch_size):
+      cw = soft_threshold(cz, (elapsed + own) * lam) if client_prox else cz
+      gw, gb = gradient(cw, czb, xb, yb)
+      cz, czb = cz - lr_c * gw, czb - lr_c * gb
+      own += lr_c
+    deltas.append((cz - z, czb - zb))
+    lr_sums.append(own)
+  z = z + lr_s * np.mean([d[0] for d in deltas], axis=0)
+  zb = zb + lr_s * np.mean([d[1] for d in deltas])
+  elapsed = elapsed + lr_s * np.mean(lr_sums)
+  return z, zb, elapsed, soft_threshold(z, elapsed * lam), zb

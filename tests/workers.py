@@ -1,0 +1,32 @@
+"""Finding TFF worker processes (by their command line, from /proc)."""
+
+import os
+import time
+
+def worker_pids() -> list[int]:
+  """Pids of live (non-zombie) TFF worker_binary processes on this machine."""
+  pids = []
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f'/proc/{entry}/cmdline', 'rb') as f:
+        cmdline = f.read()
+      with open(f'/proc/{entry}/stat', 'rb') as f:
+        state = f.read().rsplit(b')', 1)[1].split()[0]
+    except OSError:
+      continue
+    is_worker = b'worker_binary' in cmdline and b'tensorflow_federated' in cmdline
+    if is_worker and state != b'Z':
+      pids.append(int(entry))
+  return pids
+
+
+def wait_for_exit(exclude=frozenset(), timeout: float = 5.0) -> list[int]:
+  """Workers (other than `exclude`) still alive after up to `timeout` seconds."""
+  deadline = time.monotonic() + timeout
+  while True:
+    left = [p for p in worker_pids() if p not in exclude]
+    if not left or time.monotonic() > deadline:
+      return left
+    time.sleep(0.1)
