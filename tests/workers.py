@@ -30,3 +30,16 @@ def wait_for_exit(exclude=frozenset(), timeout: float = 5.0) -> list[int]:
     if not left or time.monotonic() > deadline:
       return left
     time.sleep(0.1)
+
+
+def parent_of(pid: int) -> int | None:
+  try:
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      return int(f.read().rsplit(b')', 1)[1].split()[1])
+  except OSError:
+    return None
+
+
+def workers_of(parent: int) -> list[int]:
+  """Live workers whose parent is `parent`."""
+  return [p for p in worker_pids() if parent_of(p) == parent]

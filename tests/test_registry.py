@@ -1,0 +1,57 @@
+"""Registry: duplicates, unknown names with suggestions, entry-point plugins."""
+
+import sys
+
+import pytest
+
+from tff_comp import registry
+
+
+def test_builtins_are_registered():
+  assert {'fedavg', 'fedprox', 'fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp',
+          'fedavg_subgrad'} <= set(registry.ALGORITHMS.names())
+  assert 'lasso' in registry.TASKS.names()
+
+
+def test_duplicate_name_is_an_error():
+  with pytest.raises(registry.RegistryError, match="'fedavg' is already registered"):
+    registry.register_algorithm('fedavg')(lambda model: None)
+
+
+def test_unknown_name_lists_names_and_closest():
+  with pytest.raises(registry.RegistryError) as e:
+    registry.get_algorithm('feddualavgg')
+  message = str(e.value)
+  assert "Did you mean 'feddualavg'?" in message
+  assert 'fedprox' in message and 'fedmid' in message
+
+
+def test_hparams_come_from_keyword_only_signature():
+  names = [h.name for h in registry.get_algorithm('fedprox').hparams]
+  assert 'mu' in names and 'client_learning_rate' in names
+  assert 'server_optimizer' not in names  # not a flag-friendly type
+
+
+def test_entry_point_plugin_is_found(tmp_path, monkeypatch):
+  """A package declaring `tff_comp.algorithms` / `tff_comp.tasks` entry points."""
+  package = tmp_path / 'my_plugin'
+  package.mkdir()
+  (package / '__init__.py').write_text(
+      'def build_my_algo(model, *, client_learning_rate: float, rho: float = 0.5):\n'
+      '  return ("my_algo", rho)\n'
+      'def build_my_task(*, size: int = 3):\n'
+      '  return ("my_task", size)\n')
+  info = tmp_path / 'my_plugin-1.0.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: my_plugin\nVersion: 1.0\n')
+  (info / 'entry_points.txt').write_text(
+      '[tff_comp.algorithms]\nmy_algo = my_plugin:build_my_algo\n'
+      '[tff_comp.tasks]\nmy_task = my_plugin:build_my_task\n')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  algorithms = registry.Registry('algorithm', registry.ALGORITHMS_GROUP, 'tff_comp.algorithms')
+  tasks = registry.Registry('task', registry.TASKS_GROUP, 'tasks')
+  entry = algorithms.get('my_algo')
+  assert entry.builder(None, client_learning_rate=0.1) == ('my_algo', 0.5)
+  assert [h.name for h in entry.hparams] == ['client_learning_rate', 'rho']
+  assert tasks.get('my_task').builder() == ('my_task', 3)
+  monkeypatch.delitem(sys.modules, 'my_plugin', raising=False)
