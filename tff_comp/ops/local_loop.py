@@ -80,8 +80,11 @@ def run_local_steps(
 
   def body(k, state):
     start = k * batch_size
-    index = tf.range(start, tf.minimum(start + batch_size, total)) % n
-    batch = tf.nest.map_structure(lambda t: tf.gather(t, index), examples)
+    if isinstance(epochs, int) and epochs == 1:  # no wrap-around: slicing is cheaper
+      batch = tf.nest.map_structure(lambda t: t[start:start + batch_size], examples)
+    else:
+      index = tf.range(start, tf.minimum(start + batch_size, total)) % n
+      batch = tf.nest.map_structure(lambda t: tf.gather(t, index), examples)
     return k + 1, step_fn(state, batch)
 
   _, final_state = tf.while_loop(
