@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tasks import array_data
 from tasks import base
+from tasks import linear_synthetic
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers
@@ -53,13 +54,8 @@ def _generate(dataset: str, seed: int, bias: float, noise: float):
   w_star = np.zeros(DIM, np.float32)
   w_star[:support] = 1.0
   streams = np.random.SeedSequence([seed, list(DATASETS).index(dataset)])
-  clients = []
-  for stream in streams.spawn(num_clients):
-    rng = np.random.default_rng(stream)
-    mu = rng.normal(size=DIM)
-    x = (mu + rng.normal(size=(n, DIM))).astype(np.float32)
-    y = (x @ w_star + bias + noise * rng.normal(size=n)).astype(np.float32)
-    clients.append((x, y))
+  clients = linear_synthetic.generate_clients(
+      w_star, streams.spawn(num_clients), n, bias=bias, noise=noise)
   return w_star, clients
 
 

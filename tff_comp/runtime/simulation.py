@@ -64,6 +64,15 @@ class MetricsWriter:
     self._tb.close()
 
 
+def set_learning_rates(process, state, client_learning_rate: float,
+                       server_learning_rate: float):
+  """Returns `state` with the client work's and server update's learning rates set."""
+  hparams = process.get_hparams(state)
+  hparams['client_work']['learning_rate'] = np.float32(client_learning_rate)
+  hparams['server_update']['learning_rate'] = np.float32(server_learning_rate)
+  return process.set_hparams(state, hparams)
+
+
 def run_simulation(
     process: tff.learning.templates.LearningProcess,
     *,
@@ -77,12 +86,15 @@ def run_simulation(
     output_dir: pathlib.Path,
     config: Mapping[str, Any],
     show_progress: bool = True,
+    learning_rates: tuple[float, float] | None = None,
 ) -> Metrics:
   """Trains `process` for `rounds` rounds; returns the last evaluation metrics.
 
   Client ids are sampled without replacement each round from a NumPy generator seeded
   by `seed`; datasets are built at the worker by `dataset_computation`.
-  `config` is written to `config.json` beside the metrics.
+  `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
+  sets (client, server) learning rates through the process's hparams, so one built
+  process serves a whole learning-rate grid.
 
   Raises:
     DivergenceError: the training loss became non-finite.
@@ -99,6 +111,8 @@ def run_simulation(
     return {f'eval/{k}': v for k, v in evaluate(tuple(weights.trainable)).items()}
 
   state = process.initialize()
+  if learning_rates is not None:
+    state = set_learning_rates(process, state, *learning_rates)
   eval_metrics = evaluate_state(state)
   writer = None
   # A live bar on a terminal; one line per evaluation in logs (CI, files).
