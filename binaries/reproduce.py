@@ -100,8 +100,8 @@ def run_grid(name: str, spec: Experiment, rounds: int, seed: int, root: pathlib.
             evaluate=lambda w, psi=psi, task=task: task.evaluate(w, psi),
             rounds=rounds, clients_per_round=prepared.settings['clients_per_round'],
             seed=seed, eval_period=spec.eval_period, output_dir=out,
-            config=dict(experiment=name, algorithm=algorithm, client_learning_rate=lr_c,
-                        server_learning_rate=lr_s, **prepared.settings),
+            config={**prepared.settings, 'experiment': name, 'algorithm': algorithm,
+                    'client_learning_rate': lr_c, 'server_learning_rate': lr_s},
             show_progress=False, learning_rates=(lr_c, lr_s))
       except simulation.DivergenceError as e:
         print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}): {e}')

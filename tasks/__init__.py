@@ -1,7 +1,9 @@
 """Registered tasks: data, model, objective and metrics for an experiment."""
 
 from tasks import lasso
+from tasks import constrained_digits
 from tasks import nuclear
+from tasks import sparse_logreg
 from tasks.base import Task
 
-__all__ = ['Task', 'lasso', 'nuclear']
+__all__ = ['Task', 'constrained_digits', 'lasso', 'nuclear', 'sparse_logreg']

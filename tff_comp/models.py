@@ -77,3 +77,30 @@ def softmax_regression(
           tf.TensorSpec([None], tf.int32),
       ),
   )
+
+
+def logistic_regression(num_features: int) -> tff.learning.models.FunctionalModel:
+  """Binary logistic regression: logit = <w, x> + b, labels in {0, 1} (float32)."""
+  initial = ((np.zeros([num_features], np.float32), np.zeros([], np.float32)), ())
+
+  @tf.function
+  def predict_on_batch(weights, x, training=True):
+    del training
+    (kernel, bias), _ = weights
+    return tf.linalg.matvec(x, kernel) + bias
+
+  @tf.function
+  def loss(output, label, sample_weight=None):
+    del sample_weight
+    return tf.reduce_mean(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=output))
+
+  return tff.learning.models.FunctionalModel(
+      initial_weights=initial,
+      predict_on_batch_fn=predict_on_batch,
+      loss_fn=loss,
+      input_spec=(
+          tf.TensorSpec([None, num_features], tf.float32),
+          tf.TensorSpec([None], tf.float32),
+      ),
+  )

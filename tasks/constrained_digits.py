@@ -1,0 +1,137 @@
+"""Constrained federated classification (Yuan et al., ICML 2021, section 6: EMNIST
+logistic regression under an L1- or L2-ball constraint).
+
+    min_W (1/N) sum_i CE(softmax(x_i W + b), y_i)  s.t.  ||W||_1 <= rho  (or ||W||_2)
+
+Data, by `source`:
+* 'sklearn' (default, no download): scikit-learn's bundled 8x8 handwritten digits
+  (1,797 images, pixels scaled to [0, 1]). 20% (stratified) is the test set; the rest is
+  split over `num_clients` clients with label proportions drawn from Dirichlet(alpha)
+  per client (a documented, seeded non-IID partition: the bundled copy has no writer
+  ids). Examples cycle through labels so every client gets at least one.
+* 'emnist': Federated EMNIST digits through TFF's own loader
+  (`tff.simulation.datasets.emnist.load_data`), which downloads to `emnist_cache_dir`
+  once, or reads an `emnist_all.sqlite` already there; 28x28 pixels, writers as clients.
+
+Metrics: test accuracy and loss, density of W, and the constraint violation
+max(0, ||W|| - rho), which a proximal algorithm keeps at zero every round (float32
+projection error up to 1e-5 relative is counted as zero).
+"""
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import array_data
+from tasks import base
+from tff_comp import models
+from tff_comp import registry
+from tff_comp import regularizers
+
+CONSTRAINTS = {'l1_ball': 1, 'l2_ball': 2}
+DENSITY_CUTOFF = 1e-4
+
+
+def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
+                        rng: np.random.Generator) -> list[np.ndarray]:
+  """Indices per client with label proportions ~ Dirichlet(alpha), seeded."""
+  classes = np.unique(labels)
+  proportions = rng.dirichlet(alpha * np.ones(num_clients), size=len(classes))
+  parts = [[] for _ in range(num_clients)]
+  for c, share in zip(classes, proportions):
+    idx = rng.permutation(np.flatnonzero(labels == c))
+    cuts = (np.cumsum(share)[:-1] * len(idx)).astype(int)
+    for client, chunk in enumerate(np.split(idx, cuts)):
+      parts[client].extend(chunk)
+  for client in range(num_clients):  # no empty client: lend one example
+    if not parts[client]:
+      donor = max(range(num_clients), key=lambda i: len(parts[i]))
+      parts[client].append(parts[donor].pop())
+  return [np.array(sorted(p)) for p in parts]
+
+
+def _sklearn_digits(num_clients: int, alpha: float, seed: int):
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+
+  digits = datasets.load_digits()
+  x = (digits.data / 16.0).astype(np.float32)
+  y = digits.target.astype(np.int32)
+  x_train, x_test, y_train, y_test = model_selection.train_test_split(
+      x, y, test_size=0.2, stratify=y, random_state=seed)
+  parts = dirichlet_partition(y_train, num_clients, alpha, np.random.default_rng(seed))
+  ids = [f'{i:03d}' for i in range(num_clients)]
+  train = array_data.cached_client_data(
+      f'digits-c{num_clients}-a{alpha}-seed{seed}', ids, (64,), tf.int32,
+      lambda i: (x_train[parts[i]], y_train[parts[i]]))
+  return train, x_test, y_test
+
+
+def load_emnist(cache_dir: str, *, max_test_examples: int | None = None):
+  """Federated EMNIST digits from TFF's loader as (train ClientData of (x[784], y),
+  test x, test y). Downloads once unless `cache_dir` has emnist_all.sqlite."""
+  train, test = tff.simulation.datasets.emnist.load_data(
+      only_digits=True, cache_dir=cache_dir)
+
+  def to_examples(dataset):
+    return dataset.map(lambda e: (tf.reshape(e['pixels'], [784]), e['label']))
+
+  test_ds = to_examples(test.create_tf_dataset_from_all_clients())
+  if max_test_examples:
+    test_ds = test_ds.take(max_test_examples)
+  x_test, y_test = (np.stack(t) for t in zip(*test_ds.as_numpy_iterator()))
+  return train.preprocess(to_examples), x_test, y_test
+
+
+@registry.register_task('constrained_digits')
+def build_constrained_digits_task(
+    *,
+    source: str = 'sklearn',
+    constraint: str = 'l1_ball',
+    radius: float = 20.0,
+    num_clients: int = 30,
+    alpha: float = 0.5,
+    emnist_cache_dir: str = '',
+    seed: int = 0,
+) -> base.Task:
+  """Builds the constrained classification task; see the module docstring."""
+  if constraint not in CONSTRAINTS:
+    raise ValueError(f'constraint={constraint!r} is unknown; choose one of {list(CONSTRAINTS)}.')
+  if radius <= 0 or alpha <= 0 or num_clients < 1:
+    raise ValueError(f'radius and alpha must be > 0 and num_clients >= 1, got '
+                     f'{radius}, {alpha}, {num_clients}.')
+  if source == 'sklearn':
+    train, x_test, y_test = _sklearn_digits(num_clients, alpha, seed)
+  elif source == 'emnist':
+    if not emnist_cache_dir:
+      raise ValueError('source=emnist needs emnist_cache_dir (TFF downloads there once).')
+    train, x_test, y_test = load_emnist(emnist_cache_dir)
+  else:
+    raise ValueError(f"source={source!r} is unknown; choose 'sklearn' or 'emnist'.")
+  num_features = x_test.shape[1]
+  regularizer = regularizers.make_regularizer(constraint, radius, (0,))
+  order = CONSTRAINTS[constraint]
+
+  def evaluate(weights, psi=regularizer) -> base.Metrics:
+    kernel, bias = weights
+    logits = x_test @ kernel + bias
+    logits -= logits.max(1, keepdims=True)
+    log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    norm = float(np.linalg.norm(kernel.ravel(), ord=order))
+    rho = psi.strength if psi.is_constraint else radius
+    return dict(
+        accuracy=float(np.mean(logits.argmax(1) == y_test)),
+        loss=float(-np.mean(log_probs[np.arange(len(y_test)), y_test])),
+        density=float(np.mean(np.abs(kernel) > DENSITY_CUTOFF)),
+        constraint_violation=max(0.0, norm - rho * (1 + 1e-5)),
+    )
+
+  return base.Task(
+      name='constrained_digits',
+      model=models.softmax_regression(num_features, 10),
+      train_data=train,
+      regularizer=regularizer,
+      evaluate=evaluate,
+      defaults=dict(client_learning_rate=0.1, server_learning_rate=1.0, rounds=100,
+                    clients_per_round=10, batch_size=10, local_epochs=1, eval_period=10),
+  )
