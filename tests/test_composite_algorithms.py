@@ -43,9 +43,10 @@ def _rounds(clients, rounds=4):
 
 @pytest.mark.parametrize('client_prox', [True, False])
 def test_fedmid_matches_reference(client_prox):
-  build = fedmid.build_fedmid if client_prox else fedmid.build_fedmid_osp
-  process = build(models.linear_regression((D,)), regularizer=regularizers.L1(strength=LAM),
-                  client_learning_rate=LR_C, server_learning_rate=LR_S, batch_size=BATCH)
+  process = fedmid.build_fedmid(
+      models.linear_regression((D,)), regularizer=regularizers.L1(strength=LAM),
+      client_learning_rate=LR_C, server_learning_rate=LR_S, batch_size=BATCH,
+      client_prox=client_prox)
   clients = _clients()
   (w, b), _ = _run(process, clients)
   rw, rb = np.zeros(D), 0.0
@@ -59,9 +60,10 @@ def test_fedmid_matches_reference(client_prox):
 
 @pytest.mark.parametrize('client_prox', [True, False])
 def test_feddualavg_matches_reference(client_prox):
-  build = feddualavg.build_feddualavg if client_prox else feddualavg.build_feddualavg_osp
-  process = build(models.linear_regression((D,)), regularizer=regularizers.L1(strength=LAM),
-                  client_learning_rate=LR_C, server_learning_rate=LR_S, batch_size=BATCH)
+  process = feddualavg.build_feddualavg(
+      models.linear_regression((D,)), regularizer=regularizers.L1(strength=LAM),
+      client_learning_rate=LR_C, server_learning_rate=LR_S, batch_size=BATCH,
+      client_prox=client_prox)
   clients = _clients()
   (w, b), state = _run(process, clients)
   z, zb, elapsed = np.zeros(D), 0.0, 0.0

@@ -26,6 +26,14 @@ def test_unknown_name_lists_names_and_closest():
   assert 'fedprox' in message and 'fedmid' in message
 
 
+def test_variants_fix_arguments_and_hide_them_from_flags():
+  osp = registry.get_algorithm('fedmid_osp')
+  assert osp.builder is registry.get_algorithm('fedmid').builder
+  assert 'client_prox' not in [h.name for h in osp.hparams]
+  assert not osp.accepts('client_prox') and osp.accepts('regularizer')
+  assert dict(osp.fixed) == {'client_prox': False}
+
+
 def test_hparams_come_from_keyword_only_signature():
   names = [h.name for h in registry.get_algorithm('fedprox').hparams]
   assert 'mu' in names and 'client_learning_rate' in names

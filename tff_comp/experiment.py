@@ -61,7 +61,7 @@ class Prepared:
   settings: dict[str, Any]  # the resolved run settings (after task defaults)
 
   def build_process(self):
-    return self.algorithm.builder(self.task.model, **self.builder_args)
+    return self.algorithm.build(self.task.model, **self.builder_args)
 
 
 def _resolve(config: ExperimentConfig, defaults) -> dict[str, Any]:

@@ -50,25 +50,32 @@ class Hparam:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """A registered builder."""
+  """A registered builder, with arguments the registration fixes (a variant)."""
 
   name: str
   builder: Callable[..., Any]
+  fixed: tuple[tuple[str, Any], ...] = ()
 
   @property
   def hparams(self) -> tuple[Hparam, ...]:
-    """Keyword-only parameters with a plain type, in declaration order."""
+    """Keyword-only parameters with a plain type, in declaration order, not fixed."""
     signature = inspect.signature(self.builder)
+    fixed = dict(self.fixed)
     found = []
     for p in signature.parameters.values():
-      if p.kind is not inspect.Parameter.KEYWORD_ONLY:
+      if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.name in fixed:
         continue
       if p.annotation in _FLAG_TYPES:
         found.append(Hparam(p.name, p.annotation, p.default))
     return tuple(found)
 
   def accepts(self, name: str) -> bool:
-    return name in inspect.signature(self.builder).parameters
+    return (name in inspect.signature(self.builder).parameters
+            and name not in dict(self.fixed))
+
+  def build(self, *args, **kwargs) -> Any:
+    """Calls the builder with the fixed arguments added."""
+    return self.builder(*args, **kwargs, **dict(self.fixed))
 
 
 class Registry:
@@ -81,23 +88,28 @@ class Registry:
     self._entries: dict[str, Entry] = {}
     self._plugins_loaded = False
 
-  def register(self, name: str) -> Callable[[Callable], Callable]:
-    """Decorator registering a builder under `name`; a name is registered once."""
+  def register(self, name: str, **fixed: Any) -> Callable[[Callable], Callable]:
+    """Decorator registering a builder under `name`; a name is registered once.
+
+    Keyword arguments are fixed for this name: stacking
+    `@register('fedmid')` and `@register('fedmid_osp', client_prox=False)` registers
+    one builder as an algorithm and its ablation.
+    """
 
     def decorator(builder: Callable) -> Callable:
-      self.add(name, builder)
+      self.add(name, builder, **fixed)
       return builder
 
     return decorator
 
-  def add(self, name: str, builder: Callable) -> None:
+  def add(self, name: str, builder: Callable, **fixed: Any) -> None:
     if name in self._entries:
       existing = self._entries[name].builder
       raise RegistryError(
           f'{self.kind} {name!r} is already registered (by'
           f' {existing.__module__}.{existing.__qualname__}).'
       )
-    self._entries[name] = Entry(name, builder)
+    self._entries[name] = Entry(name, builder, tuple(sorted(fixed.items())))
 
   def load_plugins(self) -> None:
     """Imports the built-in package and the entry points of `self.group` (once)."""
@@ -135,9 +147,10 @@ ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
 TASKS = Registry('task', TASKS_GROUP, 'tasks')
 
 
-def register_algorithm(name: str):
-  """Registers an algorithm builder `(model, *, hyperparameters) -> LearningProcess`."""
-  return ALGORITHMS.register(name)
+def register_algorithm(name: str, **fixed: Any):
+  """Registers an algorithm builder `(model, *, hyperparameters) -> LearningProcess`;
+  `fixed` keyword arguments make a named variant (see `Registry.register`)."""
+  return ALGORITHMS.register(name, **fixed)
 
 
 def register_task(name: str):

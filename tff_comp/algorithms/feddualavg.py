@@ -25,10 +25,20 @@ from tff_comp.algorithms import common
 from tff_comp.ops import client_updates
 
 
-def _build(
-    model, *, client_prox: bool, regularizer, client_learning_rate,
-    server_learning_rate, batch_size, local_epochs, client_weighting,
+@registry.register_algorithm('feddualavg')
+@registry.register_algorithm('feddualavg_osp', client_prox=False)
+def build_feddualavg(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    regularizer: regularizers_lib.Regularizer,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    client_weighting: str = 'uniform',
+    client_prox: bool = True,
 ) -> tff.learning.templates.LearningProcess:
+  """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox)."""
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = client_updates.DualAveraging(
       model,
@@ -49,44 +59,4 @@ def _build(
       local_epochs=local_epochs,
       client_weighting=client_weighting,
       aggregator=aggregators.dual_state_mean(),
-  )
-
-
-@registry.register_algorithm('feddualavg')
-def build_feddualavg(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    regularizer: regularizers_lib.Regularizer,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'uniform',
-) -> tff.learning.templates.LearningProcess:
-  """Builds FedDualAvg: dual averaging on clients and server."""
-  return _build(
-      model, client_prox=True, regularizer=regularizer,
-      client_learning_rate=client_learning_rate,
-      server_learning_rate=server_learning_rate, batch_size=batch_size,
-      local_epochs=local_epochs, client_weighting=client_weighting,
-  )
-
-
-@registry.register_algorithm('feddualavg_osp')
-def build_feddualavg_osp(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    regularizer: regularizers_lib.Regularizer,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'uniform',
-) -> tff.learning.templates.LearningProcess:
-  """Builds FedDualAvg-OSP: clients step on the dual without the prox."""
-  return _build(
-      model, client_prox=False, regularizer=regularizer,
-      client_learning_rate=client_learning_rate,
-      server_learning_rate=server_learning_rate, batch_size=batch_size,
-      local_epochs=local_epochs, client_weighting=client_weighting,
   )

@@ -19,10 +19,20 @@ from tff_comp.algorithms import common
 from tff_comp.ops import client_updates
 
 
-def _build(
-    model, *, client_prox: bool, regularizer, client_learning_rate,
-    server_learning_rate, batch_size, local_epochs, client_weighting,
+@registry.register_algorithm('fedmid')
+@registry.register_algorithm('fedmid_osp', client_prox=False)
+def build_fedmid(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    regularizer: regularizers_lib.Regularizer,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    client_weighting: str = 'uniform',
+    client_prox: bool = True,
 ) -> tff.learning.templates.LearningProcess:
+  """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox)."""
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = client_updates.ProximalSGD(
       model,
@@ -42,44 +52,4 @@ def _build(
       batch_size=batch_size,
       local_epochs=local_epochs,
       client_weighting=client_weighting,
-  )
-
-
-@registry.register_algorithm('fedmid')
-def build_fedmid(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    regularizer: regularizers_lib.Regularizer,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'uniform',
-) -> tff.learning.templates.LearningProcess:
-  """Builds FedMiD: prox after every client step and at the server."""
-  return _build(
-      model, client_prox=True, regularizer=regularizer,
-      client_learning_rate=client_learning_rate,
-      server_learning_rate=server_learning_rate, batch_size=batch_size,
-      local_epochs=local_epochs, client_weighting=client_weighting,
-  )
-
-
-@registry.register_algorithm('fedmid_osp')
-def build_fedmid_osp(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    regularizer: regularizers_lib.Regularizer,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'uniform',
-) -> tff.learning.templates.LearningProcess:
-  """Builds FedMiD-OSP: clients run plain SGD; only the server applies the prox."""
-  return _build(
-      model, client_prox=False, regularizer=regularizer,
-      client_learning_rate=client_learning_rate,
-      server_learning_rate=server_learning_rate, batch_size=batch_size,
-      local_epochs=local_epochs, client_weighting=client_weighting,
   )

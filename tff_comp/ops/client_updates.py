@@ -166,14 +166,10 @@ class ElapsedUpdate(NamedTuple):
   lr_sum: tf.Tensor
 
 
-class ProximalSGD(ClientUpdateRule):
-  """Federated mirror descent's client (FedMiD): prox after each SGD step.
+class CompositeRule(ClientUpdateRule):
+  """A rule for F + psi: holds the regularizer and whether clients apply its prox.
 
-      w_{k+1} = prox_{eta_c psi}(w_k - eta_c g_k)
-
-  With `client_prox=False` the client runs plain SGD (FedMiD-OSP: only the server
-  applies the prox). Reports the pseudo-gradient and its sum of eta_c.
-  Payload: the broadcast ModelWeights.
+  Its update is an `ElapsedUpdate`: the pseudo-gradient and the sum of eta_c.
   """
 
   def __init__(
@@ -187,6 +183,20 @@ class ProximalSGD(ClientUpdateRule):
     super().__init__(model, learning_rate=learning_rate)
     self._regularizer = regularizer
     self._client_prox = client_prox
+
+  def update(self, start, state, hparams):
+    return ElapsedUpdate(super().update(start, state, hparams), state.extras)
+
+
+class ProximalSGD(CompositeRule):
+  """Federated mirror descent's client (FedMiD): prox after each SGD step.
+
+      w_{k+1} = prox_{eta_c psi}(w_k - eta_c g_k)
+
+  With `client_prox=False` the client runs plain SGD (FedMiD-OSP: only the server
+  applies the prox). Reports the pseudo-gradient and its sum of eta_c.
+  Payload: the broadcast ModelWeights.
+  """
 
   def start(self, payload):
     return tuple(payload.trainable), tuple(payload.non_trainable), tf.constant(0.0)
@@ -200,11 +210,8 @@ class ProximalSGD(ClientUpdateRule):
       weights = self._regularizer.prox(weights, lr)
     return loss, weights, lr_sum + lr
 
-  def update(self, start, state, hparams):
-    return ElapsedUpdate(super().update(start, state, hparams), state.extras)
 
-
-class DualAveraging(ClientUpdateRule):
+class DualAveraging(CompositeRule):
   """Federated dual averaging's client (FedDualAvg).
 
   From the broadcast dual state z_r and the server's elapsed coefficient
@@ -217,18 +224,6 @@ class DualAveraging(ClientUpdateRule):
   Reports the dual pseudo-gradient z_r - z_K and its sum of eta_c.
   Payload: DualPayload (dual ModelWeights and the elapsed coefficient).
   """
-
-  def __init__(
-      self,
-      model,
-      *,
-      learning_rate: float,
-      regularizer: regularizers_lib.Regularizer,
-      client_prox: bool = True,
-  ):
-    super().__init__(model, learning_rate=learning_rate)
-    self._regularizer = regularizer
-    self._client_prox = client_prox
 
   def start(self, payload):
     dual = payload.dual
@@ -247,6 +242,3 @@ class DualAveraging(ClientUpdateRule):
     lr = hparams['learning_rate']
     loss, grads = gradient_fn(self.primal(dual, payload.elapsed + lr_sum))
     return loss, tuple(z - lr * g for z, g in zip(dual, grads)), lr_sum + lr
-
-  def update(self, start, state, hparams):
-    return ElapsedUpdate(super().update(start, state, hparams), state.extras)
