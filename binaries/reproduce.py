@@ -2,12 +2,13 @@ r"""Reproduces a paper's comparison: algorithms x learning-rate grid, table and 
 
     python binaries/reproduce.py --experiment=fco_lasso       [--rounds=500]
     python binaries/reproduce.py --experiment=fco_nuclear
+    python binaries/reproduce.py --experiment=fednova_synthetic
 
 For each algorithm and each (client, server) learning rate on the grid, trains one run
 (metrics in --output_dir/<experiment>/<algorithm>/lr_<c>_<s>/), then writes
 `results.md` (the best metric over the grid at each checkpoint round, and the config
-that achieved it) and `<metric>.png` (the metric against rounds, for each algorithm's
-best configuration by mean metric over all evaluations).
+that achieved it) and `<experiment>.png` (the plotted metrics against rounds, for each
+algorithm's best configuration by mean metric over all evaluations).
 """
 
 import os
@@ -34,7 +35,8 @@ from tff_comp.runtime import simulation
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """A grid comparison. `higher_is_better` orients 'best'."""
+  """A grid comparison. `metric` picks the best configuration (`higher_is_better`
+  orients it); `plot_metrics` are drawn side by side (default: `metric`)."""
 
   task: str
   algorithms: tuple[str, ...]
@@ -44,7 +46,10 @@ class Experiment:
   checkpoints: tuple[int, ...]
   metric: str
   higher_is_better: bool = True
-  task_options: tuple[tuple[str, object], ...] = ()
+  task_options: dict = dataclasses.field(default_factory=dict)
+  algorithm_options: dict = dataclasses.field(default_factory=dict)  # name -> options
+  settings: dict = dataclasses.field(default_factory=dict)  # ExperimentConfig fields
+  plot_metrics: tuple[str, ...] = ()
   eval_period: int = 10
 
 
@@ -62,7 +67,18 @@ EXPERIMENTS = {
         client_learning_rates=(3e-4, 1e-3, 3e-3),
         server_learning_rates=(1.0, 10.0, 30.0),
         rounds=200, checkpoints=(50, 100, 200), metric='frobenius_error',
-        higher_is_better=False),
+        higher_is_better=False, plot_metrics=('frobenius_error', 'rank')),
+    # Wang et al. (NeurIPS 2020), Synthetic(1, 1) with local epochs ~ U(2, 5).
+    'fednova_synthetic': Experiment(
+        task='synthetic', algorithms=('fedavg', 'fedprox', 'fednova'),
+        client_learning_rates=(0.01, 0.03, 0.1), server_learning_rates=(1.0,),
+        rounds=200, checkpoints=(50, 100, 200), metric='test_accuracy',
+        task_options=dict(alpha=1.0, beta=1.0),
+        settings=dict(local_epochs=2, batch_size=50),
+        algorithm_options=dict(fedavg=dict(local_epochs_max=5),
+                               fedprox=dict(local_epochs_max=5, mu=0.01),
+                               fednova=dict(local_epochs_max=5)),
+        plot_metrics=('pooled_train_loss', 'test_accuracy')),
 }
 
 _EXPERIMENT = flags.DEFINE_enum('experiment', 'fco_lasso', list(EXPERIMENTS), 'Which comparison.')
@@ -71,20 +87,28 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data and client sampling.')
 _OUTPUT = flags.DEFINE_string('output_dir', 'results', 'Where results go.')
 
 
-def _read_curve(path: pathlib.Path, metric: str) -> dict[int, float]:
+def _read_curves(path: pathlib.Path, metrics) -> dict[str, dict[int, float]]:
+  """{metric: {round: value}} from a run's metrics.csv (evaluation rows only)."""
   with open(path / 'metrics.csv') as f:
-    return {int(row['round']): float(row[f'eval/{metric}'])
-            for row in csv.DictReader(f) if row[f'eval/{metric}']}
+    rows = list(csv.DictReader(f))
+  return {m: {int(r['round']): float(r[f'eval/{m}']) for r in rows if r[f'eval/{m}']}
+          for m in metrics}
+
+
+def _plotted(spec: Experiment) -> tuple[str, ...]:
+  return spec.plot_metrics or (spec.metric,)
 
 
 def run_grid(name: str, spec: Experiment, rounds: int, seed: int, root: pathlib.Path):
-  """Trains every (algorithm, lr pair); returns {algorithm: {(c, s): curve}}."""
+  """Trains every (algorithm, lr pair); returns {algorithm: {(c, s): {metric: curve}}}."""
   curves: dict[str, dict[tuple[float, float], dict[int, float]]] = {}
   grid = list(itertools.product(spec.client_learning_rates, spec.server_learning_rates))
   for algorithm in spec.algorithms:
     config = experiment_lib.ExperimentConfig(
         algorithm=algorithm, task=spec.task, rounds=rounds, seed=seed,
-        eval_period=spec.eval_period, task_options=dict(spec.task_options))
+        eval_period=spec.eval_period, task_options=dict(spec.task_options),
+        algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
+        **spec.settings)
     prepared = experiment_lib.prepare(config)
     process = prepared.build_process()  # built once; the grid sets hparams
     task = prepared.task
@@ -101,12 +125,13 @@ def run_grid(name: str, spec: Experiment, rounds: int, seed: int, root: pathlib.
             rounds=rounds, clients_per_round=prepared.settings['clients_per_round'],
             seed=seed, eval_period=spec.eval_period, output_dir=out,
             config={**prepared.settings, 'experiment': name, 'algorithm': algorithm,
+                    'algorithm_options': config.algorithm_options,
                     'client_learning_rate': lr_c, 'server_learning_rate': lr_s},
             show_progress=False, learning_rates=(lr_c, lr_s))
       except simulation.DivergenceError as e:
         print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}): {e}')
-      curves[algorithm][(lr_c, lr_s)] = _read_curve(out, spec.metric)
-      final = curves[algorithm][(lr_c, lr_s)]
+      curves[algorithm][(lr_c, lr_s)] = _read_curves(out, _plotted(spec) + (spec.metric,))
+      final = curves[algorithm][(lr_c, lr_s)][spec.metric]
       print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} {spec.metric}='
             f'{final[max(final)]:.4g} at round {max(final)} ({time.monotonic() - start:.0f}s)',
             flush=True)
@@ -117,36 +142,40 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
   """Writes results.md and the PNG; returns the markdown table."""
   pick = max if spec.higher_is_better else min
   checkpoints = [c for c in spec.checkpoints if c <= rounds]
+  plotted = _plotted(spec)
   lines = [f'# {name}: best {spec.metric} over the learning-rate grid', '',
            f'Command: `{command}`', '',
            '| algorithm | ' + ' | '.join(f'round {c}' for c in checkpoints) + ' |',
            '|---|' + '---|' * len(checkpoints)]
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, axes = plt.subplots(1, len(plotted), figsize=(6.5 * len(plotted), 4.5), squeeze=False)
   for algorithm, by_lr in curves.items():
     cells = []
     for c in checkpoints:
-      values = {lr: curve[c] for lr, curve in by_lr.items() if c in curve}
+      values = {lr: m[spec.metric][c] for lr, m in by_lr.items() if c in m[spec.metric]}
       if not values:
         cells.append('diverged')
         continue
       best_lr = pick(values, key=values.get)
       cells.append(f'{values[best_lr]:.4g} ({best_lr[0]:g}, {best_lr[1]:g})')
     lines.append(f'| {algorithm} | ' + ' | '.join(cells) + ' |')
-    scored = {lr: sum(curve.values()) / len(curve) for lr, curve in by_lr.items() if curve}
+    scored = {lr: sum(m[spec.metric].values()) / len(m[spec.metric])
+              for lr, m in by_lr.items() if m[spec.metric]}
     best = pick(scored, key=scored.get)
-    curve = by_lr[best]
-    ax.plot(list(curve), list(curve.values()),
-            label=f'{algorithm} (eta_c={best[0]:g}, eta_s={best[1]:g})')
+    for ax, metric in zip(axes[0], plotted):
+      curve = by_lr[best][metric]
+      ax.plot(list(curve), list(curve.values()),
+              label=f'{algorithm} (eta_c={best[0]:g}, eta_s={best[1]:g})')
   lines += ['', 'Cells: best value at that round, (eta_c, eta_s) achieving it. '
-            f'Plot: `{spec.metric}.png`, each algorithm\'s best configuration by mean '
+            f'Plot: `{name}.png`, each algorithm\'s best configuration by mean '
             f'{spec.metric} over all evaluations.']
-  ax.set_xlabel('round')
-  ax.set_ylabel(spec.metric)
-  ax.set_title(f'{name}: {spec.task}')
-  ax.grid(alpha=0.3)
-  ax.legend()
+  for ax, metric in zip(axes[0], plotted):
+    ax.set_xlabel('round')
+    ax.set_ylabel(metric)
+    ax.set_title(f'{name}: {spec.task}')
+    ax.grid(alpha=0.3)
+    ax.legend()
   fig.tight_layout()
-  fig.savefig(root / f'{spec.metric}.png', dpi=120)
+  fig.savefig(root / f'{name}.png', dpi=120)
   table = '\n'.join(lines) + '\n'
   (root / 'results.md').write_text(table)
   return table

@@ -1,5 +1,8 @@
 """Aggregators: `tff.aggregators` factories for client updates."""
 
+import collections
+
+import tensorflow as tf
 import tensorflow_federated as tff
 
 
@@ -13,3 +16,66 @@ def dual_state_mean() -> tff.aggregators.WeightedAggregationFactory:
   exactly why dual averaging keeps sparsity that primal averaging loses.
   """
   return tff.aggregators.MeanFactory()
+
+
+class FedNovaFactory(tff.aggregators.WeightedAggregationFactory):
+  """FedNova's normalized averaging (Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020).
+
+  Clients send `NormalizedUpdate(delta, a_norm)` (delta = eta G_i a_i, the
+  pseudo-gradient, and ||a_i||_1) with weight n_i; the result is
+
+      tau_eff * sum_i p_i delta_i / ||a_i||_1,   tau_eff = sum_i p_i ||a_i||_1,
+
+  p_i = n_i / sum_j n_j, a structure like `delta` (so any server optimizer applies it).
+  Plain averaging of delta_i instead optimizes sum_i p_i tau_i F_i / sum p_i tau_i (the
+  objective inconsistency). Measurements: `tau_eff` and the inner mean's.
+
+  Args (of the constructor):
+    inner: the weighted factory computing the two means (default MeanFactory), so
+      FedNova composes with TFF's clipping, DP or compression factories.
+  """
+
+  def __init__(self, inner: tff.aggregators.WeightedAggregationFactory | None = None):
+    self._inner = inner or tff.aggregators.MeanFactory()
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    if not (isinstance(value_type, tff.StructType) and hasattr(value_type, 'a_norm')
+            and hasattr(value_type, 'delta')):
+      raise TypeError(
+          'FedNovaFactory aggregates NormalizedUpdate(delta, a_norm) values, got'
+          f' {value_type}. Hint: wrap the client rule in client_updates.Normalized.')
+    @tff.tensorflow.computation(value_type)
+    def normalize(update):
+      return collections.OrderedDict(
+          normalized=tf.nest.map_structure(
+              lambda d: tf.math.divide_no_nan(d, update.a_norm), update.delta),
+          a_norm=update.a_norm)
+
+    inner = self._inner.create(normalize.type_signature.result, weight_type)
+
+    @tff.tensorflow.computation(normalize.type_signature.result)
+    def rescale(means):
+      return tf.nest.map_structure(lambda d: means['a_norm'] * d, means['normalized'])
+
+    @tff.federated_computation
+    def init_fn():
+      return inner.initialize()
+
+    @tff.federated_computation(
+        init_fn.type_signature.result,
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS),
+    )
+    def next_fn(state, value, weight):
+      out = inner.next(state, tff.federated_map(normalize, value), weight)
+      measurements = tff.federated_zip(collections.OrderedDict(
+          tau_eff=tff.federated_map(_a_norm_of, out.result), mean=out.measurements))
+      return tff.templates.MeasuredProcessOutput(
+          out.state, tff.federated_map(rescale, out.result), measurements)
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+@tff.tensorflow.computation
+def _a_norm_of(means):
+  return means['a_norm']

@@ -2,15 +2,22 @@
 
 `build_local_client_work` returns a `tff.learning.templates.ClientWorkProcess`:
 
-    initialize: ( -> H@SERVER)                       H: the rule's hyperparameters
-    next: (<H@SERVER, P@CLIENTS, {E*}@CLIENTS> ->
-           <state=H@SERVER, result=ClientResult(U, float32)@CLIENTS,
+    initialize: ( -> S@SERVER)          S = <hparams=H, round=int32>
+    next: (<S@SERVER, P@CLIENTS, {E*}@CLIENTS> ->
+           <state=S@SERVER, result=ClientResult(U, float32)@CLIENTS,
             measurements=M@SERVER>)
 
-P is the payload the server update broadcasts, E one example (client datasets are
-unbatched: batching, epochs and steps happen inside, see `ops.local_loop`), U the
-rule's update. Measurements: example-weighted mean training loss at the visited
-iterates, examples and steps summed over clients.
+H holds the rule's hyperparameters (get/set_hparams), P is the payload the server
+update broadcasts, E one example (client datasets are unbatched: batching, epochs and
+steps happen inside, see `ops.local_loop`), U the rule's update. Measurements:
+example-weighted mean training loss at the visited iterates, examples processed and
+steps summed over clients.
+
+Heterogeneous local work (FedNova's setting): with `local_epochs_max`, each client
+draws its epochs E uniformly from [local_epochs, local_epochs_max] every round and
+takes tau_i = floor(E n_i / B) steps. The draw is a stateless function of (seed,
+round, a fingerprint of the client's data), so runs are reproducible without any
+client id reaching the computation.
 """
 
 import collections
@@ -47,6 +54,8 @@ def build_local_client_work(
     *,
     batch_size: int,
     local_epochs: int = 1,
+    local_epochs_max: int | None = None,
+    seed: int = 0,
     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
 ) -> tff.learning.templates.ClientWorkProcess:
   """Builds client work that applies `rule` on each client's local batches.
@@ -55,9 +64,14 @@ def build_local_client_work(
     rule: the pure-TF client update rule (its model gives the example type).
     payload_type: unplaced TFF type of what the server broadcasts to clients.
     batch_size: examples per local step.
-    local_epochs: passes over the client's examples per round.
-    client_weighting: NUM_EXAMPLES weighs a client by examples processed, UNIFORM
-      by 1 (as in TFF's FedAvg).
+    local_epochs: passes over the client's examples per round (the minimum when
+      `local_epochs_max` is set).
+    local_epochs_max: if set, epochs are drawn per client per round from
+      [local_epochs, local_epochs_max] and steps are floor(E n_i / B).
+    seed: seed of those draws.
+    client_weighting: NUM_EXAMPLES weighs a client by the examples it holds (n_i;
+      the same weighted mean as TFF's count of examples processed whenever all
+      clients run the same epochs), UNIFORM by 1.
 
   Returns:
     A `tff.learning.templates.ClientWorkProcess`.
@@ -66,6 +80,9 @@ def build_local_client_work(
     raise ValueError(f'batch_size must be >= 1, got {batch_size}.')
   if local_epochs < 1:
     raise ValueError(f'local_epochs must be >= 1, got {local_epochs}.')
+  if local_epochs_max is not None and local_epochs_max < local_epochs:
+    raise ValueError(f'local_epochs_max ({local_epochs_max}) must be >= local_epochs'
+                     f' ({local_epochs}).')
   if not isinstance(client_weighting, tff.learning.ClientWeighting):
     raise ValueError(
         f'client_weighting must be a tff.learning.ClientWeighting, got'
@@ -79,20 +96,30 @@ def build_local_client_work(
   )
   data_type = tff.SequenceType(example_type(rule.model))
 
-  @tff.tensorflow.computation(payload_type, data_type, hparams_type)
-  def client_update(payload, dataset, hparams):
+  state_type = tff.types.tensorflow_to_type(collections.OrderedDict(
+      hparams=hparams_type, round=tf.TensorSpec([], tf.int32)))
+
+  @tff.tensorflow.computation(payload_type, data_type, state_type)
+  def client_update(payload, dataset, work_state):
+    hparams = work_state['hparams']
     examples = local_loop.materialize(dataset)
+    if local_epochs_max is None:
+      epochs, drop_remainder = local_epochs, False
+    else:
+      epochs, drop_remainder = local_loop.draw_epochs(
+          examples, seed, work_state['round'], local_epochs, local_epochs_max), True
     state = rule.initialize(payload, hparams)
     state, steps = local_loop.run_local_steps(
         lambda s, batch: rule.step(s, batch, payload, hparams),
         state,
         examples,
         batch_size=batch_size,
-        epochs=local_epochs,
+        epochs=epochs,
+        drop_remainder=drop_remainder,
     )
     examples_seen = tf.cast(state.examples, tf.float32)
     if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
-      weight = examples_seen
+      weight = tf.cast(local_loop.num_examples(examples), tf.float32)
     else:
       weight = tf.constant(1.0)
     result = tff.learning.templates.ClientResult(
@@ -115,7 +142,12 @@ def build_local_client_work(
 
   @tff.federated_computation
   def init_fn():
-    return tff.federated_value(hparams, tff.SERVER)
+    return tff.federated_value(
+        collections.OrderedDict(hparams=hparams, round=np.int32(0)), tff.SERVER)
+
+  @tff.tensorflow.computation(state_type)
+  def next_round(state):
+    return collections.OrderedDict(hparams=state['hparams'], round=state['round'] + 1)
 
   @tff.federated_computation(
       init_fn.type_signature.result,
@@ -123,19 +155,19 @@ def build_local_client_work(
       tff.FederatedType(data_type, tff.CLIENTS),
   )
   def next_fn(state, payload, data):
-    client_hparams = tff.federated_broadcast(state)
-    result, stats = tff.federated_map(client_update, (payload, data, client_hparams))
+    client_state = tff.federated_broadcast(state)
+    result, stats = tff.federated_map(client_update, (payload, data, client_state))
     measurements = tff.federated_map(finalize_stats, tff.federated_sum(stats))
-    return tff.templates.MeasuredProcessOutput(state, result, measurements)
+    return tff.templates.MeasuredProcessOutput(
+        tff.federated_map(next_round, state), result, measurements)
 
-  @tff.tensorflow.computation(hparams_type)
+  @tff.tensorflow.computation(state_type)
   def get_hparams_fn(state):
-    return state
+    return state['hparams']
 
-  @tff.tensorflow.computation(hparams_type, hparams_type)
+  @tff.tensorflow.computation(state_type, hparams_type)
   def set_hparams_fn(state, new_hparams):
-    del state
-    return new_hparams
+    return collections.OrderedDict(hparams=new_hparams, round=state['round'])
 
   return tff.learning.templates.ClientWorkProcess(
       init_fn,

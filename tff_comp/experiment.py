@@ -18,7 +18,7 @@ from tff_comp.runtime import simulation
 # Builder parameters that every run sets from the common flags.
 COMMON_ALGORITHM_ARGS = (
     'client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs',
-    'client_weighting', 'regularizer',
+    'client_weighting', 'regularizer', 'seed',
 )
 # Task parameters fed from common settings rather than task flags.
 COMMON_TASK_ARGS = ('seed',)
@@ -147,6 +147,8 @@ def prepare(config: ExperimentConfig) -> Prepared:
     builder_args[name] = settings[name]
   if config.client_weighting is not None:
     builder_args['client_weighting'] = config.client_weighting
+  if algorithm.accepts('seed'):
+    builder_args['seed'] = config.seed
   psi = _regularizer(config, task, algorithm)
   if psi is not None:
     builder_args['regularizer'] = psi

@@ -4,3 +4,4 @@ from tff_comp.algorithms import fedavg
 from tff_comp.algorithms import fedprox
 from tff_comp.algorithms import feddualavg
 from tff_comp.algorithms import fedmid
+from tff_comp.algorithms import fednova

@@ -62,9 +62,12 @@ def compose(
     local_epochs: int,
     client_weighting: str,
     aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+    local_epochs_max: int = 0,
+    seed: int = 0,
 ) -> tff.learning.templates.LearningProcess:
   """Clients run `rule` from the server update's payload; the mean (or
-  `aggregator`) of their updates goes to `server_update`."""
+  `aggregator`) of their updates goes to `server_update`. `local_epochs_max` > 0
+  draws epochs per client per round (heterogeneous local work)."""
   return composer.compose_learning_process(
       initial_model_weights_fn=initial_weights_fn(model),
       client_work=client_work_lib.build_local_client_work(
@@ -72,6 +75,8 @@ def compose(
           server_update.client_payload.type_signature.result,
           batch_size=batch_size,
           local_epochs=local_epochs,
+          local_epochs_max=local_epochs_max or None,
+          seed=seed,
           client_weighting=client_weighting_of(client_weighting),
       ),
       aggregator=aggregator or tff.aggregators.MeanFactory(),

@@ -25,6 +25,7 @@ from tff_comp.ops import client_updates
 def compose_fedavg_like(
     model, rule, *, server_learning_rate, server_momentum, batch_size,
     local_epochs, client_weighting, server_optimizer=None, model_aggregator=None,
+    local_epochs_max=0, seed=0,
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg's skeleton around any client rule: server optimizer on the mean update."""
   server_update = server_updates.build_optimizer_update(
@@ -39,6 +40,8 @@ def compose_fedavg_like(
       local_epochs=local_epochs,
       client_weighting=client_weighting,
       aggregator=model_aggregator,
+      local_epochs_max=local_epochs_max,
+      seed=seed,
   )
 
 
@@ -51,11 +54,16 @@ def build_fedavg(
     server_momentum: float = 0.0,
     batch_size: int = 10,
     local_epochs: int = 1,
+    local_epochs_max: int = 0,
+    seed: int = 0,
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum)."""
+  """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
+
+  `local_epochs_max` > 0: epochs drawn per client per round (see client_work).
+  """
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = client_updates.SGD(model, learning_rate=client_learning_rate)
   return compose_fedavg_like(
@@ -63,6 +71,7 @@ def build_fedavg(
       server_momentum=server_momentum, batch_size=batch_size,
       local_epochs=local_epochs, client_weighting=client_weighting,
       server_optimizer=server_optimizer, model_aggregator=model_aggregator,
+      local_epochs_max=local_epochs_max, seed=seed,
   )
 
 

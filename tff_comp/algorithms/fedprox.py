@@ -24,6 +24,8 @@ def build_fedprox(
     server_momentum: float = 0.0,
     batch_size: int = 10,
     local_epochs: int = 1,
+    local_epochs_max: int = 0,
+    seed: int = 0,
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
@@ -39,4 +41,5 @@ def build_fedprox(
       server_momentum=server_momentum, batch_size=batch_size,
       local_epochs=local_epochs, client_weighting=client_weighting,
       server_optimizer=server_optimizer, model_aggregator=model_aggregator,
+      local_epochs_max=local_epochs_max, seed=seed,
   )

@@ -33,6 +33,7 @@ class LocalState(NamedTuple):
   extras: Any  # rule-specific tensors (e.g. elapsed step sizes)
   loss_sum: tf.Tensor  # sum over steps of batch loss x batch size
   examples: tf.Tensor  # examples processed
+  steps: tf.Tensor  # local steps taken
 
 
 def batch_loss_and_gradient(
@@ -89,8 +90,8 @@ class ClientUpdateRule(abc.ABC):
     del hparams
     trainable, _, extras = self.start(payload)
     return LocalState(
-        tuple(trainable), extras, tf.constant(0.0), tf.constant(0, tf.int32)
-    )
+        tuple(trainable), extras, tf.constant(0.0), tf.constant(0, tf.int32),
+        tf.constant(0, tf.int32))
 
   def step(self, state: LocalState, batch, payload, hparams) -> LocalState:
     _, non_trainable, _ = self.start(payload)
@@ -107,6 +108,7 @@ class ClientUpdateRule(abc.ABC):
         extras,
         state.loss_sum + loss * tf.cast(size, tf.float32),
         state.examples + size,
+        state.steps + 1,
     )
 
   def finalize(self, state: LocalState, payload, hparams) -> Any:
@@ -115,13 +117,15 @@ class ClientUpdateRule(abc.ABC):
 
 
 class SGD(ClientUpdateRule):
-  """Local SGD, optionally proximal (FedProx) or with a regularizer subgradient.
+  """Local SGD, optionally with momentum, a proximal term (FedProx) or a regularizer
+  subgradient.
 
-      w_{k+1} = w_k - eta_c (g_k + mu (w_k - w_r) + s_k),  s_k in d psi(w_k)
+      v_{k+1} = rho v_k + g_k + mu (w_k - w_r) + s_k,   s_k in d psi(w_k)
+      w_{k+1} = w_k - eta_c v_{k+1}
 
-  mu = 0 and no regularizer is FedAvg's client; mu > 0 is FedProx's; a regularizer
-  gives the naive composite baseline "FedAvg with subgradients".
-  Payload: the broadcast ModelWeights.
+  rho = mu = 0 and no regularizer is FedAvg's client; mu > 0 is FedProx's; rho > 0 is
+  heavy-ball momentum (reset every round); a regularizer gives the naive composite
+  baseline "FedAvg with subgradients". Payload: the broadcast ModelWeights.
   """
 
   def __init__(
@@ -130,33 +134,90 @@ class SGD(ClientUpdateRule):
       *,
       learning_rate: float,
       proximal_strength: float = 0.0,
+      momentum: float = 0.0,
       subgradient_of: regularizers_lib.Regularizer | None = None,
   ):
     super().__init__(model, learning_rate=learning_rate)
     self._mu = float(proximal_strength)
+    self._rho = float(momentum)
     self._subgradient_of = subgradient_of
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
     if self._mu:
       hparams['proximal_strength'] = self._mu
+    if self._rho:
+      hparams['momentum'] = self._rho
     return hparams
 
   def start(self, payload):
-    return tuple(payload.trainable), tuple(payload.non_trainable), tuple(payload.trainable)
+    trainable = tuple(payload.trainable)
+    # extras: (start point, velocity)
+    return trainable, tuple(payload.non_trainable), (
+        trainable, tuple(tf.zeros_like(w) for w in trainable))
 
   def local_step(self, weights, extras, gradient_fn, hparams, payload):
     del payload
+    start, velocity = extras
     loss, grads = gradient_fn(weights)
     if 'proximal_strength' in hparams:
       mu = hparams['proximal_strength']
-      grads = tuple(g + mu * (w - w0) for g, w, w0 in zip(grads, weights, extras))
+      grads = tuple(g + mu * (w - w0) for g, w, w0 in zip(grads, weights, start))
     if self._subgradient_of is not None:
       grads = tuple(
           g + s for g, s in zip(grads, self._subgradient_of.subgradient(weights))
       )
+    if 'momentum' in hparams:
+      grads = tuple(hparams['momentum'] * v + g for v, g in zip(velocity, grads))
+      velocity = grads
     lr = hparams['learning_rate']
-    return loss, tuple(w - lr * g for w, g in zip(weights, grads)), extras
+    return loss, tuple(w - lr * g for w, g in zip(weights, grads)), (start, velocity)
+
+  def gradient_weight_norm(self, steps: tf.Tensor, hparams) -> tf.Tensor:
+    """||a||_1 with Delta = -eta G a over `steps` local steps (FedNova, Wang et al.
+    2020): tau for SGD; sum_k (1 - rho^(tau-k)) / (1 - rho) with momentum rho;
+    sum_k (1 - eta mu)^(tau-1-k) with the proximal term mu."""
+    tau = tf.cast(steps, tf.float32)
+    if self._rho and self._mu:
+      raise ValueError('FedNova defines ||a||_1 for momentum or a proximal term, not both.')
+    if self._subgradient_of is not None:
+      raise ValueError('FedNova is not defined with a regularizer subgradient.')
+    if 'momentum' in hparams:
+      rho = hparams['momentum']
+      return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+    if 'proximal_strength' in hparams:
+      decay = 1 - hparams['learning_rate'] * hparams['proximal_strength']
+      return tf.math.divide_no_nan(1 - decay**tau, 1 - decay)
+    return tau
+
+
+class NormalizedUpdate(NamedTuple):
+  """An update with the l1 norm of its gradient-weighting vector a (FedNova)."""
+
+  delta: Weights  # pseudo-gradient: start - end = eta G a
+  a_norm: tf.Tensor  # ||a||_1
+
+
+class Normalized(ClientUpdateRule):
+  """Wraps an SGD rule so each client also reports ||a_i||_1 (FedNova's client)."""
+
+  def __init__(self, rule: SGD):
+    super().__init__(rule.model, learning_rate=rule.initial_hparams()['learning_rate'])
+    self._rule = rule
+
+  def initial_hparams(self):
+    return self._rule.initial_hparams()
+
+  def start(self, payload):
+    return self._rule.start(payload)
+
+  def local_step(self, weights, extras, gradient_fn, hparams, payload):
+    return self._rule.local_step(weights, extras, gradient_fn, hparams, payload)
+
+  def update(self, start, state, hparams):
+    return NormalizedUpdate(
+        self._rule.update(start, state, hparams),
+        self._rule.gradient_weight_norm(state.steps, hparams))
 
 
 class ElapsedUpdate(NamedTuple):

@@ -40,6 +40,24 @@ def num_examples(examples: Any) -> tf.Tensor:
   return tf.shape(tf.nest.flatten(examples)[0])[0]
 
 
+def draw_epochs(examples: Any, seed: int, round_num: tf.Tensor, low: int,
+                high: int) -> tf.Tensor:
+  """Epochs ~ U{low..high}, a stateless function of (seed, round, the client's data).
+
+  The client is identified by a fingerprint of its first example and its size, so the
+  draw differs across clients and rounds and repeats exactly across runs.
+  """
+  first = tf.nest.map_structure(lambda t: t[:1], examples)
+  data_bytes = tf.strings.reduce_join(
+      [tf.io.serialize_tensor(t) for t in tf.nest.flatten(first)])
+  fingerprint = tf.strings.to_hash_bucket_fast(
+      tf.strings.join([data_bytes, tf.strings.as_string(num_examples(examples))]),
+      2**31 - 1)
+  key = tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64),
+                  fingerprint])
+  return tf.random.stateless_uniform([], key, minval=low, maxval=high + 1, dtype=tf.int32)
+
+
 def num_steps(
     n: tf.Tensor, *, batch_size: int, epochs, drop_remainder: bool = False
 ) -> tf.Tensor:

@@ -1,0 +1,77 @@
+"""Synthetic(alpha, beta) (Li et al., FedProx, MLSys 2020; used by FedNova).
+
+Client k: u_k ~ N(0, alpha), W_k ~ N(u_k, 1)^{60x10}, b_k ~ N(u_k, 1)^10,
+B_k ~ N(0, beta), v_k ~ N(B_k, 1)^60, Sigma = diag(j^-1.2), x ~ N(v_k, Sigma),
+y = argmax softmax(W_k^T x + b_k); n_k = int(lognormal(4, 2)) + 50; 30 clients.
+alpha controls how much local models differ, beta how much local data differ. Each
+client's examples are split 80/20 into train and test. Model: softmax regression.
+Metrics: training loss on all clients' train parts, test accuracy on the test parts.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tasks import array_data
+from tasks import base
+from tff_comp import models
+from tff_comp import registry
+from tff_comp import regularizers
+
+DIM, CLASSES = 60, 10
+
+
+def generate(alpha: float, beta: float, num_clients: int, seed: int):
+  """[(x, y)] per client, following the FedProx reference recipe."""
+  rng = np.random.default_rng(seed)
+  sizes = rng.lognormal(4, 2, num_clients).astype(int) + 50
+  sigma = np.arange(1, DIM + 1) ** -1.2
+  clients = []
+  for k in range(num_clients):
+    u = rng.normal(0, np.sqrt(alpha))
+    w = rng.normal(u, 1, (DIM, CLASSES))
+    b = rng.normal(u, 1, CLASSES)
+    v = rng.normal(rng.normal(0, np.sqrt(beta)), 1, DIM)
+    x = v + rng.normal(size=(sizes[k], DIM)) * np.sqrt(sigma)
+    y = np.argmax(x @ w + b, axis=1)
+    clients.append((x.astype(np.float32), y.astype(np.int32)))
+  return clients
+
+
+@registry.register_task('synthetic')
+def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
+                         seed: int = 0) -> base.Task:
+  """Builds Synthetic(alpha, beta)."""
+  if alpha < 0 or beta < 0 or num_clients < 1:
+    raise ValueError(f'need alpha, beta >= 0 and num_clients >= 1; got {alpha}, {beta},'
+                     f' {num_clients}.')
+  clients = generate(alpha, beta, num_clients, seed)
+  cut = [int(0.8 * len(y)) for _, y in clients]
+  ids = [str(i) for i in range(num_clients)]
+  train_data = array_data.cached_client_data(
+      f'synthetic-a{alpha}-b{beta}-c{num_clients}-seed{seed}', ids, (DIM,), tf.int32,
+      lambda i: (clients[i][0][:cut[i]], clients[i][1][:cut[i]]))
+  x_train = np.concatenate([x[:c] for (x, _), c in zip(clients, cut)])
+  y_train = np.concatenate([y[:c] for (_, y), c in zip(clients, cut)])
+  x_test = np.concatenate([x[c:] for (x, _), c in zip(clients, cut)])
+  y_test = np.concatenate([y[c:] for (_, y), c in zip(clients, cut)])
+
+  def evaluate(weights, psi=None) -> base.Metrics:
+    del psi
+    kernel, bias = weights
+
+    def cross_entropy(x, y):
+      logits = x @ kernel + bias
+      logits = logits - logits.max(1, keepdims=True)
+      log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+      return float(-np.mean(log_probs[np.arange(len(y)), y])), logits
+
+    train_loss, _ = cross_entropy(x_train, y_train)
+    test_loss, logits = cross_entropy(x_test, y_test)
+    return dict(pooled_train_loss=train_loss, test_loss=test_loss,
+                test_accuracy=float(np.mean(logits.argmax(1) == y_test)))
+
+  return base.Task(
+      name='synthetic', model=models.softmax_regression(DIM, CLASSES), train_data=train_data,
+      regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
+      defaults=dict(client_learning_rate=0.01, server_learning_rate=1.0, rounds=200,
+                    clients_per_round=10, batch_size=50, local_epochs=2, eval_period=10))

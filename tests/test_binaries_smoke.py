@@ -1,0 +1,31 @@
+"""Smoke tests of reproduce.py (a tiny grid, in process) and bench.py (a subprocess)."""
+
+import os
+import subprocess
+import sys
+
+from binaries import reproduce
+
+
+def test_reproduce_writes_table_and_plot(tmp_path):
+  spec = reproduce.Experiment(
+      task='quadratic', algorithms=('fedavg', 'fednova'), client_learning_rates=(0.01,),
+      server_learning_rates=(1.0, 2.0), rounds=4, checkpoints=(2, 4),
+      metric='distance_to_optimum', higher_is_better=False, eval_period=2,
+      plot_metrics=('objective', 'distance_to_optimum'))
+  curves = reproduce.run_grid('tiny', spec, spec.rounds, 0, tmp_path)
+  assert set(curves['fednova']) == {(0.01, 1.0), (0.01, 2.0)}
+  table = reproduce.summarize('tiny', spec, curves, spec.rounds, tmp_path, 'cmd')
+  assert '| fednova |' in table and 'round 4' in table
+  assert (tmp_path / 'results.md').read_text() == table
+  assert (tmp_path / 'tiny.png').stat().st_size > 1000
+  assert (tmp_path / 'fedavg' / 'lr_0.01_2' / 'metrics.csv').exists()
+
+
+def test_bench_runs(repo_root):
+  out = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1'],
+      capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.returncode == 0, out.stderr
+  assert 'a/b =' in out.stdout and 'a/c =' in out.stdout

@@ -1,0 +1,120 @@
+"""FedNova: ||a_i||_1 from trajectories, the aggregator, heterogeneous local work, and the
+objective-inconsistency closed forms on `quadratic`."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import tff_comp  # pylint: disable=unused-import
+from tasks import quadratic
+from tff_comp import aggregators
+from tff_comp import experiment
+from tff_comp import models
+from tff_comp.ops import client_updates
+from tff_comp.ops import local_loop
+
+D = 5
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(23, D)).astype(np.float32)
+Y = (X @ RNG.normal(size=D)).astype(np.float32)
+
+
+@pytest.mark.parametrize('momentum,mu', [(0.0, 0.0), (0.9, 0.0), (0.0, 2.0)])
+def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
+  """Delta = eta sum_k a_k g_k with the recorded gradients g_k, and ||a||_1 reported."""
+  model = models.linear_regression((D,))
+  lr = 0.05
+  sgd = client_updates.SGD(model, learning_rate=lr, momentum=momentum, proximal_strength=mu)
+  rule = client_updates.Normalized(sgd)
+  hparams = collections.OrderedDict(
+      (k, tf.constant(v)) for k, v in rule.initial_hparams().items())
+  payload = tff.learning.models.ModelWeights((tf.zeros([D]), tf.zeros([])), ())
+  state = rule.initialize(payload, hparams)
+  grads = []
+  for start in range(0, 20, 4):  # 5 steps of batch 4
+    batch = (X[start:start + 4], Y[start:start + 4])
+    _, g = client_updates.batch_loss_and_gradient(model, state.weights, (), batch)
+    grads.append(g[0].numpy())  # the loss gradient at the current iterate
+    state = rule.step(state, batch, payload, hparams)
+  update = rule.finalize(state, payload, hparams)
+  tau = len(grads)
+  if momentum:
+    a = np.array([(1 - momentum ** (tau - k)) / (1 - momentum) for k in range(tau)])
+  elif mu:
+    a = np.array([(1 - lr * mu) ** (tau - 1 - k) for k in range(tau)])
+  else:
+    a = np.ones(tau)
+  np.testing.assert_allclose(update.delta[0], lr * np.array(grads).T @ a, rtol=1e-4, atol=1e-6)
+  assert float(update.a_norm) == pytest.approx(a.sum(), rel=1e-5)
+
+
+def test_fednova_aggregator_on_its_own():
+  value_type = tff.types.tensorflow_to_type(client_updates.NormalizedUpdate(
+      delta=(tf.TensorSpec([2], tf.float32),), a_norm=tf.TensorSpec([], tf.float32)))
+  process = aggregators.FedNovaFactory().create(value_type, tff.TensorType(np.float32))
+  deltas = [np.array([1.0, 2.0]), np.array([-3.0, 0.5]), np.array([0.2, 0.2])]
+  norms, weights = [2.0, 6.0, 1.0], [10.0, 30.0, 60.0]
+  out = process.next(process.initialize(),
+                     [client_updates.NormalizedUpdate((d.astype(np.float32),), np.float32(a))
+                      for d, a in zip(deltas, norms)],
+                     [np.float32(w) for w in weights])
+  p = np.array(weights) / sum(weights)
+  tau_eff = p @ np.array(norms)
+  want = tau_eff * sum(pi * d / a for pi, d, a in zip(p, deltas, norms))
+  np.testing.assert_allclose(out.result[0], want, rtol=1e-6)
+  assert out.measurements['tau_eff'] == pytest.approx(tau_eff)
+
+
+def test_drawn_epochs_are_reproducible_and_vary():
+  def draws(seed, round_num):
+    return [int(local_loop.draw_epochs((X[i:i + 5], Y[i:i + 5]), seed, round_num, 2, 5))
+            for i in range(0, 20, 5)]
+  assert draws(0, 3) == draws(0, 3)
+  seen = {e for r in range(10) for e in draws(0, r)}
+  assert seen == {2, 3, 4, 5}
+  assert draws(0, 1) != draws(0, 2) or draws(0, 1) != draws(1, 1)
+
+
+def _quadratic_run(algorithm, tmp_path, eta, rounds=100):
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm=algorithm, task='quadratic', rounds=rounds, eval_period=rounds,
+      client_learning_rate=eta, server_learning_rate=2.0, output_dir=str(tmp_path / algorithm)))
+  process = prepared.build_process()
+  task = prepared.task
+  process = tff.simulation.compose_dataset_computation_with_learning_process(
+      task.train_data.dataset_computation, process)
+  state = process.initialize()
+  for _ in range(rounds):  # full participation, as in the closed form
+    state = process.next(state, task.train_data.client_ids).state
+  return process.get_model_weights(state).trainable[0]
+
+
+def test_quadratic_fixed_points_match_closed_forms(tmp_path):
+  eta = 0.005
+  task = quadratic.build_quadratic_task()
+  centers = np.random.default_rng(0).normal(size=(6, 4))
+  steps = np.array([1, 2, 5, 10, 20, 40])
+  optimum = (steps / steps.sum()) @ centers
+  fedavg_x = _quadratic_run('fedavg', tmp_path, eta)
+  fednova_x = _quadratic_run('fednova', tmp_path, eta)
+  np.testing.assert_allclose(
+      fedavg_x, quadratic.fixed_point(centers, steps, eta, normalized=False), atol=1e-4)
+  np.testing.assert_allclose(
+      fednova_x, quadratic.fixed_point(centers, steps, eta, normalized=True), atol=1e-4)
+  fedavg_gap = np.linalg.norm(fedavg_x - optimum)
+  fednova_gap = np.linalg.norm(fednova_x - optimum)
+  assert fednova_gap * 10 <= fedavg_gap
+  assert task.evaluate((fednova_x,))['distance_to_optimum'] == pytest.approx(fednova_gap, rel=1e-4)
+
+
+def test_heterogeneous_local_work_runs_for_all_three(tmp_path):
+  for algorithm, options in [('fedavg', {}), ('fedprox', {'mu': 0.01}), ('fednova', {})]:
+    prepared = experiment.prepare(experiment.ExperimentConfig(
+        algorithm=algorithm, task='synthetic', rounds=3, eval_period=3, local_epochs=2,
+        algorithm_options=dict(local_epochs_max=5, **options),
+        output_dir=str(tmp_path / algorithm)))
+    final = experiment.run_experiment(prepared, show_progress=False)
+    assert 0 < final['eval/test_accuracy'] <= 1

@@ -1,0 +1,52 @@
+"""FedNova (Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020): normalized averaging.
+
+Client i runs tau_i local steps of SGD, SGD with momentum rho, or proximal SGD (mu),
+so Delta_i = -eta G_i a_i, and reports ||a_i||_1; the server applies
+
+    w_{t+1} = w_t + eta_s tau_eff sum_i p_i Delta_i / ||a_i||_1,  tau_eff = sum_i p_i ||a_i||_1
+
+(or any server optimizer; `server_momentum` > 0 gives FedNova with server momentum).
+With equal tau_i (and equal a_i) it is FedAvg. Heterogeneous local work: epochs
+drawn per client per round from [local_epochs, local_epochs_max] (`fedavg` and
+`fedprox` take the same options, so the three compare on equal footing).
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import aggregators
+from tff_comp import registry
+from tff_comp.algorithms import common
+from tff_comp.algorithms import fedavg
+from tff_comp.ops import client_updates
+
+
+@registry.register_algorithm('fednova')
+def build_fednova(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    server_momentum: float = 0.0,
+    client_momentum: float = 0.0,
+    mu: float = 0.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    local_epochs_max: int = 0,
+    seed: int = 0,
+    client_weighting: str = 'examples',
+) -> tff.learning.templates.LearningProcess:
+  """Builds FedNova; local solver: SGD, momentum (client_momentum) or prox (mu)."""
+  common.check_positive(client_learning_rate=client_learning_rate)
+  common.check_nonnegative(mu=mu, client_momentum=client_momentum)
+  if mu and client_momentum:
+    raise ValueError('choose one local solver: client_momentum > 0 or mu > 0, not both.')
+  if client_momentum >= 1:
+    raise ValueError(f'client_momentum must be < 1, got {client_momentum}.')
+  rule = client_updates.Normalized(client_updates.SGD(
+      model, learning_rate=client_learning_rate, proximal_strength=mu,
+      momentum=client_momentum))
+  return fedavg.compose_fedavg_like(
+      model, rule, server_learning_rate=server_learning_rate,
+      server_momentum=server_momentum, batch_size=batch_size,
+      local_epochs=local_epochs, local_epochs_max=local_epochs_max, seed=seed,
+      client_weighting=client_weighting, model_aggregator=aggregators.FedNovaFactory())
