@@ -15,6 +15,7 @@ from tff_comp import experiment
 from tff_comp import models
 from tff_comp.ops import client_updates
 from tff_comp.ops import local_loop
+from tff_comp.ops import model_ops
 
 D = 5
 RNG = np.random.default_rng(0)
@@ -36,7 +37,7 @@ def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
   grads = []
   for start in range(0, 20, 4):  # 5 steps of batch 4
     batch = (X[start:start + 4], Y[start:start + 4])
-    _, g = client_updates.batch_loss_and_gradient(model, state.weights, (), batch)
+    _, g = model_ops.batch_loss_and_gradient(model, state.weights, (), batch)
     grads.append(g[0].numpy())  # the loss gradient at the current iterate
     state = rule.step(state, batch, payload, hparams)
   update = rule.finalize(state, payload, hparams)

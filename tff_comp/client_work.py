@@ -28,6 +28,7 @@ import tensorflow_federated as tff
 
 from tff_comp.ops import client_updates
 from tff_comp.ops import local_loop
+from tff_comp.ops import model_ops
 
 
 def example_type(model: tff.learning.models.FunctionalModel) -> tff.Type:
@@ -55,6 +56,7 @@ def build_local_client_work(
     batch_size: int,
     local_epochs: int = 1,
     local_epochs_max: int | None = None,
+    local_steps: int | None = None,
     seed: int = 0,
     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
 ) -> tff.learning.templates.ClientWorkProcess:
@@ -68,7 +70,9 @@ def build_local_client_work(
       `local_epochs_max` is set).
     local_epochs_max: if set, epochs are drawn per client per round from
       [local_epochs, local_epochs_max] and steps are floor(E n_i / B).
-    seed: seed of those draws.
+    local_steps: if set, exactly this many steps per round (tau), cycling through the
+      client's examples; overrides epochs.
+    seed: seed of the epoch draws.
     client_weighting: NUM_EXAMPLES weighs a client by the examples it holds (n_i;
       the same weighted mean as TFF's count of examples processed whenever all
       clients run the same epochs), UNIFORM by 1.
@@ -80,6 +84,8 @@ def build_local_client_work(
     raise ValueError(f'batch_size must be >= 1, got {batch_size}.')
   if local_epochs < 1:
     raise ValueError(f'local_epochs must be >= 1, got {local_epochs}.')
+  if local_steps is not None and local_steps < 1:
+    raise ValueError(f'local_steps must be >= 1, got {local_steps}.')
   if local_epochs_max is not None and local_epochs_max < local_epochs:
     raise ValueError(f'local_epochs_max ({local_epochs_max}) must be >= local_epochs'
                      f' ({local_epochs}).')
@@ -99,9 +105,13 @@ def build_local_client_work(
   state_type = tff.types.tensorflow_to_type(collections.OrderedDict(
       hparams=hparams_type, round=tf.TensorSpec([], tf.int32)))
 
-  @tff.tensorflow.computation(payload_type, data_type, state_type)
-  def client_update(payload, dataset, work_state):
+  step_examples = batch_size * rule.batches_per_step
+
+  @tff.tensorflow.computation(payload_type, data_type, state_type, tf.float32)
+  def client_update(payload, dataset, work_state, reference_loss):
     hparams = work_state['hparams']
+    if rule.uses_reference_loss:
+      hparams = collections.OrderedDict(hparams, reference_loss=reference_loss)
     examples = local_loop.materialize(dataset)
     if local_epochs_max is None:
       epochs, drop_remainder = local_epochs, False
@@ -113,9 +123,10 @@ def build_local_client_work(
         lambda s, batch: rule.step(s, batch, payload, hparams),
         state,
         examples,
-        batch_size=batch_size,
+        batch_size=step_examples,
         epochs=epochs,
         drop_remainder=drop_remainder,
+        steps=local_steps,
     )
     examples_seen = tf.cast(state.examples, tf.float32)
     if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
@@ -133,12 +144,15 @@ def build_local_client_work(
     return result, stats
 
   @tff.tensorflow.computation
-  def finalize_stats(stats):
-    return collections.OrderedDict(
+  def finalize_stats(stats, reference_loss):
+    measurements = collections.OrderedDict(
         train_loss=tf.math.divide_no_nan(stats['loss_sum'], stats['num_examples']),
         num_examples=stats['num_examples'],
         num_steps=stats['num_steps'],
     )
+    if rule.uses_reference_loss:
+      measurements['reference_loss'] = reference_loss
+    return measurements
 
   @tff.federated_computation
   def init_fn():
@@ -149,6 +163,12 @@ def build_local_client_work(
   def next_round(state):
     return collections.OrderedDict(hparams=state['hparams'], round=state['round'] + 1)
 
+  @tff.tensorflow.computation(payload_type, data_type)
+  def loss_at_payload(payload, dataset):
+    trainable, non_trainable, _ = rule.start(payload)
+    return model_ops.batch_loss(
+        rule.model, trainable, non_trainable, local_loop.materialize(dataset))
+
   @tff.federated_computation(
       init_fn.type_signature.result,
       tff.FederatedType(payload_type, tff.CLIENTS),
@@ -156,8 +176,15 @@ def build_local_client_work(
   )
   def next_fn(state, payload, data):
     client_state = tff.federated_broadcast(state)
-    result, stats = tff.federated_map(client_update, (payload, data, client_state))
-    measurements = tff.federated_map(finalize_stats, tff.federated_sum(stats))
+    if rule.uses_reference_loss:
+      # The round's common reference: the largest client loss at the broadcast model.
+      reference = tff.federated_max(tff.federated_map(loss_at_payload, (payload, data)))
+    else:
+      reference = tff.federated_value(np.float32(0.0), tff.SERVER)
+    result, stats = tff.federated_map(
+        client_update, (payload, data, client_state, tff.federated_broadcast(reference)))
+    measurements = tff.federated_map(
+        finalize_stats, (tff.federated_sum(stats), reference))
     return tff.templates.MeasuredProcessOutput(
         tff.federated_map(next_round, state), result, measurements)
 

@@ -144,7 +144,10 @@ def prepare(config: ExperimentConfig) -> Prepared:
 
   builder_args = dict(config.algorithm_options)
   for name in ('client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs'):
-    builder_args[name] = settings[name]
+    if algorithm.accepts(name):
+      builder_args[name] = settings[name]
+    elif getattr(config, name) is not None:
+      raise ConfigError(f'--{name} does not apply to algorithm {config.algorithm!r}.')
   if config.client_weighting is not None:
     builder_args['client_weighting'] = config.client_weighting
   if algorithm.accepts('seed'):

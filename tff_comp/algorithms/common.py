@@ -64,6 +64,7 @@ def compose(
     aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
     local_epochs_max: int = 0,
     seed: int = 0,
+    local_steps: int | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Clients run `rule` from the server update's payload; the mean (or
   `aggregator`) of their updates goes to `server_update`. `local_epochs_max` > 0
@@ -76,6 +77,7 @@ def compose(
           batch_size=batch_size,
           local_epochs=local_epochs,
           local_epochs_max=local_epochs_max or None,
+          local_steps=local_steps,
           seed=seed,
           client_weighting=client_weighting_of(client_weighting),
       ),

@@ -25,7 +25,7 @@ from tff_comp.ops import client_updates
 def compose_fedavg_like(
     model, rule, *, server_learning_rate, server_momentum, batch_size,
     local_epochs, client_weighting, server_optimizer=None, model_aggregator=None,
-    local_epochs_max=0, seed=0,
+    local_epochs_max=0, seed=0, local_steps=None,
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg's skeleton around any client rule: server optimizer on the mean update."""
   server_update = server_updates.build_optimizer_update(
@@ -42,6 +42,7 @@ def compose_fedavg_like(
       aggregator=model_aggregator,
       local_epochs_max=local_epochs_max,
       seed=seed,
+      local_steps=local_steps,
   )
 
 

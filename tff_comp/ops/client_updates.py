@@ -16,12 +16,13 @@ server optimizer can apply it as a gradient.
 
 import abc
 import collections
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import model_ops
+from tff_comp.ops import objectives as objectives_lib
 
 Weights = tuple[tf.Tensor, ...]
 
@@ -36,24 +37,17 @@ class LocalState(NamedTuple):
   steps: tf.Tensor  # local steps taken
 
 
-def batch_loss_and_gradient(
-    model, trainable: Weights, non_trainable: Weights, batch: Any
-) -> tuple[tf.Tensor, Weights]:
-  """Loss of `model` (a FunctionalModel) on `batch` and its gradient."""
-  x, y = (batch['x'], batch['y']) if isinstance(batch, dict) else batch
-  with tf.GradientTape() as tape:
-    tape.watch(trainable)
-    output = model.predict_on_batch((trainable, non_trainable), x, training=True)
-    loss = model.loss(output=output, label=y)
-  return loss, tuple(tape.gradient(loss, trainable))
-
-
-def batch_size_of(batch: Any) -> tf.Tensor:
-  return tf.shape(tf.nest.flatten(batch)[0])[0]
-
-
 class ClientUpdateRule(abc.ABC):
-  """Local update rule on a FunctionalModel; see the module docstring."""
+  """Local update rule on a FunctionalModel; see the module docstring.
+
+  `batches_per_step`: a step receives this many batches concatenated (compositional
+  rules draw separate inner and outer batches). `uses_reference_loss`: the client work
+  computes, before local training, the largest loss of the round's clients at the
+  broadcast model and passes it as hparams['reference_loss'].
+  """
+
+  batches_per_step: int = 1
+  uses_reference_loss: bool = False
 
   def __init__(self, model, *, learning_rate: float):
     self.model = model
@@ -72,14 +66,16 @@ class ClientUpdateRule(abc.ABC):
       self,
       weights: Weights,
       extras: Any,
-      gradient_fn: Callable,
+      batch: Any,
       hparams,
       payload,
   ) -> tuple[tf.Tensor, Weights, Any]:
-    """One step: returns (batch loss, new weights, new extras).
+    """One step on `batch`: returns (batch loss, new weights, new extras)."""
 
-    `gradient_fn(trainable)` gives (loss, gradient) on this step's batch.
-    """
+  def loss_and_gradient(self, weights: Weights, batch: Any, payload):
+    """The model's loss on `batch` at `weights` and its gradient."""
+    _, non_trainable, _ = self.start(payload)
+    return model_ops.batch_loss_and_gradient(self.model, weights, non_trainable, batch)
 
   def update(self, start: Weights, state: LocalState, hparams) -> Any:
     """The update sent for aggregation; default: the pseudo-gradient start - end."""
@@ -94,15 +90,10 @@ class ClientUpdateRule(abc.ABC):
         tf.constant(0, tf.int32))
 
   def step(self, state: LocalState, batch, payload, hparams) -> LocalState:
-    _, non_trainable, _ = self.start(payload)
-
-    def gradient_fn(trainable):
-      return batch_loss_and_gradient(self.model, trainable, non_trainable, batch)
-
     loss, weights, extras = self.local_step(
-        state.weights, state.extras, gradient_fn, hparams, payload
+        state.weights, state.extras, batch, hparams, payload
     )
-    size = batch_size_of(batch)
+    size = model_ops.batch_size_of(batch)
     return LocalState(
         weights,
         extras,
@@ -156,10 +147,9 @@ class SGD(ClientUpdateRule):
     return trainable, tuple(payload.non_trainable), (
         trainable, tuple(tf.zeros_like(w) for w in trainable))
 
-  def local_step(self, weights, extras, gradient_fn, hparams, payload):
-    del payload
+  def local_step(self, weights, extras, batch, hparams, payload):
     start, velocity = extras
-    loss, grads = gradient_fn(weights)
+    loss, grads = self.loss_and_gradient(weights, batch, payload)
     if 'proximal_strength' in hparams:
       mu = hparams['proximal_strength']
       grads = tuple(g + mu * (w - w0) for g, w, w0 in zip(grads, weights, start))
@@ -211,8 +201,8 @@ class Normalized(ClientUpdateRule):
   def start(self, payload):
     return self._rule.start(payload)
 
-  def local_step(self, weights, extras, gradient_fn, hparams, payload):
-    return self._rule.local_step(weights, extras, gradient_fn, hparams, payload)
+  def local_step(self, weights, extras, batch, hparams, payload):
+    return self._rule.local_step(weights, extras, batch, hparams, payload)
 
   def update(self, start, state, hparams):
     return NormalizedUpdate(
@@ -262,10 +252,9 @@ class ProximalSGD(CompositeRule):
   def start(self, payload):
     return tuple(payload.trainable), tuple(payload.non_trainable), tf.constant(0.0)
 
-  def local_step(self, weights, lr_sum, gradient_fn, hparams, payload):
-    del payload
+  def local_step(self, weights, lr_sum, batch, hparams, payload):
     lr = hparams['learning_rate']
-    loss, grads = gradient_fn(weights)
+    loss, grads = self.loss_and_gradient(weights, batch, payload)
     weights = tuple(w - lr * g for w, g in zip(weights, grads))
     if self._client_prox:
       weights = self._regularizer.prox(weights, lr)
@@ -299,7 +288,55 @@ class DualAveraging(CompositeRule):
       return dual
     return self._regularizer.prox(dual, elapsed)
 
-  def local_step(self, dual, lr_sum, gradient_fn, hparams, payload):
+  def local_step(self, dual, lr_sum, batch, hparams, payload):
     lr = hparams['learning_rate']
-    loss, grads = gradient_fn(self.primal(dual, payload.elapsed + lr_sum))
+    primal = self.primal(dual, payload.elapsed + lr_sum)
+    loss, grads = self.loss_and_gradient(primal, batch, payload)
     return loss, tuple(z - lr * g for z, g in zip(dual, grads)), lr_sum + lr
+
+
+class CompositionalSGD(ClientUpdateRule):
+  """ComFedL's client (Huang and Li): tau local steps on g(f(w)).
+
+      w <- w - eta_c grad g(f(w; B); B~)^T J f(w; B)
+
+  with fresh batches B (inner) and B~ (outer, when the objective's outer reads data),
+  computed as one vector-Jacobian product. Payload: the broadcast ModelWeights.
+  """
+
+  def __init__(self, model, *, learning_rate: float, objective):
+    super().__init__(model, learning_rate=learning_rate)
+    self.objective = objective
+    self.batches_per_step = 2 if objective.outer_uses_data else 1
+    self.uses_reference_loss = 'gamma' in objective.hparams()
+
+  def initial_hparams(self):
+    hparams = super().initial_hparams()
+    hparams.update(self.objective.hparams())
+    if self.uses_reference_loss:
+      hparams['reference_loss'] = 0.0  # set every round by the client work
+    return hparams
+
+  def start(self, payload):
+    return tuple(payload.trainable), tuple(payload.non_trainable), ()
+
+  def local_step(self, weights, extras, batch, hparams, payload):
+    _, non_trainable, _ = self.start(payload)
+    inner_batch, outer_batch = split_batch(batch, self.batches_per_step)
+    _, inner_value, direction = objectives_lib.compositional_gradient(
+        self.objective, self.model, weights, non_trainable, inner_batch, outer_batch,
+        hparams)
+    lr = hparams['learning_rate']
+    # The reported loss is the inner value when it is a loss (DRFL), else 0.
+    loss = inner_value if self.uses_reference_loss else tf.constant(0.0)
+    return loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras
+
+
+def split_batch(batch: Any, parts: int) -> tuple[Any, Any]:
+  """(first half, second half) of a batch when parts == 2; (batch, batch) otherwise."""
+  if parts == 1:
+    return batch, batch
+  half = (model_ops.batch_size_of(batch) + 1) // 2
+  return (tf.nest.map_structure(lambda t: t[:half], batch),
+          tf.nest.map_structure(lambda t: t[half:], batch))
+

@@ -76,6 +76,7 @@ def run_local_steps(
     batch_size: int,
     epochs=1,
     drop_remainder: bool = False,
+    steps: int | None = None,
 ) -> tuple[Any, tf.Tensor]:
   """Runs `state = step_fn(state, batch)` over the batches of `examples`.
 
@@ -86,15 +87,22 @@ def run_local_steps(
     batch_size: examples per step.
     epochs: passes over the examples (a Python or tensor int).
     drop_remainder: drop the last short batch.
+    steps: if set, exactly this many full batches, cycling through the examples
+      (overrides epochs).
 
   Returns:
     The final state and the number of steps taken (int32).
   """
   n = num_examples(examples)
-  steps = num_steps(
-      n, batch_size=batch_size, epochs=epochs, drop_remainder=drop_remainder
-  )
-  total = tf.cast(epochs, tf.int32) * n
+  if steps is None:
+    total = tf.cast(epochs, tf.int32) * n
+    steps = num_steps(
+        n, batch_size=batch_size, epochs=epochs, drop_remainder=drop_remainder
+    )
+  else:
+    total = tf.constant(steps * batch_size)
+    steps = tf.where(n > 0, steps, 0)
+    epochs = None  # batches may wrap around the examples
 
   def body(k, state):
     start = k * batch_size

@@ -1,0 +1,101 @@
+"""The compositional client block and ComFedL with the DRFL objective."""
+
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import tff_comp  # pylint: disable=unused-import
+from tests import numpy_reference as ref
+from tff_comp import models
+from tff_comp.algorithms import comfedl
+from tff_comp.algorithms import fedavg
+from tff_comp.ops import model_ops
+from tff_comp.ops import objectives
+
+D = 6
+RNG = np.random.default_rng(7)
+MODEL = models.linear_regression((D,))
+
+
+def _batch(n=15, shift=0.0):
+  x = (RNG.normal(size=(n, D)) + shift).astype(np.float32)
+  return x, (x @ RNG.normal(size=D) + shift).astype(np.float32)
+
+
+class _MamlLike(objectives.CompositionalObjective):
+  """Vector inner function (p = d): y = w - alpha grad L(w; B); outer L(y; B~)."""
+
+  def inner(self, model, trainable, non_trainable, batch):
+    _, grads = model_ops.batch_loss_and_gradient(model, trainable, non_trainable, batch)
+    return tuple(w - 0.3 * g for w, g in zip(trainable, grads))
+
+  def outer(self, model, value, batch, hparams):
+    return model_ops.batch_loss(model, value, (), batch)
+
+
+@pytest.mark.parametrize('objective', ['drfl', 'vector'])
+def test_block_gradient_equals_autodiff_of_the_composition(objective):
+  inner_batch, outer_batch = _batch(), _batch(shift=0.5)
+  weights = (tf.constant(RNG.normal(size=D), tf.float32), tf.constant(0.2))
+  if objective == 'drfl':
+    obj, hparams = objectives.DRFL(gamma=0.7), dict(gamma=0.7, reference_loss=1.5)
+  else:
+    obj, hparams = _MamlLike(), {}
+  _, _, got = objectives.compositional_gradient(
+      obj, MODEL, weights, (), inner_batch, outer_batch, hparams)
+  with tf.GradientTape() as tape:
+    tape.watch(weights)
+    composed = obj.outer(MODEL, obj.inner(MODEL, weights, (), inner_batch), outer_batch, hparams)
+  want = tape.gradient(composed, weights)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _clients():
+  return [_batch(12, shift=s) for s in (0.0, 0.4, 1.0)]
+
+
+def _one_round(process, clients, weights):
+  state = process.initialize()
+  state = process.set_model_weights(state, tff.learning.models.ModelWeights(weights, ()))
+  out = process.next(state, [tf.data.Dataset.from_tensor_slices(c) for c in clients])
+  return out, process.get_model_weights(out.state).trainable
+
+
+def test_drfl_client_weights_are_a_softmax_of_losses_up_to_the_common_scale():
+  gamma, lr = 0.1, 0.01
+  w0 = (RNG.normal(size=D).astype(np.float32), np.float32(0.1))
+  process = comfedl.build_comfedl(MODEL, client_learning_rate=lr, gamma=gamma,
+                                  local_steps=1, batch_size=12)
+  clients = _clients()
+  out, (w, b) = _one_round(process, clients, w0)
+  losses = np.array([0.5 * np.mean((x @ w0[0] + w0[1] - y) ** 2) for x, y in clients])
+  grads = [ref.gradient(w0[0], w0[1], x, y) for x, y in clients]
+  c = losses.max()
+  assert out.metrics['client_work']['reference_loss'] == pytest.approx(c, rel=1e-5)
+  scale = np.exp((losses - c) / gamma) / gamma  # the documented common scale exp(-c/gamma)
+  want_w = w0[0] - lr * np.mean([s * g[0] for s, g in zip(scale, grads)], axis=0)
+  np.testing.assert_allclose(w, want_w, rtol=1e-4, atol=1e-6)
+  # Relative weights are exactly softmax(F / gamma), whatever the common scale.
+  relative = scale / scale.sum()
+  softmax = np.exp(losses / gamma) / np.exp(losses / gamma).sum()
+  np.testing.assert_allclose(relative, softmax, rtol=1e-6)
+  assert losses.max() - losses.min() > 5 * gamma  # the weights are far from uniform
+
+
+def test_large_gamma_behaves_like_uniform_fedavg():
+  gamma, lr = 1e4, 0.01
+  clients = _clients()
+  datasets = [tf.data.Dataset.from_tensor_slices(c) for c in clients]
+  composed = comfedl.build_comfedl(MODEL, client_learning_rate=lr * gamma, gamma=gamma,
+                                   local_steps=2, batch_size=6)
+  plain = fedavg.build_fedavg(MODEL, client_learning_rate=lr, batch_size=6,
+                              client_weighting='uniform')
+  a, b = composed.initialize(), plain.initialize()
+  for _ in range(3):
+    a = composed.next(a, datasets).state
+    b = plain.next(b, datasets).state
+  for x, y in zip(composed.get_model_weights(a).trainable, plain.get_model_weights(b).trainable):
+    np.testing.assert_allclose(x, y, rtol=2e-2, atol=1e-3)

@@ -1,0 +1,45 @@
+"""ComFedL: compositional federated learning (Huang and Li).
+
+Problem: min_w (1/N) sum_i g_i(f_i(w)). Each sampled client runs tau local steps
+
+    w <- w - eta_c grad g_i(f_i(w; B); B~)^T J f_i(w; B)
+
+(a vector-Jacobian product, fresh batches), then the server takes the plain mean of
+the client models (w_{r+1} = w_r + eta_s mean_i(w_i - w_r), eta_s = 1 in the paper).
+Objectives (`objective`): 'drfl', min_w (1/N) sum_i exp(F_i(w)/gamma), whose step
+weighs client i by exp(F_i/gamma); each round is scaled by exp(-c/gamma) with c the
+largest loss of the round's clients at the broadcast model (see ops.objectives.DRFL).
+As gamma grows, DRFL's step tends to grad F_i / gamma: ComFedL(eta_c, gamma) behaves
+like FedAvg with uniform weights and client rate eta_c / gamma.
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import registry
+from tff_comp.algorithms import common
+from tff_comp.algorithms import fedavg
+from tff_comp.ops import client_updates
+from tff_comp.ops import objectives
+
+
+@registry.register_algorithm('comfedl')
+def build_comfedl(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    objective: str = 'drfl',
+    gamma: float = 0.2,
+    local_steps: int = 5,
+    batch_size: int = 10,
+    client_weighting: str = 'uniform',
+) -> tff.learning.templates.LearningProcess:
+  """Builds ComFedL with `local_steps` (tau) compositional steps per round."""
+  common.check_positive(client_learning_rate=client_learning_rate)
+  rule = client_updates.CompositionalSGD(
+      model, learning_rate=client_learning_rate,
+      objective=objectives.make_objective(objective, gamma=gamma))
+  return fedavg.compose_fedavg_like(
+      model, rule, server_learning_rate=server_learning_rate, server_momentum=0.0,
+      batch_size=batch_size, local_epochs=1, local_steps=local_steps,
+      client_weighting=client_weighting)

@@ -1,0 +1,115 @@
+"""Compositional objectives g_i(f_i(w)) and their stochastic gradient, in pure TF.
+
+An objective supplies the inner function f (a batch -> a value in R^p, here a tensor or a
+structure of tensors) and the outer function g (value, batch -> scalar). The stochastic
+compositional gradient
+
+    grad g(f(w; B); B~)^T J f(w; B)
+
+is a vector-Jacobian product: the outer gradient at the inner value is the cotangent
+pulled back through the inner function by one reverse pass. No Jacobian is formed.
+
+References: Huang, Li. Compositional federated learning (ComFedL); Gao, Li, Huang.
+Local stochastic compositional gradient descent with momentum (Local-SCGDM).
+"""
+
+import abc
+from typing import Any
+
+import tensorflow as tf
+
+from tff_comp.ops import model_ops
+
+Weights = tuple[tf.Tensor, ...]
+
+
+class CompositionalObjective(abc.ABC):
+  """g(f(w)): `inner` maps weights and a batch to a value, `outer` maps it to a scalar.
+
+  `outer_uses_data`: whether `outer` reads its batch (if not, a local step needs one
+  batch, not two). `hparams` are extra hyperparameters the client work holds and
+  broadcasts (readable and settable through the process).
+  """
+
+  outer_uses_data: bool = True
+
+  def hparams(self) -> dict[str, float]:
+    return {}
+
+  @abc.abstractmethod
+  def inner(self, model, trainable: Weights, non_trainable: Weights, batch: Any) -> Any:
+    """f(w; B)."""
+
+  @abc.abstractmethod
+  def outer(self, model, value: Any, batch: Any, hparams) -> tf.Tensor:
+    """g(value; B~), a scalar."""
+
+
+def compositional_gradient(
+    objective: CompositionalObjective,
+    model,
+    trainable: Weights,
+    non_trainable: Weights,
+    inner_batch: Any,
+    outer_batch: Any,
+    hparams,
+    outer_at: Any = None,
+) -> tuple[tf.Tensor, Any, Weights]:
+  """(g value, inner value f(w; B), J f(w; B)^T grad g(v; B~)) as one VJP.
+
+  `outer_at` is the point v where grad g is taken (default v = f(w; B); Local-SCGDM
+  passes its tracker u instead).
+  """
+  with tf.GradientTape() as inner_tape:
+    inner_tape.watch(trainable)
+    value = objective.inner(model, trainable, non_trainable, inner_batch)
+  at = value if outer_at is None else outer_at
+  with tf.GradientTape() as outer_tape:
+    outer_tape.watch(at)
+    g = objective.outer(model, at, outer_batch, hparams)
+  cotangent = outer_tape.gradient(g, at)
+  gradient = inner_tape.gradient(value, trainable, output_gradients=cotangent)
+  return g, value, tuple(gradient)
+
+
+class DRFL(CompositionalObjective):
+  """Distributionally robust FL via KL regularization (ComFedL paper).
+
+      min_w (1/N) sum_i exp(F_i(w) / gamma),   inner = F_i(w; B) (p = 1),
+                                               outer(y) = exp((y - c) / gamma)
+
+  The step direction is exp((F_B - c)/gamma)/gamma grad F_B. c is a reference loss the
+  server broadcasts each round, the same for every client, so it only rescales that
+  round's step by exp(-c/gamma) and leaves the relative client weights
+  exp(F_i/gamma) / sum_j exp(F_j/gamma) unchanged; it keeps exp() finite for small
+  gamma and large losses (exp overflows float32 past 88). Nothing is clipped: a
+  non-finite value still surfaces as divergence. ComFedL sets c to the largest loss of
+  the round's clients at the broadcast model (see `client_work`).
+  """
+
+  outer_uses_data = False
+
+  def __init__(self, gamma: float):
+    if not gamma > 0:
+      raise ValueError(f'gamma must be > 0, got {gamma}.')
+    self.gamma = float(gamma)
+
+  def hparams(self):
+    return {'gamma': self.gamma}
+
+  def inner(self, model, trainable, non_trainable, batch):
+    return model_ops.batch_loss(model, trainable, non_trainable, batch)
+
+  def outer(self, model, value, batch, hparams):
+    del model, batch
+    return tf.exp((value - hparams['reference_loss']) / hparams['gamma'])
+
+
+OBJECTIVES = {'drfl': DRFL}
+
+
+def make_objective(name: str, **options) -> CompositionalObjective:
+  """An objective by name ('drfl'), with its options (gamma, ...)."""
+  if name not in OBJECTIVES:
+    raise ValueError(f'objective={name!r} is unknown; choose one of {sorted(OBJECTIVES)}.')
+  return OBJECTIVES[name](**options)
