@@ -295,3 +295,64 @@ def _server_update_process(
       get_hparams_fn=get_hparams,
       set_hparams_fn=set_hparams,
   )
+
+
+def build_tracker_averaging_update(
+    optimizer: tff.learning.optimizers.Optimizer,
+    weights_type: tff.Type,
+    tracker_spec,
+) -> ServerUpdateProcess:
+  """Local-SCGDM's server: averages the clients' model, tracker u and momentum m.
+
+      x_{r+1} = optimizer step from x_r with the mean pseudo-gradient
+                (SGD with rate 1 is the plain mean of client models)
+      u_{r+1} = mean_i u_i,  m_{r+1} = mean_i m_i
+
+  State: optimizer state, u, m, the reference loss m is expressed in, and `started`
+  (0 until the first round). Broadcasts `TrackerPayload`; takes `TrackerUpdate`s.
+  `tracker_spec` is the TensorSpec structure of u (the objective's inner value).
+
+  Reference: Gao, Li, Huang. Local stochastic compositional gradient descent with momentum.
+  """
+  specs = _tensor_specs(weights_type)
+
+  @tff.tensorflow.computation
+  def init_state():
+    return collections.OrderedDict(
+        optimizer=optimizer.initialize(specs),
+        u=tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), tracker_spec),
+        m=tuple(tf.zeros(s.shape, s.dtype) for s in specs),
+        reference_loss=tf.constant(0.0),
+        started=tf.constant(0.0),
+    )
+
+  state_type = init_state.type_signature.result
+  update_type = tff.types.tensorflow_to_type(client_updates.TrackerUpdate(
+      delta=specs, u=tracker_spec, m=specs, reference_loss=tf.TensorSpec([], tf.float32)))
+
+  @tff.tensorflow.computation(state_type, weights_type, update_type)
+  def server_step(state, weights, update):
+    opt_state, trainable = optimizer.next(
+        state['optimizer'], tuple(weights.trainable), tuple(update.delta))
+    new_state = collections.OrderedDict(
+        optimizer=opt_state, u=update.u, m=tuple(update.m),
+        reference_loss=update.reference_loss, started=tf.constant(1.0))
+    return new_state, tff.learning.models.ModelWeights(trainable, weights.non_trainable)
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def client_payload(state, weights):
+    return client_updates.TrackerPayload(
+        weights=weights, u=state['u'], m=state['m'],
+        reference_loss=state['reference_loss'], started=state['started'])
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def reset(state, weights):
+    del weights
+    return collections.OrderedDict(
+        optimizer=state['optimizer'],
+        u=tf.nest.map_structure(tf.zeros_like, state['u']),
+        m=tf.nest.map_structure(tf.zeros_like, state['m']),
+        reference_loss=tf.constant(0.0), started=tf.constant(0.0))
+
+  return _server_update_process(
+      init_state, server_step, weights_type, optimizer, client_payload, reset)

@@ -340,3 +340,95 @@ def split_batch(batch: Any, parts: int) -> tuple[Any, Any]:
   return (tf.nest.map_structure(lambda t: t[:half], batch),
           tf.nest.map_structure(lambda t: t[half:], batch))
 
+
+
+class TrackerPayload(NamedTuple):
+  """Local-SCGDM's broadcast: model, inner-value tracker u, momentum m, and the
+  reference loss m was expressed in (DRFL); `started` is 0 before the first round."""
+
+  weights: Any  # ModelWeights
+  u: Any
+  m: Weights
+  reference_loss: tf.Tensor
+  started: tf.Tensor
+
+
+class TrackerUpdate(NamedTuple):
+  """A Local-SCGDM client's report: model pseudo-gradient, final u and m."""
+
+  delta: Weights
+  u: Any
+  m: Weights
+  reference_loss: tf.Tensor
+
+
+class SCGDM(ClientUpdateRule):
+  """Local-SCGDM's client (Gao, Li, Huang): tracker u of f, momentum m, step t:
+
+      t = 0:  u = f(x; xi),  z = J f(x; xi)^T grad g(u; zeta),  m = z
+      else:   u <- (1 - gamma eta) u + gamma eta f(x; xi)
+              z = J f(x; xi)^T grad g(u; zeta)
+              m <- (1 - alpha eta) m + alpha eta z
+      x <- x - beta eta m
+
+  t = 0 is the very first step of training (`started` = 0 in the payload); later rounds
+  start from the server's averaged u and m. `tracking_gamma` is the gamma above (not
+  DRFL's gamma). Payload: TrackerPayload; update: TrackerUpdate.
+  """
+
+  def __init__(self, model, *, learning_rate: float, objective, alpha: float,
+               beta: float, tracking_gamma: float):
+    super().__init__(model, learning_rate=learning_rate)
+    self.objective = objective
+    self.batches_per_step = 2 if objective.outer_uses_data else 1
+    self.uses_reference_loss = 'gamma' in objective.hparams()
+    self._alpha, self._beta, self._tracking_gamma = float(alpha), float(beta), float(tracking_gamma)
+
+  def initial_hparams(self):
+    hparams = super().initial_hparams()
+    hparams.update(alpha=self._alpha, beta=self._beta, tracking_gamma=self._tracking_gamma,
+                   **self.objective.hparams())
+    if self.uses_reference_loss:
+      hparams['reference_loss'] = 0.0  # set every round by the client work
+    return hparams
+
+  def _reference(self, hparams):
+    return hparams['reference_loss'] if self.uses_reference_loss else tf.constant(0.0)
+
+  def start(self, payload):
+    weights = payload.weights
+    return tuple(weights.trainable), tuple(weights.non_trainable), (
+        payload.u, tuple(payload.m), payload.started)
+
+  def initialize(self, payload, hparams):
+    state = super().initialize(payload, hparams)
+    u, m, started = state.extras
+    m = self.objective.rescale_direction(
+        m, payload.reference_loss, self._reference(hparams), hparams)
+    return state._replace(extras=(u, tuple(m), started))
+
+  def local_step(self, weights, extras, batch, hparams, payload):
+    u, m, started = extras
+    _, non_trainable, _ = self.start(payload)
+    inner_batch, outer_batch = split_batch(batch, self.batches_per_step)
+    eta = hparams['learning_rate']
+    with tf.GradientTape() as tape:
+      tape.watch(weights)
+      value = self.objective.inner(self.model, weights, non_trainable, inner_batch)
+    first = tf.equal(started, 0.0)
+    rate = hparams['tracking_gamma'] * eta
+    u = tf.nest.map_structure(
+        lambda old, new: tf.where(first, new, (1 - rate) * old + rate * new), u, value)
+    with tf.GradientTape() as outer_tape:
+      outer_tape.watch(u)
+      g = self.objective.outer(self.model, u, outer_batch, hparams)
+    z = tuple(tape.gradient(value, weights, output_gradients=outer_tape.gradient(g, u)))
+    momentum = hparams['alpha'] * eta
+    m = tuple(tf.where(first, zi, (1 - momentum) * mi + momentum * zi) for mi, zi in zip(m, z))
+    new_weights = tuple(w - hparams['beta'] * eta * mi for w, mi in zip(weights, m))
+    loss = value if self.uses_reference_loss else tf.constant(0.0)
+    return loss, new_weights, (u, m, tf.constant(1.0))
+
+  def update(self, start, state, hparams):
+    u, m, _ = state.extras
+    return TrackerUpdate(super().update(start, state, hparams), u, m, self._reference(hparams))

@@ -36,6 +36,16 @@ class CompositionalObjective(abc.ABC):
   def hparams(self) -> dict[str, float]:
     return {}
 
+  def value_spec(self, model) -> Any:
+    """The TensorSpec structure of inner values f(w; B) (for trackers of f)."""
+    raise NotImplementedError(f'{type(self).__name__} does not declare its inner value spec.')
+
+  def rescale_direction(self, direction: Any, old_reference, new_reference, hparams) -> Any:
+    """Re-expresses a direction computed under `old_reference` in the units of
+    `new_reference` (only objectives with a reference scale change it)."""
+    del old_reference, new_reference, hparams
+    return direction
+
   @abc.abstractmethod
   def inner(self, model, trainable: Weights, non_trainable: Weights, batch: Any) -> Any:
     """f(w; B)."""
@@ -103,6 +113,16 @@ class DRFL(CompositionalObjective):
   def outer(self, model, value, batch, hparams):
     del model, batch
     return tf.exp((value - hparams['reference_loss']) / hparams['gamma'])
+
+  def value_spec(self, model):
+    del model
+    return tf.TensorSpec([], tf.float32)
+
+  def rescale_direction(self, direction, old_reference, new_reference, hparams):
+    """Directions carry exp(-c/gamma): moving from c_old to c_new multiplies by
+    exp((c_old - c_new)/gamma), exactly."""
+    factor = tf.exp((old_reference - new_reference) / hparams['gamma'])
+    return tf.nest.map_structure(lambda d: factor * d, direction)
 
 
 OBJECTIVES = {'drfl': DRFL}

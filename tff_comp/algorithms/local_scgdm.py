@@ -1,0 +1,56 @@
+"""Local-SCGDM: local stochastic compositional gradient descent with momentum
+(Gao, Li, Huang).
+
+Every client keeps x, an inner-value tracker u and a momentum m; a local step t is
+
+    t = 0:  u = f(x; xi),  z = J f(x; xi)^T grad g(u; zeta),  m = z
+    else:   u <- (1 - gamma eta) u + gamma eta f(x; xi)
+            z = J f(x; xi)^T grad g(u; zeta);  m <- (1 - alpha eta) m + alpha eta z
+    x <- x - beta eta m
+
+and every p steps (one round: `local_steps` = p) the server averages x, u and m, which
+it keeps as state and broadcasts back. Theory: eta = T^(-1/2), p = T^(1/4).
+Here eta is `client_learning_rate` and gamma is `tracking_gamma`; DRFL's own gamma is
+`gamma`. With DRFL, m is rescaled exactly when the round's reference loss moves
+(see ops.objectives.DRFL).
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import client_work
+from tff_comp import registry
+from tff_comp import server_updates
+from tff_comp.algorithms import common
+from tff_comp.ops import client_updates
+from tff_comp.ops import objectives
+
+
+@registry.register_algorithm('local_scgdm')
+def build_local_scgdm(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    client_learning_rate: float,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    tracking_gamma: float = 1.0,
+    objective: str = 'drfl',
+    gamma: float = 0.2,
+    local_steps: int = 5,
+    batch_size: int = 10,
+    client_weighting: str = 'uniform',
+) -> tff.learning.templates.LearningProcess:
+  """Builds Local-SCGDM with period `local_steps` (p)."""
+  common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha, beta=beta,
+                        tracking_gamma=tracking_gamma)
+  for name, rate in (('alpha', alpha), ('tracking_gamma', tracking_gamma)):
+    if rate * client_learning_rate > 1:
+      raise ValueError(f'{name} x client_learning_rate must be <= 1 (a convex'
+                       f' combination), got {rate * client_learning_rate}.')
+  obj = objectives.make_objective(objective, gamma=gamma)
+  rule = client_updates.SCGDM(model, learning_rate=client_learning_rate, objective=obj,
+                              alpha=alpha, beta=beta, tracking_gamma=tracking_gamma)
+  server_update = server_updates.build_tracker_averaging_update(
+      common.server_sgd(1.0, 0.0), client_work.model_weights_type(model),
+      obj.value_spec(model))
+  return common.compose(model, rule, server_update, batch_size=batch_size, local_epochs=1,
+                        local_steps=local_steps, client_weighting=client_weighting)
