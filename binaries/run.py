@@ -18,6 +18,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from binaries import flags_lib
 from tff_comp import experiment
@@ -35,6 +36,8 @@ def _fail(message: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # TFF's INFO chatter is not for users
   if len(argv) > 1:
     _fail(f'unexpected arguments: {" ".join(argv[1:])}')
   try:

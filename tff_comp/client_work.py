@@ -113,6 +113,10 @@ def build_local_client_work(
     if rule.uses_reference_loss:
       hparams = collections.OrderedDict(hparams, reference_loss=reference_loss)
     examples = local_loop.materialize(dataset)
+    if rule.uses_start_loss:
+      trainable, non_trainable, _ = rule.start(payload)
+      hparams = collections.OrderedDict(hparams, start_loss=model_ops.batch_loss(
+          rule.model, trainable, non_trainable, examples))
     if local_epochs_max is None:
       epochs, drop_remainder = local_epochs, False
     else:

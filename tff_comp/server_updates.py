@@ -286,7 +286,8 @@ def _server_update_process(
         new_state, new_weights, tff.federated_value((), tff.SERVER)
     )
 
-  get_hparams, set_hparams = _optimizer_hparams_fns(optimizer, state_type)
+  get_hparams, set_hparams = (
+      _optimizer_hparams_fns(optimizer, state_type) if optimizer else (None, None))
   return ServerUpdateProcess(
       init_fn,
       next_fn,
@@ -356,3 +357,28 @@ def build_tracker_averaging_update(
 
   return _server_update_process(
       init_state, server_step, weights_type, optimizer, client_payload, reset)
+
+
+def build_ratio_update(weights_type: tff.Type) -> ServerUpdateProcess:
+  """q-FedAvg's server: w_{r+1} = w_r - sum_i Delta_i / sum_i h_i.
+
+  Takes the (uniform) mean of `QUpdate(delta, h)`s: the ratio of means is the ratio
+  of sums. Stateless; broadcasts the model.
+  """
+
+  @tff.tensorflow.computation
+  def init_state():
+    return collections.OrderedDict()
+
+  update_type = tff.types.tensorflow_to_type(client_updates.QUpdate(
+      delta=_tensor_specs(weights_type), h=tf.TensorSpec([], tf.float32)))
+
+  @tff.tensorflow.computation(init_state.type_signature.result, weights_type, update_type)
+  def server_step(state, weights, update):
+    trainable = tuple(w - tf.math.divide_no_nan(d, update.h)
+                      for w, d in zip(weights.trainable, update.delta))
+    return state, tff.learning.models.ModelWeights(trainable, weights.non_trainable)
+
+  return _server_update_process(
+      init_state, server_step, weights_type, None,
+      *_broadcast_weights_fns(init_state.type_signature.result, weights_type))

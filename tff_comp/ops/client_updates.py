@@ -43,11 +43,14 @@ class ClientUpdateRule(abc.ABC):
   `batches_per_step`: a step receives this many batches concatenated (compositional
   rules draw separate inner and outer batches). `uses_reference_loss`: the client work
   computes, before local training, the largest loss of the round's clients at the
-  broadcast model and passes it as hparams['reference_loss'].
+  broadcast model and passes it as hparams['reference_loss']. `uses_start_loss`: it
+  passes the client's own loss on all its examples at the broadcast model as
+  hparams['start_loss'].
   """
 
   batches_per_step: int = 1
   uses_reference_loss: bool = False
+  uses_start_loss: bool = False  # hparams['start_loss']: own loss at the broadcast model
 
   def __init__(self, model, *, learning_rate: float):
     self.model = model
@@ -432,3 +435,42 @@ class SCGDM(ClientUpdateRule):
   def update(self, start, state, hparams):
     u, m, _ = state.extras
     return TrackerUpdate(super().update(start, state, hparams), u, m, self._reference(hparams))
+
+
+class QUpdate(NamedTuple):
+  """A q-FFL client's report: Delta_i = F_i^q Dw_i and h_i."""
+
+  delta: Weights
+  h: tf.Tensor
+
+
+class QFFL(SGD):
+  """q-FedAvg's client (Li, Sanjabi, Beirami, Smith, ICLR 2020).
+
+  Local SGD from w gives w_local; with L = 1/eta_c, Dw = L (w - w_local) and F = the
+  client's loss at w on all its examples:
+
+      Delta = F^q Dw,   h = q F^(q-1) ||Dw||^2 + L F^q
+
+  The server steps w <- w - sum Delta / sum h. q = 0 weighs clients equally (the
+  server step is then the mean of Dw / L, FedAvg with uniform weights).
+  """
+
+  uses_start_loss = True
+
+  def __init__(self, model, *, learning_rate: float, q: float):
+    super().__init__(model, learning_rate=learning_rate)
+    self._q = float(q)
+
+  def initial_hparams(self):
+    hparams = super().initial_hparams()
+    hparams.update(q=self._q, start_loss=0.0)
+    return hparams
+
+  def update(self, start, state, hparams):
+    lipschitz = 1.0 / hparams['learning_rate']
+    dw = tuple(lipschitz * d for d in super().update(start, state, hparams))
+    f, q = hparams['start_loss'], hparams['q']
+    norm_sq = tf.add_n([tf.reduce_sum(tf.square(d)) for d in dw])
+    return QUpdate(tuple(f**q * d for d in dw),
+                   q * f ** (q - 1) * norm_sq + lipschitz * f**q)

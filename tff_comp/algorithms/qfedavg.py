@@ -1,0 +1,33 @@
+"""q-FedAvg (q-FFL; Li, Sanjabi, Beirami, Smith, ICLR 2020): fair resource allocation.
+
+Each sampled client runs local SGD from w (w_local), reports Delta_i = F_i^q Dw_i and
+h_i = q F_i^(q-1) ||Dw_i||^2 + L F_i^q with Dw_i = L (w - w_local), L = 1/eta_c and
+F_i its loss at w; the server takes w <- w - sum Delta_i / sum h_i. Larger q weighs
+high-loss clients more; q = 0 is FedAvg with uniform client weights.
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import client_work
+from tff_comp import registry
+from tff_comp import server_updates
+from tff_comp.algorithms import common
+from tff_comp.ops import client_updates
+
+
+@registry.register_algorithm('qfedavg')
+def build_qfedavg(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    client_learning_rate: float,
+    q: float = 0.2,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+) -> tff.learning.templates.LearningProcess:
+  """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2)."""
+  common.check_positive(client_learning_rate=client_learning_rate)
+  common.check_nonnegative(q=q)
+  rule = client_updates.QFFL(model, learning_rate=client_learning_rate, q=q)
+  return common.compose(
+      model, rule, server_updates.build_ratio_update(client_work.model_weights_type(model)),
+      batch_size=batch_size, local_epochs=local_epochs, client_weighting='uniform')
