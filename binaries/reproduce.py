@@ -120,7 +120,8 @@ def run_grid(name: str, spec: Experiment, rounds: int, seed: int, root: pathlib.
       try:
         simulation.run_simulation(
             process, client_ids=task.train_data.client_ids,
-            dataset_computation=task.train_data.dataset_computation,
+            dataset_computation=experiment_lib.dataset_computation_for(
+                process, task.train_data),
             evaluate=lambda w, psi=psi, task=task: task.evaluate(w, psi),
             rounds=rounds, clients_per_round=prepared.settings['clients_per_round'],
             seed=seed, eval_period=spec.eval_period, output_dir=out,

@@ -79,3 +79,43 @@ class FedNovaFactory(tff.aggregators.WeightedAggregationFactory):
 @tff.tensorflow.computation
 def _a_norm_of(means):
   return means['a_norm']
+
+
+class AgnosticFactory(tff.aggregators.WeightedAggregationFactory):
+  """AFL's aggregation of `AFLUpdate(delta, losses)`: the lambda-weighted mean of the
+  pseudo-gradients (`inner`, default MeanFactory) and the plain sum of the per-slot
+  losses (each client fills only its own slot, so the sum is the loss vector)."""
+
+  def __init__(self, inner: tff.aggregators.WeightedAggregationFactory | None = None):
+    self._inner = inner or tff.aggregators.MeanFactory()
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    if not (isinstance(value_type, tff.StructType) and hasattr(value_type, 'losses')):
+      raise TypeError(f'AgnosticFactory aggregates AFLUpdate values, got {value_type}.')
+    inner = self._inner.create(value_type.delta, weight_type)
+    python_container = value_type.python_container
+
+    @tff.tensorflow.computation(value_type)
+    def delta_of(update):
+      return update.delta
+
+    @tff.tensorflow.computation(value_type)
+    def losses_of(update):
+      return update.losses
+
+    @tff.federated_computation
+    def init_fn():
+      return inner.initialize()
+
+    @tff.federated_computation(
+        init_fn.type_signature.result,
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS),
+    )
+    def next_fn(state, value, weight):
+      out = inner.next(state, tff.federated_map(delta_of, value), weight)
+      losses = tff.federated_sum(tff.federated_map(losses_of, value))
+      result = tff.federated_zip(python_container(delta=out.result, losses=losses))
+      return tff.templates.MeasuredProcessOutput(out.state, result, out.measurements)
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)

@@ -21,6 +21,7 @@ client id reaching the computation.
 """
 
 import collections
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +30,29 @@ import tensorflow_federated as tff
 from tff_comp.ops import client_updates
 from tff_comp.ops import local_loop
 from tff_comp.ops import model_ops
+
+
+class IndexedExample(NamedTuple):
+  """An example with the index of the client holding it (for rules that keep
+  per-client state on the server, such as AFL's client weights)."""
+
+  example: Any
+  client_index: Any
+
+
+def indexed_dataset_computation(client_data) -> tff.Computation:
+  """client id -> its dataset of IndexedExamples (index = position in client_ids)."""
+  ids = list(client_data.client_ids)
+  fn = client_data.serializable_dataset_fn
+
+  @tff.tensorflow.computation(tf.string)
+  def dataset_computation(client_id):
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(ids, tf.range(len(ids), dtype=tf.int32)), -1)
+    index = table.lookup(client_id)
+    return fn(client_id).map(lambda *e: IndexedExample(e if len(e) > 1 else e[0], index))
+
+  return dataset_computation
 
 
 def example_type(model: tff.learning.models.FunctionalModel) -> tff.Type:
@@ -100,7 +124,11 @@ def build_local_client_work(
   hparams_type = tff.types.tensorflow_to_type(
       collections.OrderedDict((k, tf.TensorSpec([], tf.float32)) for k in hparams)
   )
-  data_type = tff.SequenceType(example_type(rule.model))
+  element_type = example_type(rule.model)
+  if rule.uses_client_index:
+    element_type = tff.types.tensorflow_to_type(IndexedExample(
+        tff.types.type_to_tf_tensor_specs(element_type), tf.TensorSpec([], tf.int32)))
+  data_type = tff.SequenceType(element_type)
 
   state_type = tff.types.tensorflow_to_type(collections.OrderedDict(
       hparams=hparams_type, round=tf.TensorSpec([], tf.int32)))
@@ -113,6 +141,10 @@ def build_local_client_work(
     if rule.uses_reference_loss:
       hparams = collections.OrderedDict(hparams, reference_loss=reference_loss)
     examples = local_loop.materialize(dataset)
+    if rule.uses_client_index:
+      hparams = collections.OrderedDict(
+          hparams, client_index=tf.cast(examples.client_index[0], tf.float32))
+      examples = examples.example
     if rule.uses_start_loss:
       trainable, non_trainable, _ = rule.start(payload)
       hparams = collections.OrderedDict(hparams, start_loss=model_ops.batch_loss(
@@ -133,9 +165,10 @@ def build_local_client_work(
         steps=local_steps,
     )
     examples_seen = tf.cast(state.examples, tf.float32)
-    if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
+    weight = rule.client_weight(payload, hparams)
+    if weight is None and client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
       weight = tf.cast(local_loop.num_examples(examples), tf.float32)
-    else:
+    elif weight is None:
       weight = tf.constant(1.0)
     result = tff.learning.templates.ClientResult(
         update=rule.finalize(state, payload, hparams), update_weight=weight
@@ -170,8 +203,10 @@ def build_local_client_work(
   @tff.tensorflow.computation(payload_type, data_type)
   def loss_at_payload(payload, dataset):
     trainable, non_trainable, _ = rule.start(payload)
-    return model_ops.batch_loss(
-        rule.model, trainable, non_trainable, local_loop.materialize(dataset))
+    examples = local_loop.materialize(dataset)
+    if rule.uses_client_index:
+      examples = examples.example
+    return model_ops.batch_loss(rule.model, trainable, non_trainable, examples)
 
   @tff.federated_computation(
       init_fn.type_signature.result,

@@ -11,6 +11,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
+from tff_comp import client_work
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.runtime import simulation
@@ -18,7 +19,7 @@ from tff_comp.runtime import simulation
 # Builder parameters that every run sets from the common flags.
 COMMON_ALGORITHM_ARGS = (
     'client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs',
-    'client_weighting', 'regularizer', 'seed',
+    'client_weighting', 'regularizer', 'seed', 'num_clients',
 )
 # Task parameters fed from common settings rather than task flags.
 COMMON_TASK_ARGS = ('seed',)
@@ -152,12 +153,23 @@ def prepare(config: ExperimentConfig) -> Prepared:
     builder_args['client_weighting'] = config.client_weighting
   if algorithm.accepts('seed'):
     builder_args['seed'] = config.seed
+  if algorithm.accepts('num_clients'):
+    builder_args['num_clients'] = task.num_clients
   psi = _regularizer(config, task, algorithm)
   if psi is not None:
     builder_args['regularizer'] = psi
   settings['regularizer'] = psi.name if psi else None
   settings['regularizer_strength'] = psi.strength if psi else None
   return Prepared(config, task, algorithm, builder_args, settings)
+
+
+def dataset_computation_for(process, client_data) -> Any:
+  """The client-id -> dataset computation `process` needs: plain examples, or
+  IndexedExamples when its client work keeps per-client server state (AFL)."""
+  element = process.next.type_signature.parameter[1].member.element
+  if getattr(element, 'python_container', None) is client_work.IndexedExample:
+    return client_work.indexed_dataset_computation(client_data)
+  return client_data.dataset_computation
 
 
 def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:
@@ -172,7 +184,7 @@ def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[st
   return simulation.run_simulation(
       process,
       client_ids=task.train_data.client_ids,
-      dataset_computation=task.train_data.dataset_computation,
+      dataset_computation=dataset_computation_for(process, task.train_data),
       evaluate=lambda weights: task.evaluate(weights, psi),
       rounds=prepared.settings['rounds'],
       clients_per_round=prepared.settings['clients_per_round'],

@@ -382,3 +382,55 @@ def build_ratio_update(weights_type: tff.Type) -> ServerUpdateProcess:
   return _server_update_process(
       init_state, server_step, weights_type, None,
       *_broadcast_weights_fns(init_state.type_signature.result, weights_type))
+
+
+def build_agnostic_update(
+    optimizer: tff.learning.optimizers.Optimizer,
+    weights_type: tff.Type,
+    num_clients: int,
+    lambda_learning_rate: float,
+) -> ServerUpdateProcess:
+  """AFL's server: a model step on the lambda-weighted mean update, then projected
+  gradient ascent on the client weights,
+
+      lambda <- Proj_simplex(lambda + lr_lambda * losses),
+
+  losses being the round's clients' losses at the broadcast model (0 for the others).
+  State: optimizer state and lambda (uniform at the start). Broadcasts AFLPayload.
+
+  Reference: Mohri, Sivek, Suresh. Agnostic federated learning. ICML 2019.
+  """
+  specs = _tensor_specs(weights_type)
+
+  @tff.tensorflow.computation
+  def init_state():
+    return collections.OrderedDict(
+        optimizer=optimizer.initialize(specs),
+        client_weights=tf.fill([num_clients], 1.0 / num_clients))
+
+  state_type = init_state.type_signature.result
+  update_type = tff.types.tensorflow_to_type(client_updates.AFLUpdate(
+      delta=specs, losses=tf.TensorSpec([num_clients], tf.float32)))
+
+  @tff.tensorflow.computation(state_type, weights_type, update_type)
+  def server_step(state, weights, update):
+    opt_state, trainable = optimizer.next(
+        state['optimizer'], tuple(weights.trainable), tuple(update.delta))
+    lam = server_steps.project_simplex(
+        state['client_weights'] + lambda_learning_rate * update.losses)
+    return (collections.OrderedDict(optimizer=opt_state, client_weights=lam),
+            tff.learning.models.ModelWeights(trainable, weights.non_trainable))
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def client_payload(state, weights):
+    return client_updates.AFLPayload(weights=weights, client_weights=state['client_weights'])
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def reset(state, weights):
+    del weights
+    return collections.OrderedDict(
+        optimizer=state['optimizer'],
+        client_weights=tf.fill([num_clients], 1.0 / num_clients))
+
+  return _server_update_process(
+      init_state, server_step, weights_type, optimizer, client_payload, reset)

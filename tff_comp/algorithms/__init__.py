@@ -1,5 +1,6 @@
 """Registered algorithms: each module is a short composition of blocks."""
 
+from tff_comp.algorithms import afl
 from tff_comp.algorithms import comfedl
 from tff_comp.algorithms import fedavg
 from tff_comp.algorithms import fedprox

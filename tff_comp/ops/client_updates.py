@@ -51,6 +51,7 @@ class ClientUpdateRule(abc.ABC):
   batches_per_step: int = 1
   uses_reference_loss: bool = False
   uses_start_loss: bool = False  # hparams['start_loss']: own loss at the broadcast model
+  uses_client_index: bool = False  # data are IndexedExamples; hparams['client_index']
 
   def __init__(self, model, *, learning_rate: float):
     self.model = model
@@ -84,6 +85,11 @@ class ClientUpdateRule(abc.ABC):
     """The update sent for aggregation; default: the pseudo-gradient start - end."""
     del hparams
     return tuple(a - b for a, b in zip(start, state.weights))
+
+  def client_weight(self, payload, hparams) -> tf.Tensor | None:
+    """This client's aggregation weight, or None for the client work's weighting."""
+    del payload, hparams
+    return None
 
   def initialize(self, payload, hparams) -> LocalState:
     del hparams
@@ -474,3 +480,45 @@ class QFFL(SGD):
     norm_sq = tf.add_n([tf.reduce_sum(tf.square(d)) for d in dw])
     return QUpdate(tuple(f**q * d for d in dw),
                    q * f ** (q - 1) * norm_sq + lipschitz * f**q)
+
+
+class AFLUpdate(NamedTuple):
+  """An AFL client's report: its pseudo-gradient and its loss in its own slot."""
+
+  delta: Weights
+  losses: tf.Tensor  # [num_clients]: start loss at this client's index, else 0
+
+
+class AFLPayload(NamedTuple):
+  """AFL's broadcast: the model and the client weights lambda on the simplex."""
+
+  weights: Any  # ModelWeights
+  client_weights: tf.Tensor  # [num_clients]
+
+
+class AgnosticSGD(SGD):
+  """AFL's client (Mohri, Sivek, Suresh, ICML 2019; DRFL baseline of ComFedL): local
+  SGD from the broadcast model, aggregated with weight lambda_i, and its loss at the
+  broadcast model reported in slot i so the server can ascend on lambda."""
+
+  uses_start_loss = True
+  uses_client_index = True
+
+  def __init__(self, model, *, learning_rate: float, num_clients: int):
+    super().__init__(model, learning_rate=learning_rate)
+    self._num_clients = num_clients
+
+  def initial_hparams(self):
+    hparams = super().initial_hparams()
+    hparams.update(start_loss=0.0, client_index=0.0)
+    return hparams
+
+  def start(self, payload):
+    return super().start(payload.weights)
+
+  def client_weight(self, payload, hparams):
+    return tf.gather(payload.client_weights, tf.cast(hparams['client_index'], tf.int32))
+
+  def update(self, start, state, hparams):
+    slot = tf.one_hot(tf.cast(hparams['client_index'], tf.int32), self._num_clients)
+    return AFLUpdate(super().update(start, state, hparams), slot * hparams['start_loss'])

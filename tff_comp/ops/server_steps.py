@@ -37,3 +37,14 @@ def dual_averaging_server_step(
   """
   new_elapsed = elapsed + server_learning_rate * mean_lr_sum
   return regularizer.prox(dual_after_optimizer, new_elapsed), new_elapsed
+
+
+def project_simplex(v: tf.Tensor) -> tf.Tensor:
+  """Euclidean projection of a vector onto the probability simplex (sort-based;
+  Duchi, Shalev-Shwartz, Singer, Chandra, ICML 2008)."""
+  mu = tf.sort(v, direction='DESCENDING')
+  cumsum = tf.cumsum(mu)
+  j = tf.range(1, tf.size(v) + 1, dtype=v.dtype)
+  rho = tf.reduce_max(tf.where(mu - (cumsum - 1) / j > 0, j, 0.0))
+  theta = (tf.gather(cumsum, tf.cast(rho, tf.int32) - 1) - 1) / rho
+  return tf.nn.relu(v - theta)

@@ -1,0 +1,43 @@
+"""Agnostic federated learning, AFL (Mohri, Sivek, Suresh, ICML 2019), the DRFL
+baseline of the ComFedL paper.
+
+    min_w max_{lambda in simplex} sum_i lambda_i F_i(w)
+
+Clients run local SGD from w; the server applies the lambda-weighted mean update and
+ascends on lambda: lambda <- Proj_simplex(lambda + lr_lambda * (F_i(w))_i). Lambda is
+indexed by client, so clients receive datasets of `client_work.IndexedExample`
+(`client_work.indexed_dataset_computation` builds them from client ids).
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import aggregators
+from tff_comp import client_work
+from tff_comp import registry
+from tff_comp import server_updates
+from tff_comp.algorithms import common
+from tff_comp.ops import client_updates
+
+
+@registry.register_algorithm('afl')
+def build_afl(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    num_clients: int,
+    client_learning_rate: float,
+    server_learning_rate: float = 1.0,
+    lambda_learning_rate: float = 0.08,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+) -> tff.learning.templates.LearningProcess:
+  """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08)."""
+  common.check_positive(client_learning_rate=client_learning_rate,
+                        lambda_learning_rate=lambda_learning_rate, num_clients=num_clients)
+  rule = client_updates.AgnosticSGD(model, learning_rate=client_learning_rate,
+                                    num_clients=num_clients)
+  server_update = server_updates.build_agnostic_update(
+      common.server_sgd(server_learning_rate, 0.0), client_work.model_weights_type(model),
+      num_clients, lambda_learning_rate)
+  return common.compose(model, rule, server_update, batch_size=batch_size,
+                        local_epochs=local_epochs, client_weighting='uniform',
+                        aggregator=aggregators.AgnosticFactory())
