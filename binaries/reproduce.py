@@ -3,6 +3,7 @@ r"""Reproduces a paper's comparison: algorithms x learning-rate grid, table and 
     python binaries/reproduce.py --experiment=fco_lasso       [--rounds=500]
     python binaries/reproduce.py --experiment=fco_nuclear
     python binaries/reproduce.py --experiment=fednova_synthetic
+    python binaries/reproduce.py --experiment=drfl_imbalanced      (3 seeds)
 
 For each algorithm and each (client, server) learning rate on the grid, trains one run
 (metrics in --output_dir/<experiment>/<algorithm>/lr_<c>_<s>/), then writes
@@ -25,6 +26,7 @@ import time
 from absl import app
 from absl import flags
 import matplotlib
+import numpy as np
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -51,6 +53,7 @@ class Experiment:
   settings: dict = dataclasses.field(default_factory=dict)  # ExperimentConfig fields
   plot_metrics: tuple[str, ...] = ()
   eval_period: int = 10
+  seeds: tuple[int, ...] = ()  # default: the --seed flag
 
 
 FCO_ALGORITHMS = ('fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp')
@@ -79,12 +82,24 @@ EXPERIMENTS = {
                                fedprox=dict(local_epochs_max=5, mu=0.01),
                                fednova=dict(local_epochs_max=5)),
         plot_metrics=('pooled_train_loss', 'test_accuracy')),
+    # Huang and Li (ComFedL), DRFL: one big client, nine with 20 examples; 3 seeds.
+    'drfl_imbalanced': Experiment(
+        task='imbalanced_digits',
+        algorithms=('fedavg', 'qfedavg', 'afl', 'comfedl', 'local_scgdm'),
+        client_learning_rates=(0.003, 0.01, 0.03, 0.1), server_learning_rates=(1.0,),
+        rounds=100, checkpoints=(20, 50, 100), metric='worst_accuracy',
+        algorithm_options=dict(qfedavg=dict(q=0.2), afl=dict(lambda_learning_rate=0.08),
+                               comfedl=dict(gamma=0.2, local_steps=5),
+                               local_scgdm=dict(gamma=0.2, local_steps=5)),
+        plot_metrics=('average_accuracy', 'worst_accuracy'), seeds=(0, 1, 2)),
 }
 
 _EXPERIMENT = flags.DEFINE_enum('experiment', 'fco_lasso', list(EXPERIMENTS), 'Which comparison.')
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Override the experiment\'s rounds.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data and client sampling.')
 _OUTPUT = flags.DEFINE_string('output_dir', 'results', 'Where results go.')
+_SUMMARIZE_ONLY = flags.DEFINE_bool(
+    'summarize_only', False, 'Rebuild results.md and the plot from runs already saved.')
 
 
 def _read_curves(path: pathlib.Path, metrics) -> dict[str, dict[int, float]]:
@@ -99,79 +114,120 @@ def _plotted(spec: Experiment) -> tuple[str, ...]:
   return spec.plot_metrics or (spec.metric,)
 
 
-def run_grid(name: str, spec: Experiment, rounds: int, seed: int, root: pathlib.Path):
-  """Trains every (algorithm, lr pair); returns {algorithm: {(c, s): {metric: curve}}}."""
-  curves: dict[str, dict[tuple[float, float], dict[int, float]]] = {}
+def _run_dir(root, algorithm, lr_c, lr_s, seed, seeds) -> pathlib.Path:
+  out = root / algorithm / f'lr_{lr_c:g}_{lr_s:g}'
+  return out / f'seed_{seed}' if len(seeds) > 1 else out
+
+
+def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path):
+  """Trains every (algorithm, lr pair, seed).
+
+  Returns {algorithm: {(c, s): [{metric: curve} per seed]}}.
+  """
+  curves: dict[str, dict[tuple[float, float], list]] = {}
   grid = list(itertools.product(spec.client_learning_rates, spec.server_learning_rates))
+  metrics = _plotted(spec) + (spec.metric,)
   for algorithm in spec.algorithms:
-    config = experiment_lib.ExperimentConfig(
-        algorithm=algorithm, task=spec.task, rounds=rounds, seed=seed,
-        eval_period=spec.eval_period, task_options=dict(spec.task_options),
-        algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
-        **spec.settings)
-    prepared = experiment_lib.prepare(config)
-    process = prepared.build_process()  # built once; the grid sets hparams
-    task = prepared.task
-    psi = prepared.builder_args.get('regularizer', task.regularizer)
-    curves[algorithm] = {}
-    for lr_c, lr_s in grid:
-      out = root / algorithm / f'lr_{lr_c:g}_{lr_s:g}'
-      start = time.monotonic()
-      try:
-        simulation.run_simulation(
-            process, client_ids=task.train_data.client_ids,
-            dataset_computation=experiment_lib.dataset_computation_for(
-                process, task.train_data),
-            evaluate=lambda w, psi=psi, task=task: task.evaluate(w, psi),
-            rounds=rounds, clients_per_round=prepared.settings['clients_per_round'],
-            seed=seed, eval_period=spec.eval_period, output_dir=out,
-            config={**prepared.settings, 'experiment': name, 'algorithm': algorithm,
-                    'algorithm_options': config.algorithm_options,
-                    'client_learning_rate': lr_c, 'server_learning_rate': lr_s},
-            show_progress=False, learning_rates=(lr_c, lr_s))
-      except simulation.DivergenceError as e:
-        print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}): {e}')
-      curves[algorithm][(lr_c, lr_s)] = _read_curves(out, _plotted(spec) + (spec.metric,))
-      final = curves[algorithm][(lr_c, lr_s)][spec.metric]
-      print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} {spec.metric}='
-            f'{final[max(final)]:.4g} at round {max(final)} ({time.monotonic() - start:.0f}s)',
-            flush=True)
+    curves[algorithm] = {lr: [] for lr in grid}
+    for seed in seeds:
+      config = experiment_lib.ExperimentConfig(
+          algorithm=algorithm, task=spec.task, rounds=rounds, seed=seed,
+          eval_period=spec.eval_period, task_options=dict(spec.task_options),
+          algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
+          **spec.settings)
+      prepared = experiment_lib.prepare(config)
+      process = prepared.build_process()  # built once per seed; the grid sets hparams
+      task = prepared.task
+      psi = prepared.builder_args.get('regularizer', task.regularizer)
+      for lr_c, lr_s in grid:
+        out = _run_dir(root, algorithm, lr_c, lr_s, seed, seeds)
+        start = time.monotonic()
+        try:
+          simulation.run_simulation(
+              process, client_ids=task.train_data.client_ids,
+              dataset_computation=experiment_lib.dataset_computation_for(
+                  process, task.train_data),
+              evaluate=lambda w, psi=psi, task=task: task.evaluate(w, psi),
+              rounds=rounds, clients_per_round=prepared.settings['clients_per_round'],
+              seed=seed, eval_period=spec.eval_period, output_dir=out,
+              config={**prepared.settings, 'experiment': name, 'algorithm': algorithm,
+                      'algorithm_options': config.algorithm_options, 'seed': seed,
+                      'client_learning_rate': lr_c, 'server_learning_rate': lr_s},
+              show_progress=False, learning_rates=(lr_c, lr_s))
+        except simulation.DivergenceError as e:
+          print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}) seed {seed}: {e}')
+        curves[algorithm][(lr_c, lr_s)].append(_read_curves(out, metrics))
+        final = curves[algorithm][(lr_c, lr_s)][-1][spec.metric]
+        print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} seed={seed} {spec.metric}='
+              f'{final[max(final)]:.4g} at round {max(final)} '
+              f'({time.monotonic() - start:.0f}s)', flush=True)
   return curves
 
 
+def _at(runs, metric, round_num) -> list[float]:
+  """The metric at `round_num` in each seed's run that reached it."""
+  return [r[metric][round_num] for r in runs if round_num in r[metric]]
+
+
+def _cell(values: list[float], seeds: int) -> str:
+  if len(values) < seeds:
+    return 'diverged'
+  if seeds == 1:
+    return f'{values[0]:.4g}'
+  return f'{np.mean(values):.4g} ± {np.std(values):.2g}'
+
+
 def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> str:
-  """Writes results.md and the PNG; returns the markdown table."""
+  """Writes results.md and the PNG; returns the markdown.
+
+  With several seeds a configuration's value is the mean over seeds (± standard
+  deviation in the tables) and a run that diverged disqualifies the configuration.
+  """
   pick = max if spec.higher_is_better else min
   checkpoints = [c for c in spec.checkpoints if c <= rounds]
   plotted = _plotted(spec)
-  lines = [f'# {name}: best {spec.metric} over the learning-rate grid', '',
+  seeds = max(len(runs) for by_lr in curves.values() for runs in by_lr.values())
+  over = f' over {seeds} seeds' if seeds > 1 else ''
+  lines = [f'# {name}: best {spec.metric} over the learning-rate grid{over}', '',
            f'Command: `{command}`', '',
            '| algorithm | ' + ' | '.join(f'round {c}' for c in checkpoints) + ' |',
            '|---|' + '---|' * len(checkpoints)]
-  fig, axes = plt.subplots(1, len(plotted), figsize=(6.5 * len(plotted), 4.5), squeeze=False)
   for algorithm, by_lr in curves.items():
     cells = []
     for c in checkpoints:
-      values = {lr: m[spec.metric][c] for lr, m in by_lr.items() if c in m[spec.metric]}
+      values = {lr: float(np.mean(_at(runs, spec.metric, c)))
+                for lr, runs in by_lr.items() if len(_at(runs, spec.metric, c)) == seeds}
       if not values:
         cells.append('diverged')
         continue
       best_lr = pick(values, key=values.get)
-      cells.append(f'{values[best_lr]:.4g} ({best_lr[0]:g}, {best_lr[1]:g})')
+      cells.append(f'{_cell(_at(by_lr[best_lr], spec.metric, c), seeds)} '
+                   f'({best_lr[0]:g}, {best_lr[1]:g})')
     lines.append(f'| {algorithm} | ' + ' | '.join(cells) + ' |')
-    scored = {lr: sum(m[spec.metric].values()) / len(m[spec.metric])
-              for lr, m in by_lr.items() if m[spec.metric]}
-    best = pick(scored, key=scored.get)
+  lines += ['', 'Cells: best value at that round, (eta_c, eta_s) achieving it.', '',
+            f'Each algorithm\'s best configuration by mean {spec.metric} over all '
+            f'evaluations{over} (the curves in `{name}.png`):', '',
+            '| algorithm | (eta_c, eta_s) | ' + ' | '.join(
+                f'{m} @ {c}' for m in plotted for c in checkpoints) + ' |',
+            '|---|---|' + '---|' * (len(plotted) * len(checkpoints))]
+  fig, axes = plt.subplots(1, len(plotted), figsize=(6.5 * len(plotted), 4.5), squeeze=False)
+  for algorithm, by_lr in curves.items():
+    scored = {lr: float(np.mean([np.mean(list(r[spec.metric].values())) for r in runs]))
+              for lr, runs in by_lr.items()
+              if len(runs) == seeds and all(r[spec.metric] for r in runs)}
+    complete = {lr: v for lr, v in scored.items()
+                if all(max(r[spec.metric]) >= rounds for r in by_lr[lr])}
+    best = pick(complete or scored, key=(complete or scored).get)
+    runs = by_lr[best]
+    cells = [_cell(_at(runs, m, c), seeds) for m in plotted for c in checkpoints]
+    lines.append(f'| {algorithm} | ({best[0]:g}, {best[1]:g}) | ' + ' | '.join(cells) + ' |')
     for ax, metric in zip(axes[0], plotted):
-      curve = by_lr[best][metric]
-      ax.plot(list(curve), list(curve.values()),
+      common = sorted(set.intersection(*(set(r[metric]) for r in runs)))
+      ax.plot(common, [np.mean([r[metric][x] for r in runs]) for x in common],
               label=f'{algorithm} (eta_c={best[0]:g}, eta_s={best[1]:g})')
-  lines += ['', 'Cells: best value at that round, (eta_c, eta_s) achieving it. '
-            f'Plot: `{name}.png`, each algorithm\'s best configuration by mean '
-            f'{spec.metric} over all evaluations.']
   for ax, metric in zip(axes[0], plotted):
     ax.set_xlabel('round')
-    ax.set_ylabel(metric)
+    ax.set_ylabel(metric + (' (mean over seeds)' if seeds > 1 else ''))
     ax.set_title(f'{name}: {spec.task}')
     ax.grid(alpha=0.3)
     ax.legend()
@@ -190,7 +246,16 @@ def main(argv):
   rounds = _ROUNDS.value or spec.rounds
   root = pathlib.Path(_OUTPUT.value) / name
   root.mkdir(parents=True, exist_ok=True)
-  curves = run_grid(name, spec, rounds, _SEED.value, root)
+  seeds = spec.seeds or (_SEED.value,)
+  if _SUMMARIZE_ONLY.value:
+    metrics = _plotted(spec) + (spec.metric,)
+    curves = {a: {(c, s): [_read_curves(_run_dir(root, a, c, s, seed, seeds), metrics)
+                           for seed in seeds]
+                  for c, s in itertools.product(spec.client_learning_rates,
+                                                spec.server_learning_rates)}
+              for a in spec.algorithms}
+  else:
+    curves = run_grid(name, spec, rounds, seeds, root)
   command = f'python binaries/reproduce.py --experiment={name}' + (
       f' --rounds={rounds}' if _ROUNDS.value else '')
   print(summarize(name, spec, curves, rounds, root, command))
