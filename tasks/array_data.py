@@ -28,6 +28,12 @@ def cache_root() -> pathlib.Path:
   return pathlib.Path(root)
 
 
+def file_digest(path: str) -> str:
+  """A short content hash of a file (cache keys for data read from user files)."""
+  with open(path, 'rb') as f:
+    return hashlib.file_digest(f, 'sha256').hexdigest()[:12]
+
+
 def cached_client_data(
     key: str,
     client_ids: Sequence[str],

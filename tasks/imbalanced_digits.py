@@ -1,8 +1,13 @@
 """Imbalanced clients for distributionally robust FL (ComFedL paper's DRFL setup).
 
 10 clients: client 0 holds most of the data, clients 1-9 hold `small_size` training
-examples each (paper: MNIST, 5,000 images against 20 each). Built from scikit-learn's
-bundled 8x8 digits (1,797 images, no download), pixels scaled to [0, 1]. `split`:
+examples each (paper: MNIST, 5,000 images against 20 each). `source`:
+* 'sklearn' (default, no download): scikit-learn's bundled 8x8 digits (1,797 images);
+  client 0 gets all examples the small clients do not take.
+* 'mnist': MNIST 28x28 from `mnist_path` (an .npz with x_train, y_train as Keras
+  saves it), or downloaded once through `tf.keras.datasets.mnist` when the path is
+  empty; client 0 gets `big_size` (default 5,000) training examples, as in the paper.
+Pixels are scaled to [0, 1]. `split`:
 * 'iid' (default): examples shuffled, then dealt out; each client has its own test
   part of the same distribution (`small_size` examples for the small clients, 20% of
   client 0's share for client 0).
@@ -25,7 +30,19 @@ from tff_comp import regularizers
 NUM_CLIENTS = 10
 
 
-def _split(x, y, split: str, small_size: int, rng: np.random.Generator):
+def load_mnist(path: str = '') -> tuple[np.ndarray, np.ndarray]:
+  """MNIST training images (flattened, in [0, 1]) and labels, from an .npz file with
+  x_train/y_train (Keras' format) or, with no path, Keras' downloader."""
+  if path:
+    with np.load(path) as data:
+      x, y = data['x_train'], data['y_train']
+  else:
+    (x, y), _ = tf.keras.datasets.mnist.load_data()
+  return (x.reshape(len(x), -1) / 255.0).astype(np.float32), y.astype(np.int32)
+
+
+def _split(x, y, split: str, small_size: int, rng: np.random.Generator,
+           big_size: int | None = None):
   """[(x_train, y_train, x_test, y_test)] for the 10 clients."""
   order = rng.permutation(len(y))
   if split == 'iid':
@@ -44,29 +61,40 @@ def _split(x, y, split: str, small_size: int, rng: np.random.Generator):
     used.update(take)
     parts.append((take[:small_size], take[small_size:]))
   rest = [i for i in big_pool if i not in used]
+  if big_size is not None:
+    rest = rest[:int(big_size / 0.8)]  # big_size for training, a quarter more to test
   cut = int(0.8 * len(rest))
   parts.insert(0, (rest[:cut], rest[cut:]))
   return [(x[a], y[a], x[b], y[b]) for a, b in parts]
 
 
 @registry.register_task('imbalanced_digits')
-def build_imbalanced_digits_task(*, split: str = 'iid', small_size: int = 20,
-                                 seed: int = 0) -> base.Task:
+def build_imbalanced_digits_task(*, source: str = 'sklearn', split: str = 'iid',
+                                 small_size: int = 20, big_size: int = 5000,
+                                 mnist_path: str = '', seed: int = 0) -> base.Task:
   """Builds the imbalanced DRFL task; see the module docstring."""
   if split not in ('iid', 'classes'):
     raise ValueError(f"split={split!r} is unknown; choose 'iid' or 'classes'.")
   if not 1 <= small_size <= 40:
     raise ValueError(f'small_size must be in [1, 40], got {small_size}.')
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  if source == 'sklearn':
+    from sklearn import datasets  # pylint: disable=g-import-not-at-top
 
-  digits = datasets.load_digits()
-  x = (digits.data / 16.0).astype(np.float32)
-  y = digits.target.astype(np.int32)
-  clients = _split(x, y, split, small_size, np.random.default_rng(seed))
+    digits = datasets.load_digits()
+    x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)
+    limit = None
+  elif source == 'mnist':
+    x, y = load_mnist(mnist_path)
+    limit = big_size
+  else:
+    raise ValueError(f"source={source!r} is unknown; choose 'sklearn' or 'mnist'.")
+  clients = _split(x, y, split, small_size, np.random.default_rng(seed), limit)
   ids = [str(i) for i in range(NUM_CLIENTS)]
+  key = f'imbalanced-{source}-{split}-{small_size}-{limit}-seed{seed}'
+  if source == 'mnist':
+    key += '-' + array_data.file_digest(mnist_path) if mnist_path else '-keras'
   train_data = array_data.cached_client_data(
-      f'imbalanced_digits-{split}-{small_size}-seed{seed}', ids, (64,), tf.int32,
-      lambda i: clients[i][:2])
+      key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2])
 
   def evaluate(weights, psi=None) -> base.Metrics:
     del psi
@@ -85,7 +113,7 @@ def build_imbalanced_digits_task(*, split: str = 'iid', small_size: int = 20,
     return metrics
 
   return base.Task(
-      name='imbalanced_digits', model=models.softmax_regression(64, 10),
+      name='imbalanced_digits', model=models.softmax_regression(x.shape[1], 10),
       train_data=train_data, regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
       defaults=dict(client_learning_rate=0.02, server_learning_rate=1.0, rounds=100,
                     clients_per_round=NUM_CLIENTS, batch_size=10, local_epochs=1,

@@ -149,3 +149,24 @@ def test_local_scgdm_matches_numpy_reference():
   np.testing.assert_allclose(state.finalizer['u'], u, rtol=1e-4)
   np.testing.assert_allclose(state.finalizer['m'][0], m_w, rtol=1e-4, atol=1e-6)
   assert state.finalizer['started'] == 1.0
+
+
+def test_imbalanced_task_sizes_and_mnist_loader_offline(tmp_path):
+  from tasks import imbalanced_digits  # pylint: disable=g-import-not-at-top
+
+  task = imbalanced_digits.build_imbalanced_digits_task()
+  sizes = [len(list(task.train_data.create_tf_dataset_for_client(c)))
+           for c in task.train_data.client_ids]
+  assert sizes[1:] == [20] * 9 and sizes[0] > 1000
+  metrics = task.evaluate(tuple(w for w in task.model.initial_weights[0]))
+  assert {'average_accuracy', 'worst_accuracy', 'accuracy_9'} <= set(metrics)
+  # A small MNIST fixture in Keras' .npz format.
+  rng = np.random.default_rng(0)
+  fixture = tmp_path / 'mnist.npz'
+  np.savez(fixture, x_train=rng.integers(0, 256, (1000, 28, 28), dtype=np.uint8),
+           y_train=rng.integers(0, 10, 1000, dtype=np.uint8))
+  mnist = imbalanced_digits.build_imbalanced_digits_task(
+      source='mnist', mnist_path=str(fixture), big_size=200)
+  x, y = next(iter(mnist.train_data.create_tf_dataset_for_client('0').batch(1000)))
+  assert x.shape == (200, 784) and float(tf.reduce_max(x)) <= 1.0
+  assert mnist.model.input_spec[0].shape[1] == 784
