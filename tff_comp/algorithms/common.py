@@ -84,3 +84,31 @@ def compose(
       aggregator=aggregator or tff.aggregators.MeanFactory(),
       server_update=server_update,
   )
+
+
+def compose_composite(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    rule_class,
+    server_update_builder,
+    regularizer,
+    client_learning_rate: float,
+    server_learning_rate: float,
+    batch_size: int,
+    local_epochs: int,
+    client_weighting: str,
+    client_prox: bool,
+    aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+) -> tff.learning.templates.LearningProcess:
+  """A composite-optimization algorithm: a rule of `rule_class` (ProximalSGD or
+  DualAveraging) on clients, `server_update_builder(SGD(eta_s), weights, psi)` at
+  the server."""
+  check_positive(client_learning_rate=client_learning_rate)
+  rule = rule_class(model, learning_rate=client_learning_rate, regularizer=regularizer,
+                    client_prox=client_prox)
+  server_update = server_update_builder(
+      server_sgd(server_learning_rate, 0.0), client_work_lib.model_weights_type(model),
+      regularizer)
+  return compose(model, rule, server_update, batch_size=batch_size,
+                 local_epochs=local_epochs, client_weighting=client_weighting,
+                 aggregator=aggregator)

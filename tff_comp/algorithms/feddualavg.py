@@ -17,7 +17,6 @@ With psi = 0 it reduces to FedAvg.
 import tensorflow_federated as tff
 
 from tff_comp import aggregators
-from tff_comp import client_work
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
 from tff_comp import server_updates
@@ -39,24 +38,12 @@ def build_feddualavg(
     client_prox: bool = True,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox)."""
-  common.check_positive(client_learning_rate=client_learning_rate)
-  rule = client_updates.DualAveraging(
-      model,
-      learning_rate=client_learning_rate,
-      regularizer=regularizer,
+  return common.compose_composite(
+      model, rule_class=client_updates.DualAveraging,
+      server_update_builder=server_updates.build_dual_averaging_update, regularizer=regularizer,
+      client_learning_rate=client_learning_rate,
+      server_learning_rate=server_learning_rate, batch_size=batch_size,
+      local_epochs=local_epochs, client_weighting=client_weighting,
       client_prox=client_prox,
-  )
-  server_update = server_updates.build_dual_averaging_update(
-      common.server_sgd(server_learning_rate, 0.0),
-      client_work.model_weights_type(model),
-      regularizer,
-  )
-  return common.compose(
-      model,
-      rule,
-      server_update,
-      batch_size=batch_size,
-      local_epochs=local_epochs,
-      client_weighting=client_weighting,
       aggregator=aggregators.dual_state_mean(),
   )

@@ -11,7 +11,6 @@ With psi = 0 both reduce to FedAvg.
 
 import tensorflow_federated as tff
 
-from tff_comp import client_work
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
 from tff_comp import server_updates
@@ -33,23 +32,11 @@ def build_fedmid(
     client_prox: bool = True,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox)."""
-  common.check_positive(client_learning_rate=client_learning_rate)
-  rule = client_updates.ProximalSGD(
-      model,
-      learning_rate=client_learning_rate,
-      regularizer=regularizer,
+  return common.compose_composite(
+      model, rule_class=client_updates.ProximalSGD,
+      server_update_builder=server_updates.build_mirror_descent_update, regularizer=regularizer,
+      client_learning_rate=client_learning_rate,
+      server_learning_rate=server_learning_rate, batch_size=batch_size,
+      local_epochs=local_epochs, client_weighting=client_weighting,
       client_prox=client_prox,
-  )
-  server_update = server_updates.build_mirror_descent_update(
-      common.server_sgd(server_learning_rate, 0.0),
-      client_work.model_weights_type(model),
-      regularizer,
-  )
-  return common.compose(
-      model,
-      rule,
-      server_update,
-      batch_size=batch_size,
-      local_epochs=local_epochs,
-      client_weighting=client_weighting,
   )
