@@ -322,8 +322,6 @@ class CompositionalSGD(ClientUpdateRule):
   def initial_hparams(self):
     hparams = super().initial_hparams()
     hparams.update(self.objective.hparams())
-    if self.uses_reference_loss:
-      hparams['reference_loss'] = 0.0  # set every round by the client work
     return hparams
 
   def start(self, payload):
@@ -397,8 +395,6 @@ class SCGDM(ClientUpdateRule):
     hparams = super().initial_hparams()
     hparams.update(alpha=self._alpha, beta=self._beta, tracking_gamma=self._tracking_gamma,
                    **self.objective.hparams())
-    if self.uses_reference_loss:
-      hparams['reference_loss'] = 0.0  # set every round by the client work
     return hparams
 
   def _reference(self, hparams):
@@ -470,7 +466,7 @@ class QFFL(SGD):
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
-    hparams.update(q=self._q, start_loss=0.0)
+    hparams['q'] = self._q
     return hparams
 
   def update(self, start, state, hparams):
@@ -507,11 +503,6 @@ class AgnosticSGD(SGD):
   def __init__(self, model, *, learning_rate: float, num_clients: int):
     super().__init__(model, learning_rate=learning_rate)
     self._num_clients = num_clients
-
-  def initial_hparams(self):
-    hparams = super().initial_hparams()
-    hparams.update(start_loss=0.0, client_index=0.0)
-    return hparams
 
   def start(self, payload):
     return super().start(payload.weights)
