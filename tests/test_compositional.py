@@ -71,6 +71,7 @@ def test_drfl_client_weights_are_a_softmax_of_losses_up_to_the_common_scale():
                                   local_steps=1, batch_size=12)
   clients = _clients()
   out, (w, b) = _one_round(process, clients, w0)
+  assert np.all(np.isfinite(w))
   losses = np.array([0.5 * np.mean((x @ w0[0] + w0[1] - y) ** 2) for x, y in clients])
   grads = [ref.gradient(w0[0], w0[1], x, y) for x, y in clients]
   c = losses.max()
@@ -132,7 +133,7 @@ def _numpy_scgdm(clients, rounds, *, eta, alpha, beta, tgamma, gamma, steps, bat
 def test_local_scgdm_matches_numpy_reference():
   from tff_comp.algorithms import local_scgdm  # pylint: disable=g-import-not-at-top
 
-  hp = dict(eta=0.05, alpha=2.0, beta=0.5, tgamma=3.0, gamma=0.5, steps=3, batch=4)
+  hp = dict(eta=0.05, alpha=2.0, beta=0.5, tgamma=3.0, gamma=5.0, steps=3, batch=4)
   clients = [_batch(n, shift=s) for n, s in ((7, 0.0), (10, 0.3), (5, 0.8))]
   process = local_scgdm.build_local_scgdm(
       MODEL, client_learning_rate=hp['eta'], alpha=hp['alpha'], beta=hp['beta'],
@@ -143,6 +144,8 @@ def test_local_scgdm_matches_numpy_reference():
   for _ in range(3):
     state = process.next(state, datasets).state
   w, b, u, m_w = _numpy_scgdm(clients, 3, **hp)
+  # assert_allclose calls NaN equal to NaN: make sure the reference did not diverge.
+  assert np.all(np.isfinite(w)) and np.isfinite(u) and np.abs(w).max() > 0.03
   got_w, got_b = process.get_model_weights(state).trainable
   np.testing.assert_allclose(got_w, w, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got_b, b, rtol=1e-4, atol=1e-5)
