@@ -66,10 +66,16 @@ class MetricsWriter:
 
 def set_learning_rates(process, state, client_learning_rate: float,
                        server_learning_rate: float):
-  """Returns `state` with the client work's and server update's learning rates set."""
+  """Returns `state` with the client work's and server update's learning rates set.
+
+  A server update without a learning rate (q-FedAvg's ratio step) accepts only 1.
+  """
   hparams = process.get_hparams(state)
   hparams['client_work']['learning_rate'] = np.float32(client_learning_rate)
-  hparams['server_update']['learning_rate'] = np.float32(server_learning_rate)
+  if 'learning_rate' in hparams['server_update']:
+    hparams['server_update']['learning_rate'] = np.float32(server_learning_rate)
+  elif server_learning_rate != 1.0:
+    raise ValueError('this process has no server learning rate to set.')
   return process.set_hparams(state, hparams)
 
 
