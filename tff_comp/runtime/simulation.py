@@ -154,6 +154,8 @@ def run_simulation(
       bar.update()
   finally:
     bar.close()
-    if writer is not None:
-      writer.close()
+    if writer is None:  # stopped in round 1: still record the initial evaluation
+      writer = MetricsWriter(output_dir, sorted(eval_metrics))
+      writer.write(0, 0.0, eval_metrics)
+    writer.close()
   return eval_metrics
