@@ -97,3 +97,13 @@ def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):
   proc.send_signal(signal.SIGTERM)
   proc.wait(timeout=60)
   assert not set(started) & set(workers.wait_for_exit())
+
+
+def test_divergence_is_one_line_and_keeps_initial_metrics(repo_root, tmp_path):
+  out = _run(repo_root, '--algo=fedavg', '--client_learning_rate=1e6', '--rounds=5',
+             f'--output_dir={tmp_path}')
+  assert out.returncode == 2
+  lines = out.stderr.strip().splitlines()
+  assert 'diverged at round' in lines[-1] and 'Traceback' not in out.stderr
+  rows = (tmp_path / 'metrics.csv').read_text().splitlines()
+  assert rows[1].startswith('0,')  # the initial evaluation is kept
