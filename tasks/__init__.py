@@ -5,9 +5,10 @@ from tasks import constrained_digits
 from tasks import imbalanced_digits
 from tasks import nuclear
 from tasks import quadratic
+from tasks import sinewave
 from tasks import sparse_logreg
 from tasks import synthetic
 from tasks.base import Task
 
 __all__ = ['Task', 'constrained_digits', 'imbalanced_digits', 'lasso', 'nuclear', 'quadratic',
-           'sparse_logreg', 'synthetic']
+           'sinewave', 'sparse_logreg', 'synthetic']

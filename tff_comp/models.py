@@ -104,3 +104,42 @@ def logistic_regression(num_features: int) -> tff.learning.models.FunctionalMode
           tf.TensorSpec([None], tf.float32),
       ),
   )
+
+
+def mlp_regression(layer_sizes: tuple[int, ...] = (1, 40, 40, 1), *,
+                   seed: int = 0) -> tff.learning.models.FunctionalModel:
+  """A ReLU MLP for scalar regression (sinewave: 1-40-40-1), 0.5 mean squared error.
+
+  Weights: (W_1, b_1, ..., W_L, b_L), Glorot-uniform kernels from `seed`, zero biases.
+  """
+  rng = np.random.default_rng(seed)
+  weights = []
+  for fan_in, fan_out in zip(layer_sizes[:-1], layer_sizes[1:]):
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    weights += [rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32),
+                np.zeros([fan_out], np.float32)]
+  layers = len(layer_sizes) - 1
+
+  @tf.function
+  def predict_on_batch(model_weights, x, training=True):
+    del training
+    trainable, _ = model_weights
+    h = x
+    for i in range(layers):
+      h = tf.matmul(h, trainable[2 * i]) + trainable[2 * i + 1]
+      if i < layers - 1:
+        h = tf.nn.relu(h)
+    return tf.squeeze(h, axis=-1)
+
+  @tf.function
+  def loss(output, label, sample_weight=None):
+    del sample_weight
+    return 0.5 * tf.reduce_mean(tf.square(output - label))
+
+  return tff.learning.models.FunctionalModel(
+      initial_weights=(tuple(weights), ()),
+      predict_on_batch_fn=predict_on_batch,
+      loss_fn=loss,
+      input_spec=(tf.TensorSpec([None, layer_sizes[0]], tf.float32),
+                  tf.TensorSpec([None], tf.float32)),
+  )

@@ -8,4 +8,5 @@ from tff_comp.algorithms import feddualavg
 from tff_comp.algorithms import fedmid
 from tff_comp.algorithms import fednova
 from tff_comp.algorithms import local_scgdm
+from tff_comp.algorithms import per_fedavg
 from tff_comp.algorithms import qfedavg

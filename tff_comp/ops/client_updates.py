@@ -513,3 +513,66 @@ class AgnosticSGD(SGD):
   def update(self, start, state, hparams):
     slot = tf.one_hot(tf.cast(hparams['client_index'], tf.int32), self._num_clients)
     return AFLUpdate(super().update(start, state, hparams), slot * hparams['start_loss'])
+
+
+class PerFedAvg(ClientUpdateRule):
+  """Per-FedAvg's client (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020): MAML steps on
+  f_i(w - alpha grad f_i(w)), with three independent batches D, D', D'' per step:
+
+      w~ = w - alpha grad f(w; D);   g = grad f(w~; D')
+      exact: w <- w - beta (g - alpha H(w; D'') g)     (Hessian-vector product by autodiff)
+      fo:    w <- w - beta g                            (first order)
+      hf:    H g replaced by (grad f(w + delta g; D'') - grad f(w - delta g; D'')) / (2 delta)
+
+  beta is the client learning rate. Payload: the broadcast ModelWeights.
+  """
+
+  batches_per_step = 3
+  VARIANTS = ('exact', 'fo', 'hf')
+
+  def __init__(self, model, *, learning_rate: float, alpha: float, variant: str = 'fo',
+               delta: float = 1e-3):
+    if variant not in self.VARIANTS:
+      raise ValueError(f'variant={variant!r} is unknown; choose one of {self.VARIANTS}.')
+    super().__init__(model, learning_rate=learning_rate)
+    self._alpha, self._variant, self._delta = float(alpha), variant, float(delta)
+
+  def initial_hparams(self):
+    hparams = super().initial_hparams()
+    hparams['alpha'] = self._alpha
+    if self._variant == 'hf':
+      hparams['delta'] = self._delta
+    return hparams
+
+  def start(self, payload):
+    return tuple(payload.trainable), tuple(payload.non_trainable), ()
+
+  def meta_gradient(self, weights, batches, hparams, non_trainable) -> tuple[tf.Tensor, Weights]:
+    """(loss on D at w, the variant's estimate of the gradient of f(w - alpha grad f(w)))."""
+    d, d_prime, d_second = batches
+    alpha = hparams['alpha']
+    loss, grad = model_ops.batch_loss_and_gradient(self.model, weights, non_trainable, d)
+    adapted = tuple(w - alpha * g for w, g in zip(weights, grad))
+    _, outer = model_ops.batch_loss_and_gradient(self.model, adapted, non_trainable, d_prime)
+    if self._variant == 'fo':
+      return loss, outer
+    if self._variant == 'exact':
+      hv = model_ops.hessian_vector_product(self.model, weights, non_trainable, d_second, outer)
+    else:
+      hv = model_ops.finite_difference_hvp(
+          self.model, weights, non_trainable, d_second, outer, hparams['delta'])
+    return loss, tuple(g - alpha * h for g, h in zip(outer, hv))
+
+  def local_step(self, weights, extras, batch, hparams, payload):
+    _, non_trainable, _ = self.start(payload)
+    loss, direction = self.meta_gradient(weights, split_batches(batch, 3), hparams,
+                                         non_trainable)
+    lr = hparams['learning_rate']
+    return loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras
+
+
+def split_batches(batch: Any, parts: int) -> tuple[Any, ...]:
+  """A concatenation of `parts` batches, split back into equal parts."""
+  size = model_ops.batch_size_of(batch) // parts
+  return tuple(tf.nest.map_structure(lambda t, i=i: t[i * size:(i + 1) * size], batch)
+               for i in range(parts))

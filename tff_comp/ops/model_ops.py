@@ -26,3 +26,21 @@ def batch_loss_and_gradient(
 
 def batch_size_of(batch: Any) -> tf.Tensor:
   return tf.shape(tf.nest.flatten(batch)[0])[0]
+
+
+def hessian_vector_product(model, trainable: Weights, non_trainable: Weights, batch: Any,
+                           vector: Weights) -> Weights:
+  """H(w; batch) v by forward-over-reverse automatic differentiation (never forms H)."""
+  with tf.autodiff.ForwardAccumulator(trainable, vector) as accumulator:
+    _, gradient = batch_loss_and_gradient(model, trainable, non_trainable, batch)
+  return tuple(accumulator.jvp(gradient))
+
+
+def finite_difference_hvp(model, trainable: Weights, non_trainable: Weights, batch: Any,
+                          vector: Weights, delta) -> Weights:
+  """(grad f(w + delta v) - grad f(w - delta v)) / (2 delta): Per-FedAvg's HF estimate."""
+  plus = tuple(w + delta * v for w, v in zip(trainable, vector))
+  minus = tuple(w - delta * v for w, v in zip(trainable, vector))
+  _, g_plus = batch_loss_and_gradient(model, plus, non_trainable, batch)
+  _, g_minus = batch_loss_and_gradient(model, minus, non_trainable, batch)
+  return tuple((a - b) / (2 * delta) for a, b in zip(g_plus, g_minus))

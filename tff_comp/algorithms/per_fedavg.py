@@ -1,0 +1,42 @@
+"""Per-FedAvg (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020): personalized FedAvg via MAML.
+
+Objective: min_w (1/n) sum_i f_i(w - alpha grad f_i(w)). Clients take `local_steps`
+steps (three independent batches each: D, D', D'')
+
+    w <- w - beta (I - alpha H_i(w; D'')) grad f_i(w - alpha grad f_i(w; D); D')
+
+with the Hessian-vector product exact (autodiff), dropped (`fo`) or by finite
+differences (`hf`, step `delta`); beta is the client learning rate. The server takes
+the mean of client models. The exact meta-gradient can be several times larger than
+the first-order one at initialization; it may need a smaller beta.
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import registry
+from tff_comp.algorithms import common
+from tff_comp.algorithms import fedavg
+from tff_comp.ops import client_updates
+
+
+@registry.register_algorithm('per_fedavg')
+def build_per_fedavg(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    client_learning_rate: float,
+    alpha: float = 0.01,
+    variant: str = 'fo',
+    delta: float = 1e-3,
+    local_steps: int = 10,
+    server_learning_rate: float = 1.0,
+    batch_size: int = 5,
+    client_weighting: str = 'uniform',
+) -> tff.learning.templates.LearningProcess:
+  """Builds Per-FedAvg; `variant` is 'exact', 'fo' or 'hf'."""
+  common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha, delta=delta)
+  rule = client_updates.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha,
+                                  variant=variant, delta=delta)
+  return fedavg.compose_fedavg_like(
+      model, rule, server_learning_rate=server_learning_rate, server_momentum=0.0,
+      batch_size=batch_size, local_epochs=1, local_steps=local_steps,
+      client_weighting=client_weighting)
