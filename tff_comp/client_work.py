@@ -202,11 +202,10 @@ def build_local_client_work(
 
   @tff.tensorflow.computation(payload_type, data_type)
   def loss_at_payload(payload, dataset):
-    trainable, non_trainable, _ = rule.start(payload)
     examples = local_loop.materialize(dataset)
     if rule.uses_client_index:
       examples = examples.example
-    return model_ops.batch_loss(rule.model, trainable, non_trainable, examples)
+    return rule.reference_value(payload, examples)
 
   @tff.federated_computation(
       init_fn.type_signature.result,

@@ -6,7 +6,9 @@ Problem: min_w (1/N) sum_i g_i(f_i(w)). Each sampled client runs tau local steps
 
 (a vector-Jacobian product, fresh batches), then the server takes the plain mean of
 the client models (w_{r+1} = w_r + eta_s mean_i(w_i - w_r), eta_s = 1 in the paper).
-Objectives (`objective`): 'drfl', min_w (1/N) sum_i exp(F_i(w)/gamma), whose step
+Objectives (`objective`): 'maml' and 'da_maml' (inner w - alpha grad L(w; D_train) with
+alpha = `inner_learning_rate`, outer L or exp(L/gamma) on D_test; ops.objectives), and
+'drfl', min_w (1/N) sum_i exp(F_i(w)/gamma), whose step
 weighs client i by exp(F_i/gamma); each round is scaled by exp(-c/gamma) with c the
 largest loss of the round's clients at the broadcast model (see ops.objectives.DRFL).
 As gamma grows, DRFL's step tends to grad F_i / gamma: ComFedL(eta_c, gamma) behaves
@@ -30,6 +32,7 @@ def build_comfedl(
     server_learning_rate: float = 1.0,
     objective: str = 'drfl',
     gamma: float = 0.2,
+    inner_learning_rate: float = 0.05,
     local_steps: int = 5,
     batch_size: int = 10,
     client_weighting: str = 'uniform',
@@ -38,7 +41,8 @@ def build_comfedl(
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = client_updates.CompositionalSGD(
       model, learning_rate=client_learning_rate,
-      objective=objectives.make_objective(objective, gamma=gamma))
+      objective=objectives.make_objective(
+          objective, gamma=gamma, inner_learning_rate=inner_learning_rate))
   return fedavg.compose_fedavg_like(
       model, rule, server_learning_rate=server_learning_rate, server_momentum=0.0,
       batch_size=batch_size, local_epochs=1, local_steps=local_steps,

@@ -35,6 +35,7 @@ def build_local_scgdm(
     tracking_gamma: float = 1.0,
     objective: str = 'drfl',
     gamma: float = 0.2,
+    inner_learning_rate: float = 0.05,
     local_steps: int = 5,
     batch_size: int = 10,
     client_weighting: str = 'uniform',
@@ -46,7 +47,8 @@ def build_local_scgdm(
     if rate * client_learning_rate > 1:
       raise ValueError(f'{name} x client_learning_rate must be <= 1 (a convex'
                        f' combination), got {rate * client_learning_rate}.')
-  obj = objectives.make_objective(objective, gamma=gamma)
+  obj = objectives.make_objective(
+          objective, gamma=gamma, inner_learning_rate=inner_learning_rate)
   rule = client_updates.SCGDM(model, learning_rate=client_learning_rate, objective=obj,
                               alpha=alpha, beta=beta, tracking_gamma=tracking_gamma)
   server_update = server_updates.build_tracker_averaging_update(

@@ -86,6 +86,14 @@ class ClientUpdateRule(abc.ABC):
     del hparams
     return tuple(a - b for a, b in zip(start, state.weights))
 
+  def reference_value(self, payload, examples) -> tf.Tensor:
+    """This client's candidate for the round's reference loss (uses_reference_loss)."""
+    trainable, non_trainable, _ = self.start(payload)
+    objective = getattr(self, 'objective', None)
+    if objective is None:
+      return model_ops.batch_loss(self.model, trainable, non_trainable, examples)
+    return objective.reference_value(self.model, trainable, non_trainable, examples)
+
   def client_weight(self, payload, hparams) -> tf.Tensor | None:
     """This client's aggregation weight, or None for the client work's weighting."""
     del payload, hparams
@@ -330,12 +338,11 @@ class CompositionalSGD(ClientUpdateRule):
   def local_step(self, weights, extras, batch, hparams, payload):
     _, non_trainable, _ = self.start(payload)
     inner_batch, outer_batch = split_batch(batch, self.batches_per_step)
-    _, inner_value, direction = objectives_lib.compositional_gradient(
+    g, inner_value, direction = objectives_lib.compositional_gradient(
         self.objective, self.model, weights, non_trainable, inner_batch, outer_batch,
         hparams)
     lr = hparams['learning_rate']
-    # The reported loss is the inner value when it is a loss (DRFL), else 0.
-    loss = inner_value if self.uses_reference_loss else tf.constant(0.0)
+    loss = self.objective.reported_loss(self.model, inner_value, outer_batch, g, hparams)
     return loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras
 
 
@@ -431,7 +438,10 @@ class SCGDM(ClientUpdateRule):
     momentum = hparams['alpha'] * eta
     m = tuple(tf.where(first, zi, (1 - momentum) * mi + momentum * zi) for mi, zi in zip(m, z))
     new_weights = tuple(w - hparams['beta'] * eta * mi for w, mi in zip(weights, m))
-    loss = value if self.uses_reference_loss else tf.constant(0.0)
+    # The loss reported is the objective's at the current iterate (not at tracker u).
+    loss = self.objective.reported_loss(
+        self.model, value, outer_batch,
+        self.objective.outer(self.model, value, outer_batch, hparams), hparams)
     return loss, new_weights, (u, m, tf.constant(1.0))
 
   def update(self, start, state, hparams):

@@ -36,6 +36,18 @@ class CompositionalObjective(abc.ABC):
   def hparams(self) -> dict[str, float]:
     return {}
 
+  def reference_value(self, model, trainable: Weights, non_trainable: Weights,
+                      examples: Any) -> tf.Tensor:
+    """The loss whose largest value over a round's clients is the common reference c
+    of exponential objectives: the full-data counterpart of the loss inside exp()."""
+    return model_ops.batch_loss(model, trainable, non_trainable, examples)
+
+  def reported_loss(self, model, inner_value: Any, outer_batch: Any,
+                    outer_value: tf.Tensor, hparams) -> tf.Tensor:
+    """The training loss a client reports for a step (default: the outer value)."""
+    del model, inner_value, outer_batch, hparams
+    return outer_value
+
   def value_spec(self, model) -> Any:
     """The TensorSpec structure of inner values f(w; B) (for trackers of f)."""
     raise NotImplementedError(f'{type(self).__name__} does not declare its inner value spec.')
@@ -118,6 +130,10 @@ class DRFL(CompositionalObjective):
     del model
     return tf.TensorSpec([], tf.float32)
 
+  def reported_loss(self, model, inner_value, outer_batch, outer_value, hparams):
+    del model, outer_batch, outer_value, hparams
+    return inner_value  # the client loss F, not exp((F - c)/gamma)
+
   def rescale_direction(self, direction, old_reference, new_reference, hparams):
     """Directions carry exp(-c/gamma): moving from c_old to c_new multiplies by
     exp((c_old - c_new)/gamma), exactly."""
@@ -125,11 +141,79 @@ class DRFL(CompositionalObjective):
     return tf.nest.map_structure(lambda d: factor * d, direction)
 
 
-OBJECTIVES = {'drfl': DRFL}
+class MAML(CompositionalObjective):
+  """Model-agnostic meta-learning as a compositional objective (ComFedL, Local-SCGDM):
+
+      inner y = w - alpha grad L(w; D_train)   (p = d: a weights-shaped value)
+      outer L(y; D_test)
+
+  D_train and D_test are the step's two independent batches.
+  """
+
+  def __init__(self, inner_learning_rate: float):
+    if not inner_learning_rate > 0:
+      raise ValueError(f'inner_learning_rate must be > 0, got {inner_learning_rate}.')
+    self.inner_learning_rate = float(inner_learning_rate)
+
+  def hparams(self):
+    return {'inner_learning_rate': self.inner_learning_rate}
+
+  def inner(self, model, trainable, non_trainable, batch):
+    # inner_learning_rate is a constant of the objective, so the inner map is the same
+    # in every round (it is also exposed as a hyperparameter for reading).
+    _, grads = model_ops.batch_loss_and_gradient(model, trainable, non_trainable, batch)
+    return tuple(w - self.inner_learning_rate * g for w, g in zip(trainable, grads))
+
+  def outer(self, model, value, batch, hparams):
+    del hparams
+    return model_ops.batch_loss(model, value, (), batch)
+
+  def value_spec(self, model):
+    return tuple(tf.TensorSpec(w.shape, tf.float32) for w in model.initial_weights[0])
 
 
-def make_objective(name: str, **options) -> CompositionalObjective:
-  """An objective by name ('drfl'), with its options (gamma, ...)."""
-  if name not in OBJECTIVES:
-    raise ValueError(f'objective={name!r} is unknown; choose one of {sorted(OBJECTIVES)}.')
-  return OBJECTIVES[name](**options)
+class DAMAML(MAML):
+  """Distribution-agnostic MAML: outer exp((L(y; D_test) - c) / gamma), the reference c
+  handled as in DRFL (a common per-round scale; Local-SCGDM rescales exactly)."""
+
+  def __init__(self, inner_learning_rate: float, gamma: float):
+    super().__init__(inner_learning_rate)
+    if not gamma > 0:
+      raise ValueError(f'gamma must be > 0, got {gamma}.')
+    self.gamma = float(gamma)
+
+  def hparams(self):
+    return {**super().hparams(), 'gamma': self.gamma}
+
+  def outer(self, model, value, batch, hparams):
+    loss = model_ops.batch_loss(model, value, (), batch)
+    return tf.exp((loss - hparams['reference_loss']) / hparams['gamma'])
+
+  def rescale_direction(self, direction, old_reference, new_reference, hparams):
+    return DRFL.rescale_direction(self, direction, old_reference, new_reference, hparams)
+
+  def reference_value(self, model, trainable, non_trainable, examples):
+    """L(w - alpha grad L(w; D); D) on all the client's examples: the adapted loss."""
+    adapted = self.inner(model, trainable, non_trainable, examples)
+    return model_ops.batch_loss(model, adapted, non_trainable, examples)
+
+  def reported_loss(self, model, inner_value, outer_batch, outer_value, hparams):
+    # L(y; D_test) itself: log(exp((L - c)/gamma)) underflows for clients far below c.
+    del outer_value, hparams
+    return model_ops.batch_loss(model, inner_value, (), outer_batch)
+
+
+OBJECTIVES = {'drfl': DRFL, 'maml': MAML, 'da_maml': DAMAML}
+
+
+def make_objective(name: str, *, gamma: float = 0.2,
+                   inner_learning_rate: float = 0.05) -> CompositionalObjective:
+  """An objective by name: 'drfl' (gamma), 'maml' (inner_learning_rate) or 'da_maml'
+  (both)."""
+  if name == 'drfl':
+    return DRFL(gamma)
+  if name == 'maml':
+    return MAML(inner_learning_rate)
+  if name == 'da_maml':
+    return DAMAML(inner_learning_rate, gamma)
+  raise ValueError(f'objective={name!r} is unknown; choose one of {sorted(OBJECTIVES)}.')
