@@ -5,6 +5,7 @@ r"""Reproduces a paper's comparison: algorithms x learning-rate grid, table and 
     python binaries/reproduce.py --experiment=fednova_synthetic
     python binaries/reproduce.py --experiment=drfl_imbalanced      (3 seeds)
     python binaries/reproduce.py --experiment=drfl_imbalanced_classes
+    python binaries/reproduce.py --experiment=maml_sinewave        (3 seeds)
 
 For each algorithm and each (client, server) learning rate on the grid, trains one run
 (metrics in --output_dir/<experiment>/<algorithm>/lr_<c>_<s>/), then writes
@@ -55,6 +56,7 @@ class Experiment:
   plot_metrics: tuple[str, ...] = ()
   eval_period: int = 10
   seeds: tuple[int, ...] = ()  # default: the --seed flag
+  aliases: dict = dataclasses.field(default_factory=dict)  # label -> registered name
 
 
 FCO_ALGORITHMS = ('fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp')
@@ -97,6 +99,23 @@ EXPERIMENTS = {
 # The issue's harder construction: the big client holds classes 0-4, the small ones 5-9.
 EXPERIMENTS['drfl_imbalanced_classes'] = dataclasses.replace(
     EXPERIMENTS['drfl_imbalanced'], task_options=dict(split='classes'))
+# Fallah et al. (Per-FedAvg) and Gao et al. (Local-SCGDM): sinewave, MAML objective,
+# personalized evaluation (one adaptation step on held-out clients); 3 seeds.
+EXPERIMENTS['maml_sinewave'] = Experiment(
+    task='sinewave',
+    algorithms=('fedavg', 'per_fedavg_fo', 'per_fedavg_exact', 'comfedl_maml',
+                'local_scgdm_maml'),
+    aliases=dict(per_fedavg_fo='per_fedavg', per_fedavg_exact='per_fedavg',
+                 comfedl_maml='comfedl', local_scgdm_maml='local_scgdm'),
+    client_learning_rates=(0.001, 0.003, 0.01), server_learning_rates=(1.0,),
+    rounds=300, checkpoints=(100, 200, 300), metric='loss_after', higher_is_better=False,
+    eval_period=20,
+    algorithm_options=dict(
+        per_fedavg_fo=dict(variant='fo', alpha=0.01, local_steps=10),
+        per_fedavg_exact=dict(variant='exact', alpha=0.01, local_steps=10),
+        comfedl_maml=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
+        local_scgdm_maml=dict(objective='maml', inner_learning_rate=0.01, local_steps=10)),
+    plot_metrics=('train/client_work/train_loss', 'loss_after'), seeds=(0, 1, 2))
 
 _EXPERIMENT = flags.DEFINE_enum('experiment', 'fco_lasso', list(EXPERIMENTS), 'Which comparison.')
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Override the experiment\'s rounds.')
@@ -106,11 +125,17 @@ _SUMMARIZE_ONLY = flags.DEFINE_bool(
     'summarize_only', False, 'Rebuild results.md and the plot from runs already saved.')
 
 
+def _column(metric: str) -> str:
+  """A metric's metrics.csv column: evaluation metrics by name, others by full path
+  (e.g. 'train/client_work/train_loss')."""
+  return metric if '/' in metric else f'eval/{metric}'
+
+
 def _read_curves(path: pathlib.Path, metrics) -> dict[str, dict[int, float]]:
-  """{metric: {round: value}} from a run's metrics.csv (evaluation rows only)."""
+  """{metric: {round: value}} from a run's metrics.csv (rows that have the metric)."""
   with open(path / 'metrics.csv') as f:
     rows = list(csv.DictReader(f))
-  return {m: {int(r['round']): float(r[f'eval/{m}']) for r in rows if r[f'eval/{m}']}
+  return {m: {int(r['round']): float(r[_column(m)]) for r in rows if r.get(_column(m))}
           for m in metrics}
 
 
@@ -135,7 +160,8 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
     curves[algorithm] = {lr: [] for lr in grid}
     for seed in seeds:
       config = experiment_lib.ExperimentConfig(
-          algorithm=algorithm, task=spec.task, rounds=rounds, seed=seed,
+          algorithm=spec.aliases.get(algorithm, algorithm), task=spec.task, rounds=rounds,
+          seed=seed,
           eval_period=spec.eval_period, task_options=dict(spec.task_options),
           algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
           **spec.settings)

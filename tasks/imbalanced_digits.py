@@ -23,22 +23,12 @@ import tensorflow as tf
 
 from tasks import array_data
 from tasks import base
+from tasks import keras_images
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers
 
 NUM_CLIENTS = 10
-
-
-def load_mnist(path: str = '') -> tuple[np.ndarray, np.ndarray]:
-  """MNIST training images (flattened, in [0, 1]) and labels, from an .npz file with
-  x_train/y_train (Keras' format) or, with no path, Keras' downloader."""
-  if path:
-    with np.load(path) as data:
-      x, y = data['x_train'], data['y_train']
-  else:
-    (x, y), _ = tf.keras.datasets.mnist.load_data()
-  return (x.reshape(len(x), -1) / 255.0).astype(np.float32), y.astype(np.int32)
 
 
 def _split(x, y, split: str, small_size: int, rng: np.random.Generator,
@@ -84,7 +74,7 @@ def build_imbalanced_digits_task(*, source: str = 'sklearn', split: str = 'iid',
     x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)
     limit = None
   elif source == 'mnist':
-    x, y = load_mnist(mnist_path)
+    x, y = keras_images.load_images('mnist', mnist_path)
     limit = big_size
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'sklearn' or 'mnist'.")

@@ -15,19 +15,38 @@ from tff_comp.ops import model_ops
 
 
 def personalized_losses(model, trainable: Sequence[np.ndarray],
-                        clients: Sequence[tuple], *, alpha: float, steps: int) -> dict:
+                        clients: Sequence[tuple], *, alpha: float, steps: int,
+                        accuracy: bool = False) -> dict:
   """{'loss_before', 'loss_after', 'worst_before', 'worst_after'} over `clients`,
-  each client a tuple (x_train, y_train, x_test, y_test)."""
+  each client a tuple (x_train, y_train, x_test, y_test); with `accuracy` (a
+  classifier's logits), also 'accuracy_before/after' and 'worst_accuracy_before/after'."""
   weights = tuple(tf.constant(w) for w in trainable)
-  before, after = [], []
+  results = {key: [] for key in ('loss_before', 'loss_after', 'accuracy_before',
+                                 'accuracy_after')}
+
+  def score(w, x, y, when):
+    results[f'loss_{when}'].append(float(model_ops.batch_loss(model, w, (), (x, y))))
+    if accuracy:
+      logits = model.predict_on_batch((w, ()), x, training=False)
+      results[f'accuracy_{when}'].append(
+          float(np.mean(np.argmax(logits, axis=-1) == y.numpy())))
+
   for x_train, y_train, x_test, y_test in clients:
-    test = (tf.constant(x_test), tf.constant(y_test))
-    before.append(float(model_ops.batch_loss(model, weights, (), test)))
+    test_x, test_y = tf.constant(x_test), tf.constant(y_test)
+    score(weights, test_x, test_y, 'before')
     adapted = weights
     for _ in range(steps):
       _, grad = model_ops.batch_loss_and_gradient(
           model, adapted, (), (tf.constant(x_train), tf.constant(y_train)))
       adapted = tuple(w - alpha * g for w, g in zip(adapted, grad))
-    after.append(float(model_ops.batch_loss(model, adapted, (), test)))
-  return dict(loss_before=float(np.mean(before)), worst_before=float(np.max(before)),
-              loss_after=float(np.mean(after)), worst_after=float(np.max(after)))
+    score(adapted, test_x, test_y, 'after')
+  metrics = {}
+  for when in ('before', 'after'):
+    losses = results[f'loss_{when}']
+    metrics.update({f'loss_{when}': float(np.mean(losses)),
+                    f'worst_{when}': float(np.max(losses))})
+    if accuracy:
+      accs = results[f'accuracy_{when}']
+      metrics.update({f'accuracy_{when}': float(np.mean(accs)),
+                      f'worst_accuracy_{when}': float(np.min(accs))})
+  return metrics

@@ -1,0 +1,84 @@
+"""Dominant-class classification for personalized FL (DA-MAML setup of ComFedL).
+
+10 clients; client i draws a fraction `rho` (paper: 0.28) of its examples from class i
+and (1 - rho)/9 from each other class. Each client's examples are split 80/20 into a
+train part and a test part; evaluation is personalized: every client adapts the global
+model with `adapt_steps` steps of size `adapt_lr` on its train part and is scored on its
+test part (mean and worst client accuracy and loss, before and after).
+`source`: 'sklearn' (bundled 8x8 digits, no download; `examples` per client) or
+'cifar10' (from `cifar10_path`, an .npz in Keras' format, or Keras' downloader).
+Model: multinomial logistic regression.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tasks import array_data
+from tasks import base
+from tasks import keras_images
+from tasks import personalization
+from tff_comp import models
+from tff_comp import registry
+from tff_comp import regularizers
+
+NUM_CLIENTS = 10
+
+
+def dominant_partition(labels: np.ndarray, rho: float, examples: int,
+                       rng: np.random.Generator) -> list[np.ndarray]:
+  """Indices per client: round(rho * examples) of class i, the rest spread evenly
+  over the other classes; no example is used twice."""
+  pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(NUM_CLIENTS)}
+  own = int(round(rho * examples))
+  other = (examples - own) // (NUM_CLIENTS - 1)
+  parts = []
+  for i in range(NUM_CLIENTS):
+    take = []
+    for c in range(NUM_CLIENTS):
+      count = own if c == i else other
+      if len(pools[c]) < count:
+        raise ValueError(f'class {c} has too few examples for examples={examples}.')
+      take += [pools[c].pop() for _ in range(count)]
+    parts.append(rng.permutation(np.array(take)))
+  return parts
+
+
+@registry.register_task('dominant_class')
+def build_dominant_class_task(*, source: str = 'sklearn', rho: float = 0.28,
+                              examples: int = 150, cifar10_path: str = '',
+                              adapt_lr: float = 0.1, adapt_steps: int = 1,
+                              seed: int = 0) -> base.Task:
+  """Builds the dominant-class task; see the module docstring."""
+  if not 0 <= rho <= 1:
+    raise ValueError(f'rho must be in [0, 1], got {rho}.')
+  if source == 'sklearn':
+    from sklearn import datasets  # pylint: disable=g-import-not-at-top
+
+    digits = datasets.load_digits()
+    x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)
+  elif source == 'cifar10':
+    x, y = keras_images.load_images('cifar10', cifar10_path)
+  else:
+    raise ValueError(f"source={source!r} is unknown; choose 'sklearn' or 'cifar10'.")
+  parts = dominant_partition(y, rho, examples, np.random.default_rng(seed))
+  cut = int(0.8 * examples)
+  clients = [(x[p[:cut]], y[p[:cut]], x[p[cut:]], y[p[cut:]]) for p in parts]
+  ids = [str(i) for i in range(NUM_CLIENTS)]
+  key = f'dominant-{source}-rho{rho}-n{examples}-seed{seed}'
+  if cifar10_path:
+    key += '-' + array_data.file_digest(cifar10_path)
+  train_data = array_data.cached_client_data(
+      key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2])
+  model = models.softmax_regression(x.shape[1], 10)
+
+  def evaluate(weights, psi=None) -> base.Metrics:
+    del psi
+    return personalization.personalized_losses(
+        model, weights, clients, alpha=adapt_lr, steps=adapt_steps, accuracy=True)
+
+  return base.Task(
+      name='dominant_class', model=model, train_data=train_data,
+      regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
+      defaults=dict(client_learning_rate=0.05, server_learning_rate=1.0, rounds=100,
+                    clients_per_round=NUM_CLIENTS, batch_size=10, local_epochs=1,
+                    eval_period=10))
