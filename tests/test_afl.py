@@ -71,3 +71,29 @@ def test_two_rounds_match_numpy(tmp_path, monkeypatch):
   np.testing.assert_allclose(got[1], b, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(state.finalizer['client_weights'], lam, atol=1e-5)
   assert lam.max() > 0.5  # lambda moved toward the worst client
+
+
+def test_tr_maml_task_weights_follow_exponentiated_gradient(tmp_path, monkeypatch):
+  from tff_comp.algorithms import tr_maml  # pylint: disable=g-import-not-at-top
+  from tff_comp.ops import model_ops  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
+  clients = _clients()
+  data = array_data.cached_client_data('trmaml-test', ['a', 'b', 'c'], (D,), tf.float32,
+                                       lambda i: clients[i])
+  model = models.linear_regression((D,))
+  process = tff.simulation.compose_dataset_computation_with_learning_process(
+      client_work.indexed_dataset_computation(data),
+      tr_maml.build_tr_maml(model, num_clients=3, client_learning_rate=0.01, alpha=0.02,
+                            task_weight_learning_rate=0.3, local_steps=2, batch_size=3))
+  state = process.next(process.initialize(), ['b', 'c', 'a']).state
+  zero = (tf.zeros([D]), tf.constant(0.0))
+  losses = []
+  for x, y in clients:
+    batch = (tf.constant(x), tf.constant(y))
+    _, grads = model_ops.batch_loss_and_gradient(model, zero, (), batch)
+    adapted = tuple(w - 0.02 * g for w, g in zip(zero, grads))
+    losses.append(float(model_ops.batch_loss(model, adapted, (), batch)))
+  want = np.exp(0.3 * np.array(losses)) / np.exp(0.3 * np.array(losses)).sum()
+  np.testing.assert_allclose(state.finalizer['client_weights'], want, rtol=1e-5)
+  assert np.argmax(want) == np.argmax(losses)

@@ -146,9 +146,8 @@ def build_local_client_work(
           hparams, client_index=tf.cast(examples.client_index[0], tf.float32))
       examples = examples.example
     if rule.uses_start_loss:
-      trainable, non_trainable, _ = rule.start(payload)
-      hparams = collections.OrderedDict(hparams, start_loss=model_ops.batch_loss(
-          rule.model, trainable, non_trainable, examples))
+      hparams = collections.OrderedDict(
+          hparams, start_loss=rule.start_loss(payload, examples))
     if local_epochs_max is None:
       epochs, drop_remainder = local_epochs, False
     else:

@@ -389,17 +389,22 @@ def build_agnostic_update(
     weights_type: tff.Type,
     num_clients: int,
     lambda_learning_rate: float,
+    *,
+    ascent: str = 'projected',
 ) -> ServerUpdateProcess:
-  """AFL's server: a model step on the lambda-weighted mean update, then projected
-  gradient ascent on the client weights,
+  """AFL's (and TR-MAML's) server: a model step on the lambda-weighted mean update,
+  then ascent on the client weights,
 
-      lambda <- Proj_simplex(lambda + lr_lambda * losses),
+      projected (AFL):          lambda <- Proj_simplex(lambda + lr_lambda * losses)
+      exponentiated (TR-MAML):  lambda <- lambda exp(lr_lambda * losses) / normalizer
 
-  losses being the round's clients' losses at the broadcast model (0 for the others).
+  losses being the round's clients' reported losses (0 for the others).
   State: optimizer state and lambda (uniform at the start). Broadcasts AFLPayload.
 
   Reference: Mohri, Sivek, Suresh. Agnostic federated learning. ICML 2019.
   """
+  if ascent not in ('projected', 'exponentiated'):
+    raise ValueError(f"ascent={ascent!r} must be 'projected' or 'exponentiated'.")
   specs = _tensor_specs(weights_type)
 
   @tff.tensorflow.computation
@@ -416,8 +421,12 @@ def build_agnostic_update(
   def server_step(state, weights, update):
     opt_state, trainable = optimizer.next(
         state['optimizer'], tuple(weights.trainable), tuple(update.delta))
-    lam = server_steps.project_simplex(
-        state['client_weights'] + lambda_learning_rate * update.losses)
+    if ascent == 'projected':
+      lam = server_steps.project_simplex(
+          state['client_weights'] + lambda_learning_rate * update.losses)
+    else:
+      lam = server_steps.exponentiated_gradient_step(
+          state['client_weights'], update.losses, lambda_learning_rate)
     return (collections.OrderedDict(optimizer=opt_state, client_weights=lam),
             tff.learning.models.ModelWeights(trainable, weights.non_trainable))
 

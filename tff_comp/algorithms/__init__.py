@@ -10,3 +10,4 @@ from tff_comp.algorithms import fednova
 from tff_comp.algorithms import local_scgdm
 from tff_comp.algorithms import per_fedavg
 from tff_comp.algorithms import qfedavg
+from tff_comp.algorithms import tr_maml

@@ -86,6 +86,11 @@ class ClientUpdateRule(abc.ABC):
     del hparams
     return tuple(a - b for a, b in zip(start, state.weights))
 
+  def start_loss(self, payload, examples) -> tf.Tensor:
+    """The client's loss at the broadcast model on all its examples (uses_start_loss)."""
+    trainable, non_trainable, _ = self.start(payload)
+    return model_ops.batch_loss(self.model, trainable, non_trainable, examples)
+
   def reference_value(self, payload, examples) -> tf.Tensor:
     """This client's candidate for the round's reference loss (uses_reference_loss)."""
     trainable, non_trainable, _ = self.start(payload)
@@ -586,3 +591,33 @@ def split_batches(batch: Any, parts: int) -> tuple[Any, ...]:
   size = model_ops.batch_size_of(batch) // parts
   return tuple(tf.nest.map_structure(lambda t, i=i: t[i * size:(i + 1) * size], batch)
                for i in range(parts))
+
+
+class TaskRobustMAML(PerFedAvg):
+  """TR-MAML's client (Collins, Mokhtari, Shakkottai, NeurIPS 2020): Per-FedAvg steps,
+  aggregated with the task weight p_i, reporting its post-adaptation loss
+  L(w - alpha grad L(w; D); D) in slot i for the server's exponentiated-gradient ascent
+  on p. Payload: AFLPayload (model, task weights)."""
+
+  uses_start_loss = True
+  uses_client_index = True
+
+  def __init__(self, model, *, num_clients: int, **kwargs):
+    super().__init__(model, **kwargs)
+    self._num_clients = num_clients
+
+  def start(self, payload):
+    return super().start(payload.weights)
+
+  def start_loss(self, payload, examples):
+    trainable, non_trainable, _ = self.start(payload)
+    _, grads = model_ops.batch_loss_and_gradient(self.model, trainable, non_trainable, examples)
+    adapted = tuple(w - self._alpha * g for w, g in zip(trainable, grads))
+    return model_ops.batch_loss(self.model, adapted, non_trainable, examples)
+
+  def client_weight(self, payload, hparams):
+    return tf.gather(payload.client_weights, tf.cast(hparams['client_index'], tf.int32))
+
+  def update(self, start, state, hparams):
+    slot = tf.one_hot(tf.cast(hparams['client_index'], tf.int32), self._num_clients)
+    return AFLUpdate(super().update(start, state, hparams), slot * hparams['start_loss'])

@@ -48,3 +48,9 @@ def project_simplex(v: tf.Tensor) -> tf.Tensor:
   rho = tf.reduce_max(tf.where(mu - (cumsum - 1) / j > 0, j, 0.0))
   theta = (tf.gather(cumsum, tf.cast(rho, tf.int32) - 1) - 1) / rho
   return tf.nn.relu(v - theta)
+
+
+def exponentiated_gradient_step(p: tf.Tensor, gradient: tf.Tensor, learning_rate) -> tf.Tensor:
+  """p <- p exp(lr g) / sum(p exp(lr g)): mirror ascent on the simplex (entropy)."""
+  logits = tf.math.log(p) + learning_rate * gradient
+  return tf.nn.softmax(logits)
