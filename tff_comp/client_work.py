@@ -135,8 +135,7 @@ def build_local_client_work(
 
   step_examples = batch_size * rule.batches_per_step
 
-  @tff.tensorflow.computation(payload_type, data_type, state_type, tf.float32)
-  def client_update(payload, dataset, work_state, reference_loss):
+  def client_update_fn(payload, dataset, work_state, reference_loss):
     hparams = work_state['hparams']
     if rule.uses_reference_loss:
       hparams = collections.OrderedDict(hparams, reference_loss=reference_loss)
@@ -179,6 +178,19 @@ def build_local_client_work(
     )
     return result, stats
 
+  # Only rules that use the round's reference loss receive it (a broadcast saved).
+  if rule.uses_reference_loss:
+
+    @tff.tensorflow.computation(payload_type, data_type, state_type, tf.float32)
+    def client_update(payload, dataset, work_state, reference_loss):
+      return client_update_fn(payload, dataset, work_state, reference_loss)
+
+  else:
+
+    @tff.tensorflow.computation(payload_type, data_type, state_type)
+    def client_update(payload, dataset, work_state):
+      return client_update_fn(payload, dataset, work_state, None)
+
   @tff.tensorflow.computation
   def finalize_stats(stats, reference_loss):
     measurements = collections.OrderedDict(
@@ -216,10 +228,11 @@ def build_local_client_work(
     if rule.uses_reference_loss:
       # The round's common reference: the largest client loss at the broadcast model.
       reference = tff.federated_max(tff.federated_map(loss_at_payload, (payload, data)))
+      result, stats = tff.federated_map(
+          client_update, (payload, data, client_state, tff.federated_broadcast(reference)))
     else:
       reference = tff.federated_value(np.float32(0.0), tff.SERVER)
-    result, stats = tff.federated_map(
-        client_update, (payload, data, client_state, tff.federated_broadcast(reference)))
+      result, stats = tff.federated_map(client_update, (payload, data, client_state))
     measurements = tff.federated_map(
         finalize_stats, (tff.federated_sum(stats), reference))
     return tff.templates.MeasuredProcessOutput(

@@ -165,21 +165,23 @@ class SGD(ClientUpdateRule):
 
   def start(self, payload):
     trainable = tuple(payload.trainable)
-    # extras: (start point, velocity)
-    return trainable, tuple(payload.non_trainable), (
-        trainable, tuple(tf.zeros_like(w) for w in trainable))
+    # extras: the start point (for the proximal term) and the velocity (for momentum),
+    # carried through the loop only when used.
+    start = trainable if self._mu else ()
+    velocity = tuple(tf.zeros_like(w) for w in trainable) if self._rho else ()
+    return trainable, tuple(payload.non_trainable), (start, velocity)
 
   def local_step(self, weights, extras, batch, hparams, payload):
     start, velocity = extras
     loss, grads = self.loss_and_gradient(weights, batch, payload)
-    if 'proximal_strength' in hparams:
+    if self._mu:
       mu = hparams['proximal_strength']
       grads = tuple(g + mu * (w - w0) for g, w, w0 in zip(grads, weights, start))
     if self._subgradient_of is not None:
       grads = tuple(
           g + s for g, s in zip(grads, self._subgradient_of.subgradient(weights))
       )
-    if 'momentum' in hparams:
+    if self._rho:
       grads = tuple(hparams['momentum'] * v + g for v, g in zip(velocity, grads))
       velocity = grads
     lr = hparams['learning_rate']
@@ -194,10 +196,10 @@ class SGD(ClientUpdateRule):
       raise ValueError('FedNova defines ||a||_1 for momentum or a proximal term, not both.')
     if self._subgradient_of is not None:
       raise ValueError('FedNova is not defined with a regularizer subgradient.')
-    if 'momentum' in hparams:
+    if self._rho:
       rho = hparams['momentum']
       return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
-    if 'proximal_strength' in hparams:
+    if self._mu:
       decay = 1 - hparams['learning_rate'] * hparams['proximal_strength']
       return tf.math.divide_no_nan(1 - decay**tau, 1 - decay)
     return tau
