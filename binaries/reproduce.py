@@ -107,7 +107,7 @@ EXPERIMENTS['maml_sinewave'] = Experiment(
                 'local_scgdm_maml'),
     aliases=dict(per_fedavg_fo='per_fedavg', per_fedavg_exact='per_fedavg',
                  comfedl_maml='comfedl', local_scgdm_maml='local_scgdm'),
-    client_learning_rates=(0.001, 0.003, 0.01), server_learning_rates=(1.0,),
+    client_learning_rates=(0.003, 0.01), server_learning_rates=(1.0,),
     rounds=300, checkpoints=(100, 200, 300), metric='loss_after', higher_is_better=False,
     eval_period=20,
     algorithm_options=dict(
