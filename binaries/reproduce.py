@@ -256,6 +256,8 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
       ax.plot(common, [np.mean([r[metric][x] for r in runs]) for x in common],
               label=f'{algorithm} (eta_c={best[0]:g}, eta_s={best[1]:g})')
   for ax, metric in zip(axes[0], plotted):
+    if 'loss' in metric:
+      ax.set_yscale('log')  # one unstable method must not flatten the others
     ax.set_xlabel('round')
     ax.set_ylabel(metric + (' (mean over seeds)' if seeds > 1 else ''))
     ax.set_title(f'{name}: {spec.task}')
