@@ -93,11 +93,7 @@ class ClientUpdateRule(abc.ABC):
 
   def reference_value(self, payload, examples) -> tf.Tensor:
     """This client's candidate for the round's reference loss (uses_reference_loss)."""
-    trainable, non_trainable, _ = self.start(payload)
-    objective = getattr(self, 'objective', None)
-    if objective is None:
-      return model_ops.batch_loss(self.model, trainable, non_trainable, examples)
-    return objective.reference_value(self.model, trainable, non_trainable, examples)
+    return self.start_loss(payload, examples)
 
   def client_weight(self, payload, hparams) -> tf.Tensor | None:
     """This client's aggregation weight, or None for the client work's weighting."""
@@ -319,14 +315,10 @@ class DualAveraging(CompositeRule):
     return loss, tuple(z - lr * g for z, g in zip(dual, grads)), lr_sum + lr
 
 
-class CompositionalSGD(ClientUpdateRule):
-  """ComFedL's client (Huang and Li): tau local steps on g(f(w)).
-
-      w <- w - eta_c grad g(f(w; B); B~)^T J f(w; B)
-
-  with fresh batches B (inner) and B~ (outer, when the objective's outer reads data),
-  computed as one vector-Jacobian product. Payload: the broadcast ModelWeights.
-  """
+class ObjectiveRule(ClientUpdateRule):
+  """A rule on a compositional objective g(f(w)): holds the objective, draws two batches
+  per step when its outer function reads data, and takes the round's reference loss
+  when the objective has an exponential scale (gamma)."""
 
   def __init__(self, model, *, learning_rate: float, objective):
     super().__init__(model, learning_rate=learning_rate)
@@ -339,12 +331,32 @@ class CompositionalSGD(ClientUpdateRule):
     hparams.update(self.objective.hparams())
     return hparams
 
+  def reference_value(self, payload, examples):
+    trainable, non_trainable, _ = self.start(payload)
+    return self.objective.reference_value(self.model, trainable, non_trainable, examples)
+
+  def inner_and_outer_batches(self, batch: Any) -> tuple[Any, Any]:
+    """(B, B~): the step's two halves, or the same batch twice when outer reads none."""
+    if self.batches_per_step == 1:
+      return batch, batch
+    return split_batches(batch, 2)
+
+
+class CompositionalSGD(ObjectiveRule):
+  """ComFedL's client (Huang and Li): tau local steps on g(f(w)).
+
+      w <- w - eta_c grad g(f(w; B); B~)^T J f(w; B)
+
+  with fresh batches B (inner) and B~ (outer, when the objective's outer reads data),
+  computed as one vector-Jacobian product. Payload: the broadcast ModelWeights.
+  """
+
   def start(self, payload):
     return tuple(payload.trainable), tuple(payload.non_trainable), ()
 
   def local_step(self, weights, extras, batch, hparams, payload):
     _, non_trainable, _ = self.start(payload)
-    inner_batch, outer_batch = split_batch(batch, self.batches_per_step)
+    inner_batch, outer_batch = self.inner_and_outer_batches(batch)
     g, inner_value, direction = objectives_lib.compositional_gradient(
         self.objective, self.model, weights, non_trainable, inner_batch, outer_batch,
         hparams)
@@ -353,13 +365,12 @@ class CompositionalSGD(ClientUpdateRule):
     return loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras
 
 
-def split_batch(batch: Any, parts: int) -> tuple[Any, Any]:
-  """(first half, second half) of a batch when parts == 2; (batch, batch) otherwise."""
-  if parts == 1:
-    return batch, batch
-  half = (model_ops.batch_size_of(batch) + 1) // 2
-  return (tf.nest.map_structure(lambda t: t[:half], batch),
-          tf.nest.map_structure(lambda t: t[half:], batch))
+def split_batches(batch: Any, parts: int) -> tuple[Any, ...]:
+  """A concatenation of `parts` batches split back into `parts` consecutive pieces; a
+  short batch gives its first pieces one example more (ceil division)."""
+  size = (model_ops.batch_size_of(batch) + parts - 1) // parts
+  return tuple(tf.nest.map_structure(lambda t, i=i: t[i * size:(i + 1) * size], batch)
+               for i in range(parts))
 
 
 
@@ -383,7 +394,7 @@ class TrackerUpdate(NamedTuple):
   reference_loss: tf.Tensor
 
 
-class SCGDM(ClientUpdateRule):
+class SCGDM(ObjectiveRule):
   """Local-SCGDM's client (Gao, Li, Huang): tracker u of f, momentum m, step t:
 
       t = 0:  u = f(x; xi),  z = J f(x; xi)^T grad g(u; zeta),  m = z
@@ -399,16 +410,12 @@ class SCGDM(ClientUpdateRule):
 
   def __init__(self, model, *, learning_rate: float, objective, alpha: float,
                beta: float, tracking_gamma: float):
-    super().__init__(model, learning_rate=learning_rate)
-    self.objective = objective
-    self.batches_per_step = 2 if objective.outer_uses_data else 1
-    self.uses_reference_loss = 'gamma' in objective.hparams()
+    super().__init__(model, learning_rate=learning_rate, objective=objective)
     self._alpha, self._beta, self._tracking_gamma = float(alpha), float(beta), float(tracking_gamma)
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
-    hparams.update(alpha=self._alpha, beta=self._beta, tracking_gamma=self._tracking_gamma,
-                   **self.objective.hparams())
+    hparams.update(alpha=self._alpha, beta=self._beta, tracking_gamma=self._tracking_gamma)
     return hparams
 
   def _reference(self, hparams):
@@ -429,7 +436,7 @@ class SCGDM(ClientUpdateRule):
   def local_step(self, weights, extras, batch, hparams, payload):
     u, m, started = extras
     _, non_trainable, _ = self.start(payload)
-    inner_batch, outer_batch = split_batch(batch, self.batches_per_step)
+    inner_batch, outer_batch = self.inner_and_outer_batches(batch)
     eta = hparams['learning_rate']
     with tf.GradientTape() as tape:
       tape.watch(weights)
@@ -586,13 +593,6 @@ class PerFedAvg(ClientUpdateRule):
                                          non_trainable)
     lr = hparams['learning_rate']
     return loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras
-
-
-def split_batches(batch: Any, parts: int) -> tuple[Any, ...]:
-  """A concatenation of `parts` batches, split back into equal parts."""
-  size = model_ops.batch_size_of(batch) // parts
-  return tuple(tf.nest.map_structure(lambda t, i=i: t[i * size:(i + 1) * size], batch)
-               for i in range(parts))
 
 
 class TaskRobustMAML(PerFedAvg):
