@@ -81,17 +81,23 @@ def _a_norm_of(means):
   return means['a_norm']
 
 
-class AgnosticFactory(tff.aggregators.WeightedAggregationFactory):
-  """AFL's aggregation of `AFLUpdate(delta, losses)`: the lambda-weighted mean of the
-  pseudo-gradients (`inner`, default MeanFactory) and the plain sum of the per-slot
-  losses (each client fills only its own slot, so the sum is the loss vector)."""
+class PerClientSlotsFactory(tff.aggregators.WeightedAggregationFactory):
+  """Aggregates updates holding a `delta` and per-client slot fields: the weighted
+  mean of `delta` (`inner`, default MeanFactory) and the plain sum of every other
+  field. A client fills only its own slot (its index) of each other field, so each sum
+  is the round's per-client table: AFL's and TR-MAML's loss vector, Ditto's personal
+  models and visit mask. Sampled clients are distinct, so no slot is summed twice."""
 
   def __init__(self, inner: tff.aggregators.WeightedAggregationFactory | None = None):
     self._inner = inner or tff.aggregators.MeanFactory()
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    if not (isinstance(value_type, tff.StructType) and hasattr(value_type, 'losses')):
-      raise TypeError(f'AgnosticFactory aggregates AFLUpdate values, got {value_type}.')
+    names = [name for name, _ in tff.structure.iter_elements(value_type)] if isinstance(
+        value_type, tff.StructType) else []
+    if 'delta' not in names or len(names) < 2:
+      raise TypeError('PerClientSlotsFactory aggregates updates with a `delta` and'
+                      f' per-client slot fields, got {value_type}.')
+    slots = [name for name in names if name != 'delta']
     inner = self._inner.create(value_type.delta, weight_type)
     python_container = value_type.python_container
 
@@ -100,8 +106,8 @@ class AgnosticFactory(tff.aggregators.WeightedAggregationFactory):
       return update.delta
 
     @tff.tensorflow.computation(value_type)
-    def losses_of(update):
-      return update.losses
+    def slots_of(update):
+      return collections.OrderedDict((name, getattr(update, name)) for name in slots)
 
     @tff.federated_computation
     def init_fn():
@@ -114,8 +120,9 @@ class AgnosticFactory(tff.aggregators.WeightedAggregationFactory):
     )
     def next_fn(state, value, weight):
       out = inner.next(state, tff.federated_map(delta_of, value), weight)
-      losses = tff.federated_sum(tff.federated_map(losses_of, value))
-      result = tff.federated_zip(python_container(delta=out.result, losses=losses))
+      tables = tff.federated_sum(tff.federated_map(slots_of, value))
+      result = tff.federated_zip(python_container(
+          delta=out.result, **{name: tables[name] for name in slots}))
       return tff.templates.MeasuredProcessOutput(out.state, result, out.measurements)
 
     return tff.templates.AggregationProcess(init_fn, next_fn)

@@ -34,10 +34,11 @@ from tff_comp.ops import model_ops
 
 class IndexedExample(NamedTuple):
   """An example with the index of the client holding it (for rules that keep
-  per-client state on the server, such as AFL's client weights)."""
+  per-client state on the server, such as AFL's client weights). Fields are in sorted
+  order, so TFF can serialize Python datasets of them."""
 
-  example: Any
   client_index: Any
+  example: Any
 
 
 def indexed_dataset_computation(client_data) -> tff.Computation:
@@ -50,7 +51,7 @@ def indexed_dataset_computation(client_data) -> tff.Computation:
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(ids, tf.range(len(ids), dtype=tf.int32)), -1)
     index = table.lookup(client_id)
-    return fn(client_id).map(lambda *e: IndexedExample(e if len(e) > 1 else e[0], index))
+    return fn(client_id).map(lambda *e: IndexedExample(client_index=index, example=e if len(e) > 1 else e[0]))
 
   return dataset_computation
 
@@ -127,7 +128,8 @@ def build_local_client_work(
   element_type = example_type(rule.model)
   if rule.uses_client_index:
     element_type = tff.types.tensorflow_to_type(IndexedExample(
-        tff.types.type_to_tf_tensor_specs(element_type), tf.TensorSpec([], tf.int32)))
+        client_index=tf.TensorSpec([], tf.int32),
+        example=tff.types.type_to_tf_tensor_specs(element_type)))
   data_type = tff.SequenceType(element_type)
 
   state_type = tff.types.tensorflow_to_type(collections.OrderedDict(

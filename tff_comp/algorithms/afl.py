@@ -40,4 +40,4 @@ def build_afl(
       num_clients, lambda_learning_rate)
   return common.compose(model, rule, server_update, batch_size=batch_size,
                         local_epochs=local_epochs, client_weighting='uniform',
-                        aggregator=aggregators.AgnosticFactory())
+                        aggregator=aggregators.PerClientSlotsFactory())

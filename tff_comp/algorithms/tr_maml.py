@@ -41,4 +41,4 @@ def build_tr_maml(
       num_clients, task_weight_learning_rate, ascent='exponentiated')
   return common.compose(model, rule, server_update, batch_size=batch_size, local_epochs=1,
                         local_steps=local_steps, client_weighting='uniform',
-                        aggregator=aggregators.AgnosticFactory())
+                        aggregator=aggregators.PerClientSlotsFactory())
