@@ -29,6 +29,9 @@ class Task:
     defaults: default run settings (client_learning_rate, server_learning_rate,
       rounds, clients_per_round, batch_size, local_epochs, ...).
     reference: lazily computed reference metrics (e.g. a centralized optimum).
+    evaluate_personal: for tasks whose evaluation clients are the training clients,
+      ({client id: its personal model's trainable weights} -> metrics), scoring each
+      client's own model (algorithms with personal models, such as Ditto).
   """
 
   name: str
@@ -39,6 +42,7 @@ class Task:
   defaults: Mapping[str, Any]
   regularizer_targets: tuple[int, ...] = (0,)
   reference: Callable[[], Metrics] | None = None
+  evaluate_personal: Callable[[Mapping[str, tuple[np.ndarray, ...]]], Metrics] | None = None
 
   @property
   def num_clients(self) -> int:

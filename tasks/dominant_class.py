@@ -4,7 +4,8 @@
 and (1 - rho)/9 from each other class. Each client's examples are split 80/20 into a
 train part and a test part; evaluation is personalized: every client adapts the global
 model with `adapt_steps` steps of size `adapt_lr` on its train part and is scored on its
-test part (mean and worst client accuracy and loss, before and after).
+test part (mean and worst client accuracy and loss, before and after). Algorithms with
+personal models (Ditto) are also scored with each client's own model on its test part.
 `source`: 'sklearn' (bundled 8x8 digits, no download; `examples` per client) or
 'cifar10' (from `cifar10_path`, an .npz in Keras' format, or Keras' downloader).
 Model: multinomial logistic regression.
@@ -76,9 +77,14 @@ def build_dominant_class_task(*, source: str = 'sklearn', rho: float = 0.28,
     return personalization.personalized_losses(
         model, weights, clients, alpha=adapt_lr, steps=adapt_steps, accuracy=True)
 
+  def evaluate_personal(personal) -> base.Metrics:
+    return personalization.personal_model_losses(
+        model, [personal[i] for i in ids], clients, accuracy=True)
+
   return base.Task(
       name='dominant_class', model=model, train_data=train_data,
       regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
+      evaluate_personal=evaluate_personal,
       defaults=dict(client_learning_rate=0.05, server_learning_rate=1.0, rounds=100,
                     clients_per_round=NUM_CLIENTS, batch_size=10, local_epochs=1,
                     eval_period=10))

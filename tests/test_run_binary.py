@@ -65,6 +65,7 @@ BAD_INPUT = [
     (['--algo=fedprox', '--mu=-1'], 'mu must be >= 0'),
     (['--lasso_dataset=V'], "dataset='V' is unknown"),
     (['stray'], 'unexpected arguments: stray'),
+    (['--algo=ditto', '--task=sinewave'], "task 'sinewave' cannot evaluate them"),
 ]
 
 

@@ -14,6 +14,8 @@ dual state, trackers or momentum on the server compose from the same blocks. The
 result is a genuine LearningProcess: `tff.simulation.run_training_process`,
 `compose_dataset_computation_with_learning_process` and checkpointing accept it;
 `get_model_weights` returns the model to evaluate (the primal for dual averaging).
+A server update that keeps personal models (Ditto) yields a
+`PersonalizedLearningProcess`, which also has `get_personal_weights`.
 """
 
 import collections
@@ -21,6 +23,22 @@ import collections
 import tensorflow_federated as tff
 
 from tff_comp import server_updates as server_updates_lib
+
+
+class PersonalizedLearningProcess(tff.learning.templates.LearningProcess):
+  """A LearningProcess whose state also holds one personal model per client (Ditto).
+
+  `get_personal_weights`: (state -> tuple of [num_clients, *shape] tensors, one per
+  trainable tensor); row i is the personal model of the client with index i.
+  """
+
+  def __init__(self, *args, get_personal_weights_fn: tff.Computation, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._get_personal_weights_fn = get_personal_weights_fn
+
+  @property
+  def get_personal_weights(self) -> tff.Computation:
+    return self._get_personal_weights_fn
 
 
 class CompositionError(TypeError):
@@ -52,7 +70,8 @@ def compose_learning_process(
     server_update: a ServerUpdateProcess accepting the aggregated update.
 
   Returns:
-    A `tff.learning.templates.LearningProcess`.
+    A `tff.learning.templates.LearningProcess` (a `PersonalizedLearningProcess` when
+    the server update keeps personal models).
 
   Raises:
     CompositionError: a block's output does not fit the next block's input.
@@ -189,11 +208,14 @@ def compose_learning_process(
         server_update.set_hparams(state.finalizer, hparams['server_update']),
     )
 
-  return tff.learning.templates.LearningProcess(
-      init_fn,
-      next_fn,
-      get_model_weights,
-      set_model_weights,
-      get_hparams_fn=get_hparams,
-      set_hparams_fn=set_hparams,
-  )
+  args = (init_fn, next_fn, get_model_weights, set_model_weights)
+  kwargs = dict(get_hparams_fn=get_hparams, set_hparams_fn=set_hparams)
+  if server_update.personal_weights is None:
+    return tff.learning.templates.LearningProcess(*args, **kwargs)
+
+  @tff.tensorflow.computation(member_type)
+  def get_personal_weights(state):
+    return server_update.personal_weights(state.finalizer)
+
+  return PersonalizedLearningProcess(
+      *args, **kwargs, get_personal_weights_fn=get_personal_weights)

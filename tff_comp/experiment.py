@@ -7,11 +7,13 @@ process and trains it. Binaries (`binaries/run.py`, `binaries/reproduce.py`) are
 layers over these two functions.
 """
 
+from collections.abc import Callable
 import dataclasses
 import pathlib
 from typing import Any
 
 from tff_comp import client_work
+from tff_comp import composer
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.runtime import simulation
@@ -172,20 +174,48 @@ def dataset_computation_for(process, client_data) -> Any:
   return client_data.dataset_computation
 
 
+def evaluator(prepared: Prepared, process) -> Callable[[Any], dict[str, float]]:
+  """(process state -> the task's metrics): the global model's, and for a process with
+  personal models (Ditto) each client's own model's, with the run's regularizer.
+
+  Raises:
+    ConfigError: the process has personal models and the task cannot score them.
+  """
+  task = prepared.task
+  psi = prepared.builder_args.get('regularizer', task.regularizer)
+  personalized = isinstance(process, composer.PersonalizedLearningProcess)
+  if personalized and task.evaluate_personal is None:
+    raise ConfigError(
+        f'algorithm {prepared.config.algorithm!r} trains a personal model per client;'
+        f' task {task.name!r} cannot evaluate them (its evaluation clients are not its'
+        ' training clients). Try --task=dominant_class.')
+  client_ids = task.train_data.client_ids
+
+  def evaluate(state) -> dict[str, float]:
+    metrics = task.evaluate(tuple(process.get_model_weights(state).trainable), psi)
+    if personalized:
+      tables = process.get_personal_weights(state)
+      metrics.update(task.evaluate_personal(
+          {cid: tuple(t[i] for t in tables) for i, cid in enumerate(client_ids)}))
+    return metrics
+
+  return evaluate
+
+
 def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:
   """Builds the process and trains it; returns the final evaluation metrics."""
   try:
     process = prepared.build_process()
   except ValueError as e:
     raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
+  evaluate = evaluator(prepared, process)
   task = prepared.task
-  psi = prepared.builder_args.get('regularizer', task.regularizer)
   config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings)
   return simulation.run_simulation(
       process,
       client_ids=task.train_data.client_ids,
       dataset_computation=dataset_computation_for(process, task.train_data),
-      evaluate=lambda weights: task.evaluate(weights, psi),
+      evaluate=evaluate,
       rounds=prepared.settings['rounds'],
       clients_per_round=prepared.settings['clients_per_round'],
       seed=prepared.config.seed,

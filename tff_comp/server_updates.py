@@ -11,6 +11,7 @@ with two more unplaced TF computations that let its state reach clients:
     client_payload: (<S, W> -> P)   what every sampled client receives
     reset: (<S, W> -> S)            restart the state at weights W (run at
                                     initialization and by set_model_weights)
+    personal_weights: (S -> V)      optional: per-client personal models (Ditto)
 
 TFF's own finalizers broadcast only the model; algorithms such as FedDualAvg keep a
 dual state on the server that clients need (see ../shared/conventions.md on Mime Lite).
@@ -39,6 +40,7 @@ class ServerUpdateProcess(tff.learning.templates.FinalizerProcess):
       reset_fn: tff.Computation,
       get_hparams_fn: tff.Computation | None = None,
       set_hparams_fn: tff.Computation | None = None,
+      personal_weights_fn: tff.Computation | None = None,
   ):
     super().__init__(
         initialize_fn,
@@ -48,6 +50,7 @@ class ServerUpdateProcess(tff.learning.templates.FinalizerProcess):
     )
     self._client_payload_fn = client_payload_fn
     self._reset_fn = reset_fn
+    self._personal_weights_fn = personal_weights_fn
 
   @property
   def client_payload(self) -> tff.Computation:
@@ -56,6 +59,11 @@ class ServerUpdateProcess(tff.learning.templates.FinalizerProcess):
   @property
   def reset(self) -> tff.Computation:
     return self._reset_fn
+
+  @property
+  def personal_weights(self) -> tff.Computation | None:
+    """(S -> per-client trainable tables), for updates that keep personal models."""
+    return self._personal_weights_fn
 
 
 def _broadcast_weights_fns(state_type: tff.Type, weights_type: tff.Type):
@@ -263,7 +271,8 @@ def _elapsed_update_spec(weights_type: tff.Type):
 
 
 def _server_update_process(
-    init_state, server_step, weights_type, optimizer, client_payload, reset
+    init_state, server_step, weights_type, optimizer, client_payload, reset,
+    personal_weights=None,
 ) -> ServerUpdateProcess:
   """Places a (state, weights, update) -> (state, weights) TF step at the server."""
   state_type = init_state.type_signature.result
@@ -295,6 +304,7 @@ def _server_update_process(
       reset_fn=reset,
       get_hparams_fn=get_hparams,
       set_hparams_fn=set_hparams,
+      personal_weights_fn=personal_weights,
   )
 
 
@@ -443,3 +453,70 @@ def build_agnostic_update(
 
   return _server_update_process(
       init_state, server_step, weights_type, optimizer, client_payload, reset)
+
+
+def build_personal_models_update(
+    optimizer: tff.learning.optimizers.Optimizer,
+    weights_type: tff.Type,
+    num_clients: int,
+) -> ServerUpdateProcess:
+  """Ditto's server: the optimizer step on the global model (FedAvg's server) and a
+  table of personal models, one row per client,
+
+      w_{r+1} = optimizer step from w_r with the mean pseudo-gradient
+      v_i <- the v_i client i returned, for the round's clients; unchanged otherwise
+
+  State: optimizer state and the table (every row starts at the initial model via
+  `reset`). Broadcasts `DittoPayload(weights, table)`: every client receives the whole
+  table (num_clients x model size) and reads its row. That is simple and cheap for
+  simulations with up to hundreds of small models; `tff.federated_select` would send
+  each client its row only. `personal_weights` returns the table.
+
+  Reference: Li, Hu, Beirami, Smith. Ditto: fair and robust federated learning through
+  personalization. ICML 2021.
+  """
+  specs = _tensor_specs(weights_type)
+
+  def tile(trainable):
+    return tuple(tf.tile(w[tf.newaxis], [num_clients] + [1] * w.shape.rank)
+                 for w in trainable)
+
+  @tff.tensorflow.computation
+  def init_state():
+    return collections.OrderedDict(
+        optimizer=optimizer.initialize(specs),
+        personal=tile(tuple(tf.zeros(s.shape, s.dtype) for s in specs)))
+
+  state_type = init_state.type_signature.result
+  update_type = tff.types.tensorflow_to_type(client_updates.DittoUpdate(
+      delta=specs,
+      personal=tuple(tf.TensorSpec([num_clients, *s.shape], s.dtype) for s in specs),
+      visited=tf.TensorSpec([num_clients], tf.float32)))
+
+  @tff.tensorflow.computation(state_type, weights_type, update_type)
+  def server_step(state, weights, update):
+    opt_state, trainable = optimizer.next(
+        state['optimizer'], tuple(weights.trainable), tuple(update.delta))
+    visited = update.visited > 0
+    personal = tuple(tf.where(tf.reshape(visited, [-1] + [1] * (old.shape.rank - 1)),
+                              new, old)
+                     for new, old in zip(update.personal, state['personal']))
+    return (collections.OrderedDict(optimizer=opt_state, personal=personal),
+            tff.learning.models.ModelWeights(trainable, weights.non_trainable))
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def client_payload(state, weights):
+    return client_updates.DittoPayload(weights=weights, personal=state['personal'])
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def reset(state, weights):
+    return collections.OrderedDict(optimizer=state['optimizer'],
+                                   personal=tile(tuple(weights.trainable)))
+
+  @tff.tensorflow.computation(state_type)
+  def personal_weights(state):
+    return state['personal']
+
+  return _server_update_process(
+      init_state, server_step, weights_type, optimizer, client_payload, reset,
+      personal_weights)

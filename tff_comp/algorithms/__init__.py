@@ -2,6 +2,7 @@
 
 from tff_comp.algorithms import afl
 from tff_comp.algorithms import comfedl
+from tff_comp.algorithms import ditto
 from tff_comp.algorithms import fedavg
 from tff_comp.algorithms import fedprox
 from tff_comp.algorithms import feddualavg

@@ -539,6 +539,74 @@ class AgnosticSGD(SGD):
     return AFLUpdate(super().update(start, state, hparams), slot * hparams['start_loss'])
 
 
+class DittoPayload(NamedTuple):
+  """Ditto's broadcast: the global model and every client's personal model."""
+
+  weights: Any  # ModelWeights
+  personal: Weights  # per trainable tensor, [num_clients, *shape]
+
+
+class DittoUpdate(NamedTuple):
+  """A Ditto client's report: its pseudo-gradient of the global model, and its new
+  personal model in its own slot of the table (zeros elsewhere) with a 1 in `visited`."""
+
+  delta: Weights
+  personal: Weights  # [num_clients, *shape]
+  visited: tf.Tensor  # [num_clients]
+
+
+class DittoSGD(SGD):
+  """Ditto's client (Li, Hu, Beirami, Smith, ICML 2021): local SGD on the global model
+  w (FedAvg's client) and, on the same batches, steps on its personal model v_i,
+
+      v_i <- v_i - eta_p (grad f_i(v_i; b) + lam (v_i - w_r)),
+
+  w_r being the round's broadcast global model. hparams: learning_rate (eta),
+  personal_learning_rate (eta_p), lam. Payload: DittoPayload; v_i is row i of its table.
+  """
+
+  uses_client_index = True
+
+  def __init__(self, model, *, learning_rate: float, personal_learning_rate: float,
+               lam: float, num_clients: int):
+    super().__init__(model, learning_rate=learning_rate)
+    self._personal_learning_rate, self._lam = float(personal_learning_rate), float(lam)
+    self._num_clients = num_clients
+
+  def initial_hparams(self):
+    hparams = super().initial_hparams()
+    hparams['personal_learning_rate'] = self._personal_learning_rate
+    hparams['lam'] = self._lam
+    return hparams
+
+  def start(self, payload):
+    return super().start(payload.weights)
+
+  def initialize(self, payload, hparams):
+    state = super().initialize(payload, hparams)
+    index = tf.cast(hparams['client_index'], tf.int32)
+    personal = tuple(table[index] for table in payload.personal)
+    return state._replace(extras=(state.extras, personal))
+
+  def local_step(self, weights, extras, batch, hparams, payload):
+    sgd_extras, personal = extras
+    loss, weights, sgd_extras = super().local_step(
+        weights, sgd_extras, batch, hparams, payload)
+    _, grads = self.loss_and_gradient(personal, batch, payload)
+    lr, lam = hparams['personal_learning_rate'], hparams['lam']
+    personal = tuple(v - lr * (g + lam * (v - w0))
+                     for v, g, w0 in zip(personal, grads, payload.weights.trainable))
+    return loss, weights, (sgd_extras, personal)
+
+  def update(self, start, state, hparams):
+    index = tf.cast(hparams['client_index'], tf.int32)
+    _, personal = state.extras
+    tables = tuple(tf.scatter_nd([[index]], v[tf.newaxis], [self._num_clients, *v.shape])
+                   for v in personal)
+    return DittoUpdate(super().update(start, state, hparams), tables,
+                       tf.one_hot(index, self._num_clients))
+
+
 class PerFedAvg(ClientUpdateRule):
   """Per-FedAvg's client (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020): MAML steps on
   f_i(w - alpha grad f_i(w)), with three independent batches D, D', D'' per step:

@@ -84,7 +84,7 @@ def run_simulation(
     *,
     client_ids: list[str],
     dataset_computation: tff.Computation,
-    evaluate: Callable[[tuple[np.ndarray, ...]], Metrics],
+    evaluate: Callable[[Any], Metrics],
     rounds: int,
     clients_per_round: int,
     seed: int,
@@ -97,7 +97,8 @@ def run_simulation(
   """Trains `process` for `rounds` rounds; returns the last evaluation metrics.
 
   Client ids are sampled without replacement each round from a NumPy generator seeded
-  by `seed`; datasets are built at the worker by `dataset_computation`.
+  by `seed`; datasets are built at the worker by `dataset_computation`. `evaluate`
+  maps the process state to metrics (`experiment.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the process's hparams, so one built
   process serves a whole learning-rate grid.
@@ -113,8 +114,7 @@ def run_simulation(
   rng = np.random.default_rng(seed)
 
   def evaluate_state(state) -> Metrics:
-    weights = process.get_model_weights(state)
-    return {f'eval/{k}': v for k, v in evaluate(tuple(weights.trainable)).items()}
+    return {f'eval/{k}': v for k, v in evaluate(state).items()}
 
   state = process.initialize()
   if learning_rates is not None:

@@ -1,0 +1,51 @@
+"""Ditto (Li, Hu, Beirami, Smith, ICML 2021): FedAvg on a global model w, and beside it
+a personal model per client trained toward w,
+
+    min_{v_i} f_i(v_i) + (lam / 2) ||v_i - w*||^2,   w* = argmin_w mean_i f_i(w).
+
+Every round each sampled client runs local SGD on w (FedAvg's client) and, on the same
+batches, v_i <- v_i - eta_p (grad f_i(v_i) + lam (v_i - w_r)). The server averages the
+global updates and keeps the personal models in its state, one row per client (so
+datasets carry the client's index: `client_work.indexed_dataset_computation`). The
+process is a `composer.PersonalizedLearningProcess`: `get_personal_weights(state)`
+returns them for evaluation. lam = 0 gives purely local models; lam -> infinity, the
+global model.
+"""
+
+import tensorflow_federated as tff
+
+from tff_comp import aggregators
+from tff_comp import client_work
+from tff_comp import registry
+from tff_comp import server_updates
+from tff_comp.algorithms import common
+from tff_comp.ops import client_updates
+
+
+@registry.register_algorithm('ditto')
+def build_ditto(
+    model: tff.learning.models.FunctionalModel,
+    *,
+    num_clients: int,
+    client_learning_rate: float,
+    lam: float = 0.1,
+    personal_learning_rate: float = 0.0,
+    server_learning_rate: float = 1.0,
+    batch_size: int = 10,
+    local_epochs: int = 1,
+    client_weighting: str = 'examples',
+) -> tff.learning.templates.LearningProcess:
+  """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 means the
+  client learning rate (eta_p = eta)."""
+  common.check_positive(client_learning_rate=client_learning_rate, num_clients=num_clients)
+  common.check_nonnegative(lam=lam, personal_learning_rate=personal_learning_rate)
+  rule = client_updates.DittoSGD(
+      model, learning_rate=client_learning_rate,
+      personal_learning_rate=personal_learning_rate or client_learning_rate, lam=lam,
+      num_clients=num_clients)
+  server_update = server_updates.build_personal_models_update(
+      common.server_sgd(server_learning_rate, 0.0), client_work.model_weights_type(model),
+      num_clients)
+  return common.compose(model, rule, server_update, batch_size=batch_size,
+                        local_epochs=local_epochs, client_weighting=client_weighting,
+                        aggregator=aggregators.PerClientSlotsFactory())
