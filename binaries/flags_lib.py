@@ -59,20 +59,24 @@ def _plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
   return algo_flags, task_flags
 
 
+def _hparam(entry: registry.Entry, name: str) -> registry.Hparam:
+  return next(h for h in entry.hparams if h.name == name)
+
+
+def _default(h: registry.Hparam) -> str:
+  return '' if h.default is inspect.Parameter.empty else f' (default {h.default!r})'
+
+
 def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
   """Defines algorithm and task option flags; returns their owners."""
   algo_flags, task_flags = _plugin_flags()
-  hparams = {}
-  for name in registry.ALGORITHMS.names():
-    for h in registry.get_algorithm(name).hparams:
-      hparams.setdefault(h.name, h)
   for flag, users in algo_flags.items():
-    h = hparams[flag]
-    _DEFINE[h.type](flag, None, f'Option of {", ".join(users)}.')
+    owners = [(user, _hparam(registry.get_algorithm(user), flag)) for user in users]
+    _DEFINE[owners[0][1].type](
+        flag, None, 'Option of ' + ', '.join(f'{u}{_default(h)}' for u, h in owners) + '.')
   for flag, (task, option) in task_flags.items():
-    h = next(x for x in registry.get_task(task).hparams if x.name == option)
-    default = '' if h.default is inspect.Parameter.empty else f' (default {h.default!r})'
-    _DEFINE[h.type](flag, None, f'Task {task}: {option}{default}.')
+    h = _hparam(registry.get_task(task), option)
+    _DEFINE[h.type](flag, None, f'Task {task}: {option}{_default(h)}.')
   return algo_flags, task_flags
 
 

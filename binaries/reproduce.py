@@ -6,6 +6,7 @@ r"""Reproduces a paper's comparison: algorithms x learning-rate grid, table and 
     python binaries/reproduce.py --experiment=drfl_imbalanced      (3 seeds)
     python binaries/reproduce.py --experiment=drfl_imbalanced_classes
     python binaries/reproduce.py --experiment=maml_sinewave        (3 seeds)
+    python binaries/reproduce.py --experiment=damaml_dominant_class (3 seeds)
 
 For each algorithm and each (client, server) learning rate on the grid, trains one run
 (metrics in --output_dir/<experiment>/<algorithm>/lr_<c>_<s>/), then writes
@@ -57,6 +58,8 @@ class Experiment:
   eval_period: int = 10
   seeds: tuple[int, ...] = ()  # default: the --seed flag
   aliases: dict = dataclasses.field(default_factory=dict)  # label -> registered name
+  # label -> {metric: the evaluation metric to read instead} (Ditto's personal models)
+  metric_sources: dict = dataclasses.field(default_factory=dict)
 
 
 FCO_ALGORITHMS = ('fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp')
@@ -117,6 +120,29 @@ EXPERIMENTS['maml_sinewave'] = Experiment(
         local_scgdm_maml=dict(objective='maml', inner_learning_rate=0.01, local_steps=10)),
     plot_metrics=('train/client_work/train_loss', 'loss_after'), seeds=(0, 1, 2))
 
+# Huang and Li (ComFedL), DA-MAML setup: client i holds a fraction 0.28 of class i;
+# inner (adaptation) lr 0.05, gamma 0.5, tau 5; baselines FedAvg, FedMAML (Per-FedAvg),
+# TR-MAML, Ditto (scored with its personal models); 3 seeds.
+EXPERIMENTS['damaml_dominant_class'] = Experiment(
+    task='dominant_class',
+    algorithms=('fedavg', 'per_fedavg', 'tr_maml', 'ditto', 'comfedl_damaml',
+                'local_scgdm_damaml'),
+    aliases=dict(comfedl_damaml='comfedl', local_scgdm_damaml='local_scgdm'),
+    client_learning_rates=(0.03, 0.1, 0.3), server_learning_rates=(1.0,),
+    rounds=100, checkpoints=(20, 50, 100), metric='worst_accuracy_after',
+    task_options=dict(adapt_lr=0.05),
+    algorithm_options=dict(
+        per_fedavg=dict(variant='exact', alpha=0.05, local_steps=5),
+        tr_maml=dict(alpha=0.05, local_steps=5),
+        ditto=dict(lam=0.1),
+        comfedl_damaml=dict(objective='da_maml', gamma=0.5, inner_learning_rate=0.05,
+                            local_steps=5),
+        local_scgdm_damaml=dict(objective='da_maml', gamma=0.5, inner_learning_rate=0.05,
+                                local_steps=5)),
+    metric_sources=dict(ditto=dict(accuracy_after='personal_accuracy',
+                                   worst_accuracy_after='personal_worst_accuracy')),
+    plot_metrics=('accuracy_after', 'worst_accuracy_after'), seeds=(0, 1, 2))
+
 _EXPERIMENT = flags.DEFINE_enum('experiment', 'fco_lasso', list(EXPERIMENTS), 'Which comparison.')
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Override the experiment\'s rounds.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data and client sampling.')
@@ -131,11 +157,13 @@ def _column(metric: str) -> str:
   return metric if '/' in metric else f'eval/{metric}'
 
 
-def _read_curves(path: pathlib.Path, metrics) -> dict[str, dict[int, float]]:
-  """{metric: {round: value}} from a run's metrics.csv (rows that have the metric)."""
+def _read_curves(path: pathlib.Path, metrics, sources) -> dict[str, dict[int, float]]:
+  """{metric: {round: value}} from a run's metrics.csv (rows that have the metric),
+  reading metric m from column `sources[m]` when given."""
   with open(path / 'metrics.csv') as f:
     rows = list(csv.DictReader(f))
-  return {m: {int(r['round']): float(r[_column(m)]) for r in rows if r.get(_column(m))}
+  columns = {m: _column(sources.get(m, m)) for m in metrics}
+  return {m: {int(r['round']): float(r[columns[m]]) for r in rows if r.get(columns[m])}
           for m in metrics}
 
 
@@ -167,8 +195,8 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
           **spec.settings)
       prepared = experiment_lib.prepare(config)
       process = prepared.build_process()  # built once per seed; the grid sets hparams
+      evaluate = experiment_lib.evaluator(prepared, process)
       task = prepared.task
-      psi = prepared.builder_args.get('regularizer', task.regularizer)
       for lr_c, lr_s in grid:
         out = _run_dir(root, algorithm, lr_c, lr_s, seed, seeds)
         start = time.monotonic()
@@ -177,7 +205,7 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
               process, client_ids=task.train_data.client_ids,
               dataset_computation=experiment_lib.dataset_computation_for(
                   process, task.train_data),
-              evaluate=lambda w, psi=psi, task=task: task.evaluate(w, psi),
+              evaluate=evaluate,
               rounds=rounds, clients_per_round=prepared.settings['clients_per_round'],
               seed=seed, eval_period=spec.eval_period, output_dir=out,
               config={**prepared.settings, 'experiment': name, 'algorithm': algorithm,
@@ -186,7 +214,8 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
               show_progress=False, learning_rates=(lr_c, lr_s))
         except simulation.DivergenceError as e:
           print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}) seed {seed}: {e}')
-        curves[algorithm][(lr_c, lr_s)].append(_read_curves(out, metrics))
+        curves[algorithm][(lr_c, lr_s)].append(
+            _read_curves(out, metrics, spec.metric_sources.get(algorithm, {})))
         final = curves[algorithm][(lr_c, lr_s)][-1][spec.metric]
         print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} seed={seed} {spec.metric}='
               f'{final[max(final)]:.4g} at round {max(final)} '
@@ -281,7 +310,8 @@ def main(argv):
   seeds = spec.seeds or (_SEED.value,)
   if _SUMMARIZE_ONLY.value:
     metrics = _plotted(spec) + (spec.metric,)
-    curves = {a: {(c, s): [_read_curves(_run_dir(root, a, c, s, seed, seeds), metrics)
+    curves = {a: {(c, s): [_read_curves(_run_dir(root, a, c, s, seed, seeds), metrics,
+                                        spec.metric_sources.get(a, {}))
                            for seed in seeds]
                   for c, s in itertools.product(spec.client_learning_rates,
                                                 spec.server_learning_rates)}
