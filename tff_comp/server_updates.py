@@ -497,10 +497,8 @@ def build_personal_models_update(
   def server_step(state, weights, update):
     opt_state, trainable = optimizer.next(
         state['optimizer'], tuple(weights.trainable), tuple(update.delta))
-    visited = update.visited > 0
-    personal = tuple(tf.where(tf.reshape(visited, [-1] + [1] * (old.shape.rank - 1)),
-                              new, old)
-                     for new, old in zip(update.personal, state['personal']))
+    personal = server_steps.replace_rows(
+        tuple(state['personal']), tuple(update.personal), update.visited)
     return (collections.OrderedDict(optimizer=opt_state, personal=personal),
             tff.learning.models.ModelWeights(trainable, weights.non_trainable))
 

@@ -54,3 +54,11 @@ def exponentiated_gradient_step(p: tf.Tensor, gradient: tf.Tensor, learning_rate
   """p <- p exp(lr g) / sum(p exp(lr g)): mirror ascent on the simplex (entropy)."""
   logits = tf.math.log(p) + learning_rate * gradient
   return tf.nn.softmax(logits)
+
+
+def replace_rows(tables: Weights, new_tables: Weights, visited: tf.Tensor) -> Weights:
+  """Per-client tables (Ditto's personal models): row i of each table becomes row i of
+  the corresponding new table where visited[i] > 0, and is kept otherwise."""
+  mask = visited > 0
+  return tuple(tf.where(tf.reshape(mask, [-1] + [1] * (old.shape.rank - 1)), new, old)
+               for old, new in zip(tables, new_tables))
