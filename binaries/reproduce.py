@@ -147,6 +147,9 @@ _EXPERIMENT = flags.DEFINE_enum('experiment', 'fco_lasso', list(EXPERIMENTS), 'W
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Override the experiment\'s rounds.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data and client sampling.')
 _OUTPUT = flags.DEFINE_string('output_dir', 'results', 'Where results go.')
+_ALGORITHMS = flags.DEFINE_list(
+    'algorithms', None, 'Train only these of the experiment\'s algorithms (default: all);'
+    ' the table then covers them only: --summarize_only rebuilds it from all saved runs.')
 _SUMMARIZE_ONLY = flags.DEFINE_bool(
     'summarize_only', False, 'Rebuild results.md and the plot from runs already saved.')
 
@@ -308,6 +311,12 @@ def main(argv):
   root = pathlib.Path(_OUTPUT.value) / name
   root.mkdir(parents=True, exist_ok=True)
   seeds = spec.seeds or (_SEED.value,)
+  if _ALGORITHMS.value:
+    unknown = sorted(set(_ALGORITHMS.value) - set(spec.algorithms))
+    if unknown:
+      raise app.UsageError(f'--algorithms: {unknown} not in {name}: {spec.algorithms}')
+    spec = dataclasses.replace(spec, algorithms=tuple(
+        a for a in spec.algorithms if a in _ALGORITHMS.value))
   if _SUMMARIZE_ONLY.value:
     metrics = _plotted(spec) + (spec.metric,)
     curves = {a: {(c, s): [_read_curves(_run_dir(root, a, c, s, seed, seeds), metrics,

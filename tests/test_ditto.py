@@ -11,6 +11,7 @@ from tff_comp import client_work
 from tff_comp import composer
 from tff_comp import models
 from tff_comp.algorithms import ditto
+from tff_comp.runtime import simulation
 from tasks import array_data
 
 D, LR, PERSONAL_LR, LAM, BATCH = 4, 0.05, 0.1, 0.5, 4
@@ -26,7 +27,7 @@ def _clients():
   return out
 
 
-def _numpy_ditto(clients):
+def _numpy_ditto(clients, personal_lr=PERSONAL_LR):
   """Ditto's rounds in NumPy: returns global (w, b) and personal [(v, c)] per client."""
   w, b = np.zeros(D), 0.0
   personal = [(np.zeros(D), 0.0) for _ in clients]
@@ -41,7 +42,7 @@ def _numpy_ditto(clients):
         gw, gb = ref.gradient(cw, cb, xb, yb)
         cw, cb = cw - LR * gw, cb - LR * gb
         gv, gc = ref.gradient(v, c, xb, yb)
-        v, c = v - PERSONAL_LR * (gv + LAM * (v - w)), c - PERSONAL_LR * (gc + LAM * (c - b))
+        v, c = v - personal_lr * (gv + LAM * (v - w)), c - personal_lr * (gc + LAM * (c - b))
       personal[i] = (v, c)
       deltas.append((cw - w, cb - b))
       weights.append(len(y))
@@ -51,25 +52,34 @@ def _numpy_ditto(clients):
   return (w, b), personal
 
 
-def _process(data, **kwargs):
+def _process(data, client_learning_rate=LR, **kwargs):
   process = ditto.build_ditto(models.linear_regression((D,)), num_clients=3,
-                              client_learning_rate=LR, batch_size=BATCH, **kwargs)
+                              client_learning_rate=client_learning_rate, batch_size=BATCH,
+                              **kwargs)
   assert isinstance(process, composer.PersonalizedLearningProcess)
   return process, tff.simulation.compose_dataset_computation_with_learning_process(
       client_work.indexed_dataset_computation(data), process)
 
 
-def test_two_rounds_match_numpy(tmp_path, monkeypatch):
+@pytest.mark.parametrize('tied', [False, True])
+def test_two_rounds_match_numpy(tmp_path, monkeypatch, tied):
+  """With `tied` (personal_learning_rate=0), eta_p follows the client learning rate,
+  also when it is set after building (as reproduce.py's grids do)."""
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   clients = _clients()
   data = array_data.cached_client_data('ditto-test', ['a', 'b', 'c'], (D,), tf.float32,
                                        lambda i: clients[i])
-  process, composed = _process(data, lam=LAM, personal_learning_rate=PERSONAL_LR)
-  state = composed.initialize()
+  if tied:
+    process, composed = _process(data, client_learning_rate=0.5, lam=LAM,
+                                 personal_learning_rate=0.0)
+    state = simulation.set_learning_rates(composed, composed.initialize(), LR, 1.0)
+  else:
+    process, composed = _process(data, lam=LAM, personal_learning_rate=PERSONAL_LR)
+    state = composed.initialize()
   for sampled in ROUNDS:
     state = composed.next(state, sampled).state
 
-  (w, b), personal = _numpy_ditto(clients)
+  (w, b), personal = _numpy_ditto(clients, LR if tied else PERSONAL_LR)
   got = composed.get_model_weights(state).trainable
   np.testing.assert_allclose(got[0], w, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got[1], b, rtol=1e-4, atol=1e-5)

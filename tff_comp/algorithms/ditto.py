@@ -35,13 +35,13 @@ def build_ditto(
     local_epochs: int = 1,
     client_weighting: str = 'examples',
 ) -> tff.learning.templates.LearningProcess:
-  """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 means the
-  client learning rate (eta_p = eta)."""
+  """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 ties eta_p to
+  the client learning rate (also when that is later set through the hparams)."""
   common.check_positive(client_learning_rate=client_learning_rate, num_clients=num_clients)
   common.check_nonnegative(lam=lam, personal_learning_rate=personal_learning_rate)
   rule = client_updates.DittoSGD(
       model, learning_rate=client_learning_rate,
-      personal_learning_rate=personal_learning_rate or client_learning_rate, lam=lam,
+      personal_learning_rate=personal_learning_rate or None, lam=lam,
       num_clients=num_clients)
   server_update = server_updates.build_personal_models_update(
       common.server_sgd(server_learning_rate, 0.0), client_work.model_weights_type(model),

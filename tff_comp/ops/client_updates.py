@@ -561,21 +561,24 @@ class DittoSGD(SGD):
 
       v_i <- v_i - eta_p (grad f_i(v_i; b) + lam (v_i - w_r)),
 
-  w_r being the round's broadcast global model. hparams: learning_rate (eta),
-  personal_learning_rate (eta_p), lam. Payload: DittoPayload; v_i is row i of its table.
+  w_r being the round's broadcast global model. hparams: learning_rate (eta), lam and,
+  unless eta_p is tied to eta (`personal_learning_rate=None`, so setting the learning
+  rate sets both), personal_learning_rate (eta_p). Payload: DittoPayload; v_i is row i
+  of its table.
   """
 
   uses_client_index = True
 
-  def __init__(self, model, *, learning_rate: float, personal_learning_rate: float,
-               lam: float, num_clients: int):
+  def __init__(self, model, *, learning_rate: float, lam: float, num_clients: int,
+               personal_learning_rate: float | None = None):
     super().__init__(model, learning_rate=learning_rate)
-    self._personal_learning_rate, self._lam = float(personal_learning_rate), float(lam)
+    self._personal_learning_rate, self._lam = personal_learning_rate, float(lam)
     self._num_clients = num_clients
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
-    hparams['personal_learning_rate'] = self._personal_learning_rate
+    if self._personal_learning_rate is not None:
+      hparams['personal_learning_rate'] = float(self._personal_learning_rate)
     hparams['lam'] = self._lam
     return hparams
 
@@ -593,7 +596,8 @@ class DittoSGD(SGD):
     loss, weights, sgd_extras = super().local_step(
         weights, sgd_extras, batch, hparams, payload)
     _, grads = self.loss_and_gradient(personal, batch, payload)
-    lr, lam = hparams['personal_learning_rate'], hparams['lam']
+    lr = hparams.get('personal_learning_rate', hparams['learning_rate'])
+    lam = hparams['lam']
     personal = tuple(v - lr * (g + lam * (v - w0))
                      for v, g, w0 in zip(personal, grads, payload.weights.trainable))
     return loss, weights, (sgd_extras, personal)
