@@ -1,16 +1,21 @@
-r"""Seconds per FedAvg round on the lasso shape, against references measured in this run.
+r"""Seconds per round, tff_comp's runtimes against references measured in the same run.
 
-    python binaries/bench.py [--rounds=30] [--repeats=3]
+    python binaries/bench.py [--rounds=30] [--repeats=3] [--sweep=10,100,1000]
 
-(a) tff_comp's `fedavg`: client ids in, data read where the computation runs, local
-    steps in-graph;
-(b) TFF's `build_weighted_fed_avg`, fed datasets built in Python every round, as TFF's
-    tutorials do;
-(c) a plain `tf.function` doing the same local SGD work in one process: same model and
-    autodiff, data already in memory as tensors, batches sliced in-graph (the floor: no
-    federated runtime, no data loading).
-Lasso dataset I: 10 clients per round x 128 examples, d = 1024, batch 10, one epoch.
-Prints the median of --repeats timings of --rounds rounds each, and the ratios a/b, a/c.
+Part 1, FedAvg on the lasso shape (lasso I: 10 clients per round x 128 examples,
+d = 1024, batch 10, one epoch):
+  (a) tff_comp `fedavg` on the in-process runtime (one tf.function per round);
+  (b) the same process on TFF's C++ worker (client ids in, data read at the worker);
+  (c) TFF's `build_weighted_fed_avg`, datasets built in Python every round, as TFF's
+      tutorials do;
+  (d) a plain `tf.function` doing the same local SGD work, data in memory, clients by
+      `tf.map_fn` (no federated runtime: the floor a hand-written loop reaches).
+Part 2, `--sweep`: FedAvg on `synthetic` (1,000 clients of heavy-tailed sizes) at each
+clients-per-round count, in-process (and on TFF's worker up to `--sweep_tff_max`):
+seconds per round and milliseconds per client.
+Prints the median of --repeats timings of --rounds rounds each, and ratios.
+FedJAX is not installed here; its 0.0102 s/round on part 1's shape was measured on these
+machines beside (b)-(d) (../shared/tff-notes.md) and is printed for reference only.
 """
 
 import os
@@ -27,17 +32,25 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import tff_comp  # pylint: disable=unused-import  (installs the runtime)
 from tasks import lasso
+from tasks import synthetic
+from tff_comp import experiment
+from tff_comp import runtime
 from tff_comp.algorithms import fedavg
+from tff_comp.runtime import inprocess
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats; the median is reported.')
+_SWEEP = flags.DEFINE_list('sweep', ['10', '100', '1000'],
+                           'Clients per round for part 2 (empty: skip part 2).')
+_SWEEP_TFF_MAX = flags.DEFINE_integer(
+    'sweep_tff_max', 100, 'Largest clients per round part 2 also times on TFF\'s worker.')
 CLIENTS, BATCH, LR = 10, 10, 1e-3
+FEDJAX_RECORDED = 0.0102
 
 
 def _time(run_round, rounds: int, repeats: int) -> float:
-  for r in range(3):  # warm-up: tracing and the worker's function caches
+  for r in range(3):  # warm-up: tracing and caches
     run_round(r)
   timings = []
   for _ in range(repeats):
@@ -48,45 +61,32 @@ def _time(run_round, rounds: int, repeats: int) -> float:
   return statistics.median(timings)
 
 
-def _selections(num_clients: int, total: int):
+def _selections(num_clients: int, per_round: int, total: int):
   rng = np.random.default_rng(0)
-  return [rng.choice(num_clients, CLIENTS, replace=False) for _ in range(total)]
+  return [rng.choice(num_clients, per_round, replace=False) for _ in range(total)]
 
 
-def main(argv):
-  del argv
-  task = lasso.build_lasso_task(dataset='I')
-  ids = task.train_data.client_ids
-  picks = _selections(len(ids), 3 + _ROUNDS.value * _REPEATS.value + 10)
+def _round_runner(process, ids, picks):
+  """run_round(r) for a process taking client ids (either runtime)."""
+  state = [process.initialize()]
 
-  ours = tff.simulation.compose_dataset_computation_with_learning_process(
-      task.train_data.dataset_computation,
-      fedavg.build_fedavg(task.model, client_learning_rate=LR, batch_size=BATCH))
-  state = [ours.initialize()]
+  def run_round(r):
+    state[0] = process.next(state[0], [ids[i] for i in picks[r]]).state
+    process.get_model_weights(state[0])  # waits for the round (a GPU runs async)
 
-  def ours_round(r):
-    state[0] = ours.next(state[0], [ids[i] for i in picks[r]]).state
+  return run_round
 
-  builtin = tff.learning.algorithms.build_weighted_fed_avg(
-      task.model, tff.learning.optimizers.build_sgdm(LR),
-      tff.learning.optimizers.build_sgdm(1.0))
-  builtin_state = [builtin.initialize()]
 
-  def builtin_round(r):
-    datasets = [task.train_data.create_tf_dataset_for_client(ids[i]).batch(BATCH)
-                for i in picks[r]]
-    builtin_state[0] = builtin.next(builtin_state[0], datasets).state
-
-  _, clients = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
-  all_x = tf.constant(np.stack([c[0] for c in clients]))
-  all_y = tf.constant(np.stack([c[1] for c in clients]))
-  model = task.model
+def _plain_round(model, arrays: inprocess.ClientArrays):
+  """The floor: the same local SGD in one tf.function, clients by tf.map_fn."""
+  x_all = tf.Variable(arrays.examples[0].reshape(len(arrays.counts), -1, lasso.DIM))
+  y_all = tf.Variable(arrays.examples[1].reshape(len(arrays.counts), -1))
   weights = [tuple(tf.constant(w) for w in model.initial_weights[0])]
 
   @tf.function
   def plain_round(global_weights, chosen):
     def client(i):
-      x, y = tf.gather(all_x, i), tf.gather(all_y, i)
+      x, y = tf.gather(x_all, i), tf.gather(y_all, i)
       steps = (tf.shape(y)[0] + BATCH - 1) // BATCH
 
       def body(k, w):
@@ -99,20 +99,76 @@ def main(argv):
     updates = tf.map_fn(client, chosen, fn_output_signature=(tf.float32, tf.float32))
     return tuple(tf.reduce_mean(u, 0) for u in updates)
 
-  def plain(r):
-    weights[0] = plain_round(weights[0], tf.constant(picks[r], tf.int32))
+  def run_round(picks_r):
+    weights[0] = plain_round(weights[0], tf.constant(picks_r, tf.int32))
+    weights[0][0].numpy()
 
-  rounds, repeats = _ROUNDS.value, _REPEATS.value
-  a = _time(ours_round, rounds, repeats)
-  b = _time(builtin_round, rounds, repeats)
-  c = _time(plain, rounds, repeats)
-  print(f'FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM}, '
-        f'batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds')
-  print(f'  (a) tff_comp fedavg                          {a:.4f} s/round')
-  print(f'  (b) TFF build_weighted_fed_avg, Python data  {b:.4f} s/round')
-  print(f'  (c) plain tf.function, data in memory        {c:.4f} s/round')
-  print(f'  a/b = {a / b:.3f}   (target <= 0.5)')
-  print(f'  a/c = {a / c:.3f}   (target <= 6)')
+  return run_round
+
+
+def part1(rounds: int, repeats: int) -> None:
+  task = lasso.build_lasso_task(dataset='I')
+  ids = task.train_data.client_ids
+  picks = _selections(len(ids), CLIENTS, 3 + rounds * repeats + 10)
+  process = fedavg.build_fedavg(task.model, client_learning_rate=LR, batch_size=BATCH)
+  fast, _ = experiment.runner_for(process, task.train_data, 'inprocess')
+  worker, _ = experiment.runner_for(process, task.train_data, 'tff')
+  builtin = tff.learning.algorithms.build_weighted_fed_avg(
+      task.model, tff.learning.optimizers.build_sgdm(LR),
+      tff.learning.optimizers.build_sgdm(1.0))
+  builtin_state = [builtin.initialize()]
+
+  def builtin_round(r):
+    datasets = [task.train_data.create_tf_dataset_for_client(ids[i]).batch(BATCH)
+                for i in picks[r]]
+    builtin_state[0] = builtin.next(builtin_state[0], datasets).state
+
+  plain = _plain_round(task.model, inprocess.client_arrays(task.train_data))
+  a = _time(_round_runner(fast, ids, picks), rounds, repeats)
+  b = _time(_round_runner(worker, ids, picks), rounds, repeats)
+  c = _time(builtin_round, rounds, repeats)
+  d = _time(lambda r: plain(picks[r]), rounds, repeats)
+  print(f'Part 1: FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM},'
+        f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds')
+  print(f'  (a) tff_comp fedavg, in-process runtime ({fast.device})  {a:.4f} s/round')
+  print(f'  (b) tff_comp fedavg, TFF worker                       {b:.4f} s/round')
+  print(f'  (c) TFF build_weighted_fed_avg, Python data           {c:.4f} s/round')
+  print(f'  (d) plain tf.function (map_fn), data in memory        {d:.4f} s/round')
+  print(f'  a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}')
+  print(f'  a / FedJAX (recorded {FEDJAX_RECORDED} s/round, not run here) ='
+        f' {a / FEDJAX_RECORDED:.3f}   (target <= 0.5)')
+
+
+def part2(sweep: list[int], rounds: int, repeats: int, tff_max: int) -> None:
+  task = synthetic.build_synthetic_task(num_clients=max(1000, max(sweep)))
+  ids = task.train_data.client_ids
+  process = fedavg.build_fedavg(task.model, client_learning_rate=0.01, batch_size=BATCH)
+  fast, _ = experiment.runner_for(process, task.train_data, 'inprocess')
+  worker = None
+  sizes = [len(task.train_data.create_tf_dataset_for_client(i)) for i in ids]
+  print(f'Part 2: FedAvg on synthetic(1,1), {len(ids)} clients (sizes'
+        f' {min(sizes)}-{max(sizes)}), batch {BATCH}, 1 epoch')
+  for per_round in sweep:
+    picks = _selections(len(ids), per_round, 3 + rounds * repeats + 10)
+    a = _time(_round_runner(fast, ids, picks), rounds, repeats)
+    line = (f'  {per_round:5d} clients/round: in-process {a:.4f} s/round'
+            f' ({1000 * a / per_round:.3f} ms/client)')
+    if per_round <= tff_max:
+      if worker is None:
+        worker, _ = experiment.runner_for(process, task.train_data, 'tff')
+      b = _time(_round_runner(worker, ids, picks), rounds, repeats)
+      line += (f'; TFF worker {b:.4f} s/round ({1000 * b / per_round:.3f} ms/client);'
+               f' ratio {a / b:.3f}')
+    print(line, flush=True)
+
+
+def main(argv):
+  del argv
+  runtime.install_local_runtime()
+  part1(_ROUNDS.value, _REPEATS.value)
+  if _SWEEP.value:
+    part2([int(v) for v in _SWEEP.value], max(3, _ROUNDS.value // 5), _REPEATS.value,
+          _SWEEP_TFF_MAX.value)
 
 
 if __name__ == '__main__':

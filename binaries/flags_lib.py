@@ -36,6 +36,10 @@ def define_common_flags() -> None:
   flags.DEFINE_string('regularizer', None,
                       'Regularizer psi (default: the task\'s): '
                       'none, l1, l2_squared, nuclear, l2_ball, l1_ball.')
+  flags.DEFINE_enum('runtime', 'auto', list(experiment.RUNTIMES),
+                    'Where rounds run: inprocess (the math in one tf.function per round;'
+                    ' fast, GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or'
+                    ' auto (inprocess where the algorithm supports it).')
   flags.DEFINE_float('regularizer_strength', None,
                      'Strength lam of psi, or radius of a ball constraint.')
 
@@ -116,4 +120,5 @@ def config_from_flags(
       algorithm_options=algorithm_options,
       task_options=task_options,
       output_dir=values.output_dir or f'runs/{values.algo}-{values.task}',
+      runtime=values.runtime,
   )

@@ -147,6 +147,8 @@ _EXPERIMENT = flags.DEFINE_enum('experiment', 'fco_lasso', list(EXPERIMENTS), 'W
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Override the experiment\'s rounds.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data and client sampling.')
 _OUTPUT = flags.DEFINE_string('output_dir', 'results', 'Where results go.')
+_RUNTIME = flags.DEFINE_enum('runtime', 'auto', ['auto', 'inprocess', 'tff'],
+                             'Where rounds run (see run.py --helpfull).')
 _ALGORITHMS = flags.DEFINE_list(
     'algorithms', None, 'Train only these of the experiment\'s algorithms (default: all);'
     ' the table then covers them only: --summarize_only rebuilds it from all saved runs.')
@@ -179,7 +181,8 @@ def _run_dir(root, algorithm, lr_c, lr_s, seed, seeds) -> pathlib.Path:
   return out / f'seed_{seed}' if len(seeds) > 1 else out
 
 
-def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path):
+def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path,
+             runtime: str = 'auto'):
   """Trains every (algorithm, lr pair, seed).
 
   Returns {algorithm: {(c, s): [{metric: curve} per seed]}}.
@@ -195,9 +198,11 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
           seed=seed,
           eval_period=spec.eval_period, task_options=dict(spec.task_options),
           algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
-          **spec.settings)
+          runtime=runtime, **spec.settings)
       prepared = experiment_lib.prepare(config)
-      process = prepared.build_process()  # built once per seed; the grid sets hparams
+      # Built once per seed; the grid sets learning rates through the hparams.
+      process, _ = experiment_lib.runner_for(
+          prepared.build_process(), prepared.task.train_data, config.runtime)
       evaluate = experiment_lib.evaluator(prepared, process)
       task = prepared.task
       for lr_c, lr_s in grid:
@@ -205,10 +210,7 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
         start = time.monotonic()
         try:
           simulation.run_simulation(
-              process, client_ids=task.train_data.client_ids,
-              dataset_computation=experiment_lib.dataset_computation_for(
-                  process, task.train_data),
-              evaluate=evaluate,
+              process, client_ids=task.train_data.client_ids, evaluate=evaluate,
               rounds=rounds, clients_per_round=prepared.settings['clients_per_round'],
               seed=seed, eval_period=spec.eval_period, output_dir=out,
               config={**prepared.settings, 'experiment': name, 'algorithm': algorithm,
@@ -326,7 +328,7 @@ def main(argv):
                                                 spec.server_learning_rates)}
               for a in spec.algorithms}
   else:
-    curves = run_grid(name, spec, rounds, seeds, root)
+    curves = run_grid(name, spec, rounds, seeds, root, _RUNTIME.value)
   command = f'python binaries/reproduce.py --experiment={name}' + (
       f' --rounds={rounds}' if _ROUNDS.value else '')
   print(summarize(name, spec, curves, rounds, root, command))

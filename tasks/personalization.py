@@ -52,8 +52,7 @@ def personalized_losses(model, trainable: Sequence[np.ndarray],
     before.append(_scores(model, weights, x_test, y_test, accuracy))
     adapted = weights
     for _ in range(steps):
-      _, grad = model_ops.batch_loss_and_gradient(model, adapted, (), (x_train, y_train))
-      adapted = tuple(w - alpha * g for w, g in zip(adapted, grad))
+      _, adapted = model_ops.adapt(model, adapted, (), (x_train, y_train), alpha)
     after.append(_scores(model, adapted, x_test, y_test, accuracy))
   return {**_summary(before, '', '_before'), **_summary(after, '', '_after')}
 

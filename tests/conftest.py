@@ -13,6 +13,10 @@ os.environ.setdefault(
 import pytest
 
 from tests import workers
+from tff_comp import runtime
+
+# Tests run TFF computations on the local worker that dies with Python.
+runtime.install_local_runtime()
 
 _SESSION_START = {}
 
@@ -25,9 +29,7 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session, exitstatus):
   """Fails the run if a TFF worker started during the session is still alive."""
   del exitstatus
-  import tff_comp.runtime  # pylint: disable=g-import-not-at-top
-
-  tff_comp.runtime.shutdown_local_runtime()
+  runtime.shutdown_local_runtime()
   left = set(workers.wait_for_exit(exclude=_SESSION_START.get('workers', set())))
   if left:
     print(f'\nERROR: TFF worker process(es) left running: {sorted(left)}')

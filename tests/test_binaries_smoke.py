@@ -24,8 +24,10 @@ def test_reproduce_writes_table_and_plot(tmp_path):
 
 def test_bench_runs(repo_root):
   out = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1'],
+      [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1',
+       '--sweep=10', '--sweep_tff_max=10'],
       capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert out.returncode == 0, out.stderr
-  assert 'a/b =' in out.stdout and 'a/c =' in out.stdout
+  assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
+  assert '10 clients/round: in-process' in out.stdout and 'TFF worker' in out.stdout

@@ -9,9 +9,11 @@ import tensorflow_federated as tff
 from tests import numpy_reference as ref
 from tff_comp import models
 from tff_comp import regularizers
-from tff_comp import server_updates
-from tff_comp.ops import client_updates
+from tff_comp.ops import composite
+from tff_comp.ops import messages
+from tff_comp.ops import sgd
 from tff_comp.ops import local_loop
+from tff_comp.ops import rule as rule_lib
 
 D = 6
 RNG = np.random.default_rng(1)
@@ -22,11 +24,12 @@ HP = collections.OrderedDict(learning_rate=tf.constant(0.05))
 
 
 def _run(rule, payload, hparams=HP, batch_size=4):
-  state = rule.initialize(payload, hparams)
+  context = rule_lib.RoundContext.of()
+  state = rule.initialize(payload, hparams, context)
   state, _ = local_loop.run_local_steps(
-      lambda s, b: rule.step(s, b, payload, hparams), state, (X, Y),
+      lambda s, b: rule.step(s, b, payload, hparams, context), state, (X, Y),
       batch_size=batch_size)
-  return state, rule.finalize(state, payload, hparams)
+  return state, rule.finalize(state, payload, hparams, context)
 
 
 def _weights(w, b):
@@ -36,7 +39,7 @@ def _weights(w, b):
 def test_sgd_matches_manual_and_fedprox_adds_proximal_term():
   w0, b0 = RNG.normal(size=D).astype(np.float32), np.float32(0.2)
   for mu in (0.0, 0.5):
-    rule = client_updates.SGD(MODEL, learning_rate=0.05, proximal_strength=mu)
+    rule = sgd.SGD(MODEL, learning_rate=0.05, proximal_strength=mu)
     hp = collections.OrderedDict((k, tf.constant(v)) for k, v in rule.initial_hparams().items())
     state, update = _run(rule, _weights(w0, b0), hp)
     w, b = w0.copy(), b0
@@ -51,7 +54,7 @@ def test_sgd_matches_manual_and_fedprox_adds_proximal_term():
 def test_proximal_sgd_matches_reference():
   w0 = RNG.normal(size=D).astype(np.float32)
   l1 = regularizers.L1(strength=0.4)
-  rule = client_updates.ProximalSGD(MODEL, learning_rate=0.05, regularizer=l1)
+  rule = composite.ProximalSGD(MODEL, learning_rate=0.05, regularizer=l1)
   _, update = _run(rule, _weights(w0, np.float32(0.0)))
   w, b = w0.copy(), 0.0
   for xb, yb in ref.batches(X, Y, 4):
@@ -64,8 +67,8 @@ def test_proximal_sgd_matches_reference():
 def test_dual_averaging_matches_reference_from_a_nonzero_elapsed():
   z0 = RNG.normal(size=D).astype(np.float32)
   l1 = regularizers.L1(strength=0.4)
-  rule = client_updates.DualAveraging(MODEL, learning_rate=0.05, regularizer=l1)
-  payload = server_updates.DualPayload(_weights(z0, np.float32(0.1)), tf.constant(0.7))
+  rule = composite.DualAveraging(MODEL, learning_rate=0.05, regularizer=l1)
+  payload = messages.DualPayload(_weights(z0, np.float32(0.1)), tf.constant(0.7))
   _, update = _run(rule, payload)
   z, zb, own = z0.copy(), 0.1, 0.0
   for xb, yb in ref.batches(X, Y, 4):

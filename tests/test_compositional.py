@@ -30,12 +30,13 @@ def test_block_gradient_equals_autodiff_of_the_composition(objective):
   inner_batch, outer_batch = _batch(), _batch(shift=0.5)
   weights = (tf.constant(RNG.normal(size=D), tf.float32), tf.constant(0.2))
   obj = objectives.make_objective(objective, gamma=3.0, inner_learning_rate=0.01)
-  hparams = dict(obj.hparams(), reference_loss=10.0)
+  hparams, reference = obj.hparams(), 10.0
   _, _, got = objectives.compositional_gradient(
-      obj, MODEL, weights, (), inner_batch, outer_batch, hparams)
+      obj, MODEL, weights, (), inner_batch, outer_batch, hparams, reference)
   with tf.GradientTape() as tape:
     tape.watch(weights)
-    composed = obj.outer(MODEL, obj.inner(MODEL, weights, (), inner_batch), outer_batch, hparams)
+    composed = obj.outer(MODEL, obj.inner(MODEL, weights, (), inner_batch), outer_batch,
+                         hparams, reference)
   want = tape.gradient(composed, weights)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

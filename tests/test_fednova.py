@@ -13,7 +13,9 @@ from tasks import quadratic
 from tff_comp import aggregators
 from tff_comp import experiment
 from tff_comp import models
-from tff_comp.ops import client_updates
+from tff_comp.ops import messages
+from tff_comp.ops import rule as rule_lib
+from tff_comp.ops import sgd
 from tff_comp.ops import local_loop
 from tff_comp.ops import model_ops
 
@@ -28,19 +30,20 @@ def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
   """Delta = eta sum_k a_k g_k with the recorded gradients g_k, and ||a||_1 reported."""
   model = models.linear_regression((D,))
   lr = 0.05
-  sgd = client_updates.SGD(model, learning_rate=lr, momentum=momentum, proximal_strength=mu)
-  rule = client_updates.Normalized(sgd)
+  base = sgd.SGD(model, learning_rate=lr, momentum=momentum, proximal_strength=mu)
+  rule = sgd.Normalized(base)
   hparams = collections.OrderedDict(
       (k, tf.constant(v)) for k, v in rule.initial_hparams().items())
   payload = tff.learning.models.ModelWeights((tf.zeros([D]), tf.zeros([])), ())
-  state = rule.initialize(payload, hparams)
+  context = rule_lib.RoundContext.of()
+  state = rule.initialize(payload, hparams, context)
   grads = []
   for start in range(0, 20, 4):  # 5 steps of batch 4
     batch = (X[start:start + 4], Y[start:start + 4])
     _, g = model_ops.batch_loss_and_gradient(model, state.weights, (), batch)
     grads.append(g[0].numpy())  # the loss gradient at the current iterate
-    state = rule.step(state, batch, payload, hparams)
-  update = rule.finalize(state, payload, hparams)
+    state = rule.step(state, batch, payload, hparams, context)
+  update = rule.finalize(state, payload, hparams, context)
   tau = len(grads)
   if momentum:
     a = np.array([(1 - momentum ** (tau - k)) / (1 - momentum) for k in range(tau)])
@@ -53,13 +56,13 @@ def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
 
 
 def test_fednova_aggregator_on_its_own():
-  value_type = tff.types.tensorflow_to_type(client_updates.NormalizedUpdate(
+  value_type = tff.types.tensorflow_to_type(messages.NormalizedUpdate(
       delta=(tf.TensorSpec([2], tf.float32),), a_norm=tf.TensorSpec([], tf.float32)))
   process = aggregators.FedNovaFactory().create(value_type, tff.TensorType(np.float32))
   deltas = [np.array([1.0, 2.0]), np.array([-3.0, 0.5]), np.array([0.2, 0.2])]
   norms, weights = [2.0, 6.0, 1.0], [10.0, 30.0, 60.0]
   out = process.next(process.initialize(),
-                     [client_updates.NormalizedUpdate((d.astype(np.float32),), np.float32(a))
+                     [messages.NormalizedUpdate((d.astype(np.float32),), np.float32(a))
                       for d, a in zip(deltas, norms)],
                      [np.float32(w) for w in weights])
   p = np.array(weights) / sum(weights)

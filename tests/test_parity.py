@@ -18,7 +18,9 @@ import tff_comp  # pylint: disable=unused-import
 from tff_comp import models
 from tff_comp.algorithms import fedavg
 from tff_comp.algorithms import fedprox
-from tff_comp.ops import client_updates
+from tff_comp.algorithms import common as algorithms_common
+from tff_comp.ops import protocol
+from tff_comp.ops import sgd
 from tests import numpy_reference as ref
 
 D, BATCH, ROUNDS = 8, 4, 6
@@ -56,10 +58,11 @@ def test_matches_tff_builtin(algorithm, weighting, momentum):
     theirs = tff.learning.algorithms.build_weighted_fed_avg(model, **tff_common)
   else:
     # TFF's sign of the proximal term; see the module docstring.
-    tff_sign_rule = client_updates.SGD(model, learning_rate=0.02, proximal_strength=-0.3)
-    ours = fedavg.compose_fedavg_like(model, tff_sign_rule, **{
-        k: v for k, v in common.items() if k != 'client_learning_rate'},
-        local_epochs=1)
+    tff_sign_rule = sgd.SGD(model, learning_rate=0.02, proximal_strength=-0.3)
+    ours = algorithms_common.compose_fedavg_like(
+        model, tff_sign_rule,
+        protocol.ClientOptions(batch_size=BATCH, weighting=weighting),
+        server_learning_rate=0.8, server_momentum=momentum)
     theirs = tff.learning.algorithms.build_weighted_fed_prox(
         model, proximal_strength=0.3, **tff_common)
   datasets = _client_datasets()

@@ -10,7 +10,7 @@ import tensorflow as tf
 import tff_comp  # pylint: disable=unused-import
 from tasks import personalization
 from tff_comp import models
-from tff_comp.ops import client_updates
+from tff_comp.ops import maml
 from tff_comp.ops import model_ops
 
 RNG = np.random.default_rng(2)
@@ -76,7 +76,7 @@ def test_finite_difference_hvp_approaches_exact_as_delta_shrinks():
 @pytest.mark.parametrize('variant', ['fo', 'exact', 'hf'])
 def test_meta_gradient_variants(variant):
   alpha = 0.05
-  rule = client_updates.PerFedAvg(MODEL, learning_rate=0.1, alpha=alpha, variant=variant,
+  rule = maml.PerFedAvg(MODEL, learning_rate=0.1, alpha=alpha, variant=variant,
                                   delta=1e-2)
   hparams = collections.OrderedDict((k, tf.constant(v)) for k, v in rule.initial_hparams().items())
   batches = (_batch(), _batch(), _batch())

@@ -88,15 +88,18 @@ def test_unknown_algorithm_lists_valid_names(repo_root):
 def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):
   proc = subprocess.Popen(
       [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--rounds=100000',
-       f'--output_dir={tmp_path}'],
+       '--runtime=tff', f'--output_dir={tmp_path}'],
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=repo_root)
-  deadline = time.monotonic() + 120
-  while not workers.workers_of(proc.pid) and time.monotonic() < deadline:
-    time.sleep(0.2)
-  started = workers.workers_of(proc.pid)
-  assert started, 'run.py never started a worker'
-  proc.send_signal(signal.SIGTERM)
-  proc.wait(timeout=60)
+  try:
+    deadline = time.monotonic() + 120
+    while not workers.workers_of(proc.pid) and time.monotonic() < deadline:
+      time.sleep(0.2)
+    started = workers.workers_of(proc.pid)
+    assert started, 'run.py never started a worker'
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+  finally:
+    proc.kill()  # never leave a 100000-round run behind, whatever failed
   assert not set(started) & set(workers.wait_for_exit())
 
 
@@ -108,3 +111,31 @@ def test_divergence_is_one_line_and_keeps_initial_metrics(repo_root, tmp_path):
   assert 'diverged at round' in lines[-1] and 'Traceback' not in out.stderr
   rows = (tmp_path / 'metrics.csv').read_text().splitlines()
   assert rows[1].startswith('0,')  # the initial evaluation is kept
+
+
+def test_default_runtime_is_inprocess_and_starts_no_worker(repo_root, tmp_path):
+  out = _run(repo_root, '--algo=fedavg', '--rounds=2', f'--output_dir={tmp_path}')
+  assert out.returncode == 0, out.stderr
+  assert 'runtime: inprocess on /device:CPU:0' in out.stdout
+  assert json.loads((tmp_path / 'config.json').read_text())['resolved']['runtime'].startswith(
+      'inprocess')
+
+
+def test_custom_aggregation_falls_back_to_tff_saying_why():
+  """A process the in-process runtime cannot run goes to TFF's, with the reason."""
+  from tff_comp import experiment, models, registry  # pylint: disable=g-import-not-at-top
+  import tff_comp.algorithms  # pylint: disable=g-import-not-at-top,unused-import
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tasks import array_data  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  data = array_data.cached_client_data(
+      'fallback', ['a', 'b'], (2,), tf.float32,
+      lambda i: (np.ones((3, 2), np.float32) * i, np.ones(3, np.float32)))
+  process = registry.get_algorithm('fedavg').build(
+      models.linear_regression((2,)), client_learning_rate=0.1,
+      model_aggregator=tff.learning.robust_aggregator(zeroing=False))
+  _, chosen = experiment.runner_for(process, data, 'auto')
+  assert chosen.startswith('tff (not in-process: a custom model_aggregator')
+  with pytest.raises(experiment.ConfigError, match='--runtime=inprocess: a custom'):
+    experiment.runner_for(process, data, 'inprocess')

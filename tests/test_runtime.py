@@ -14,7 +14,8 @@ from tests import workers
 _CHILD = textwrap.dedent('''
     import sys
     import tensorflow_federated as tff
-    import tff_comp
+    import tff_comp.runtime
+    tff_comp.runtime.install_local_runtime()
     @tff.tensorflow.computation
     def one():
       return 1
@@ -45,3 +46,35 @@ def test_worker_dies_with_python(how):
   while worker in workers.worker_pids() and time.monotonic() < deadline:
     time.sleep(0.1)
   assert worker not in workers.worker_pids()
+
+
+def test_import_leaves_tff_default_context_untouched():
+  """Importing tff_comp (and every submodule) installs no execution context."""
+  code = textwrap.dedent('''
+      import pkgutil, importlib
+      import tensorflow_federated as tff
+      before = tff.framework.get_context_stack().current
+      import tff_comp
+      for m in pkgutil.walk_packages(tff_comp.__path__, 'tff_comp.'):
+        importlib.import_module(m.name)
+      assert tff.framework.get_context_stack().current is before
+      assert not tff_comp.runtime.worker_pids()
+      print('untouched')
+  ''')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.stdout.strip() == 'untouched', out.stderr[-2000:]
+
+
+def test_math_layer_imports_no_tff():
+  """tff_comp.ops (the math any runtime runs) imports without TensorFlow Federated."""
+  code = textwrap.dedent('''
+      import pkgutil, importlib, sys
+      import tff_comp.ops
+      for m in pkgutil.walk_packages(tff_comp.ops.__path__, 'tff_comp.ops.'):
+        importlib.import_module(m.name)
+      print('tff' if 'tensorflow_federated' in sys.modules else 'no tff')
+  ''')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.stdout.strip() == 'no tff', out.stderr[-2000:]

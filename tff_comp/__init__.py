@@ -1,41 +1,33 @@
 """tff_comp: federated composite, compositional and personalized optimization on TFF.
 
-Importing tff_comp makes TFF's default execution context a local C++ runtime whose
-worker process dies with Python (see `tff_comp.runtime`).
-
-Public surface:
-  blocks     client_work.build_local_client_work, aggregators.dual_state_mean,
-             server_updates.build_*_update, composer.compose_learning_process
-  math       regularizers, ops.client_updates, ops.local_loop, ops.server_steps
-  algorithms registry.get_algorithm(name).builder, or tff_comp.algorithms.<module>
-  plugins    registry.register_algorithm / register_task and entry points
+Two layers:
+  math (pure TF, no TFF; `tff_comp.ops`): client rules and server rules by family
+    (`sgd`, `composite`, `compositional`, `maml`, `per_client`), the client protocol
+    (`protocol.run_client`), aggregation (`aggregation`), messages, and the
+    `algorithm.Algorithm` record any runtime runs; regularizers (`tff_comp.regularizers`).
+  TFF (placement): `client_work.build_local_client_work`, `aggregators`,
+    `server_update.build_server_update`, `composer.compose` -> a LearningProcess.
+Algorithms: `registry.get_algorithm(name).builder`, or `tff_comp.algorithms.<module>`.
+Runtimes (`tff_comp.runtime`): TFF's, with a local worker that dies with Python
+(`runtime.install_local_runtime`), and the in-process one (`runtime.inprocess`).
+Importing tff_comp changes no TFF context: the code that runs things chooses one.
+Plugins: `registry.register_algorithm` / `register_task` and entry points.
 """
 
-from tff_comp import runtime as _runtime
+import importlib
 
-_runtime.install_local_runtime()
+# Submodules load on first use, so the math layer (`tff_comp.ops`) imports without TFF.
+_SUBMODULES = ('aggregators', 'client_work', 'composer', 'regularizers', 'registry',
+               'server_update', 'runtime', 'ops', 'algorithms', 'experiment')
+_REGISTRY_NAMES = ('get_algorithm', 'get_task', 'register_algorithm', 'register_task')
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_comp import aggregators
-from tff_comp import client_work
-from tff_comp import composer
-from tff_comp import regularizers
-from tff_comp import registry
-from tff_comp import server_updates
-from tff_comp.registry import get_algorithm
-from tff_comp.registry import get_task
-from tff_comp.registry import register_algorithm
-from tff_comp.registry import register_task
 
-__all__ = [
-    'aggregators',
-    'client_work',
-    'composer',
-    'get_algorithm',
-    'get_task',
-    'register_algorithm',
-    'register_task',
-    'regularizers',
-    'registry',
-    'server_updates',
-]
+def __getattr__(name: str):
+  if name in _SUBMODULES:
+    return importlib.import_module(f'tff_comp.{name}')
+  if name in _REGISTRY_NAMES:
+    return getattr(importlib.import_module('tff_comp.registry'), name)
+  raise AttributeError(f'module tff_comp has no attribute {name!r}')
+
+
+__all__ = [*_SUBMODULES, *_REGISTRY_NAMES]

@@ -1,21 +1,11 @@
-"""Aggregators: `tff.aggregators` factories for client updates."""
+"""Aggregators: `tff.aggregators` factories for client updates, placing the math of
+`ops.aggregation` (`factory_for` maps each of its kinds to a factory)."""
 
 import collections
 
-import tensorflow as tf
 import tensorflow_federated as tff
 
-
-def dual_state_mean() -> tff.aggregators.WeightedAggregationFactory:
-  """FedDualAvg's dual-state mean: the weighted mean of the clients' dual deltas.
-
-  Applied to `ElapsedUpdate(delta, lr_sum)` it averages both the dual deltas
-  z_r - z_K^m and the step-size sums, so the server's elapsed coefficient grows by
-  eta_s mean_m(sum eta_c). Weights come from the client work (1 for the paper's
-  uniform mean). It is TFF's MeanFactory: averaging is linear in the dual, which is
-  exactly why dual averaging keeps sparsity that primal averaging loses.
-  """
-  return tff.aggregators.MeanFactory()
+from tff_comp.ops import aggregation
 
 
 class FedNovaFactory(tff.aggregators.WeightedAggregationFactory):
@@ -43,19 +33,16 @@ class FedNovaFactory(tff.aggregators.WeightedAggregationFactory):
             and hasattr(value_type, 'delta')):
       raise TypeError(
           'FedNovaFactory aggregates NormalizedUpdate(delta, a_norm) values, got'
-          f' {value_type}. Hint: wrap the client rule in client_updates.Normalized.')
+          f' {value_type}. Hint: wrap the client rule in ops.sgd.Normalized.')
     @tff.tensorflow.computation(value_type)
     def normalize(update):
-      return collections.OrderedDict(
-          normalized=tf.nest.map_structure(
-              lambda d: tf.math.divide_no_nan(d, update.a_norm), update.delta),
-          a_norm=update.a_norm)
+      return aggregation.normalize(update)
 
     inner = self._inner.create(normalize.type_signature.result, weight_type)
 
     @tff.tensorflow.computation(normalize.type_signature.result)
     def rescale(means):
-      return tf.nest.map_structure(lambda d: means['a_norm'] * d, means['normalized'])
+      return aggregation.rescale(means)
 
     @tff.federated_computation
     def init_fn():
@@ -97,7 +84,7 @@ class PerClientSlotsFactory(tff.aggregators.WeightedAggregationFactory):
     if 'delta' not in names or len(names) < 2:
       raise TypeError('PerClientSlotsFactory aggregates updates with a `delta` and'
                       f' per-client slot fields, got {value_type}.')
-    slots = [name for name in names if name != 'delta']
+    slots = [name for name in names if name != 'delta']  # ops.aggregation.slot_fields
     inner = self._inner.create(value_type.delta, weight_type)
     python_container = value_type.python_container
 
@@ -126,3 +113,16 @@ class PerClientSlotsFactory(tff.aggregators.WeightedAggregationFactory):
       return tff.templates.MeasuredProcessOutput(out.state, result, out.measurements)
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def factory_for(kind: str, inner: tff.aggregators.WeightedAggregationFactory | None = None
+                ) -> tff.aggregators.WeightedAggregationFactory:
+  """The factory placing `ops.aggregation` kind `kind`; `inner` (default MeanFactory)
+  computes its weighted means (TFF's clipping, compression or DP factories)."""
+  if kind == aggregation.MEAN:
+    return inner or tff.aggregators.MeanFactory()
+  if kind == aggregation.NORMALIZED:
+    return FedNovaFactory(inner)
+  if kind == aggregation.SLOTS:
+    return PerClientSlotsFactory(inner)
+  raise ValueError(f'aggregation {kind!r} is unknown; choose one of {aggregation.KINDS}.')

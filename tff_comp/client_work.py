@@ -1,4 +1,4 @@
-"""Client work: runs a pure-TF client update rule on every sampled client.
+"""Client work: places the client protocol (`ops.protocol.run_client`) on TFF clients.
 
 `build_local_client_work` returns a `tff.learning.templates.ClientWorkProcess`:
 
@@ -8,16 +8,12 @@
             measurements=M@SERVER>)
 
 H holds the rule's hyperparameters (get/set_hparams), P is the payload the server
-update broadcasts, E one example (client datasets are unbatched: batching, epochs and
-steps happen inside, see `ops.local_loop`), U the rule's update. Measurements:
-example-weighted mean training loss at the visited iterates, examples processed and
-steps summed over clients.
-
-Heterogeneous local work (FedNova's setting): with `local_epochs_max`, each client
-draws its epochs E uniformly from [local_epochs, local_epochs_max] every round and
-takes tau_i = floor(E n_i / B) steps. The draw is a stateless function of (seed,
-round, a fingerprint of the client's data), so runs are reproducible without any
-client id reaching the computation.
+update broadcasts, E one example (client datasets are unbatched: the protocol batches),
+U the rule's update. Measurements (`ops.protocol.train_metrics`): example-weighted mean
+training loss, examples processed and steps, summed over clients. Rules that use the
+round's reference loss get it through a first stage (the largest `reference_value` of
+the round's clients, `federated_max`); rules with per-client state read their index
+from datasets of `IndexedExample`s (`indexed_dataset_computation`).
 """
 
 import collections
@@ -27,9 +23,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp.ops import client_updates
 from tff_comp.ops import local_loop
-from tff_comp.ops import model_ops
+from tff_comp.ops import protocol
+from tff_comp.ops import rule as rule_lib
 
 
 class IndexedExample(NamedTuple):
@@ -51,7 +47,8 @@ def indexed_dataset_computation(client_data) -> tff.Computation:
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(ids, tf.range(len(ids), dtype=tf.int32)), -1)
     index = table.lookup(client_id)
-    return fn(client_id).map(lambda *e: IndexedExample(client_index=index, example=e if len(e) > 1 else e[0]))
+    return fn(client_id).map(
+        lambda *e: IndexedExample(client_index=index, example=e if len(e) > 1 else e[0]))
 
   return dataset_computation
 
@@ -59,8 +56,7 @@ def indexed_dataset_computation(client_data) -> tff.Computation:
 def example_type(model: tff.learning.models.FunctionalModel) -> tff.Type:
   """The TFF type of one example: the model's input spec without the batch dim."""
   spec = tf.nest.map_structure(
-      lambda s: tf.TensorSpec(s.shape[1:], s.dtype), model.input_spec
-  )
+      lambda s: tf.TensorSpec(s.shape[1:], s.dtype), model.input_spec)
   return tff.types.tensorflow_to_type(spec)
 
 
@@ -69,116 +65,48 @@ def model_weights_type(model: tff.learning.models.FunctionalModel) -> tff.Type:
   trainable, non_trainable = model.initial_weights
   spec = tff.learning.models.ModelWeights(
       tuple(tf.TensorSpec(w.shape, w.dtype) for w in trainable),
-      tuple(tf.TensorSpec(w.shape, w.dtype) for w in non_trainable),
-  )
+      tuple(tf.TensorSpec(w.shape, w.dtype) for w in non_trainable))
   return tff.types.tensorflow_to_type(spec)
 
 
+def _examples_and_index(rule: rule_lib.ClientRule, dataset) -> tuple[Any, tf.Tensor]:
+  examples = local_loop.materialize(dataset)
+  if rule.uses_client_index:
+    return examples.example, examples.client_index[0]
+  return examples, tf.constant(-1)
+
+
 def build_local_client_work(
-    rule: client_updates.ClientUpdateRule,
+    rule: rule_lib.ClientRule,
     payload_type: tff.Type,
-    *,
-    batch_size: int,
-    local_epochs: int = 1,
-    local_epochs_max: int | None = None,
-    local_steps: int | None = None,
-    seed: int = 0,
-    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    options: protocol.ClientOptions,
 ) -> tff.learning.templates.ClientWorkProcess:
-  """Builds client work that applies `rule` on each client's local batches.
+  """Client work running `rule` on each client's examples with `options`.
 
   Args:
-    rule: the pure-TF client update rule (its model gives the example type).
+    rule: the pure-TF client rule (its model gives the example type).
     payload_type: unplaced TFF type of what the server broadcasts to clients.
-    batch_size: examples per local step.
-    local_epochs: passes over the client's examples per round (the minimum when
-      `local_epochs_max` is set).
-    local_epochs_max: if set, epochs are drawn per client per round from
-      [local_epochs, local_epochs_max] and steps are floor(E n_i / B).
-    local_steps: if set, exactly this many steps per round (tau), cycling through the
-      client's examples; overrides epochs.
-    seed: seed of the epoch draws.
-    client_weighting: NUM_EXAMPLES weighs a client by the examples it holds (n_i;
-      the same weighted mean as TFF's count of examples processed whenever all
-      clients run the same epochs), UNIFORM by 1.
-
-  Returns:
-    A `tff.learning.templates.ClientWorkProcess`.
+    options: local work and weighting (`ops.protocol.ClientOptions`).
   """
-  if batch_size < 1:
-    raise ValueError(f'batch_size must be >= 1, got {batch_size}.')
-  if local_epochs < 1:
-    raise ValueError(f'local_epochs must be >= 1, got {local_epochs}.')
-  if local_steps is not None and local_steps < 1:
-    raise ValueError(f'local_steps must be >= 1, got {local_steps}.')
-  if local_epochs_max is not None and local_epochs_max < local_epochs:
-    raise ValueError(f'local_epochs_max ({local_epochs_max}) must be >= local_epochs'
-                     f' ({local_epochs}).')
-  if not isinstance(client_weighting, tff.learning.ClientWeighting):
-    raise ValueError(
-        f'client_weighting must be a tff.learning.ClientWeighting, got'
-        f' {client_weighting!r}.'
-    )
   hparams = collections.OrderedDict(
-      (k, np.float32(v)) for k, v in rule.initial_hparams().items()
-  )
+      (k, np.float32(v)) for k, v in rule.initial_hparams().items())
   hparams_type = tff.types.tensorflow_to_type(
-      collections.OrderedDict((k, tf.TensorSpec([], tf.float32)) for k in hparams)
-  )
+      collections.OrderedDict((k, tf.TensorSpec([], tf.float32)) for k in hparams))
   element_type = example_type(rule.model)
   if rule.uses_client_index:
     element_type = tff.types.tensorflow_to_type(IndexedExample(
         client_index=tf.TensorSpec([], tf.int32),
         example=tff.types.type_to_tf_tensor_specs(element_type)))
   data_type = tff.SequenceType(element_type)
-
   state_type = tff.types.tensorflow_to_type(collections.OrderedDict(
       hparams=hparams_type, round=tf.TensorSpec([], tf.int32)))
 
-  step_examples = batch_size * rule.batches_per_step
-
   def client_update_fn(payload, dataset, work_state, reference_loss):
-    hparams = work_state['hparams']
-    if rule.uses_reference_loss:
-      hparams = collections.OrderedDict(hparams, reference_loss=reference_loss)
-    examples = local_loop.materialize(dataset)
-    if rule.uses_client_index:
-      hparams = collections.OrderedDict(
-          hparams, client_index=tf.cast(examples.client_index[0], tf.float32))
-      examples = examples.example
-    if rule.uses_start_loss:
-      hparams = collections.OrderedDict(
-          hparams, start_loss=rule.start_loss(payload, examples))
-    if local_epochs_max is None:
-      epochs, drop_remainder = local_epochs, False
-    else:
-      epochs, drop_remainder = local_loop.draw_epochs(
-          examples, seed, work_state['round'], local_epochs, local_epochs_max), True
-    state = rule.initialize(payload, hparams)
-    state, steps = local_loop.run_local_steps(
-        lambda s, batch: rule.step(s, batch, payload, hparams),
-        state,
-        examples,
-        batch_size=step_examples,
-        epochs=epochs,
-        drop_remainder=drop_remainder,
-        steps=local_steps,
-    )
-    examples_seen = tf.cast(state.examples, tf.float32)
-    weight = rule.client_weight(payload, hparams)
-    if weight is None and client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
-      weight = tf.cast(local_loop.num_examples(examples), tf.float32)
-    elif weight is None:
-      weight = tf.constant(1.0)
-    result = tff.learning.templates.ClientResult(
-        update=rule.finalize(state, payload, hparams), update_weight=weight
-    )
-    stats = collections.OrderedDict(
-        loss_sum=state.loss_sum,
-        num_examples=examples_seen,
-        num_steps=tf.cast(steps, tf.float32),
-    )
-    return result, stats
+    examples, index = _examples_and_index(rule, dataset)
+    context = rule_lib.RoundContext.of(client_index=index, reference_loss=reference_loss)
+    out = protocol.run_client(rule, payload, examples, work_state['hparams'], context,
+                              options, work_state['round'])
+    return tff.learning.templates.ClientResult(out.update, out.weight), out.stats
 
   # Only rules that use the round's reference loss receive it (a broadcast saved).
   if rule.uses_reference_loss:
@@ -191,18 +119,12 @@ def build_local_client_work(
 
     @tff.tensorflow.computation(payload_type, data_type, state_type)
     def client_update(payload, dataset, work_state):
-      return client_update_fn(payload, dataset, work_state, None)
+      return client_update_fn(payload, dataset, work_state, 0.0)
 
   @tff.tensorflow.computation
   def finalize_stats(stats, reference_loss):
-    measurements = collections.OrderedDict(
-        train_loss=tf.math.divide_no_nan(stats['loss_sum'], stats['num_examples']),
-        num_examples=stats['num_examples'],
-        num_steps=stats['num_steps'],
-    )
-    if rule.uses_reference_loss:
-      measurements['reference_loss'] = reference_loss
-    return measurements
+    return protocol.train_metrics(
+        stats, reference_loss if rule.uses_reference_loss else None)
 
   @tff.federated_computation
   def init_fn():
@@ -213,12 +135,10 @@ def build_local_client_work(
   def next_round(state):
     return collections.OrderedDict(hparams=state['hparams'], round=state['round'] + 1)
 
-  @tff.tensorflow.computation(payload_type, data_type)
-  def loss_at_payload(payload, dataset):
-    examples = local_loop.materialize(dataset)
-    if rule.uses_client_index:
-      examples = examples.example
-    return rule.reference_value(payload, examples)
+  @tff.tensorflow.computation(payload_type, data_type, state_type)
+  def reference_value(payload, dataset, work_state):
+    examples, _ = _examples_and_index(rule, dataset)
+    return rule.reference_value(payload, examples, work_state['hparams'])
 
   @tff.federated_computation(
       init_fn.type_signature.result,
@@ -229,14 +149,14 @@ def build_local_client_work(
     client_state = tff.federated_broadcast(state)
     if rule.uses_reference_loss:
       # The round's common reference: the largest client loss at the broadcast model.
-      reference = tff.federated_max(tff.federated_map(loss_at_payload, (payload, data)))
+      reference = tff.federated_max(
+          tff.federated_map(reference_value, (payload, data, client_state)))
       result, stats = tff.federated_map(
           client_update, (payload, data, client_state, tff.federated_broadcast(reference)))
     else:
       reference = tff.federated_value(np.float32(0.0), tff.SERVER)
       result, stats = tff.federated_map(client_update, (payload, data, client_state))
-    measurements = tff.federated_map(
-        finalize_stats, (tff.federated_sum(stats), reference))
+    measurements = tff.federated_map(finalize_stats, (tff.federated_sum(stats), reference))
     return tff.templates.MeasuredProcessOutput(
         tff.federated_map(next_round, state), result, measurements)
 
@@ -249,8 +169,4 @@ def build_local_client_work(
     return collections.OrderedDict(hparams=new_hparams, round=state['round'])
 
   return tff.learning.templates.ClientWorkProcess(
-      init_fn,
-      next_fn,
-      get_hparams_fn=get_hparams_fn,
-      set_hparams_fn=set_hparams_fn,
-  )
+      init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)

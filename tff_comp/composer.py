@@ -16,16 +16,35 @@ result is a genuine LearningProcess: `tff.simulation.run_training_process`,
 `get_model_weights` returns the model to evaluate (the primal for dual averaging).
 A server update that keeps personal models (Ditto) yields a
 `PersonalizedLearningProcess`, which also has `get_personal_weights`.
+
+`compose(algorithm)` builds the blocks of an `ops.algorithm.Algorithm` (the math every
+runtime runs) and composes them; its process remembers the algorithm (`.algorithm`),
+so the in-process runtime can run the same math.
 """
 
 import collections
 
 import tensorflow_federated as tff
 
-from tff_comp import server_updates as server_updates_lib
+from tff_comp import aggregators
+from tff_comp import client_work as client_work_lib
+from tff_comp import server_update as server_update_lib
+from tff_comp.ops import algorithm as algorithm_lib
 
 
-class PersonalizedLearningProcess(tff.learning.templates.LearningProcess):
+class ComposedLearningProcess(tff.learning.templates.LearningProcess):
+  """A LearningProcess that remembers the `ops.algorithm.Algorithm` it places (None
+  when composed from hand-built blocks) and whether a custom aggregator replaced the
+  algorithm's own aggregation (`custom_aggregator`)."""
+
+  def __init__(self, *args, algorithm: algorithm_lib.Algorithm | None = None,
+               custom_aggregator: bool = False, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.algorithm = algorithm
+    self.custom_aggregator = custom_aggregator
+
+
+class PersonalizedLearningProcess(ComposedLearningProcess):
   """A LearningProcess whose state also holds one personal model per client (Ditto).
 
   `get_personal_weights`: (state -> tuple of [num_clients, *shape] tensors, one per
@@ -58,8 +77,10 @@ def compose_learning_process(
     initial_model_weights_fn: tff.Computation,
     client_work: tff.learning.templates.ClientWorkProcess,
     aggregator: tff.aggregators.WeightedAggregationFactory,
-    server_update: server_updates_lib.ServerUpdateProcess,
-) -> tff.learning.templates.LearningProcess:
+    server_update: server_update_lib.ServerUpdateProcess,
+    algorithm: algorithm_lib.Algorithm | None = None,
+    custom_aggregator: bool = False,
+) -> ComposedLearningProcess:
   """Builds a LearningProcess from blocks; see the module docstring for the flow.
 
   Args:
@@ -68,6 +89,8 @@ def compose_learning_process(
     aggregator: a weighted `tff.aggregators` factory, created here for the client
       work's update type.
     server_update: a ServerUpdateProcess accepting the aggregated update.
+    algorithm: the Algorithm these blocks place, if any (kept on the process).
+    custom_aggregator: `aggregator` replaces the algorithm's own aggregation.
 
   Returns:
     A `tff.learning.templates.LearningProcess` (a `PersonalizedLearningProcess` when
@@ -76,10 +99,10 @@ def compose_learning_process(
   Raises:
     CompositionError: a block's output does not fit the next block's input.
   """
-  if not isinstance(server_update, server_updates_lib.ServerUpdateProcess):
+  if not isinstance(server_update, server_update_lib.ServerUpdateProcess):
     raise CompositionError(
         f'server_update must be a ServerUpdateProcess, got {type(server_update)}.'
-        ' Hint: wrap a TFF finalizer with server_updates.from_finalizer.'
+        ' Hint: wrap a TFF finalizer with server_update.from_finalizer.'
     )
   if not isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
     raise CompositionError(
@@ -209,9 +232,10 @@ def compose_learning_process(
     )
 
   args = (init_fn, next_fn, get_model_weights, set_model_weights)
-  kwargs = dict(get_hparams_fn=get_hparams, set_hparams_fn=set_hparams)
+  kwargs = dict(get_hparams_fn=get_hparams, set_hparams_fn=set_hparams,
+                algorithm=algorithm, custom_aggregator=custom_aggregator)
   if server_update.personal_weights is None:
-    return tff.learning.templates.LearningProcess(*args, **kwargs)
+    return ComposedLearningProcess(*args, **kwargs)
 
   @tff.tensorflow.computation(member_type)
   def get_personal_weights(state):
@@ -219,3 +243,36 @@ def compose_learning_process(
 
   return PersonalizedLearningProcess(
       *args, **kwargs, get_personal_weights_fn=get_personal_weights)
+
+
+def initial_weights_fn(model: tff.learning.models.FunctionalModel) -> tff.Computation:
+  """A no-arg TF computation returning the model's initial ModelWeights."""
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    trainable, non_trainable = model.initial_weights
+    return tff.learning.models.ModelWeights(trainable, non_trainable)
+
+  return initial_weights
+
+
+def compose(
+    algorithm: algorithm_lib.Algorithm,
+    *,
+    model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+) -> ComposedLearningProcess:
+  """The LearningProcess placing `algorithm`: client work running its client rule,
+  its aggregation as a `tff.aggregators` factory whose weighted means are computed by
+  `model_aggregator` (default MeanFactory; TFF's robust, compression or DP factories),
+  and a server update running its server rule."""
+  weights_type = client_work_lib.model_weights_type(algorithm.model)
+  server_update = server_update_lib.build_server_update(algorithm.server_rule, weights_type)
+  return compose_learning_process(
+      initial_model_weights_fn=initial_weights_fn(algorithm.model),
+      client_work=client_work_lib.build_local_client_work(
+          algorithm.client_rule, server_update.client_payload.type_signature.result,
+          algorithm.client_options),
+      aggregator=aggregators.factory_for(algorithm.aggregation, model_aggregator),
+      server_update=server_update,
+      algorithm=algorithm,
+      custom_aggregator=model_aggregator is not None)

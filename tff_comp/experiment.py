@@ -12,10 +12,14 @@ import dataclasses
 import pathlib
 from typing import Any
 
+import tensorflow_federated as tff
+
 from tff_comp import client_work
 from tff_comp import composer
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
+from tff_comp.runtime import inprocess
+from tff_comp.runtime import local_worker
 from tff_comp.runtime import simulation
 
 # Builder parameters that every run sets from the common flags.
@@ -25,6 +29,11 @@ COMMON_ALGORITHM_ARGS = (
 )
 # Task parameters fed from common settings rather than task flags.
 COMMON_TASK_ARGS = ('seed',)
+
+
+# 'auto': in-process where the process supports it (every registered algorithm with its
+# own aggregation), else TFF's runtime.
+RUNTIMES = ('auto', 'inprocess', 'tff')
 
 
 class ConfigError(ValueError):
@@ -51,6 +60,7 @@ class ExperimentConfig:
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   output_dir: str = 'runs/latest'
+  runtime: str = 'auto'
 
 
 @dataclasses.dataclass
@@ -111,6 +121,9 @@ def prepare(config: ExperimentConfig) -> Prepared:
     registry.RegistryError: unknown algorithm or task.
     ConfigError: any other bad setting.
   """
+  if config.runtime not in RUNTIMES:
+    raise ConfigError(f'--runtime={config.runtime!r} is unknown; choose one of'
+                      f' {", ".join(RUNTIMES)}.')
   algorithm = registry.get_algorithm(config.algorithm)
   task_entry = registry.get_task(config.task)
   known = {h.name for h in algorithm.hparams}
@@ -183,7 +196,7 @@ def evaluator(prepared: Prepared, process) -> Callable[[Any], dict[str, float]]:
   """
   task = prepared.task
   psi = prepared.builder_args.get('regularizer', task.regularizer)
-  personalized = isinstance(process, composer.PersonalizedLearningProcess)
+  personalized = has_personal_models(process)
   if personalized and task.evaluate_personal is None:
     raise ConfigError(
         f'algorithm {prepared.config.algorithm!r} trains a personal model per client;'
@@ -202,19 +215,57 @@ def evaluator(prepared: Prepared, process) -> Callable[[Any], dict[str, float]]:
   return evaluate
 
 
+def has_personal_models(process) -> bool:
+  """Whether a process (of either runtime) keeps a personal model per client."""
+  if isinstance(process, inprocess.InProcessProcess):
+    return process.algorithm.server_rule.keeps_personal_models
+  return isinstance(process, composer.PersonalizedLearningProcess)
+
+
+def runner_for(process: tff.learning.templates.LearningProcess, client_data,
+               runtime: str = 'auto') -> tuple[Any, str]:
+  """(a process taking client ids, the runtime chosen and why) for `process` on
+  `client_data`.
+
+  'inprocess' runs the process's Algorithm in this process (`runtime.inprocess`);
+  'tff' composes the dataset computation with the process and runs it on TFF's local
+  worker; 'auto' is 'inprocess' where the process supports it, else 'tff'.
+
+  Raises:
+    ConfigError: 'inprocess' was asked for and the process does not support it.
+  """
+  if runtime in ('auto', 'inprocess'):
+    try:
+      fast = inprocess.build(process, client_data)
+      return fast, f'inprocess on {fast.device}'
+    except inprocess.UnsupportedError as e:
+      if runtime == 'inprocess':
+        raise ConfigError(f'--runtime=inprocess: {e}') from e
+      why = f' (not in-process: {e})'
+  else:
+    why = ''
+  local_worker.ensure_local_runtime()
+  return tff.simulation.compose_dataset_computation_with_learning_process(
+      dataset_computation_for(process, client_data), process), f'tff{why}'
+
+
 def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:
-  """Builds the process and trains it; returns the final evaluation metrics."""
+  """Builds the process and trains it on the configured runtime; returns the final
+  evaluation metrics."""
   try:
     process = prepared.build_process()
   except ValueError as e:
     raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
-  evaluate = evaluator(prepared, process)
   task = prepared.task
+  runner, chosen = runner_for(process, task.train_data, prepared.config.runtime)
+  prepared.settings['runtime'] = chosen
+  evaluate = evaluator(prepared, runner)
+  if show_progress:
+    print(f'runtime: {chosen}', flush=True)
   config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings)
   return simulation.run_simulation(
-      process,
+      runner,
       client_ids=task.train_data.client_ids,
-      dataset_computation=dataset_computation_for(process, task.train_data),
       evaluate=evaluate,
       rounds=prepared.settings['rounds'],
       clients_per_round=prepared.settings['clients_per_round'],

@@ -45,7 +45,6 @@ class Hparam:
   name: str
   type: type
   default: Any  # inspect.Parameter.empty when required
-  help: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,9 +137,6 @@ class Registry:
           f' {", ".join(names)}.'
       )
     return self._entries[name]
-
-  def __contains__(self, name: str) -> bool:
-    return name in self.names()
 
 
 ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')

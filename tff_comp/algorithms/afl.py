@@ -11,12 +11,13 @@ indexed by client, so clients receive datasets of `client_work.IndexedExample`
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
-from tff_comp import client_work
 from tff_comp import registry
-from tff_comp import server_updates
 from tff_comp.algorithms import common
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import aggregation
+from tff_comp.ops import model_ops
+from tff_comp.ops import per_client
+from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('afl')
@@ -33,11 +34,11 @@ def build_afl(
   """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08)."""
   common.check_positive(client_learning_rate=client_learning_rate,
                         lambda_learning_rate=lambda_learning_rate, num_clients=num_clients)
-  rule = client_updates.AgnosticSGD(model, learning_rate=client_learning_rate,
-                                    num_clients=num_clients)
-  server_update = server_updates.build_agnostic_update(
-      common.server_sgd(server_learning_rate, 0.0), client_work.model_weights_type(model),
-      num_clients, lambda_learning_rate)
-  return common.compose(model, rule, server_update, batch_size=batch_size,
-                        local_epochs=local_epochs, client_weighting='uniform',
-                        aggregator=aggregators.PerClientSlotsFactory())
+  rule = per_client.AgnosticWeighted(sgd.SGD(model, learning_rate=client_learning_rate),
+                                     num_clients=num_clients)
+  server_rule = per_client.AgnosticServer(
+      model_ops.trainable_specs(model), common.server_sgd(server_learning_rate),
+      num_clients=num_clients, lambda_learning_rate=lambda_learning_rate)
+  return common.compose(model, rule, server_rule,
+                        protocol.ClientOptions(batch_size, local_epochs, weighting='uniform'),
+                        aggregation_kind=aggregation.SLOTS)

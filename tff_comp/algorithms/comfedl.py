@@ -19,8 +19,8 @@ import tensorflow_federated as tff
 
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.algorithms import fedavg
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import compositional
 from tff_comp.ops import objectives
 
 
@@ -39,11 +39,11 @@ def build_comfedl(
 ) -> tff.learning.templates.LearningProcess:
   """Builds ComFedL with `local_steps` (tau) compositional steps per round."""
   common.check_positive(client_learning_rate=client_learning_rate)
-  rule = client_updates.CompositionalSGD(
+  rule = compositional.CompositionalSGD(
       model, learning_rate=client_learning_rate,
       objective=objectives.make_objective(
           objective, gamma=gamma, inner_learning_rate=inner_learning_rate))
-  return fedavg.compose_fedavg_like(
-      model, rule, server_learning_rate=server_learning_rate, server_momentum=0.0,
-      batch_size=batch_size, local_epochs=1, local_steps=local_steps,
-      client_weighting=client_weighting)
+  options = protocol.ClientOptions(batch_size, local_steps=local_steps,
+                                   weighting=client_weighting)
+  return common.compose_fedavg_like(model, rule, options,
+                                    server_learning_rate=server_learning_rate)

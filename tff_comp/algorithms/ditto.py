@@ -14,12 +14,13 @@ global model.
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
-from tff_comp import client_work
 from tff_comp import registry
-from tff_comp import server_updates
 from tff_comp.algorithms import common
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import aggregation
+from tff_comp.ops import model_ops
+from tff_comp.ops import per_client
+from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('ditto')
@@ -39,13 +40,13 @@ def build_ditto(
   the client learning rate (also when that is later set through the hparams)."""
   common.check_positive(client_learning_rate=client_learning_rate, num_clients=num_clients)
   common.check_nonnegative(lam=lam, personal_learning_rate=personal_learning_rate)
-  rule = client_updates.DittoSGD(
-      model, learning_rate=client_learning_rate,
-      personal_learning_rate=personal_learning_rate or None, lam=lam,
+  rule = per_client.Ditto(
+      sgd.SGD(model, learning_rate=client_learning_rate), num_clients=num_clients,
+      lam=lam, personal_learning_rate=personal_learning_rate or None)
+  server_rule = per_client.PersonalModelsServer(
+      model_ops.trainable_specs(model), common.server_sgd(server_learning_rate),
       num_clients=num_clients)
-  server_update = server_updates.build_personal_models_update(
-      common.server_sgd(server_learning_rate, 0.0), client_work.model_weights_type(model),
-      num_clients)
-  return common.compose(model, rule, server_update, batch_size=batch_size,
-                        local_epochs=local_epochs, client_weighting=client_weighting,
-                        aggregator=aggregators.PerClientSlotsFactory())
+  return common.compose(model, rule, server_rule,
+                        protocol.ClientOptions(batch_size, local_epochs,
+                                               weighting=client_weighting),
+                        aggregation_kind=aggregation.SLOTS)

@@ -14,36 +14,11 @@ Example:
 
 import tensorflow_federated as tff
 
-from tff_comp import client_work
 from tff_comp import registry
-from tff_comp import server_updates
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.algorithms import common
-from tff_comp.ops import client_updates
-
-
-def compose_fedavg_like(
-    model, rule, *, server_learning_rate, server_momentum, batch_size,
-    local_epochs, client_weighting, server_optimizer=None, model_aggregator=None,
-    local_epochs_max=0, seed=0, local_steps=None,
-) -> tff.learning.templates.LearningProcess:
-  """FedAvg's skeleton around any client rule: server optimizer on the mean update."""
-  server_update = server_updates.build_optimizer_update(
-      server_optimizer or common.server_sgd(server_learning_rate, server_momentum),
-      client_work.model_weights_type(model),
-  )
-  return common.compose(
-      model,
-      rule,
-      server_update,
-      batch_size=batch_size,
-      local_epochs=local_epochs,
-      client_weighting=client_weighting,
-      aggregator=model_aggregator,
-      local_epochs_max=local_epochs_max,
-      seed=seed,
-      local_steps=local_steps,
-  )
+from tff_comp.ops import protocol
+from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('fedavg')
@@ -63,17 +38,15 @@ def build_fedavg(
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
 
-  `local_epochs_max` > 0: epochs drawn per client per round (see client_work).
+  `local_epochs_max` > 0: epochs drawn per client per round (`ops.protocol`).
   """
   common.check_positive(client_learning_rate=client_learning_rate)
-  rule = client_updates.SGD(model, learning_rate=client_learning_rate)
-  return compose_fedavg_like(
-      model, rule, server_learning_rate=server_learning_rate,
-      server_momentum=server_momentum, batch_size=batch_size,
-      local_epochs=local_epochs, client_weighting=client_weighting,
-      server_optimizer=server_optimizer, model_aggregator=model_aggregator,
-      local_epochs_max=local_epochs_max, seed=seed,
-  )
+  options = protocol.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
+                                   seed=seed, weighting=client_weighting)
+  return common.compose_fedavg_like(
+      model, sgd.SGD(model, learning_rate=client_learning_rate), options,
+      server_learning_rate=server_learning_rate, server_momentum=server_momentum,
+      server_optimizer=server_optimizer, model_aggregator=model_aggregator)
 
 
 @registry.register_algorithm('fedavg_subgrad')
@@ -90,11 +63,7 @@ def build_fedavg_subgradient(
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg whose clients step along g_k + a subgradient of psi at w_k."""
   common.check_positive(client_learning_rate=client_learning_rate)
-  rule = client_updates.SGD(
-      model, learning_rate=client_learning_rate, subgradient_of=regularizer
-  )
-  return compose_fedavg_like(
-      model, rule, server_learning_rate=server_learning_rate,
-      server_momentum=server_momentum, batch_size=batch_size,
-      local_epochs=local_epochs, client_weighting=client_weighting,
-  )
+  rule = sgd.SGD(model, learning_rate=client_learning_rate, subgradient_of=regularizer)
+  return common.compose_fedavg_like(
+      model, rule, protocol.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
+      server_learning_rate=server_learning_rate, server_momentum=server_momentum)

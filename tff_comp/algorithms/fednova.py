@@ -13,11 +13,11 @@ drawn per client per round from [local_epochs, local_epochs_max] (`fedavg` and
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.algorithms import fedavg
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import aggregation
+from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('fednova')
@@ -42,11 +42,10 @@ def build_fednova(
     raise ValueError('choose one local solver: client_momentum > 0 or mu > 0, not both.')
   if client_momentum >= 1:
     raise ValueError(f'client_momentum must be < 1, got {client_momentum}.')
-  rule = client_updates.Normalized(client_updates.SGD(
-      model, learning_rate=client_learning_rate, proximal_strength=mu,
-      momentum=client_momentum))
-  return fedavg.compose_fedavg_like(
-      model, rule, server_learning_rate=server_learning_rate,
-      server_momentum=server_momentum, batch_size=batch_size,
-      local_epochs=local_epochs, local_epochs_max=local_epochs_max, seed=seed,
-      client_weighting=client_weighting, model_aggregator=aggregators.FedNovaFactory())
+  rule = sgd.Normalized(sgd.SGD(model, learning_rate=client_learning_rate,
+                                proximal_strength=mu, momentum=client_momentum))
+  options = protocol.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
+                                   seed=seed, weighting=client_weighting)
+  return common.compose_fedavg_like(
+      model, rule, options, server_learning_rate=server_learning_rate,
+      server_momentum=server_momentum, aggregation_kind=aggregation.NORMALIZED)

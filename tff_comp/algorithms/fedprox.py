@@ -10,8 +10,8 @@ import tensorflow_federated as tff
 
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.algorithms import fedavg
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('fedprox')
@@ -33,13 +33,10 @@ def build_fedprox(
   """Builds FedProx with proximal strength `mu`."""
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(mu=mu)
-  rule = client_updates.SGD(
-      model, learning_rate=client_learning_rate, proximal_strength=mu
-  )
-  return fedavg.compose_fedavg_like(
-      model, rule, server_learning_rate=server_learning_rate,
-      server_momentum=server_momentum, batch_size=batch_size,
-      local_epochs=local_epochs, client_weighting=client_weighting,
-      server_optimizer=server_optimizer, model_aggregator=model_aggregator,
-      local_epochs_max=local_epochs_max, seed=seed,
-  )
+  rule = sgd.SGD(model, learning_rate=client_learning_rate, proximal_strength=mu)
+  options = protocol.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
+                                   seed=seed, weighting=client_weighting)
+  return common.compose_fedavg_like(
+      model, rule, options, server_learning_rate=server_learning_rate,
+      server_momentum=server_momentum, server_optimizer=server_optimizer,
+      model_aggregator=model_aggregator)

@@ -17,11 +17,11 @@ Here eta is `client_learning_rate` and gamma is `tracking_gamma`; DRFL's own gam
 
 import tensorflow_federated as tff
 
-from tff_comp import client_work
 from tff_comp import registry
-from tff_comp import server_updates
 from tff_comp.algorithms import common
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import compositional
+from tff_comp.ops import model_ops
 from tff_comp.ops import objectives
 
 
@@ -47,12 +47,12 @@ def build_local_scgdm(
     if rate * client_learning_rate > 1:
       raise ValueError(f'{name} x client_learning_rate must be <= 1 (a convex'
                        f' combination), got {rate * client_learning_rate}.')
-  obj = objectives.make_objective(
-          objective, gamma=gamma, inner_learning_rate=inner_learning_rate)
-  rule = client_updates.SCGDM(model, learning_rate=client_learning_rate, objective=obj,
-                              alpha=alpha, beta=beta, tracking_gamma=tracking_gamma)
-  server_update = server_updates.build_tracker_averaging_update(
-      common.server_sgd(1.0, 0.0), client_work.model_weights_type(model),
-      obj.value_spec(model))
-  return common.compose(model, rule, server_update, batch_size=batch_size, local_epochs=1,
-                        local_steps=local_steps, client_weighting=client_weighting)
+  obj = objectives.make_objective(objective, gamma=gamma,
+                                  inner_learning_rate=inner_learning_rate)
+  rule = compositional.SCGDM(model, learning_rate=client_learning_rate, objective=obj,
+                             alpha=alpha, beta=beta, tracking_gamma=tracking_gamma)
+  server_rule = compositional.TrackerServer(
+      model_ops.trainable_specs(model), common.server_sgd(1.0), obj.value_spec(model))
+  return common.compose(model, rule, server_rule,
+                        protocol.ClientOptions(batch_size, local_steps=local_steps,
+                                               weighting=client_weighting))

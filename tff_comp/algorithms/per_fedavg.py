@@ -15,8 +15,8 @@ import tensorflow_federated as tff
 
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.algorithms import fedavg
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import maml
 
 
 @registry.register_algorithm('per_fedavg')
@@ -34,9 +34,9 @@ def build_per_fedavg(
 ) -> tff.learning.templates.LearningProcess:
   """Builds Per-FedAvg; `variant` is 'exact', 'fo' or 'hf'."""
   common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha, delta=delta)
-  rule = client_updates.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha,
-                                  variant=variant, delta=delta)
-  return fedavg.compose_fedavg_like(
-      model, rule, server_learning_rate=server_learning_rate, server_momentum=0.0,
-      batch_size=batch_size, local_epochs=1, local_steps=local_steps,
-      client_weighting=client_weighting)
+  rule = maml.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha,
+                        variant=variant, delta=delta)
+  options = protocol.ClientOptions(batch_size, local_steps=local_steps,
+                                   weighting=client_weighting)
+  return common.compose_fedavg_like(model, rule, options,
+                                    server_learning_rate=server_learning_rate)

@@ -8,11 +8,11 @@ high-loss clients more; q = 0 is FedAvg with uniform client weights.
 
 import tensorflow_federated as tff
 
-from tff_comp import client_work
 from tff_comp import registry
-from tff_comp import server_updates
 from tff_comp.algorithms import common
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import model_ops
+from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('qfedavg')
@@ -27,7 +27,7 @@ def build_qfedavg(
   """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2)."""
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(q=q)
-  rule = client_updates.QFFL(model, learning_rate=client_learning_rate, q=q)
-  return common.compose(
-      model, rule, server_updates.build_ratio_update(client_work.model_weights_type(model)),
-      batch_size=batch_size, local_epochs=local_epochs, client_weighting='uniform')
+  rule = sgd.QFFL(model, learning_rate=client_learning_rate, q=q)
+  options = protocol.ClientOptions(batch_size, local_epochs, weighting='uniform')
+  return common.compose(model, rule, sgd.RatioServer(model_ops.trainable_specs(model)),
+                        options)

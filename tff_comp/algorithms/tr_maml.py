@@ -10,12 +10,13 @@ post-adaptation losses. p is per client, so clients receive IndexedExamples (as 
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
-from tff_comp import client_work
 from tff_comp import registry
-from tff_comp import server_updates
 from tff_comp.algorithms import common
-from tff_comp.ops import client_updates
+from tff_comp.ops import protocol
+from tff_comp.ops import aggregation
+from tff_comp.ops import maml
+from tff_comp.ops import model_ops
+from tff_comp.ops import per_client
 
 
 @registry.register_algorithm('tr_maml')
@@ -33,12 +34,14 @@ def build_tr_maml(
   """Builds TR-MAML; `task_weight_learning_rate` is the exponentiated-gradient step."""
   common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha,
                         task_weight_learning_rate=task_weight_learning_rate)
-  rule = client_updates.TaskRobustMAML(
-      model, num_clients=num_clients, learning_rate=client_learning_rate, alpha=alpha,
-      variant='fo')
-  server_update = server_updates.build_agnostic_update(
-      common.server_sgd(server_learning_rate, 0.0), client_work.model_weights_type(model),
-      num_clients, task_weight_learning_rate, ascent='exponentiated')
-  return common.compose(model, rule, server_update, batch_size=batch_size, local_epochs=1,
-                        local_steps=local_steps, client_weighting='uniform',
-                        aggregator=aggregators.PerClientSlotsFactory())
+  rule = per_client.AgnosticWeighted(
+      maml.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha, variant='fo'),
+      num_clients=num_clients)
+  server_rule = per_client.AgnosticServer(
+      model_ops.trainable_specs(model), common.server_sgd(server_learning_rate),
+      num_clients=num_clients, lambda_learning_rate=task_weight_learning_rate,
+      ascent='exponentiated')
+  return common.compose(model, rule, server_rule,
+                        protocol.ClientOptions(batch_size, local_steps=local_steps,
+                                               weighting='uniform'),
+                        aggregation_kind=aggregation.SLOTS)

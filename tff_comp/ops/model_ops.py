@@ -24,6 +24,11 @@ def batch_loss_and_gradient(
   return loss, tuple(tape.gradient(loss, trainable))
 
 
+def trainable_specs(model) -> tuple[tf.TensorSpec, ...]:
+  """TensorSpecs of a FunctionalModel's trainable weights (what server rules take)."""
+  return tuple(tf.TensorSpec(w.shape, w.dtype) for w in model.initial_weights[0])
+
+
 def batch_size_of(batch: Any) -> tf.Tensor:
   return tf.shape(tf.nest.flatten(batch)[0])[0]
 
@@ -44,3 +49,10 @@ def finite_difference_hvp(model, trainable: Weights, non_trainable: Weights, bat
   _, g_plus = batch_loss_and_gradient(model, plus, non_trainable, batch)
   _, g_minus = batch_loss_and_gradient(model, minus, non_trainable, batch)
   return tuple((a - b) / (2 * delta) for a, b in zip(g_plus, g_minus))
+
+
+def adapt(model, trainable: Weights, non_trainable: Weights, batch: Any,
+          step_size) -> tuple[tf.Tensor, Weights]:
+  """One MAML adaptation step: (loss at w on `batch`, w - step_size grad f(w; batch))."""
+  loss, grads = batch_loss_and_gradient(model, trainable, non_trainable, batch)
+  return loss, tuple(w - step_size * g for w, g in zip(trainable, grads))

@@ -32,6 +32,7 @@ class CompositionalObjective(abc.ABC):
   """
 
   outer_uses_data: bool = True
+  uses_reference_loss: bool = False  # outer reads the round's reference loss c
 
   def hparams(self) -> dict[str, float]:
     return {}
@@ -63,8 +64,9 @@ class CompositionalObjective(abc.ABC):
     """f(w; B)."""
 
   @abc.abstractmethod
-  def outer(self, model, value: Any, batch: Any, hparams) -> tf.Tensor:
-    """g(value; B~), a scalar."""
+  def outer(self, model, value: Any, batch: Any, hparams,
+            reference_loss: tf.Tensor) -> tf.Tensor:
+    """g(value; B~), a scalar; `reference_loss` is the round's common reference c."""
 
 
 def compositional_gradient(
@@ -75,21 +77,16 @@ def compositional_gradient(
     inner_batch: Any,
     outer_batch: Any,
     hparams,
-    outer_at: Any = None,
+    reference_loss: tf.Tensor,
 ) -> tuple[tf.Tensor, Any, Weights]:
-  """(g value, inner value f(w; B), J f(w; B)^T grad g(v; B~)) as one VJP.
-
-  `outer_at` is the point v where grad g is taken (default v = f(w; B); Local-SCGDM
-  passes its tracker u instead).
-  """
+  """(g value, inner value v = f(w; B), J f(w; B)^T grad g(v; B~)) as one VJP."""
   with tf.GradientTape() as inner_tape:
     inner_tape.watch(trainable)
     value = objective.inner(model, trainable, non_trainable, inner_batch)
-  at = value if outer_at is None else outer_at
   with tf.GradientTape() as outer_tape:
-    outer_tape.watch(at)
-    g = objective.outer(model, at, outer_batch, hparams)
-  cotangent = outer_tape.gradient(g, at)
+    outer_tape.watch(value)
+    g = objective.outer(model, value, outer_batch, hparams, reference_loss)
+  cotangent = outer_tape.gradient(g, value)
   gradient = inner_tape.gradient(value, trainable, output_gradients=cotangent)
   return g, value, tuple(gradient)
 
@@ -110,6 +107,7 @@ class DRFL(CompositionalObjective):
   """
 
   outer_uses_data = False
+  uses_reference_loss = True
 
   def __init__(self, gamma: float):
     if not gamma > 0:
@@ -122,9 +120,9 @@ class DRFL(CompositionalObjective):
   def inner(self, model, trainable, non_trainable, batch):
     return model_ops.batch_loss(model, trainable, non_trainable, batch)
 
-  def outer(self, model, value, batch, hparams):
+  def outer(self, model, value, batch, hparams, reference_loss):
     del model, batch
-    return tf.exp((value - hparams['reference_loss']) / hparams['gamma'])
+    return tf.exp((value - reference_loss) / hparams['gamma'])
 
   def value_spec(self, model):
     del model
@@ -161,11 +159,11 @@ class MAML(CompositionalObjective):
   def inner(self, model, trainable, non_trainable, batch):
     # inner_learning_rate is a constant of the objective, so the inner map is the same
     # in every round (it is also exposed as a hyperparameter for reading).
-    _, grads = model_ops.batch_loss_and_gradient(model, trainable, non_trainable, batch)
-    return tuple(w - self.inner_learning_rate * g for w, g in zip(trainable, grads))
+    return model_ops.adapt(model, trainable, non_trainable, batch,
+                           self.inner_learning_rate)[1]
 
-  def outer(self, model, value, batch, hparams):
-    del hparams
+  def outer(self, model, value, batch, hparams, reference_loss):
+    del hparams, reference_loss
     return model_ops.batch_loss(model, value, (), batch)
 
   def value_spec(self, model):
@@ -176,6 +174,8 @@ class DAMAML(MAML):
   """Distribution-agnostic MAML: outer exp((L(y; D_test) - c) / gamma), the reference c
   handled as in DRFL (a common per-round scale; Local-SCGDM rescales exactly)."""
 
+  uses_reference_loss = True
+
   def __init__(self, inner_learning_rate: float, gamma: float):
     super().__init__(inner_learning_rate)
     if not gamma > 0:
@@ -185,9 +185,9 @@ class DAMAML(MAML):
   def hparams(self):
     return {**super().hparams(), 'gamma': self.gamma}
 
-  def outer(self, model, value, batch, hparams):
+  def outer(self, model, value, batch, hparams, reference_loss):
     loss = model_ops.batch_loss(model, value, (), batch)
-    return tf.exp((loss - hparams['reference_loss']) / hparams['gamma'])
+    return tf.exp((loss - reference_loss) / hparams['gamma'])
 
   def rescale_direction(self, direction, old_reference, new_reference, hparams):
     return DRFL.rescale_direction(self, direction, old_reference, new_reference, hparams)

@@ -1,7 +1,14 @@
-"""Execution runtime: a TFF C++ worker that never outlives its Python process."""
+"""Execution runtimes.
 
+`install_local_runtime` / `ensure_local_runtime`: TFF's C++ runtime with a local
+worker that never outlives its Python process (`local_worker`). `inprocess`: the math
+layer run directly in one `tf.function` per round, no TFF runtime involved.
+"""
+
+from tff_comp.runtime.local_worker import ensure_local_runtime
 from tff_comp.runtime.local_worker import install_local_runtime
 from tff_comp.runtime.local_worker import shutdown_local_runtime
 from tff_comp.runtime.local_worker import worker_pids
 
-__all__ = ['install_local_runtime', 'shutdown_local_runtime', 'worker_pids']
+__all__ = ['ensure_local_runtime', 'install_local_runtime', 'shutdown_local_runtime',
+           'worker_pids']

@@ -13,8 +13,9 @@ but starts the worker itself:
 * an `atexit` hook also stops it on a normal exit (and on platforms without prctl);
 * its output goes to a log file (or /dev/null), never to the parent's pipes.
 
-`tff_comp` installs this context on import; it starts no worker until a computation
-first runs.
+Nothing installs it on import: the code that runs things does (`run.py`, the library's
+run functions, the test configuration) through `install_local_runtime` or
+`ensure_local_runtime`. It starts no worker until a computation first runs.
 """
 
 import atexit
@@ -140,6 +141,12 @@ def install_local_runtime(max_concurrent_computation_calls: int = -1) -> None:
   )
   tff.framework.set_default_context(context)
   _worker = worker
+
+
+def ensure_local_runtime() -> None:
+  """Installs the local runtime unless this process already has it installed."""
+  if _worker is None:
+    install_local_runtime()
 
 
 def shutdown_local_runtime() -> None:

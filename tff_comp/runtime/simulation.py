@@ -1,5 +1,9 @@
 """The simulation loop: sample clients, run rounds, evaluate, write metrics.
 
+It drives any runtime's process that takes client ids: a LearningProcess composed with
+a dataset computation (TFF's runtime) or an `inprocess.InProcessProcess`
+(`experiment.runner_for` makes either).
+
 Metrics go where tools read them: `metrics.csv` (one row per round; evaluation columns
 filled every `eval_period` rounds and at round 0) and TensorBoard event files under
 `tensorboard/`. TFF's release managers are asynchronous and write one value tree per
@@ -17,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 import tqdm
 
 Metrics = dict[str, float]
@@ -80,10 +83,9 @@ def set_learning_rates(process, state, client_learning_rate: float,
 
 
 def run_simulation(
-    process: tff.learning.templates.LearningProcess,
+    process: Any,
     *,
     client_ids: list[str],
-    dataset_computation: tff.Computation,
     evaluate: Callable[[Any], Metrics],
     rounds: int,
     clients_per_round: int,
@@ -96,8 +98,8 @@ def run_simulation(
 ) -> Metrics:
   """Trains `process` for `rounds` rounds; returns the last evaluation metrics.
 
-  Client ids are sampled without replacement each round from a NumPy generator seeded
-  by `seed`; datasets are built at the worker by `dataset_computation`. `evaluate`
+  `process` takes client ids (`experiment.runner_for`). Client ids are sampled without
+  replacement each round from a NumPy generator seeded by `seed`. `evaluate`
   maps the process state to metrics (`experiment.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the process's hparams, so one built
@@ -108,9 +110,6 @@ def run_simulation(
   """
   output_dir.mkdir(parents=True, exist_ok=True)
   (output_dir / 'config.json').write_text(json.dumps(dict(config), indent=2, default=str))
-  process = tff.simulation.compose_dataset_computation_with_learning_process(
-      dataset_computation, process
-  )
   rng = np.random.default_rng(seed)
 
   def evaluate_state(state) -> Metrics:

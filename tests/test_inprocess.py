@@ -1,0 +1,136 @@
+"""The in-process runtime gives the TFF process's results, for every registered algorithm.
+
+Each algorithm is built once; the TFF process (on the local worker) and the in-process
+runtime run the same client sequence, on clients of unequal sizes (clients mapped) and
+of equal sizes (clients vectorized); weights, server state and training metrics agree.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import array_data
+from tff_comp import experiment
+from tff_comp import models
+from tff_comp import registry
+from tff_comp import regularizers
+from tff_comp.runtime import inprocess
+import tff_comp.algorithms  # pylint: disable=unused-import  (registers the builders)
+
+D, ROUNDS, PER_ROUND = 5, 3, 3
+MODEL = models.linear_regression((D,))
+
+
+def _client_data(sizes, key):
+  w = np.linspace(-1, 1, D).astype(np.float32)
+
+  def make(i):
+    rng = np.random.default_rng([7, i])
+    x = rng.normal(size=(sizes[i], D)).astype(np.float32) + 0.1 * i
+    return x, (x @ w + 0.3 + 0.1 * rng.normal(size=sizes[i])).astype(np.float32)
+
+  ids = [f'c{i}' for i in range(len(sizes))]
+  return array_data.cached_client_data(f'inprocess-{key}', ids, (D,), tf.float32, make)
+
+
+DATA = {'mapped': _client_data([7, 12, 9, 5, 14], 'unequal'),
+        'vectorized': _client_data([8] * 5, 'equal')}
+
+# (registered name, extra builder arguments, data): every algorithm on clients of
+# unequal sizes; on equal sizes (vectorized) one algorithm per aggregation kind, server
+# state and reference loss. The variants whose math differs (objectives, MAML
+# variants, momentum, epoch draws) run on both in the slow suite.
+_SLOW = pytest.mark.slow
+CASES = [(name, {}, 'mapped') for name in registry.ALGORITHMS.names()] + [
+    (name, {}, 'vectorized') for name in ('fedavg', 'feddualavg', 'fednova', 'ditto',
+                                          'comfedl')
+] + [pytest.param(name, {}, 'vectorized', marks=_SLOW)
+     for name in ('afl', 'local_scgdm', 'qfedavg', 'per_fedavg')] + [pytest.param(name, extra, mode, marks=_SLOW)
+     for name, extra in [('comfedl', dict(objective='maml')),
+                         ('comfedl', dict(objective='da_maml')),
+                         ('local_scgdm', dict(objective='da_maml')),
+                         ('per_fedavg', dict(variant='exact')),
+                         ('per_fedavg', dict(variant='hf')),
+                         ('fednova', dict(client_momentum=0.5, local_epochs_max=3,
+                                          server_momentum=0.9)),
+                         ('fedprox', dict(mu=0.5, local_epochs_max=2))]
+     for mode in DATA]
+
+
+def _build(name, extra):
+  entry = registry.get_algorithm(name)
+  args = dict(client_learning_rate=0.02, **extra)
+  for arg, value in (('regularizer', regularizers.L1(strength=0.05)),
+                     ('num_clients', 5), ('batch_size', 3), ('gamma', 2.0),
+                     ('local_steps', 4)):
+    if entry.accepts(arg) and arg not in extra:
+      args[arg] = value
+  return entry.build(MODEL, **args)
+
+
+def _close(a, b):
+  for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+
+
+def _case_id(case):
+  name, extra, mode = case.values if hasattr(case, 'values') else case
+  return '-'.join([name, *map(str, extra.values()), mode])
+
+
+@pytest.mark.parametrize('name,extra,mode', CASES, ids=[_case_id(c) for c in CASES])
+def test_inprocess_matches_the_tff_process(name, extra, mode):
+  process = _build(name, extra)
+  data = DATA[mode]
+  fast = inprocess.build(process, data)
+  assert fast.vectorized == (mode == 'vectorized')
+  slow = tff.simulation.compose_dataset_computation_with_learning_process(
+      experiment.dataset_computation_for(process, data), process)
+  rng = np.random.default_rng(3)
+  fast_state, slow_state = fast.initialize(), slow.initialize()
+  for _ in range(ROUNDS):
+    ids = [data.client_ids[i] for i in rng.choice(5, PER_ROUND, replace=False)]
+    fast_out, slow_out = fast.next(fast_state, ids), slow.next(slow_state, ids)
+    fast_state, slow_state = fast_out.state, slow_out.state
+    _close(fast_out.metrics['client_work'], slow_out.metrics['client_work'])
+  moved = np.abs(np.asarray(fast.get_model_weights(fast_state).trainable[0])).max()
+  assert moved > 1e-3, 'the model did not move: the comparison would be vacuous'
+  _close(fast.get_model_weights(fast_state).trainable,
+         process.get_model_weights(slow_state).trainable)
+  _close(fast_state['finalizer'], slow_state.finalizer)
+  _close(fast.get_hparams(fast_state), process.get_hparams(slow_state))
+
+
+def test_custom_aggregator_and_hand_built_processes_are_refused():
+  process = registry.get_algorithm('fedavg').build(
+      MODEL, client_learning_rate=0.1,
+      model_aggregator=tff.learning.robust_aggregator(zeroing=False))
+  with pytest.raises(inprocess.UnsupportedError, match='TFF runtime'):
+    inprocess.build(process, DATA['mapped'])
+  builtin = tff.learning.algorithms.build_weighted_fed_avg(
+      MODEL, tff.learning.optimizers.build_sgdm(0.1))
+  with pytest.raises(inprocess.UnsupportedError, match='hand-built'):
+    inprocess.build(builtin, DATA['mapped'])
+
+
+def test_hparams_set_between_rounds_take_effect():
+  process = _build('fedavg', {})
+  fast = inprocess.build(process, DATA['mapped'])
+  state = fast.initialize()
+  hparams = fast.get_hparams(state)
+  hparams['client_work']['learning_rate'] = 0.0
+  state = fast.set_hparams(state, hparams)
+  out = fast.next(state, ['c0', 'c1'])
+  _close(fast.get_model_weights(out.state).trainable, MODEL.initial_weights[0])
+
+
+def test_device_choice_prefers_a_gpu():
+  Device = collections.namedtuple('Device', 'name device_type')
+  cpu, gpu = Device('/device:CPU:0', 'CPU'), Device('/device:GPU:0', 'GPU')
+  assert inprocess.choose_device([cpu]) == cpu.name
+  assert inprocess.choose_device([cpu, gpu]) == gpu.name
+  with pytest.raises(RuntimeError):
+    inprocess.choose_device([])

@@ -1,0 +1,70 @@
+"""How client updates combine into the server's update, in pure TF over a cohort's
+updates stacked along a leading client axis (the in-process runtime); the TFF layer's
+`tff_comp.aggregators` places the same math in `tff.aggregators` factories.
+
+    MEAN        sum_i w_i u_i / sum_i w_i                      (FedAvg, dual-state mean)
+    NORMALIZED  tau_eff sum_i p_i delta_i / ||a_i||_1,  tau_eff = sum_i p_i ||a_i||_1
+                (FedNova; p_i = w_i / sum_j w_j)
+    SLOTS       the weighted mean of `delta`, the plain sum of every other field
+                (per-client tables: AFL/TR-MAML losses, Ditto's personal models)
+"""
+
+import collections
+from typing import Any
+
+import tensorflow as tf
+
+MEAN, NORMALIZED, SLOTS = 'mean', 'normalized', 'slots'
+KINDS = (MEAN, NORMALIZED, SLOTS)
+
+
+def _per_client(values: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+  """[m] values shaped to broadcast against a [m, ...] stacked leaf."""
+  return tf.reshape(values, [-1] + [1] * (like.shape.rank - 1))
+
+
+def weighted_mean(stacked: Any, weights: tf.Tensor) -> Any:
+  """sum_i w_i u_i / sum_i w_i for every leaf of a structure stacked on axis 0."""
+  total = tf.reduce_sum(weights)
+  return tf.nest.map_structure(
+      lambda u: tf.reduce_sum(_per_client(weights, u) * u, axis=0) / total, stacked)
+
+
+def normalize(update) -> collections.OrderedDict:
+  """A FedNova update as (delta / ||a||_1, ||a||_1); `a_norm` may be a scalar or a
+  structure like `delta` (broadcastable factors per leaf)."""
+  a_norm = update.a_norm
+  if not tf.nest.is_nested(a_norm):
+    a_norm = tf.nest.map_structure(lambda _: update.a_norm, update.delta)
+  return collections.OrderedDict(
+      normalized=tf.nest.map_structure(tf.math.divide_no_nan, update.delta, a_norm),
+      a_norm=update.a_norm)
+
+
+def rescale(means) -> Any:
+  """tau_eff x the mean normalized delta, from the means of `normalize`'s output."""
+  return tf.nest.map_structure(lambda d: means['a_norm'] * d, means['normalized'])
+
+
+def slot_fields(update) -> list[str]:
+  """The per-client slot fields of an update: every field but `delta`."""
+  return [name for name in update._fields if name != 'delta']
+
+
+def aggregate(kind: str, stacked: Any, weights: tf.Tensor) -> Any:
+  """The server's update from a cohort's stacked updates and weights (see above)."""
+  if kind == MEAN:
+    return weighted_mean(stacked, weights)
+  if kind == NORMALIZED:
+    normalized = normalize(stacked._replace(
+        a_norm=tf.nest.map_structure(lambda d: _per_client(stacked.a_norm, d),
+                                     stacked.delta)))
+    return rescale(weighted_mean(
+        collections.OrderedDict(normalized=normalized['normalized'], a_norm=stacked.a_norm),
+        weights))
+  if kind == SLOTS:
+    tables = {name: tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0),
+                                          getattr(stacked, name))
+              for name in slot_fields(stacked)}
+    return type(stacked)(delta=weighted_mean(stacked.delta, weights), **tables)
+  raise ValueError(f'aggregation {kind!r} is unknown; choose one of {KINDS}.')

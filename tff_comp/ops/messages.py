@@ -1,0 +1,91 @@
+"""What crosses between server and clients: payloads (broadcast) and updates (reported).
+
+Plain NamedTuples of tensors, shared by the client rules, the server rules and the
+aggregators, so every layer names the same fields. `Weights` is a tuple of trainable
+tensors; `weights` fields hold a ModelWeights-like (trainable, non_trainable) pair.
+"""
+
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+Weights = tuple[tf.Tensor, ...]
+
+
+class ElapsedUpdate(NamedTuple):
+  """A composite client's report: pseudo-gradient and its elapsed sum of eta_c."""
+
+  delta: Weights  # start - end
+  lr_sum: tf.Tensor
+
+
+class NormalizedUpdate(NamedTuple):
+  """A FedNova client's report: pseudo-gradient and ||a||_1 of its weighting vector."""
+
+  delta: Weights  # start - end = eta G a
+  a_norm: tf.Tensor
+
+
+class DualPayload(NamedTuple):
+  """FedDualAvg's broadcast: the dual state and the elapsed coefficient."""
+
+  dual: Any  # ModelWeights of the dual state
+  elapsed: tf.Tensor
+
+
+class TrackerPayload(NamedTuple):
+  """Local-SCGDM's broadcast: model, inner-value tracker u, momentum m, the reference
+  loss m was expressed in (DRFL), and `started` (0 before the first round)."""
+
+  weights: Any  # ModelWeights
+  u: Any
+  m: Weights
+  reference_loss: tf.Tensor
+  started: tf.Tensor
+
+
+class TrackerUpdate(NamedTuple):
+  """A Local-SCGDM client's report: pseudo-gradient, final u and m, its reference."""
+
+  delta: Weights
+  u: Any
+  m: Weights
+  reference_loss: tf.Tensor
+
+
+class QUpdate(NamedTuple):
+  """A q-FFL client's report: Delta_i = F_i^q Dw_i and h_i."""
+
+  delta: Weights
+  h: tf.Tensor
+
+
+class AFLPayload(NamedTuple):
+  """AFL's and TR-MAML's broadcast: the model and the client weights on the simplex."""
+
+  weights: Any  # ModelWeights
+  client_weights: tf.Tensor  # [num_clients]
+
+
+class AFLUpdate(NamedTuple):
+  """A per-client-weighted client's report: pseudo-gradient, and its loss in its own
+  slot of a [num_clients] vector (0 elsewhere)."""
+
+  delta: Weights
+  losses: tf.Tensor
+
+
+class DittoPayload(NamedTuple):
+  """Ditto's broadcast: the global model and every client's personal model."""
+
+  weights: Any  # ModelWeights
+  personal: Weights  # per trainable tensor, [num_clients, *shape]
+
+
+class DittoUpdate(NamedTuple):
+  """A Ditto client's report: pseudo-gradient of the global model, its new personal
+  model in its own row of the table (zeros elsewhere) and a 1 in `visited`."""
+
+  delta: Weights
+  personal: Weights  # [num_clients, *shape]
+  visited: tf.Tensor  # [num_clients]

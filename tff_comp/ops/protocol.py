@@ -1,0 +1,109 @@
+"""The client protocol: what one sampled client does in a round, in pure TF.
+
+    run_client(rule, payload, examples, hparams, context, options)
+        -> ClientOutput(update, weight, stats)
+
+`examples` are the client's examples stacked along a leading dimension (any runtime
+materializes them: TFF's client work from a dataset, the in-process runtime from
+resident tensors). The protocol fills the context's start loss when the rule uses it,
+chooses the local work (epochs, epochs drawn per client and round, or a fixed number of
+steps), runs the rule's steps (`ops.local_loop`), and weighs the client (the rule's own
+weight, else n_i or 1). Stats are summed over clients by the runtime: loss_sum,
+num_examples (examples processed), num_steps.
+"""
+
+import collections
+import dataclasses
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from tff_comp.ops import local_loop
+from tff_comp.ops import rule as rule_lib
+
+WEIGHTINGS = ('examples', 'uniform')
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientOptions:
+  """How much local work a client does and how it is weighed.
+
+  batch_size: examples per local step (times the rule's batches_per_step).
+  local_epochs: passes over the client's examples (the minimum when
+    `local_epochs_max` is set).
+  local_epochs_max: if set, epochs are drawn per client per round from
+    [local_epochs, local_epochs_max] and steps are floor(E n_i / B) (FedNova's setting).
+  local_steps: if set, exactly this many steps, cycling through the examples.
+  seed: seed of the epoch draws (a stateless function of seed, round and data).
+  weighting: 'examples' weighs a client by n_i (the same weighted mean as TFF's count
+    of examples processed when all clients run the same epochs), 'uniform' by 1.
+  """
+
+  batch_size: int
+  local_epochs: int = 1
+  local_epochs_max: int | None = None
+  local_steps: int | None = None
+  seed: int = 0
+  weighting: str = 'examples'
+
+  def __post_init__(self):
+    if self.batch_size < 1:
+      raise ValueError(f'batch_size must be >= 1, got {self.batch_size}.')
+    if self.local_epochs < 1:
+      raise ValueError(f'local_epochs must be >= 1, got {self.local_epochs}.')
+    if self.local_steps is not None and self.local_steps < 1:
+      raise ValueError(f'local_steps must be >= 1, got {self.local_steps}.')
+    if self.local_epochs_max is not None and self.local_epochs_max < self.local_epochs:
+      raise ValueError(f'local_epochs_max ({self.local_epochs_max}) must be >='
+                       f' local_epochs ({self.local_epochs}).')
+    if self.weighting not in WEIGHTINGS:
+      raise ValueError(f'client_weighting={self.weighting!r} is unknown; choose one of'
+                       f' {list(WEIGHTINGS)}.')
+
+
+class ClientOutput(NamedTuple):
+  update: Any
+  weight: tf.Tensor
+  stats: collections.OrderedDict
+
+
+def run_client(rule: rule_lib.ClientRule, payload, examples, hparams,
+               context: rule_lib.RoundContext, options: ClientOptions,
+               round_num: tf.Tensor) -> ClientOutput:
+  """One client's round: the rule's local steps on `examples` from `payload`."""
+  if rule.uses_start_loss:
+    context = context._replace(start_loss=rule.start_loss(payload, examples, hparams))
+  if options.local_epochs_max is None:
+    epochs, drop_remainder = options.local_epochs, False
+  else:
+    epochs, drop_remainder = local_loop.draw_epochs(
+        examples, options.seed, round_num, options.local_epochs,
+        options.local_epochs_max), True
+  state = rule.initialize(payload, hparams, context)
+  state, steps = local_loop.run_local_steps(
+      lambda s, batch: rule.step(s, batch, payload, hparams, context),
+      state, examples,
+      batch_size=options.batch_size * rule.batches_per_step,
+      epochs=epochs, drop_remainder=drop_remainder, steps=options.local_steps)
+  weight = rule.client_weight(payload, hparams, context)
+  if weight is None and options.weighting == 'examples':
+    weight = tf.cast(local_loop.num_examples(examples), tf.float32)
+  elif weight is None:
+    weight = tf.constant(1.0)
+  stats = collections.OrderedDict(
+      loss_sum=state.loss_sum,
+      num_examples=tf.cast(state.examples, tf.float32),
+      num_steps=tf.cast(steps, tf.float32))
+  return ClientOutput(rule.finalize(state, payload, hparams, context), weight, stats)
+
+
+def train_metrics(stats_sum, reference_loss: tf.Tensor | None) -> collections.OrderedDict:
+  """Round measurements from the clients' summed stats: the example-weighted mean
+  training loss at the visited iterates, examples and steps (and the reference loss)."""
+  metrics = collections.OrderedDict(
+      train_loss=tf.math.divide_no_nan(stats_sum['loss_sum'], stats_sum['num_examples']),
+      num_examples=stats_sum['num_examples'],
+      num_steps=stats_sum['num_steps'])
+  if reference_loss is not None:
+    metrics['reference_loss'] = reference_loss
+  return metrics

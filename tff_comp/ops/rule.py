@@ -1,0 +1,222 @@
+"""The two halves of every algorithm's math: a client rule and a server rule (pure TF).
+
+A client rule says what one client computes from the broadcast payload P and its
+batches; `ops.protocol.run_client` runs it (any runtime calls that function):
+
+    state  = rule.initialize(payload, hparams, context)
+    state  = rule.step(state, batch, payload, hparams, context)     # once per local step
+    update = rule.finalize(state, payload, hparams, context)
+    weight = rule.client_weight(payload, hparams, context)          # None: the runtime's
+
+A server rule holds the server state S and says what clients receive:
+
+    S  = rule.initialize()              S' = rule.reset(S, W)   (restart at weights W)
+    P  = rule.payload(S, W)             (S', W') = rule.step(S, W, U)
+
+U being the aggregated client update. `hparams` are OrderedDicts of float tensors the
+runtime keeps in its state (so learning rates can be read and set between rounds);
+`context` is a `RoundContext`: per-round facts that are not hyperparameters. Updates
+follow TFF's sign convention: a client reports the pseudo-gradient `start - end`
+(= -Delta in ../shared/algorithms.md), so a server optimizer applies it as a gradient.
+Nothing here imports TFF: weights are any NamedTuple with `trainable` and
+`non_trainable` (TFF's ModelWeights in the TFF layer), optimizers anything with TFF's
+functional-optimizer interface (`initialize`, `next`, `get_hparams`, `set_hparams`).
+"""
+
+import abc
+import collections
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from tff_comp.ops import model_ops
+
+Weights = tuple[tf.Tensor, ...]
+LEARNING_RATE = 'learning_rate'
+
+
+class RoundContext(NamedTuple):
+  """What a client knows of the round besides hyperparameters.
+
+  client_index: int32 position of the client in the task's client list (rules with
+    per-client server state: AFL, TR-MAML, Ditto); -1 where the runtime has none.
+  reference_loss: float32, the round's common reference (the largest loss of the
+    round's clients at the broadcast model) for rules with `uses_reference_loss`.
+  start_loss: float32, the client's own loss at the broadcast model on all its
+    examples, for rules with `uses_start_loss` (filled in by `run_client`).
+  """
+
+  client_index: tf.Tensor
+  reference_loss: tf.Tensor
+  start_loss: tf.Tensor
+
+  @classmethod
+  def of(cls, client_index=-1, reference_loss=0.0, start_loss=0.0) -> 'RoundContext':
+    return cls(tf.cast(client_index, tf.int32), tf.cast(reference_loss, tf.float32),
+               tf.cast(start_loss, tf.float32))
+
+
+class LocalState(NamedTuple):
+  """Loop state of every client rule: the iterate, rule extras, loss bookkeeping."""
+
+  weights: Weights  # the trainable weights being trained (dual state for DA)
+  extras: Any  # rule-specific tensors (e.g. elapsed step sizes)
+  loss_sum: tf.Tensor  # sum over steps of batch loss x batch size
+  examples: tf.Tensor  # examples processed
+  steps: tf.Tensor  # local steps taken
+
+
+class ClientRule(abc.ABC):
+  """Local update rule on a FunctionalModel; see the module docstring.
+
+  `batches_per_step`: a step receives this many batches concatenated (compositional
+  and MAML rules draw separate batches). `uses_reference_loss`: the runtime computes,
+  before local training, the round's reference (`reference_value` maximized over the
+  round's clients) and passes it in the context. `uses_start_loss`: `run_client`
+  passes the client's own `start_loss` in the context. `uses_client_index`: the
+  runtime must tell the client its index.
+  """
+
+  batches_per_step: int = 1
+  uses_reference_loss: bool = False
+  uses_start_loss: bool = False
+  uses_client_index: bool = False
+
+  def __init__(self, model, *, learning_rate: float):
+    self.model = model
+    self._learning_rate = float(learning_rate)
+
+  def initial_hparams(self) -> collections.OrderedDict:
+    """The rule's hyperparameters, stored as float32 by the runtime."""
+    return collections.OrderedDict(learning_rate=self._learning_rate)
+
+  @abc.abstractmethod
+  def start(self, payload) -> tuple[Weights, Weights, Any]:
+    """(trainable start point, non-trainable weights, extras) from the payload."""
+
+  @abc.abstractmethod
+  def local_step(self, weights: Weights, extras: Any, batch: Any, hparams, payload,
+                 context: RoundContext) -> tuple[tf.Tensor, Weights, Any]:
+    """One step on `batch`: returns (batch loss, new weights, new extras)."""
+
+  def loss_and_gradient(self, weights: Weights, batch: Any, payload):
+    """The model's loss on `batch` at `weights` and its gradient."""
+    _, non_trainable, _ = self.start(payload)
+    return model_ops.batch_loss_and_gradient(self.model, weights, non_trainable, batch)
+
+  def update(self, start: Weights, state: LocalState, hparams, context: RoundContext) -> Any:
+    """The update sent for aggregation; default: the pseudo-gradient start - end."""
+    del hparams, context
+    return tuple(a - b for a, b in zip(start, state.weights))
+
+  def start_loss(self, payload, examples, hparams) -> tf.Tensor:
+    """The client's loss at the broadcast model on all its examples (uses_start_loss)."""
+    del hparams
+    trainable, non_trainable, _ = self.start(payload)
+    return model_ops.batch_loss(self.model, trainable, non_trainable, examples)
+
+  def reference_value(self, payload, examples, hparams) -> tf.Tensor:
+    """This client's candidate for the round's reference loss (uses_reference_loss)."""
+    return self.start_loss(payload, examples, hparams)
+
+  def client_weight(self, payload, hparams, context: RoundContext) -> tf.Tensor | None:
+    """This client's aggregation weight, or None for the runtime's weighting."""
+    del payload, hparams, context
+    return None
+
+  def initialize(self, payload, hparams, context: RoundContext) -> LocalState:
+    del hparams, context
+    trainable, _, extras = self.start(payload)
+    return LocalState(tuple(trainable), extras, tf.constant(0.0), tf.constant(0, tf.int32),
+                      tf.constant(0, tf.int32))
+
+  def step(self, state: LocalState, batch, payload, hparams,
+           context: RoundContext) -> LocalState:
+    loss, weights, extras = self.local_step(
+        state.weights, state.extras, batch, hparams, payload, context)
+    size = model_ops.batch_size_of(batch)
+    return LocalState(weights, extras, state.loss_sum + loss * tf.cast(size, tf.float32),
+                      state.examples + size, state.steps + 1)
+
+  def finalize(self, state: LocalState, payload, hparams, context: RoundContext) -> Any:
+    trainable, _, _ = self.start(payload)
+    return self.update(tuple(trainable), state, hparams, context)
+
+
+class ServerRule(abc.ABC):
+  """Server state, client payload and step of an algorithm; see the module docstring.
+
+  `specs`: TensorSpecs of the model's trainable weights (`model_ops.trainable_specs`).
+  `optimizer` (optional): a TFF functional optimizer whose hyperparameters are the
+  rule's (`get_hparams`). `keeps_personal_models`: `personal_weights` returns tables.
+  """
+
+  keeps_personal_models: bool = False
+
+  def __init__(self, specs, optimizer=None):
+    self.specs = tuple(specs)
+    self.optimizer = optimizer
+
+  def zeros(self) -> Weights:
+    return tuple(tf.zeros(s.shape, s.dtype) for s in self.specs)
+
+  def initialize(self) -> collections.OrderedDict:
+    """The initial state (before `reset` at the initial weights)."""
+    state = collections.OrderedDict()
+    if self.optimizer is not None:
+      state['optimizer'] = self.optimizer.initialize(self.specs)
+    return state
+
+  @abc.abstractmethod
+  def update_spec(self) -> Any:
+    """The TensorSpec structure of the aggregated update `step` takes."""
+
+  def payload(self, state, weights) -> Any:
+    """What every sampled client receives; default: the model weights."""
+    del state
+    return weights
+
+  def reset(self, state, weights) -> collections.OrderedDict:
+    """The state restarted at `weights`; default: unchanged."""
+    del weights
+    return state
+
+  @abc.abstractmethod
+  def step(self, state, weights, update) -> tuple[collections.OrderedDict, Any]:
+    """(new state, new weights) from the aggregated `update`."""
+
+  def optimizer_step(self, state, trainable: Weights, gradient) -> tuple[Any, Weights]:
+    """(new optimizer state, trainable after the optimizer's step along `gradient`)."""
+    opt_state, trainable = self.optimizer.next(
+        state['optimizer'], tuple(trainable), tuple(gradient))
+    return opt_state, tuple(trainable)
+
+  def learning_rate(self, optimizer_state) -> tf.Tensor:
+    """The optimizer's learning rate (proximal steps scale with it)."""
+    hparams = self.optimizer.get_hparams(optimizer_state)
+    if LEARNING_RATE not in hparams:
+      raise ValueError('The server optimizer must have a learning_rate hyperparameter:'
+                       ' the proximal step size is server rate x client step sizes.')
+    return tf.cast(hparams[LEARNING_RATE], tf.float32)
+
+  def get_hparams(self, state) -> collections.OrderedDict:
+    if self.optimizer is None:
+      return collections.OrderedDict()
+    return collections.OrderedDict(self.optimizer.get_hparams(state['optimizer']))
+
+  def set_hparams(self, state, hparams) -> collections.OrderedDict:
+    if self.optimizer is None:
+      return state
+    new_state = collections.OrderedDict(state)
+    new_state['optimizer'] = self.optimizer.set_hparams(state['optimizer'], hparams)
+    return new_state
+
+  def personal_weights(self, state) -> Weights | None:
+    """Per-client personal models (Ditto), or None."""
+    del state
+    return None
+
+
+def with_trainable(weights, trainable: Weights):
+  """`weights` (a ModelWeights-like NamedTuple) with new trainable tensors."""
+  return weights._replace(trainable=tuple(trainable))
