@@ -21,7 +21,7 @@ $(STAMP): requirements/tff.txt requirements/dev.txt setup.cfg
 	# TFF itself without its unsatisfiable jax/jaxlib 0.4.14 pins (BUILD_NOTES.md).
 	$(PY) -m pip install --quiet --no-deps tensorflow-federated==0.87.0
 	$(PY) -m pip install --quiet --no-deps -e .
-	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -c "import tensorflow_federated, tff_comp, tasks, binaries; print('tff_comp installed with TFF', tensorflow_federated.__version__)"
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -c "import tensorflow_federated, tff_comp, tff_comp.tasks, tff_comp.binaries; print('tff_comp installed with TFF', tensorflow_federated.__version__)"
 	touch $(STAMP)
 
 # The main job: FedDualAvg on federated LASSO (built-in generated data).

@@ -32,8 +32,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tasks import lasso
-from tasks import synthetic
+from tff_comp.tasks import lasso
+from tff_comp.tasks import synthetic
 from tff_comp import experiment
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg

@@ -20,7 +20,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from binaries import flags_lib
+from tff_comp.binaries import flags_lib
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import simulation

@@ -22,8 +22,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tasks import array_data
-from tasks import base
+from tff_comp.tasks import array_data
+from tff_comp.tasks import base
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers

@@ -14,10 +14,10 @@ Model: multinomial logistic regression.
 import numpy as np
 import tensorflow as tf
 
-from tasks import array_data
-from tasks import base
-from tasks import keras_images
-from tasks import personalization
+from tff_comp.tasks import array_data
+from tff_comp.tasks import base
+from tff_comp.tasks import keras_images
+from tff_comp.tasks import personalization
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers

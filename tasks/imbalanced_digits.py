@@ -21,9 +21,9 @@ a factor up to 1/gamma (5 at the paper's gamma = 0.2), so 0.1 diverges for ComFe
 import numpy as np
 import tensorflow as tf
 
-from tasks import array_data
-from tasks import base
-from tasks import keras_images
+from tff_comp.tasks import array_data
+from tff_comp.tasks import base
+from tff_comp.tasks import keras_images
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers

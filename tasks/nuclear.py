@@ -16,9 +16,9 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from tasks import array_data
-from tasks import base
-from tasks import linear_synthetic
+from tff_comp.tasks import array_data
+from tff_comp.tasks import base
+from tff_comp.tasks import linear_synthetic
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers

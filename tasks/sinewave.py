@@ -11,9 +11,9 @@ loss, before and after). Model: MLP 1-40-40-1.
 import numpy as np
 import tensorflow as tf
 
-from tasks import array_data
-from tasks import base
-from tasks import personalization
+from tff_comp.tasks import array_data
+from tff_comp.tasks import base
+from tff_comp.tasks import personalization
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers

@@ -15,9 +15,9 @@ Metrics: validation loss and accuracy, density of w, support F1 against w*.
 import numpy as np
 import tensorflow as tf
 
-from tasks import array_data
-from tasks import base
-from tasks import lasso
+from tff_comp.tasks import array_data
+from tff_comp.tasks import base
+from tff_comp.tasks import lasso
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers

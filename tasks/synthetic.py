@@ -11,8 +11,8 @@ Metrics: training loss on all clients' train parts, test accuracy on the test pa
 import numpy as np
 import tensorflow as tf
 
-from tasks import array_data
-from tasks import base
+from tff_comp.tasks import array_data
+from tff_comp.tasks import base
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers

@@ -12,7 +12,7 @@ from tff_comp import client_work
 from tff_comp import models
 from tff_comp.algorithms import afl
 from tff_comp.ops import server_steps
-from tasks import array_data
+from tff_comp.tasks import array_data
 
 D, LR, LAMBDA_LR, BATCH = 4, 0.05, 0.5, 5
 

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from binaries import reproduce
+from tff_comp.binaries import reproduce
 
 
 def test_reproduce_writes_table_and_plot(tmp_path):

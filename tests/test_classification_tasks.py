@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import tff_comp  # pylint: disable=unused-import
-from tasks import constrained_digits
-from tasks import sparse_logreg
+from tff_comp.tasks import constrained_digits
+from tff_comp.tasks import sparse_logreg
 from tff_comp import experiment
 
 

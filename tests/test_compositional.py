@@ -145,7 +145,7 @@ def test_local_scgdm_matches_numpy_reference():
 
 
 def test_imbalanced_task_sizes_and_mnist_loader_offline(tmp_path):
-  from tasks import imbalanced_digits  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import imbalanced_digits  # pylint: disable=g-import-not-at-top
 
   task = imbalanced_digits.build_imbalanced_digits_task()
   sizes = [len(list(task.train_data.create_tf_dataset_for_client(c)))

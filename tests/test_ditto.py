@@ -12,7 +12,7 @@ from tff_comp import composer
 from tff_comp import models
 from tff_comp.algorithms import ditto
 from tff_comp.runtime import simulation
-from tasks import array_data
+from tff_comp.tasks import array_data
 
 D, LR, PERSONAL_LR, LAM, BATCH = 4, 0.05, 0.1, 0.5, 4
 ROUNDS = (['c', 'a'], ['b', 'c'])  # client 'b' is first seen in round 2

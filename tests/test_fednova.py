@@ -9,7 +9,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import tff_comp  # pylint: disable=unused-import
-from tasks import quadratic
+from tff_comp.tasks import quadratic
 from tff_comp import aggregators
 from tff_comp import experiment
 from tff_comp import models

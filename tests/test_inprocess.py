@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tasks import array_data
+from tff_comp.tasks import array_data
 from tff_comp import experiment
 from tff_comp import models
 from tff_comp import registry

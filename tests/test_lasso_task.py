@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tff_comp  # pylint: disable=unused-import
-from tasks import lasso
+from tff_comp.tasks import lasso
 from tff_comp import experiment
 
 

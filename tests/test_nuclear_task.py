@@ -3,7 +3,7 @@
 import pytest
 
 import tff_comp  # pylint: disable=unused-import
-from tasks import nuclear
+from tff_comp.tasks import nuclear
 from tff_comp import experiment
 
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tff_comp  # pylint: disable=unused-import
-from tasks import personalization
+from tff_comp.tasks import personalization
 from tff_comp import models
 from tff_comp.ops import maml
 from tff_comp.ops import model_ops

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import tff_comp  # pylint: disable=unused-import
-from tasks import dominant_class
-from tasks import sinewave
+from tff_comp.tasks import dominant_class
+from tff_comp.tasks import sinewave
 
 
 def test_dominant_partition_proportions():

@@ -1,5 +1,7 @@
 """Registry: duplicates, unknown names with suggestions, entry-point plugins."""
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -57,9 +59,23 @@ def test_entry_point_plugin_is_found(tmp_path, monkeypatch):
       '[tff_comp.tasks]\nmy_task = my_plugin:build_my_task\n')
   monkeypatch.syspath_prepend(str(tmp_path))
   algorithms = registry.Registry('algorithm', registry.ALGORITHMS_GROUP, 'tff_comp.algorithms')
-  tasks = registry.Registry('task', registry.TASKS_GROUP, 'tasks')
+  tasks = registry.Registry('task', registry.TASKS_GROUP, 'tff_comp.tasks')
   entry = algorithms.get('my_algo')
   assert entry.builder(None, client_learning_rate=0.1) == ('my_algo', 0.5)
   assert [h.name for h in entry.hparams] == ['client_learning_rate', 'rho']
   assert tasks.get('my_task').builder() == ('my_task', 3)
   monkeypatch.delitem(sys.modules, 'my_plugin', raising=False)
+
+
+def test_a_script_beside_its_own_tasks_py_sees_every_task(tmp_path):
+  """tff_comp's tasks install as tff_comp.tasks: a user's tasks.py shadows nothing."""
+  (tmp_path / 'tasks.py').write_text('raise RuntimeError("the user\'s own module")\n')
+  (tmp_path / 'binaries.py').write_text('raise RuntimeError("the user\'s own module")\n')
+  (tmp_path / 'script.py').write_text(
+      'from tff_comp import registry\nprint(",".join(registry.TASKS.names()))\n')
+  out = subprocess.run([sys.executable, 'script.py'], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert {'lasso', 'nuclear', 'synthetic', 'dominant_class'} <= set(
+      out.stdout.strip().split(','))

@@ -105,3 +105,10 @@ def test_bad_input():
     regularizers.Nuclear(strength=1.0).check_applies_to([(5,)])
   with pytest.raises(ValueError, match='does not exist'):
     regularizers.L1(strength=1.0, targets=(3,)).check_applies_to([(5,)])
+
+
+def test_l1_ball_of_radius_zero_projects_to_zero():
+  """Radius 0 used to crash (gather index -1); the projection onto {0} is 0."""
+  z = tf.constant([[0.5, -2.0], [0.0, 1.0]])
+  np.testing.assert_array_equal(regularizers.project_l1_ball(z, 0.0), np.zeros((2, 2)))
+  np.testing.assert_allclose(regularizers.project_l1_ball(z, 1.0), [[0, -1], [0, 0]])

@@ -3,7 +3,7 @@
 import pytest
 
 import tff_comp  # pylint: disable=unused-import
-from binaries import reproduce
+from tff_comp.binaries import reproduce
 
 pytestmark = pytest.mark.slow
 

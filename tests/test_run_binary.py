@@ -126,7 +126,7 @@ def test_custom_aggregation_falls_back_to_tff_saying_why():
   from tff_comp import experiment, models, registry  # pylint: disable=g-import-not-at-top
   import tff_comp.algorithms  # pylint: disable=g-import-not-at-top,unused-import
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tasks import array_data  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import array_data  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   data = array_data.cached_client_data(

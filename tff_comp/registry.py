@@ -140,7 +140,7 @@ class Registry:
 
 
 ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
-TASKS = Registry('task', TASKS_GROUP, 'tasks')
+TASKS = Registry('task', TASKS_GROUP, 'tff_comp.tasks')
 
 
 def register_algorithm(name: str, **fixed: Any):

@@ -188,16 +188,22 @@ class L2Ball(Regularizer):
     return z * tf.minimum(1.0, self.strength / tf.maximum(norm, 1e-30))
 
 
+def simplex_threshold(v: tf.Tensor, total) -> tf.Tensor:
+  """theta with sum(relu(v - theta)) = total for a vector v (sort-based; Duchi,
+  Shalev-Shwartz, Singer, Chandra, ICML 2008): the simplex and L1-ball projections.
+  total = 0 gives theta = max(v) (the projection onto {0})."""
+  mu = tf.sort(v, direction='DESCENDING')
+  cumsum = tf.cumsum(mu)
+  j = tf.range(1, tf.size(v) + 1, dtype=v.dtype)
+  rho = tf.maximum(tf.reduce_max(tf.where(mu - (cumsum - total) / j > 0, j, 0.0)), 1.0)
+  return (tf.gather(cumsum, tf.cast(rho, tf.int32) - 1) - total) / rho
+
+
 def project_l1_ball(z: tf.Tensor, radius: float) -> tf.Tensor:
   """Euclidean projection of z (any shape) onto {||w||_1 <= radius} (Duchi 2008)."""
   flat = tf.reshape(z, [-1])
   abs_z = tf.abs(flat)
-  mu = tf.sort(abs_z, direction='DESCENDING')
-  cumsum = tf.cumsum(mu)
-  j = tf.range(1, tf.size(mu) + 1, dtype=z.dtype)
-  positive = mu - (cumsum - radius) / j > 0
-  rho = tf.reduce_max(tf.where(positive, j, 0.0))
-  theta = (tf.gather(cumsum, tf.cast(rho, tf.int32) - 1) - radius) / rho
+  theta = simplex_threshold(abs_z, radius)
   projected = tf.sign(flat) * tf.nn.relu(abs_z - theta)
   inside = tf.reduce_sum(abs_z) <= radius
   return tf.reshape(tf.where(inside, flat, projected), tf.shape(z))

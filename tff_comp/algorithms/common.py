@@ -44,6 +44,22 @@ def compose(model, client_rule: rule_lib.ClientRule, server_rule: rule_lib.Serve
       model_aggregator=model_aggregator)
 
 
+def compose_composite(model, client_rule_class, server_rule_class, regularizer, *,
+                      client_learning_rate: float, server_learning_rate: float,
+                      batch_size: int, local_epochs: int, client_weighting: str,
+                      client_prox: bool) -> composer.ComposedLearningProcess:
+  """A composite-optimization algorithm (`ops.composite`): a client rule of
+  `client_rule_class` with psi, and a server rule of `server_rule_class` with SGD(eta_s)
+  and psi, weights averaged by the plain weighted mean."""
+  check_positive(client_learning_rate=client_learning_rate)
+  rule = client_rule_class(model, learning_rate=client_learning_rate,
+                           regularizer=regularizer, client_prox=client_prox)
+  server_rule = server_rule_class(model_ops.trainable_specs(model),
+                                  server_sgd(server_learning_rate), regularizer)
+  return compose(model, rule, server_rule,
+                 protocol.ClientOptions(batch_size, local_epochs, weighting=client_weighting))
+
+
 def compose_fedavg_like(
     model, client_rule: rule_lib.ClientRule, options: protocol.ClientOptions, *,
     server_learning_rate: float = 1.0, server_momentum: float = 0.0,

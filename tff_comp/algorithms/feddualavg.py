@@ -18,10 +18,8 @@ import tensorflow_federated as tff
 
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.ops import composite
-from tff_comp.ops import model_ops
 
 
 @registry.register_algorithm('feddualavg')
@@ -38,13 +36,10 @@ def build_feddualavg(
     client_prox: bool = True,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox)."""
-  common.check_positive(client_learning_rate=client_learning_rate)
-  rule = composite.DualAveraging(model, learning_rate=client_learning_rate,
-                                 regularizer=regularizer, client_prox=client_prox)
-  server_rule = composite.DualAveragingServer(
-      model_ops.trainable_specs(model), common.server_sgd(server_learning_rate), regularizer)
-  # The dual-state mean is a plain weighted mean: averaging is linear in the dual,
+  # The dual-state mean is the plain weighted mean: averaging is linear in the dual,
   # which is why dual averaging keeps the sparsity that primal averaging loses.
-  return common.compose(model, rule, server_rule,
-                        protocol.ClientOptions(batch_size, local_epochs,
-                                               weighting=client_weighting))
+  return common.compose_composite(
+      model, composite.DualAveraging, composite.DualAveragingServer, regularizer,
+      client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,
+      batch_size=batch_size, local_epochs=local_epochs, client_weighting=client_weighting,
+      client_prox=client_prox)

@@ -13,10 +13,8 @@ import tensorflow_federated as tff
 
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.ops import composite
-from tff_comp.ops import model_ops
 
 
 @registry.register_algorithm('fedmid')
@@ -33,11 +31,8 @@ def build_fedmid(
     client_prox: bool = True,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox)."""
-  common.check_positive(client_learning_rate=client_learning_rate)
-  rule = composite.ProximalSGD(model, learning_rate=client_learning_rate,
-                               regularizer=regularizer, client_prox=client_prox)
-  server_rule = composite.MirrorDescentServer(
-      model_ops.trainable_specs(model), common.server_sgd(server_learning_rate), regularizer)
-  return common.compose(model, rule, server_rule,
-                        protocol.ClientOptions(batch_size, local_epochs,
-                                               weighting=client_weighting))
+  return common.compose_composite(
+      model, composite.ProximalSGD, composite.MirrorDescentServer, regularizer,
+      client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,
+      batch_size=batch_size, local_epochs=local_epochs, client_weighting=client_weighting,
+      client_prox=client_prox)

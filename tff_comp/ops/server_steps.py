@@ -40,14 +40,8 @@ def dual_averaging_server_step(
 
 
 def project_simplex(v: tf.Tensor) -> tf.Tensor:
-  """Euclidean projection of a vector onto the probability simplex (sort-based;
-  Duchi, Shalev-Shwartz, Singer, Chandra, ICML 2008)."""
-  mu = tf.sort(v, direction='DESCENDING')
-  cumsum = tf.cumsum(mu)
-  j = tf.range(1, tf.size(v) + 1, dtype=v.dtype)
-  rho = tf.reduce_max(tf.where(mu - (cumsum - 1) / j > 0, j, 0.0))
-  theta = (tf.gather(cumsum, tf.cast(rho, tf.int32) - 1) - 1) / rho
-  return tf.nn.relu(v - theta)
+  """Euclidean projection of a vector onto the probability simplex."""
+  return tf.nn.relu(v - regularizers_lib.simplex_threshold(v, 1.0))
 
 
 def exponentiated_gradient_step(p: tf.Tensor, gradient: tf.Tensor, learning_rate) -> tf.Tensor:
