@@ -10,12 +10,13 @@ d = 1024, batch 10, one epoch):
       tutorials do;
   (d) a plain `tf.function` doing the same local SGD work, data in memory, clients by
       `tf.map_fn` (no federated runtime: the floor a hand-written loop reaches).
-Part 2, `--sweep`: FedAvg on `synthetic` (1,000 clients of heavy-tailed sizes) at each
+Part 2, `--sweep`: FedAvg on `synthetic` (`--population` 1,000 clients of heavy-tailed
+sizes) at each
 clients-per-round count, in-process (and on TFF's worker up to `--sweep_tff_max`):
 seconds per round and milliseconds per client.
 Prints the median of --repeats timings of --rounds rounds each, and ratios.
 FedJAX is not installed here; its 0.0102 s/round on part 1's shape was measured on these
-machines beside (b)-(d) (../shared/tff-notes.md) and is printed for reference only.
+machines beside (b)-(d) in an earlier run, and is printed for reference only.
 """
 
 import os
@@ -43,6 +44,7 @@ _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats; the median is reported.')
 _SWEEP = flags.DEFINE_list('sweep', ['10', '100', '1000'],
                            'Clients per round for part 2 (empty: skip part 2).')
+_POPULATION = flags.DEFINE_integer('population', 1000, 'Clients of the part 2 task.')
 _SWEEP_TFF_MAX = flags.DEFINE_integer(
     'sweep_tff_max', 100, 'Largest clients per round part 2 also times on TFF\'s worker.')
 CLIENTS, BATCH, LR = 10, 10, 1e-3
@@ -139,8 +141,9 @@ def part1(rounds: int, repeats: int) -> None:
         f' {a / FEDJAX_RECORDED:.3f}   (target <= 0.5)')
 
 
-def part2(sweep: list[int], rounds: int, repeats: int, tff_max: int) -> None:
-  task = synthetic.build_synthetic_task(num_clients=max(1000, max(sweep)))
+def part2(sweep: list[int], population: int, rounds: int, repeats: int,
+          tff_max: int) -> None:
+  task = synthetic.build_synthetic_task(num_clients=max(population, max(sweep)))
   ids = task.train_data.client_ids
   process = fedavg.build_fedavg(task.model, client_learning_rate=0.01, batch_size=BATCH)
   fast, _ = experiment.runner_for(process, task.train_data, 'inprocess')
@@ -167,8 +170,8 @@ def main(argv):
   runtime.install_local_runtime()
   part1(_ROUNDS.value, _REPEATS.value)
   if _SWEEP.value:
-    part2([int(v) for v in _SWEEP.value], max(3, _ROUNDS.value // 5), _REPEATS.value,
-          _SWEEP_TFF_MAX.value)
+    part2([int(v) for v in _SWEEP.value], _POPULATION.value, max(3, _ROUNDS.value // 5),
+          _REPEATS.value, _SWEEP_TFF_MAX.value)
 
 
 if __name__ == '__main__':

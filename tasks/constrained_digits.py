@@ -51,12 +51,9 @@ def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
 
 
 def _sklearn_digits(num_clients: int, alpha: float, seed: int):
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
   from sklearn import model_selection  # pylint: disable=g-import-not-at-top
 
-  digits = datasets.load_digits()
-  x = (digits.data / 16.0).astype(np.float32)
-  y = digits.target.astype(np.int32)
+  x, y = base.bundled_digits()
   x_train, x_test, y_train, y_test = model_selection.train_test_split(
       x, y, test_size=0.2, stratify=y, random_state=seed)
   parts = dirichlet_partition(y_train, num_clients, alpha, np.random.default_rng(seed))
@@ -114,14 +111,12 @@ def build_constrained_digits_task(
 
   def evaluate(weights, psi=regularizer) -> base.Metrics:
     kernel, bias = weights
-    logits = x_test @ kernel + bias
-    logits -= logits.max(1, keepdims=True)
-    log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    loss, accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
     norm = float(np.linalg.norm(kernel.ravel(), ord=order))
     rho = psi.strength if psi.is_constraint else radius
     return dict(
-        accuracy=float(np.mean(logits.argmax(1) == y_test)),
-        loss=float(-np.mean(log_probs[np.arange(len(y_test)), y_test])),
+        accuracy=accuracy,
+        loss=loss,
         density=float(np.mean(np.abs(kernel) > DENSITY_CUTOFF)),
         constraint_violation=max(0.0, norm - rho * (1 + 1e-5)),
     )

@@ -53,10 +53,7 @@ def build_dominant_class_task(*, source: str = 'sklearn', rho: float = 0.28,
   if not 0 <= rho <= 1:
     raise ValueError(f'rho must be in [0, 1], got {rho}.')
   if source == 'sklearn':
-    from sklearn import datasets  # pylint: disable=g-import-not-at-top
-
-    digits = datasets.load_digits()
-    x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)
+    x, y = base.bundled_digits()
   elif source == 'cifar10':
     x, y = keras_images.load_images('cifar10', cifar10_path)
   else:

@@ -68,10 +68,7 @@ def build_imbalanced_digits_task(*, source: str = 'sklearn', split: str = 'iid',
   if not 1 <= small_size <= 40:
     raise ValueError(f'small_size must be in [1, 40], got {small_size}.')
   if source == 'sklearn':
-    from sklearn import datasets  # pylint: disable=g-import-not-at-top
-
-    digits = datasets.load_digits()
-    x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)
+    x, y = base.bundled_digits()
     limit = None
   elif source == 'mnist':
     x, y = keras_images.load_images('mnist', mnist_path)
@@ -91,11 +88,9 @@ def build_imbalanced_digits_task(*, source: str = 'sklearn', split: str = 'iid',
     kernel, bias = weights
     metrics, accuracies, losses = {}, [], []
     for i, (_, _, x_test, y_test) in enumerate(clients):
-      logits = x_test @ kernel + bias
-      logits = logits - logits.max(1, keepdims=True)
-      log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-      accuracies.append(float(np.mean(logits.argmax(1) == y_test)))
-      losses.append(float(-np.mean(log_probs[np.arange(len(y_test)), y_test])))
+      loss, accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
+      accuracies.append(accuracy)
+      losses.append(loss)
       metrics[f'accuracy_{i}'] = accuracies[-1]
     metrics.update(average_accuracy=float(np.mean(accuracies)),
                    worst_accuracy=float(np.min(accuracies)),

@@ -1,4 +1,4 @@
-"""Federated LASSO (Yuan, Zaheer, Reddi, ICML 2021, section 6; ../shared/algorithms.md 7).
+"""Federated LASSO (Yuan, Zaheer, Reddi, ICML 2021, section 6).
 
     y = <w*, x> + b* + eps,  eps ~ N(0, noise^2),  d = 1024
     objective: (1/N) sum_i 0.5 (y_i - <w, x_i> - b)^2 + lam ||w||_1

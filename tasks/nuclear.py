@@ -7,7 +7,8 @@ W* = U V^T with orthonormal U, V in R^{32 x r}: rank 16 (I), 4 (II), 1 (III); IV
 with 256 clients x 32 examples; otherwise 64 clients x 128 examples, features drawn as
 in lasso (client means mu_c ~ N(0, I)). With b* = 1, unit noise and lam = 0.3 the
 centralized optimum (`reference()`, FISTA with singular-value thresholding on the pooled
-data) has exactly the true rank for datasets I-III (checked by a test).
+data) has exactly the true rank for datasets I-III (measured; the default suite checks
+II).
 Validation: 8 further clients, unseen in training.
 """
 

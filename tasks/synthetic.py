@@ -59,16 +59,10 @@ def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: 
     del psi
     kernel, bias = weights
 
-    def cross_entropy(x, y):
-      logits = x @ kernel + bias
-      logits = logits - logits.max(1, keepdims=True)
-      log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-      return float(-np.mean(log_probs[np.arange(len(y)), y])), logits
-
-    train_loss, _ = cross_entropy(x_train, y_train)
-    test_loss, logits = cross_entropy(x_test, y_test)
+    train_loss, _ = base.softmax_scores(kernel, bias, x_train, y_train)
+    test_loss, test_accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
     return dict(pooled_train_loss=train_loss, test_loss=test_loss,
-                test_accuracy=float(np.mean(logits.argmax(1) == y_test)))
+                test_accuracy=test_accuracy)
 
   return base.Task(
       name='synthetic', model=models.softmax_regression(DIM, CLASSES), train_data=train_data,

@@ -25,7 +25,7 @@ def test_reproduce_writes_table_and_plot(tmp_path):
 def test_bench_runs(repo_root):
   out = subprocess.run(
       [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1',
-       '--sweep=10', '--sweep_tff_max=10'],
+       '--sweep=10', '--sweep_tff_max=10', '--population=20'],
       capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert out.returncode == 0, out.stderr

@@ -3,7 +3,8 @@
     client: w_{k+1} = w_k - eta_c (g_k + mu (w_k - w_r))
     server: as FedAvg
 
-mu = 0 is FedAvg. Equals `tff.learning.algorithms.build_weighted_fed_prox` (tested).
+mu = 0 is FedAvg. TFF 0.87's `build_weighted_fed_prox` adds mu (w_r - w_k), the
+opposite sign; with that sign flipped this equals it (tests/test_parity.py).
 """
 
 import tensorflow_federated as tff

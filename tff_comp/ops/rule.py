@@ -17,7 +17,7 @@ U being the aggregated client update. `hparams` are OrderedDicts of float tensor
 runtime keeps in its state (so learning rates can be read and set between rounds);
 `context` is a `RoundContext`: per-round facts that are not hyperparameters. Updates
 follow TFF's sign convention: a client reports the pseudo-gradient `start - end`
-(= -Delta in ../shared/algorithms.md), so a server optimizer applies it as a gradient.
+(= -Delta, Delta being the model change the papers write), so a server optimizer applies it as a gradient.
 Nothing here imports TFF: weights are any NamedTuple with `trainable` and
 `non_trainable` (TFF's ModelWeights in the TFF layer), optimizers anything with TFF's
 functional-optimizer interface (`initialize`, `next`, `get_hparams`, `set_hparams`).
