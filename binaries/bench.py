@@ -125,7 +125,7 @@ def part1(rounds: int, repeats: int) -> None:
                 for i in picks[r]]
     builtin_state[0] = builtin.next(builtin_state[0], datasets).state
 
-  plain = _plain_round(task.model, inprocess.client_arrays(task.train_data))
+  plain = _plain_round(task.model, task.client_arrays())
   a = _time(_round_runner(fast, ids, picks), rounds, repeats)
   b = _time(_round_runner(worker, ids, picks), rounds, repeats)
   c = _time(builtin_round, rounds, repeats)

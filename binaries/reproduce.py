@@ -201,22 +201,16 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
           runtime=runtime, **spec.settings)
       prepared = experiment_lib.prepare(config)
       # Built once per seed; the grid sets learning rates through the hparams.
-      process, _ = experiment_lib.runner_for(
-          prepared.build_process(), prepared.task.train_data, config.runtime)
-      evaluate = experiment_lib.evaluator(prepared, process)
-      task = prepared.task
+      runner = experiment_lib.build_runner(prepared)
       for lr_c, lr_s in grid:
         out = _run_dir(root, algorithm, lr_c, lr_s, seed, seeds)
         start = time.monotonic()
         try:
-          simulation.run_simulation(
-              process, client_ids=task.train_data.client_ids, evaluate=evaluate,
-              rounds=rounds, clients_per_round=prepared.settings['clients_per_round'],
-              seed=seed, eval_period=spec.eval_period, output_dir=out,
-              config={**prepared.settings, 'experiment': name, 'algorithm': algorithm,
-                      'algorithm_options': config.algorithm_options, 'seed': seed,
-                      'client_learning_rate': lr_c, 'server_learning_rate': lr_s},
-              show_progress=False, learning_rates=(lr_c, lr_s))
+          experiment_lib.train(
+              prepared, runner, show_progress=False, learning_rates=(lr_c, lr_s),
+              output_dir=str(out), extra_config={
+                  'experiment': name, 'grid_algorithm': algorithm,
+                  'client_learning_rate': lr_c, 'server_learning_rate': lr_s})
         except simulation.DivergenceError as e:
           print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}) seed {seed}: {e}')
         curves[algorithm][(lr_c, lr_s)].append(

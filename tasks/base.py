@@ -48,6 +48,13 @@ class Task:
   def num_clients(self) -> int:
     return len(self.train_data.client_ids)
 
+  def client_arrays(self):
+    """Every training client's examples as NumPy arrays (`runtime.inprocess.ClientArrays`:
+    all clients' examples concatenated in client order, each client's count, the ids)."""
+    from tff_comp.runtime import inprocess  # pylint: disable=g-import-not-at-top
+
+    return inprocess.client_arrays(self.train_data)
+
   @property
   def weight_shapes(self) -> list[tuple[int, ...]]:
     return [tuple(w.shape) for w in self.model.initial_weights[0]]

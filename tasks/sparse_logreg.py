@@ -3,8 +3,10 @@
 Stand-in for the paper's fMRI task (Yuan et al., ICML 2021: 39,912 voxels, 59 clients
 of 18 scans), generated so that it needs no download:
 
-    y ~ Bernoulli(sigmoid(<w*, x> + b*)),  x ~ N(mu_c, I),  mu_c ~ N(0, mean_scale^2 I)
+    y ~ Bernoulli(sigmoid(<w*, x>)),  x ~ N(mu_c, I),  mu_c ~ N(0, mean_scale^2 I)
     objective: (1/N) sum_i CE(y_i, sigmoid(<w, x_i> + b)) + lam ||w||_1
+
+(the data have no intercept; the model fits an unpenalized intercept b).
 
 w* has `support` nonzero coordinates of magnitude `signal`/sqrt(support), so <w*, x>
 has standard deviation ~ signal. Training: `num_clients` clients x `examples` each;

@@ -249,29 +249,59 @@ def runner_for(process: tff.learning.templates.LearningProcess, client_data,
       dataset_computation_for(process, client_data), process), f'tff{why}'
 
 
-def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:
-  """Builds the process and trains it on the configured runtime; returns the final
-  evaluation metrics."""
+@dataclasses.dataclass
+class Runner:
+  """A built experiment: a process taking client ids on the chosen runtime (and why
+  that runtime), and the function scoring its states."""
+
+  process: Any
+  evaluate: Callable[[Any], dict[str, float]]
+  runtime: str
+
+
+def build_runner(prepared: Prepared) -> Runner:
+  """Builds the process and places it on the configured runtime.
+
+  Raises:
+    ConfigError: the algorithm rejects its arguments, the runtime cannot run it, or the
+      task cannot evaluate it.
+  """
   try:
     process = prepared.build_process()
   except ValueError as e:
     raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
-  task = prepared.task
-  runner, chosen = runner_for(process, task.train_data, prepared.config.runtime)
-  prepared.settings['runtime'] = chosen
-  evaluate = evaluator(prepared, runner)
+  runner, chosen = runner_for(process, prepared.task.train_data, prepared.config.runtime)
+  return Runner(runner, evaluator(prepared, runner), chosen)
+
+
+def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
+          learning_rates: tuple[float, float] | None = None,
+          output_dir: str | None = None,
+          extra_config: dict[str, Any] | None = None) -> dict[str, float]:
+  """Trains `runner` (built once, reusable: a grid sets `learning_rates` through the
+  process's hparams) into `output_dir` (default the config's); returns the final
+  evaluation metrics. `extra_config` is recorded in config.json beside the config."""
+  prepared.settings['runtime'] = runner.runtime
   if show_progress:
-    print(f'runtime: {chosen}', flush=True)
-  config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings)
+    print(f'runtime: {runner.runtime}', flush=True)
+  config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings,
+                **(extra_config or {}))
   return simulation.run_simulation(
-      runner,
-      client_ids=task.train_data.client_ids,
-      evaluate=evaluate,
+      runner.process,
+      client_ids=prepared.task.train_data.client_ids,
+      evaluate=runner.evaluate,
       rounds=prepared.settings['rounds'],
       clients_per_round=prepared.settings['clients_per_round'],
       seed=prepared.config.seed,
       eval_period=prepared.settings['eval_period'],
-      output_dir=pathlib.Path(prepared.config.output_dir),
+      output_dir=pathlib.Path(output_dir or prepared.config.output_dir),
       config=config,
       show_progress=show_progress,
+      learning_rates=learning_rates,
   )
+
+
+def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:
+  """Builds the process, places it on the configured runtime and trains it; returns
+  the final evaluation metrics."""
+  return train(prepared, build_runner(prepared), show_progress=show_progress)
