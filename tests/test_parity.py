@@ -2,7 +2,7 @@
 
 FedProx: TFF 0.87 adds `mu * (w_r - w_k)` to client gradients (proximal_client_work.py,
 `delta_l2_regularizer * (y - x)` with x the current and y the initial weights), the
-opposite sign of FedProx's `mu * (w_k - w_r)` (Li et al. 2020; ../shared/algorithms.md
+opposite sign of FedProx's `mu * (w_k - w_r)` (Li et al. 2020; the project spec
 section 1), so its clients are pushed away from the server model. Our `fedprox` follows
 the paper (checked against a NumPy reference below); the parity test pins TFF's
 behaviour exactly: TFF's fed_prox(mu) equals our composition with the term's sign
