@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tff_comp  # pylint: disable=unused-import
 from tff_comp.tasks import constrained_digits
 from tff_comp.tasks import sparse_logreg
 from tff_comp import experiment

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tff_comp  # pylint: disable=unused-import
 from tests import numpy_reference as ref
 from tff_comp import models
 from tff_comp import regularizers

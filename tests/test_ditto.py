@@ -5,7 +5,6 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import tff_comp  # pylint: disable=unused-import
 from tests import numpy_reference as ref
 from tff_comp import client_work
 from tff_comp import composer

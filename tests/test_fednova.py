@@ -8,7 +8,6 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import tff_comp  # pylint: disable=unused-import
 from tff_comp.tasks import quadratic
 from tff_comp import aggregators
 from tff_comp import experiment

@@ -4,7 +4,6 @@ paper's headline (FedDualAvg recovers the support within 100 rounds)."""
 import numpy as np
 import pytest
 
-import tff_comp  # pylint: disable=unused-import
 from tff_comp.tasks import lasso
 from tff_comp import experiment
 

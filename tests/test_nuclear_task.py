@@ -2,7 +2,6 @@
 
 import pytest
 
-import tff_comp  # pylint: disable=unused-import
 from tff_comp.tasks import nuclear
 from tff_comp import experiment
 

@@ -14,7 +14,6 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import tff_comp  # pylint: disable=unused-import
 from tff_comp import models
 from tff_comp.algorithms import fedavg
 from tff_comp.algorithms import fedprox

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tff_comp  # pylint: disable=unused-import
 from tff_comp.tasks import personalization
 from tff_comp import models
 from tff_comp.ops import maml

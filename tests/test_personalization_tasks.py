@@ -4,7 +4,6 @@ and sinewave."""
 import numpy as np
 import pytest
 
-import tff_comp  # pylint: disable=unused-import
 from tff_comp.tasks import dominant_class
 from tff_comp.tasks import sinewave
 

@@ -3,7 +3,6 @@
 import numpy as np
 import tensorflow as tf
 
-import tff_comp  # pylint: disable=unused-import
 from tests import numpy_reference as ref
 from tff_comp import models
 from tff_comp.algorithms import fedavg

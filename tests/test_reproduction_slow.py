@@ -2,7 +2,6 @@
 
 import pytest
 
-import tff_comp  # pylint: disable=unused-import
 from tff_comp.binaries import reproduce
 
 pytestmark = pytest.mark.slow
