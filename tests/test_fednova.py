@@ -8,10 +8,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests import algorithm_cases
 from tff_comp.tasks import quadratic
 from tff_comp import aggregators
 from tff_comp import experiment
 from tff_comp import models
+from tff_comp.runtime import inprocess
 from tff_comp.ops import messages
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import sgd
@@ -20,6 +22,15 @@ from tff_comp.ops import model_ops
 
 D = 5
 RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rng():
+  """Every test draws the same inputs whichever tests run before it (-k, -x)."""
+  global RNG
+  RNG = np.random.default_rng(100)
+
+
 X = RNG.normal(size=(23, D)).astype(np.float32)
 Y = (X @ RNG.normal(size=D)).astype(np.float32)
 
@@ -57,7 +68,7 @@ def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
 def test_fednova_aggregator_on_its_own():
   value_type = tff.types.tensorflow_to_type(messages.NormalizedUpdate(
       delta=(tf.TensorSpec([2], tf.float32),), a_norm=tf.TensorSpec([], tf.float32)))
-  process = aggregators.FedNovaFactory().create(value_type, tff.TensorType(np.float32))
+  process = aggregators.factory_for('normalized').create(value_type, tff.TensorType(np.float32))
   deltas = [np.array([1.0, 2.0]), np.array([-3.0, 0.5]), np.array([0.2, 0.2])]
   norms, weights = [2.0, 6.0, 1.0], [10.0, 30.0, 60.0]
   out = process.next(process.initialize(),
@@ -113,11 +124,25 @@ def test_quadratic_fixed_points_match_closed_forms(tmp_path):
   assert task.evaluate((fednova_x,))['distance_to_optimum'] == pytest.approx(fednova_gap, rel=1e-4)
 
 
-def test_heterogeneous_local_work_runs_for_all_three(tmp_path):
-  for algorithm, options in [('fedavg', {}), ('fedprox', {'mu': 0.01}), ('fednova', {})]:
-    prepared = experiment.prepare(experiment.ExperimentConfig(
-        algorithm=algorithm, task='synthetic', rounds=3, eval_period=3, local_epochs=2,
-        algorithm_options=dict(local_epochs_max=5, **options),
-        output_dir=str(tmp_path / algorithm)))
-    final = experiment.run_experiment(prepared, show_progress=False)
-    assert 0 < final['eval/test_accuracy'] <= 1
+def test_drawn_epochs_set_each_clients_steps():
+  """With epochs drawn from U{2..5}, client i takes floor(E_i n_i / B) steps (FedNova's
+  tau_i), for the three algorithms that draw them."""
+  data = algorithm_cases.DATA['mapped']
+  arrays = inprocess.client_arrays(data)
+  ids = ['c0', 'c1', 'c2', 'c3', 'c4']
+  for name in ('fedavg', 'fedprox', 'fednova'):
+    process = inprocess.build(algorithm_cases.build(
+        name, dict(local_epochs=2, local_epochs_max=5, seed=3, batch_size=4)), data)
+    state, drawn = process.initialize(), set()
+    for round_num in range(2):
+      want = 0
+      for i, count in enumerate(arrays.counts):
+        start = int(arrays.counts[:i].sum())
+        examples = tuple(tf.constant(a[start:start + count]) for a in arrays.examples)
+        epochs = int(local_loop.draw_epochs(examples, 3, round_num, 2, 5))
+        drawn.add(epochs)
+        want += epochs * int(count) // 4
+      out = process.next(state, ids)
+      state = out.state
+      assert float(out.metrics['client_work']['num_steps']) == want, name
+    assert len(drawn) > 1  # the epochs did vary

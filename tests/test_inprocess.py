@@ -12,32 +12,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp.tasks import array_data
+from tests import algorithm_cases
 from tff_comp import experiment
-from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
 from tff_comp.runtime import inprocess
-import tff_comp.algorithms  # pylint: disable=unused-import  (registers the builders)
 
-D, ROUNDS, PER_ROUND = 5, 3, 3
-MODEL = models.linear_regression((D,))
-
-
-def _client_data(sizes, key):
-  w = np.linspace(-1, 1, D).astype(np.float32)
-
-  def make(i):
-    rng = np.random.default_rng([7, i])
-    x = rng.normal(size=(sizes[i], D)).astype(np.float32) + 0.1 * i
-    return x, (x @ w + 0.3 + 0.1 * rng.normal(size=sizes[i])).astype(np.float32)
-
-  ids = [f'c{i}' for i in range(len(sizes))]
-  return array_data.cached_client_data(f'inprocess-{key}', ids, (D,), tf.float32, make)
-
-
-DATA = {'mapped': _client_data([7, 12, 9, 5, 14], 'unequal'),
-        'vectorized': _client_data([8] * 5, 'equal')}
+ROUNDS, PER_ROUND = 3, 3
+DATA, MODEL = algorithm_cases.DATA, algorithm_cases.MODEL
 
 # (registered name, extra builder arguments, data): every algorithm on clients of
 # unequal sizes; on equal sizes (vectorized) one algorithm per aggregation kind, server
@@ -60,15 +41,7 @@ CASES = [(name, {}, 'mapped') for name in registry.ALGORITHMS.names()] + [
      for mode in DATA]
 
 
-def _build(name, extra):
-  entry = registry.get_algorithm(name)
-  args = dict(client_learning_rate=0.02, **extra)
-  for arg, value in (('regularizer', regularizers.L1(strength=0.05)),
-                     ('num_clients', 5), ('batch_size', 3), ('gamma', 2.0),
-                     ('local_steps', 4)):
-    if entry.accepts(arg) and arg not in extra:
-      args[arg] = value
-  return entry.build(MODEL, **args)
+_build = algorithm_cases.build
 
 
 def _close(a, b):

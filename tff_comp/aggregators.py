@@ -1,64 +1,150 @@
 """Aggregators: `tff.aggregators` factories for client updates, placing the math of
-`ops.aggregation` (`factory_for` maps each of its kinds to a factory)."""
+`ops.aggregation` (`factory_for` maps each of its kinds to a factory).
+
+A client update is the model delta, alone or in a NamedTuple beside side channels
+(FedNova's ||a_i||_1, the composite methods' sum of eta_c, q-FFL's h_i, Local-SCGDM's
+trackers, per-client slots). Only the delta is a model update: the `inner` factory
+(TFF's clipping, compression or differential-privacy factories) aggregates it, and the
+side channels are aggregated exactly beside it (a weighted mean, or a plain sum of
+per-client slots), never clipped, noised or compressed with it.
+
+TFF's differential-privacy factories are unweighted. An unweighted `inner` is accepted
+where the algorithm's math is a uniform mean (`check_unweighted`): its result is then
+the weighted mean's, every client's weight being 1.
+"""
 
 import collections
 
 import tensorflow_federated as tff
 
 from tff_comp.ops import aggregation
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import messages
+
+Factory = tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
 
 
-class FedNovaFactory(tff.aggregators.WeightedAggregationFactory):
-  """FedNova's normalized averaging (Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020).
+def check_unweighted(algorithm: algorithm_lib.Algorithm) -> None:
+  """Raises ValueError (one line) unless an unweighted model aggregator computes
+  `algorithm`'s aggregation: uniform client weights, no per-client weights of the rule,
+  no client state reported beside the delta."""
+  name = type(algorithm.client_rule).__name__
+  if algorithm.client_rule.weighs_clients:
+    raise ValueError(f'an unweighted model_aggregator (TFF\'s DP factories are) cannot'
+                     f' apply {name}\'s per-client weights; use a weighted factory.')
+  if algorithm.client_options.weighting != 'uniform':
+    raise ValueError('an unweighted model_aggregator (TFF\'s DP factories are) needs'
+                     ' uniform client weights: build with client_weighting=\'uniform\'.')
+  if isinstance(algorithm.server_rule.update_spec(), messages.CLIENT_STATE_REPORTS):
+    raise ValueError(f'{name} reports model-sized client state beside its delta, which an'
+                     ' unweighted (DP) model_aggregator would leave un-noised; refused.')
 
-  Clients send `NormalizedUpdate(delta, a_norm)` (delta = eta G_i a_i, the
-  pseudo-gradient, and ||a_i||_1) with weight n_i; the result is
 
-      tau_eff * sum_i p_i delta_i / ||a_i||_1,   tau_eff = sum_i p_i ||a_i||_1,
+class _AsWeighted(tff.aggregators.WeightedAggregationFactory):
+  """An unweighted factory inside the weighted interface, for uniform client weights
+  (all 1: see `check_unweighted`), where both means agree."""
 
-  p_i = n_i / sum_j n_j, a structure like `delta` (so any server optimizer applies it).
-  Plain averaging of delta_i instead optimizes sum_i p_i tau_i F_i / sum p_i tau_i (the
-  objective inconsistency). Measurements: `tau_eff` and the inner mean's.
-
-  Args (of the constructor):
-    inner: the weighted factory computing the two means (default MeanFactory), so
-      FedNova composes with TFF's clipping, DP or compression factories.
-  """
-
-  def __init__(self, inner: tff.aggregators.WeightedAggregationFactory | None = None):
-    self._inner = inner or tff.aggregators.MeanFactory()
+  def __init__(self, inner: tff.aggregators.UnweightedAggregationFactory):
+    self._inner = inner
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    if not (isinstance(value_type, tff.StructType) and hasattr(value_type, 'a_norm')
-            and hasattr(value_type, 'delta')):
-      raise TypeError(
-          'FedNovaFactory aggregates NormalizedUpdate(delta, a_norm) values, got'
-          f' {value_type}. Hint: wrap the client rule in ops.sgd.Normalized.')
+    inner = self._inner.create(value_type)
+
+    @tff.federated_computation(
+        inner.initialize.type_signature.result,
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      del weight  # 1 for every client
+      return inner.next(state, value)
+
+    return tff.templates.AggregationProcess(inner.initialize, next_fn)
+
+
+def _weighted(inner: Factory | None) -> tff.aggregators.WeightedAggregationFactory:
+  if inner is None:
+    return tff.aggregators.MeanFactory()
+  if isinstance(inner, tff.aggregators.UnweightedAggregationFactory):
+    return _AsWeighted(inner)
+  return inner
+
+
+class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
+  """Aggregates one `ops.aggregation` kind's updates (see the module docstring):
+
+      MEAN        delta by `inner`; side channels by the exact weighted mean
+      NORMALIZED  FedNova: tau_eff sum_i p_i delta_i / ||a_i||_1 with the normalized
+                  deltas by `inner` and tau_eff = sum_i p_i ||a_i||_1 exact
+                  (measurement `tau_eff`)
+      SLOTS       delta by `inner`; every other field (a client fills its own slot) by
+                  the plain sum: AFL's and TR-MAML's losses, Ditto's personal models.
+                  Sampled clients are distinct, so no slot is summed twice.
+
+  The result has the update's structure (NORMALIZED: the delta's). Measurements: the
+  inner factory's (and `tau_eff`).
+  """
+
+  def __init__(self, kind: str, inner: Factory | None = None):
+    if kind not in aggregation.KINDS:
+      raise ValueError(f'aggregation {kind!r} is unknown; choose one of {aggregation.KINDS}.')
+    self._kind, self._inner = kind, _weighted(inner)
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    names = ([name for name, _ in tff.structure.iter_elements(value_type)]
+             if isinstance(value_type, tff.StructType) else [])
+    if 'delta' not in names:
+      if self._kind != aggregation.MEAN:
+        raise TypeError(f'{self._kind} aggregation needs updates with a `delta` field,'
+                        f' got {value_type}.')
+      return self._inner.create(value_type, weight_type)
+    if self._kind == aggregation.NORMALIZED and 'a_norm' not in names:
+      raise TypeError('FedNova aggregates NormalizedUpdate(delta, a_norm) values, got'
+                      f' {value_type}. Hint: wrap the client rule in ops.sgd.Normalized.')
+    sides = [name for name in names if name != 'delta']
+    normalized = self._kind == aggregation.NORMALIZED
+    container = value_type.python_container
+
     @tff.tensorflow.computation(value_type)
-    def normalize(update):
-      return aggregation.normalize(update)
+    def split(update):
+      delta = aggregation.normalize(update)['normalized'] if normalized else update.delta
+      return delta, collections.OrderedDict((n, getattr(update, n)) for n in sides)
 
-    inner = self._inner.create(normalize.type_signature.result, weight_type)
+    delta_type, side_type = split.type_signature.result
+    inner = self._inner.create(delta_type, weight_type)
+    if self._kind == aggregation.SLOTS:
+      side = tff.aggregators.SumFactory().create(side_type)
+    else:
+      side = tff.aggregators.MeanFactory().create(side_type, weight_type)
 
-    @tff.tensorflow.computation(normalize.type_signature.result)
-    def rescale(means):
-      return aggregation.rescale(means)
+    @tff.tensorflow.computation(delta_type, side_type)
+    def join(delta, sides_mean):
+      if normalized:
+        return aggregation.rescale(collections.OrderedDict(
+            normalized=delta, a_norm=sides_mean['a_norm']))
+      return container(delta=delta, **sides_mean)
 
     @tff.federated_computation
     def init_fn():
-      return inner.initialize()
+      return tff.federated_zip((inner.initialize(), side.initialize()))
 
     @tff.federated_computation(
         init_fn.type_signature.result,
         tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS),
-    )
+        tff.FederatedType(weight_type, tff.CLIENTS))
     def next_fn(state, value, weight):
-      out = inner.next(state, tff.federated_map(normalize, value), weight)
-      measurements = tff.federated_zip(collections.OrderedDict(
-          tau_eff=tff.federated_map(_a_norm_of, out.result), mean=out.measurements))
+      parts = tff.federated_map(split, value)
+      delta_out = inner.next(state[0], parts[0], weight)
+      if self._kind == aggregation.SLOTS:
+        side_out = side.next(state[1], parts[1])
+      else:
+        side_out = side.next(state[1], parts[1], weight)
+      measurements = collections.OrderedDict(mean=delta_out.measurements)
+      if normalized:
+        measurements['tau_eff'] = tff.federated_map(_a_norm_of, side_out.result)
       return tff.templates.MeasuredProcessOutput(
-          out.state, tff.federated_map(rescale, out.result), measurements)
+          tff.federated_zip((delta_out.state, side_out.state)),
+          tff.federated_map(join, (delta_out.result, side_out.result)),
+          tff.federated_zip(measurements))
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
@@ -68,61 +154,8 @@ def _a_norm_of(means):
   return means['a_norm']
 
 
-class PerClientSlotsFactory(tff.aggregators.WeightedAggregationFactory):
-  """Aggregates updates holding a `delta` and per-client slot fields: the weighted
-  mean of `delta` (`inner`, default MeanFactory) and the plain sum of every other
-  field. A client fills only its own slot (its index) of each other field, so each sum
-  is the round's per-client table: AFL's and TR-MAML's loss vector, Ditto's personal
-  models and visit mask. Sampled clients are distinct, so no slot is summed twice."""
-
-  def __init__(self, inner: tff.aggregators.WeightedAggregationFactory | None = None):
-    self._inner = inner or tff.aggregators.MeanFactory()
-
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    names = [name for name, _ in tff.structure.iter_elements(value_type)] if isinstance(
-        value_type, tff.StructType) else []
-    if 'delta' not in names or len(names) < 2:
-      raise TypeError('PerClientSlotsFactory aggregates updates with a `delta` and'
-                      f' per-client slot fields, got {value_type}.')
-    slots = [name for name in names if name != 'delta']  # ops.aggregation.slot_fields
-    inner = self._inner.create(value_type.delta, weight_type)
-    python_container = value_type.python_container
-
-    @tff.tensorflow.computation(value_type)
-    def delta_of(update):
-      return update.delta
-
-    @tff.tensorflow.computation(value_type)
-    def slots_of(update):
-      return collections.OrderedDict((name, getattr(update, name)) for name in slots)
-
-    @tff.federated_computation
-    def init_fn():
-      return inner.initialize()
-
-    @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS),
-    )
-    def next_fn(state, value, weight):
-      out = inner.next(state, tff.federated_map(delta_of, value), weight)
-      tables = tff.federated_sum(tff.federated_map(slots_of, value))
-      result = tff.federated_zip(python_container(
-          delta=out.result, **{name: tables[name] for name in slots}))
-      return tff.templates.MeasuredProcessOutput(out.state, result, out.measurements)
-
-    return tff.templates.AggregationProcess(init_fn, next_fn)
-
-
-def factory_for(kind: str, inner: tff.aggregators.WeightedAggregationFactory | None = None
+def factory_for(kind: str, inner: Factory | None = None
                 ) -> tff.aggregators.WeightedAggregationFactory:
   """The factory placing `ops.aggregation` kind `kind`; `inner` (default MeanFactory)
-  computes its weighted means (TFF's clipping, compression or DP factories)."""
-  if kind == aggregation.MEAN:
-    return inner or tff.aggregators.MeanFactory()
-  if kind == aggregation.NORMALIZED:
-    return FedNovaFactory(inner)
-  if kind == aggregation.SLOTS:
-    return PerClientSlotsFactory(inner)
-  raise ValueError(f'aggregation {kind!r} is unknown; choose one of {aggregation.KINDS}.')
+  aggregates the model delta (TFF's clipping, compression or DP factories)."""
+  return UpdateFactory(kind, inner)

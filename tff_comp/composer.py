@@ -259,12 +259,20 @@ def initial_weights_fn(model: tff.learning.models.FunctionalModel) -> tff.Comput
 def compose(
     algorithm: algorithm_lib.Algorithm,
     *,
-    model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> ComposedLearningProcess:
   """The LearningProcess placing `algorithm`: client work running its client rule,
-  its aggregation as a `tff.aggregators` factory whose weighted means are computed by
-  `model_aggregator` (default MeanFactory; TFF's robust, compression or DP factories),
-  and a server update running its server rule."""
+  its aggregation as a `tff.aggregators` factory (`aggregators.UpdateFactory`) whose
+  model delta is aggregated by `model_aggregator` (default MeanFactory; TFF's robust,
+  compression or DP factories) and side channels exactly, and a server update running
+  its server rule.
+
+  Raises:
+    ValueError: `model_aggregator` is unweighted (TFF's DP factories) and the
+      algorithm's aggregation is not a uniform mean (`aggregators.check_unweighted`).
+  """
+  if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
+    aggregators.check_unweighted(algorithm)
   weights_type = client_work_lib.model_weights_type(algorithm.model)
   server_update = server_update_lib.build_server_update(algorithm.server_rule, weights_type)
   return compose_learning_process(

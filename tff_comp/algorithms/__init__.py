@@ -1,4 +1,10 @@
-"""Registered algorithms: each module is a short composition of blocks."""
+"""Registered algorithms: each module is a short composition of blocks.
+
+Every builder takes `model_aggregator` (any `tff.aggregators` factory for the model
+delta; side channels are aggregated exactly, `tff_comp.aggregators`), and those whose
+server runs an optimizer take `server_optimizer`, as TFF's builders do. Registration
+names each algorithm's home task (`registry.Entry`).
+"""
 
 from tff_comp.algorithms import afl
 from tff_comp.algorithms import comfedl

@@ -11,6 +11,7 @@ indexed by client, so clients receive datasets of `client_work.IndexedExample`
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
@@ -20,7 +21,7 @@ from tff_comp.ops import per_client
 from tff_comp.ops import sgd
 
 
-@registry.register_algorithm('afl')
+@registry.register_algorithm('afl', home_task='imbalanced_digits')
 def build_afl(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -30,6 +31,8 @@ def build_afl(
     lambda_learning_rate: float = 0.08,
     batch_size: int = 10,
     local_epochs: int = 1,
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08)."""
   common.check_positive(client_learning_rate=client_learning_rate,
@@ -37,8 +40,9 @@ def build_afl(
   rule = per_client.AgnosticWeighted(sgd.SGD(model, learning_rate=client_learning_rate),
                                      num_clients=num_clients)
   server_rule = per_client.AgnosticServer(
-      model_ops.trainable_specs(model), common.server_sgd(server_learning_rate),
+      model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
       num_clients=num_clients, lambda_learning_rate=lambda_learning_rate)
   return common.compose(model, rule, server_rule,
                         protocol.ClientOptions(batch_size, local_epochs, weighting='uniform'),
-                        aggregation_kind=aggregation.SLOTS)
+                        aggregation_kind=aggregation.SLOTS,
+                        model_aggregator=model_aggregator)

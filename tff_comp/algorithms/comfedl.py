@@ -17,6 +17,7 @@ like FedAvg with uniform weights and client rate eta_c / gamma.
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
@@ -24,7 +25,9 @@ from tff_comp.ops import compositional
 from tff_comp.ops import objectives
 
 
-@registry.register_algorithm('comfedl')
+@registry.register_algorithm(
+    'comfedl', home_task='imbalanced_digits',
+    divergence_hint=objectives.DIVERGENCE_HINT)
 def build_comfedl(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -36,6 +39,8 @@ def build_comfedl(
     local_steps: int = 5,
     batch_size: int = 10,
     client_weighting: str = 'uniform',
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds ComFedL with `local_steps` (tau) compositional steps per round."""
   common.check_positive(client_learning_rate=client_learning_rate)
@@ -45,5 +50,6 @@ def build_comfedl(
           objective, gamma=gamma, inner_learning_rate=inner_learning_rate))
   options = protocol.ClientOptions(batch_size, local_steps=local_steps,
                                    weighting=client_weighting)
-  return common.compose_fedavg_like(model, rule, options,
-                                    server_learning_rate=server_learning_rate)
+  return common.compose_fedavg_like(
+      model, rule, options, server_learning_rate=server_learning_rate,
+      server_optimizer=server_optimizer, model_aggregator=model_aggregator)

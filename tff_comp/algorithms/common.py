@@ -3,6 +3,7 @@ the FedAvg-shaped composition most algorithms share."""
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import composer
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
@@ -36,9 +37,10 @@ def server_sgd(learning_rate: float, momentum: float = 0.0) -> tff.learning.opti
 
 def compose(model, client_rule: rule_lib.ClientRule, server_rule: rule_lib.ServerRule,
             options: protocol.ClientOptions, *, aggregation_kind: str = aggregation.MEAN,
-            model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+            model_aggregator: aggregators.Factory | None = None,
             ) -> composer.ComposedLearningProcess:
-  """The process of Algorithm(model, client_rule, server_rule, options, aggregation)."""
+  """The process of Algorithm(model, client_rule, server_rule, options, aggregation),
+  the model delta aggregated by `model_aggregator` (`composer.compose`)."""
   return composer.compose(
       algorithm_lib.Algorithm(model, client_rule, server_rule, options, aggregation_kind),
       model_aggregator=model_aggregator)
@@ -47,7 +49,8 @@ def compose(model, client_rule: rule_lib.ClientRule, server_rule: rule_lib.Serve
 def compose_composite(model, client_rule_class, server_rule_class, regularizer, *,
                       client_learning_rate: float, server_learning_rate: float,
                       batch_size: int, local_epochs: int, client_weighting: str,
-                      client_prox: bool) -> composer.ComposedLearningProcess:
+                      client_prox: bool, model_aggregator: aggregators.Factory | None = None,
+                      ) -> composer.ComposedLearningProcess:
   """A composite-optimization algorithm (`ops.composite`): a client rule of
   `client_rule_class` with psi, and a server rule of `server_rule_class` with SGD(eta_s)
   and psi, weights averaged by the plain weighted mean."""
@@ -57,7 +60,8 @@ def compose_composite(model, client_rule_class, server_rule_class, regularizer, 
   server_rule = server_rule_class(model_ops.trainable_specs(model),
                                   server_sgd(server_learning_rate), regularizer)
   return compose(model, rule, server_rule,
-                 protocol.ClientOptions(batch_size, local_epochs, weighting=client_weighting))
+                 protocol.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
+                 model_aggregator=model_aggregator)
 
 
 def compose_fedavg_like(
@@ -65,7 +69,7 @@ def compose_fedavg_like(
     server_learning_rate: float = 1.0, server_momentum: float = 0.0,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     aggregation_kind: str = aggregation.MEAN,
-    model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> composer.ComposedLearningProcess:
   """FedAvg's skeleton around any client rule: a server optimizer (default SGD(eta_s,
   momentum)) on the aggregated update."""

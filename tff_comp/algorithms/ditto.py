@@ -14,6 +14,7 @@ global model.
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
@@ -23,7 +24,7 @@ from tff_comp.ops import per_client
 from tff_comp.ops import sgd
 
 
-@registry.register_algorithm('ditto')
+@registry.register_algorithm('ditto', home_task='dominant_class')
 def build_ditto(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -35,6 +36,8 @@ def build_ditto(
     batch_size: int = 10,
     local_epochs: int = 1,
     client_weighting: str = 'examples',
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 ties eta_p to
   the client learning rate (also when that is later set through the hparams)."""
@@ -44,9 +47,10 @@ def build_ditto(
       sgd.SGD(model, learning_rate=client_learning_rate), num_clients=num_clients,
       lam=lam, personal_learning_rate=personal_learning_rate or None)
   server_rule = per_client.PersonalModelsServer(
-      model_ops.trainable_specs(model), common.server_sgd(server_learning_rate),
+      model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
       num_clients=num_clients)
   return common.compose(model, rule, server_rule,
                         protocol.ClientOptions(batch_size, local_epochs,
                                                weighting=client_weighting),
-                        aggregation_kind=aggregation.SLOTS)
+                        aggregation_kind=aggregation.SLOTS,
+                        model_aggregator=model_aggregator)

@@ -14,6 +14,7 @@ Example:
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.algorithms import common
@@ -21,7 +22,7 @@ from tff_comp.ops import protocol
 from tff_comp.ops import sgd
 
 
-@registry.register_algorithm('fedavg')
+@registry.register_algorithm('fedavg', home_task='lasso')
 def build_fedavg(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -34,7 +35,7 @@ def build_fedavg(
     seed: int = 0,
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
 
@@ -49,7 +50,7 @@ def build_fedavg(
       server_optimizer=server_optimizer, model_aggregator=model_aggregator)
 
 
-@registry.register_algorithm('fedavg_subgrad')
+@registry.register_algorithm('fedavg_subgrad', home_task='lasso')
 def build_fedavg_subgradient(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -60,10 +61,13 @@ def build_fedavg_subgradient(
     batch_size: int = 10,
     local_epochs: int = 1,
     client_weighting: str = 'uniform',
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedAvg whose clients step along g_k + a subgradient of psi at w_k."""
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = sgd.SGD(model, learning_rate=client_learning_rate, subgradient_of=regularizer)
   return common.compose_fedavg_like(
       model, rule, protocol.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
-      server_learning_rate=server_learning_rate, server_momentum=server_momentum)
+      server_learning_rate=server_learning_rate, server_momentum=server_momentum,
+      server_optimizer=server_optimizer, model_aggregator=model_aggregator)

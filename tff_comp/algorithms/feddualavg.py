@@ -16,14 +16,15 @@ With psi = 0 it reduces to FedAvg.
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.ops import composite
 
 
-@registry.register_algorithm('feddualavg')
-@registry.register_algorithm('feddualavg_osp', client_prox=False)
+@registry.register_algorithm('feddualavg', home_task='lasso')
+@registry.register_algorithm('feddualavg_osp', home_task='lasso', client_prox=False)
 def build_feddualavg(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -34,6 +35,7 @@ def build_feddualavg(
     local_epochs: int = 1,
     client_weighting: str = 'uniform',
     client_prox: bool = True,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox)."""
   # The dual-state mean is the plain weighted mean: averaging is linear in the dual,
@@ -42,4 +44,4 @@ def build_feddualavg(
       model, composite.DualAveraging, composite.DualAveragingServer, regularizer,
       client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,
       batch_size=batch_size, local_epochs=local_epochs, client_weighting=client_weighting,
-      client_prox=client_prox)
+      client_prox=client_prox, model_aggregator=model_aggregator)

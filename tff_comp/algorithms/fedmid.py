@@ -11,14 +11,15 @@ With psi = 0 both reduce to FedAvg.
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.ops import composite
 
 
-@registry.register_algorithm('fedmid')
-@registry.register_algorithm('fedmid_osp', client_prox=False)
+@registry.register_algorithm('fedmid', home_task='lasso')
+@registry.register_algorithm('fedmid_osp', home_task='lasso', client_prox=False)
 def build_fedmid(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -29,10 +30,11 @@ def build_fedmid(
     local_epochs: int = 1,
     client_weighting: str = 'uniform',
     client_prox: bool = True,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox)."""
   return common.compose_composite(
       model, composite.ProximalSGD, composite.MirrorDescentServer, regularizer,
       client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,
       batch_size=batch_size, local_epochs=local_epochs, client_weighting=client_weighting,
-      client_prox=client_prox)
+      client_prox=client_prox, model_aggregator=model_aggregator)

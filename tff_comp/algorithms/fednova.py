@@ -13,6 +13,7 @@ drawn per client per round from [local_epochs, local_epochs_max] (`fedavg` and
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
@@ -20,7 +21,10 @@ from tff_comp.ops import aggregation
 from tff_comp.ops import sgd
 
 
-@registry.register_algorithm('fednova')
+# Home: Wang et al.'s Synthetic(1, 1) with local epochs drawn from U(2, 5).
+@registry.register_algorithm(
+    'fednova', home_task='synthetic',
+    home_settings=dict(local_epochs=2, local_epochs_max=5, batch_size=50))
 def build_fednova(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -34,6 +38,8 @@ def build_fednova(
     local_epochs_max: int = 0,
     seed: int = 0,
     client_weighting: str = 'examples',
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedNova; local solver: SGD, momentum (client_momentum) or prox (mu)."""
   common.check_positive(client_learning_rate=client_learning_rate)
@@ -48,4 +54,5 @@ def build_fednova(
                                    seed=seed, weighting=client_weighting)
   return common.compose_fedavg_like(
       model, rule, options, server_learning_rate=server_learning_rate,
-      server_momentum=server_momentum, aggregation_kind=aggregation.NORMALIZED)
+      server_momentum=server_momentum, server_optimizer=server_optimizer,
+      aggregation_kind=aggregation.NORMALIZED, model_aggregator=model_aggregator)

@@ -9,13 +9,14 @@ opposite sign; with that sign flipped this equals it (tests/test_parity.py).
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
 from tff_comp.ops import sgd
 
 
-@registry.register_algorithm('fedprox')
+@registry.register_algorithm('fedprox', home_task='lasso')
 def build_fedprox(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -29,7 +30,7 @@ def build_fedprox(
     seed: int = 0,
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds FedProx with proximal strength `mu`."""
   common.check_positive(client_learning_rate=client_learning_rate)

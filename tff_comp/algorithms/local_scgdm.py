@@ -17,6 +17,7 @@ Here eta is `client_learning_rate` and gamma is `tracking_gamma`; DRFL's own gam
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
@@ -25,7 +26,9 @@ from tff_comp.ops import model_ops
 from tff_comp.ops import objectives
 
 
-@registry.register_algorithm('local_scgdm')
+@registry.register_algorithm(
+    'local_scgdm', home_task='imbalanced_digits',
+    divergence_hint=objectives.DIVERGENCE_HINT)
 def build_local_scgdm(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -39,20 +42,19 @@ def build_local_scgdm(
     local_steps: int = 5,
     batch_size: int = 10,
     client_weighting: str = 'uniform',
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds Local-SCGDM with period `local_steps` (p)."""
   common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha, beta=beta,
                         tracking_gamma=tracking_gamma)
-  for name, rate in (('alpha', alpha), ('tracking_gamma', tracking_gamma)):
-    if rate * client_learning_rate > 1:
-      raise ValueError(f'{name} x client_learning_rate must be <= 1 (a convex'
-                       f' combination), got {rate * client_learning_rate}.')
   obj = objectives.make_objective(objective, gamma=gamma,
                                   inner_learning_rate=inner_learning_rate)
   rule = compositional.SCGDM(model, learning_rate=client_learning_rate, objective=obj,
                              alpha=alpha, beta=beta, tracking_gamma=tracking_gamma)
+  rule.check_hparams(rule.initial_hparams())
   server_rule = compositional.TrackerServer(
       model_ops.trainable_specs(model), common.server_sgd(1.0), obj.value_spec(model))
   return common.compose(model, rule, server_rule,
                         protocol.ClientOptions(batch_size, local_steps=local_steps,
-                                               weighting=client_weighting))
+                                               weighting=client_weighting),
+                        model_aggregator=model_aggregator)

@@ -13,13 +13,15 @@ the first-order one at initialization; it may need a smaller beta.
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
 from tff_comp.ops import maml
 
 
-@registry.register_algorithm('per_fedavg')
+@registry.register_algorithm('per_fedavg', home_task='sinewave',
+                             divergence_hint=maml.DIVERGENCE_HINT)
 def build_per_fedavg(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -31,6 +33,8 @@ def build_per_fedavg(
     server_learning_rate: float = 1.0,
     batch_size: int = 5,
     client_weighting: str = 'uniform',
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds Per-FedAvg; `variant` is 'exact', 'fo' or 'hf'."""
   common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha, delta=delta)
@@ -38,5 +42,6 @@ def build_per_fedavg(
                         variant=variant, delta=delta)
   options = protocol.ClientOptions(batch_size, local_steps=local_steps,
                                    weighting=client_weighting)
-  return common.compose_fedavg_like(model, rule, options,
-                                    server_learning_rate=server_learning_rate)
+  return common.compose_fedavg_like(
+      model, rule, options, server_learning_rate=server_learning_rate,
+      server_optimizer=server_optimizer, model_aggregator=model_aggregator)

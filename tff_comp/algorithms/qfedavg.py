@@ -8,6 +8,7 @@ high-loss clients more; q = 0 is FedAvg with uniform client weights.
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
@@ -15,7 +16,7 @@ from tff_comp.ops import model_ops
 from tff_comp.ops import sgd
 
 
-@registry.register_algorithm('qfedavg')
+@registry.register_algorithm('qfedavg', home_task='imbalanced_digits')
 def build_qfedavg(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -23,6 +24,7 @@ def build_qfedavg(
     q: float = 0.2,
     batch_size: int = 10,
     local_epochs: int = 1,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2)."""
   common.check_positive(client_learning_rate=client_learning_rate)
@@ -30,4 +32,4 @@ def build_qfedavg(
   rule = sgd.QFFL(model, learning_rate=client_learning_rate, q=q)
   options = protocol.ClientOptions(batch_size, local_epochs, weighting='uniform')
   return common.compose(model, rule, sgd.RatioServer(model_ops.trainable_specs(model)),
-                        options)
+                        options, model_aggregator=model_aggregator)

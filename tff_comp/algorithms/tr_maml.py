@@ -10,6 +10,7 @@ post-adaptation losses. p is per client, so clients receive IndexedExamples (as 
 
 import tensorflow_federated as tff
 
+from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import protocol
@@ -19,7 +20,10 @@ from tff_comp.ops import model_ops
 from tff_comp.ops import per_client
 
 
-@registry.register_algorithm('tr_maml')
+# Home: the ComFedL paper's DA-MAML setup (inner step 0.05, 5 local steps).
+@registry.register_algorithm('tr_maml', home_task='dominant_class',
+                             home_settings=dict(alpha=0.05, local_steps=5),
+                             divergence_hint=maml.DIVERGENCE_HINT)
 def build_tr_maml(
     model: tff.learning.models.FunctionalModel,
     *,
@@ -30,6 +34,8 @@ def build_tr_maml(
     local_steps: int = 10,
     server_learning_rate: float = 1.0,
     batch_size: int = 5,
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds TR-MAML; `task_weight_learning_rate` is the exponentiated-gradient step."""
   common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha,
@@ -38,10 +44,11 @@ def build_tr_maml(
       maml.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha, variant='fo'),
       num_clients=num_clients)
   server_rule = per_client.AgnosticServer(
-      model_ops.trainable_specs(model), common.server_sgd(server_learning_rate),
+      model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
       num_clients=num_clients, lambda_learning_rate=task_weight_learning_rate,
       ascent='exponentiated')
   return common.compose(model, rule, server_rule,
                         protocol.ClientOptions(batch_size, local_steps=local_steps,
                                                weighting='uniform'),
-                        aggregation_kind=aggregation.SLOTS)
+                        aggregation_kind=aggregation.SLOTS,
+                        model_aggregator=model_aggregator)

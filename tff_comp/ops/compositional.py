@@ -51,9 +51,9 @@ class ObjectiveRule(rule_lib.ClientRule):
     return hparams
 
   def reference_value(self, payload, examples, hparams):
-    del hparams
     trainable, non_trainable, _ = self.start(payload)
-    return self.objective.reference_value(self.model, trainable, non_trainable, examples)
+    return self.objective.reference_value(self.model, trainable, non_trainable, examples,
+                                          hparams)
 
   def inner_and_outer_batches(self, batch: Any) -> tuple[Any, Any]:
     """(B, B~): the step's two halves, or the same batch twice when outer reads none."""
@@ -96,6 +96,13 @@ class SCGDM(ObjectiveRule):
     hparams.update(alpha=self._alpha, beta=self._beta, tracking_gamma=self._tracking_gamma)
     return hparams
 
+  def check_hparams(self, hparams):
+    for name in ('alpha', 'tracking_gamma'):
+      rate = float(hparams[name]) * float(hparams['learning_rate'])
+      if rate > 1:
+        raise ValueError(f'{name} x client_learning_rate must be <= 1 (a convex'
+                         f' combination), got {rate:g}.')
+
   def start(self, payload):
     weights = payload.weights
     return tuple(weights.trainable), tuple(weights.non_trainable), (
@@ -116,7 +123,7 @@ class SCGDM(ObjectiveRule):
     reference = context.reference_loss
     with tf.GradientTape() as tape:
       tape.watch(weights)
-      value = self.objective.inner(self.model, weights, non_trainable, inner_batch)
+      value = self.objective.inner(self.model, weights, non_trainable, inner_batch, hparams)
     first = tf.equal(started, 0.0)
     rate = hparams['tracking_gamma'] * eta
     u = tf.nest.map_structure(

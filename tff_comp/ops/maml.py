@@ -18,6 +18,12 @@ from tff_comp.ops import model_ops
 from tff_comp.ops import rule as rule_lib
 
 
+# Why a MAML run diverges, most often.
+DIVERGENCE_HINT = ('the meta-gradient (with the exact Hessian term especially) can be'
+                   ' several times the first-order one: try a smaller'
+                   ' --client_learning_rate (beta) or --alpha')
+
+
 class PerFedAvg(rule_lib.ClientRule):
   """Per-FedAvg's client (see the module docstring). Payload: the broadcast
   ModelWeights. Its start loss is the post-adaptation loss L(w - alpha grad L(w; D); D)

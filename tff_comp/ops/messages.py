@@ -89,3 +89,8 @@ class DittoUpdate(NamedTuple):
   delta: Weights
   personal: Weights  # [num_clients, *shape]
   visited: tf.Tensor  # [num_clients]
+
+
+# Updates whose side fields carry a client's model-sized state (trackers, a personal
+# model): differential privacy on the delta alone would leave them un-noised.
+CLIENT_STATE_REPORTS = (TrackerUpdate, DittoUpdate)

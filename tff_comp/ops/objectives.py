@@ -38,9 +38,10 @@ class CompositionalObjective(abc.ABC):
     return {}
 
   def reference_value(self, model, trainable: Weights, non_trainable: Weights,
-                      examples: Any) -> tf.Tensor:
+                      examples: Any, hparams) -> tf.Tensor:
     """The loss whose largest value over a round's clients is the common reference c
     of exponential objectives: the full-data counterpart of the loss inside exp()."""
+    del hparams
     return model_ops.batch_loss(model, trainable, non_trainable, examples)
 
   def reported_loss(self, model, inner_value: Any, outer_batch: Any,
@@ -60,7 +61,8 @@ class CompositionalObjective(abc.ABC):
     return direction
 
   @abc.abstractmethod
-  def inner(self, model, trainable: Weights, non_trainable: Weights, batch: Any) -> Any:
+  def inner(self, model, trainable: Weights, non_trainable: Weights, batch: Any,
+            hparams) -> Any:
     """f(w; B)."""
 
   @abc.abstractmethod
@@ -82,7 +84,7 @@ def compositional_gradient(
   """(g value, inner value v = f(w; B), J f(w; B)^T grad g(v; B~)) as one VJP."""
   with tf.GradientTape() as inner_tape:
     inner_tape.watch(trainable)
-    value = objective.inner(model, trainable, non_trainable, inner_batch)
+    value = objective.inner(model, trainable, non_trainable, inner_batch, hparams)
   with tf.GradientTape() as outer_tape:
     outer_tape.watch(value)
     g = objective.outer(model, value, outer_batch, hparams, reference_loss)
@@ -117,7 +119,8 @@ class DRFL(CompositionalObjective):
   def hparams(self):
     return {'gamma': self.gamma}
 
-  def inner(self, model, trainable, non_trainable, batch):
+  def inner(self, model, trainable, non_trainable, batch, hparams):
+    del hparams
     return model_ops.batch_loss(model, trainable, non_trainable, batch)
 
   def outer(self, model, value, batch, hparams, reference_loss):
@@ -156,11 +159,9 @@ class MAML(CompositionalObjective):
   def hparams(self):
     return {'inner_learning_rate': self.inner_learning_rate}
 
-  def inner(self, model, trainable, non_trainable, batch):
-    # inner_learning_rate is a constant of the objective, so the inner map is the same
-    # in every round (it is also exposed as a hyperparameter for reading).
+  def inner(self, model, trainable, non_trainable, batch, hparams):
     return model_ops.adapt(model, trainable, non_trainable, batch,
-                           self.inner_learning_rate)[1]
+                           hparams['inner_learning_rate'])[1]
 
   def outer(self, model, value, batch, hparams, reference_loss):
     del hparams, reference_loss
@@ -192,9 +193,9 @@ class DAMAML(MAML):
   def rescale_direction(self, direction, old_reference, new_reference, hparams):
     return DRFL.rescale_direction(self, direction, old_reference, new_reference, hparams)
 
-  def reference_value(self, model, trainable, non_trainable, examples):
+  def reference_value(self, model, trainable, non_trainable, examples, hparams):
     """L(w - alpha grad L(w; D); D) on all the client's examples: the adapted loss."""
-    adapted = self.inner(model, trainable, non_trainable, examples)
+    adapted = self.inner(model, trainable, non_trainable, examples, hparams)
     return model_ops.batch_loss(model, adapted, non_trainable, examples)
 
   def reported_loss(self, model, inner_value, outer_batch, outer_value, hparams):
@@ -202,6 +203,11 @@ class DAMAML(MAML):
     del outer_value, hparams
     return model_ops.batch_loss(model, inner_value, (), outer_batch)
 
+
+# Why a run of a compositional objective diverges, most often.
+DIVERGENCE_HINT = ('the DRFL and DA-MAML steps carry exp(loss / gamma), which overflows'
+                   ' when losses are large against --gamma: try a larger --gamma (e.g. 2)'
+                   ' before a smaller --client_learning_rate')
 
 OBJECTIVES = {'drfl': DRFL, 'maml': MAML, 'da_maml': DAMAML}
 

@@ -15,7 +15,7 @@ Ditto, personal models v_i beside FedAvg's global w:
     server:   FedAvg's step on w; row i of the personal table <- the returned v_i
 
 Clients fill only their own slot (row) of the [N, ...] fields, so the sum over the
-round's distinct clients is the round's table (`aggregators.PerClientSlotsFactory`).
+round's distinct clients is the round's table (`aggregators.UpdateFactory`).
 """
 
 import collections
@@ -62,6 +62,7 @@ class AgnosticWeighted(PerClientRule):
   Payload: AFLPayload; update: AFLUpdate."""
 
   uses_start_loss = True
+  weighs_clients = True
 
   def client_weight(self, payload, hparams, context):
     return tf.gather(payload.client_weights, context.client_index)
@@ -116,7 +117,9 @@ class Ditto(PerClientRule):
 
 class AgnosticServer(rule_lib.ServerRule):
   """AFL's (projected) and TR-MAML's (exponentiated) server; see the module docstring.
-  State adds the client weights lambda (uniform at the start). Broadcasts AFLPayload."""
+  State adds the client weights lambda (uniform at the start) and their learning rate,
+  a hyperparameter (`lambda_learning_rate`) beside the optimizer's. Broadcasts
+  AFLPayload."""
 
   ASCENTS = ('projected', 'exponentiated')
 
@@ -134,7 +137,20 @@ class AgnosticServer(rule_lib.ServerRule):
   def initialize(self):
     state = super().initialize()
     state['client_weights'] = self._uniform()
+    state['lambda_learning_rate'] = tf.constant(self.lambda_learning_rate, tf.float32)
     return state
+
+  def get_hparams(self, state):
+    hparams = super().get_hparams(state)
+    hparams['lambda_learning_rate'] = state['lambda_learning_rate']
+    return hparams
+
+  def set_hparams(self, state, hparams):
+    hparams = collections.OrderedDict(hparams)
+    new_state = collections.OrderedDict(state)
+    new_state['lambda_learning_rate'] = tf.cast(hparams.pop('lambda_learning_rate'),
+                                                tf.float32)
+    return super().set_hparams(new_state, hparams)
 
   def update_spec(self):
     return messages.AFLUpdate(delta=self.specs,
@@ -142,22 +158,21 @@ class AgnosticServer(rule_lib.ServerRule):
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
+    rate = state['lambda_learning_rate']
     if self.ascent == 'projected':
-      lam = server_steps.project_simplex(
-          state['client_weights'] + self.lambda_learning_rate * update.losses)
+      lam = server_steps.project_simplex(state['client_weights'] + rate * update.losses)
     else:
       lam = server_steps.exponentiated_gradient_step(
-          state['client_weights'], update.losses, self.lambda_learning_rate)
-    return (collections.OrderedDict(optimizer=opt_state, client_weights=lam),
-            rule_lib.with_trainable(weights, trainable))
+          state['client_weights'], update.losses, rate)
+    new_state = collections.OrderedDict(state, optimizer=opt_state, client_weights=lam)
+    return new_state, rule_lib.with_trainable(weights, trainable)
 
   def payload(self, state, weights):
     return messages.AFLPayload(weights=weights, client_weights=state['client_weights'])
 
   def reset(self, state, weights):
     del weights
-    return collections.OrderedDict(optimizer=state['optimizer'],
-                                   client_weights=self._uniform())
+    return collections.OrderedDict(state, client_weights=self._uniform())
 
 
 class PersonalModelsServer(rule_lib.ServerRule):

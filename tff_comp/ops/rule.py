@@ -74,10 +74,12 @@ class ClientRule(abc.ABC):
   before local training, the round's reference (`reference_value` maximized over the
   round's clients) and passes it in the context. `uses_start_loss`: `run_client`
   passes the client's own `start_loss` in the context. `uses_client_index`: the
-  runtime must tell the client its index.
+  runtime must tell the client its index. `weighs_clients`: `client_weight` gives the
+  rule's own aggregation weights (AFL's lambda), not the runtime's.
   """
 
   batches_per_step: int = 1
+  weighs_clients: bool = False  # client_weight returns the rule's own weights
   uses_reference_loss: bool = False
   uses_start_loss: bool = False
   uses_client_index: bool = False
@@ -89,6 +91,11 @@ class ClientRule(abc.ABC):
   def initial_hparams(self) -> collections.OrderedDict:
     """The rule's hyperparameters, stored as float32 by the runtime."""
     return collections.OrderedDict(learning_rate=self._learning_rate)
+
+  def check_hparams(self, hparams) -> None:
+    """Raises ValueError for hyperparameter values (floats) the rule's math does not
+    allow. Builders check the initial ones; tff_comp's runtimes check values set later."""
+    del hparams
 
   @abc.abstractmethod
   def start(self, payload) -> tuple[Weights, Weights, Any]:

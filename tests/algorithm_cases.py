@@ -1,0 +1,47 @@
+"""Every registered algorithm on one small linear-regression problem: clients of unequal
+sizes (`DATA['mapped']`) and of equal sizes (`DATA['vectorized']`), and a builder call
+that fits each algorithm (`build`)."""
+
+import numpy as np
+import tensorflow as tf
+
+from tff_comp import models
+from tff_comp import registry
+from tff_comp import regularizers
+from tff_comp.tasks import array_data
+
+D, NUM_CLIENTS = 5, 5
+MODEL = models.linear_regression((D,))
+
+
+def _client_data(sizes, key):
+  w = np.linspace(-1, 1, D).astype(np.float32)
+
+  def make(i):
+    rng = np.random.default_rng([7, i])
+    x = rng.normal(size=(sizes[i], D)).astype(np.float32) + 0.1 * i
+    return x, (x @ w + 0.3 + 0.1 * rng.normal(size=sizes[i])).astype(np.float32)
+
+  ids = [f'c{i}' for i in range(len(sizes))]
+  return array_data.cached_client_data(f'inprocess-{key}', ids, (D,), tf.float32, make)
+
+
+DATA = {'mapped': _client_data([7, 12, 9, 5, 14], 'unequal'),
+        'vectorized': _client_data([8] * NUM_CLIENTS, 'equal')}
+
+
+def arguments(name: str, extra: dict) -> dict:
+  """Builder arguments for algorithm `name` on this problem, `extra` taking precedence."""
+  entry = registry.get_algorithm(name)
+  args = dict(client_learning_rate=0.02)
+  for arg, value in (('regularizer', regularizers.L1(strength=0.05)),
+                     ('num_clients', NUM_CLIENTS), ('batch_size', 3), ('gamma', 2.0),
+                     ('local_steps', 4)):
+    if entry.accepts(arg):
+      args[arg] = value
+  args.update(extra)
+  return args
+
+
+def build(name: str, extra: dict):
+  return registry.get_algorithm(name).build(MODEL, **arguments(name, extra))

@@ -1,0 +1,72 @@
+"""Hyperparameters set on a built process act exactly as if the process had been built
+with them (reproduce.py builds once and sets a grid's rates through the hparams)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import algorithm_cases
+from tff_comp import registry
+from tff_comp.runtime import inprocess
+
+# (algorithm, builder arguments of the built process, arguments set later besides every
+# positive float option x 1.5): every algorithm, plus the options whose math only runs
+# in a variant (an objective, a MAML variant) or from zero (FedNova's local solvers).
+CASES = [(name, {}, {}) for name in registry.ALGORITHMS.names()] + [
+    ('fednova', {}, dict(mu=0.1)),
+    ('fednova', {}, dict(client_momentum=0.5)),
+    ('comfedl', dict(objective='maml'), {}),
+    ('local_scgdm', dict(objective='da_maml'), {}),
+    ('per_fedavg', dict(variant='hf'), {}),
+    ('ditto', dict(personal_learning_rate=0.01), {}),
+]
+
+
+def _floats(name: str, args: dict) -> dict[str, float]:
+  """The algorithm's float options with positive values in `args` (or by default)."""
+  values = {}
+  for h in registry.get_algorithm(name).hparams:
+    value = args.get(h.name, h.default)
+    if h.type is float and isinstance(value, float) and value > 0:
+      values[h.name] = value
+  return values
+
+
+def _run(process, state, rounds=2):
+  data = algorithm_cases.DATA['mapped']
+  for r in range(rounds):
+    state = process.next(state, data.client_ids[r:r + 3]).state
+  return state
+
+
+@pytest.mark.parametrize('name,base,later', CASES,
+                         ids=['-'.join([c[0], *map(str, c[1].values()), *c[2]])
+                              for c in CASES])
+def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
+  base_args = algorithm_cases.arguments(name, base)
+  changed = dict(base, **{k: v * 1.5 for k, v in _floats(name, base_args).items()},
+                 **later)
+  data = algorithm_cases.DATA['mapped']
+  built = inprocess.build(algorithm_cases.build(name, changed), data)
+  reference = built.initialize()
+  target = built.get_hparams(reference)
+  process = inprocess.build(algorithm_cases.build(name, base), data)
+  state = process.initialize()
+  assert not all(np.array_equal(a, b) for a, b in zip(
+      tf.nest.flatten(target), tf.nest.flatten(process.get_hparams(state))))
+  state = _run(process, process.set_hparams(state, target))
+  reference = _run(built, reference)
+  for a, b in zip(tf.nest.flatten(reference), tf.nest.flatten(state)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_a_rate_set_later_is_checked_as_at_build():
+  process = inprocess.build(algorithm_cases.build('local_scgdm', {}),
+                            algorithm_cases.DATA['mapped'])
+  state = process.initialize()
+  hparams = process.get_hparams(state)
+  hparams['client_work']['learning_rate'] = 2.0  # alpha x eta = 2 > 1
+  with pytest.raises(ValueError, match='alpha x client_learning_rate must be <= 1'):
+    process.set_hparams(state, hparams)
+  with pytest.raises(ValueError, match='alpha x client_learning_rate must be <= 1'):
+    algorithm_cases.build('local_scgdm', dict(client_learning_rate=2.0))
