@@ -9,15 +9,20 @@ the data in-graph, and far less than passing datasets from Python).
 
 from collections.abc import Callable, Sequence
 import hashlib
+import inspect
+import json
 import os
 import pathlib
+import sys
 import tempfile
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 _CACHE_ENV = 'TFF_COMP_DATA_DIR'
+_FORMAT = 2  # the file layout's version (2: checksums in the completion marker)
 
 
 def cache_root() -> pathlib.Path:
@@ -34,6 +39,38 @@ def file_digest(path: str) -> str:
     return hashlib.file_digest(f, 'sha256').hexdigest()[:12]
 
 
+def generator_version(make_client: Callable) -> str:
+  """A hash of the source of the module defining `make_client`: part of every cache
+  key, so files made by an older generator are never reused."""
+  module = sys.modules.get(make_client.__module__)
+  try:
+    source = inspect.getsource(module) if module else ''
+  except (OSError, TypeError):  # no source (an interactive session): never cached stale
+    source = repr(make_client.__code__.co_code)
+  return hashlib.sha256(f'{_FORMAT}:{source}'.encode()).hexdigest()[:8]
+
+
+def _file_sums(directory: pathlib.Path, client_ids: Sequence[str]) -> dict[str, str] | None:
+  """{client id: sha256 of its file}, or None when a file is missing."""
+  sums = {}
+  for cid in client_ids:
+    path = directory / f'{cid}.f32'
+    if not path.is_file():
+      return None
+    with open(path, 'rb') as f:
+      sums[cid] = hashlib.file_digest(f, 'sha256').hexdigest()
+  return sums
+
+
+def _verified(directory: pathlib.Path, client_ids: Sequence[str]) -> bool:
+  """Whether the completion marker lists every client file with its current checksum."""
+  try:
+    recorded = json.loads((directory / 'COMPLETE').read_text())['sha256']
+  except (OSError, ValueError, KeyError, TypeError):
+    return False
+  return recorded == _file_sums(directory, client_ids)
+
+
 def cached_client_data(
     key: str,
     client_ids: Sequence[str],
@@ -43,18 +80,30 @@ def cached_client_data(
 ) -> tff.simulation.datasets.ClientData:
   """ClientData whose client i has the examples `make_client(i)` = (x, y).
 
+  The files are checked against the checksums written with their completion marker
+  at every call: a missing, truncated, emptied or altered file makes the whole set be
+  generated again (with a warning), never trained on.
+
   Args:
-    key: identifies the data (task, options, seed); files are rebuilt when absent.
+    key: identifies the data (task, options, seed); the generator's version
+      (`generator_version`) is added to it.
     client_ids: the clients' ids, in the order `make_client` indexes them.
     feature_shape: shape of one example's x.
     label_dtype: dtype of y (stored as float32, cast back on read).
     make_client: deterministic generator of one client's (x [n, ...], y [n]).
+
+  Raises:
+    OSError: the files written do not read back (a failing disk); names the file.
   """
+  key = f'{key}-g{generator_version(make_client)}'
   digest = hashlib.sha256(key.encode()).hexdigest()[:12]
   directory = cache_root() / f'{key}-{digest}'
-  done = directory / 'COMPLETE'
-  if not done.exists():
+  if not _verified(directory, client_ids):
+    if (directory / 'COMPLETE').exists():
+      logging.warning('data cache %s failed its checksums; generating it again.', directory)
+      (directory / 'COMPLETE').unlink()
     directory.mkdir(parents=True, exist_ok=True)
+    sums = {}
     for i, cid in enumerate(client_ids):
       x, y = make_client(i)
       rows = np.concatenate(
@@ -63,7 +112,13 @@ def cached_client_data(
       with tempfile.NamedTemporaryFile(dir=directory, delete=False) as f:
         rows.tofile(f)
       os.replace(f.name, directory / f'{cid}.f32')
-    done.touch()
+      sums[cid] = hashlib.sha256(rows.tobytes()).hexdigest()
+    found = _file_sums(directory, client_ids) or {}
+    for cid, checksum in sums.items():
+      if found.get(cid) != checksum:
+        raise OSError(f'data cache file {directory / (cid + ".f32")} does not read back'
+                      ' what was written.')
+    (directory / 'COMPLETE').write_text(json.dumps({'sha256': sums}))
   width = int(np.prod(feature_shape)) + 1
   prefix = str(directory) + os.sep
 
