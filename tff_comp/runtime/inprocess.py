@@ -29,6 +29,7 @@ import tensorflow_federated as tff
 
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import local_loop
 from tff_comp.ops import protocol
 from tff_comp.ops import rule as rule_lib
 
@@ -67,9 +68,9 @@ def client_arrays(client_data) -> ClientArrays:
   """All clients of a `tff.simulation.datasets.ClientData` as NumPy arrays."""
   ids = tuple(client_data.client_ids)
   per_client = []
-  for cid in ids:
-    elements = list(client_data.create_tf_dataset_for_client(cid).as_numpy_iterator())
-    per_client.append(tf.nest.map_structure(lambda *e: np.stack(e), *elements))
+  for cid in ids:  # each client's examples as one batch (iterating them is far slower)
+    whole = local_loop.materialize(client_data.create_tf_dataset_for_client(cid))
+    per_client.append(tf.nest.map_structure(np.asarray, whole))
   counts = np.array([len(tf.nest.flatten(c)[0]) for c in per_client], np.int32)
   examples = tf.nest.map_structure(lambda *a: np.concatenate(a), *per_client)
   return ClientArrays(examples, counts, ids)
@@ -145,6 +146,7 @@ class InProcessProcess:
         server_update=self.algorithm.server_rule.get_hparams(state['finalizer'])))
 
   def set_hparams(self, state, hparams):
+    self.algorithm.client_rule.check_hparams(hparams['client_work'])
     new_state = collections.OrderedDict(state)
     new_state['client_work'] = collections.OrderedDict(
         hparams=collections.OrderedDict(
@@ -163,6 +165,10 @@ class InProcessProcess:
   def next(self, state, client_ids: Sequence[str]) -> RoundOutput:
     """One round on the clients `client_ids` (distinct ids of the data)."""
     indices = tf.constant([self._index[cid] for cid in client_ids], tf.int32)
+    # Tensors throughout (a Python float, such as a TFF optimizer's initial learning
+    # rate, would make the round function trace again for the tensor it returns).
+    state = tf.nest.map_structure(
+        lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else v, state)
     with tf.device(self.device):
       weights, server_state, metrics = self._round(
           state['global_model_weights'], state['finalizer'], state['client_work'], indices)
