@@ -7,7 +7,10 @@ None, so a flag is passed on only when given, and a flag given for an algorithm 
 task that was not chosen is an error.
 """
 
+from collections.abc import Callable
 import inspect
+import os
+import sys
 
 from absl import flags
 
@@ -18,10 +21,71 @@ _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
            bool: flags.DEFINE_bool, str: flags.DEFINE_string}
 
 
+def fail(message: str) -> None:
+  """Exits with status 2 and `message` as one line on stderr (the binaries' bad input)."""
+  program = os.path.basename(sys.argv[0])
+  print(f'{program}: error: {" ".join(str(message).split())}', file=sys.stderr)
+  sys.exit(2)
+
+
+def parse_or_fail(argv: list[str]) -> list[str]:
+  """absl's `flags_parser` for app.run: parses, and a bad flag, value or flagfile exits
+  2 with one line (absl's own parser prints its usage text and exits 1)."""
+  try:
+    return flags.FLAGS(argv)
+  except UnicodeDecodeError as e:
+    fail(f'a --flagfile is not a text file of flags ({e}).')
+  except (flags.Error, OSError) as e:
+    fail(e)
+
+
+class _PipeSafeStdout:
+  """stdout that, once its reader has gone (`run.py | head -1`), sends the rest of the
+  output to /dev/null instead of raising BrokenPipeError, so the run goes on."""
+
+  def __init__(self, stream):
+    self._stream = stream
+
+  def _to_devnull(self) -> None:
+    # Python's documented recipe: the stream's fd now points at /dev/null, so what is
+    # still buffered and everything after it (also the flush at exit) goes there.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+  def write(self, text: str) -> int:
+    try:
+      return self._stream.write(text)
+    except BrokenPipeError:
+      self._to_devnull()
+      return len(text)
+
+  def flush(self) -> None:
+    try:
+      self._stream.flush()
+    except BrokenPipeError:
+      self._to_devnull()
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def closing_stdout_quietly(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
+  """`main`, where a reader closing stdout early (`run.py | head -1`) is not an error:
+  output stops, the run completes and writes its files, exit status 0."""
+
+  def wrapped(argv: list[str]) -> None:
+    if not isinstance(sys.stdout, _PipeSafeStdout):
+      sys.stdout = _PipeSafeStdout(sys.stdout)
+    main(argv)
+    sys.stdout.flush()
+
+  return wrapped
+
+
 def define_common_flags() -> None:
   """Flags shared by every run."""
   flags.DEFINE_string('algo', 'feddualavg', 'Registered algorithm name.')
-  flags.DEFINE_string('task', 'lasso', 'Registered task name.')
+  flags.DEFINE_string('task', None, 'Registered task name (default: the algorithm\'s home'
+                      ' task, with settings that work for the pair; else lasso).')
   flags.DEFINE_integer('rounds', None, 'Training rounds (default: the task\'s).')
   flags.DEFINE_integer('clients_per_round', None, 'Clients sampled per round.')
   flags.DEFINE_float('client_learning_rate', None, 'Client learning rate eta_c.')
@@ -31,8 +95,11 @@ def define_common_flags() -> None:
   flags.DEFINE_enum('client_weighting', None, ['examples', 'uniform'],
                     'Weigh clients by examples or uniformly (default: the algorithm\'s).')
   flags.DEFINE_integer('eval_period', None, 'Evaluate every this many rounds.')
-  flags.DEFINE_integer('seed', 0, 'Seed for data generation and client sampling.')
+  flags.DEFINE_integer('seed', 0, 'Seed of the run: client sampling and client-side draws.')
+  flags.DEFINE_integer('data_seed', 0, 'Seed of the task: generated data, partition and'
+                       ' initial model.')
   flags.DEFINE_string('output_dir', None, 'Where metrics go (default runs/<algo>-<task>).')
+  flags.DEFINE_bool('overwrite', False, 'Replace a run already in --output_dir.')
   flags.DEFINE_string('regularizer', None,
                       'Regularizer psi (default: the task\'s): '
                       'none, l1, l2_squared, nuclear, l2_ball, l1_ball.')
@@ -93,14 +160,16 @@ def config_from_flags(
 
   Raises:
     experiment.ConfigError: a task flag given for another task.
+    registry.RegistryError: an unknown algorithm.
   """
   algorithm_options = {f: values[f].value for f in algo_flags if values[f].present}
+  chosen = values.task or registry.get_algorithm(values.algo).home_task or experiment.DEFAULT_TASK
   task_options = {}
   for flag, (task, option) in task_flags.items():
     if values[flag].present:
-      if task != values.task:
+      if task != chosen:
         raise experiment.ConfigError(
-            f'--{flag} is an option of task {task!r}, not of {values.task!r}.'
+            f'--{flag} is an option of task {task!r}, not of {chosen!r}.'
         )
       task_options[option] = values[flag].value
   return experiment.ExperimentConfig(
@@ -115,10 +184,12 @@ def config_from_flags(
       client_weighting=values.client_weighting,
       eval_period=values.eval_period,
       seed=values.seed,
+      data_seed=values.data_seed,
       regularizer=values.regularizer,
       regularizer_strength=values.regularizer_strength,
       algorithm_options=algorithm_options,
       task_options=task_options,
-      output_dir=values.output_dir or f'runs/{values.algo}-{values.task}',
+      output_dir=values.output_dir,
       runtime=values.runtime,
+      overwrite=values.overwrite,
   )

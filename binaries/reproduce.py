@@ -35,6 +35,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 from tff_comp import experiment as experiment_lib
+from tff_comp.binaries import flags_lib
 from tff_comp.runtime import simulation
 
 
@@ -145,8 +146,14 @@ EXPERIMENTS['damaml_dominant_class'] = Experiment(
 
 _EXPERIMENT = flags.DEFINE_enum('experiment', 'fco_lasso', list(EXPERIMENTS), 'Which comparison.')
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Override the experiment\'s rounds.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed for data and client sampling.')
-_OUTPUT = flags.DEFINE_string('output_dir', 'results', 'Where results go.')
+_SEED = flags.DEFINE_integer(
+    'seed', 0, 'Run seed (client sampling) of experiments without their own seeds.')
+_DATA_SEED = flags.DEFINE_integer(
+    'data_seed', None, 'Seed of the task data for every run (default: each run\'s seed,'
+    ' as for the committed results: each seed draws its own data and sampling).')
+_OUTPUT = flags.DEFINE_string(
+    'output_dir', 'runs/reproduce', 'Where results go (the committed ones are in results/).')
+_OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace runs already in --output_dir.')
 _RUNTIME = flags.DEFINE_enum('runtime', 'auto', ['auto', 'inprocess', 'tff'],
                              'Where rounds run (see run.py --helpfull).')
 _ALGORITHMS = flags.DEFINE_list(
@@ -182,8 +189,10 @@ def _run_dir(root, algorithm, lr_c, lr_s, seed, seeds) -> pathlib.Path:
 
 
 def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path,
-             runtime: str = 'auto'):
-  """Trains every (algorithm, lr pair, seed).
+             runtime: str = 'auto', *, data_seed: int | None = None,
+             overwrite: bool = False):
+  """Trains every (algorithm, lr pair, seed); `data_seed` None: each run's data seed
+  is its seed.
 
   Returns {algorithm: {(c, s): [{metric: curve} per seed]}}.
   """
@@ -195,7 +204,7 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
     for seed in seeds:
       config = experiment_lib.ExperimentConfig(
           algorithm=spec.aliases.get(algorithm, algorithm), task=spec.task, rounds=rounds,
-          seed=seed,
+          seed=seed, data_seed=data_seed, overwrite=overwrite,
           eval_period=spec.eval_period, task_options=dict(spec.task_options),
           algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
           runtime=runtime, **spec.settings)
@@ -298,9 +307,10 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
   return table
 
 
+@flags_lib.closing_stdout_quietly
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    flags_lib.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   name = _EXPERIMENT.value
   spec = EXPERIMENTS[name]
   rounds = _ROUNDS.value or spec.rounds
@@ -310,7 +320,7 @@ def main(argv):
   if _ALGORITHMS.value:
     unknown = sorted(set(_ALGORITHMS.value) - set(spec.algorithms))
     if unknown:
-      raise app.UsageError(f'--algorithms: {unknown} not in {name}: {spec.algorithms}')
+      flags_lib.fail(f'--algorithms: {unknown} not in {name}: {spec.algorithms}')
     spec = dataclasses.replace(spec, algorithms=tuple(
         a for a in spec.algorithms if a in _ALGORITHMS.value))
   if _SUMMARIZE_ONLY.value:
@@ -322,11 +332,16 @@ def main(argv):
                                                 spec.server_learning_rates)}
               for a in spec.algorithms}
   else:
-    curves = run_grid(name, spec, rounds, seeds, root, _RUNTIME.value)
+    try:
+      curves = run_grid(name, spec, rounds, seeds, root, _RUNTIME.value,
+                        data_seed=_DATA_SEED.value, overwrite=_OVERWRITE.value)
+    except experiment_lib.ConfigError as e:
+      flags_lib.fail(str(e))
   command = f'python binaries/reproduce.py --experiment={name}' + (
-      f' --rounds={rounds}' if _ROUNDS.value else '')
+      f' --rounds={rounds}' if _ROUNDS.value else '') + (
+      f' --data_seed={_DATA_SEED.value}' if _DATA_SEED.value is not None else '')
   print(summarize(name, spec, curves, rounds, root, command))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=flags_lib.parse_or_fail)

@@ -30,11 +30,10 @@ _ALGO_FLAGS, _TASK_FLAGS = flags_lib.define_plugin_flags()
 FLAGS = flags.FLAGS
 
 
-def _fail(message: str) -> None:
-  print(f'run.py: error: {message}', file=sys.stderr)
-  sys.exit(2)
+_fail = flags_lib.fail
 
 
+@flags_lib.closing_stdout_quietly
 def main(argv: list[str]) -> None:
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # TFF's INFO chatter is not for users
@@ -45,18 +44,22 @@ def main(argv: list[str]) -> None:
     prepared = experiment.prepare(config)
   except (registry.RegistryError, experiment.ConfigError) as e:
     _fail(str(e))
-  s = prepared.settings
+  s, config = prepared.settings, prepared.config
   print(
       f'{config.algorithm} on {config.task}: {s["rounds"]} rounds,'
       f' {s["clients_per_round"]} clients/round, eta_c={s["client_learning_rate"]},'
       f' eta_s={s["server_learning_rate"]}, batch {s["batch_size"]},'
       f' {s["local_epochs"]} epoch(s), regularizer={s["regularizer"]}'
-      f' ({s["regularizer_strength"]}); output: {config.output_dir}'
+      f' ({s["regularizer_strength"]}); output: {config.output_dir}', flush=True
   )
   try:
     final = experiment.run_experiment(prepared)
   except (experiment.ConfigError, simulation.DivergenceError) as e:
     _fail(str(e))
+  except KeyboardInterrupt:
+    print(f'run.py: interrupted; the metrics written so far are in {config.output_dir}',
+          file=sys.stderr)
+    sys.exit(130)
   print('final evaluation:')
   for key, value in final.items():
     print(f'  {key.removeprefix("eval/"):>12s} {value:.6g}')
@@ -70,4 +73,4 @@ flags.DEFINE_bool('show_reference', True,
                   'Also print the task\'s centralized reference solution.')
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=flags_lib.parse_or_fail)

@@ -36,6 +36,6 @@ def pytest_sessionfinish(session, exitstatus):
     session.exitstatus = 1
 
 
-@pytest.fixture
+@pytest.fixture(scope='session')
 def repo_root() -> pathlib.Path:
   return pathlib.Path(__file__).resolve().parent.parent

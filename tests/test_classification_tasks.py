@@ -96,4 +96,9 @@ def test_sparse_logreg_data_and_a_short_run(tmp_path):
     finals[algorithm] = experiment.run_experiment(prepared, show_progress=False)
   # Dual averaging with the L1 prox keeps the model sparse; FedAvg does not.
   assert finals['feddualavg']['eval/density'] < 0.8 * finals['fedavg']['eval/density']
-  assert finals['feddualavg']['eval/validation_loss'] < np.log(2) + 0.05
+  # It learns: held-out loss well below chance (log 2 = 0.693; measured 0.590, FedAvg's
+  # 0.590) and accuracy well above 1/2 (measured 0.76), as good as FedAvg's loss.
+  dual, plain = finals['feddualavg'], finals['fedavg']
+  assert dual['eval/validation_loss'] < 0.63
+  assert dual['eval/validation_loss'] < plain['eval/validation_loss'] + 0.01
+  assert dual['eval/validation_accuracy'] > 0.68

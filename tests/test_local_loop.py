@@ -17,19 +17,28 @@ def test_batches_match_tf_data(n, batch_size, epochs, drop):
   examples = local_loop.materialize(dataset)
   np.testing.assert_array_equal(examples[0], x)
 
+  max_steps = epochs * n // batch_size + 2
+
   @tf.function
   def run():
     def step(state, batch):
-      count, total, labels = state
-      return count + 1, total + tf.reduce_sum(batch[0]), labels + tf.reduce_sum(batch[1])
+      """Records the batch's labels (example indices) in row `count`, -1 padded."""
+      count, seen = state
+      labels = tf.pad(batch[1], [[0, batch_size - tf.shape(batch[1])[0]]],
+                      constant_values=-1)
+      row = tf.tensor_scatter_nd_update(seen, [[count]], labels[tf.newaxis])
+      return count + 1, row
     return local_loop.run_local_steps(
-        step, (0, 0.0, 0), examples, batch_size=batch_size, epochs=epochs,
-        drop_remainder=drop)
+        step, (0, -tf.ones([max_steps, batch_size], tf.int32)), examples,
+        batch_size=batch_size, epochs=epochs, drop_remainder=drop)
 
-  (count, total, labels), steps = run()
+  (count, seen), steps = run()
   expected = list(dataset.repeat(epochs).batch(batch_size, drop_remainder=drop))
   assert int(steps) == int(count) == len(expected)
-  assert float(total) == pytest.approx(sum(float(tf.reduce_sum(b[0])) for b in expected))
-  assert int(labels) == sum(int(tf.reduce_sum(b[1])) for b in expected)
+  for k, (bx, by) in enumerate(expected):  # batch by batch, in order
+    got = seen.numpy()[k]
+    np.testing.assert_array_equal(got[got >= 0], by.numpy())
+    np.testing.assert_array_equal(x[by.numpy()], bx.numpy())
+  assert (seen.numpy()[len(expected):] == -1).all()
   if drop:
     assert int(steps) == (epochs * n) // batch_size

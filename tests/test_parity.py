@@ -88,15 +88,21 @@ def test_fedprox_matches_reference_and_pulls_clients_toward_the_server_model():
       client_weighting='uniform')
   datasets = _client_datasets()
   state = process.initialize()
-  state = process.next(state, datasets[:2]).state
+  # Two rounds: in the second the clients start at w_r != 0, where the proximal pull
+  # toward w_r differs from a plain L2 decay toward 0.
+  w_r, b_r = np.zeros(D), 0.0
+  for clients in (datasets[:2], datasets[1:3]):
+    state = process.next(state, clients).state
+    deltas = []
+    for d in clients:
+      x, y = (np.stack(t) for t in zip(*d.as_numpy_iterator()))
+      w, b = w_r.copy(), b_r
+      for xb, yb in ref.batches(x, y, BATCH):
+        gw, gb = ref.gradient(w, b, xb, yb)
+        w, b = w - lr * (gw + mu * (w - w_r)), b - lr * (gb + mu * (b - b_r))
+      deltas.append((w, b))
+    w_r, b_r = np.mean([d[0] for d in deltas], 0), np.mean([d[1] for d in deltas])
+  assert np.abs(w_r).max() > 0.05
   got = process.get_model_weights(state).trainable
-  deltas = []
-  for d in datasets[:2]:
-    x, y = (np.stack(t) for t in zip(*d.as_numpy_iterator()))
-    w, b = np.zeros(D), 0.0
-    for xb, yb in ref.batches(x, y, BATCH):
-      gw, gb = ref.gradient(w, b, xb, yb)
-      w, b = w - lr * (gw + mu * w), b - lr * (gb + mu * b)
-    deltas.append((w, b))
-  np.testing.assert_allclose(got[0], np.mean([d[0] for d in deltas], 0), atol=1e-5)
-  np.testing.assert_allclose(got[1], np.mean([d[1] for d in deltas]), atol=1e-5)
+  np.testing.assert_allclose(got[0], w_r, atol=1e-5)
+  np.testing.assert_allclose(got[1], b_r, atol=1e-5)

@@ -66,17 +66,68 @@ BAD_INPUT = [
     (['--lasso_dataset=V'], "dataset='V' is unknown"),
     (['stray'], 'unexpected arguments: stray'),
     (['--algo=ditto', '--task=sinewave'], "task 'sinewave' cannot evaluate them"),
+    (['--algo=qfedavg', '--client_weighting=uniform'],
+     "--client_weighting does not apply to algorithm 'qfedavg'"),
+    (['--algo=afl', '--client_weighting=examples'],
+     "--client_weighting does not apply to algorithm 'afl'"),
+    (['--client_learning_rate=inf'], '--client_learning_rate must be a finite number'),
+    (['--algo=fedprox', '--mu=nan'], '--mu must be a finite number'),
+    (['--regularizer_strength=-inf'], '--regularizer_strength must be a finite number'),
+    (['--rounds=ten'], "flag --rounds=ten"),
+    (['--no_such_flag=1'], 'no_such_flag'),
+    (['--flagfile=/nonexistent/x.flags'], '/nonexistent/x.flags'),
+    (['--flagfile={binary}'], 'flagfile'),
+    (['--output_dir={file}'], 'is a file, not a directory'),
+    (['--output_dir={file}/run'], 'which is a file'),
+    (['--output_dir={run}'], 'holds another run (metrics.csv); choose another directory'
+                             ' or pass --overwrite'),
 ]
 
 
+@pytest.fixture(scope='module')
+def bad_input_runs(repo_root, tmp_path_factory):
+  """Every BAD_INPUT case through run.py's parser and main, in one interpreter
+  (tests/bad_input_driver.py); test_exit_status_2_from_a_fresh_process checks the
+  process-level exit status."""
+  root = tmp_path_factory.mktemp('bad_input')
+  paths = dict(binary=root / 'binary.flags', file=root / 'a_file', run=root / 'old_run')
+  paths['binary'].write_bytes(bytes(range(256)))
+  paths['file'].write_text('x')
+  paths['run'].mkdir()
+  (paths['run'] / 'metrics.csv').write_text('round\n0\n')
+  cases = []
+  for args, _ in BAD_INPUT:
+    argv = [a.format(**paths) for a in args]
+    if not any(a.startswith('--output_dir') for a in argv):
+      argv.append(f'--output_dir={root / "never-written"}')
+    cases.append(argv)
+  out = subprocess.run(
+      [sys.executable, '-m', 'tests.bad_input_driver', json.dumps(cases)],
+      capture_output=True, text=True, timeout=600, env=ENV, cwd=repo_root,
+      stdin=subprocess.DEVNULL)
+  assert out.returncode == 0, out.stderr
+  results = json.loads(out.stdout.strip().splitlines()[-1])
+  assert (paths['run'] / 'metrics.csv').read_text() == 'round\n0\n'  # left alone
+  assert not (root / 'never-written').exists()
+  return {' '.join(args): result for (args, _), result in zip(BAD_INPUT, results)}
+
+
+def test_exit_status_2_from_a_fresh_process(repo_root):
+  for args, message in ((['--rounds=ten'], 'flag --rounds=ten'),
+                        (['--algo=fedprox', '--mu=inf'], 'must be a finite number')):
+    out = _run(repo_root, *args, '--output_dir=/nonexistent/never-written')
+    assert out.returncode == 2 and out.stderr.count('\n') == 1, out.stderr
+    assert message in out.stderr and 'Traceback' not in out.stderr
+
+
 @pytest.mark.parametrize('args,message', BAD_INPUT, ids=[' '.join(a) for a, _ in BAD_INPUT])
-def test_bad_input_is_one_line_and_exit_2(repo_root, args, message):
-  out = _run(repo_root, *args, '--output_dir=/nonexistent/never-written')
-  assert out.returncode == 2, (out.stdout, out.stderr)
-  lines = out.stderr.strip().splitlines()
-  assert len(lines) == 1, out.stderr
+def test_bad_input_is_one_line_and_exit_2(bad_input_runs, args, message):
+  returncode, stdout, stderr = bad_input_runs[' '.join(args)]
+  assert returncode == 2, (stdout, stderr)
+  lines = stderr.strip().splitlines()
+  assert len(lines) == 1, stderr
   assert message in lines[0]
-  assert 'Traceback' not in out.stderr
+  assert 'Traceback' not in stderr
 
 
 def test_unknown_algorithm_lists_valid_names(repo_root):
@@ -139,3 +190,57 @@ def test_custom_aggregation_falls_back_to_tff_saying_why():
   assert chosen.startswith('tff (not in-process: a custom model_aggregator')
   with pytest.raises(experiment.ConfigError, match='--runtime=inprocess: a custom'):
     experiment.runner_for(process, data, 'inprocess')
+
+
+def _start(repo_root, *args, **kwargs):
+  return subprocess.Popen([sys.executable, str(repo_root / 'binaries' / 'run.py'), *args],
+                          text=True, env=ENV, cwd=repo_root, stdin=subprocess.DEVNULL,
+                          **kwargs)
+
+
+def test_ctrl_c_is_one_line_and_keeps_the_metrics(repo_root, tmp_path):
+  proc = _start(repo_root, '--algo=fedavg', '--rounds=100000', '--eval_period=100000',
+                f'--output_dir={tmp_path}', stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE)
+  try:
+    deadline = time.monotonic() + 120
+    csv = tmp_path / 'metrics.csv'
+    while time.monotonic() < deadline and (
+        not csv.exists() or len(csv.read_text().splitlines()) < 4):
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 130
+  assert stderr.strip().splitlines() == [
+      f'run.py: interrupted; the metrics written so far are in {tmp_path}']
+  rows = csv.read_text().splitlines()
+  assert len(rows) >= 4 and rows[-1].split(',')[0] == str(len(rows) - 2)  # whole rows
+
+
+def test_a_closed_stdout_is_not_an_error(repo_root, tmp_path):
+  """`run.py ... | head -1`: the reader leaves after the header; training completes."""
+  proc = _start(repo_root, '--algo=fedavg', '--rounds=3', f'--output_dir={tmp_path}',
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    assert proc.stdout.readline().startswith('fedavg on lasso')
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    proc.wait(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 0, stderr
+  assert 'Traceback' not in stderr and 'Error' not in stderr
+  assert len((tmp_path / 'metrics.csv').read_text().splitlines()) == 5
+
+
+def test_overwrite_replaces_a_run_and_seeds_are_separate(repo_root, tmp_path):
+  args = ('--algo=fedavg', '--task=quadratic', '--rounds=2', f'--output_dir={tmp_path}')
+  assert _run(repo_root, *args).returncode == 0
+  (tmp_path / 'tensorboard' / 'stale').write_text('from the old run')
+  out = _run(repo_root, *args, '--overwrite', '--seed=3', '--data_seed=5')
+  assert out.returncode == 0, out.stderr
+  assert not (tmp_path / 'tensorboard' / 'stale').exists()
+  config = json.loads((tmp_path / 'config.json').read_text())
+  assert (config['seed'], config['data_seed']) == (3, 5)

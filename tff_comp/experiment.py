@@ -9,6 +9,8 @@ layers over these two functions.
 
 from collections.abc import Callable
 import dataclasses
+import math
+import os
 import pathlib
 from typing import Any
 
@@ -34,6 +36,10 @@ COMMON_TASK_ARGS = ('seed',)
 # 'auto': in-process where the process supports it (every registered algorithm with its
 # own aggregation), else TFF's runtime.
 RUNTIMES = ('auto', 'inprocess', 'tff')
+DEFAULT_TASK = 'lasso'
+# The run settings `_resolve` fills from the task's (and the home pair's) defaults.
+SETTINGS = ('rounds', 'clients_per_round', 'client_learning_rate', 'server_learning_rate',
+            'batch_size', 'local_epochs', 'eval_period')
 
 
 class ConfigError(ValueError):
@@ -45,7 +51,7 @@ class ExperimentConfig:
   """All settings of one run. None means: the task's default."""
 
   algorithm: str
-  task: str
+  task: str | None = None  # None: the algorithm's home task (else DEFAULT_TASK)
   rounds: int | None = None
   clients_per_round: int | None = None
   client_learning_rate: float | None = None
@@ -54,13 +60,19 @@ class ExperimentConfig:
   local_epochs: int | None = None
   client_weighting: str | None = None
   eval_period: int | None = None
-  seed: int = 0
+  seed: int = 0  # the run: client sampling and client-side draws
+  data_seed: int | None = 0  # the task: generated data, partition, initial model; None: seed
   regularizer: str | None = None
   regularizer_strength: float | None = None
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-  output_dir: str = 'runs/latest'
+  output_dir: str | None = None  # None: runs/<algorithm>-<task>
   runtime: str = 'auto'
+  overwrite: bool = False  # replace a run already in output_dir
+
+  @property
+  def task_seed(self) -> int:
+    return self.seed if self.data_seed is None else self.data_seed
 
 
 @dataclasses.dataclass
@@ -78,12 +90,10 @@ class Prepared:
 
 
 def _resolve(config: ExperimentConfig, defaults) -> dict[str, Any]:
-  keys = ('rounds', 'clients_per_round', 'client_learning_rate',
-          'server_learning_rate', 'batch_size', 'local_epochs', 'eval_period')
   fallback = dict(rounds=100, clients_per_round=10, server_learning_rate=1.0,
                   batch_size=10, local_epochs=1, eval_period=10)
   settings = {}
-  for key in keys:
+  for key in SETTINGS:
     value = getattr(config, key)
     if value is None:
       value = defaults.get(key, fallback.get(key))
@@ -114,6 +124,43 @@ def _regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None
   return psi
 
 
+def _check_finite(config: ExperimentConfig) -> None:
+  """Every float setting is a finite number (inf or nan would only surface rounds later,
+  as a misleading divergence)."""
+  values = {name: getattr(config, name) for name in (
+      'client_learning_rate', 'server_learning_rate', 'regularizer_strength')}
+  values.update(config.algorithm_options)
+  values.update({f'{config.task}_{k}': v for k, v in config.task_options.items()})
+  for name, value in values.items():
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(f'--{name} must be a finite number, got {value}.')
+
+
+RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard')
+
+
+def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False) -> None:
+  """Raises ConfigError unless a run can write to `output_dir` without touching
+  anything: creates nothing. A directory holding another run (any of `RUN_FILES`) is
+  refused unless `overwrite`."""
+  path = pathlib.Path(output_dir)
+  if path.exists() and not path.is_dir():
+    raise ConfigError(f'--output_dir={path} is a file, not a directory.')
+  if path.is_dir():
+    found = [name for name in RUN_FILES if (path / name).exists()]
+    if found and not overwrite:
+      raise ConfigError(
+          f'--output_dir={path} holds another run ({", ".join(found)}); choose another'
+          ' directory or pass --overwrite to replace it.')
+    existing = path
+  else:
+    existing = next(p for p in path.absolute().parents if p.exists())
+    if not existing.is_dir():
+      raise ConfigError(f'--output_dir={path} is under {existing}, which is a file.')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f'--output_dir={path}: {existing} is not writable.')
+
+
 def prepare(config: ExperimentConfig) -> Prepared:
   """Validates `config` and builds the task; runs no TFF computation.
 
@@ -125,7 +172,13 @@ def prepare(config: ExperimentConfig) -> Prepared:
     raise ConfigError(f'--runtime={config.runtime!r} is unknown; choose one of'
                       f' {", ".join(RUNTIMES)}.')
   algorithm = registry.get_algorithm(config.algorithm)
-  task_entry = registry.get_task(config.task)
+  task_name = config.task or algorithm.home_task or DEFAULT_TASK
+  config = dataclasses.replace(
+      config, task=task_name,
+      output_dir=config.output_dir or f'runs/{config.algorithm}-{task_name}')
+  task_entry = registry.get_task(task_name)
+  # Settings and options that work for the (algorithm, home task) pair.
+  home = dict(algorithm.home_settings) if task_name == algorithm.home_task else {}
   known = {h.name for h in algorithm.hparams}
   for name in config.algorithm_options:
     if name not in known or name in COMMON_ALGORITHM_ARGS:
@@ -137,15 +190,18 @@ def prepare(config: ExperimentConfig) -> Prepared:
   for name in config.task_options:
     if name not in task_known:
       raise ConfigError(f'task {config.task!r} has no option {name!r}.')
+  _check_finite(config)
+  check_output_dir(config.output_dir, config.overwrite)
   task_args = dict(config.task_options)
   if task_entry.accepts('seed'):
-    task_args['seed'] = config.seed
+    task_args['seed'] = config.task_seed
   try:
     task = task_entry.builder(**task_args)
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e
 
-  settings = _resolve(config, task.defaults)
+  settings = _resolve(config, {**task.defaults,
+                               **{k: v for k, v in home.items() if k in SETTINGS}})
   for name in ('rounds', 'clients_per_round', 'eval_period', 'batch_size', 'local_epochs'):
     if settings[name] is None or settings[name] < 1:
       raise ConfigError(f'--{name} must be >= 1, got {settings[name]}.')
@@ -158,13 +214,17 @@ def prepare(config: ExperimentConfig) -> Prepared:
         f' {task.num_clients} clients of task {task.name!r}.'
     )
 
-  builder_args = dict(config.algorithm_options)
+  builder_args = {k: v for k, v in home.items() if k not in SETTINGS}
+  builder_args.update(config.algorithm_options)
   for name in ('client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs'):
     if algorithm.accepts(name):
       builder_args[name] = settings[name]
     elif getattr(config, name) is not None:
       raise ConfigError(f'--{name} does not apply to algorithm {config.algorithm!r}.')
   if config.client_weighting is not None:
+    if not algorithm.accepts('client_weighting'):
+      raise ConfigError(f'--client_weighting does not apply to algorithm'
+                        f' {config.algorithm!r}, whose math fixes the client weights.')
     builder_args['client_weighting'] = config.client_weighting
   if algorithm.accepts('seed'):
     builder_args['seed'] = config.seed
@@ -257,6 +317,7 @@ class Runner:
   process: Any
   evaluate: Callable[[Any], dict[str, float]]
   runtime: str
+  algorithm: Any = None  # the ops.algorithm.Algorithm it runs, when known
 
 
 def build_runner(prepared: Prepared) -> Runner:
@@ -271,7 +332,7 @@ def build_runner(prepared: Prepared) -> Runner:
   except ValueError as e:
     raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
   runner, chosen = runner_for(process, prepared.task.train_data, prepared.config.runtime)
-  return Runner(runner, evaluator(prepared, runner), chosen)
+  return Runner(runner, evaluator(prepared, runner), chosen, process.algorithm)
 
 
 def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
@@ -286,6 +347,15 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
     print(f'runtime: {runner.runtime}', flush=True)
   config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings,
                 **(extra_config or {}))
+  output_dir = output_dir or prepared.config.output_dir
+  check_output_dir(output_dir, prepared.config.overwrite)
+  if learning_rates is not None and runner.algorithm is not None:
+    hparams = dict(runner.algorithm.client_rule.initial_hparams(),
+                   learning_rate=learning_rates[0])
+    try:
+      runner.algorithm.client_rule.check_hparams(hparams)
+    except ValueError as e:
+      raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
   return simulation.run_simulation(
       runner.process,
       client_ids=prepared.task.train_data.client_ids,
@@ -294,10 +364,11 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
       clients_per_round=prepared.settings['clients_per_round'],
       seed=prepared.config.seed,
       eval_period=prepared.settings['eval_period'],
-      output_dir=pathlib.Path(output_dir or prepared.config.output_dir),
+      output_dir=pathlib.Path(output_dir),
       config=config,
       show_progress=show_progress,
       learning_rates=learning_rates,
+      divergence_hint=prepared.algorithm.divergence_hint,
   )
 
 

@@ -49,11 +49,20 @@ class Hparam:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """A registered builder, with arguments the registration fixes (a variant)."""
+  """A registered builder, with arguments the registration fixes (a variant).
+
+  An algorithm may name its `home_task` (run when no task is given) and
+  `home_settings`: run settings and options that work for that (algorithm, task) pair,
+  applied over the task's defaults when the task is the home task.
+  `divergence_hint` names the algorithm's likely cause of a diverged run.
+  """
 
   name: str
   builder: Callable[..., Any]
   fixed: tuple[tuple[str, Any], ...] = ()
+  home_task: str | None = None
+  home_settings: tuple[tuple[str, Any], ...] = ()
+  divergence_hint: str = 'try a smaller --client_learning_rate'
 
   @property
   def hparams(self) -> tuple[Hparam, ...]:
@@ -87,28 +96,34 @@ class Registry:
     self._entries: dict[str, Entry] = {}
     self._plugins_loaded = False
 
-  def register(self, name: str, **fixed: Any) -> Callable[[Callable], Callable]:
+  def register(self, name: str, *, metadata: dict[str, Any] | None = None,
+               **fixed: Any) -> Callable[[Callable], Callable]:
     """Decorator registering a builder under `name`; a name is registered once.
 
     Keyword arguments are fixed for this name: stacking
     `@register('fedmid')` and `@register('fedmid_osp', client_prox=False)` registers
-    one builder as an algorithm and its ablation.
+    one builder as an algorithm and its ablation. `metadata`: the Entry's other fields
+    (home_task, home_settings, divergence_hint).
     """
 
     def decorator(builder: Callable) -> Callable:
-      self.add(name, builder, **fixed)
+      self.add(name, builder, metadata=metadata, **fixed)
       return builder
 
     return decorator
 
-  def add(self, name: str, builder: Callable, **fixed: Any) -> None:
+  def add(self, name: str, builder: Callable, *, metadata: dict[str, Any] | None = None,
+          **fixed: Any) -> None:
     if name in self._entries:
       existing = self._entries[name].builder
       raise RegistryError(
           f'{self.kind} {name!r} is already registered (by'
           f' {existing.__module__}.{existing.__qualname__}).'
       )
-    self._entries[name] = Entry(name, builder, tuple(sorted(fixed.items())))
+    metadata = dict(metadata or {})
+    if 'home_settings' in metadata:
+      metadata['home_settings'] = tuple(sorted(metadata['home_settings'].items()))
+    self._entries[name] = Entry(name, builder, tuple(sorted(fixed.items())), **metadata)
 
   def load_plugins(self) -> None:
     """Imports the built-in package and the entry points of `self.group` (once)."""
@@ -143,10 +158,16 @@ ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
 TASKS = Registry('task', TASKS_GROUP, 'tff_comp.tasks')
 
 
-def register_algorithm(name: str, **fixed: Any):
+def register_algorithm(name: str, *, home_task: str | None = None,
+                       home_settings: dict[str, Any] | None = None,
+                       divergence_hint: str | None = None, **fixed: Any):
   """Registers an algorithm builder `(model, *, hyperparameters) -> LearningProcess`;
-  `fixed` keyword arguments make a named variant (see `Registry.register`)."""
-  return ALGORITHMS.register(name, **fixed)
+  `fixed` keyword arguments make a named variant (see `Registry.register`); the others
+  are `Entry` fields."""
+  metadata = dict(home_task=home_task, home_settings=home_settings or {})
+  if divergence_hint:
+    metadata['divergence_hint'] = divergence_hint
+  return ALGORITHMS.register(name, metadata=metadata, **fixed)
 
 
 def register_task(name: str):

@@ -15,6 +15,7 @@ import csv
 import json
 import math
 import pathlib
+import shutil
 import sys
 import time
 from typing import Any
@@ -95,6 +96,7 @@ def run_simulation(
     config: Mapping[str, Any],
     show_progress: bool = True,
     learning_rates: tuple[float, float] | None = None,
+    divergence_hint: str = 'try a smaller learning rate',
 ) -> Metrics:
   """Trains `process` for `rounds` rounds; returns the last evaluation metrics.
 
@@ -103,12 +105,16 @@ def run_simulation(
   maps the process state to metrics (`experiment.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the process's hparams, so one built
-  process serves a whole learning-rate grid.
+  process serves a whole learning-rate grid. A run already in `output_dir` is replaced
+  (`experiment.check_output_dir` refuses that unless asked). `divergence_hint` ends the
+  divergence message (the likely cause for the algorithm).
 
   Raises:
     DivergenceError: the training loss became non-finite.
   """
   output_dir.mkdir(parents=True, exist_ok=True)
+  # A replaced run's event files would show in the same TensorBoard view as this one's.
+  shutil.rmtree(output_dir / 'tensorboard', ignore_errors=True)
   (output_dir / 'config.json').write_text(json.dumps(dict(config), indent=2, default=str))
   rng = np.random.default_rng(seed)
 
@@ -134,9 +140,7 @@ def run_simulation(
       loss = metrics.get('train/client_work/train_loss', 0.0)
       if not math.isfinite(loss):
         raise DivergenceError(
-            f'training diverged at round {round_num}: train loss {loss}; try a'
-            ' smaller learning rate.'
-        )
+            f'training diverged at round {round_num}: train loss {loss}; {divergence_hint}.')
       if writer is None:
         writer = MetricsWriter(output_dir, sorted(metrics) + sorted(eval_metrics))
         writer.write(0, 0.0, eval_metrics)

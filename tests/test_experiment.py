@@ -1,0 +1,66 @@
+"""Every registered algorithm end to end through run.py's path (experiment.prepare and
+run_experiment), on its home task with that pair's defaults; seeds; divergence hints."""
+
+import math
+
+import numpy as np
+import pytest
+
+from tff_comp import experiment
+from tff_comp import registry
+from tff_comp.runtime import simulation
+
+
+def _config(tmp_path, algorithm, **kwargs):
+  return experiment.ExperimentConfig(algorithm=algorithm, output_dir=str(tmp_path), **kwargs)
+
+
+@pytest.mark.parametrize('name', registry.ALGORITHMS.names())
+def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
+  prepared = experiment.prepare(_config(tmp_path, name, rounds=2, eval_period=1))
+  assert prepared.config.task == registry.get_algorithm(name).home_task
+  final = experiment.run_experiment(prepared, show_progress=False)
+  assert final and all(math.isfinite(v) for v in final.values())
+  rows = (tmp_path / 'metrics.csv').read_text().splitlines()
+  assert len(rows) == 4  # header, rounds 0 to 2
+
+
+def test_home_settings_apply_on_the_home_task_only(tmp_path):
+  home = experiment.prepare(_config(tmp_path, 'tr_maml'))
+  assert home.config.task == 'dominant_class'
+  assert home.builder_args['alpha'] == 0.05 and home.builder_args['local_steps'] == 5
+  given = experiment.prepare(_config(tmp_path, 'tr_maml', algorithm_options=dict(alpha=0.2)))
+  assert given.builder_args['alpha'] == 0.2
+  elsewhere = experiment.prepare(_config(tmp_path, 'tr_maml', task='sinewave'))
+  assert 'alpha' not in elsewhere.builder_args
+  nova = experiment.prepare(_config(tmp_path, 'fednova'))
+  assert nova.settings['local_epochs'] == 2 and nova.builder_args['local_epochs_max'] == 5
+
+
+def test_data_seed_and_run_seed_are_separate(tmp_path):
+  def data(**seeds):
+    task = experiment.prepare(_config(tmp_path, 'fedavg', **seeds)).task
+    return np.asarray(task.client_arrays().examples[0])
+
+  np.testing.assert_array_equal(data(seed=0, data_seed=0), data(seed=7, data_seed=0))
+  assert not np.array_equal(data(seed=0, data_seed=0), data(seed=0, data_seed=1))
+  assert experiment.prepare(_config(tmp_path, 'fedavg', seed=3, data_seed=None)).config.task_seed == 3
+
+
+def test_divergence_names_the_algorithms_likely_cause(tmp_path):
+  """ComFedL's DRFL step carries exp(loss / gamma): on sinewave, gamma 0.2 overflows."""
+  prepared = experiment.prepare(_config(tmp_path, 'comfedl', task='sinewave', rounds=3))
+  with pytest.raises(simulation.DivergenceError, match='try a larger --gamma'):
+    experiment.run_experiment(prepared, show_progress=False)
+  prepared = experiment.prepare(_config(
+      tmp_path, 'comfedl', task='sinewave', rounds=3, overwrite=True,
+      algorithm_options=dict(gamma=2.0)))
+  assert all(math.isfinite(v) for v in experiment.run_experiment(
+      prepared, show_progress=False).values())
+
+
+def test_l1_ball_of_radius_zero_runs_from_the_command_line_path(tmp_path):
+  prepared = experiment.prepare(_config(
+      tmp_path, 'fedmid', task='constrained_digits', regularizer='l1_ball',
+      regularizer_strength=0.0, rounds=1))
+  experiment.run_experiment(prepared, show_progress=False)
