@@ -64,3 +64,11 @@ def test_l1_ball_of_radius_zero_runs_from_the_command_line_path(tmp_path):
       tmp_path, 'fedmid', task='constrained_digits', regularizer='l1_ball',
       regularizer_strength=0.0, rounds=1))
   experiment.run_experiment(prepared, show_progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', registry.ALGORITHMS.names())
+def test_every_algorithm_runs_its_whole_default_run_without_diverging(tmp_path, name):
+  prepared = experiment.prepare(_config(tmp_path, name))
+  final = experiment.run_experiment(prepared, show_progress=False)
+  assert all(math.isfinite(v) for v in final.values())

@@ -186,3 +186,46 @@ def test_fednova_with_server_momentum():
     momentum = (beta * momentum[0] + update[0], beta * momentum[1] + update[1])
     w = _sub(w, momentum, lr_s)
   _close(_weights(process, states[-1]), w)
+
+
+@pytest.mark.parametrize('objective', ['maml', 'da_maml'])
+def test_local_scgdm_with_meta_learning_objectives(objective):
+  """Trackers: u of the adapted model y = w - alpha grad L(w; D_train), momentum m of
+  J^T grad g(u); the server averages x, u and m. DA-MAML's m is re-expressed in each
+  round's reference c by exp((c_old - c_new) / gamma)."""
+  alpha, gamma, eta = 0.1, 2.0, LR
+  a_m, beta, g_t = 2.0, 0.5, 3.0  # momentum rate, step scale, tracking rate
+  process, states = _run('local_scgdm', dict(
+      objective=objective, inner_learning_rate=alpha, gamma=gamma, client_learning_rate=eta,
+      alpha=a_m, beta=beta, tracking_gamma=g_t))
+  w = _weights(process, states[0])
+  u, m, c_old, started = None, None, 0.0, False
+  for ids in ROUNDS:
+    c = 0.0
+    if objective == 'da_maml':
+      c = max(_loss(_sub(w, ref.gradient(*w, *_client(i)), alpha), *_client(i)) for i in ids)
+    scale = np.exp((c_old - c) / gamma) if objective == 'da_maml' and started else 1.0
+    ends = []
+    for cid in ids:
+      x, cu, first = w, u, not started
+      cm = None if m is None else (scale * m[0], scale * m[1])
+      for bx, by in _cycled_batches(*_client(cid), 2 * B, K):
+        train, test = (bx[:B], by[:B]), (bx[B:], by[B:])
+        value = _sub(x, ref.gradient(*x, *train), alpha)
+        cu = value if first else tuple((1 - g_t * eta) * o + g_t * eta * n
+                                       for o, n in zip(cu, value))
+        grad_g = ref.gradient(*cu, *test)
+        if objective == 'da_maml':
+          factor = np.exp((_loss(cu, *test) - c) / gamma) / gamma
+          grad_g = (factor * grad_g[0], factor * grad_g[1])
+        z = _sub(grad_g, _hvp(train[0], grad_g), alpha)
+        cm = z if first else tuple((1 - a_m * eta) * o + a_m * eta * n
+                                   for o, n in zip(cm, z))
+        x = _sub(x, cm, beta * eta)
+        first = False
+      ends.append((x, cu, cm))
+    def mean(j):
+      return tuple(np.mean([e[j][k] for e in ends], 0) for k in range(2))
+    w, u, m, c_old, started = mean(0), mean(1), mean(2), c, True
+  _close(_weights(process, states[-1]), w)
+  np.testing.assert_allclose(states[-1]['finalizer']['m'][0], m[0], rtol=1e-4, atol=1e-5)
