@@ -28,8 +28,9 @@ $(STAMP): requirements/tff.txt requirements/dev.txt setup.cfg
 run: install
 	$(PY) binaries/run.py --algo=feddualavg --task=lasso
 
+# Two test processes, whole files each (module fixtures run once).
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 test-slow: install
 	$(PY) -m pytest -q -m slow

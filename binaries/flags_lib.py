@@ -100,6 +100,10 @@ def define_common_flags() -> None:
                        ' initial model.')
   flags.DEFINE_string('output_dir', None, 'Where metrics go (default runs/<algo>-<task>).')
   flags.DEFINE_bool('overwrite', False, 'Replace a run already in --output_dir.')
+  flags.DEFINE_bool('resume', False, 'Continue the run in --output_dir from its last'
+                    ' checkpoint (its configuration must match; --rounds may grow).')
+  flags.DEFINE_integer('checkpoint_every', 50, 'Save the process state every this many'
+                       ' rounds (and at the last), for --resume.')
   flags.DEFINE_string('regularizer', None,
                       'Regularizer psi (default: the task\'s): '
                       'none, l1, l2_squared, nuclear, l2_ball, l1_ball.')
@@ -192,4 +196,6 @@ def config_from_flags(
       output_dir=values.output_dir,
       runtime=values.runtime,
       overwrite=values.overwrite,
+      resume=values.resume,
+      checkpoint_every=values.checkpoint_every,
   )

@@ -20,9 +20,11 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import concurrent.futures
 import csv
 import dataclasses
 import itertools
+import multiprocessing
 import pathlib
 import time
 
@@ -154,6 +156,13 @@ _DATA_SEED = flags.DEFINE_integer(
 _OUTPUT = flags.DEFINE_string(
     'output_dir', 'runs/reproduce', 'Where results go (the committed ones are in results/).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace runs already in --output_dir.')
+_RESUME = flags.DEFINE_bool(
+    'resume', False, 'Continue an interrupted grid: finished configurations are read'
+    ' back, an interrupted one continues from its last checkpoint.')
+_CHECKPOINT_EVERY = flags.DEFINE_integer(
+    'checkpoint_every', 100, 'Rounds between saved states of each run (for --resume).')
+_PARALLEL = flags.DEFINE_integer(
+    'parallel', 1, 'Run (algorithm, seed) groups in this many processes.')
 _RUNTIME = flags.DEFINE_enum('runtime', 'auto', ['auto', 'inprocess', 'tff'],
                              'Where rounds run (see run.py --helpfull).')
 _ALGORITHMS = flags.DEFINE_list(
@@ -188,46 +197,68 @@ def _run_dir(root, algorithm, lr_c, lr_s, seed, seeds) -> pathlib.Path:
   return out / f'seed_{seed}' if len(seeds) > 1 else out
 
 
+def _run_group(name: str, spec: Experiment, algorithm: str, seed: int, rounds: int,
+               seeds, root: pathlib.Path, options: dict) -> dict:
+  """Trains one algorithm with one seed over the learning-rate grid (built once; the grid
+  sets learning rates through the hparams). Returns {(c, s): {metric: curve}}."""
+  grid = list(itertools.product(spec.client_learning_rates, spec.server_learning_rates))
+  metrics = _plotted(spec) + (spec.metric,)
+  config = experiment_lib.ExperimentConfig(
+      algorithm=spec.aliases.get(algorithm, algorithm), task=spec.task, rounds=rounds,
+      seed=seed, eval_period=spec.eval_period, task_options=dict(spec.task_options),
+      algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
+      **options, **spec.settings)
+  prepared = experiment_lib.prepare(config)
+  runner = experiment_lib.build_runner(prepared)
+  curves = {}
+  for lr_c, lr_s in grid:
+    out = _run_dir(root, algorithm, lr_c, lr_s, seed, seeds)
+    start = time.monotonic()
+    try:
+      experiment_lib.train(
+          prepared, runner, show_progress=False, learning_rates=(lr_c, lr_s),
+          output_dir=str(out), extra_config={
+              'experiment': name, 'grid_algorithm': algorithm,
+              'client_learning_rate': lr_c, 'server_learning_rate': lr_s})
+    except simulation.DivergenceError as e:
+      print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}) seed {seed}: {e}')
+    curves[(lr_c, lr_s)] = _read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
+    final = curves[(lr_c, lr_s)][spec.metric]
+    print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} seed={seed} {spec.metric}='
+          f'{final[max(final)]:.4g} at round {max(final)} '
+          f'({time.monotonic() - start:.0f}s)', flush=True)
+  return curves
+
+
 def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path,
              runtime: str = 'auto', *, data_seed: int | None = None,
-             overwrite: bool = False):
+             overwrite: bool = False, resume: bool = False, checkpoint_every: int = 100,
+             parallel: int = 1):
   """Trains every (algorithm, lr pair, seed); `data_seed` None: each run's data seed
-  is its seed.
+  is its seed. `resume`: finished configurations are read back, an interrupted one
+  continues from its checkpoint. `parallel` > 1: (algorithm, seed) groups run in that
+  many processes.
 
   Returns {algorithm: {(c, s): [{metric: curve} per seed]}}.
   """
-  curves: dict[str, dict[tuple[float, float], list]] = {}
-  grid = list(itertools.product(spec.client_learning_rates, spec.server_learning_rates))
-  metrics = _plotted(spec) + (spec.metric,)
-  for algorithm in spec.algorithms:
-    curves[algorithm] = {lr: [] for lr in grid}
-    for seed in seeds:
-      config = experiment_lib.ExperimentConfig(
-          algorithm=spec.aliases.get(algorithm, algorithm), task=spec.task, rounds=rounds,
-          seed=seed, data_seed=data_seed, overwrite=overwrite,
-          eval_period=spec.eval_period, task_options=dict(spec.task_options),
-          algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
-          runtime=runtime, **spec.settings)
-      prepared = experiment_lib.prepare(config)
-      # Built once per seed; the grid sets learning rates through the hparams.
-      runner = experiment_lib.build_runner(prepared)
-      for lr_c, lr_s in grid:
-        out = _run_dir(root, algorithm, lr_c, lr_s, seed, seeds)
-        start = time.monotonic()
-        try:
-          experiment_lib.train(
-              prepared, runner, show_progress=False, learning_rates=(lr_c, lr_s),
-              output_dir=str(out), extra_config={
-                  'experiment': name, 'grid_algorithm': algorithm,
-                  'client_learning_rate': lr_c, 'server_learning_rate': lr_s})
-        except simulation.DivergenceError as e:
-          print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}) seed {seed}: {e}')
-        curves[algorithm][(lr_c, lr_s)].append(
-            _read_curves(out, metrics, spec.metric_sources.get(algorithm, {})))
-        final = curves[algorithm][(lr_c, lr_s)][-1][spec.metric]
-        print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} seed={seed} {spec.metric}='
-              f'{final[max(final)]:.4g} at round {max(final)} '
-              f'({time.monotonic() - start:.0f}s)', flush=True)
+  options = dict(data_seed=data_seed, overwrite=overwrite, resume=resume,
+                 checkpoint_every=checkpoint_every, runtime=runtime)
+  groups = [(a, seed) for a in spec.algorithms for seed in seeds]
+  args = [(name, spec, a, seed, rounds, seeds, root, options) for a, seed in groups]
+  if parallel > 1:
+    # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
+    with concurrent.futures.ProcessPoolExecutor(
+        parallel, mp_context=multiprocessing.get_context('spawn')) as pool:
+      results = list(pool.map(_run_group, *zip(*args)))
+  else:
+    results = [_run_group(*a) for a in args]
+  curves: dict[str, dict[tuple[float, float], list]] = {
+      a: {lr: [] for lr in itertools.product(spec.client_learning_rates,
+                                             spec.server_learning_rates)}
+      for a in spec.algorithms}
+  for (algorithm, _), result in zip(groups, results):
+    for lr, curve in result.items():
+      curves[algorithm][lr].append(curve)
   return curves
 
 
@@ -334,7 +365,9 @@ def main(argv):
   else:
     try:
       curves = run_grid(name, spec, rounds, seeds, root, _RUNTIME.value,
-                        data_seed=_DATA_SEED.value, overwrite=_OVERWRITE.value)
+                        data_seed=_DATA_SEED.value, overwrite=_OVERWRITE.value,
+                        resume=_RESUME.value, checkpoint_every=_CHECKPOINT_EVERY.value,
+                        parallel=_PARALLEL.value)
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
   command = f'python binaries/reproduce.py --experiment={name}' + (

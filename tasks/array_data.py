@@ -101,7 +101,7 @@ def cached_client_data(
   if not _verified(directory, client_ids):
     if (directory / 'COMPLETE').exists():
       logging.warning('data cache %s failed its checksums; generating it again.', directory)
-      (directory / 'COMPLETE').unlink()
+      (directory / 'COMPLETE').unlink(missing_ok=True)
     directory.mkdir(parents=True, exist_ok=True)
     sums = {}
     for i, cid in enumerate(client_ids):
@@ -118,7 +118,10 @@ def cached_client_data(
       if found.get(cid) != checksum:
         raise OSError(f'data cache file {directory / (cid + ".f32")} does not read back'
                       ' what was written.')
-    (directory / 'COMPLETE').write_text(json.dumps({'sha256': sums}))
+    # Atomically: another process (parallel tests) may be checking this cache.
+    with tempfile.NamedTemporaryFile('w', dir=directory, delete=False) as f:
+      f.write(json.dumps({'sha256': sums}))
+    os.replace(f.name, directory / 'COMPLETE')
   width = int(np.prod(feature_shape)) + 1
   prefix = str(directory) + os.sep
 

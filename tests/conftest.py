@@ -27,9 +27,13 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-  """Fails the run if a TFF worker started during the session is still alive."""
+  """Fails the run if a TFF worker started during the session is still alive. Under
+  pytest-xdist each test process stops its own worker and the controller, which ends
+  after them, checks."""
   del exitstatus
   runtime.shutdown_local_runtime()
+  if hasattr(session.config, 'workerinput'):  # an xdist test process
+    return
   left = set(workers.wait_for_exit(exclude=_SESSION_START.get('workers', set())))
   if left:
     print(f'\nERROR: TFF worker process(es) left running: {sorted(left)}')

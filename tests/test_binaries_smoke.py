@@ -13,8 +13,14 @@ def test_reproduce_writes_table_and_plot(tmp_path):
       server_learning_rates=(1.0, 2.0), rounds=4, checkpoints=(2, 4),
       metric='distance_to_optimum', higher_is_better=False, eval_period=2,
       plot_metrics=('objective', 'distance_to_optimum'))
-  curves = reproduce.run_grid('tiny', spec, spec.rounds, (0,), tmp_path)
+  curves = reproduce.run_grid('tiny', spec, spec.rounds, (0,), tmp_path, parallel=2)
   assert set(curves['fednova']) == {(0.01, 1.0), (0.01, 2.0)}
+  # Rerun with resume: every configuration is finished, so nothing is trained again.
+  metrics = tmp_path / 'fedavg' / 'lr_0.01_2' / 'metrics.csv'
+  written = metrics.read_text()
+  metrics.touch()
+  assert reproduce.run_grid('tiny', spec, spec.rounds, (0,), tmp_path, resume=True) == curves
+  assert metrics.read_text() == written
   table = reproduce.summarize('tiny', spec, curves, spec.rounds, tmp_path, 'cmd')
   assert '| fednova |' in table and 'round 4' in table
   assert (tmp_path / 'results.md').read_text() == table

@@ -96,10 +96,8 @@ def _quadratic_run(algorithm, tmp_path, eta, rounds=100):
   prepared = experiment.prepare(experiment.ExperimentConfig(
       algorithm=algorithm, task='quadratic', rounds=rounds, eval_period=rounds,
       client_learning_rate=eta, server_learning_rate=2.0, output_dir=str(tmp_path / algorithm)))
-  process = prepared.build_process()
   task = prepared.task
-  process = tff.simulation.compose_dataset_computation_with_learning_process(
-      task.train_data.dataset_computation, process)
+  process = inprocess.build(prepared.build_process(), task.train_data)
   state = process.initialize()
   for _ in range(rounds):  # full participation, as in the closed form
     state = process.next(state, task.train_data.client_ids).state

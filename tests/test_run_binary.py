@@ -21,11 +21,27 @@ def _run(repo_root, *args, timeout=300):
       stdin=subprocess.DEVNULL)
 
 
-def test_default_algorithm_run_writes_metrics_and_leaves_no_worker(repo_root, tmp_path):
-  before = set(workers.worker_pids())
-  out = _run(repo_root, '--algo=fedavg', '--task=lasso', '--rounds=4', '--eval_period=2',
-             f'--output_dir={tmp_path}')
+def _start(repo_root, *args, **kwargs):
+  return subprocess.Popen([sys.executable, str(repo_root / 'binaries' / 'run.py'), *args],
+                          text=True, env=ENV, cwd=repo_root, stdin=subprocess.DEVNULL,
+                          **kwargs)
+
+
+def test_default_run_is_inprocess_writes_metrics_and_leaves_no_worker(repo_root, tmp_path):
+  proc = _start(repo_root, '--algo=fedavg', '--task=lasso', '--rounds=4', '--eval_period=2',
+                f'--output_dir={tmp_path}', stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  started = set()
+  try:
+    while proc.poll() is None:  # the in-process runtime starts no TFF worker
+      started.update(workers.workers_of(proc.pid))
+      time.sleep(0.1)
+    stdout, stderr = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
   assert out.returncode == 0, out.stderr
+  assert not started
+  assert 'runtime: inprocess on /device:CPU:0' in out.stdout
   assert 'final evaluation:' in out.stdout and 'f1' in out.stdout
   assert 'round 4/4' in out.stderr  # progress, one line per evaluation off a terminal
   header, *rows = (tmp_path / 'metrics.csv').read_text().splitlines()
@@ -35,19 +51,7 @@ def test_default_algorithm_run_writes_metrics_and_leaves_no_worker(repo_root, tm
   assert list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
   config = json.loads((tmp_path / 'config.json').read_text())
   assert config['algorithm'] == 'fedavg' and config['resolved']['client_learning_rate'] == 1e-3
-  assert not set(workers.wait_for_exit(exclude=before))
-
-
-def test_flagfile_and_algorithm_and_task_flags(repo_root, tmp_path):
-  flagfile = tmp_path / 'exp.flags'
-  flagfile.write_text(
-      '--algo=fedprox\n--mu=0.1\n--task=lasso\n--lasso_dataset=III\n--rounds=2\n'
-      f'--clients_per_round=3\n--output_dir={tmp_path / "out"}\n')
-  out = _run(repo_root, f'--flagfile={flagfile}')
-  assert out.returncode == 0, out.stderr
-  config = json.loads((tmp_path / 'out' / 'config.json').read_text())
-  assert config['algorithm_options'] == {'mu': 0.1}
-  assert config['task_options'] == {'dataset': 'III'}
+  assert config['resolved']['runtime'].startswith('inprocess')
 
 
 BAD_INPUT = [
@@ -79,50 +83,66 @@ BAD_INPUT = [
     (['--flagfile={binary}'], 'flagfile'),
     (['--output_dir={file}'], 'is a file, not a directory'),
     (['--output_dir={file}/run'], 'which is a file'),
-    (['--output_dir={run}'], 'holds another run (metrics.csv); choose another directory'
-                             ' or pass --overwrite'),
+    (['--output_dir={run}'], 'holds another run (metrics.csv); choose another'
+                             ' directory, pass --resume to continue it or --overwrite'),
+    (['--algo=nope'], 'Known algorithms: afl, comfedl, ditto, fedavg, fedavg_subgrad,'),
+    (['--algo=fedavg', '--client_learning_rate=1e6', '--rounds=5', '--output_dir={diverged}'],
+     'training diverged at round'),
+]
+# Runs that succeed, in this order, in the same interpreter as BAD_INPUT.
+GOOD_INPUT = [
+    ['--flagfile={flagfile}'],
+    ['--algo=fedavg', '--task=quadratic', '--rounds=2', '--output_dir={rerun}'],
+    ['--algo=fedavg', '--task=quadratic', '--rounds=2', '--output_dir={rerun}', '--overwrite',
+     '--seed=3', '--data_seed=5'],
 ]
 
 
 @pytest.fixture(scope='module')
-def bad_input_runs(repo_root, tmp_path_factory):
-  """Every BAD_INPUT case through run.py's parser and main, in one interpreter
-  (tests/bad_input_driver.py); test_exit_status_2_from_a_fresh_process checks the
-  process-level exit status."""
-  root = tmp_path_factory.mktemp('bad_input')
-  paths = dict(binary=root / 'binary.flags', file=root / 'a_file', run=root / 'old_run')
+def cli_runs(repo_root, tmp_path_factory):
+  """(results, paths): every BAD_INPUT and GOOD_INPUT command line through run.py's
+  parser and main, in one interpreter (tests/bad_input_driver.py; a fresh interpreter
+  per case would import TensorFlow each time); test_exit_status_2_from_a_fresh_process
+  checks the process-level exit status."""
+  root = tmp_path_factory.mktemp('cli')
+  paths = {name: root / name for name in ('binary', 'file', 'run', 'diverged', 'flagfile',
+                                          'rerun', 'flagfile_out')}
   paths['binary'].write_bytes(bytes(range(256)))
   paths['file'].write_text('x')
   paths['run'].mkdir()
   (paths['run'] / 'metrics.csv').write_text('round\n0\n')
+  paths['flagfile'].write_text(
+      '--algo=fedprox\n--mu=0.1\n--task=lasso\n--lasso_dataset=III\n--rounds=2\n'
+      f'--clients_per_round=3\n--output_dir={paths["flagfile_out"]}\n')
   cases = []
-  for args, _ in BAD_INPUT:
+  for args in [a for a, _ in BAD_INPUT] + GOOD_INPUT:
     argv = [a.format(**paths) for a in args]
-    if not any(a.startswith('--output_dir') for a in argv):
+    if not any(a.startswith(('--output_dir', '--flagfile=' + str(paths['flagfile'])))
+               for a in argv):
       argv.append(f'--output_dir={root / "never-written"}')
     cases.append(argv)
   out = subprocess.run(
       [sys.executable, '-m', 'tests.bad_input_driver', json.dumps(cases)],
-      capture_output=True, text=True, timeout=600, env=ENV, cwd=repo_root,
+      capture_output=True, text=True, timeout=900, env=ENV, cwd=repo_root,
       stdin=subprocess.DEVNULL)
   assert out.returncode == 0, out.stderr
   results = json.loads(out.stdout.strip().splitlines()[-1])
   assert (paths['run'] / 'metrics.csv').read_text() == 'round\n0\n'  # left alone
   assert not (root / 'never-written').exists()
-  return {' '.join(args): result for (args, _), result in zip(BAD_INPUT, results)}
+  keys = [' '.join(a) for a, _ in BAD_INPUT] + [' '.join(a) for a in GOOD_INPUT]
+  return dict(zip(keys, results)), paths
 
 
 def test_exit_status_2_from_a_fresh_process(repo_root):
-  for args, message in ((['--rounds=ten'], 'flag --rounds=ten'),
-                        (['--algo=fedprox', '--mu=inf'], 'must be a finite number')):
+  for args, message in ((['--rounds=ten'], 'flag --rounds=ten'),):
     out = _run(repo_root, *args, '--output_dir=/nonexistent/never-written')
     assert out.returncode == 2 and out.stderr.count('\n') == 1, out.stderr
     assert message in out.stderr and 'Traceback' not in out.stderr
 
 
 @pytest.mark.parametrize('args,message', BAD_INPUT, ids=[' '.join(a) for a, _ in BAD_INPUT])
-def test_bad_input_is_one_line_and_exit_2(bad_input_runs, args, message):
-  returncode, stdout, stderr = bad_input_runs[' '.join(args)]
+def test_bad_input_is_one_line_and_exit_2(cli_runs, args, message):
+  returncode, stdout, stderr = cli_runs[0][' '.join(args)]
   assert returncode == 2, (stdout, stderr)
   lines = stderr.strip().splitlines()
   assert len(lines) == 1, stderr
@@ -130,10 +150,25 @@ def test_bad_input_is_one_line_and_exit_2(bad_input_runs, args, message):
   assert 'Traceback' not in stderr
 
 
-def test_unknown_algorithm_lists_valid_names(repo_root):
-  out = _run(repo_root, '--algo=nope')
-  assert out.returncode == 2
-  assert 'feddualavg' in out.stderr and 'fedmid_osp' in out.stderr
+def test_divergence_keeps_the_initial_metrics(cli_runs):
+  rows = (cli_runs[1]['diverged'] / 'metrics.csv').read_text().splitlines()
+  assert rows[1].startswith('0,')  # the initial evaluation is kept
+
+
+def test_flagfile_and_algorithm_and_task_flags(cli_runs):
+  returncode, _, stderr = cli_runs[0][' '.join(GOOD_INPUT[0])]
+  assert returncode == 0, stderr
+  config = json.loads((cli_runs[1]['flagfile_out'] / 'config.json').read_text())
+  assert config['algorithm_options'] == {'mu': 0.1}
+  assert config['task_options'] == {'dataset': 'III'}
+
+
+def test_overwrite_replaces_a_run_and_seeds_are_separate(cli_runs):
+  results, paths = cli_runs
+  assert [results[' '.join(a)][0] for a in GOOD_INPUT[1:]] == [0, 0]
+  assert len(list((paths['rerun'] / 'tensorboard').glob('events.*'))) == 1
+  config = json.loads((paths['rerun'] / 'config.json').read_text())
+  assert (config['seed'], config['data_seed']) == (3, 5)
 
 
 def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):
@@ -151,25 +186,8 @@ def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):
     proc.wait(timeout=60)
   finally:
     proc.kill()  # never leave a 100000-round run behind, whatever failed
-  assert not set(started) & set(workers.wait_for_exit())
-
-
-def test_divergence_is_one_line_and_keeps_initial_metrics(repo_root, tmp_path):
-  out = _run(repo_root, '--algo=fedavg', '--client_learning_rate=1e6', '--rounds=5',
-             f'--output_dir={tmp_path}')
-  assert out.returncode == 2
-  lines = out.stderr.strip().splitlines()
-  assert 'diverged at round' in lines[-1] and 'Traceback' not in out.stderr
-  rows = (tmp_path / 'metrics.csv').read_text().splitlines()
-  assert rows[1].startswith('0,')  # the initial evaluation is kept
-
-
-def test_default_runtime_is_inprocess_and_starts_no_worker(repo_root, tmp_path):
-  out = _run(repo_root, '--algo=fedavg', '--rounds=2', f'--output_dir={tmp_path}')
-  assert out.returncode == 0, out.stderr
-  assert 'runtime: inprocess on /device:CPU:0' in out.stdout
-  assert json.loads((tmp_path / 'config.json').read_text())['resolved']['runtime'].startswith(
-      'inprocess')
+  others = set(workers.worker_pids()) - set(started)  # other test processes' workers
+  assert not set(started) & set(workers.wait_for_exit(exclude=others))
 
 
 def test_custom_aggregation_falls_back_to_tff_saying_why():
@@ -191,11 +209,6 @@ def test_custom_aggregation_falls_back_to_tff_saying_why():
   with pytest.raises(experiment.ConfigError, match='--runtime=inprocess: a custom'):
     experiment.runner_for(process, data, 'inprocess')
 
-
-def _start(repo_root, *args, **kwargs):
-  return subprocess.Popen([sys.executable, str(repo_root / 'binaries' / 'run.py'), *args],
-                          text=True, env=ENV, cwd=repo_root, stdin=subprocess.DEVNULL,
-                          **kwargs)
 
 
 def test_ctrl_c_is_one_line_and_keeps_the_metrics(repo_root, tmp_path):
@@ -235,12 +248,3 @@ def test_a_closed_stdout_is_not_an_error(repo_root, tmp_path):
   assert len((tmp_path / 'metrics.csv').read_text().splitlines()) == 5
 
 
-def test_overwrite_replaces_a_run_and_seeds_are_separate(repo_root, tmp_path):
-  args = ('--algo=fedavg', '--task=quadratic', '--rounds=2', f'--output_dir={tmp_path}')
-  assert _run(repo_root, *args).returncode == 0
-  (tmp_path / 'tensorboard' / 'stale').write_text('from the old run')
-  out = _run(repo_root, *args, '--overwrite', '--seed=3', '--data_seed=5')
-  assert out.returncode == 0, out.stderr
-  assert not (tmp_path / 'tensorboard' / 'stale').exists()
-  config = json.loads((tmp_path / 'config.json').read_text())
-  assert (config['seed'], config['data_seed']) == (3, 5)

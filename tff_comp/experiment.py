@@ -9,6 +9,7 @@ layers over these two functions.
 
 from collections.abc import Callable
 import dataclasses
+import json
 import math
 import os
 import pathlib
@@ -69,6 +70,8 @@ class ExperimentConfig:
   output_dir: str | None = None  # None: runs/<algorithm>-<task>
   runtime: str = 'auto'
   overwrite: bool = False  # replace a run already in output_dir
+  resume: bool = False  # continue the run in output_dir from its last checkpoint
+  checkpoint_every: int = 50  # rounds between saved process states
 
   @property
   def task_seed(self) -> int:
@@ -136,22 +139,26 @@ def _check_finite(config: ExperimentConfig) -> None:
       raise ConfigError(f'--{name} must be a finite number, got {value}.')
 
 
-RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard')
+RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
+# Settings a resumed run may change: where it writes, how long it runs, how it saves.
+RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds', 'checkpoint_every')
 
 
-def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False) -> None:
+def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
+                     resume: bool = False) -> None:
   """Raises ConfigError unless a run can write to `output_dir` without touching
   anything: creates nothing. A directory holding another run (any of `RUN_FILES`) is
-  refused unless `overwrite`."""
+  refused unless `overwrite` or `resume` (`check_resumable` then compares the
+  configurations)."""
   path = pathlib.Path(output_dir)
   if path.exists() and not path.is_dir():
     raise ConfigError(f'--output_dir={path} is a file, not a directory.')
   if path.is_dir():
     found = [name for name in RUN_FILES if (path / name).exists()]
-    if found and not overwrite:
+    if found and not (overwrite or resume):
       raise ConfigError(
           f'--output_dir={path} holds another run ({", ".join(found)}); choose another'
-          ' directory or pass --overwrite to replace it.')
+          ' directory, pass --resume to continue it or --overwrite to replace it.')
     existing = path
   else:
     existing = next(p for p in path.absolute().parents if p.exists())
@@ -159,6 +166,33 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False) -> 
       raise ConfigError(f'--output_dir={path} is under {existing}, which is a file.')
   if not os.access(existing, os.W_OK | os.X_OK):
     raise ConfigError(f'--output_dir={path}: {existing} is not writable.')
+
+
+def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
+  """Raises ConfigError if the run recorded in `output_dir` was configured otherwise
+  than `config` (besides `RESUMABLE_CHANGES`). No recorded run: nothing to check."""
+  try:
+    recorded = json.loads((output_dir / 'config.json').read_text())
+  except FileNotFoundError:
+    return
+  except ValueError as e:
+    raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
+
+  def comparable(c):
+    c = {k: v for k, v in c.items() if k not in RESUMABLE_CHANGES}
+    c['resolved'] = {k: v for k, v in c.get('resolved', {}).items() if k != 'rounds'}
+    return json.loads(json.dumps(c, default=str))
+
+  old, new = comparable(recorded), comparable(config)
+  differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+  if 'resolved' in differ:
+    differ.remove('resolved')
+    differ += sorted(k for k in old['resolved'].keys() | new['resolved'].keys()
+                     if old['resolved'].get(k) != new['resolved'].get(k))
+  if differ:
+    raise ConfigError(f'--resume: the run in {output_dir} was configured differently'
+                      f' ({", ".join(differ)}); resume it with its own settings or choose'
+                      ' another --output_dir.')
 
 
 def prepare(config: ExperimentConfig) -> Prepared:
@@ -191,7 +225,12 @@ def prepare(config: ExperimentConfig) -> Prepared:
     if name not in task_known:
       raise ConfigError(f'task {config.task!r} has no option {name!r}.')
   _check_finite(config)
-  check_output_dir(config.output_dir, config.overwrite)
+  check_output_dir(config.output_dir, config.overwrite, config.resume)
+  if config.resume and config.overwrite:
+    raise ConfigError('--resume continues the run in --output_dir, --overwrite replaces'
+                      ' it: choose one.')
+  if not config.checkpoint_every >= 1:
+    raise ConfigError(f'--checkpoint_every must be >= 1, got {config.checkpoint_every}.')
   task_args = dict(config.task_options)
   if task_entry.accepts('seed'):
     task_args['seed'] = config.task_seed
@@ -348,7 +387,9 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
   config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings,
                 **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir
-  check_output_dir(output_dir, prepared.config.overwrite)
+  check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
+  if prepared.config.resume:
+    check_resumable(pathlib.Path(output_dir), config)
   if learning_rates is not None and runner.algorithm is not None:
     hparams = dict(runner.algorithm.client_rule.initial_hparams(),
                    learning_rate=learning_rates[0])
@@ -369,6 +410,8 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
       show_progress=show_progress,
       learning_rates=learning_rates,
       divergence_hint=prepared.algorithm.divergence_hint,
+      checkpoint_every=prepared.config.checkpoint_every,
+      resume=prepared.config.resume,
   )
 
 

@@ -11,6 +11,7 @@ call; a synchronous writer with merged train/eval rows is simpler to read and to
 """
 
 from collections.abc import Callable, Mapping
+import asyncio
 import csv
 import json
 import math
@@ -43,14 +44,24 @@ def flatten_metrics(tree: Any, prefix: str = '') -> Metrics:
 
 
 class MetricsWriter:
-  """Writes per-round metrics to CSV and TensorBoard in `output_dir`."""
+  """Writes per-round metrics to CSV and TensorBoard in `output_dir`.
 
-  def __init__(self, output_dir: pathlib.Path, columns: list[str]):
+  `kept_rows`: rows of an interrupted run to keep (a resumed run continues after
+  them); the CSV and the TensorBoard events are rewritten from them, so neither holds
+  a round twice nor a round the resumed run will redo.
+  """
+
+  def __init__(self, output_dir: pathlib.Path, columns: list[str],
+               kept_rows: list[dict[str, str]] | None = None):
     self._columns = ['round', 'seconds'] + columns
     self._file = open(output_dir / 'metrics.csv', 'w', newline='')  # pylint: disable=consider-using-with
     self._csv = csv.DictWriter(self._file, self._columns, restval='')
     self._csv.writeheader()
+    shutil.rmtree(output_dir / 'tensorboard', ignore_errors=True)
     self._tb = tf.summary.create_file_writer(str(output_dir / 'tensorboard'))
+    for row in kept_rows or []:
+      self.write(int(row['round']), float(row['seconds']),
+                 {k: float(v) for k, v in row.items() if k not in ('round', 'seconds') and v})
 
   def write(self, round_num: int, seconds: float, metrics: Metrics) -> None:
     self._csv.writerow(
@@ -66,6 +77,52 @@ class MetricsWriter:
   def close(self) -> None:
     self._file.close()
     self._tb.close()
+
+
+def _read_rows(path: pathlib.Path, up_to: int) -> tuple[list[str], list[dict[str, str]]]:
+  """(metric columns, rows of rounds <= up_to) of a metrics.csv."""
+  with open(path, newline='') as f:
+    reader = csv.DictReader(f)
+    rows = [r for r in reader if r.get('round', '').isdigit() and int(r['round']) <= up_to]
+    return [c for c in reader.fieldnames or [] if c not in ('round', 'seconds')], rows
+
+
+class Checkpoints:
+  """The process state every few rounds, with TFF's `FileProgramStateManager` (in
+  `output_dir/checkpoints`, the last two kept). The state is saved as NumPy values and
+  restored into the structure of a fresh `process.initialize()`."""
+
+  def __init__(self, output_dir: pathlib.Path):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    self._manager = tff.program.FileProgramStateManager(
+        output_dir / 'checkpoints', keep_total=2, keep_first=False)
+    # A private loop: asyncio.run would unset the thread's event loop, which TFF's
+    # execution contexts read.
+    self._loop = asyncio.new_event_loop()
+
+  def _run(self, coroutine):
+    return self._loop.run_until_complete(coroutine)
+
+  def close(self) -> None:
+    self._loop.close()
+
+  def clear(self) -> None:
+    self._run(self._manager.remove_all())
+
+  def save(self, state, round_num: int) -> None:
+    self._run(self._manager.save(tf.nest.map_structure(np.asarray, state), round_num))
+
+  def load_latest(self, template) -> tuple[Any, int]:
+    """(state, round) of the newest readable checkpoint, or (None, 0). A checkpoint
+    cut short by a kill is skipped for the one before it."""
+    template = tf.nest.map_structure(np.asarray, template)
+    for version in sorted(self._run(self._manager.get_versions()) or [], reverse=True):
+      try:
+        return self._run(self._manager.load(version, template)), version
+      except Exception:  # pylint: disable=broad-except  (any damage: try an older one)
+        continue
+    return None, 0
 
 
 def set_learning_rates(process, state, client_learning_rate: float,
@@ -97,6 +154,8 @@ def run_simulation(
     show_progress: bool = True,
     learning_rates: tuple[float, float] | None = None,
     divergence_hint: str = 'try a smaller learning rate',
+    checkpoint_every: int = 50,
+    resume: bool = False,
 ) -> Metrics:
   """Trains `process` for `rounds` rounds; returns the last evaluation metrics.
 
@@ -106,35 +165,54 @@ def run_simulation(
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the process's hparams, so one built
   process serves a whole learning-rate grid. A run already in `output_dir` is replaced
-  (`experiment.check_output_dir` refuses that unless asked). `divergence_hint` ends the
-  divergence message (the likely cause for the algorithm).
+  (`experiment.check_output_dir` refuses that unless asked), or with `resume`
+  continued from its last checkpoint: the state is saved every `checkpoint_every`
+  rounds and at the last one, the sampler is replayed, and the rows after the
+  checkpoint are dropped, so a resumed run ends exactly as an uninterrupted one (its
+  caller checks that the configuration matches). The final model's trainable weights
+  go to `final_model.npz`. `divergence_hint` ends the divergence message (the likely
+  cause for the algorithm).
 
   Raises:
     DivergenceError: the training loss became non-finite.
   """
   output_dir.mkdir(parents=True, exist_ok=True)
-  # A replaced run's event files would show in the same TensorBoard view as this one's.
-  shutil.rmtree(output_dir / 'tensorboard', ignore_errors=True)
-  (output_dir / 'config.json').write_text(json.dumps(dict(config), indent=2, default=str))
+  checkpoints = Checkpoints(output_dir)
   rng = np.random.default_rng(seed)
 
   def evaluate_state(state) -> Metrics:
     return {f'eval/{k}': v for k, v in evaluate(state).items()}
 
+  def sample() -> list[str]:
+    return [client_ids[i] for i in rng.choice(len(client_ids), clients_per_round, replace=False)]
+
   state = process.initialize()
   if learning_rates is not None:
     state = set_learning_rates(process, state, *learning_rates)
+  done, writer, offset = 0, None, 0.0
+  if resume and (output_dir / 'metrics.csv').exists():
+    saved, done = checkpoints.load_latest(state)
+    if saved is not None:
+      state = saved
+      columns, rows = _read_rows(output_dir / 'metrics.csv', done)
+      writer = MetricsWriter(output_dir, columns, kept_rows=rows)
+      offset = float(rows[-1]['seconds']) if rows else 0.0
+      for _ in range(done):  # the sampler where the checkpoint left it
+        sample()
+  if writer is None:  # a fresh run: nothing of a replaced run may be resumed later
+    done = 0
+    checkpoints.clear()
+    (output_dir / 'final_model.npz').unlink(missing_ok=True)
+    (output_dir / 'config.json').write_text(json.dumps(dict(config), indent=2, default=str))
   eval_metrics = evaluate_state(state)
-  writer = None
   # A live bar on a terminal; one line per evaluation in logs (CI, files).
   interactive = show_progress and sys.stderr.isatty()
-  bar = tqdm.tqdm(total=rounds, disable=not interactive, file=sys.stderr,
+  bar = tqdm.tqdm(total=rounds, initial=done, disable=not interactive, file=sys.stderr,
                   unit='round', dynamic_ncols=True)
-  start = time.monotonic()
+  start = time.monotonic() - offset
   try:
-    for round_num in range(1, rounds + 1):
-      ids = [client_ids[i] for i in rng.choice(len(client_ids), clients_per_round, replace=False)]
-      output = process.next(state, ids)
+    for round_num in range(done + 1, rounds + 1):
+      output = process.next(state, sample())
       state = output.state
       metrics = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
       loss = metrics.get('train/client_work/train_loss', 0.0)
@@ -154,6 +232,8 @@ def run_simulation(
           print(f'round {round_num}/{rounds} ({elapsed:.1f}s): train_loss={loss:.4g} '
                 + ' '.join(f'{k}={v}' for k, v in summary.items()), file=sys.stderr)
       writer.write(round_num, time.monotonic() - start, metrics)
+      if round_num % checkpoint_every == 0 or round_num == rounds:
+        checkpoints.save(state, round_num)
       bar.update()
   finally:
     bar.close()
@@ -161,4 +241,7 @@ def run_simulation(
       writer = MetricsWriter(output_dir, sorted(eval_metrics))
       writer.write(0, 0.0, eval_metrics)
     writer.close()
+    checkpoints.close()
+  np.savez(output_dir / 'final_model.npz',
+           *tf.nest.map_structure(np.asarray, process.get_model_weights(state).trainable))
   return eval_metrics
