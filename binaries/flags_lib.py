@@ -124,7 +124,16 @@ def _plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
       if h.name in experiment.COMMON_ALGORITHM_ARGS:
         continue
       if types.setdefault(h.name, h.type) is not h.type:
-        raise TypeError(f'algorithms disagree on the type of --{h.name}.')
+        first = algo_flags[h.name][0]
+        pair = sorted([(name, h.type), (first, types[h.name])],
+                      key=lambda p: registry.get_algorithm(p[0]).builder.__module__.startswith(
+                          'tff_comp.'))  # the plugin first
+        (a, a_type), (b, b_type) = pair
+        raise registry.RegistryError(
+            f'--{h.name}: algorithm {a!r} ({registry.get_algorithm(a).builder.__module__})'
+            f' takes it as {a_type.__name__}, {b!r}'
+            f' ({registry.get_algorithm(b).builder.__module__}) as {b_type.__name__};'
+            ' rename one of the options.')
       algo_flags.setdefault(h.name, []).append(name)
   task_flags = {}
   for name in registry.TASKS.names():

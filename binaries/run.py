@@ -26,7 +26,10 @@ from tff_comp import registry
 from tff_comp.runtime import simulation
 
 flags_lib.define_common_flags()
-_ALGO_FLAGS, _TASK_FLAGS = flags_lib.define_plugin_flags()
+try:
+  _ALGO_FLAGS, _TASK_FLAGS = flags_lib.define_plugin_flags()
+except registry.RegistryError as e:  # a plugin's option clashes with another's
+  flags_lib.fail(e)
 FLAGS = flags.FLAGS
 
 
@@ -45,13 +48,18 @@ def main(argv: list[str]) -> None:
   except (registry.RegistryError, experiment.ConfigError) as e:
     _fail(str(e))
   s, config = prepared.settings, prepared.config
+  if prepared.algorithm.accepts('local_steps'):  # a fixed number of steps, not epochs
+    steps = prepared.builder_args.get('local_steps', next(
+        h.default for h in prepared.algorithm.hparams if h.name == 'local_steps'))
+    local = f'{steps} local steps'
+  else:
+    local = f'{s["local_epochs"]} epoch(s)'
   print(
       f'{config.algorithm} on {config.task}: {s["rounds"]} rounds,'
       f' {s["clients_per_round"]} clients/round, eta_c={s["client_learning_rate"]},'
-      f' eta_s={s["server_learning_rate"]}, batch {s["batch_size"]},'
-      f' {s["local_epochs"]} epoch(s), regularizer={s["regularizer"]}'
-      f' ({s["regularizer_strength"]}); output: {config.output_dir}', flush=True
-  )
+      f' eta_s={s["server_learning_rate"]}, batch {s["batch_size"]}, {local},'
+      f' regularizer={s["regularizer"]} ({s["regularizer_strength"]});'
+      f' output: {config.output_dir}', flush=True)
   try:
     final = experiment.run_experiment(prepared)
   except (experiment.ConfigError, simulation.DivergenceError) as e:

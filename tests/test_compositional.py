@@ -134,7 +134,7 @@ def test_local_scgdm_matches_numpy_reference():
   rng = np.random.default_rng(5)
   clients = [_batch(n, shift=s, rng=rng) for n, s in ((7, 0.0), (10, 0.3), (5, 0.8))]
   process = local_scgdm.build_local_scgdm(
-      MODEL, client_learning_rate=hp['eta'], alpha=hp['alpha'], beta=hp['beta'],
+      MODEL, client_learning_rate=hp['eta'], momentum_rate=hp['alpha'], beta=hp['beta'],
       tracking_gamma=hp['tgamma'], gamma=hp['gamma'], local_steps=hp['steps'],
       batch_size=hp['batch'])
   state = process.initialize()

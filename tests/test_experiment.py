@@ -23,6 +23,11 @@ def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
   assert final and all(math.isfinite(v) for v in final.values())
   rows = (tmp_path / 'metrics.csv').read_text().splitlines()
   assert len(rows) == 4  # header, rounds 0 to 2
+  logged = {'feddualavg': 'server/elapsed', 'afl': 'server/client_weights/9',
+            'tr_maml': 'server/lambda_learning_rate', 'fedavg': 'hparams/client_work/momentum'}
+  if name in logged:  # what defines the method is logged every round
+    column = rows[0].split(',').index(logged[name])
+    assert all(r.split(',')[column] for r in rows[2:]), rows
 
 
 def test_home_settings_apply_on_the_home_task_only(tmp_path):

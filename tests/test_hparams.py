@@ -65,8 +65,8 @@ def test_a_rate_set_later_is_checked_as_at_build():
                             algorithm_cases.DATA['mapped'])
   state = process.initialize()
   hparams = process.get_hparams(state)
-  hparams['client_work']['learning_rate'] = 2.0  # alpha x eta = 2 > 1
-  with pytest.raises(ValueError, match='alpha x client_learning_rate must be <= 1'):
+  hparams['client_work']['learning_rate'] = 2.0  # momentum_rate x eta = 2 > 1
+  with pytest.raises(ValueError, match='momentum_rate x client_learning_rate must be <= 1'):
     process.set_hparams(state, hparams)
-  with pytest.raises(ValueError, match='alpha x client_learning_rate must be <= 1'):
+  with pytest.raises(ValueError, match='momentum_rate x client_learning_rate must be <= 1'):
     algorithm_cases.build('local_scgdm', dict(client_learning_rate=2.0))

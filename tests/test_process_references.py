@@ -197,7 +197,7 @@ def test_local_scgdm_with_meta_learning_objectives(objective):
   a_m, beta, g_t = 2.0, 0.5, 3.0  # momentum rate, step scale, tracking rate
   process, states = _run('local_scgdm', dict(
       objective=objective, inner_learning_rate=alpha, gamma=gamma, client_learning_rate=eta,
-      alpha=a_m, beta=beta, tracking_gamma=g_t))
+      momentum_rate=a_m, beta=beta, tracking_gamma=g_t))
   w = _weights(process, states[0])
   u, m, c_old, started = None, None, 0.0, False
   for ids in ROUNDS:

@@ -18,7 +18,8 @@ ARGS = dict(algorithm='feddualavg', task='quadratic', rounds=9, eval_period=3, c
 
 def _rows(path):
   with open(path / 'metrics.csv', newline='') as f:
-    return [{k: v for k, v in r.items() if k != 'seconds'} for r in csv.DictReader(f)]
+    return [{k: v for k, v in r.items() if k not in ('seconds', 'seconds_per_round')}
+            for r in csv.DictReader(f)]
 
 
 def _model(path):

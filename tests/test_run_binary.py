@@ -57,6 +57,7 @@ def test_default_run_is_inprocess_writes_metrics_and_leaves_no_worker(repo_root,
 BAD_INPUT = [
     (['--algo=fedavgg'], "unknown algorithm 'fedavgg'. Did you mean 'fedavg'?"),
     (['--task=lassoo'], "unknown task 'lassoo'"),
+    (['--task=LASSO'], "unknown task 'LASSO'. Did you mean 'lasso'?"),
     (['--client_learning_rate=0'], '--client_learning_rate must be > 0'),
     (['--server_learning_rate=-1'], '--server_learning_rate must be > 0'),
     (['--rounds=0'], '--rounds must be >= 1'),
@@ -92,6 +93,7 @@ BAD_INPUT = [
 # Runs that succeed, in this order, in the same interpreter as BAD_INPUT.
 GOOD_INPUT = [
     ['--flagfile={flagfile}'],
+    ['--algo=per_fedavg', '--rounds=1', '--output_dir={per_fedavg}'],
     ['--algo=fedavg', '--task=quadratic', '--rounds=2', '--output_dir={rerun}'],
     ['--algo=fedavg', '--task=quadratic', '--rounds=2', '--output_dir={rerun}', '--overwrite',
      '--seed=3', '--data_seed=5'],
@@ -106,7 +108,7 @@ def cli_runs(repo_root, tmp_path_factory):
   checks the process-level exit status."""
   root = tmp_path_factory.mktemp('cli')
   paths = {name: root / name for name in ('binary', 'file', 'run', 'diverged', 'flagfile',
-                                          'rerun', 'flagfile_out')}
+                                          'rerun', 'flagfile_out', 'per_fedavg')}
   paths['binary'].write_bytes(bytes(range(256)))
   paths['file'].write_text('x')
   paths['run'].mkdir()
@@ -163,9 +165,19 @@ def test_flagfile_and_algorithm_and_task_flags(cli_runs):
   assert config['task_options'] == {'dataset': 'III'}
 
 
+def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
+  results, paths = cli_runs
+  returncode, stdout, stderr = results[' '.join(GOOD_INPUT[1])]
+  assert returncode == 0, stderr
+  assert 'per_fedavg on sinewave:' in stdout and ', 10 local steps,' in stdout
+  header = (paths['per_fedavg'] / 'metrics.csv').read_text().splitlines()[0].split(',')
+  assert {'hparams/client_work/learning_rate', 'hparams/client_work/alpha',
+          'hparams/server_update/learning_rate', 'seconds_per_round'} <= set(header)
+
+
 def test_overwrite_replaces_a_run_and_seeds_are_separate(cli_runs):
   results, paths = cli_runs
-  assert [results[' '.join(a)][0] for a in GOOD_INPUT[1:]] == [0, 0]
+  assert [results[' '.join(a)][0] for a in GOOD_INPUT[2:]] == [0, 0]
   assert len(list((paths['rerun'] / 'tensorboard').glob('events.*'))) == 1
   config = json.loads((paths['rerun'] / 'config.json').read_text())
   assert (config['seed'], config['data_seed']) == (3, 5)

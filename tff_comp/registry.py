@@ -25,6 +25,7 @@ import importlib
 import importlib.metadata
 import inspect
 from typing import Any
+import warnings
 
 ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
@@ -36,6 +37,16 @@ class RegistryError(KeyError):
 
   def __str__(self) -> str:
     return str(self.args[0])
+
+
+def _signature(builder: Callable) -> inspect.Signature:
+  """The builder's signature with its annotations evaluated (a module using
+  `from __future__ import annotations` has them as strings); unresolvable annotations
+  stay strings, so such a parameter is not a hyperparameter."""
+  try:
+    return inspect.signature(builder, eval_str=True)
+  except (NameError, SyntaxError, TypeError):
+    return inspect.signature(builder)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +78,7 @@ class Entry:
   @property
   def hparams(self) -> tuple[Hparam, ...]:
     """Keyword-only parameters with a plain type, in declaration order, not fixed."""
-    signature = inspect.signature(self.builder)
+    signature = _signature(self.builder)
     fixed = dict(self.fixed)
     found = []
     for p in signature.parameters.values():
@@ -78,7 +89,7 @@ class Entry:
     return tuple(found)
 
   def accepts(self, name: str) -> bool:
-    return (name in inspect.signature(self.builder).parameters
+    return (name in _signature(self.builder).parameters
             and name not in dict(self.fixed))
 
   def build(self, *args, **kwargs) -> Any:
@@ -134,8 +145,15 @@ class Registry:
     for ep in importlib.metadata.entry_points(group=self.group):
       obj = ep.load()
       registered = any(e.builder is obj for e in self._entries.values())
-      if callable(obj) and not registered and ep.name not in self._entries:
-        self.add(ep.name, obj)
+      if not callable(obj) or registered:
+        continue
+      if ep.name in self._entries:
+        existing = self._entries[ep.name].builder
+        warnings.warn(f'plugin {ep.value} registers {self.kind} {ep.name!r}, already'
+                      f' registered by {existing.__module__}.{existing.__qualname__};'
+                      ' keeping the first.', stacklevel=1)
+        continue
+      self.add(ep.name, obj)
 
   def names(self) -> list[str]:
     self.load_plugins()
@@ -145,7 +163,7 @@ class Registry:
     """The entry for `name`; an unknown name raises a RegistryError listing names."""
     names = self.names()
     if name not in self._entries:
-      close = difflib.get_close_matches(name, names, n=1)
+      close = difflib.get_close_matches(name.lower(), names, n=1)
       hint = f' Did you mean {close[0]!r}?' if close else ''
       raise RegistryError(
           f'unknown {self.kind} {name!r}.{hint} Known {self.kind}s:'

@@ -5,13 +5,14 @@ Every client keeps x, an inner-value tracker u and a momentum m; a local step t 
 
     t = 0:  u = f(x; xi),  z = J f(x; xi)^T grad g(u; zeta),  m = z
     else:   u <- (1 - gamma eta) u + gamma eta f(x; xi)
-            z = J f(x; xi)^T grad g(u; zeta);  m <- (1 - alpha eta) m + alpha eta z
+            z = J f(x; xi)^T grad g(u; zeta);  m <- (1 - a eta) m + a eta z
     x <- x - beta eta m
 
 and every p steps (one round: `local_steps` = p) the server averages x, u and m, which
 it keeps as state and broadcasts back. Theory: eta = T^(-1/2), p = T^(1/4).
-Here eta is `client_learning_rate` and gamma is `tracking_gamma`; DRFL's own gamma is
-`gamma`. With DRFL, m is rescaled exactly when the round's reference loss moves
+Here eta is `client_learning_rate`, a is `momentum_rate` (the paper's alpha, renamed so
+that `--alpha` means one thing: MAML's inner step) and gamma is `tracking_gamma`; DRFL's
+own gamma is `gamma`. With DRFL, m is rescaled exactly when the round's reference loss moves
 (see ops.objectives.DRFL).
 """
 
@@ -33,7 +34,7 @@ def build_local_scgdm(
     model: tff.learning.models.FunctionalModel,
     *,
     client_learning_rate: float,
-    alpha: float = 1.0,
+    momentum_rate: float = 1.0,
     beta: float = 1.0,
     tracking_gamma: float = 1.0,
     objective: str = 'drfl',
@@ -45,12 +46,14 @@ def build_local_scgdm(
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds Local-SCGDM with period `local_steps` (p)."""
-  common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha, beta=beta,
+  common.check_positive(client_learning_rate=client_learning_rate,
+                        momentum_rate=momentum_rate, beta=beta,
                         tracking_gamma=tracking_gamma)
   obj = objectives.make_objective(objective, gamma=gamma,
                                   inner_learning_rate=inner_learning_rate)
   rule = compositional.SCGDM(model, learning_rate=client_learning_rate, objective=obj,
-                             alpha=alpha, beta=beta, tracking_gamma=tracking_gamma)
+                             momentum_rate=momentum_rate, beta=beta,
+                             tracking_gamma=tracking_gamma)
   rule.check_hparams(rule.initial_hparams())
   server_rule = compositional.TrackerServer(
       model_ops.trainable_specs(model), common.server_sgd(1.0), obj.value_spec(model))

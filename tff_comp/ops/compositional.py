@@ -8,7 +8,7 @@ server: FedAvg's (`sgd.OptimizerServer`).
 Local-SCGDM client, tracker u of f and momentum m, step t:
     t = 0:  u = f(x; xi),  z = J f(x; xi)^T grad g(u; zeta),  m = z
     else:   u <- (1 - gamma eta) u + gamma eta f(x; xi)
-            z = J f(x; xi)^T grad g(u; zeta),  m <- (1 - alpha eta) m + alpha eta z
+            z = J f(x; xi)^T grad g(u; zeta),  m <- (1 - a eta) m + a eta z   (a: momentum_rate)
     x <- x - beta eta m
 server (`TrackerServer`): averages x (through the optimizer), u and m, keeps them and
 broadcasts them back. Objectives (DRFL, MAML, DA-MAML) are in `ops.objectives`.
@@ -85,19 +85,19 @@ class SCGDM(ObjectiveRule):
   averaged u and m, re-expressed in this round's reference (DRFL). `tracking_gamma` is
   the gamma above (not DRFL's gamma). Payload: TrackerPayload; update: TrackerUpdate."""
 
-  def __init__(self, model, *, learning_rate: float, objective, alpha: float,
+  def __init__(self, model, *, learning_rate: float, objective, momentum_rate: float,
                beta: float, tracking_gamma: float):
     super().__init__(model, learning_rate=learning_rate, objective=objective)
-    self._alpha, self._beta = float(alpha), float(beta)
+    self._momentum_rate, self._beta = float(momentum_rate), float(beta)
     self._tracking_gamma = float(tracking_gamma)
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
-    hparams.update(alpha=self._alpha, beta=self._beta, tracking_gamma=self._tracking_gamma)
+    hparams.update(momentum_rate=self._momentum_rate, beta=self._beta, tracking_gamma=self._tracking_gamma)
     return hparams
 
   def check_hparams(self, hparams):
-    for name in ('alpha', 'tracking_gamma'):
+    for name in ('momentum_rate', 'tracking_gamma'):
       rate = float(hparams[name]) * float(hparams['learning_rate'])
       if rate > 1:
         raise ValueError(f'{name} x client_learning_rate must be <= 1 (a convex'
@@ -132,7 +132,7 @@ class SCGDM(ObjectiveRule):
       outer_tape.watch(u)
       g = self.objective.outer(self.model, u, outer_batch, hparams, reference)
     z = tuple(tape.gradient(value, weights, output_gradients=outer_tape.gradient(g, u)))
-    momentum = hparams['alpha'] * eta
+    momentum = hparams['momentum_rate'] * eta
     m = tuple(tf.where(first, zi, (1 - momentum) * mi + momentum * zi)
               for mi, zi in zip(m, z))
     new_weights = tuple(w - hparams['beta'] * eta * mi for w, mi in zip(weights, m))

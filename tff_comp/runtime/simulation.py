@@ -125,6 +125,29 @@ class Checkpoints:
     return None, 0
 
 
+# Server-state tables up to this many entries are logged entry by entry (AFL's and
+# TR-MAML's client weights); larger ones (Ditto's personal models) are not.
+_MAX_LOGGED_TABLE = 100
+
+
+def round_quantities(process, state) -> Metrics:
+  """What defines the method at this round, for plots: the hyperparameters
+  (`hparams/...`, learning rates included) and the server state's scalars and small
+  tables (`server/...`: FedDualAvg's elapsed coefficient, AFL's client weights), the
+  optimizer's state aside."""
+  quantities = {f'hparams/{k}': v for k, v in flatten_metrics(process.get_hparams(state)).items()}
+  finalizer = state['finalizer'] if isinstance(state, Mapping) else state.finalizer
+  for name, value in (finalizer.items() if isinstance(finalizer, Mapping) else ()):
+    if name == 'optimizer' or tf.nest.is_nested(value):
+      continue
+    value = np.asarray(value)
+    if value.ndim == 0:
+      quantities[f'server/{name}'] = float(value)
+    elif value.ndim == 1 and value.size <= _MAX_LOGGED_TABLE:
+      quantities.update({f'server/{name}/{i}': float(v) for i, v in enumerate(value)})
+  return quantities
+
+
 def set_learning_rates(process, state, client_learning_rate: float,
                        server_learning_rate: float):
   """Returns `state` with the client work's and server update's learning rates set.
@@ -210,11 +233,14 @@ def run_simulation(
   bar = tqdm.tqdm(total=rounds, initial=done, disable=not interactive, file=sys.stderr,
                   unit='round', dynamic_ncols=True)
   start = time.monotonic() - offset
+  previous = offset  # seconds at the end of the last round
   try:
     for round_num in range(done + 1, rounds + 1):
       output = process.next(state, sample())
       state = output.state
       metrics = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
+      metrics.update(round_quantities(process, state))
+      metrics['seconds_per_round'] = time.monotonic() - start - previous
       loss = metrics.get('train/client_work/train_loss', 0.0)
       if not math.isfinite(loss):
         raise DivergenceError(
@@ -231,7 +257,8 @@ def run_simulation(
           elapsed = time.monotonic() - start
           print(f'round {round_num}/{rounds} ({elapsed:.1f}s): train_loss={loss:.4g} '
                 + ' '.join(f'{k}={v}' for k, v in summary.items()), file=sys.stderr)
-      writer.write(round_num, time.monotonic() - start, metrics)
+      previous = time.monotonic() - start
+      writer.write(round_num, previous, metrics)
       if round_num % checkpoint_every == 0 or round_num == rounds:
         checkpoints.save(state, round_num)
       bar.update()

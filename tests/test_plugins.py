@@ -1,0 +1,63 @@
+"""Plugins installed through entry points: future annotations, clashes, duplicates."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+PLUGIN = '''
+from __future__ import annotations
+
+from tff_comp.algorithms import fedavg
+
+
+def build_myplug(model, *, client_learning_rate: float, zeta: float = 0.5, {extra}):
+  """My algorithm: FedAvg with an option zeta."""
+  return fedavg.build_fedavg(model, client_learning_rate=client_learning_rate)
+
+
+def build_other(model, *, client_learning_rate: float):
+  """Another algorithm, registered under a taken name."""
+  return fedavg.build_fedavg(model, client_learning_rate=client_learning_rate)
+'''
+
+
+def _install(root, name, extra, entry_points):
+  """A package `name` and its dist-info on `root`, as pip would install them."""
+  (root / name).mkdir()
+  (root / name / '__init__.py').write_text(PLUGIN.format(extra=extra))
+  info = root / f'{name}-0.1.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n')
+  (info / 'entry_points.txt').write_text(textwrap.dedent(entry_points))
+
+
+def _help(repo_root, root):
+  return subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--helpfull'],
+      capture_output=True, text=True, timeout=300, cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(root)))
+
+
+def test_future_annotations_give_flags_and_a_duplicate_name_warns(repo_root, tmp_path):
+  _install(tmp_path, 'myplug', 'eta_z: int = 2', '''
+      [tff_comp.algorithms]
+      myplug = myplug:build_myplug
+      fedavg = myplug:build_other
+      ''')
+  out = _help(repo_root, tmp_path)
+  assert '--zeta' in out.stdout and '--eta_z' in out.stdout, out.stderr
+  assert ("plugin myplug:build_other registers algorithm 'fedavg', already registered by"
+          ' tff_comp.algorithms.fedavg.build_fedavg') in out.stderr
+
+
+def test_a_clashing_option_is_one_line_naming_the_plugin(repo_root, tmp_path):
+  _install(tmp_path, 'clashplug', 'mu: str = "x"', '''
+      [tff_comp.algorithms]
+      clashplug = clashplug:build_myplug
+      ''')
+  out = _help(repo_root, tmp_path)
+  assert out.returncode == 2
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and 'Traceback' not in out.stderr
+  assert "--mu: algorithm 'clashplug' (clashplug) takes it as str" in lines[0], lines
