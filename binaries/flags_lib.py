@@ -81,11 +81,25 @@ def closing_stdout_quietly(main: Callable[[list[str]], None]) -> Callable[[list[
   return wrapped
 
 
+def _listing(table: registry.Registry) -> str:
+  """'name: one line' per registered name."""
+  return '\n'.join(f'  {name}: {table.get(name).summary}' for name in table.names())
+
+
+def _define(h: registry.Hparam, flag: str, help_text: str, choices=()) -> None:
+  """A flag for hyperparameter `h` (an enum when it has choices), default None."""
+  if choices:
+    flags.DEFINE_enum(flag, None, [str(c) for c in choices], help_text)
+  else:
+    _DEFINE[h.type](flag, None, help_text)
+
+
 def define_common_flags() -> None:
   """Flags shared by every run."""
-  flags.DEFINE_string('algo', 'feddualavg', 'Registered algorithm name.')
-  flags.DEFINE_string('task', None, 'Registered task name (default: the algorithm\'s home'
-                      ' task, with settings that work for the pair; else lasso).')
+  flags.DEFINE_string('algo', 'feddualavg', 'Registered algorithm:\n' + _listing(registry.ALGORITHMS))
+  flags.DEFINE_string('task', None, 'Registered task (default: the algorithm\'s home task,'
+                      ' with settings that work for the pair; else lasso):\n'
+                      + _listing(registry.TASKS))
   flags.DEFINE_integer('rounds', None, 'Training rounds (default: the task\'s).')
   flags.DEFINE_integer('clients_per_round', None, 'Clients sampled per round.')
   flags.DEFINE_float('client_learning_rate', None, 'Client learning rate eta_c.')
@@ -156,11 +170,12 @@ def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, st
   algo_flags, task_flags = _plugin_flags()
   for flag, users in algo_flags.items():
     owners = [(user, _hparam(registry.get_algorithm(user), flag)) for user in users]
-    _DEFINE[owners[0][1].type](
-        flag, None, 'Option of ' + ', '.join(f'{u}{_default(h)}' for u, h in owners) + '.')
+    choices = sorted({c for _, h in owners for c in h.choices})
+    _define(owners[0][1], flag,
+            'Option of ' + ', '.join(f'{u}{_default(h)}' for u, h in owners) + '.', choices)
   for flag, (task, option) in task_flags.items():
     h = _hparam(registry.get_task(task), option)
-    _DEFINE[h.type](flag, None, f'Task {task}: {option}{_default(h)}.')
+    _define(h, flag, f'Task {task}: {option}{_default(h)}.', h.choices)
   return algo_flags, task_flags
 
 

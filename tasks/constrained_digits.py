@@ -18,6 +18,8 @@ max(0, ||W|| - rho), which a proximal algorithm keeps at zero every round (float
 projection error up to 1e-5 relative is counted as zero).
 """
 
+from typing import Literal
+
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -83,8 +85,8 @@ def load_emnist(cache_dir: str, *, max_test_examples: int | None = None):
 @registry.register_task('constrained_digits')
 def build_constrained_digits_task(
     *,
-    source: str = 'sklearn',
-    constraint: str = 'l1_ball',
+    source: Literal['sklearn', 'emnist'] = 'sklearn',
+    constraint: Literal['l1_ball', 'l2_ball'] = 'l1_ball',
     radius: float = 20.0,
     num_clients: int = 30,
     alpha: float = 0.5,

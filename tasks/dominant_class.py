@@ -11,6 +11,8 @@ personal models (Ditto) are also scored with each client's own model on its test
 Model: multinomial logistic regression.
 """
 
+from typing import Literal
+
 import numpy as np
 import tensorflow as tf
 
@@ -45,8 +47,8 @@ def dominant_partition(labels: np.ndarray, rho: float, examples: int,
 
 
 @registry.register_task('dominant_class')
-def build_dominant_class_task(*, source: str = 'sklearn', rho: float = 0.28,
-                              examples: int = 150, cifar10_path: str = '',
+def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklearn',
+                              rho: float = 0.28, examples: int = 150, cifar10_path: str = '',
                               adapt_lr: float = 0.1, adapt_steps: int = 1,
                               seed: int = 0) -> base.Task:
   """Builds the dominant-class task; see the module docstring."""

@@ -18,6 +18,8 @@ a factor up to 1/gamma (5 at the paper's gamma = 0.2), so 0.1 diverges for ComFe
 (`accuracy_<i>`), their average and the worst client, and the mean test loss.
 """
 
+from typing import Literal
+
 import numpy as np
 import tensorflow as tf
 
@@ -59,7 +61,8 @@ def _split(x, y, split: str, small_size: int, rng: np.random.Generator,
 
 
 @registry.register_task('imbalanced_digits')
-def build_imbalanced_digits_task(*, source: str = 'sklearn', split: str = 'iid',
+def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklearn',
+                                 split: Literal['iid', 'classes'] = 'iid',
                                  small_size: int = 20, big_size: int = 5000,
                                  mnist_path: str = '', seed: int = 0) -> base.Task:
   """Builds the imbalanced DRFL task; see the module docstring."""

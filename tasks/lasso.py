@@ -17,6 +17,7 @@ the pooled design correlated. Early-stopped federated solutions can be sparser.
 """
 
 import functools
+from typing import Literal
 
 import numpy as np
 import tensorflow as tf
@@ -62,7 +63,7 @@ def _generate(dataset: str, seed: int, bias: float, noise: float):
 @registry.register_task('lasso')
 def build_lasso_task(
     *,
-    dataset: str = 'I',
+    dataset: Literal['I', 'II', 'III', 'IV'] = 'I',
     l1: float = 0.3,
     noise: float = 1.0,
     bias: float = 1.0,

@@ -13,6 +13,7 @@ Validation: 8 further clients, unseen in training.
 """
 
 import functools
+from typing import Literal
 
 import numpy as np
 import tensorflow as tf
@@ -73,7 +74,7 @@ def fista_nuclear(x: np.ndarray, y: np.ndarray, lam: float, iterations: int = 80
 @registry.register_task('nuclear')
 def build_nuclear_task(
     *,
-    dataset: str = 'I',
+    dataset: Literal['I', 'II', 'III', 'IV'] = 'I',
     strength: float = 0.3,
     noise: float = 1.0,
     bias: float = 1.0,

@@ -47,6 +47,11 @@ def test_future_annotations_give_flags_and_a_duplicate_name_warns(repo_root, tmp
       ''')
   out = _help(repo_root, tmp_path)
   assert '--zeta' in out.stdout and '--eta_z' in out.stdout, out.stderr
+  # Help lists every algorithm and task with a line each, and the choices of options.
+  assert 'myplug: My algorithm: FedAvg with an option zeta.' in out.stdout
+  assert 'lasso: Federated LASSO (Yuan, Zaheer, Reddi, ICML 2021, section 6).' in out.stdout
+  assert '--variant: <exact|fo|hf>' in out.stdout
+  assert '--lasso_dataset: <I|II|III|IV>' in out.stdout
   assert ("plugin myplug:build_other registers algorithm 'fedavg', already registered by"
           ' tff_comp.algorithms.fedavg.build_fedavg') in out.stderr
 

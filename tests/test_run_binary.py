@@ -68,7 +68,7 @@ BAD_INPUT = [
     (['--regularizer_strength=-0.5'], '--regularizer_strength must be >= 0'),
     (['--regularizer=nuclear'], 'needs a matrix'),
     (['--algo=fedprox', '--mu=-1'], 'mu must be >= 0'),
-    (['--lasso_dataset=V'], "dataset='V' is unknown"),
+    (['--lasso_dataset=V'], 'flag --lasso_dataset=V: value should be one of <I|II|III|IV>'),
     (['stray'], 'unexpected arguments: stray'),
     (['--algo=ditto', '--task=sinewave'], "task 'sinewave' cannot evaluate them"),
     (['--algo=qfedavg', '--client_weighting=uniform'],

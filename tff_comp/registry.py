@@ -24,6 +24,8 @@ import difflib
 import importlib
 import importlib.metadata
 import inspect
+import sys
+import typing
 from typing import Any
 import warnings
 
@@ -56,6 +58,7 @@ class Hparam:
   name: str
   type: type
   default: Any  # inspect.Parameter.empty when required
+  choices: tuple[Any, ...] = ()  # the allowed values of a `Literal[...]` parameter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +89,24 @@ class Entry:
         continue
       if p.annotation in _FLAG_TYPES:
         found.append(Hparam(p.name, p.annotation, p.default))
+      elif typing.get_origin(p.annotation) is typing.Literal:
+        choices = typing.get_args(p.annotation)
+        found.append(Hparam(p.name, type(choices[0]), p.default, choices))
     return tuple(found)
+
+  @property
+  def summary(self) -> str:
+    """One line: the first sentence of the module docstring of the module's own builder
+    (`build_<module>` or `build_<module>_task`), else of the builder's docstring, and the
+    fixed arguments of a variant."""
+    base = self.builder.__module__.rsplit('.', 1)[-1]
+    module = sys.modules.get(self.builder.__module__)
+    own = self.builder.__name__ in (f'build_{base}', f'build_{base}_task')
+    doc = (module.__doc__ if own and module is not None else None) or self.builder.__doc__
+    paragraph = ' '.join((doc or '').strip().split('\n\n')[0].split())
+    sentence = paragraph.split('. ')[0].rstrip('.:,') + '.' if paragraph else ''
+    fixed = ', '.join(f'{k}={v!r}' for k, v in self.fixed)
+    return sentence + (f' [{fixed}]' if fixed else '')
 
   def accepts(self, name: str) -> bool:
     return (name in _signature(self.builder).parameters

@@ -15,6 +15,8 @@ As gamma grows, DRFL's step tends to grad F_i / gamma: ComFedL(eta_c, gamma) beh
 like FedAvg with uniform weights and client rate eta_c / gamma.
 """
 
+from typing import Literal
+
 import tensorflow_federated as tff
 
 from tff_comp import aggregators
@@ -33,7 +35,7 @@ def build_comfedl(
     *,
     client_learning_rate: float,
     server_learning_rate: float = 1.0,
-    objective: str = 'drfl',
+    objective: Literal['drfl', 'maml', 'da_maml'] = 'drfl',
     gamma: float = 0.2,
     inner_learning_rate: float = 0.05,
     local_steps: int = 5,

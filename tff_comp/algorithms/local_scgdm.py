@@ -16,6 +16,8 @@ own gamma is `gamma`. With DRFL, m is rescaled exactly when the round's referenc
 (see ops.objectives.DRFL).
 """
 
+from typing import Literal
+
 import tensorflow_federated as tff
 
 from tff_comp import aggregators
@@ -37,7 +39,7 @@ def build_local_scgdm(
     momentum_rate: float = 1.0,
     beta: float = 1.0,
     tracking_gamma: float = 1.0,
-    objective: str = 'drfl',
+    objective: Literal['drfl', 'maml', 'da_maml'] = 'drfl',
     gamma: float = 0.2,
     inner_learning_rate: float = 0.05,
     local_steps: int = 5,

@@ -11,6 +11,8 @@ the mean of client models. The exact meta-gradient can be several times larger t
 the first-order one at initialization; it may need a smaller beta.
 """
 
+from typing import Literal
+
 import tensorflow_federated as tff
 
 from tff_comp import aggregators
@@ -27,7 +29,7 @@ def build_per_fedavg(
     *,
     client_learning_rate: float,
     alpha: float = 0.01,
-    variant: str = 'fo',
+    variant: Literal['exact', 'fo', 'hf'] = 'fo',
     delta: float = 1e-3,
     local_steps: int = 10,
     server_learning_rate: float = 1.0,
