@@ -10,6 +10,7 @@ os.environ.setdefault(
 )
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np
 import pytest
 
 from tests import workers
@@ -43,3 +44,12 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope='session')
 def repo_root() -> pathlib.Path:
   return pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_module_rng(request):
+  """A test module's `RNG` restarts at its `RNG_SEED` before every test, so each test
+  draws the same inputs whichever tests run before it (-k, -x)."""
+  seed = getattr(request.module, 'RNG_SEED', None)
+  if seed is not None:
+    request.module.RNG = np.random.default_rng(seed)

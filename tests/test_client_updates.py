@@ -3,7 +3,6 @@
 import collections
 
 import numpy as np
-import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -18,15 +17,7 @@ from tff_comp.ops import rule as rule_lib
 
 D = 6
 RNG = np.random.default_rng(1)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_rng():
-  """Every test draws the same inputs whichever tests run before it (-k, -x)."""
-  global RNG
-  RNG = np.random.default_rng(101)
-
-
+RNG_SEED = 101  # each test's draws restart here (tests/conftest.py)
 X = RNG.normal(size=(17, D)).astype(np.float32)
 Y = (X @ RNG.normal(size=D) + 0.3).astype(np.float32)
 MODEL = models.linear_regression((D,))

@@ -15,15 +15,7 @@ from tff_comp.ops import objectives
 
 D = 6
 RNG = np.random.default_rng(7)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_rng():
-  """Every test draws the same inputs whichever tests run before it (-k, -x)."""
-  global RNG
-  RNG = np.random.default_rng(107)
-
-
+RNG_SEED = 107  # each test's draws restart here (tests/conftest.py)
 MODEL = models.linear_regression((D,))
 
 

@@ -22,15 +22,7 @@ from tff_comp.ops import model_ops
 
 D = 5
 RNG = np.random.default_rng(0)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_rng():
-  """Every test draws the same inputs whichever tests run before it (-k, -x)."""
-  global RNG
-  RNG = np.random.default_rng(100)
-
-
+RNG_SEED = 100  # each test's draws restart here (tests/conftest.py)
 X = RNG.normal(size=(23, D)).astype(np.float32)
 Y = (X @ RNG.normal(size=D)).astype(np.float32)
 

@@ -13,15 +13,7 @@ from tff_comp.ops import maml
 from tff_comp.ops import model_ops
 
 RNG = np.random.default_rng(2)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_rng():
-  """Every test draws the same inputs whichever tests run before it (-k, -x)."""
-  global RNG
-  RNG = np.random.default_rng(102)
-
-
+RNG_SEED = 102  # each test's draws restart here (tests/conftest.py)
 MODEL = models.mlp_regression((2, 5, 1), seed=1)
 WEIGHTS = tuple(tf.constant(w + 0.1 * RNG.normal(size=w.shape), tf.float32)
                 for w in MODEL.initial_weights[0])

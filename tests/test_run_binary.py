@@ -103,7 +103,7 @@ GOOD_INPUT = [
 @pytest.fixture(scope='module')
 def cli_runs(repo_root, tmp_path_factory):
   """(results, paths): every BAD_INPUT and GOOD_INPUT command line through run.py's
-  parser and main, in one interpreter (tests/bad_input_driver.py; a fresh interpreter
+  parser and main, in one interpreter (tests/cli_driver.py; a fresh interpreter
   per case would import TensorFlow each time); test_exit_status_2_from_a_fresh_process
   checks the process-level exit status."""
   root = tmp_path_factory.mktemp('cli')
@@ -124,7 +124,7 @@ def cli_runs(repo_root, tmp_path_factory):
       argv.append(f'--output_dir={root / "never-written"}')
     cases.append(argv)
   out = subprocess.run(
-      [sys.executable, '-m', 'tests.bad_input_driver', json.dumps(cases)],
+      [sys.executable, '-m', 'tests.cli_driver', json.dumps(cases)],
       capture_output=True, text=True, timeout=900, env=ENV, cwd=repo_root,
       stdin=subprocess.DEVNULL)
   assert out.returncode == 0, out.stderr

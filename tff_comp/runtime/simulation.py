@@ -130,12 +130,16 @@ class Checkpoints:
 _MAX_LOGGED_TABLE = 100
 
 
-def round_quantities(process, state) -> Metrics:
-  """What defines the method at this round, for plots: the hyperparameters
-  (`hparams/...`, learning rates included) and the server state's scalars and small
-  tables (`server/...`: FedDualAvg's elapsed coefficient, AFL's client weights), the
-  optimizer's state aside."""
-  quantities = {f'hparams/{k}': v for k, v in flatten_metrics(process.get_hparams(state)).items()}
+def hparam_metrics(process, state) -> Metrics:
+  """The hyperparameters in force (`hparams/...`, learning rates included)."""
+  return {f'hparams/{k}': v for k, v in flatten_metrics(process.get_hparams(state)).items()}
+
+
+def server_quantities(state) -> Metrics:
+  """The server state's scalars and small tables (`server/...`: FedDualAvg's elapsed
+  coefficient, AFL's client weights), the optimizer's state aside: what defines the
+  method at this round, for plots."""
+  quantities = {}
   finalizer = state['finalizer'] if isinstance(state, Mapping) else state.finalizer
   for name, value in (finalizer.items() if isinstance(finalizer, Mapping) else ()):
     if name == 'optimizer' or tf.nest.is_nested(value):
@@ -228,6 +232,9 @@ def run_simulation(
     (output_dir / 'final_model.npz').unlink(missing_ok=True)
     (output_dir / 'config.json').write_text(json.dumps(dict(config), indent=2, default=str))
   eval_metrics = evaluate_state(state)
+  # Set before the first round and unchanged after it: read once, logged every round
+  # (on TFF's runtime reading them is a computation call).
+  hparams = hparam_metrics(process, state)
   # A live bar on a terminal; one line per evaluation in logs (CI, files).
   interactive = show_progress and sys.stderr.isatty()
   bar = tqdm.tqdm(total=rounds, initial=done, disable=not interactive, file=sys.stderr,
@@ -239,7 +246,8 @@ def run_simulation(
       output = process.next(state, sample())
       state = output.state
       metrics = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
-      metrics.update(round_quantities(process, state))
+      metrics.update(hparams)
+      metrics.update(server_quantities(state))
       metrics['seconds_per_round'] = time.monotonic() - start - previous
       loss = metrics.get('train/client_work/train_loss', 0.0)
       if not math.isfinite(loss):
