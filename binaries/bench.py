@@ -4,17 +4,18 @@ r"""Seconds per round, tff_comp's runtimes against references measured in the sa
 
 Part 1, FedAvg on the lasso shape (lasso I: 10 clients per round x 128 examples,
 d = 1024, batch 10, one epoch):
-  (a) tff_comp `fedavg` on the in-process runtime (one tf.function per round);
+  (a) tff_comp `fedavg` in-process, lanes engine (`runtime.lanes`, XLA);
+  (a') the same, mapped engine (clients by `tf.map_fn`, no XLA: the fallback);
   (b) the same process on TFF's C++ worker (client ids in, data read at the worker);
   (c) TFF's `build_weighted_fed_avg`, datasets built in Python every round, as TFF's
       tutorials do;
   (d) a plain `tf.function` doing the same local SGD work, data in memory, clients by
       `tf.map_fn` (no federated runtime: the floor a hand-written loop reaches).
 Part 2, `--sweep`: FedAvg on `synthetic` (`--population` 1,000 clients of heavy-tailed
-sizes) at each
-clients-per-round count, in-process (and on TFF's worker up to `--sweep_tff_max`):
-seconds per round and milliseconds per client.
-Prints the median of --repeats timings of --rounds rounds each, and ratios.
+sizes) at each clients-per-round count, in-process on both engines (and on TFF's
+worker up to `--sweep_tff_max`): seconds per round and milliseconds per client.
+Prints the median of --repeats timings of --rounds rounds each, and ratios; the first
+(compiling) rounds are warm-up and not timed.
 FedJAX is not installed here; its 0.0102 s/round on part 1's shape was measured on these
 machines beside (b)-(d) in an earlier run, and is printed for reference only.
 """
@@ -113,7 +114,8 @@ def part1(rounds: int, repeats: int) -> None:
   ids = task.train_data.client_ids
   picks = _selections(len(ids), CLIENTS, 3 + rounds * repeats + 10)
   process = fedavg.build_fedavg(task.model, client_learning_rate=LR, batch_size=BATCH)
-  fast, _ = experiment.runner_for(process, task.train_data, 'inprocess')
+  fast = inprocess.build(process, task.train_data, engine='lanes')
+  mapped = inprocess.build(process, task.train_data, engine='mapped')
   worker, _ = experiment.runner_for(process, task.train_data, 'tff')
   builtin = tff.learning.algorithms.build_weighted_fed_avg(
       task.model, tff.learning.optimizers.build_sgdm(LR),
@@ -127,16 +129,18 @@ def part1(rounds: int, repeats: int) -> None:
 
   plain = _plain_round(task.model, task.client_arrays())
   a = _time(_round_runner(fast, ids, picks), rounds, repeats)
+  a2 = _time(_round_runner(mapped, ids, picks), rounds, repeats)
   b = _time(_round_runner(worker, ids, picks), rounds, repeats)
   c = _time(builtin_round, rounds, repeats)
   d = _time(lambda r: plain(picks[r]), rounds, repeats)
   print(f'Part 1: FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM},'
         f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds')
-  print(f'  (a) tff_comp fedavg, in-process runtime ({fast.device})  {a:.4f} s/round')
+  print(f'  (a) tff_comp fedavg, in-process lanes ({fast.device})   {a:.4f} s/round')
+  print(f"  (a') tff_comp fedavg, in-process mapped                {a2:.4f} s/round")
   print(f'  (b) tff_comp fedavg, TFF worker                       {b:.4f} s/round')
   print(f'  (c) TFF build_weighted_fed_avg, Python data           {c:.4f} s/round')
   print(f'  (d) plain tf.function (map_fn), data in memory        {d:.4f} s/round')
-  print(f'  a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}')
+  print(f"  a/a' = {a / a2:.3f}   a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}")
   print(f'  a / FedJAX (recorded {FEDJAX_RECORDED} s/round, not run here) ='
         f' {a / FEDJAX_RECORDED:.3f}   (target <= 0.5)')
 
@@ -146,7 +150,8 @@ def part2(sweep: list[int], population: int, rounds: int, repeats: int,
   task = synthetic.build_synthetic_task(num_clients=max(population, max(sweep)))
   ids = task.train_data.client_ids
   process = fedavg.build_fedavg(task.model, client_learning_rate=0.01, batch_size=BATCH)
-  fast, _ = experiment.runner_for(process, task.train_data, 'inprocess')
+  fast = inprocess.build(process, task.train_data, engine='lanes')
+  mapped = inprocess.build(process, task.train_data, engine='mapped')
   worker = None
   sizes = [len(task.train_data.create_tf_dataset_for_client(i)) for i in ids]
   print(f'Part 2: FedAvg on synthetic(1,1), {len(ids)} clients (sizes'
@@ -154,8 +159,10 @@ def part2(sweep: list[int], population: int, rounds: int, repeats: int,
   for per_round in sweep:
     picks = _selections(len(ids), per_round, 3 + rounds * repeats + 10)
     a = _time(_round_runner(fast, ids, picks), rounds, repeats)
-    line = (f'  {per_round:5d} clients/round: in-process {a:.4f} s/round'
-            f' ({1000 * a / per_round:.3f} ms/client)')
+    a2 = _time(_round_runner(mapped, ids, picks), rounds, repeats)
+    line = (f'  {per_round:5d} clients/round: lanes {a:.4f} s/round'
+            f' ({1000 * a / per_round:.3f} ms/client); mapped {a2:.4f} s/round'
+            f' ({1000 * a2 / per_round:.3f} ms/client)')
     if per_round <= tff_max:
       if worker is None:
         worker, _ = experiment.runner_for(process, task.train_data, 'tff')

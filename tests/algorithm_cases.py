@@ -1,5 +1,5 @@
 """Every registered algorithm on one small linear-regression problem: clients of unequal
-sizes (`DATA['mapped']`) and of equal sizes (`DATA['vectorized']`), and a builder call
+sizes (`DATA['unequal']`) and of equal sizes (`DATA['equal']`), and a builder call
 that fits each algorithm (`build`)."""
 
 import numpy as np
@@ -26,8 +26,8 @@ def _client_data(sizes, key):
   return array_data.cached_client_data(f'inprocess-{key}', ids, (D,), tf.float32, make)
 
 
-DATA = {'mapped': _client_data([7, 12, 9, 5, 14], 'unequal'),
-        'vectorized': _client_data([8] * NUM_CLIENTS, 'equal')}
+DATA = {'unequal': _client_data([7, 12, 9, 5, 14], 'unequal'),
+        'equal': _client_data([8] * NUM_CLIENTS, 'equal')}
 
 
 def arguments(name: str, extra: dict) -> dict:

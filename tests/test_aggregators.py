@@ -53,7 +53,7 @@ def test_side_channels_are_exact_beside_any_inner_aggregator(inner):
 
 def test_feddualavg_elapsed_coefficient_is_unchanged_by_a_robust_aggregator():
   """The elapsed coefficient c moves the prox threshold: clipping must not touch it."""
-  data = algorithm_cases.DATA['mapped']
+  data = algorithm_cases.DATA['unequal']
   states = []
   for inner in (None, tff.learning.robust_aggregator()):
     process = algorithm_cases.build('feddualavg', dict(
@@ -91,7 +91,7 @@ def test_unweighted_model_aggregator_composes_with_uniform_weights(name):
   unweighted = algorithm_cases.build(name, extra)
   weighted = algorithm_cases.build(name, {k: v for k, v in extra.items()
                                           if k != 'model_aggregator'})
-  data = algorithm_cases.DATA['mapped']
+  data = algorithm_cases.DATA['unequal']
   finals = []
   for process in (unweighted, weighted):
     runner = tff.simulation.compose_dataset_computation_with_learning_process(

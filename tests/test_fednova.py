@@ -117,7 +117,7 @@ def test_quadratic_fixed_points_match_closed_forms(tmp_path):
 def test_drawn_epochs_set_each_clients_steps():
   """With epochs drawn from U{2..5}, client i takes floor(E_i n_i / B) steps (FedNova's
   tau_i), for the three algorithms that draw them."""
-  data = algorithm_cases.DATA['mapped']
+  data = algorithm_cases.DATA['unequal']
   arrays = inprocess.client_arrays(data)
   ids = ['c0', 'c1', 'c2', 'c3', 'c4']
   for name in ('fedavg', 'fedprox', 'fednova'):

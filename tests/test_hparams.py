@@ -33,7 +33,7 @@ def _floats(name: str, args: dict) -> dict[str, float]:
 
 
 def _run(process, state, rounds=2):
-  data = algorithm_cases.DATA['mapped']
+  data = algorithm_cases.DATA['unequal']
   for r in range(rounds):
     state = process.next(state, data.client_ids[r:r + 3]).state
   return state
@@ -46,7 +46,7 @@ def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
   base_args = algorithm_cases.arguments(name, base)
   changed = dict(base, **{k: v * 1.5 for k, v in _floats(name, base_args).items()},
                  **later)
-  data = algorithm_cases.DATA['mapped']
+  data = algorithm_cases.DATA['unequal']
   built = inprocess.build(algorithm_cases.build(name, changed), data)
   reference = built.initialize()
   target = built.get_hparams(reference)
@@ -62,7 +62,7 @@ def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
 
 def test_a_rate_set_later_is_checked_as_at_build():
   process = inprocess.build(algorithm_cases.build('local_scgdm', {}),
-                            algorithm_cases.DATA['mapped'])
+                            algorithm_cases.DATA['unequal'])
   state = process.initialize()
   hparams = process.get_hparams(state)
   hparams['client_work']['learning_rate'] = 2.0  # momentum_rate x eta = 2 > 1

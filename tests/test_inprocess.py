@@ -1,8 +1,10 @@
 """The in-process runtime gives the TFF process's results, for every registered algorithm.
 
 Each algorithm is built once; the TFF process (on the local worker) and the in-process
-runtime run the same client sequence, on clients of unequal sizes (clients mapped) and
-of equal sizes (clients vectorized); weights, server state and training metrics agree.
+runtime run the same client sequence, on clients of unequal sizes (several sizes of the
+short last batch) and of equal sizes; weights, server state and training metrics agree.
+Every registered algorithm runs on the lanes engine (XLA) without falling back; the
+mapped engine (the fallback) is checked on one algorithm per aggregation kind.
 """
 
 import collections
@@ -20,25 +22,22 @@ from tff_comp.runtime import inprocess
 ROUNDS, PER_ROUND = 3, 3
 DATA, MODEL = algorithm_cases.DATA, algorithm_cases.MODEL
 
-# (registered name, extra builder arguments, data): every algorithm on clients of
-# unequal sizes; on equal sizes (vectorized) one algorithm per aggregation kind, server
-# state and reference loss. The variants whose math differs (objectives, MAML
-# variants, momentum, epoch draws) run on both in the slow suite.
+# (registered name, extra builder arguments, data, engine). The variants whose math
+# differs (objectives, MAML variants, momentum, epoch draws) run in the slow suite.
 _SLOW = pytest.mark.slow
-CASES = [(name, {}, 'mapped') for name in registry.ALGORITHMS.names()] + [
-    (name, {}, 'vectorized') for name in ('fedavg', 'feddualavg', 'fednova', 'ditto',
-                                          'comfedl')
-] + [pytest.param(name, {}, 'vectorized', marks=_SLOW)
-     for name in ('afl', 'local_scgdm', 'qfedavg', 'per_fedavg')] + [pytest.param(name, extra, mode, marks=_SLOW)
-     for name, extra in [('comfedl', dict(objective='maml')),
-                         ('comfedl', dict(objective='da_maml')),
-                         ('local_scgdm', dict(objective='da_maml')),
-                         ('per_fedavg', dict(variant='exact')),
-                         ('per_fedavg', dict(variant='hf')),
-                         ('fednova', dict(client_momentum=0.5, local_epochs_max=3,
-                                          server_momentum=0.9)),
-                         ('fedprox', dict(mu=0.5, local_epochs_max=2))]
-     for mode in DATA]
+_VARIANTS = [('comfedl', dict(objective='maml')), ('comfedl', dict(objective='da_maml')),
+             ('local_scgdm', dict(objective='da_maml')),
+             ('per_fedavg', dict(variant='exact')), ('per_fedavg', dict(variant='hf')),
+             ('fednova', dict(client_momentum=0.5, local_epochs_max=3,
+                              server_momentum=0.9)),
+             ('fedprox', dict(mu=0.5, local_epochs_max=2)),
+             ('fedavg', dict(local_epochs=2))]
+CASES = (
+    [(name, {}, 'unequal', 'lanes') for name in registry.ALGORITHMS.names()]
+    + [(name, {}, 'unequal', 'mapped') for name in ('fedavg', 'fednova', 'ditto')]
+    + [(name, {}, 'equal', 'lanes') for name in ('feddualavg', 'comfedl')]
+    + [pytest.param(name, extra, data, engine, marks=_SLOW)
+       for name, extra in _VARIANTS for data in DATA for engine in ('lanes', 'mapped')])
 
 
 _build = algorithm_cases.build
@@ -50,16 +49,18 @@ def _close(a, b):
 
 
 def _case_id(case):
-  name, extra, mode = case.values if hasattr(case, 'values') else case
-  return '-'.join([name, *map(str, extra.values()), mode])
+  name, extra, data, engine = case.values if hasattr(case, 'values') else case
+  return '-'.join([name, *map(str, extra.values()), data, engine])
 
 
-@pytest.mark.parametrize('name,extra,mode', CASES, ids=[_case_id(c) for c in CASES])
-def test_inprocess_matches_the_tff_process(name, extra, mode):
+@pytest.mark.parametrize('name,extra,data,engine', CASES, ids=[_case_id(c) for c in CASES])
+def test_inprocess_matches_the_tff_process(name, extra, data, engine):
   process = _build(name, extra)
-  data = DATA[mode]
-  fast = inprocess.build(process, data)
-  assert fast.vectorized == (mode == 'vectorized')
+  data = DATA[data]
+  # 'auto' for lanes: the test fails if the algorithm fell back to the mapped engine.
+  # Two lanes for three clients a round: a lane finishes a client and takes another.
+  fast = (inprocess.build(process, data, engine='auto', lanes=2) if engine == 'lanes'
+          else inprocess.build(process, data, engine=engine))
   slow = tff.simulation.compose_dataset_computation_with_learning_process(
       experiment.dataset_computation_for(process, data), process)
   rng = np.random.default_rng(3)
@@ -69,6 +70,7 @@ def test_inprocess_matches_the_tff_process(name, extra, mode):
     fast_out, slow_out = fast.next(fast_state, ids), slow.next(slow_state, ids)
     fast_state, slow_state = fast_out.state, slow_out.state
     _close(fast_out.metrics['client_work'], slow_out.metrics['client_work'])
+  assert fast.engine == engine
   moved = np.abs(np.asarray(fast.get_model_weights(fast_state).trainable[0])).max()
   assert moved > 1e-3, 'the model did not move: the comparison would be vacuous'
   _close(fast.get_model_weights(fast_state).trainable,
@@ -82,16 +84,16 @@ def test_custom_aggregator_and_hand_built_processes_are_refused():
       MODEL, client_learning_rate=0.1,
       model_aggregator=tff.learning.robust_aggregator(zeroing=False))
   with pytest.raises(inprocess.UnsupportedError, match='TFF runtime'):
-    inprocess.build(process, DATA['mapped'])
+    inprocess.build(process, DATA['unequal'])
   builtin = tff.learning.algorithms.build_weighted_fed_avg(
       MODEL, tff.learning.optimizers.build_sgdm(0.1))
   with pytest.raises(inprocess.UnsupportedError, match='hand-built'):
-    inprocess.build(builtin, DATA['mapped'])
+    inprocess.build(builtin, DATA['unequal'])
 
 
 def test_hparams_set_between_rounds_take_effect():
   process = _build('fedavg', {})
-  fast = inprocess.build(process, DATA['mapped'])
+  fast = inprocess.build(process, DATA['unequal'])
   state = fast.initialize()
   hparams = fast.get_hparams(state)
   hparams['client_work']['learning_rate'] = 0.0

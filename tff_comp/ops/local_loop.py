@@ -68,6 +68,59 @@ def num_steps(
   return (total + batch_size - 1) // batch_size
 
 
+def schedule(
+    n: tf.Tensor, *, batch_size: int, epochs=1, drop_remainder: bool = False,
+    steps: int | None = None
+) -> tuple[tf.Tensor, tf.Tensor]:
+  """(full batches, size of the last short batch or 0) of `run_local_steps`' batching.
+
+  Batch k < full covers example positions [k B, k B + B) mod n; the short batch (if
+  any) follows at [full B, full B + remainder) mod n. Steps = full + (remainder > 0).
+  """
+  n = tf.convert_to_tensor(n, tf.int32)
+  if steps is not None:
+    return tf.where(n > 0, steps, 0), tf.zeros_like(n)
+  total = tf.cast(epochs, tf.int32) * n
+  if drop_remainder:
+    return total // batch_size, tf.zeros_like(n)
+  return total // batch_size, total % batch_size
+
+
+def batch_positions(first: tf.Tensor, size: int, n: tf.Tensor) -> tf.Tensor:
+  """Positions of a batch of `size` examples starting at position `first` (mod n)."""
+  return (first + tf.range(size)) % n
+
+
+def run_scheduled_steps(
+    step_fn: Callable[[Any, Any], Any],
+    initial_state: Any,
+    examples: Any,
+    full: tf.Tensor,
+    remainder: tf.Tensor,
+    *,
+    batch_size: int,
+    contiguous: bool = False,
+) -> Any:
+  """`state = step_fn(state, batch)` over `full` batches of `batch_size`, then one of
+  `remainder` examples if it is not 0 (positions as in `schedule`). `contiguous`: no
+  full batch wraps around the examples (one epoch), so batches are slices."""
+  n = num_examples(examples)
+
+  def batch_at(first, size):
+    if contiguous and isinstance(size, int):
+      return tf.nest.map_structure(lambda t: t[first:first + size], examples)
+    index = batch_positions(first, size, n)
+    return tf.nest.map_structure(lambda t: tf.gather(t, index), examples)
+
+  def body(k, state):
+    return k + 1, step_fn(state, batch_at(k * batch_size, batch_size))
+
+  _, state = tf.while_loop(lambda k, _: k < full, body, (tf.constant(0), initial_state))
+  return tf.cond(remainder > 0,
+                 lambda: step_fn(state, batch_at(full * batch_size, remainder)),
+                 lambda: state)
+
+
 def run_local_steps(
     step_fn: Callable[[Any, Any], Any],
     initial_state: Any,
@@ -93,27 +146,9 @@ def run_local_steps(
   Returns:
     The final state and the number of steps taken (int32).
   """
-  n = num_examples(examples)
-  if steps is None:
-    total = tf.cast(epochs, tf.int32) * n
-    steps = num_steps(
-        n, batch_size=batch_size, epochs=epochs, drop_remainder=drop_remainder
-    )
-  else:
-    total = tf.constant(steps * batch_size)
-    steps = tf.where(n > 0, steps, 0)
-    epochs = None  # batches may wrap around the examples
-
-  def body(k, state):
-    start = k * batch_size
-    if isinstance(epochs, int) and epochs == 1:  # no wrap-around: slicing is cheaper
-      batch = tf.nest.map_structure(lambda t: t[start:start + batch_size], examples)
-    else:
-      index = tf.range(start, tf.minimum(start + batch_size, total)) % n
-      batch = tf.nest.map_structure(lambda t: tf.gather(t, index), examples)
-    return k + 1, step_fn(state, batch)
-
-  _, final_state = tf.while_loop(
-      lambda k, _: k < steps, body, (tf.constant(0), initial_state)
-  )
-  return final_state, steps
+  full, remainder = schedule(num_examples(examples), batch_size=batch_size, epochs=epochs,
+                             drop_remainder=drop_remainder, steps=steps)
+  contiguous = steps is None and isinstance(epochs, int) and epochs == 1
+  state = run_scheduled_steps(step_fn, initial_state, examples, full, remainder,
+                              batch_size=batch_size, contiguous=contiguous)
+  return state, full + tf.cast(remainder > 0, tf.int32)

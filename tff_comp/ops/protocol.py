@@ -67,27 +67,49 @@ class ClientOutput(NamedTuple):
   stats: collections.OrderedDict
 
 
-def run_client(rule: rule_lib.ClientRule, payload, examples, hparams,
-               context: rule_lib.RoundContext, options: ClientOptions,
-               round_num: tf.Tensor) -> ClientOutput:
-  """One client's round: the rule's local steps on `examples` from `payload`."""
+class ClientPlan(NamedTuple):
+  """A client's round before its local steps: the context (start loss filled in) and
+  its batches (`local_loop.schedule`: `full` batches of the step's batch size, then one
+  of `remainder` examples when it is not 0)."""
+
+  context: rule_lib.RoundContext
+  full: tf.Tensor
+  remainder: tf.Tensor
+
+
+def step_batch_size(rule: rule_lib.ClientRule, options: ClientOptions) -> int:
+  """Examples a local step receives (the rule's batches concatenated)."""
+  return options.batch_size * rule.batches_per_step
+
+
+def _local_work(examples, options: ClientOptions, round_num) -> tuple[Any, bool]:
+  """(epochs, drop_remainder) of this client's round: fixed, or drawn (FedNova)."""
+  if options.local_epochs_max is None:
+    return options.local_epochs, False
+  return local_loop.draw_epochs(examples, options.seed, round_num, options.local_epochs,
+                                options.local_epochs_max), True
+
+
+def plan_client(rule: rule_lib.ClientRule, payload, examples, hparams,
+                context: rule_lib.RoundContext, options: ClientOptions,
+                round_num: tf.Tensor) -> ClientPlan:
+  """The context and batch schedule of one client's round (see `ClientPlan`)."""
   if rule.uses_start_loss:
     context = context._replace(start_loss=rule.start_loss(payload, examples, hparams))
-  if options.local_epochs_max is None:
-    epochs, drop_remainder = options.local_epochs, False
-  else:
-    epochs, drop_remainder = local_loop.draw_epochs(
-        examples, options.seed, round_num, options.local_epochs,
-        options.local_epochs_max), True
-  state = rule.initialize(payload, hparams, context)
-  state, steps = local_loop.run_local_steps(
-      lambda s, batch: rule.step(s, batch, payload, hparams, context),
-      state, examples,
-      batch_size=options.batch_size * rule.batches_per_step,
+  epochs, drop_remainder = _local_work(examples, options, round_num)
+  full, remainder = local_loop.schedule(
+      local_loop.num_examples(examples), batch_size=step_batch_size(rule, options),
       epochs=epochs, drop_remainder=drop_remainder, steps=options.local_steps)
+  return ClientPlan(context, full, remainder)
+
+
+def finish_client(rule: rule_lib.ClientRule, state: rule_lib.LocalState, steps, payload,
+                  hparams, context: rule_lib.RoundContext, options: ClientOptions,
+                  num_examples: tf.Tensor) -> ClientOutput:
+  """The update, weight and stats of a client whose local steps ended in `state`."""
   weight = rule.client_weight(payload, hparams, context)
   if weight is None and options.weighting == 'examples':
-    weight = tf.cast(local_loop.num_examples(examples), tf.float32)
+    weight = tf.cast(num_examples, tf.float32)
   elif weight is None:
     weight = tf.constant(1.0)
   stats = collections.OrderedDict(
@@ -95,6 +117,28 @@ def run_client(rule: rule_lib.ClientRule, payload, examples, hparams,
       num_examples=tf.cast(state.examples, tf.float32),
       num_steps=tf.cast(steps, tf.float32))
   return ClientOutput(rule.finalize(state, payload, hparams, context), weight, stats)
+
+
+def run_client(rule: rule_lib.ClientRule, payload, examples, hparams,
+               context: rule_lib.RoundContext, options: ClientOptions,
+               round_num: tf.Tensor) -> ClientOutput:
+  """One client's round: the rule's local steps on `examples` from `payload`."""
+  plan = plan_client(rule, payload, examples, hparams, context, options, round_num)
+  state = local_loop.run_scheduled_steps(
+      lambda s, batch: rule.step(s, batch, payload, hparams, plan.context),
+      rule.initialize(payload, hparams, plan.context), examples, plan.full,
+      plan.remainder, batch_size=step_batch_size(rule, options),
+      contiguous=one_pass(options))
+  return finish_client(rule, state, plan.full + tf.cast(plan.remainder > 0, tf.int32),
+                       payload, hparams, plan.context, options,
+                       local_loop.num_examples(examples))
+
+
+def one_pass(options: ClientOptions) -> bool:
+  """Whether every client makes exactly one pass over its examples (no full batch
+  wraps around them)."""
+  return (options.local_steps is None and options.local_epochs_max is None
+          and options.local_epochs == 1)
 
 
 def train_metrics(stats_sum, reference_loss: tf.Tensor | None) -> collections.OrderedDict:
