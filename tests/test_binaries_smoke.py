@@ -36,4 +36,5 @@ def test_bench_runs(repo_root):
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert out.returncode == 0, out.stderr
   assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
-  assert '10 clients/round: in-process' in out.stdout and 'TFF worker' in out.stdout
+  assert "a/a' =" in out.stdout and '10 clients/round: lanes' in out.stdout
+  assert 'mapped' in out.stdout and 'TFF worker' in out.stdout

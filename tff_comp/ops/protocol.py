@@ -2,6 +2,11 @@
 
     run_client(rule, payload, examples, hparams, context, options)
         -> ClientOutput(update, weight, stats)
+     = plan_client (context, batch schedule) -> rule.initialize -> rule.step per batch
+       -> finish_client (weight, stats, rule.finalize)
+
+A runtime that schedules local steps itself (the in-process lanes) calls the phases;
+TFF's client work calls `run_client`.
 
 `examples` are the client's examples stacked along a leading dimension (any runtime
 materializes them: TFF's client work from a dataset, the in-process runtime from
