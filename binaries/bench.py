@@ -14,6 +14,10 @@ d = 1024, batch 10, one epoch):
 Part 2, `--sweep`: FedAvg on `synthetic` (`--population` 1,000 clients of heavy-tailed
 sizes) at each clients-per-round count, in-process on both engines (and on TFF's
 worker up to `--sweep_tff_max`): seconds per round and milliseconds per client.
+Part 3, `--tff_workers=N`: part 1's (b) split across N local workers with TFF's
+mergeable context (`run.py --workers`) against one worker. On one 2-core machine
+no speedup is expected (one worker already uses both cores); across hosts it scales
+the clients each worker runs.
 Prints the median of --repeats timings of --rounds rounds each, and ratios; the first
 (compiling) rounds are warm-up and not timed.
 FedJAX is not installed here; its 0.0102 s/round on part 1's shape was measured on these
@@ -40,6 +44,7 @@ from tff_comp import experiment
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import workers
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats; the median is reported.')
@@ -48,6 +53,8 @@ _SWEEP = flags.DEFINE_list('sweep', ['10', '100', '1000'],
 _POPULATION = flags.DEFINE_integer('population', 1000, 'Clients of the part 2 task.')
 _SWEEP_TFF_MAX = flags.DEFINE_integer(
     'sweep_tff_max', 100, 'Largest clients per round part 2 also times on TFF\'s worker.')
+_TFF_WORKERS = flags.DEFINE_integer(
+    'tff_workers', 2, 'Part 3: local TFF workers to split rounds across (0: skip).')
 CLIENTS, BATCH, LR = 10, 10, 1e-3
 FEDJAX_RECORDED = 0.0102
 
@@ -172,6 +179,25 @@ def part2(sweep: list[int], population: int, rounds: int, repeats: int,
     print(line, flush=True)
 
 
+def part3(num_workers: int, rounds: int, repeats: int) -> None:
+  task = lasso.build_lasso_task(dataset='I')
+  ids = task.train_data.client_ids
+  picks = _selections(len(ids), CLIENTS, 3 + rounds * repeats + 10)
+  process = fedavg.build_fedavg(task.model, client_learning_rate=LR, batch_size=BATCH)
+  one, _ = experiment.runner_for(process, task.train_data, 'tff')
+  b = _time(_round_runner(one, ids, picks), rounds, repeats)
+  addresses, processes = workers.start_local_workers(num_workers)
+  try:
+    split, _ = experiment.runner_for(process, task.train_data, 'tff', addresses)
+    e = _time(_round_runner(split, ids, picks), rounds, repeats)
+  finally:
+    for worker in processes:
+      worker.kill()
+    runtime.install_local_runtime()
+  print(f'Part 3: part 1\'s (b) on {num_workers} local TFF workers (mergeable context)'
+        f' {e:.4f} s/round vs one worker {b:.4f}: speedup {b / e:.2f}x')
+
+
 def main(argv):
   del argv
   runtime.install_local_runtime()
@@ -179,6 +205,8 @@ def main(argv):
   if _SWEEP.value:
     part2([int(v) for v in _SWEEP.value], _POPULATION.value, max(3, _ROUNDS.value // 5),
           _REPEATS.value, _SWEEP_TFF_MAX.value)
+  if _TFF_WORKERS.value:
+    part3(_TFF_WORKERS.value, _ROUNDS.value, _REPEATS.value)
 
 
 if __name__ == '__main__':

@@ -16,6 +16,7 @@ from absl import flags
 
 from tff_comp import experiment
 from tff_comp import registry
+from tff_comp.runtime import workers as workers_lib
 
 _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
            bool: flags.DEFINE_bool, str: flags.DEFINE_string}
@@ -125,6 +126,10 @@ def define_common_flags() -> None:
                     'Where rounds run: inprocess (the math in one tf.function per round;'
                     ' fast, GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or'
                     ' auto (inprocess where the algorithm supports it).')
+  flags.DEFINE_string('workers', None,
+                      'host:port,... of TFF workers to split each round\'s clients across'
+                      ' (TFF\'s runtime; start one per host with `python -m'
+                      ' tff_comp.binaries.worker --port=PORT`; private network only).')
   flags.DEFINE_float('regularizer_strength', None,
                      'Strength lam of psi, or radius of a ball constraint.')
 
@@ -179,6 +184,13 @@ def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, st
   return algo_flags, task_flags
 
 
+def _workers(spec: str | None) -> tuple[str, ...]:
+  try:
+    return tuple(workers_lib.parse_addresses(spec)) if spec is not None else ()
+  except ValueError as e:
+    raise experiment.ConfigError(str(e)) from e
+
+
 def config_from_flags(
     values: flags.FlagValues,
     algo_flags: dict[str, list[str]],
@@ -219,6 +231,7 @@ def config_from_flags(
       task_options=task_options,
       output_dir=values.output_dir,
       runtime=values.runtime,
+      workers=_workers(values.workers),
       overwrite=values.overwrite,
       resume=values.resume,
       checkpoint_every=values.checkpoint_every,

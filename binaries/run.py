@@ -24,6 +24,7 @@ from tff_comp.binaries import flags_lib
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import simulation
+from tff_comp.runtime import workers
 
 flags_lib.define_common_flags()
 try:
@@ -64,6 +65,10 @@ def main(argv: list[str]) -> None:
     final = experiment.run_experiment(prepared)
   except (experiment.ConfigError, simulation.DivergenceError) as e:
     _fail(str(e))
+  except workers.WorkerError as e:  # a worker died during the run
+    print(f'run.py: {e} The metrics written so far are in {config.output_dir};'
+          ' continue with --resume.', file=sys.stderr)
+    sys.exit(1)
   except KeyboardInterrupt:
     print(f'run.py: interrupted; the metrics written so far are in {config.output_dir}',
           file=sys.stderr)

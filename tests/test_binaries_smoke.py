@@ -38,3 +38,4 @@ def test_bench_runs(repo_root):
   assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
   assert "a/a' =" in out.stdout and '10 clients/round: lanes' in out.stdout
   assert 'mapped' in out.stdout and 'TFF worker' in out.stdout
+  assert 'on 2 local TFF workers' in out.stdout and 'speedup' in out.stdout

@@ -7,7 +7,7 @@ process and trains it. Binaries (`binaries/run.py`, `binaries/reproduce.py`) are
 layers over these two functions.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 import dataclasses
 import json
 import math
@@ -24,6 +24,7 @@ from tff_comp import regularizers as regularizers_lib
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import local_worker
 from tff_comp.runtime import simulation
+from tff_comp.runtime import workers as workers_lib
 
 # Builder parameters that every run sets from the common flags.
 COMMON_ALGORITHM_ARGS = (
@@ -69,6 +70,7 @@ class ExperimentConfig:
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   output_dir: str | None = None  # None: runs/<algorithm>-<task>
   runtime: str = 'auto'
+  workers: tuple[str, ...] = ()  # host:port of TFF workers splitting each round's clients
   overwrite: bool = False  # replace a run already in output_dir
   resume: bool = False  # continue the run in output_dir from its last checkpoint
   checkpoint_every: int = 50  # rounds between saved process states
@@ -141,7 +143,10 @@ def _check_finite(config: ExperimentConfig) -> None:
 
 RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
 # Settings a resumed run may change: where it writes, how long it runs, how it saves.
-RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds', 'checkpoint_every')
+# Settings a resumed run may change: where it writes, how long it runs, and where its
+# rounds run (a run stopped by a dead worker resumes on others).
+RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds', 'checkpoint_every',
+                     'workers')
 
 
 def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
@@ -205,6 +210,9 @@ def prepare(config: ExperimentConfig) -> Prepared:
   if config.runtime not in RUNTIMES:
     raise ConfigError(f'--runtime={config.runtime!r} is unknown; choose one of'
                       f' {", ".join(RUNTIMES)}.')
+  if config.workers and config.runtime == 'inprocess':
+    raise ConfigError('--workers runs rounds on TFF\'s workers; it does not go with'
+                      ' --runtime=inprocess.')
   algorithm = registry.get_algorithm(config.algorithm)
   task_name = config.task or algorithm.home_task or DEFAULT_TASK
   config = dataclasses.replace(
@@ -322,17 +330,28 @@ def has_personal_models(process) -> bool:
 
 
 def runner_for(process: tff.learning.templates.LearningProcess, client_data,
-               runtime: str = 'auto') -> tuple[Any, str]:
+               runtime: str = 'auto', workers: Sequence[str] = ()) -> tuple[Any, str]:
   """(a process taking client ids, the runtime chosen and why) for `process` on
   `client_data`.
 
   'inprocess' runs the process's Algorithm in this process (`runtime.inprocess`);
   'tff' composes the dataset computation with the process and runs it on TFF's local
-  worker; 'auto' is 'inprocess' where the process supports it, else 'tff'.
+  worker, or split across `workers` (host:port, `runtime.workers`); 'auto' is
+  'inprocess' where the process supports it and no workers are named, else 'tff'.
 
   Raises:
-    ConfigError: 'inprocess' was asked for and the process does not support it.
+    ConfigError: 'inprocess' was asked for and the process does not support it; the
+      process cannot be split across workers; a worker does not answer.
   """
+  if workers:
+    composed = tff.simulation.compose_dataset_computation_with_learning_process(
+        dataset_computation_for(process, client_data), process)
+    try:
+      workers_lib.check_mergeable(composed)
+      workers_lib.install_remote_runtime(workers)
+    except (workers_lib.NotMergeableError, workers_lib.WorkerError) as e:
+      raise ConfigError(f'--workers: {e}') from e
+    return composed, f'tff on {len(workers)} workers ({", ".join(workers)})'
   if runtime in ('auto', 'inprocess'):
     try:
       fast = inprocess.build(process, client_data)
@@ -370,7 +389,8 @@ def build_runner(prepared: Prepared) -> Runner:
     process = prepared.build_process()
   except ValueError as e:
     raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
-  runner, chosen = runner_for(process, prepared.task.train_data, prepared.config.runtime)
+  runner, chosen = runner_for(process, prepared.task.train_data, prepared.config.runtime,
+                             prepared.config.workers)
   return Runner(runner, evaluator(prepared, runner), chosen, process.algorithm)
 
 

@@ -32,13 +32,13 @@ import grpc
 import portpicker
 import tensorflow_federated as tff
 
-_WORKER_BINARY = os.path.join(
+WORKER_BINARY = os.path.join(
     os.path.dirname(tff.__file__), 'data', 'worker_binary'
 )
 _LOG_ENV = 'TFF_COMP_WORKER_LOG'
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     ('grpc.max_message_length', _MAX_MESSAGE_BYTES),
     ('grpc.max_receive_message_length', _MAX_MESSAGE_BYTES),
     ('grpc.max_send_message_length', _MAX_MESSAGE_BYTES),
@@ -51,6 +51,21 @@ def _die_with_parent() -> None:
   if sys.platform.startswith('linux'):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def spawn_worker(port: int, max_concurrent_computation_calls: int = -1) -> subprocess.Popen:
+  """Starts `worker_binary --port=port`, killed when this Python process ends, its
+  output to `$TFF_COMP_WORKER_LOG` or nowhere (never this process's pipes)."""
+  log_path = os.environ.get(_LOG_ENV)
+  out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
+  try:
+    return subprocess.Popen(  # pylint: disable=consider-using-with
+        [WORKER_BINARY, f'--port={port}',
+         f'--max_concurrent_computation_calls={max_concurrent_computation_calls}'],
+        stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=_die_with_parent)
+  finally:
+    if log_path:
+      out.close()
 
 
 class _Worker:
@@ -73,24 +88,8 @@ class _Worker:
         return self._stub
       self.stop()
       port = portpicker.pick_unused_port()
-      log_path = os.environ.get(_LOG_ENV)
-      out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
-      try:
-        self._process = subprocess.Popen(  # pylint: disable=consider-using-with
-            [
-                _WORKER_BINARY,
-                f'--port={port}',
-                f'--max_concurrent_computation_calls={self._max_calls}',
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            preexec_fn=_die_with_parent,
-        )
-      finally:
-        if log_path:
-          out.close()
-      channel = grpc.insecure_channel(f'localhost:{port}', _CHANNEL_OPTIONS)
+      self._process = spawn_worker(port, self._max_calls)
+      channel = grpc.insecure_channel(f'localhost:{port}', CHANNEL_OPTIONS)
       self._stub = tff.framework.RemoteExecutorGrpcStub(channel)
       deadline = time.monotonic() + _READY_TIMEOUT_S
       while not self._stub.is_ready:
@@ -98,7 +97,7 @@ class _Worker:
           code = self._process.poll()
           self.stop()
           raise RuntimeError(
-              f'TFF worker {_WORKER_BINARY} did not start (exit code {code});'
+              f'TFF worker {WORKER_BINARY} did not start (exit code {code});'
               f' set {_LOG_ENV}=<file> to capture its output.'
           )
         time.sleep(0.05)
