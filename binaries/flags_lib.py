@@ -176,11 +176,19 @@ def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, st
   for flag, users in algo_flags.items():
     owners = [(user, _hparam(registry.get_algorithm(user), flag)) for user in users]
     choices = sorted({c for _, h in owners for c in h.choices})
-    _define(owners[0][1], flag,
-            'Option of ' + ', '.join(f'{u}{_default(h)}' for u, h in owners) + '.', choices)
+    texts = {registry.get_algorithm(u).option_help(flag) for u in users}
+    if len(texts) == 1:  # one meaning: say it once, then who takes it
+      text = f'{texts.pop()} Option of ' + ', '.join(
+          f'{u}{_default(h)}' for u, h in owners) + '.'
+    else:
+      text = ' '.join(f'{u}{_default(h)}: {registry.get_algorithm(u).option_help(flag)}'
+                      for u, h in owners)
+    _define(owners[0][1], flag, text.strip(), choices)
   for flag, (task, option) in task_flags.items():
-    h = _hparam(registry.get_task(task), option)
-    _define(h, flag, f'Task {task}: {option}{_default(h)}.', h.choices)
+    entry = registry.get_task(task)
+    h = _hparam(entry, option)
+    _define(h, flag, f'Task {task}{_default(h)}: {entry.option_help(option)}'.strip(),
+            h.choices)
   return algo_flags, task_flags
 
 

@@ -55,10 +55,14 @@ def main(argv: list[str]) -> None:
     local = f'{steps} local steps'
   else:
     local = f'{s["local_epochs"]} epoch(s)'
+  batch = f'batch {s["batch_size"]}'
+  own = next((h.default for h in prepared.algorithm.hparams if h.name == 'batch_size'), None)
+  if config.batch_size is None and own is not None and own != s['batch_size']:
+    batch += f' (task {config.task}\'s; {config.algorithm} alone uses {own})'
   print(
       f'{config.algorithm} on {config.task}: {s["rounds"]} rounds,'
       f' {s["clients_per_round"]} clients/round, eta_c={s["client_learning_rate"]},'
-      f' eta_s={s["server_learning_rate"]}, batch {s["batch_size"]}, {local},'
+      f' eta_s={s["server_learning_rate"]}, {batch}, {local},'
       f' regularizer={s["regularizer"]} ({s["regularizer_strength"]});'
       f' output: {config.output_dir}', flush=True)
   try:

@@ -93,7 +93,19 @@ def build_constrained_digits_task(
     emnist_cache_dir: str = '',
     seed: int = 0,
 ) -> base.Task:
-  """Builds the constrained classification task; see the module docstring."""
+  """Builds the constrained classification task; see the module docstring.
+
+  Args:
+    source: 'sklearn' (scikit-learn's bundled 8x8 digits, no download) or 'emnist'
+      (Federated EMNIST through TFF's loader).
+    constraint: the constraint set of W: 'l1_ball' or 'l2_ball'.
+    radius: radius rho of the constraint ball.
+    num_clients: clients of the 'sklearn' split.
+    alpha: Dirichlet concentration of the clients' label proportions ('sklearn'; smaller
+      is more heterogeneous).
+    emnist_cache_dir: where TFF's EMNIST loader finds emnist_all.sqlite or downloads it
+      ('emnist').
+  """
   if constraint not in CONSTRAINTS:
     raise ValueError(f'constraint={constraint!r} is unknown; choose one of {list(CONSTRAINTS)}.')
   if radius <= 0 or alpha <= 0 or num_clients < 1:

@@ -51,7 +51,18 @@ def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklear
                               rho: float = 0.28, examples: int = 150, cifar10_path: str = '',
                               adapt_lr: float = 0.1, adapt_steps: int = 1,
                               seed: int = 0) -> base.Task:
-  """Builds the dominant-class task; see the module docstring."""
+  """Builds the dominant-class task; see the module docstring.
+
+  Args:
+    source: 'sklearn' (bundled 8x8 digits, no download) or 'cifar10' (from
+      cifar10_path).
+    rho: fraction of client i's examples drawn from class i (the paper: 0.28).
+    examples: examples per client ('sklearn').
+    cifar10_path: CIFAR-10 as an .npz in Keras' format ('cifar10'; empty: Keras'
+      downloader).
+    adapt_lr: step size of the evaluation's adaptation steps.
+    adapt_steps: adaptation steps each evaluation client takes on its train part.
+  """
   if not 0 <= rho <= 1:
     raise ValueError(f'rho must be in [0, 1], got {rho}.')
   if source == 'sklearn':

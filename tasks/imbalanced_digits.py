@@ -65,7 +65,16 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
                                  split: Literal['iid', 'classes'] = 'iid',
                                  small_size: int = 20, big_size: int = 5000,
                                  mnist_path: str = '', seed: int = 0) -> base.Task:
-  """Builds the imbalanced DRFL task; see the module docstring."""
+  """Builds the imbalanced DRFL task; see the module docstring.
+
+  Args:
+    source: 'sklearn' (bundled 8x8 digits, no download) or 'mnist' (from mnist_path).
+    split: 'iid' (examples shuffled, then dealt) or 'classes' (the big client holds
+      classes 0-4, the small ones 5-9).
+    small_size: training examples of each of the nine small clients.
+    big_size: training examples of the big client ('mnist').
+    mnist_path: MNIST as an .npz in Keras' format ('mnist'; empty: Keras' downloader).
+  """
   if split not in ('iid', 'classes'):
     raise ValueError(f"split={split!r} is unknown; choose 'iid' or 'classes'.")
   if not 1 <= small_size <= 40:

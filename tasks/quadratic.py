@@ -49,7 +49,12 @@ def fixed_point(centers: np.ndarray, steps: np.ndarray, eta: float, *, normalize
 
 @registry.register_task('quadratic')
 def build_quadratic_task(*, dim: int = 4, steps: str = '1,2,5,10,20,40', seed: int = 0) -> base.Task:
-  """Builds the check case; `steps` lists each client's n_i (= tau_i with batch 1)."""
+  """Builds the check case; `steps` lists each client's n_i (= tau_i with batch 1).
+
+  Args:
+    dim: dimension of x.
+    steps: comma-separated n_i of the clients (their steps tau_i at batch size 1).
+  """
   try:
     counts = np.array([int(s) for s in steps.split(',')])
   except ValueError as e:

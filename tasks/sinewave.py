@@ -34,7 +34,15 @@ def generate(num_clients: int, shots: int, rng: np.random.Generator):
 def build_sinewave_task(*, num_clients: int = 100, eval_clients: int = 50, shots: int = 10,
                         adapt_lr: float = 0.01, adapt_steps: int = 1,
                         seed: int = 0) -> base.Task:
-  """Builds the sinewave task; see the module docstring."""
+  """Builds the sinewave task; see the module docstring.
+
+  Args:
+    num_clients: training clients (sine tasks).
+    eval_clients: held-out clients of the personalized evaluation.
+    shots: K: examples in each client's train part and in its test part.
+    adapt_lr: step size of the evaluation's adaptation steps.
+    adapt_steps: adaptation steps each evaluation client takes on its train part.
+  """
   if min(num_clients, eval_clients, shots, adapt_steps) < 1 or adapt_lr < 0:
     raise ValueError('num_clients, eval_clients, shots, adapt_steps must be >= 1 and'
                      ' adapt_lr >= 0.')

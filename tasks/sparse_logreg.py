@@ -55,7 +55,19 @@ def build_sparse_logreg_task(
     l1: float = 0.01,
     seed: int = 0,
 ) -> base.Task:
-  """Builds the sparse logistic regression task; see the module docstring."""
+  """Builds the sparse logistic regression task; see the module docstring.
+
+  Args:
+    dim: features d.
+    support: nonzero coordinates of w*.
+    signal: standard deviation of <w*, x> (the signal's strength).
+    num_clients: training clients.
+    examples: examples per client.
+    validation_clients: held-out clients of the validation metrics.
+    mean_scale: standard deviation of the clients' feature means (feature
+      heterogeneity).
+    l1: L1 strength lam of the objective.
+  """
   if min(dim, support, num_clients, examples, validation_clients) < 1 or support > dim:
     raise ValueError('dim, support, num_clients, examples and validation_clients must be'
                      ' >= 1 and support <= dim.')

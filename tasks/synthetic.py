@@ -40,7 +40,13 @@ def generate(alpha: float, beta: float, num_clients: int, seed: int):
 @registry.register_task('synthetic')
 def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
                          seed: int = 0) -> base.Task:
-  """Builds Synthetic(alpha, beta)."""
+  """Builds Synthetic(alpha, beta).
+
+  Args:
+    alpha: how much the clients' local models differ.
+    beta: how much the clients' features differ.
+    num_clients: clients.
+  """
   if alpha < 0 or beta < 0 or num_clients < 1:
     raise ValueError(f'need alpha, beta >= 0 and num_clients >= 1; got {alpha}, {beta},'
                      f' {num_clients}.')

@@ -70,6 +70,9 @@ def test_inprocess_matches_the_tff_process(name, extra, data, engine):
     fast_out, slow_out = fast.next(fast_state, ids), slow.next(slow_state, ids)
     fast_state, slow_state = fast_out.state, slow_out.state
     _close(fast_out.metrics['client_work'], slow_out.metrics['client_work'])
+    if fast_out.metrics['aggregator']:  # FedNova's tau_eff, as TFF's aggregator has it
+      _close(fast_out.metrics['aggregator']['tau_eff'],
+             slow_out.metrics['aggregator']['tau_eff'])
   assert fast.engine == engine
   moved = np.abs(np.asarray(fast.get_model_weights(fast_state).trainable[0])).max()
   assert moved > 1e-3, 'the model did not move: the comparison would be vacuous'

@@ -12,7 +12,12 @@ from tff_comp.algorithms import fedavg
 
 
 def build_myplug(model, *, client_learning_rate: float, zeta: float = 0.5, {extra}):
-  """My algorithm: FedAvg with an option zeta."""
+  """My algorithm: FedAvg with an option zeta.
+
+  Args:
+    zeta: how much zeta there is,
+      in the plugin's own words.
+  """
   return fedavg.build_fedavg(model, client_learning_rate=client_learning_rate)
 
 
@@ -51,6 +56,11 @@ def test_future_annotations_give_flags_and_a_duplicate_name_warns(repo_root, tmp
   assert 'myplug: My algorithm: FedAvg with an option zeta.' in out.stdout
   assert 'lasso: Federated LASSO (Yuan, Zaheer, Reddi, ICML 2021, section 6).' in out.stdout
   assert '--variant: <exact|fo|hf>' in out.stdout
+  # Each option says what it does, from its builder's docstring (`Args:`).
+  assert "--zeta: how much zeta there is, in the plugin's own words. Option of myplug" in (
+      ' '.join(out.stdout.split()))
+  assert '--q: fairness parameter of q-FFL' in out.stdout
+  assert '--lasso_l1: Task lasso (default 0.3): L1 strength lam' in out.stdout
   assert '--lasso_dataset: <I|II|III|IV>' in out.stdout
   assert ("plugin myplug:build_other registers algorithm 'fedavg', already registered by"
           ' tff_comp.algorithms.fedavg.build_fedavg') in out.stderr

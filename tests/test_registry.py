@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tff_comp import experiment
 from tff_comp import registry
 
 
@@ -79,3 +80,33 @@ def test_a_script_beside_its_own_tasks_py_sees_every_task(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert {'lasso', 'nuclear', 'synthetic', 'dominant_class'} <= set(
       out.stdout.strip().split(','))
+
+
+def test_every_option_flag_says_what_it_does():
+  """Every option that becomes a run.py flag (beyond the common flags) is described in
+  its builder's `Args:` section, which is the flag's help."""
+  missing = []
+  for get, names, common in (
+      (registry.get_algorithm, registry.ALGORITHMS.names(), experiment.COMMON_ALGORITHM_ARGS),
+      (registry.get_task, registry.TASKS.names(), experiment.COMMON_TASK_ARGS)):
+    for name in names:
+      entry = get(name)
+      missing += [f'{name}: {h.name}' for h in entry.hparams
+                  if h.name not in common and not entry.option_help(h.name)]
+  assert not missing
+
+
+def test_args_sections_parse():
+  doc = """Builds it.
+
+  Args:
+    alpha: the first
+      option, on two lines.
+    beta (float): the second.
+
+  Returns:
+    gamma: not an argument.
+  """
+  assert registry.arg_docs(doc) == {'alpha': 'the first option, on two lines.',
+                                    'beta': 'the second.'}
+  assert registry.arg_docs('No sections.') == {} == registry.arg_docs(None)

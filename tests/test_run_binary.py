@@ -178,6 +178,9 @@ def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
 def test_overwrite_replaces_a_run_and_seeds_are_separate(cli_runs):
   results, paths = cli_runs
   assert [results[' '.join(a)][0] for a in GOOD_INPUT[2:]] == [0, 0]
+  # The header says when the task's batch size replaces the builder's.
+  assert "batch 1 (task quadratic's; fedavg alone uses 10)" in results[
+      ' '.join(GOOD_INPUT[2])][1]
   assert len(list((paths['rerun'] / 'tensorboard').glob('events.*'))) == 1
   config = json.loads((paths['rerun'] / 'config.json').read_text())
   assert (config['seed'], config['data_seed']) == (3, 5)

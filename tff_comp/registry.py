@@ -24,6 +24,7 @@ import difflib
 import importlib
 import importlib.metadata
 import inspect
+import re
 import sys
 import typing
 from typing import Any
@@ -49,6 +50,29 @@ def _signature(builder: Callable) -> inspect.Signature:
     return inspect.signature(builder, eval_str=True)
   except (NameError, SyntaxError, TypeError):
     return inspect.signature(builder)
+
+
+def arg_docs(docstring: str | None) -> dict[str, str]:
+  """{name: text} of a Google-style docstring's `Args:` section (continuation lines
+  joined). inspect and pydoc offer no parser for it; this reads just that section."""
+  docs: dict[str, str] = {}
+  lines = inspect.cleandoc(docstring or '').splitlines()
+  if 'Args:' not in (line.strip() for line in lines):
+    return docs
+  start = [line.strip() for line in lines].index('Args:') + 1
+  name, indent = None, None
+  for line in lines[start:]:
+    if not line.strip() or not line.startswith(' '):
+      break  # the section ends at a blank line or the next section's header
+    depth = len(line) - len(line.lstrip())
+    indent = depth if indent is None else indent
+    entry = re.match(r'(\w+)(?: \([^)]*\))?: (.*)', line.strip())
+    if depth == indent and entry:
+      name = entry[1]
+      docs[name] = entry[2]
+    elif name is not None:
+      docs[name] += ' ' + line.strip()
+  return docs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +117,10 @@ class Entry:
         choices = typing.get_args(p.annotation)
         found.append(Hparam(p.name, type(choices[0]), p.default, choices))
     return tuple(found)
+
+  def option_help(self, name: str) -> str:
+    """What option `name` does, from the builder docstring's `Args:` ('' if absent)."""
+    return arg_docs(self.builder.__doc__).get(name, '')
 
   @property
   def summary(self) -> str:

@@ -34,7 +34,12 @@ def build_afl(
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08)."""
+  """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08).
+
+  Args:
+    lambda_learning_rate: step size of the projected gradient ascent on the client
+      weights lambda (the paper's lr_lambda: 0.08).
+  """
   common.check_positive(client_learning_rate=client_learning_rate,
                         lambda_learning_rate=lambda_learning_rate, num_clients=num_clients)
   rule = per_client.AgnosticWeighted(sgd.SGD(model, learning_rate=client_learning_rate),

@@ -44,7 +44,18 @@ def build_comfedl(
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds ComFedL with `local_steps` (tau) compositional steps per round."""
+  """Builds ComFedL with `local_steps` (tau) compositional steps per round.
+
+  Args:
+    objective: 'drfl' (distributionally robust: client i weighs exp(F_i/gamma)), 'maml'
+      (the loss after one inner adaptation step) or 'da_maml' (exp of that loss over
+      gamma).
+    gamma: temperature of DRFL's exp(F/gamma) and DA-MAML's exp(L/gamma); larger is
+      closer to FedAvg with uniform weights.
+    inner_learning_rate: inner adaptation step alpha of the 'maml' and 'da_maml'
+      objectives.
+    local_steps: compositional steps per round (tau), each on fresh batches.
+  """
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = compositional.CompositionalSGD(
       model, learning_rate=client_learning_rate,

@@ -40,7 +40,13 @@ def build_ditto(
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 ties eta_p to
-  the client learning rate (also when that is later set through the hparams)."""
+  the client learning rate (also when that is later set through the hparams).
+  Args:
+    lam: pull of each personal model toward the global one: v <- v - eta_p (grad f_i(v)
+      + lam (v - w)); 0 is plain local training.
+    personal_learning_rate: step size eta_p of the personal models; 0 ties it to the
+      client learning rate.
+  """
   common.check_positive(client_learning_rate=client_learning_rate, num_clients=num_clients)
   common.check_nonnegative(lam=lam, personal_learning_rate=personal_learning_rate)
   rule = per_client.Ditto(

@@ -40,6 +40,11 @@ def build_fedavg(
   """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
 
   `local_epochs_max` > 0: epochs drawn per client per round (`ops.protocol`).
+  Args:
+    server_momentum: heavy-ball momentum of the server SGD (0: plain SGD).
+    local_epochs_max: if > 0, each client draws its epochs every round from
+      [local_epochs, local_epochs_max] and takes floor(E n_i / B) steps (FedNova's
+      heterogeneous setting).
   """
   common.check_positive(client_learning_rate=client_learning_rate)
   options = protocol.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
@@ -64,7 +69,11 @@ def build_fedavg_subgradient(
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds FedAvg whose clients step along g_k + a subgradient of psi at w_k."""
+  """Builds FedAvg whose clients step along g_k + a subgradient of psi at w_k.
+
+  Args:
+    server_momentum: heavy-ball momentum of the server SGD (0: plain SGD).
+  """
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = sgd.SGD(model, learning_rate=client_learning_rate, subgradient_of=regularizer)
   return common.compose_fedavg_like(

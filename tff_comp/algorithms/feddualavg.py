@@ -37,7 +37,12 @@ def build_feddualavg(
     client_prox: bool = True,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox)."""
+  """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox).
+
+  Args:
+    client_prox: clients apply the prox at every local step (FedDualAvg); false: only
+      the server does (FedDualAvg-OSP).
+  """
   # The dual-state mean is the plain weighted mean: averaging is linear in the dual,
   # which is why dual averaging keeps the sparsity that primal averaging loses.
   return common.compose_composite(

@@ -32,7 +32,12 @@ def build_fedmid(
     client_prox: bool = True,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox)."""
+  """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox).
+
+  Args:
+    client_prox: clients take proximal steps (FedMiD); false: plain local SGD, only the
+      server applies the prox (FedMiD-OSP).
+  """
   return common.compose_composite(
       model, composite.ProximalSGD, composite.MirrorDescentServer, regularizer,
       client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,

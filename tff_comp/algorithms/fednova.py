@@ -41,7 +41,17 @@ def build_fednova(
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds FedNova; local solver: SGD, momentum (client_momentum) or prox (mu)."""
+  """Builds FedNova; local solver: SGD, momentum (client_momentum) or prox (mu).
+
+  Args:
+    server_momentum: heavy-ball momentum of the server SGD (0: plain SGD).
+    client_momentum: momentum rho of the clients' local SGD (0: none); ||a_i||_1
+      accounts for it.
+    mu: proximal strength of a FedProx local solver (0: none); ||a_i||_1 accounts for
+      it.
+    local_epochs_max: if > 0, each client draws its epochs every round from
+      [local_epochs, local_epochs_max] and takes floor(E n_i / B) steps.
+  """
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(mu=mu, client_momentum=client_momentum)
   if mu and client_momentum:

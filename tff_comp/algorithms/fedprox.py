@@ -32,7 +32,14 @@ def build_fedprox(
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds FedProx with proximal strength `mu`."""
+  """Builds FedProx with proximal strength `mu`.
+
+  Args:
+    mu: proximal strength: clients add mu (w - w_r) to their gradients; 0 is FedAvg.
+    server_momentum: heavy-ball momentum of the server SGD (0: plain SGD).
+    local_epochs_max: if > 0, each client draws its epochs every round from
+      [local_epochs, local_epochs_max] and takes floor(E n_i / B) steps.
+  """
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(mu=mu)
   rule = sgd.SGD(model, learning_rate=client_learning_rate, proximal_strength=mu)

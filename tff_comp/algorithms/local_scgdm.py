@@ -47,7 +47,19 @@ def build_local_scgdm(
     client_weighting: str = 'uniform',
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds Local-SCGDM with period `local_steps` (p)."""
+  """Builds Local-SCGDM with period `local_steps` (p).
+
+  Args:
+    momentum_rate: momentum rate a (the paper's alpha): m <- (1 - a eta) m + a eta z.
+    beta: step factor of the model update: x <- x - beta eta m.
+    tracking_gamma: rate of the inner-value tracker: u <- (1 - gamma eta) u + gamma eta
+      f(x).
+    objective: 'drfl', 'maml' or 'da_maml', as for comfedl.
+    gamma: temperature of DRFL's exp(F/gamma) and DA-MAML's exp(L/gamma).
+    inner_learning_rate: inner adaptation step alpha of the 'maml' and 'da_maml'
+      objectives.
+    local_steps: local steps between the server's averages of x, u and m (the period p).
+  """
   common.check_positive(client_learning_rate=client_learning_rate,
                         momentum_rate=momentum_rate, beta=beta,
                         tracking_gamma=tracking_gamma)

@@ -38,7 +38,15 @@ def build_per_fedavg(
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds Per-FedAvg; `variant` is 'exact', 'fo' or 'hf'."""
+  """Builds Per-FedAvg; `variant` is 'exact', 'fo' or 'hf'.
+
+  Args:
+    alpha: inner (adaptation) step size of each MAML step.
+    variant: the Hessian-vector product of the meta-gradient: 'exact' (autodiff), 'fo'
+      (dropped: first order) or 'hf' (finite differences with delta).
+    delta: finite-difference step of the 'hf' Hessian-vector estimate.
+    local_steps: MAML steps per round, three batches each.
+  """
   common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha, delta=delta)
   rule = maml.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha,
                         variant=variant, delta=delta)

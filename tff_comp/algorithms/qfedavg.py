@@ -26,7 +26,12 @@ def build_qfedavg(
     local_epochs: int = 1,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2)."""
+  """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2).
+
+  Args:
+    q: fairness parameter of q-FFL: the larger, the more weight on clients with a high
+      loss (0: uniform FedAvg).
+  """
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(q=q)
   rule = sgd.QFFL(model, learning_rate=client_learning_rate, q=q)

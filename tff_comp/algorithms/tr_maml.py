@@ -37,7 +37,14 @@ def build_tr_maml(
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Builds TR-MAML; `task_weight_learning_rate` is the exponentiated-gradient step."""
+  """Builds TR-MAML; `task_weight_learning_rate` is the exponentiated-gradient step.
+
+  Args:
+    alpha: inner (adaptation) step size of the first-order MAML steps.
+    task_weight_learning_rate: step size of the exponentiated-gradient ascent on the
+      task weights.
+    local_steps: MAML steps per round.
+  """
   common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha,
                         task_weight_learning_rate=task_weight_learning_rate)
   rule = per_client.AgnosticWeighted(

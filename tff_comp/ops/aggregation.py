@@ -68,3 +68,11 @@ def aggregate(kind: str, stacked: Any, weights: tf.Tensor) -> Any:
               for name in slot_fields(stacked)}
     return type(stacked)(delta=weighted_mean(stacked.delta, weights), **tables)
   raise ValueError(f'aggregation {kind!r} is unknown; choose one of {KINDS}.')
+
+
+def measurements(kind: str, stacked: Any, weights: tf.Tensor) -> collections.OrderedDict:
+  """What the aggregation reports besides the update: FedNova's effective steps
+  tau_eff = sum_i p_i ||a_i||_1 (as TFF's aggregator reports it); else nothing."""
+  if kind == NORMALIZED:
+    return collections.OrderedDict(tau_eff=weighted_mean(stacked.a_norm, weights))
+  return collections.OrderedDict()

@@ -277,7 +277,9 @@ class InProcessProcess:
     stats = tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats)
     metrics = collections.OrderedDict(
         distributor=(), client_work=protocol.train_metrics(stats, reference),
-        aggregator=(), finalizer=())
+        aggregator=aggregation.measurements(algorithm.aggregation, outputs.update,
+                                            outputs.weight) or (),
+        finalizer=())
     return weights, server_state, metrics
 
 
