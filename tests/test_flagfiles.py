@@ -1,18 +1,30 @@
 """Every example flagfile in experiments/ is a valid run.py configuration (one per
-reproduction, at its best configuration); each is parsed and validated as run.py does,
-short of training."""
+reproduction, at its best configuration): each is parsed and validated as run.py does,
+short of training, in one fresh interpreter (run.py's flags would clash with another
+binary's imported by a test in this one)."""
 
+import json
+import os
 import pathlib
-
-from absl import flags
-import pytest
-
-from tff_comp import experiment
-from tff_comp.binaries import flags_lib
-from tff_comp.binaries import run
+import subprocess
+import sys
 
 FLAGFILES = sorted((pathlib.Path(__file__).resolve().parent.parent / 'experiments').glob(
     '*.flags'))
+_CHECK = """
+import json, sys
+from absl import flags
+from tff_comp import experiment
+from tff_comp.binaries import flags_lib, run
+results = {}
+for path in sys.argv[1:]:
+  flags.FLAGS.unparse_flags()
+  flags_lib.parse_or_fail(['run.py', '--flagfile=' + path])
+  config = flags_lib.config_from_flags(flags.FLAGS, run._ALGO_FLAGS, run._TASK_FLAGS)
+  prepared = experiment.prepare(config)
+  results[path] = [prepared.config.output_dir, prepared.settings['rounds']]
+print(json.dumps(results))
+"""
 
 
 def test_one_flagfile_per_reproduction(repo_root):
@@ -25,12 +37,13 @@ def test_one_flagfile_per_reproduction(repo_root):
              for name in reproductions), reproductions
 
 
-@pytest.mark.parametrize('path', FLAGFILES, ids=[f.stem for f in FLAGFILES])
-def test_flagfile_is_a_valid_configuration(path, repo_root, monkeypatch):
-  monkeypatch.chdir(repo_root)  # flagfiles name each other relative to the repository
-  flags.FLAGS.unparse_flags()
-  flags_lib.parse_or_fail(['run.py', f'--flagfile={path}'])
-  config = flags_lib.config_from_flags(flags.FLAGS, run._ALGO_FLAGS, run._TASK_FLAGS)  # pylint: disable=protected-access
-  prepared = experiment.prepare(config)
-  assert prepared.config.output_dir == f'runs/{path.stem}'
-  assert prepared.settings['rounds'] >= 100
+def test_every_flagfile_is_a_valid_configuration(repo_root):
+  out = subprocess.run(
+      [sys.executable, '-c', _CHECK, *map(str, FLAGFILES)], capture_output=True,
+      text=True, timeout=300, cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.returncode == 0, out.stderr
+  results = json.loads(out.stdout.strip().splitlines()[-1])
+  for path in FLAGFILES:
+    output_dir, rounds = results[str(path)]
+    assert output_dir == f'runs/{path.stem}' and rounds >= 100

@@ -1,6 +1,9 @@
-"""Plugins installed through entry points: future annotations, clashes, duplicates."""
+"""Plugins installed through entry points: future annotations, clashes, duplicates, and
+the README's complete plugin example."""
 
+import csv
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -76,3 +79,36 @@ def test_a_clashing_option_is_one_line_naming_the_plugin(repo_root, tmp_path):
   lines = out.stderr.strip().splitlines()
   assert len(lines) == 1 and 'Traceback' not in out.stderr
   assert "--mu: algorithm 'clashplug' (clashplug) takes it as str" in lines[0], lines
+
+
+def _readme_blocks(repo_root, language: str) -> list[str]:
+  """The README's ```language blocks of its complete plugin example."""
+  text = (repo_root / 'README.md').read_text()
+  return re.findall(rf'```{language}\n(.*?)```', text[text.index('A complete plugin'):],
+                    re.S)
+
+
+def test_the_readme_plugin_example_installs_and_runs(repo_root, tmp_path):
+  """The README's plugin, installed as pip would (package and dist-info with the
+  entry points of its pyproject.toml), trains from run.py and explains its options."""
+  (tmp_path / 'my_fl_plugin').mkdir()
+  (tmp_path / 'my_fl_plugin' / '__init__.py').write_text(_readme_blocks(repo_root, 'python')[0])
+  toml = _readme_blocks(repo_root, 'toml')[0]
+  entry_points = re.sub(r'\[project\.entry-points\."([^"]+)"\]', r'[\1]', toml)
+  info = tmp_path / 'my_fl_plugin-0.1.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: my_fl_plugin\nVersion: 0.1\n')
+  (info / 'entry_points.txt').write_text(entry_points.replace('"', ''))
+  out = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=fedprox_pull',
+       '--task=line', '--pull=0.5', '--rounds=20', f'--output_dir={tmp_path / "run"}'],
+      capture_output=True, text=True, timeout=300, cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(tmp_path)))
+  assert out.returncode == 0, out.stderr
+  with open(tmp_path / 'run' / 'metrics.csv') as f:
+    mse = [float(row['eval/mse']) for row in csv.DictReader(f) if row['eval/mse']]
+  assert mse[-1] < 0.1 * mse[0], mse  # it learns the line
+  text = ' '.join(_help(repo_root, tmp_path).stdout.split())
+  assert 'fedprox_pull: FedProx whose proximal strength is called the pull.' in text
+  assert '--pull: strength of each client\'s pull toward the server model' in text
+  assert '--line_clients: Task line (default 4): how many clients.' in text
