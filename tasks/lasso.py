@@ -34,6 +34,7 @@ DIM = 1024
 DATASETS = {'I': (512, 64, 128), 'II': (256, 64, 128), 'III': (128, 64, 128),
             'IV': (512, 256, 32)}
 SUPPORT_CUTOFF = 1e-4
+HELDOUT_CLIENTS = 8  # unseen in training, for heldout_loss
 
 
 def support_metrics(
@@ -50,14 +51,21 @@ def support_metrics(
 
 
 def _generate(dataset: str, seed: int, bias: float, noise: float):
-  """All clients' (x, y), deterministically from the seed."""
+  """(w*, training clients' (x, y), held-out clients' (x, y)) from the seed.
+
+  The held-out clients draw from the streams after the training clients' (a
+  SeedSequence spawns children in order), so adding them left the training data as
+  they were.
+  """
   support, num_clients, n = DATASETS[dataset]
   w_star = np.zeros(DIM, np.float32)
   w_star[:support] = 1.0
   streams = np.random.SeedSequence([seed, list(DATASETS).index(dataset)])
   clients = linear_synthetic.generate_clients(
       w_star, streams.spawn(num_clients), n, bias=bias, noise=noise)
-  return w_star, clients
+  heldout = linear_synthetic.generate_clients(
+      w_star, streams.spawn(HELDOUT_CLIENTS), n, bias=bias, noise=noise)
+  return w_star, clients, heldout
 
 
 @registry.register_task('lasso')
@@ -82,7 +90,7 @@ def build_lasso_task(
     raise ValueError(f'dataset={dataset!r} is unknown; choose one of {list(DATASETS)}.')
   if l1 < 0 or noise < 0:
     raise ValueError(f'l1 and noise must be >= 0, got l1={l1}, noise={noise}.')
-  w_star, clients = _generate(dataset, seed, bias, noise)
+  w_star, clients, heldout = _generate(dataset, seed, bias, noise)
   ids = [str(i) for i in range(len(clients))]
   key = f'lasso-{dataset}-seed{seed}-b{bias}-noise{noise}'
   train_data = array_data.cached_client_data(
@@ -90,14 +98,17 @@ def build_lasso_task(
   )
   x_all = np.concatenate([x for x, _ in clients])
   y_all = np.concatenate([y for _, y in clients])
+  x_heldout = np.concatenate([x for x, _ in heldout])
+  y_heldout = np.concatenate([y for _, y in heldout])
   regularizer = regularizers.L1(strength=l1, targets=(0,))
 
   def evaluate(weights, psi=regularizer) -> base.Metrics:
+    """train_*: on the pooled training data; heldout_loss: on 8 unseen clients."""
     kernel, b = weights
-    residual = x_all @ kernel + b - y_all
     value = float(np.asarray(psi.value([tf.constant(kernel)])))
-    loss = 0.5 * float(np.mean(residual**2))
-    return dict(loss=loss, objective=loss + value,
+    loss = 0.5 * float(np.mean((x_all @ kernel + b - y_all)**2))
+    return dict(train_loss=loss, train_objective=loss + value,
+                heldout_loss=0.5 * float(np.mean((x_heldout @ kernel + b - y_heldout)**2)),
                 **support_metrics(kernel, w_star))
 
   @functools.cache

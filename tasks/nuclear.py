@@ -108,9 +108,9 @@ def build_nuclear_task(
     kernel, b = weights
     loss = 0.5 * float(np.mean((x_all @ kernel.ravel() + b - y_all) ** 2))
     penalty = float(np.asarray(psi.value([tf.constant(kernel)])))
-    return dict(
-        loss=loss,
-        objective=loss + penalty,
+    return dict(  # train_*: on the pooled training data; validation: unseen clients
+        train_loss=loss,
+        train_objective=loss + penalty,
         validation_mse=float(np.mean((x_val @ kernel.ravel() + b - y_val) ** 2)),
         rank=float(rank_of(kernel)),
         frobenius_error=float(np.linalg.norm(kernel - w_star)),

@@ -1,6 +1,8 @@
 """The lasso task: deterministic data built at the worker, metrics, reference, and the
 paper's headline (FedDualAvg recovers the support within 100 rounds)."""
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -25,27 +27,38 @@ def test_data_are_deterministic_and_read_at_the_worker(task):
   assert x.shape == (128, 1024) and y.shape == (128,)
   np.testing.assert_array_equal(x, x2)
   assert not np.allclose(x, x3)
-  w_star, clients = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  w_star, clients, _ = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
   np.testing.assert_allclose(x, clients[3][0])
   # The recipe: y = <w*, x> + 1 + N(0, 1).
   residual = y.numpy() - x.numpy() @ w_star - 1.0
   assert abs(residual.std() - 1.0) < 0.2
 
 
+def test_heldout_clients_left_the_training_data_as_committed_results_used_them():
+  """Dataset I's training data hash as generated before the held-out clients existed."""
+  _, clients, heldout = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  digest = hashlib.sha256(b''.join(x.tobytes() + y.tobytes() for x, y in clients))
+  assert digest.hexdigest() == (
+      '8d8512215f9853e3308b34a4b5ac084387f9207aa63347d83382dc1cbbb5e746')
+  assert len(heldout) == lasso.HELDOUT_CLIENTS
+  assert not any(np.array_equal(h[0], c[0]) for h in heldout for c in clients)
+
+
 @pytest.mark.parametrize('dataset,support,clients', [('II', 256, 64), ('IV', 512, 256)])
 def test_dataset_variants(dataset, support, clients):
-  w_star, data = lasso._generate(dataset, 0, 1.0, 1.0)  # pylint: disable=protected-access
+  w_star, data, _ = lasso._generate(dataset, 0, 1.0, 1.0)  # pylint: disable=protected-access
   assert int(w_star.sum()) == support and len(data) == clients
 
 
 def test_metrics_on_known_weights(task):
-  _, clients = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  _, clients, _ = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
   truth = np.zeros(1024, np.float32)
   truth[:512] = 1.0
   perfect = task.evaluate((truth, np.float32(1.0)), task.regularizer)
   assert perfect['f1'] == perfect['precision'] == perfect['recall'] == 1.0
   assert perfect['density'] == 0.5
-  assert perfect['loss'] == pytest.approx(0.5, rel=0.1)  # 0.5 * noise variance
+  assert perfect['train_loss'] == pytest.approx(0.5, rel=0.1)  # 0.5 * noise variance
+  assert perfect['heldout_loss'] == pytest.approx(0.5, rel=0.1)
   half = truth.copy()
   half[256:512] = 0
   half[600] = 1
@@ -59,12 +72,14 @@ def test_centralized_reference(task):
   # module docstring); it is a reference for objective values, not a perfect support.
   assert ref['recall'] == 1.0 and ref['f1'] > 0.99
   gd = _proximal_gradient_reference(task)
-  assert ref['objective'] == pytest.approx(gd, rel=1e-3)
+  assert ref['train_objective'] == pytest.approx(gd, rel=1e-3)
+  # The pooled-data optimum fits its own data better than unseen clients'.
+  assert ref['train_loss'] < ref['heldout_loss']
 
 
 def _proximal_gradient_reference(task):
   """An independent solver: ISTA on the pooled data (NumPy), enough iterations."""
-  _, clients = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  _, clients, _ = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
   x = np.concatenate([c[0] for c in clients]).astype(np.float64)
   y = np.concatenate([c[1] for c in clients]).astype(np.float64)
   xm, ym = x.mean(0), y.mean()
@@ -79,7 +94,7 @@ def _proximal_gradient_reference(task):
     v = w_next + (t - 1) / t_next * (w_next - w)
     w, t = w_next, t_next
   b = ym - xm @ w
-  return task.evaluate((w.astype(np.float32), np.float32(b)), task.regularizer)['objective']
+  return task.evaluate((w.astype(np.float32), np.float32(b)), task.regularizer)['train_objective']
 
 
 def test_feddualavg_recovers_the_support_within_100_rounds(tmp_path):
