@@ -32,6 +32,9 @@ class Task:
     evaluate_personal: for tasks whose evaluation clients are the training clients,
       ({client id: its personal model's trainable weights} -> metrics), scoring each
       client's own model (algorithms with personal models, such as Ditto).
+    evaluate_clients: for tasks with per-client evaluation data, (trainable weights)
+      -> one row per client ({'client': id, metric: value, ...}); runs write them to
+      `clients/eval_round_<r>.csv` at every evaluation.
   """
 
   name: str
@@ -43,6 +46,7 @@ class Task:
   regularizer_targets: tuple[int, ...] = (0,)
   reference: Callable[[], Metrics] | None = None
   evaluate_personal: Callable[[Mapping[str, tuple[np.ndarray, ...]]], Metrics] | None = None
+  evaluate_clients: Callable[[tuple[np.ndarray, ...]], list[dict[str, Any]]] | None = None
 
   @property
   def num_clients(self) -> int:

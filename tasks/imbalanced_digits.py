@@ -95,23 +95,28 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
   train_data = array_data.cached_client_data(
       key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2])
 
-  def evaluate(weights, psi=None) -> base.Metrics:
-    del psi
+  def evaluate_clients(weights) -> list[dict]:
+    """Each client's test loss and accuracy."""
     kernel, bias = weights
-    metrics, accuracies, losses = {}, [], []
+    rows = []
     for i, (_, _, x_test, y_test) in enumerate(clients):
       loss, accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
-      accuracies.append(accuracy)
-      losses.append(loss)
-      metrics[f'accuracy_{i}'] = accuracies[-1]
-    metrics.update(average_accuracy=float(np.mean(accuracies)),
-                   worst_accuracy=float(np.min(accuracies)),
-                   mean_loss=float(np.mean(losses)))
-    return metrics
+      rows.append(dict(client=str(i), loss=loss, accuracy=accuracy))
+    return rows
+
+  def evaluate(weights, psi=None) -> base.Metrics:
+    del psi
+    rows = evaluate_clients(weights)
+    accuracies = [row['accuracy'] for row in rows]
+    return dict({f'accuracy_{row["client"]}': row['accuracy'] for row in rows},
+                average_accuracy=float(np.mean(accuracies)),
+                worst_accuracy=float(np.min(accuracies)),
+                mean_loss=float(np.mean([row['loss'] for row in rows])))
 
   return base.Task(
       name='imbalanced_digits', model=models.softmax_regression(x.shape[1], 10),
       train_data=train_data, regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
+      evaluate_clients=evaluate_clients,
       defaults=dict(client_learning_rate=0.02, server_learning_rate=1.0, rounds=100,
                     clients_per_round=NUM_CLIENTS, batch_size=10, local_epochs=1,
                     eval_period=10))

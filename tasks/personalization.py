@@ -2,7 +2,7 @@
 
 `personalized_losses`: the global model takes `steps` gradient steps of size `alpha` on
 each client's train part and is scored on its test part; reported: mean and worst
-client loss before and after adaptation. Works for any algorithm's model (the
+client loss before and after adaptation (`adapted_scores`: per client). Works for any algorithm's model (the
 Per-FedAvg paper compares FedAvg and Per-FedAvg this way).
 `personal_model_losses`: each client's own personal model (Ditto's) scored on its test
 part.
@@ -27,40 +27,53 @@ def _scores(model, weights, x, y, accuracy: bool) -> tuple[float, float | None]:
   return loss, float(np.mean(np.argmax(logits, axis=-1) == np.asarray(y)))
 
 
-def _summary(scores: list, prefix: str, suffix: str) -> dict:
-  """Mean and worst client of (loss, accuracy) pairs, as `{prefix}loss{suffix}`,
-  `{prefix}worst{suffix}` and, for classifiers, the accuracies."""
-  losses = [s[0] for s in scores]
-  metrics = {f'{prefix}loss{suffix}': float(np.mean(losses)),
-             f'{prefix}worst{suffix}': float(np.max(losses))}
-  if scores[0][1] is not None:
-    accs = [s[1] for s in scores]
-    metrics.update({f'{prefix}accuracy{suffix}': float(np.mean(accs)),
-                    f'{prefix}worst_accuracy{suffix}': float(np.min(accs))})
-  return metrics
+def summarize(rows: Sequence[dict], prefix: str = '') -> dict:
+  """Mean and worst client of every metric in per-client `rows`: `{prefix}{name}` and
+  `{prefix}worst_{name}` (the largest of a loss, the smallest of an accuracy)."""
+  summary = {}
+  for name in rows[0]:
+    values = [row[name] for row in rows]
+    summary[f'{prefix}{name}'] = float(np.mean(values))
+    summary[f'{prefix}worst_{name}'] = float(
+        np.max(values) if name.startswith('loss') else np.min(values))
+  return summary
+
+
+def _row(scores: tuple[float, float | None], suffix: str) -> dict:
+  loss, accuracy = scores
+  return {f'loss{suffix}': loss, **({} if accuracy is None else {f'accuracy{suffix}': accuracy})}
+
+
+def adapted_scores(model, trainable: Sequence[np.ndarray], clients: Sequence[Client], *,
+                   alpha: float, steps: int, accuracy: bool = False) -> list[dict]:
+  """Per client: 'loss_before' and 'loss_after' of the global model on its test part,
+  before and after `steps` adaptation steps on its train part; with `accuracy` (a
+  classifier's logits), also 'accuracy_before' and 'accuracy_after'."""
+  weights = tuple(tf.constant(w) for w in trainable)
+  rows = []
+  for x_train, y_train, x_test, y_test in clients:
+    adapted = weights
+    for _ in range(steps):
+      _, adapted = model_ops.adapt(model, adapted, (), (x_train, y_train), alpha)
+    rows.append({**_row(_scores(model, weights, x_test, y_test, accuracy), '_before'),
+                 **_row(_scores(model, adapted, x_test, y_test, accuracy), '_after')})
+  return rows
 
 
 def personalized_losses(model, trainable: Sequence[np.ndarray],
                         clients: Sequence[Client], *, alpha: float, steps: int,
                         accuracy: bool = False) -> dict:
-  """{'loss_before', 'loss_after', 'worst_before', 'worst_after'} over `clients`;
-  with `accuracy` (a classifier's logits), also 'accuracy_before/after' and
-  'worst_accuracy_before/after'."""
-  weights = tuple(tf.constant(w) for w in trainable)
-  before, after = [], []
-  for x_train, y_train, x_test, y_test in clients:
-    before.append(_scores(model, weights, x_test, y_test, accuracy))
-    adapted = weights
-    for _ in range(steps):
-      _, adapted = model_ops.adapt(model, adapted, (), (x_train, y_train), alpha)
-    after.append(_scores(model, adapted, x_test, y_test, accuracy))
-  return {**_summary(before, '', '_before'), **_summary(after, '', '_after')}
+  """`summarize` of `adapted_scores`: 'loss_before', 'worst_loss_before', 'loss_after',
+  'worst_loss_after' (and the accuracies, 'worst_accuracy_*' the smallest)."""
+  return summarize(adapted_scores(model, trainable, clients, alpha=alpha, steps=steps,
+                                  accuracy=accuracy))
 
 
 def personal_model_losses(model, personal: Sequence[Sequence[np.ndarray]],
                           clients: Sequence[Client], *, accuracy: bool = False) -> dict:
-  """{'personal_loss', 'personal_worst'} (and 'personal_accuracy',
+  """{'personal_loss', 'personal_worst_loss'} (and 'personal_accuracy',
   'personal_worst_accuracy') of client i's model `personal[i]` on its test part."""
-  scores = [_scores(model, tuple(tf.constant(w) for w in weights), x_test, y_test, accuracy)
-            for weights, (_, _, x_test, y_test) in zip(personal, clients)]
-  return _summary(scores, 'personal_', '')
+  rows = [_row(_scores(model, tuple(tf.constant(w) for w in weights), x_test, y_test,
+                       accuracy), '')
+          for weights, (_, _, x_test, y_test) in zip(personal, clients)]
+  return summarize(rows, 'personal_')

@@ -61,8 +61,14 @@ def build_sinewave_task(*, num_clients: int = 100, eval_clients: int = 50, shots
     return personalization.personalized_losses(
         model, weights, held_out, alpha=adapt_lr, steps=adapt_steps)
 
+  def evaluate_clients(weights) -> list[dict]:
+    rows = personalization.adapted_scores(model, weights, held_out, alpha=adapt_lr,
+                                          steps=adapt_steps)
+    return [dict(client=f'heldout_{i}', **row) for i, row in enumerate(rows)]
+
   return base.Task(
       name='sinewave', model=model, train_data=train_data,
       regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
+      evaluate_clients=evaluate_clients,
       defaults=dict(client_learning_rate=0.005, server_learning_rate=1.0, rounds=300,
                     clients_per_round=10, batch_size=5, local_epochs=1, eval_period=20))

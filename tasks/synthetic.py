@@ -70,8 +70,18 @@ def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: 
     return dict(pooled_train_loss=train_loss, test_loss=test_loss,
                 test_accuracy=test_accuracy)
 
+  def evaluate_clients(weights) -> list[dict]:
+    """Each client's loss and accuracy on its own test part."""
+    kernel, bias = weights
+    rows = []
+    for i, ((x, y), c) in enumerate(zip(clients, cut)):
+      loss, accuracy = base.softmax_scores(kernel, bias, x[c:], y[c:])
+      rows.append(dict(client=ids[i], test_loss=loss, test_accuracy=accuracy))
+    return rows
+
   return base.Task(
       name='synthetic', model=models.softmax_regression(DIM, CLASSES), train_data=train_data,
       regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
+      evaluate_clients=evaluate_clients,
       defaults=dict(client_learning_rate=0.01, server_learning_rate=1.0, rounds=200,
                     clients_per_round=10, batch_size=50, local_epochs=2, eval_period=10))

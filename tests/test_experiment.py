@@ -1,6 +1,7 @@
 """Every registered algorithm end to end through run.py's path (experiment.prepare and
 run_experiment), on its home task with that pair's defaults; seeds; divergence hints."""
 
+import csv
 import math
 
 import numpy as np
@@ -28,6 +29,23 @@ def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
   if name in logged:  # what defines the method is logged every round
     column = rows[0].split(',').index(logged[name])
     assert all(r.split(',')[column] for r in rows[2:]), rows
+  if prepared.task.evaluate_clients is not None:  # one per-client CSV per evaluation
+    files = sorted((tmp_path / 'clients').glob('eval_round_*.csv'))
+    assert [f.name for f in files] == [f'eval_round_0000{r}.csv' for r in range(3)]
+    with open(files[-1]) as f:
+      per_client = list(csv.DictReader(f))
+    with open(tmp_path / 'metrics.csv') as f:
+      last = list(csv.DictReader(f))[-1]
+    # The per-client rows are what the round's summary metrics summarize.
+    worst = {'imbalanced_digits': ('accuracy', min, 'eval/worst_accuracy'),
+             'synthetic': ('test_accuracy', None, None),
+             'sinewave': ('loss_after', max, 'eval/worst_loss_after'),
+             'dominant_class': ('accuracy_after', min, 'eval/worst_accuracy_after')}
+    column, pick, summary = worst[prepared.config.task]
+    values = [float(row[column]) for row in per_client]
+    assert len(values) >= 10 and all(math.isfinite(v) for v in values)
+    if pick is not None:
+      assert pick(values) == pytest.approx(float(last[summary]), rel=1e-6)
 
 
 def test_home_settings_apply_on_the_home_task_only(tmp_path):

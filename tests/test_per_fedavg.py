@@ -103,4 +103,4 @@ def test_personalized_evaluation_adapts_by_gradient_steps():
   # one step: w = 0.1 * mean(x y) = 0.5, b = 0.1 * mean(y) = 0.3
   want = 0.5 * np.mean((x[:, 0] * 0.5 + 0.3 - y) ** 2)
   assert one['loss_after'] == pytest.approx(want, rel=1e-5)
-  assert one['worst_after'] == pytest.approx(want, rel=1e-5)
+  assert one['worst_loss_after'] == pytest.approx(want, rel=1e-5)

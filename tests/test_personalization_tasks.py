@@ -24,7 +24,7 @@ def test_dominant_class_task_with_personalized_metrics():
   assert task.num_clients == 10
   metrics = task.evaluate(tuple(w for w in task.model.initial_weights[0]))
   assert metrics['accuracy_before'] == pytest.approx(0.1, abs=0.1)
-  assert {'worst_accuracy_after', 'loss_after', 'worst_after'} <= set(metrics)
+  assert {'worst_accuracy_after', 'loss_after', 'worst_loss_after'} <= set(metrics)
 
 
 def test_cifar10_variant_offline(tmp_path):

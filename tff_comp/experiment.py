@@ -322,6 +322,15 @@ def evaluator(prepared: Prepared, process) -> Callable[[Any], dict[str, float]]:
   return evaluate
 
 
+def client_evaluator(prepared: Prepared, process) -> Callable[[Any], list[dict]] | None:
+  """state -> the task's per-client evaluation rows of the global model, or None for
+  a task without per-client evaluation data."""
+  per_client = prepared.task.evaluate_clients
+  if per_client is None:
+    return None
+  return lambda state: per_client(tuple(process.get_model_weights(state).trainable))
+
+
 def has_personal_models(process) -> bool:
   """Whether a process (of either runtime) keeps a personal model per client."""
   if isinstance(process, inprocess.InProcessProcess):
@@ -376,6 +385,7 @@ class Runner:
   evaluate: Callable[[Any], dict[str, float]]
   runtime: str
   algorithm: Any = None  # the ops.algorithm.Algorithm it runs, when known
+  evaluate_clients: Callable[[Any], list[dict]] | None = None  # per-client rows
 
 
 def build_runner(prepared: Prepared) -> Runner:
@@ -391,7 +401,8 @@ def build_runner(prepared: Prepared) -> Runner:
     raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
   runner, chosen = runner_for(process, prepared.task.train_data, prepared.config.runtime,
                              prepared.config.workers)
-  return Runner(runner, evaluator(prepared, runner), chosen, process.algorithm)
+  return Runner(runner, evaluator(prepared, runner), chosen, process.algorithm,
+                client_evaluator(prepared, runner))
 
 
 def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
@@ -421,6 +432,7 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
       runner.process,
       client_ids=prepared.task.train_data.client_ids,
       evaluate=runner.evaluate,
+      evaluate_clients=runner.evaluate_clients,
       rounds=prepared.settings['rounds'],
       clients_per_round=prepared.settings['clients_per_round'],
       seed=prepared.config.seed,

@@ -79,6 +79,16 @@ class MetricsWriter:
     self._tb.close()
 
 
+def write_client_rows(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
+  """One evaluation's per-client rows as a CSV: `client`, then the metrics."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  columns = ['client'] + sorted({k for row in rows for k in row} - {'client'})
+  with open(path, 'w', newline='') as f:
+    writer = csv.DictWriter(f, columns, restval='')
+    writer.writeheader()
+    writer.writerows(rows)
+
+
 def _read_rows(path: pathlib.Path, up_to: int) -> tuple[list[str], list[dict[str, str]]]:
   """(metric columns, rows of rounds <= up_to) of a metrics.csv."""
   with open(path, newline='') as f:
@@ -183,6 +193,7 @@ def run_simulation(
     divergence_hint: str = 'try a smaller learning rate',
     checkpoint_every: int = 50,
     resume: bool = False,
+    evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
 ) -> Metrics:
   """Trains `process` for `rounds` rounds; returns the last evaluation metrics.
 
@@ -198,7 +209,8 @@ def run_simulation(
   checkpoint are dropped, so a resumed run ends exactly as an uninterrupted one (its
   caller checks that the configuration matches). The final model's trainable weights
   go to `final_model.npz`. `divergence_hint` ends the divergence message (the likely
-  cause for the algorithm).
+  cause for the algorithm). `evaluate_clients`, if given, maps the state to one row
+  per client, written at every evaluation to `clients/eval_round_<r>.csv`.
 
   Raises:
     DivergenceError: the training loss became non-finite.
@@ -207,7 +219,10 @@ def run_simulation(
   checkpoints = Checkpoints(output_dir)
   rng = np.random.default_rng(seed)
 
-  def evaluate_state(state) -> Metrics:
+  def evaluate_state(state, round_num: int) -> Metrics:
+    if evaluate_clients is not None:
+      write_client_rows(output_dir / 'clients' / f'eval_round_{round_num:05d}.csv',
+                        evaluate_clients(state))
     return {f'eval/{k}': v for k, v in evaluate(state).items()}
 
   def sample() -> list[str]:
@@ -229,9 +244,10 @@ def run_simulation(
   if writer is None:  # a fresh run: nothing of a replaced run may be resumed later
     done = 0
     checkpoints.clear()
+    shutil.rmtree(output_dir / 'clients', ignore_errors=True)
     (output_dir / 'final_model.npz').unlink(missing_ok=True)
     (output_dir / 'config.json').write_text(json.dumps(dict(config), indent=2, default=str))
-  eval_metrics = evaluate_state(state)
+  eval_metrics = evaluate_state(state, done)
   # Set before the first round and unchanged after it: read once, logged every round
   # (on TFF's runtime reading them is a computation call).
   hparams = hparam_metrics(process, state)
@@ -257,7 +273,7 @@ def run_simulation(
         writer = MetricsWriter(output_dir, sorted(metrics) + sorted(eval_metrics))
         writer.write(0, 0.0, eval_metrics)
       if round_num % eval_period == 0 or round_num == rounds:
-        eval_metrics = evaluate_state(state)
+        eval_metrics = evaluate_state(state, round_num)
         metrics.update(eval_metrics)
         summary = {k.split('/')[-1]: f'{v:.4g}' for k, v in eval_metrics.items()}
         bar.set_postfix(summary, refresh=False)
