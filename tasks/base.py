@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_comp import regularizers as regularizers_lib
@@ -73,6 +74,47 @@ def softmax_scores(kernel: np.ndarray, bias: np.ndarray, x: np.ndarray,
   log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
   return (float(-np.mean(log_probs[np.arange(len(y)), y])),
           float(np.mean(logits.argmax(1) == y)))
+
+
+class ClassifierScorer:
+  """(mean cross-entropy, accuracy) of any FunctionalModel classifier at given
+  trainable weights, its non-trainable weights passed as the model holds them.
+
+  It scores in a TF1 graph and session, built once: TFF's Keras conversion
+  (`functional_model_from_keras`) runs only in graph context, not in eager or in a
+  `tf.function` called eagerly, and this way every FunctionalModel scores alike.
+  """
+
+  def __init__(self, model: tff.learning.models.FunctionalModel):
+    self._model = model
+    self._session = None
+
+  def _build(self):
+    trainable, non_trainable = self._model.initial_weights
+    x_spec, y_spec = self._model.input_spec
+    graph = tf.Graph()
+    with graph.as_default():
+      self._weights = [tf.compat.v1.placeholder(tf.as_dtype(w.dtype), np.shape(w))
+                       for w in trainable]
+      self._x = tf.compat.v1.placeholder(x_spec.dtype, x_spec.shape)
+      self._y = tf.compat.v1.placeholder(y_spec.dtype, y_spec.shape)
+      fixed = tuple(tf.constant(w) for w in non_trainable)
+      logits = self._model.predict_on_batch((tuple(self._weights), fixed), self._x,
+                                            training=False)
+      self._loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=tf.cast(self._y, tf.int32), logits=logits))
+      self._accuracy = tf.reduce_mean(tf.cast(tf.equal(
+          tf.argmax(logits, -1, output_type=tf.int32), tf.cast(self._y, tf.int32)),
+          tf.float32))
+    self._session = tf.compat.v1.Session(graph=graph)
+
+  def __call__(self, trainable, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    if self._session is None:
+      self._build()
+    feed = dict(zip(self._weights, trainable))
+    feed[self._x], feed[self._y] = x, y
+    loss, accuracy = self._session.run((self._loss, self._accuracy), feed)
+    return float(loss), float(accuracy)
 
 
 def bundled_digits() -> tuple[np.ndarray, np.ndarray]:

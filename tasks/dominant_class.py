@@ -50,6 +50,7 @@ def dominant_partition(labels: np.ndarray, rho: float, examples: int,
 def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklearn',
                               rho: float = 0.28, examples: int = 150, cifar10_path: str = '',
                               adapt_lr: float = 0.1, adapt_steps: int = 1,
+                              model: Literal['softmax', 'cnn'] = 'softmax',
                               seed: int = 0) -> base.Task:
   """Builds the dominant-class task; see the module docstring.
 
@@ -62,7 +63,11 @@ def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklear
       downloader).
     adapt_lr: step size of the evaluation's adaptation steps.
     adapt_steps: adaptation steps each evaluation client takes on its train part.
+    model: 'softmax' (multinomial logistic regression) or 'cnn' (`models.small_cnn`,
+      the kind of model the DA-MAML paper used on CIFAR-10).
   """
+  if model not in ('softmax', 'cnn'):
+    raise ValueError(f"model={model!r} is unknown; choose 'softmax' or 'cnn'.")
   if not 0 <= rho <= 1:
     raise ValueError(f'rho must be in [0, 1], got {rho}.')
   if source == 'sklearn':
@@ -80,7 +85,9 @@ def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklear
     key += '-' + array_data.file_digest(cifar10_path)
   train_data = array_data.cached_client_data(
       key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2])
-  model = models.softmax_regression(x.shape[1], 10)
+  shape = (8, 8, 1) if source == 'sklearn' else (32, 32, 3)
+  model = (models.small_cnn(shape, 10, seed=seed) if model == 'cnn'
+           else models.softmax_regression(x.shape[1], 10))
 
   def evaluate(weights, psi=None) -> base.Metrics:
     del psi

@@ -18,6 +18,7 @@ a factor up to 1/gamma (5 at the paper's gamma = 0.2), so 0.1 diverges for ComFe
 (`accuracy_<i>`), their average and the worst client, and the mean test loss.
 """
 
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -64,7 +65,11 @@ def _split(x, y, split: str, small_size: int, rng: np.random.Generator,
 def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklearn',
                                  split: Literal['iid', 'classes'] = 'iid',
                                  small_size: int = 20, big_size: int = 5000,
-                                 mnist_path: str = '', seed: int = 0) -> base.Task:
+                                 mnist_path: str = '',
+                                 model: Literal['softmax', 'cnn'] = 'softmax',
+                                 keras_model: tf.keras.Model | Callable[[], tf.keras.Model]
+                                 | None = None,
+                                 seed: int = 0) -> base.Task:
   """Builds the imbalanced DRFL task; see the module docstring.
 
   Args:
@@ -74,9 +79,15 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
     small_size: training examples of each of the nine small clients.
     big_size: training examples of the big client ('mnist').
     mnist_path: MNIST as an .npz in Keras' format ('mnist'; empty: Keras' downloader).
+    model: 'softmax' (multinomial logistic regression) or 'cnn' (`models.small_cnn`).
+    keras_model: (in code) a Keras classifier of the flat pixels to 10 logits, or a
+      function returning one; it replaces `model` (`models.keras_classifier`: trains
+      on TFF's runtime).
   """
   if split not in ('iid', 'classes'):
     raise ValueError(f"split={split!r} is unknown; choose 'iid' or 'classes'.")
+  if model not in ('softmax', 'cnn'):
+    raise ValueError(f"model={model!r} is unknown; choose 'softmax' or 'cnn'.")
   if not 1 <= small_size <= 40:
     raise ValueError(f'small_size must be in [1, 40], got {small_size}.')
   if source == 'sklearn':
@@ -95,12 +106,17 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
   train_data = array_data.cached_client_data(
       key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2])
 
+  shape = (8, 8, 1) if source == 'sklearn' else (28, 28, 1)
+  network = (models.keras_classifier(keras_model, x.shape[1]) if keras_model
+             else models.small_cnn(shape, 10, seed=seed) if model == 'cnn'
+             else models.softmax_regression(x.shape[1], 10))
+  scores = base.ClassifierScorer(network)
+
   def evaluate_clients(weights) -> list[dict]:
     """Each client's test loss and accuracy."""
-    kernel, bias = weights
     rows = []
     for i, (_, _, x_test, y_test) in enumerate(clients):
-      loss, accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
+      loss, accuracy = scores(weights, x_test, y_test)
       rows.append(dict(client=str(i), loss=loss, accuracy=accuracy))
     return rows
 
@@ -114,7 +130,7 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
                 mean_loss=float(np.mean([row['loss'] for row in rows])))
 
   return base.Task(
-      name='imbalanced_digits', model=models.softmax_regression(x.shape[1], 10),
+      name='imbalanced_digits', model=network,
       train_data=train_data, regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
       evaluate_clients=evaluate_clients,
       defaults=dict(client_learning_rate=0.02, server_learning_rate=1.0, rounds=100,

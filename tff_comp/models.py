@@ -143,3 +143,62 @@ def mlp_regression(layer_sizes: tuple[int, ...] = (1, 40, 40, 1), *,
       input_spec=(tf.TensorSpec([None, layer_sizes[0]], tf.float32),
                   tf.TensorSpec([None], tf.float32)),
   )
+
+
+
+def keras_classifier(keras_model, num_features: int) -> tff.learning.models.FunctionalModel:
+  """A Keras classifier (a model, or a function returning one) of flat float features
+  to logits, with int32 labels, as a FunctionalModel
+  (`tff.learning.models.functional_model_from_keras`) with mean sparse softmax
+  cross-entropy. Non-trainable weights (an adapted `Normalization` layer's mean and
+  variance) are passed through unchanged, in training and evaluation.
+
+  Limits of TFF 0.87's conversion (measured): no layer whose training call updates
+  state (batch normalization); a layer frozen with `trainable=False` fails to convert
+  (its variables are created trainable, so TFF's weight lists do not line up); the
+  model runs only inside TFF computations or graphs, so it trains on TFF's runtime
+  (the in-process runtime says so, and `--runtime=auto` picks TFF's).
+  """
+  return tff.learning.models.functional_model_from_keras(
+      keras_model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      (tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf.int32)))
+
+
+def small_cnn(image_shape: tuple[int, int, int], num_classes: int, *, filters: int = 16,
+              seed: int = 0) -> tff.learning.models.FunctionalModel:
+  """A small CNN on flat image features, in plain TF (every runtime, XLA included):
+  reshape to `image_shape`, 3x3 convolution with `filters` ReLU channels (same
+  padding), 2x2 max pooling, a dense layer to `num_classes` logits; mean sparse
+  softmax cross-entropy. Glorot-uniform kernels from `seed`, zero biases."""
+  height, width, channels = image_shape
+  pooled = (height // 2) * (width // 2) * filters
+  rng = np.random.default_rng(seed)
+
+  def glorot(shape, fan_in, fan_out):
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, shape).astype(np.float32)
+
+  initial = ((glorot((3, 3, channels, filters), 9 * channels, 9 * filters),
+              np.zeros([filters], np.float32),
+              glorot((pooled, num_classes), pooled, num_classes),
+              np.zeros([num_classes], np.float32)), ())
+
+  @tf.function
+  def predict_on_batch(weights, x, training=True):
+    del training
+    (conv, conv_bias, dense, dense_bias), _ = weights
+    images = tf.reshape(x, [-1, height, width, channels])
+    hidden = tf.nn.relu(tf.nn.conv2d(images, conv, 1, 'SAME') + conv_bias)
+    hidden = tf.nn.max_pool2d(hidden, 2, 2, 'VALID')
+    return tf.matmul(tf.reshape(hidden, [-1, pooled]), dense) + dense_bias
+
+  @tf.function
+  def loss(output, label, sample_weight=None):
+    del sample_weight
+    return tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=output))
+
+  return tff.learning.models.FunctionalModel(
+      initial_weights=initial, predict_on_batch_fn=predict_on_batch, loss_fn=loss,
+      input_spec=(tf.TensorSpec([None, height * width * channels], tf.float32),
+                  tf.TensorSpec([None], tf.int32)))

@@ -307,4 +307,20 @@ def build(process, client_data, **kwargs) -> InProcessProcess:
   if getattr(process, 'custom_aggregator', False):
     raise UnsupportedError('a custom model_aggregator (TFF clipping, compression or DP)'
                            ' runs on the TFF runtime only.')
+  _check_runs_outside_tff(algorithm.model)
   return InProcessProcess(algorithm, client_arrays(client_data), **kwargs)
+
+
+def _check_runs_outside_tff(model) -> None:
+  """UnsupportedError for a model from `tff.learning.models.functional_model_from_keras`,
+  which raises unless called inside a TFF computation or a graph. TFF does not export
+  that error's class (KerasFunctionalModelError), so it is recognized by name."""
+  x_spec = model.input_spec[0]
+  x = tf.zeros([1, *x_spec.shape[1:]], x_spec.dtype)
+  try:
+    tf.function(lambda: model.predict_on_batch(model.initial_weights, x))()
+  except Exception as error:  # pylint: disable=broad-except
+    if type(error).__name__ == 'KerasFunctionalModelError':
+      raise UnsupportedError('a Keras model converted by TFF runs inside TFF'
+                             ' computations only; run it on the TFF runtime.') from error
+    raise
