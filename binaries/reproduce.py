@@ -24,8 +24,10 @@ import concurrent.futures
 import csv
 import dataclasses
 import itertools
+import math
 import multiprocessing
 import pathlib
+import sys
 import time
 
 from absl import app
@@ -168,6 +170,16 @@ _RUNTIME = flags.DEFINE_enum('runtime', 'auto', ['auto', 'inprocess', 'tff'],
 _ALGORITHMS = flags.DEFINE_list(
     'algorithms', None, 'Train only these of the experiment\'s algorithms (default: all);'
     ' the table then covers them only: --summarize_only rebuilds it from all saved runs.')
+_CLIENT_LRS = flags.DEFINE_list(
+    'client_learning_rates', None, 'Override the grid\'s client learning rates (e.g. 0.001,0.003).')
+_SERVER_LRS = flags.DEFINE_list(
+    'server_learning_rates', None, 'Override the grid\'s server learning rates.')
+_SEEDS = flags.DEFINE_integer(
+    'seeds', None, 'Run only the first N of the experiment\'s seeds (a quicker check).',
+    lower_bound=1)
+_EVAL_PERIOD = flags.DEFINE_integer('eval_period', None,
+                                    'Override the experiment\'s evaluation period.',
+                                    lower_bound=1)
 _SUMMARIZE_ONLY = flags.DEFINE_bool(
     'summarize_only', False, 'Rebuild results.md and the plot from runs already saved.')
 
@@ -224,9 +236,11 @@ def _run_group(name: str, spec: Experiment, algorithm: str, seed: int, rounds: i
       print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}) seed {seed}: {e}')
     curves[(lr_c, lr_s)] = _read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
     final = curves[(lr_c, lr_s)][spec.metric]
-    print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} seed={seed} {spec.metric}='
-          f'{final[max(final)]:.4g} at round {max(final)} '
-          f'({time.monotonic() - start:.0f}s)', flush=True)
+    last = max(final)
+    outcome = (f'{spec.metric}={final[last]:.4g} at round {last}' if last >= rounds
+               else f'diverged at round {_diverged_at(curves[(lr_c, lr_s)])}')
+    print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} seed={seed} {outcome}'
+          f' ({time.monotonic() - start:.0f}s)', flush=True)
   return curves
 
 
@@ -262,14 +276,21 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
   return curves
 
 
+def _diverged_at(run) -> int:
+  """The round a stopped run diverged in: the loop writes no row for it, so the one
+  after its last row."""
+  return max(max(curve, default=0) for curve in run.values()) + 1
+
+
 def _at(runs, metric, round_num) -> list[float]:
   """The metric at `round_num` in each seed's run that reached it."""
   return [r[metric][round_num] for r in runs if round_num in r[metric]]
 
 
-def _cell(values: list[float], seeds: int) -> str:
+def _cell(runs, metric: str, round_num: int, seeds: int) -> str:
+  values = _at(runs, metric, round_num)
   if len(values) < seeds:
-    return 'diverged'
+    return f'diverged at round {min(_diverged_at(r) for r in runs if round_num not in r[metric])}'
   if seeds == 1:
     return f'{values[0]:.4g}'
   return f'{np.mean(values):.4g} ± {np.std(values):.2g}'
@@ -282,7 +303,8 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
   deviation in the tables) and a run that diverged disqualifies the configuration.
   """
   pick = max if spec.higher_is_better else min
-  checkpoints = [c for c in spec.checkpoints if c <= rounds]
+  # A shortened run tables the checkpoints it reached, and always its last round.
+  checkpoints = sorted({c for c in spec.checkpoints if c < rounds} | {rounds})
   plotted = _plotted(spec)
   seeds = max(len(runs) for by_lr in curves.values() for runs in by_lr.values())
   over = f' over {seeds} seeds' if seeds > 1 else ''
@@ -296,10 +318,10 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
       values = {lr: float(np.mean(_at(runs, spec.metric, c)))
                 for lr, runs in by_lr.items() if len(_at(runs, spec.metric, c)) == seeds}
       if not values:
-        cells.append('diverged')
+        cells.append('every rate diverged')
         continue
       best_lr = pick(values, key=values.get)
-      cells.append(f'{_cell(_at(by_lr[best_lr], spec.metric, c), seeds)} '
+      cells.append(f'{_cell(by_lr[best_lr], spec.metric, c, seeds)} '
                    f'({best_lr[0]:g}, {best_lr[1]:g})')
     lines.append(f'| {algorithm} | ' + ' | '.join(cells) + ' |')
   lines += ['', 'Cells: best value at that round, (eta_c, eta_s) achieving it.', '',
@@ -309,6 +331,7 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
                 f'{m} @ {c}' for m in plotted for c in checkpoints) + ' |',
             '|---|---|' + '---|' * (len(plotted) * len(checkpoints))]
   fig, axes = plt.subplots(1, len(plotted), figsize=(6.5 * len(plotted), 4.5), squeeze=False)
+  markers = {m: itertools.cycle('osD^vP*X') for m in plotted}  # no line hides another
   for algorithm, by_lr in curves.items():
     scored = {lr: float(np.mean([np.mean(list(r[spec.metric].values())) for r in runs]))
               for lr, runs in by_lr.items()
@@ -317,20 +340,28 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
                 if all(max(r[spec.metric]) >= rounds for r in by_lr[lr])}
     best = pick(complete or scored, key=(complete or scored).get)
     runs = by_lr[best]
-    cells = [_cell(_at(runs, m, c), seeds) for m in plotted for c in checkpoints]
+    cells = [_cell(runs, m, c, seeds) for m in plotted for c in checkpoints]
     lines.append(f'| {algorithm} | ({best[0]:g}, {best[1]:g}) | ' + ' | '.join(cells) + ' |')
+    sources = spec.metric_sources.get(algorithm, {})
     for ax, metric in zip(axes[0], plotted):
       common = sorted(set.intersection(*(set(r[metric]) for r in runs)))
-      ax.plot(common, [np.mean([r[metric][x] for r in runs]) for x in common],
-              label=f'{algorithm} (eta_c={best[0]:g}, eta_s={best[1]:g})')
+      values = np.array([[r[metric][x] for x in common] for r in runs])
+      source = f' [{sources[metric]}]' if metric in sources else ''
+      line, = ax.plot(common, values.mean(0), marker=next(markers[metric]),
+                      markevery=max(1, len(common) // 8), markersize=5,
+                      label=f'{algorithm}{source} (eta_c={best[0]:g}, eta_s={best[1]:g})')
+      if seeds > 1:  # the spread over seeds
+        ax.fill_between(common, values.min(0), values.max(0), color=line.get_color(),
+                        alpha=0.15, linewidth=0)
   for ax, metric in zip(axes[0], plotted):
-    if 'loss' in metric:
+    if 'loss' in metric or 'error' in metric:
       ax.set_yscale('log')  # one unstable method must not flatten the others
     ax.set_xlabel('round')
-    ax.set_ylabel(metric + (' (mean over seeds)' if seeds > 1 else ''))
-    ax.set_title(f'{name}: {spec.task}')
-    ax.grid(alpha=0.3)
-    ax.legend()
+    ax.set_ylabel(metric + (' (mean over seeds; band: min to max)' if seeds > 1 else ''))
+    ax.set_title(f'{name}: {metric} of each algorithm at its best rates on {spec.task}',
+                 fontsize=10)
+    ax.grid(alpha=0.3, which='both')
+    ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(root / f'{name}.png', dpi=120)
   table = '\n'.join(lines) + '\n'
@@ -338,16 +369,38 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
   return table
 
 
+def _steered(spec: Experiment) -> Experiment:
+  """`spec` with the grid and evaluation period the command line overrides."""
+  changes = {}
+  for flag, field in ((_CLIENT_LRS, 'client_learning_rates'),
+                      (_SERVER_LRS, 'server_learning_rates')):
+    if flag.value:
+      try:
+        changes[field] = tuple(float(v) for v in flag.value)
+      except ValueError as e:
+        raise ValueError(f'--{field}: {",".join(flag.value)} is not a list of numbers.') from e
+      if not all(math.isfinite(v) and v > 0 for v in changes[field]):
+        raise ValueError(f'--{field} must be positive finite numbers.')
+  if _EVAL_PERIOD.value:
+    changes['eval_period'] = _EVAL_PERIOD.value
+  return dataclasses.replace(spec, **changes)
+
+
 @flags_lib.closing_stdout_quietly
 def main(argv):
   if len(argv) > 1:
     flags_lib.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   name = _EXPERIMENT.value
-  spec = EXPERIMENTS[name]
+  try:
+    spec = _steered(EXPERIMENTS[name])
+  except ValueError as e:
+    flags_lib.fail(str(e))
   rounds = _ROUNDS.value or spec.rounds
   root = pathlib.Path(_OUTPUT.value) / name
   root.mkdir(parents=True, exist_ok=True)
   seeds = spec.seeds or (_SEED.value,)
+  if _SEEDS.value:
+    seeds = seeds[:_SEEDS.value]
   if _ALGORITHMS.value:
     unknown = sorted(set(_ALGORITHMS.value) - set(spec.algorithms))
     if unknown:
@@ -370,9 +423,8 @@ def main(argv):
                         parallel=_PARALLEL.value)
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
-  command = f'python binaries/reproduce.py --experiment={name}' + (
-      f' --rounds={rounds}' if _ROUNDS.value else '') + (
-      f' --data_seed={_DATA_SEED.value}' if _DATA_SEED.value is not None else '')
+  # The command that ran, as it was given (flag values included).
+  command = ' '.join(['python binaries/reproduce.py', *sys.argv[1:]])
   print(summarize(name, spec, curves, rounds, root, command))
 
 

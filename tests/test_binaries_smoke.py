@@ -28,6 +28,49 @@ def test_reproduce_writes_table_and_plot(tmp_path):
   assert (tmp_path / 'fedavg' / 'lr_0.01_2' / 'metrics.csv').exists()
 
 
+def _tiny(lr: float, rounds: int = 100) -> 'reproduce.Experiment':
+  return reproduce.Experiment(
+      task='quadratic', algorithms=('fedavg',), client_learning_rates=(lr,),
+      server_learning_rates=(1.0,), rounds=rounds, checkpoints=(50, 100),
+      metric='distance_to_optimum', higher_is_better=False, eval_period=1)
+
+
+def test_a_short_run_tables_the_rounds_it_has(tmp_path):
+  curves = reproduce.run_grid('short', _tiny(0.01), 3, (0,), tmp_path)
+  table = reproduce.summarize('short', _tiny(0.01), curves, 3, tmp_path, 'cmd')
+  assert 'round 3' in table and 'round 50' not in table and 'diverged' not in table
+
+
+def test_a_diverged_configuration_says_when(tmp_path, capsys):
+  # eta_c = 5 on F = 0.5 ||x - e||^2 multiplies the error by 4 a step: inf in round 1.
+  curves = reproduce.run_grid('diverges', _tiny(5.0), 3, (0, 1), tmp_path)
+  assert 'diverged at round 1' in capsys.readouterr().out
+  table = reproduce.summarize('diverges', _tiny(5.0), curves, 3, tmp_path, 'cmd')
+  assert 'every rate diverged' in table and 'diverged at round 1' in table
+
+
+def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tmp_path):
+  args = ['--experiment=fco_lasso', '--rounds=2', '--algorithms=feddualavg',
+          '--client_learning_rates=0.001', '--server_learning_rates=10', '--eval_period=1',
+          f'--output_dir={tmp_path}']
+  out = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'), *args],
+      capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.returncode == 0, out.stderr
+  table = (tmp_path / 'fco_lasso' / 'results.md').read_text()
+  assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in table
+  assert '| feddualavg | (0.001, 10) |' in table and 'round 2' in table
+  runs = list((tmp_path / 'fco_lasso').glob('*/lr_*'))
+  assert [r.name for r in runs] == ['lr_0.001_10']
+  bad = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'),
+       '--client_learning_rates=fast', f'--output_dir={tmp_path}'],
+      capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
 def test_bench_runs(repo_root):
   out = subprocess.run(
       [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1',

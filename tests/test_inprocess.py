@@ -18,6 +18,7 @@ from tests import algorithm_cases
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import inprocess
+from tff_comp.tasks import nuclear
 
 ROUNDS, PER_ROUND = 3, 3
 DATA, MODEL = algorithm_cases.DATA, algorithm_cases.MODEL
@@ -112,3 +113,18 @@ def test_device_choice_prefers_a_gpu():
   assert inprocess.choose_device([cpu, gpu]) == gpu.name
   with pytest.raises(RuntimeError):
     inprocess.choose_device([])
+
+
+def test_auto_runs_a_step_with_an_svd_mapped_and_says_why():
+  """XLA runs an SVD (the nuclear-norm prox of every local step) as a slow loop on a
+  CPU: 'auto' picks the mapped engine for it, while 'lanes' can still be asked for."""
+  task = nuclear.build_nuclear_task(dataset='IV')
+  process = registry.get_algorithm('feddualavg').build(
+      task.model, client_learning_rate=1e-3, regularizer=task.regularizer)
+  auto = inprocess.build(process, task.train_data)
+  assert auto.engine == 'mapped' and 'Svd' in auto.why
+  assert inprocess.build(process, task.train_data, engine='lanes').engine == 'lanes'
+  plain = registry.get_algorithm('feddualavg').build(
+      MODEL, client_learning_rate=1e-3, regularizer=algorithm_cases.arguments(
+          'feddualavg', {})['regularizer'])
+  assert inprocess.build(plain, DATA['unequal']).engine == 'lanes'  # an L1 prox: lanes

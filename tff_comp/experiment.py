@@ -364,7 +364,8 @@ def runner_for(process: tff.learning.templates.LearningProcess, client_data,
   if runtime in ('auto', 'inprocess'):
     try:
       fast = inprocess.build(process, client_data)
-      return fast, f'inprocess on {fast.device}, {fast.engine} engine'
+      why = f' ({fast.why})' if fast.why else ''
+      return fast, f'inprocess on {fast.device}, {fast.engine} engine{why}'
     except inprocess.UnsupportedError as e:
       if runtime == 'inprocess':
         raise ConfigError(f'--runtime=inprocess: {e}') from e

@@ -43,6 +43,14 @@ def linear_regression(
   )
 
 
+@tf.function
+def _softmax_cross_entropy(output, label, sample_weight=None):
+  """Mean sparse softmax cross-entropy of logits `output` (the classifiers' loss)."""
+  del sample_weight
+  return tf.reduce_mean(
+      tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=output))
+
+
 def softmax_regression(
     num_features: int, num_classes: int
 ) -> tff.learning.models.FunctionalModel:
@@ -61,17 +69,10 @@ def softmax_regression(
     (kernel, bias), _ = weights
     return tf.matmul(x, kernel) + bias
 
-  @tf.function
-  def loss(output, label, sample_weight=None):
-    del sample_weight
-    return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=output)
-    )
-
   return tff.learning.models.FunctionalModel(
       initial_weights=initial,
       predict_on_batch_fn=predict_on_batch,
-      loss_fn=loss,
+      loss_fn=_softmax_cross_entropy,
       input_spec=(
           tf.TensorSpec([None, num_features], tf.float32),
           tf.TensorSpec([None], tf.int32),
@@ -192,13 +193,8 @@ def small_cnn(image_shape: tuple[int, int, int], num_classes: int, *, filters: i
     hidden = tf.nn.max_pool2d(hidden, 2, 2, 'VALID')
     return tf.matmul(tf.reshape(hidden, [-1, pooled]), dense) + dense_bias
 
-  @tf.function
-  def loss(output, label, sample_weight=None):
-    del sample_weight
-    return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=output))
-
   return tff.learning.models.FunctionalModel(
-      initial_weights=initial, predict_on_batch_fn=predict_on_batch, loss_fn=loss,
+      initial_weights=initial, predict_on_batch_fn=predict_on_batch,
+      loss_fn=_softmax_cross_entropy,
       input_spec=(tf.TensorSpec([None, height * width * channels], tf.float32),
                   tf.TensorSpec([None], tf.int32)))

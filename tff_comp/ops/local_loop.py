@@ -106,18 +106,27 @@ def run_scheduled_steps(
   full batch wraps around the examples (one epoch), so batches are slices."""
   n = num_examples(examples)
 
-  def batch_at(first, size):
-    if contiguous and isinstance(size, int):
-      return tf.nest.map_structure(lambda t: t[first:first + size], examples)
-    index = batch_positions(first, size, n)
-    return tf.nest.map_structure(lambda t: tf.gather(t, index), examples)
-
   def body(k, state):
-    return k + 1, step_fn(state, batch_at(k * batch_size, batch_size))
+    first = k * batch_size
+    if contiguous:
+      return k + 1, step_fn(state, tf.nest.map_structure(
+          lambda t: t[first:first + batch_size], examples))
+    index = batch_positions(first, batch_size, n)
+    return k + 1, step_fn(state, tf.nest.map_structure(lambda t: tf.gather(t, index),
+                                                       examples))
 
   _, state = tf.while_loop(lambda k, _: k < full, body, (tf.constant(0), initial_state))
+  return run_short_batch(step_fn, state, examples, full, remainder, batch_size=batch_size)
+
+
+def run_short_batch(step_fn: Callable[[Any, Any], Any], state: Any, examples: Any,
+                    full: tf.Tensor, remainder: tf.Tensor, *, batch_size: int) -> Any:
+  """`step_fn` on the short last batch (positions [full B, full B + remainder) mod n)
+  if `remainder` > 0, else `state`."""
+  index = batch_positions(full * batch_size, remainder, num_examples(examples))
   return tf.cond(remainder > 0,
-                 lambda: step_fn(state, batch_at(full * batch_size, remainder)),
+                 lambda: step_fn(state, tf.nest.map_structure(
+                     lambda t: tf.gather(t, index), examples)),
                  lambda: state)
 
 

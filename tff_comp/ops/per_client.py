@@ -92,7 +92,9 @@ class Ditto(PerClientRule):
 
   def initialize(self, payload, hparams, context):
     state = super().initialize(payload, hparams, context)
-    personal = tuple(table[context.client_index] for table in payload.personal)
+    # tf.gather, not table[i]: XLA (the lanes engine) would compile a slice at a
+    # tensor index as a constant, once per client.
+    personal = tuple(tf.gather(table, context.client_index) for table in payload.personal)
     return state._replace(extras=(state.extras, personal))
 
   def local_step(self, weights, extras, batch, hparams, payload, context):

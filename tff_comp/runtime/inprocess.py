@@ -82,6 +82,10 @@ def _specs_of(structure) -> Any:
 
 
 ENGINES = ('auto', 'lanes', 'mapped')
+# Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
+# (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
+_SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve',
+                                    'MatrixInverse', 'Cholesky'})
 
 
 class InProcessProcess:
@@ -110,8 +114,9 @@ class InProcessProcess:
     self.device = device or choose_device()
     self.engine = 'lanes' if engine == 'auto' else engine
     self._fallback = engine == 'auto'
+    self.why = ''  # why the engine is not lanes, when auto chose otherwise
+    self._short_batches = _has_short_batches(algorithm, data.counts)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
-    self._remainders = _remainders(algorithm, data.counts)
     with tf.device(self.device):
       self._examples = tf.nest.map_structure(
           lambda a: tf.Variable(a, trainable=False), data.examples)
@@ -121,7 +126,28 @@ class InProcessProcess:
     self._rounds = {'lanes': tf.function(self._lanes_round),
                     'mapped': tf.function(self._mapped_round)}
     self._cohort = tf.function(self._run_cohort, jit_compile=True)
-    logging.info('in-process runtime on %s (%s engine)', self.device, self.engine)
+    if self._fallback and 'CPU' in self.device.upper():
+      slow = self._step_ops() & _SLOW_UNDER_XLA_ON_CPU
+      if slow:
+        self.engine, self._fallback = 'mapped', False
+        self.why = f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
+    logging.info('in-process runtime on %s (%s engine%s)', self.device, self.engine,
+                 f': {self.why}' if self.why else '')
+
+  def _step_ops(self) -> set[str]:
+    """Op types of one local step of the client rule (nested functions included)."""
+    algorithm = self.algorithm
+    rule, state = algorithm.client_rule, self.initialize()
+    payload = algorithm.server_rule.payload(state['finalizer'], state['global_model_weights'])
+    hparams = state['client_work']['hparams']
+    size = protocol.step_batch_size(rule, algorithm.client_options)
+    batch = tf.nest.map_structure(lambda v: v[:size], self._examples)
+    context = rule_lib.RoundContext.of(client_index=0)
+    graph = tf.function(lambda: rule.step(
+        rule.initialize(payload, hparams, context), batch, payload, hparams,
+        context)).get_concrete_function().graph.as_graph_def()
+    return ({node.op for node in graph.node}
+            | {node.op for f in graph.library.function for node in f.node_def})
 
   # --- state -------------------------------------------------------------------------
 
@@ -189,7 +215,7 @@ class InProcessProcess:
           raise
         # A rule XLA or vectorization cannot run (the round is pure: nothing to undo).
         logging.warning('lanes engine unavailable for this algorithm (%s); clients run'
-                        ' mapped instead.', str(error).strip().splitlines()[0][:300])
+                        ' mapped instead.', str(error).strip().splitlines()[-1][:300])
         self.engine, self._fallback = 'mapped', False
         weights, server_state, metrics = self._rounds[self.engine](*args)
     self._fallback = False  # a later failure is the algorithm's own, not the engine's
@@ -242,16 +268,24 @@ class InProcessProcess:
     return protocol.ClientPlan(context, full, remainder)
 
   def _run_cohort(self, payload, hparams, indices, plans):
-    return lanes_lib.run_cohort(
-        self.algorithm.client_rule, payload, hparams, self.algorithm.client_options,
-        self._examples, tf.gather(self._offsets, indices), tf.gather(self._counts, indices),
-        plans, lanes=self.lanes, remainders=self._remainders)
+    algorithm = self.algorithm
+    return lanes_lib.run_full_batches(
+        algorithm.client_rule, payload, hparams, algorithm.client_options, self._examples,
+        tf.gather(self._offsets, indices), tf.gather(self._counts, indices), plans,
+        lanes=self.lanes)
 
   def _lanes_round(self, weights, server_state, work_state, indices):
-    payload = self.algorithm.server_rule.payload(server_state, weights)
-    reference = self._reference(payload, work_state['hparams'], indices)
+    algorithm, hparams = self.algorithm, work_state['hparams']
+    rule, options = algorithm.client_rule, algorithm.client_options
+    payload = algorithm.server_rule.payload(server_state, weights)
+    reference = self._reference(payload, hparams, indices)
     plans = self._plans(payload, work_state, indices, reference)
-    outputs = self._cohort(payload, work_state['hparams'], indices, plans)
+    states = self._cohort(payload, hparams, indices, plans)  # compiled by XLA
+    offsets, counts = tf.gather(self._offsets, indices), tf.gather(self._counts, indices)
+    if self._short_batches:
+      states = lanes_lib.run_short_batches(rule, payload, hparams, options, self._examples,
+                                           offsets, counts, plans, states)
+    outputs = lanes_lib.finish_cohort(rule, payload, hparams, options, counts, plans, states)
     return self._finish_round(weights, server_state, outputs, reference)
 
   def _mapped_round(self, weights, server_state, work_state, indices):
@@ -283,13 +317,13 @@ class InProcessProcess:
     return weights, server_state, metrics
 
 
-def _remainders(algorithm: algorithm_lib.Algorithm, counts: np.ndarray) -> list[int]:
-  """Every size the short last batch of a client's round can have on these data."""
+def _has_short_batches(algorithm: algorithm_lib.Algorithm, counts: np.ndarray) -> bool:
+  """Whether some client's round on these data ends with a short batch."""
   options = algorithm.client_options
   if options.local_steps is not None or options.local_epochs_max is not None:
-    return []  # whole batches only (cycling, or FedNova's floor(E n / B))
+    return False  # whole batches only (cycling, or FedNova's floor(E n / B))
   size = protocol.step_batch_size(algorithm.client_rule, options)
-  return sorted(set((options.local_epochs * counts % size).tolist()) - {0})
+  return bool(np.any(options.local_epochs * counts % size))
 
 
 def build(process, client_data, **kwargs) -> InProcessProcess:

@@ -3,25 +3,26 @@
 Mapping clients one by one pays TensorFlow's per-op cost on every local step of every
 client (about 21 us a step measured on the project's 2-core machines, whatever the
 model's size); vectorizing whole clients (`tf.vectorized_map` of a client's while loop)
-costs as much again in masking. Here the cohort runs in `L` lanes:
+costs as much again in masking. Here the cohort's full batches run in `L` lanes:
 
     lanes take clients longest first (most full batches; a greedy schedule);
     every iteration, each busy lane takes one full batch of its client, all lanes in
     one `tf.vectorized_map` of the rule's `step` (idle lanes are masked out);
-    a lane whose client has run its full batches takes the client's short last batch
-    (if any) on its own, finishes the client (`protocol.finish_client`) into the
-    cohort's stacked outputs, and starts the next client (`rule.initialize`).
+    a lane whose client has run its full batches stores the client's state and starts
+    the next client (`rule.initialize`);
+    then each client's short last batch, client by client in plain TF
+    (`run_short_batches`): branching on its size inside XLA, or one vectorized step
+    per size, made XLA compile again for every new cohort (measured; cause not found).
 
-Every client sees exactly the batches of `ops.local_loop.schedule`, the same batches
-the TFF client work and the mapped runtime take, so the results are the same. Built for
-XLA (`jit_compile=True`): every shape is static. The short batch has one of a few sizes
-known from the data (`remainders`), so it runs as a `tf.switch_case` over them. Client
-data are one resident array of every client's examples (no padding), read through each
-client's offset and count.
+`run_full_batches` is built for XLA (`jit_compile=True`): every shape is static and
+nothing in the program depends on which clients a round holds, so it compiles once
+(`tests/test_lanes.py` counts XLA's compiles). `finish_cohort` gives each client its
+output (`protocol.finish_client`). Every
+client sees exactly the batches of `ops.local_loop.schedule`, the same batches the TFF
+client work and the mapped runtime take, so the results are the same. Client data are
+one resident array of every client's examples (no padding), read through each client's
+offset and count.
 """
-
-from collections.abc import Sequence
-from typing import Any
 
 import tensorflow as tf
 
@@ -31,8 +32,8 @@ from tff_comp.ops import rule as rule_lib
 
 
 def _rows(structure, index):
-  # tf.gather, never t[i]: XLA compiles a slice at a tensor index as a constant,
-  # so every new index would compile the kernel again.
+  # tf.gather, never t[i] in the XLA kernel: XLA compiles a slice at a tensor index as
+  # a constant, so every new index would compile the kernel again.
   return tf.nest.map_structure(lambda t: tf.gather(t, index), structure)
 
 
@@ -49,10 +50,11 @@ def _select(mask, new, old):
       new, old)
 
 
-def run_cohort(rule: rule_lib.ClientRule, payload, hparams, options: protocol.ClientOptions,
-               examples, offsets: tf.Tensor, counts: tf.Tensor, plans: protocol.ClientPlan,
-               *, lanes: int, remainders: Sequence[int]) -> protocol.ClientOutput:
-  """Every cohort client's `ClientOutput`, stacked in cohort order (see module doc).
+def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
+                     options: protocol.ClientOptions, examples, offsets: tf.Tensor,
+                     counts: tf.Tensor, plans: protocol.ClientPlan, *,
+                     lanes: int) -> rule_lib.LocalState:
+  """Every cohort client's LocalState after its full batches, stacked in cohort order.
 
   Args:
     rule, payload, hparams, options: the round's client rule and what it receives.
@@ -60,85 +62,101 @@ def run_cohort(rule: rule_lib.ClientRule, payload, hparams, options: protocol.Cl
     offsets, counts: [m] int32, where each cohort client's examples start, how many.
     plans: the cohort's `ClientPlan`s, each field stacked to [m].
     lanes: how many clients step together.
-    remainders: every nonzero size the short last batch can have (static).
   """
   size = protocol.step_batch_size(rule, options)
   m = int(offsets.shape[0])
   width = min(lanes, m)
-  full, remainder = plans.full, plans.remainder
-  remainders = sorted(set(int(r) for r in remainders) - {0})
+  full = plans.full
   order = tf.argsort(full, direction='DESCENDING', stable=True)
 
   def context(c):
     return _rows(plans.context, c)
 
-  def batch(c, first, batch_size):
-    positions = tf.gather(offsets, c) + local_loop.batch_positions(
-        first, batch_size, tf.gather(counts, c))
-    return _rows(examples, positions)
-
-  def finish(state, c):
-    """The client's short batch (if any), then its output."""
-    if remainders:
-      which = tf.reduce_sum(tf.range(1, len(remainders) + 1) * tf.cast(
-          tf.equal(tf.constant(remainders), tf.gather(remainder, c)), tf.int32))
-      branches = [lambda: state] + [
-          (lambda r=r: rule.step(state, batch(c, tf.gather(full, c) * size, r), payload, hparams,
-                                 context(c))) for r in remainders]
-      state = tf.switch_case(which, branches)
-    steps = tf.gather(full, c) + tf.cast(tf.gather(remainder, c) > 0, tf.int32)
-    return protocol.finish_client(rule, state, steps, payload, hparams, context(c),
-                                  options, tf.gather(counts, c))
-
   template = rule.initialize(payload, hparams, context(0))
   lane_state = tf.nest.map_structure(
       lambda t: tf.repeat(t[None], width, axis=0), template)
-  outputs = tf.nest.map_structure(
-      lambda t: tf.zeros([m + 1, *t.shape], t.dtype), finish(template, 0))
+  states = tf.nest.map_structure(lambda t: tf.zeros([m + 1, *t.shape], t.dtype), template)
 
   def needs_service(lane_client, lane_k, taken):
     finished = (lane_client >= 0) & (lane_k >= tf.gather(full, tf.maximum(lane_client, 0)))
     return finished | ((lane_client < 0) & (taken < m))
 
-  def serve(lane_client, lane_k, lane_state, outputs, taken):
-    """Finish every lane whose client is done and give it the next client."""
+  def serve(lane_client, lane_k, lane_state, states, taken):
+    """Store every lane whose client is done and give it the next client."""
 
-    def body(lane_client, lane_k, lane_state, outputs, taken):
+    def body(lane_client, lane_k, lane_state, states, taken):
       lane = tf.argmax(tf.cast(needs_service(lane_client, lane_k, taken), tf.int32),
                        output_type=tf.int32)
       c = tf.gather(lane_client, lane)
       # Unconditional, so XLA updates the buffer in place; a lane that had no client
       # writes the scratch row m.
-      outputs = _put(outputs, tf.where(c >= 0, c, m),
-                     finish(_rows(lane_state, lane), tf.maximum(c, 0)))
+      states = _put(states, tf.where(c >= 0, c, m), _rows(lane_state, lane))
       following = tf.where(taken < m, tf.gather(order, tf.minimum(taken, m - 1)), -1)
       this_lane = tf.equal(tf.range(width), lane)
       started = rule.initialize(payload, hparams, context(tf.maximum(following, 0)))
       lane_state = _select(this_lane, tf.nest.map_structure(
           lambda s, v: tf.broadcast_to(v, s.shape), lane_state, started), lane_state)
       return (tf.where(this_lane, following, lane_client),
-              tf.where(this_lane, 0, lane_k), lane_state, outputs,
+              tf.where(this_lane, 0, lane_k), lane_state, states,
               taken + tf.cast(taken < m, tf.int32))
 
     return tf.while_loop(
         lambda lane_client, lane_k, _, __, taken: tf.reduce_any(
             needs_service(lane_client, lane_k, taken)),
-        body, (lane_client, lane_k, lane_state, outputs, taken))
+        body, (lane_client, lane_k, lane_state, states, taken))
 
-  def step_lanes(lane_client, lane_k, lane_state, outputs, taken):
+  def step_lanes(lane_client, lane_k, lane_state, states, taken):
     busy = lane_client >= 0
     clients = tf.maximum(lane_client, 0)
     positions = (tf.gather(offsets, clients)[:, None]
                  + (lane_k[:, None] * size + tf.range(size)[None])
                  % tf.maximum(tf.gather(counts, clients), 1)[:, None])
+    # No silent per-lane while loop for an op without a vectorization rule: the
+    # kernel fails to build instead, and the runtime falls back to mapped clients.
     stepped = tf.vectorized_map(
         lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
-        (lane_state, _rows(examples, positions), _rows(plans.context, clients)))
+        (lane_state, _rows(examples, positions), _rows(plans.context, clients)),
+        fallback_to_while_loop=False)
     lane_state = _select(busy, stepped, lane_state)
-    return serve(lane_client, lane_k + tf.cast(busy, tf.int32), lane_state, outputs, taken)
+    return serve(lane_client, lane_k + tf.cast(busy, tf.int32), lane_state, states, taken)
 
   loop_vars = serve(-tf.ones([width], tf.int32), tf.zeros([width], tf.int32), lane_state,
-                    outputs, tf.constant(0))
-  _, _, _, outputs, _ = tf.while_loop(
+                    states, tf.constant(0))
+  _, _, _, states, _ = tf.while_loop(
       lambda lane_client, *_: tf.reduce_any(lane_client >= 0), step_lanes, loop_vars)
-  return tf.nest.map_structure(lambda t: t[:m], outputs)
+  return tf.nest.map_structure(lambda t: t[:m], states)
+
+
+def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
+                      options: protocol.ClientOptions, examples, offsets: tf.Tensor,
+                      counts: tf.Tensor, plans: protocol.ClientPlan,
+                      states: rule_lib.LocalState) -> rule_lib.LocalState:
+  """The clients' short last batches, client by client in plain TF (their sizes
+  vary), from the states of `run_full_batches`."""
+  size = protocol.step_batch_size(rule, options)
+
+  def one(i):
+    context = _rows(plans.context, i)
+    client = tf.nest.map_structure(lambda t: t[offsets[i]:offsets[i] + counts[i]], examples)
+    return local_loop.run_short_batch(
+        lambda s, batch: rule.step(s, batch, payload, hparams, context), _rows(states, i),
+        client, plans.full[i], plans.remainder[i], batch_size=size)
+
+  m = int(offsets.shape[0])
+  return tf.map_fn(one, tf.range(m), fn_output_signature=tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape[1:], t.dtype), states), parallel_iterations=m)
+
+
+def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
+                  options: protocol.ClientOptions, counts: tf.Tensor,
+                  plans: protocol.ClientPlan,
+                  states: rule_lib.LocalState) -> protocol.ClientOutput:
+  """Each client's `ClientOutput` from its state after `run_full_batches`, stacked in
+  cohort order."""
+  steps = plans.full + tf.cast(plans.remainder > 0, tf.int32)
+  # Once per client, so a per-client loop where an op does not vectorize (the slot
+  # tables' scatter of AFL, TR-MAML, Ditto) costs little.
+  return tf.vectorized_map(
+      lambda args: protocol.finish_client(rule, args[0], args[1], payload, hparams,
+                                          args[2], options, args[3]),
+      (states, steps, plans.context, counts))
