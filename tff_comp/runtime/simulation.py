@@ -279,7 +279,9 @@ def run_simulation(
         bar.set_postfix(summary, refresh=False)
         if show_progress and not interactive:
           elapsed = time.monotonic() - start
-          print(f'round {round_num}/{rounds} ({elapsed:.1f}s): train_loss={loss:.4g} '
+          # The round's loss at the visited iterates, then the evaluation's metrics
+          # (a task's own `train_loss` is its evaluation on the pooled training data).
+          print(f'round {round_num}/{rounds} ({elapsed:.1f}s): round_loss={loss:.4g} '
                 + ' '.join(f'{k}={v}' for k, v in summary.items()), file=sys.stderr)
       previous = time.monotonic() - start
       writer.write(round_num, previous, metrics)
