@@ -215,8 +215,11 @@ def _run_group(name: str, spec: Experiment, algorithm: str, seed: int, rounds: i
   sets learning rates through the hparams). Returns {(c, s): {metric: curve}}."""
   grid = list(itertools.product(spec.client_learning_rates, spec.server_learning_rates))
   metrics = _plotted(spec) + (spec.metric,)
+  # output_dir: the algorithm's folder of per-rate runs, so preparing never looks at
+  # run.py's default runs/<algo>-<task> (a `make run` there must not stop a grid).
   config = experiment_lib.ExperimentConfig(
       algorithm=spec.aliases.get(algorithm, algorithm), task=spec.task, rounds=rounds,
+      output_dir=str(root / algorithm),
       seed=seed, eval_period=spec.eval_period, task_options=dict(spec.task_options),
       algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
       **options, **spec.settings)
