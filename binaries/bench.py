@@ -1,6 +1,7 @@
 r"""Seconds per round, tff_comp's runtimes against references measured in the same run.
 
     python binaries/bench.py [--rounds=30] [--repeats=3] [--sweep=10,100,1000]
+                              [--tff_workers=2] [--memory_rounds=500]
 
 Part 1, FedAvg on the lasso shape (lasso I: 10 clients per round x 128 examples,
 d = 1024, batch 10, one epoch):
@@ -18,6 +19,9 @@ Part 3, `--tff_workers=N`: part 1's (b) split across N local workers with TFF's
 mergeable context (`run.py --workers`) against one worker. On one 2-core machine
 no speedup is expected (one worker already uses both cores); across hosts it scales
 the clients each worker runs.
+Part 4, `--memory_rounds=R`: host memory (RSS of this process) over R rounds of FedAvg
+on `synthetic`, all `--population` clients every round (1,000), lanes engine; growth is measured from round
+50 (after warm-up) to round R.
 Prints the median of --repeats timings of --rounds rounds each, and ratios; the first
 (compiling) rounds are warm-up and not timed.
 FedJAX is not installed here; its 0.0102 s/round on part 1's shape was measured on these
@@ -35,6 +39,7 @@ import time
 from absl import app
 from absl import flags
 import numpy as np
+import psutil  # installed with TFF (portpicker requires it)
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -55,6 +60,8 @@ _SWEEP_TFF_MAX = flags.DEFINE_integer(
     'sweep_tff_max', 100, 'Largest clients per round part 2 also times on TFF\'s worker.')
 _TFF_WORKERS = flags.DEFINE_integer(
     'tff_workers', 2, 'Part 3: local TFF workers to split rounds across (0: skip).')
+_MEMORY_ROUNDS = flags.DEFINE_integer(
+    'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).')
 CLIENTS, BATCH, LR = 10, 10, 1e-3
 FEDJAX_RECORDED = 0.0102
 
@@ -198,6 +205,25 @@ def part3(num_workers: int, rounds: int, repeats: int) -> None:
         f' {e:.4f} s/round vs one worker {b:.4f}: speedup {b / e:.2f}x')
 
 
+def part4(rounds: int, per_round: int) -> None:
+  task = synthetic.build_synthetic_task(num_clients=per_round)
+  ids = task.train_data.client_ids
+  process = fedavg.build_fedavg(task.model, client_learning_rate=0.01, batch_size=BATCH)
+  run_round = _round_runner(inprocess.build(process, task.train_data, engine='lanes'), ids,
+                            _selections(len(ids), per_round, rounds))
+  me, rss, start = psutil.Process(), {}, time.perf_counter()
+  for r in range(rounds):
+    run_round(r)
+    if r + 1 in (1, 50) or (r + 1) % 100 == 0 or r + 1 == rounds:
+      rss[r + 1] = me.memory_info().rss / 2**20
+  seconds = time.perf_counter() - start
+  base = rss[min(50, rounds)]
+  print(f'Part 4: host memory over {rounds} rounds of {per_round} clients (synthetic, lanes),'
+        f' {seconds:.0f} s: ' + ', '.join(f'round {r} {m:.0f} MB' for r, m in rss.items())
+        + f'; growth from round {min(50, rounds)}: {100 * (rss[rounds] / base - 1):+.1f}%'
+        ' (target < 5%)')
+
+
 def main(argv):
   del argv
   runtime.install_local_runtime()
@@ -207,6 +233,8 @@ def main(argv):
           _REPEATS.value, _SWEEP_TFF_MAX.value)
   if _TFF_WORKERS.value:
     part3(_TFF_WORKERS.value, _ROUNDS.value, _REPEATS.value)
+  if _MEMORY_ROUNDS.value:
+    part4(_MEMORY_ROUNDS.value, _POPULATION.value)
 
 
 if __name__ == '__main__':

@@ -23,10 +23,12 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import concurrent.futures
 import csv
 import dataclasses
+import datetime
 import itertools
 import math
 import multiprocessing
 import pathlib
+import platform
 import sys
 import time
 
@@ -34,6 +36,7 @@ from absl import app
 from absl import flags
 import matplotlib
 import numpy as np
+import tensorflow as tf
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -299,8 +302,23 @@ def _cell(runs, metric: str, round_num: int, seeds: int) -> str:
   return f'{np.mean(values):.4g} ± {np.std(values):.2g}'
 
 
-def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> str:
-  """Writes results.md and the PNG; returns the markdown.
+def machine() -> str:
+  """What ran the grid: CPUs (with the model where Linux names it) and GPUs."""
+  model = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      model = next(line.split(':', 1)[1].strip() for line in f
+                   if line.startswith('model name'))
+  except (OSError, StopIteration):
+    pass
+  gpus = len(tf.config.list_physical_devices('GPU'))
+  return f'{os.cpu_count()} CPUs ({model}), {f"{gpus} GPU(s)" if gpus else "no GPU"}'
+
+
+def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
+              provenance: str = '') -> str:
+  """Writes results.md and the PNG; returns the markdown. `provenance`: how long the
+  grid took and on what machine (a line under the command).
 
   With several seeds a configuration's value is the mean over seeds (± standard
   deviation in the tables) and a run that diverged disqualifies the configuration.
@@ -312,7 +330,7 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str) -> s
   seeds = max(len(runs) for by_lr in curves.values() for runs in by_lr.values())
   over = f' over {seeds} seeds' if seeds > 1 else ''
   lines = [f'# {name}: best {spec.metric} over the learning-rate grid{over}', '',
-           f'Command: `{command}`', '',
+           f'Command: `{command}`', '', *([provenance, ''] if provenance else []),
            '| algorithm | ' + ' | '.join(f'round {c}' for c in checkpoints) + ' |',
            '|---|' + '---|' * len(checkpoints)]
   for algorithm, by_lr in curves.items():
@@ -418,7 +436,9 @@ def main(argv):
                   for c, s in itertools.product(spec.client_learning_rates,
                                                 spec.server_learning_rates)}
               for a in spec.algorithms}
+    provenance = f'Summarized from the runs in {root}.'
   else:
+    start = time.monotonic()
     try:
       curves = run_grid(name, spec, rounds, seeds, root, _RUNTIME.value,
                         data_seed=_DATA_SEED.value, overwrite=_OVERWRITE.value,
@@ -426,9 +446,12 @@ def main(argv):
                         parallel=_PARALLEL.value)
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
+    minutes, seconds = divmod(round(time.monotonic() - start), 60)
+    provenance = (f'Took {minutes} min {seconds} s on {machine()},'
+                  f' {datetime.date.today()} (--parallel={_PARALLEL.value}).')
   # The command that ran, as it was given (flag values included).
   command = ' '.join(['python binaries/reproduce.py', *sys.argv[1:]])
-  print(summarize(name, spec, curves, rounds, root, command))
+  print(summarize(name, spec, curves, rounds, root, command, provenance))
 
 
 if __name__ == '__main__':

@@ -1,6 +1,7 @@
 """Smoke tests of reproduce.py (a tiny grid, in process) and bench.py (a subprocess)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -60,6 +61,9 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   assert out.returncode == 0, out.stderr
   table = (tmp_path / 'fco_lasso' / 'results.md').read_text()
   assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in table
+  # How long it took and on what machine.
+  assert re.search(r'Took \d+ min \d+ s on \d+ CPUs \(.+\), (no GPU|\d+ GPU\(s\)),'
+                   r' \d{4}-\d\d-\d\d \(--parallel=1\)\.', table), table
   assert '| feddualavg | (0.001, 10) |' in table and 'round 2' in table
   runs = list((tmp_path / 'fco_lasso').glob('*/lr_*'))
   assert [r.name for r in runs] == ['lr_0.001_10']
@@ -74,7 +78,8 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
 def test_bench_runs(repo_root):
   out = subprocess.run(
       [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1',
-       '--sweep=10', '--sweep_tff_max=10', '--population=20'],
+       '--sweep=10', '--sweep_tff_max=10', '--population=20',
+       '--memory_rounds=2'],
       capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert out.returncode == 0, out.stderr
@@ -82,3 +87,4 @@ def test_bench_runs(repo_root):
   assert "a/a' =" in out.stdout and '10 clients/round: lanes' in out.stdout
   assert 'mapped' in out.stdout and 'TFF worker' in out.stdout
   assert 'on 2 local TFF workers' in out.stdout and 'speedup' in out.stdout
+  assert 'Part 4: host memory over 2 rounds of 20 clients' in out.stdout
