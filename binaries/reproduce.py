@@ -315,6 +315,19 @@ def machine() -> str:
   return f'{os.cpu_count()} CPUs ({model}), {f"{gpus} GPU(s)" if gpus else "no GPU"}'
 
 
+def _zoom(ax, values: list[float], log: bool) -> None:
+  """y-limits fit to `values` (the curves from the first checkpoint on), so the early
+  rounds' values (an untrained model's) do not flatten the differences that matter."""
+  values = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
+  if not values:
+    return
+  low, high = (np.log10(min(values)), np.log10(max(values))) if log else (
+      min(values), max(values))
+  pad = 0.08 * (high - low) or 0.05 * (abs(high) or 1)
+  low, high = low - pad, high + pad
+  ax.set_ylim(*((10**low, 10**high) if log else (low, high)))
+
+
 def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
               provenance: str = '') -> str:
   """Writes results.md and the PNG; returns the markdown. `provenance`: how long the
@@ -353,6 +366,7 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
             '|---|---|' + '---|' * (len(plotted) * len(checkpoints))]
   fig, axes = plt.subplots(1, len(plotted), figsize=(6.5 * len(plotted), 4.5), squeeze=False)
   markers = {m: itertools.cycle('osD^vP*X') for m in plotted}  # no line hides another
+  settled = {m: [] for m in plotted}  # plotted values from the first checkpoint on
   for algorithm, by_lr in curves.items():
     scored = {lr: float(np.mean([np.mean(list(r[spec.metric].values())) for r in runs]))
               for lr, runs in by_lr.items()
@@ -368,6 +382,7 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
       common = sorted(set.intersection(*(set(r[metric]) for r in runs)))
       values = np.array([[r[metric][x] for x in common] for r in runs])
       source = f' [{sources[metric]}]' if metric in sources else ''
+      settled[metric] += [v for x, v in zip(common, values.mean(0)) if x >= checkpoints[0]]
       line, = ax.plot(common, values.mean(0), marker=next(markers[metric]),
                       markevery=max(1, len(common) // 8), markersize=5,
                       label=f'{algorithm}{source} (eta_c={best[0]:g}, eta_s={best[1]:g})')
@@ -375,12 +390,14 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
         ax.fill_between(common, values.min(0), values.max(0), color=line.get_color(),
                         alpha=0.15, linewidth=0)
   for ax, metric in zip(axes[0], plotted):
-    if 'loss' in metric or 'error' in metric:
+    log = 'loss' in metric or 'error' in metric
+    if log:
       ax.set_yscale('log')  # one unstable method must not flatten the others
+    _zoom(ax, settled[metric], log)
     ax.set_xlabel('round')
     ax.set_ylabel(metric + (' (mean over seeds; band: min to max)' if seeds > 1 else ''))
-    ax.set_title(f'{name}: {metric} of each algorithm at its best rates on {spec.task}',
-                 fontsize=10)
+    ax.set_title(f'{metric} of each algorithm at its best rates\n{name} on {spec.task};'
+                 f' y-axis fit to rounds >= {checkpoints[0]}', fontsize=10)
     ax.grid(alpha=0.3, which='both')
     ax.legend(fontsize=8)
   fig.tight_layout()
@@ -388,6 +405,16 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
   table = '\n'.join(lines) + '\n'
   (root / 'results.md').write_text(table)
   return table
+
+
+def _earlier_record(path: pathlib.Path) -> tuple[str, str] | None:
+  """(command, timing line or '') of an earlier results.md, if there is one."""
+  if not path.exists():
+    return None
+  lines = path.read_text().splitlines()
+  commands = [line[len('Command: `'):-1] for line in lines if line.startswith('Command: `')]
+  took = next((line for line in lines if line.startswith('Took ')), '')
+  return (commands[0], took.split(' Tables and plot rewritten')[0]) if commands else None
 
 
 def _steered(spec: Experiment) -> Experiment:
@@ -436,7 +463,15 @@ def main(argv):
                   for c, s in itertools.product(spec.client_learning_rates,
                                                 spec.server_learning_rates)}
               for a in spec.algorithms}
-    provenance = f'Summarized from the runs in {root}.'
+  # The command that ran, as it was given (flag values included).
+  command = ' '.join(['python binaries/reproduce.py', *sys.argv[1:]])
+  if _SUMMARIZE_ONLY.value:
+    # The runs' own command and timing stay, from the results.md being rewritten.
+    earlier = _earlier_record(root / 'results.md')
+    provenance = f'Tables and plot rewritten by `{command}`.'
+    if earlier:
+      command, took = earlier
+      provenance = f'{took} {provenance}'.strip()
   else:
     start = time.monotonic()
     try:
@@ -449,8 +484,6 @@ def main(argv):
     minutes, seconds = divmod(round(time.monotonic() - start), 60)
     provenance = (f'Took {minutes} min {seconds} s on {machine()},'
                   f' {datetime.date.today()} (--parallel={_PARALLEL.value}).')
-  # The command that ran, as it was given (flag values included).
-  command = ' '.join(['python binaries/reproduce.py', *sys.argv[1:]])
   print(summarize(name, spec, curves, rounds, root, command, provenance))
 
 

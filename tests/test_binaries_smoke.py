@@ -50,14 +50,18 @@ def test_a_diverged_configuration_says_when(tmp_path, capsys):
   assert 'every rate diverged' in table and 'diverged at round 1' in table
 
 
+def _reproduce(repo_root, args):
+  return subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'), *args],
+      capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+
+
 def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tmp_path):
   args = ['--experiment=fco_lasso', '--rounds=2', '--algorithms=feddualavg',
           '--client_learning_rates=0.001', '--server_learning_rates=10', '--eval_period=1',
           f'--output_dir={tmp_path}']
-  out = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'), *args],
-      capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  out = _reproduce(repo_root, args)
   assert out.returncode == 0, out.stderr
   table = (tmp_path / 'fco_lasso' / 'results.md').read_text()
   assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in table
@@ -67,11 +71,17 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   assert '| feddualavg | (0.001, 10) |' in table and 'round 2' in table
   runs = list((tmp_path / 'fco_lasso').glob('*/lr_*'))
   assert [r.name for r in runs] == ['lr_0.001_10']
-  bad = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'),
-       '--client_learning_rates=fast', f'--output_dir={tmp_path}'],
-      capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  # Summarizing again keeps the runs' own command and timing, and says what rewrote it.
+  took = next(line for line in table.splitlines() if line.startswith('Took '))
+  again = [*args, '--summarize_only']
+  for _ in range(2):
+    out = _reproduce(repo_root, again)
+    assert out.returncode == 0, out.stderr
+  rewritten = (tmp_path / 'fco_lasso' / 'results.md').read_text()
+  assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in rewritten
+  assert (f'{took} Tables and plot rewritten by `python binaries/reproduce.py'
+          f' {" ".join(again)}`.\n') in rewritten, rewritten
+  bad = _reproduce(repo_root, ['--client_learning_rates=fast', f'--output_dir={tmp_path}'])
   assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
@@ -88,3 +98,16 @@ def test_bench_runs(repo_root):
   assert 'mapped' in out.stdout and 'TFF worker' in out.stdout
   assert 'on 2 local TFF workers' in out.stdout and 'speedup' in out.stdout
   assert 'Part 4: host memory over 2 rounds of 20 clients' in out.stdout
+
+
+def test_plot_y_axis_fits_the_curves_after_the_first_checkpoint():
+  _, ax = reproduce.plt.subplots()
+  ax.plot([0, 10, 20], [0.05, 0.85, 0.97])  # an untrained model's 0.05 at round 0
+  reproduce._zoom(ax, [0.85, 0.97], log=False)  # pylint: disable=protected-access
+  low, high = ax.get_ylim()
+  assert 0.8 < low < 0.85 and 0.97 < high < 1.0
+  ax.set_yscale('log')
+  reproduce._zoom(ax, [0.3, 3.0, float('nan')], log=True)  # pylint: disable=protected-access
+  low, high = ax.get_ylim()
+  assert 0.2 < low < 0.3 and 3.0 < high < 4.5
+  reproduce.plt.close('all')
