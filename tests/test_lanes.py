@@ -131,3 +131,40 @@ def test_every_algorithm_compiles_once_for_every_cohort(repo_root):
   kernels = {name for name, _ in counts}
   assert len(kernels) == len(registry.ALGORITHMS.names()), counts
   assert all(int(n) == 1 for _, n in counts), [c for c in counts if int(c[1]) > 1]
+
+
+# Rules with second-order autodiff, forced onto lanes, then as 'auto' builds them.
+_SECOND_ORDER = """
+import numpy as np
+from tests import algorithm_cases
+from tff_comp.runtime import inprocess
+data = algorithm_cases.DATA['unequal']
+for name, options in [('per_fedavg', dict(variant='exact')), ('comfedl', dict(objective='maml'))]:
+  process = algorithm_cases.build(name, options)
+  lanes = inprocess.build(process, data, lanes=2, engine='lanes')
+  state, rng = lanes.initialize(), np.random.default_rng(1)
+  for _ in range(3):
+    state = lanes.next(state, [data.client_ids[i] for i in rng.choice(5, 3, replace=False)]).state
+  auto = inprocess.build(process, data)
+  print(name, auto.engine, auto.why)
+"""
+
+
+def test_second_order_rules_compile_for_every_cohort_so_auto_maps_them(repo_root):
+  """Under `tf.vectorized_map`, a gradient of a gradient makes XLA take the cohort as a
+  compile-time constant, so the lanes kernel compiles every round: 'auto' runs such a
+  rule mapped and says why. If a TensorFlow upgrade fixes this, the first assertion
+  fails: then let 'auto' keep these rules on lanes."""
+  out = subprocess.run(
+      [sys.executable, '-c', _SECOND_ORDER], capture_output=True, text=True, timeout=600,
+      cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, PYTHONPATH=str(repo_root), TF_CPP_MIN_LOG_LEVEL='0',
+               TF_CPP_VMODULE='device_compilation_profiler=1'))
+  assert out.returncode == 0, out.stderr[-3000:]
+  counts = re.findall(r'Compiled (__inference__run_cohort_\d+) (\d+) times', out.stderr)
+  most = {}
+  for kernel, n in counts:
+    most[kernel] = max(most.get(kernel, 0), int(n))
+  assert sorted(most.values()) == [3, 3], counts
+  for name in ('per_fedavg', 'comfedl'):
+    assert f'{name} mapped its local step differentiates a gradient' in out.stdout, out.stdout

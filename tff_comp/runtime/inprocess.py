@@ -84,6 +84,10 @@ def _specs_of(structure) -> Any:
 ENGINES = ('auto', 'lanes', 'mapped')
 # Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
 # (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
+# A step with second-order autodiff (Per-FedAvg's exact variant, the compositional MAML
+# objectives) also runs mapped: under `tf.vectorized_map` its gradient-of-gradient
+# shape computations made XLA take the cohort as a compile-time constant (XLA's
+# const_analysis log), about 1 s of compiling every round on sinewave.
 _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve',
                                     'MatrixInverse', 'Cholesky'})
 
@@ -97,7 +101,8 @@ class InProcessProcess:
     device: where to place data and rounds (default `choose_device()`).
     engine: 'lanes' (`runtime.lanes` compiled by XLA), 'mapped' (clients by
       `tf.map_fn`, no XLA) or 'auto': lanes, unless the algorithm's rules do not
-      compile with XLA, then mapped (logged with the reason, `self.engine` says which).
+      compile with XLA or would be slow there (a decomposition on a CPU, second-order
+      autodiff), then mapped (logged with the reason; `self.engine`, `self.why`).
     lanes: clients stepping together on the lanes engine (default 8 on a CPU, where
       wider lanes were no faster per step, 64 on a GPU).
   """
@@ -126,16 +131,28 @@ class InProcessProcess:
     self._rounds = {'lanes': tf.function(self._lanes_round),
                     'mapped': tf.function(self._mapped_round)}
     self._cohort = tf.function(self._run_cohort, jit_compile=True)
-    if self._fallback and 'CPU' in self.device.upper():
-      slow = self._step_ops() & _SLOW_UNDER_XLA_ON_CPU
-      if slow:
+    if self._fallback:
+      self.why = self._why_not_lanes()
+      if self.why:
         self.engine, self._fallback = 'mapped', False
-        self.why = f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
     logging.info('in-process runtime on %s (%s engine%s)', self.device, self.engine,
                  f': {self.why}' if self.why else '')
 
-  def _step_ops(self) -> set[str]:
-    """Op types of one local step of the client rule (nested functions included)."""
+  def _why_not_lanes(self) -> str:
+    """Why the lanes engine would be slow for this algorithm here, or ''."""
+    nodes = self._step_nodes()
+    slow = {op for _, op in nodes} & _SLOW_UNDER_XLA_ON_CPU
+    if slow and 'CPU' in self.device.upper():
+      return f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
+    # TensorFlow names the ops of a gradient of a gradient 'gradients/gradients/...'.
+    if any('gradients/gradients/' in name for name, _ in nodes):
+      return ('its local step differentiates a gradient (second-order autodiff), which'
+              ' makes XLA compile the lanes kernel again for every cohort')
+    return ''
+
+  def _step_nodes(self) -> set[tuple[str, str]]:
+    """(name, op type) of the ops of one local step of the client rule (nested
+    functions included)."""
     algorithm = self.algorithm
     rule, state = algorithm.client_rule, self.initialize()
     payload = algorithm.server_rule.payload(state['finalizer'], state['global_model_weights'])
@@ -146,8 +163,8 @@ class InProcessProcess:
     graph = tf.function(lambda: rule.step(
         rule.initialize(payload, hparams, context), batch, payload, hparams,
         context)).get_concrete_function().graph.as_graph_def()
-    return ({node.op for node in graph.node}
-            | {node.op for f in graph.library.function for node in f.node_def})
+    return ({(node.name, node.op) for node in graph.node}
+            | {(node.name, node.op) for f in graph.library.function for node in f.node_def})
 
   # --- state -------------------------------------------------------------------------
 
