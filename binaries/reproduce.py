@@ -366,7 +366,7 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
             '|---|---|' + '---|' * (len(plotted) * len(checkpoints))]
   fig, axes = plt.subplots(1, len(plotted), figsize=(6.5 * len(plotted), 4.5), squeeze=False)
   markers = {m: itertools.cycle('osD^vP*X') for m in plotted}  # no line hides another
-  settled = {m: [] for m in plotted}  # plotted values from the first checkpoint on
+  settled = {m: [] for m in plotted}  # values drawn from the first checkpoint on
   for algorithm, by_lr in curves.items():
     scored = {lr: float(np.mean([np.mean(list(r[spec.metric].values())) for r in runs]))
               for lr, runs in by_lr.items()
@@ -382,7 +382,8 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
       common = sorted(set.intersection(*(set(r[metric]) for r in runs)))
       values = np.array([[r[metric][x] for x in common] for r in runs])
       source = f' [{sources[metric]}]' if metric in sources else ''
-      settled[metric] += [v for x, v in zip(common, values.mean(0)) if x >= checkpoints[0]]
+      settled[metric] += [v for x, *drawn in zip(common, values.min(0), values.max(0))
+                          if x >= checkpoints[0] for v in drawn]  # bands included
       line, = ax.plot(common, values.mean(0), marker=next(markers[metric]),
                       markevery=max(1, len(common) // 8), markersize=5,
                       label=f'{algorithm}{source} (eta_c={best[0]:g}, eta_s={best[1]:g})')
@@ -395,13 +396,15 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
       ax.set_yscale('log')  # one unstable method must not flatten the others
     _zoom(ax, settled[metric], log)
     ax.set_xlabel('round')
-    ax.set_ylabel(metric + (' (mean over seeds; band: min to max)' if seeds > 1 else ''))
-    ax.set_title(f'{metric} of each algorithm at its best rates\n{name} on {spec.task};'
-                 f' y-axis fit to rounds >= {checkpoints[0]}', fontsize=10)
+    ax.set_ylabel(metric)
+    spread = f'mean over {seeds} seeds, band: min to max; ' if seeds > 1 else ''
+    ax.set_title(f'{metric} of each algorithm at its best rates\n{name} on {spec.task}\n'
+                 f'{spread}y-axis fit to rounds >= {checkpoints[0]}', fontsize=10)
     ax.grid(alpha=0.3, which='both')
-    ax.legend(fontsize=8)
+    # Below the plot, where it hides no curve.
+    ax.legend(fontsize=8, loc='upper center', bbox_to_anchor=(0.5, -0.15), ncol=2)
   fig.tight_layout()
-  fig.savefig(root / f'{name}.png', dpi=120)
+  fig.savefig(root / f'{name}.png', dpi=120, bbox_inches='tight')
   table = '\n'.join(lines) + '\n'
   (root / 'results.md').write_text(table)
   return table
