@@ -100,6 +100,19 @@ def test_each_client_gets_run_clients_output(width, momentum, epochs):
   assert float(stacked.weight[1]) == 0.0
 
 
+def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:
+  """(stdout, [(kernel, compiles so far)] from XLA's log) of `script` in a fresh
+  Python."""
+  out = subprocess.run(
+      [sys.executable, '-c', script], capture_output=True, text=True, timeout=600,
+      cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, PYTHONPATH=str(repo_root), TF_CPP_MIN_LOG_LEVEL='0',
+               TF_CPP_VMODULE='device_compilation_profiler=1'))
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout, re.findall(r'Compiled (__inference__run_cohort_\d+) (\d+) times',
+                                out.stderr)
+
+
 # Every registered algorithm, rounds of changing cohorts, XLA's own count of compiles.
 _COMPILES = """
 import numpy as np
@@ -121,13 +134,7 @@ def test_every_algorithm_compiles_once_for_every_cohort(repo_root):
   """XLA bakes a tensor used as a slice index (`t[i]`) into the program as a constant,
   so a kernel or rule indexing by client compiled again for every new cohort (seconds
   a round; Ditto's row read did). XLA's log counts the compiles of each kernel."""
-  out = subprocess.run(
-      [sys.executable, '-c', _COMPILES], capture_output=True, text=True, timeout=600,
-      cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, PYTHONPATH=str(repo_root), TF_CPP_MIN_LOG_LEVEL='0',
-               TF_CPP_VMODULE='device_compilation_profiler=1'))
-  assert out.returncode == 0, out.stderr[-3000:]
-  counts = re.findall(r'Compiled (__inference__run_cohort_\d+) (\d+) times', out.stderr)
+  _, counts = _compiles(repo_root, _COMPILES)
   kernels = {name for name, _ in counts}
   assert len(kernels) == len(registry.ALGORITHMS.names()), counts
   assert all(int(n) == 1 for _, n in counts), [c for c in counts if int(c[1]) > 1]
@@ -155,17 +162,11 @@ def test_second_order_rules_compile_for_every_cohort_so_auto_maps_them(repo_root
   compile-time constant, so the lanes kernel compiles every round: 'auto' runs such a
   rule mapped and says why. If a TensorFlow upgrade fixes this, the first assertion
   fails: then let 'auto' keep these rules on lanes."""
-  out = subprocess.run(
-      [sys.executable, '-c', _SECOND_ORDER], capture_output=True, text=True, timeout=600,
-      cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, PYTHONPATH=str(repo_root), TF_CPP_MIN_LOG_LEVEL='0',
-               TF_CPP_VMODULE='device_compilation_profiler=1'))
-  assert out.returncode == 0, out.stderr[-3000:]
-  counts = re.findall(r'Compiled (__inference__run_cohort_\d+) (\d+) times', out.stderr)
+  stdout, counts = _compiles(repo_root, _SECOND_ORDER)
   most = {}
   for kernel, n in counts:
     most[kernel] = max(most.get(kernel, 0), int(n))
   assert list(most.values()) == [3], counts  # per_fedavg's exact variant (comfedl's
   # MAML objectives compiled every round too, measured 2026-11-23)
   for name in ('per_fedavg', 'comfedl'):
-    assert f'{name} mapped its local step differentiates a gradient' in out.stdout, out.stdout
+    assert f'{name} mapped its local step differentiates a gradient' in stdout, stdout
