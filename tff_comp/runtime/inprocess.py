@@ -366,14 +366,19 @@ def _check_runs_outside_tff(model) -> None:
   """UnsupportedError for a model from `tff.learning.models.functional_model_from_keras`,
   which raises when called from eager code (outside a TFF computation or a graph). TFF
   does not export that error's class (KerasFunctionalModelError), so it is recognized
-  by name. Called eagerly: a new `tf.function` per model would make TensorFlow warn of
-  retracing after a few builds in one process."""
+  by name. The check traces once per model on purpose, so TensorFlow's warning about
+  frequent retracing (after a few builds in one process) is silenced while it runs."""
   x_spec = model.input_spec[0]
   x = tf.zeros([1, *x_spec.shape[1:]], x_spec.dtype)
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel('ERROR')
   try:
-    model.predict_on_batch(model.initial_weights, x)
+    tf.function(lambda: model.predict_on_batch(model.initial_weights, x))()
   except Exception as error:  # pylint: disable=broad-except
     if type(error).__name__ == 'KerasFunctionalModelError':
       raise UnsupportedError('a Keras model converted by TFF runs inside TFF'
                              ' computations only; run it on the TFF runtime.') from error
     raise
+  finally:
+    logger.setLevel(level)
