@@ -8,7 +8,8 @@ runtime runs the same math layer (the client protocol of `ops.protocol`,
 * client data stay resident on the device in variables (never constants captured in
   the graph): every client's examples concatenated, with each client's offset;
 * the cohort's local steps run in lockstep lanes compiled by XLA (`runtime.lanes`),
-  or, for rules XLA cannot compile, client by client with `tf.map_fn`;
+  or, for rules XLA cannot compile or runs slowly (`InProcessProcess`'s `engine`),
+  client by client with `tf.map_fn`;
 * aggregation, the server step and the round's metrics are computed in the same graph.
 
 `InProcessProcess` mirrors a LearningProcess composed with client ids
