@@ -58,14 +58,9 @@ def draw_epochs(examples: Any, seed: int, round_num: tf.Tensor, low: int,
   return tf.random.stateless_uniform([], key, minval=low, maxval=high + 1, dtype=tf.int32)
 
 
-def num_steps(
-    n: tf.Tensor, *, batch_size: int, epochs, drop_remainder: bool = False
-) -> tf.Tensor:
-  """Local steps for n examples: ceil (or floor) of epochs * n / batch_size."""
-  total = tf.cast(epochs, tf.int32) * n
-  if drop_remainder:
-    return total // batch_size
-  return (total + batch_size - 1) // batch_size
+def step_count(full: tf.Tensor, remainder: tf.Tensor) -> tf.Tensor:
+  """Local steps of a `schedule`: the full batches, and the short one if any."""
+  return full + tf.cast(remainder > 0, tf.int32)
 
 
 def schedule(
@@ -160,4 +155,4 @@ def run_local_steps(
   contiguous = steps is None and isinstance(epochs, int) and epochs == 1
   state = run_scheduled_steps(step_fn, initial_state, examples, full, remainder,
                               batch_size=batch_size, contiguous=contiguous)
-  return state, full + tf.cast(remainder > 0, tf.int32)
+  return state, step_count(full, remainder)

@@ -134,7 +134,7 @@ def run_client(rule: rule_lib.ClientRule, payload, examples, hparams,
       rule.initialize(payload, hparams, plan.context), examples, plan.full,
       plan.remainder, batch_size=step_batch_size(rule, options),
       contiguous=one_pass(options))
-  return finish_client(rule, state, plan.full + tf.cast(plan.remainder > 0, tf.int32),
+  return finish_client(rule, state, local_loop.step_count(plan.full, plan.remainder),
                        payload, hparams, plan.context, options,
                        local_loop.num_examples(examples))
 

@@ -285,12 +285,11 @@ class InProcessProcess:
                                     tf.zeros([m]))
     return protocol.ClientPlan(context, full, remainder)
 
-  def _run_cohort(self, payload, hparams, indices, plans):
+  def _run_cohort(self, payload, hparams, offsets, counts, plans):
     algorithm = self.algorithm
     return lanes_lib.run_full_batches(
         algorithm.client_rule, payload, hparams, algorithm.client_options, self._examples,
-        tf.gather(self._offsets, indices), tf.gather(self._counts, indices), plans,
-        lanes=self.lanes)
+        offsets, counts, plans, lanes=self.lanes)
 
   def _lanes_round(self, weights, server_state, work_state, indices):
     algorithm, hparams = self.algorithm, work_state['hparams']
@@ -298,8 +297,8 @@ class InProcessProcess:
     payload = algorithm.server_rule.payload(server_state, weights)
     reference = self._reference(payload, hparams, indices)
     plans = self._plans(payload, work_state, indices, reference)
-    states = self._cohort(payload, hparams, indices, plans)  # compiled by XLA
     offsets, counts = tf.gather(self._offsets, indices), tf.gather(self._counts, indices)
+    states = self._cohort(payload, hparams, offsets, counts, plans)  # compiled by XLA
     if self._short_batches:
       states = lanes_lib.run_short_batches(rule, payload, hparams, options, self._examples,
                                            offsets, counts, plans, states)

@@ -166,7 +166,7 @@ def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
                   states: rule_lib.LocalState) -> protocol.ClientOutput:
   """Each client's `ClientOutput` from its state after `run_full_batches`, stacked in
   cohort order."""
-  steps = plans.full + tf.cast(plans.remainder > 0, tf.int32)
+  steps = local_loop.step_count(plans.full, plans.remainder)
   # Once per client, so a per-client loop where an op does not vectorize (the slot
   # tables' scatter of AFL, TR-MAML, Ditto) costs little.
   return tf.vectorized_map(
