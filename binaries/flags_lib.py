@@ -16,6 +16,9 @@ from absl import flags
 
 from tff_comp import experiment
 from tff_comp import registry
+from tff_comp import regularizers
+from tff_comp.ops import client_round
+from tff_comp.runtime import inprocess
 from tff_comp.runtime import workers as workers_lib
 
 _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
@@ -107,7 +110,7 @@ def define_common_flags() -> None:
   flags.DEFINE_float('server_learning_rate', None, 'Server learning rate eta_s.')
   flags.DEFINE_integer('batch_size', None, 'Examples per local step.')
   flags.DEFINE_integer('local_epochs', None, 'Local passes over client data per round.')
-  flags.DEFINE_enum('client_weighting', None, ['examples', 'uniform'],
+  flags.DEFINE_enum('client_weighting', None, list(client_round.WEIGHTINGS),
                     'Weigh clients by examples or uniformly (default: the algorithm\'s).')
   flags.DEFINE_integer('eval_period', None, 'Evaluate every this many rounds.')
   flags.DEFINE_integer('seed', 0, 'Seed of the run: client sampling and client-side draws.')
@@ -119,13 +122,16 @@ def define_common_flags() -> None:
                     ' checkpoint (its configuration must match; --rounds may grow).')
   flags.DEFINE_integer('checkpoint_every', 50, 'Save the process state every this many'
                        ' rounds (and at the last), for --resume.')
-  flags.DEFINE_string('regularizer', None,
-                      'Regularizer psi (default: the task\'s): '
-                      'none, l1, l2_squared, nuclear, l2_ball, l1_ball.')
-  flags.DEFINE_enum('runtime', 'auto', list(experiment.RUNTIMES),
+  flags.DEFINE_enum('regularizer', None, sorted(regularizers.REGULARIZERS),
+                    'Regularizer psi (default: the task\'s).')
+  flags.DEFINE_enum('runtime', 'auto', experiment.runtime_names(),
                     'Where rounds run: inprocess (the math in one tf.function per round;'
                     ' fast, GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or'
                     ' auto (inprocess where the algorithm supports it).')
+  flags.DEFINE_enum('engine', 'auto', list(inprocess.ENGINES),
+                    'The in-process runtime\'s engine: lanes (XLA, many small clients),'
+                    ' mapped (client by client), debug (eager; a failure names the client'
+                    ' and stage), or auto (lanes where the local step suits XLA).')
   flags.DEFINE_string('workers', None,
                       'host:port,... of TFF workers to split each round\'s clients across'
                       ' (TFF\'s runtime; start one per host with `python -m'
@@ -239,6 +245,7 @@ def config_from_flags(
       task_options=task_options,
       output_dir=values.output_dir,
       runtime=values.runtime,
+      engine=values.engine,
       workers=_workers(values.workers),
       overwrite=values.overwrite,
       resume=values.resume,

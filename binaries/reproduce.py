@@ -43,6 +43,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 from tff_comp import experiment as experiment_lib
 from tff_comp.binaries import flags_lib
+from tff_comp.runtime import inprocess
 from tff_comp.runtime import simulation
 
 
@@ -168,8 +169,10 @@ _CHECKPOINT_EVERY = flags.DEFINE_integer(
     'checkpoint_every', 100, 'Rounds between saved states of each run (for --resume).')
 _PARALLEL = flags.DEFINE_integer(
     'parallel', 1, 'Run (algorithm, seed) groups in this many processes.')
-_RUNTIME = flags.DEFINE_enum('runtime', 'auto', ['auto', 'inprocess', 'tff'],
+_RUNTIME = flags.DEFINE_enum('runtime', 'auto', experiment_lib.runtime_names(),
                              'Where rounds run (see run.py --helpfull).')
+_ENGINE = flags.DEFINE_enum('engine', 'auto', list(inprocess.ENGINES),
+                            'The in-process runtime\'s engine (see run.py --helpfull).')
 _ALGORITHMS = flags.DEFINE_list(
     'algorithms', None, 'Train only these of the experiment\'s algorithms (default: all);'
     ' the table then covers them only: --summarize_only rebuilds it from all saved runs.')
@@ -251,7 +254,7 @@ def _run_group(name: str, spec: Experiment, algorithm: str, seed: int, rounds: i
 
 
 def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path,
-             runtime: str = 'auto', *, data_seed: int | None = None,
+             runtime: str = 'auto', *, engine: str = 'auto', data_seed: int | None = None,
              overwrite: bool = False, resume: bool = False, checkpoint_every: int = 100,
              parallel: int = 1):
   """Trains every (algorithm, lr pair, seed); `data_seed` None: each run's data seed
@@ -262,7 +265,7 @@ def run_grid(name: str, spec: Experiment, rounds: int, seeds, root: pathlib.Path
   Returns {algorithm: {(c, s): [{metric: curve} per seed]}}.
   """
   options = dict(data_seed=data_seed, overwrite=overwrite, resume=resume,
-                 checkpoint_every=checkpoint_every, runtime=runtime)
+                 checkpoint_every=checkpoint_every, runtime=runtime, engine=engine)
   groups = [(a, seed) for a in spec.algorithms for seed in seeds]
   args = [(name, spec, a, seed, rounds, seeds, root, options) for a, seed in groups]
   if parallel > 1:
@@ -479,7 +482,7 @@ def main(argv):
     start = time.monotonic()
     try:
       curves = run_grid(name, spec, rounds, seeds, root, _RUNTIME.value,
-                        data_seed=_DATA_SEED.value, overwrite=_OVERWRITE.value,
+                        engine=_ENGINE.value, data_seed=_DATA_SEED.value, overwrite=_OVERWRITE.value,
                         resume=_RESUME.value, checkpoint_every=_CHECKPOINT_EVERY.value,
                         parallel=_PARALLEL.value)
     except experiment_lib.ConfigError as e:

@@ -44,4 +44,5 @@ def arguments(name: str, extra: dict) -> dict:
 
 
 def build(name: str, extra: dict):
-  return registry.get_algorithm(name).build(MODEL, **arguments(name, extra))
+  """The TFF process of algorithm `name` on this problem (`registry.Entry.process`)."""
+  return registry.get_algorithm(name).process(MODEL, **arguments(name, extra))

@@ -46,7 +46,7 @@ def test_side_channels_are_exact_beside_any_inner_aggregator(inner):
   assert float(out.measurements['tau_eff']) == pytest.approx(np.mean(SIDE), rel=1e-6)
   # AFL / TR-MAML: each client's loss in its own slot, summed.
   slots = [np.eye(3, dtype=np.float32)[i] * (i + 5.0) for i in range(3)]
-  out = _aggregate(aggregation.SLOTS, messages.AFLUpdate, 'losses',
+  out = _aggregate(aggregation.SLOTS, messages.SlotLossUpdate, 'losses',
                    tf.TensorSpec([3], tf.float32), INNER[inner](), slots)
   np.testing.assert_array_equal(out.result.losses, [5.0, 6.0, 7.0])
 

@@ -14,14 +14,14 @@ from tff_comp.algorithms import common
 from tff_comp.algorithms import feddualavg
 from tff_comp.ops import composite
 from tff_comp.ops import model_ops
-from tff_comp.ops import protocol
+from tff_comp.ops import client_round
 from tff_comp.ops import sgd
 
 D = 4
 MODEL = models.linear_regression((D,))
 WEIGHTS_TYPE = client_work.model_weights_type(MODEL)
 SPECS = model_ops.trainable_specs(MODEL)
-OPTIONS = protocol.ClientOptions(batch_size=2)
+OPTIONS = client_round.ClientOptions(batch_size=2)
 
 
 def _data():

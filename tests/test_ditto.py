@@ -10,6 +10,7 @@ from tff_comp import client_work
 from tff_comp import composer
 from tff_comp import models
 from tff_comp.algorithms import ditto
+from tff_comp.runtime import inprocess
 from tff_comp.runtime import simulation
 from tff_comp.tasks import array_data
 
@@ -144,7 +145,7 @@ def test_experiment_scores_personal_models_or_refuses_the_task():
 
   prepared = experiment.prepare(experiment.ExperimentConfig(
       algorithm='ditto', task='dominant_class'))
-  process = prepared.build_process()
+  process = inprocess.build(prepared.build(), prepared.task.train_data)
   metrics = experiment.evaluator(prepared, process)(process.initialize())
   # Every personal model starts at the global model.
   assert metrics['personal_loss'] == pytest.approx(metrics['loss_before'], rel=1e-5)
@@ -154,4 +155,5 @@ def test_experiment_scores_personal_models_or_refuses_the_task():
       algorithm='ditto', task='sinewave', clients_per_round=5,
       task_options=dict(num_clients=5)))
   with pytest.raises(experiment.ConfigError, match='cannot evaluate them'):
-    experiment.evaluator(prepared, prepared.build_process())
+    experiment.evaluator(prepared, inprocess.build(prepared.build(),
+                                                   prepared.task.train_data))

@@ -76,7 +76,7 @@ def test_fednova_aggregator_on_its_own():
 
 def test_drawn_epochs_are_reproducible_and_vary():
   def draws(seed, round_num):
-    return [int(local_loop.draw_epochs((X[i:i + 5], Y[i:i + 5]), seed, round_num, 2, 5))
+    return [int(local_loop.draw_epochs(local_loop.client_key((X[i:i + 5], Y[i:i + 5])), seed, round_num, 2, 5))
             for i in range(0, 20, 5)]
   assert draws(0, 3) == draws(0, 3)
   seen = {e for r in range(10) for e in draws(0, r)}
@@ -129,7 +129,7 @@ def test_drawn_epochs_set_each_clients_steps():
       for i, count in enumerate(arrays.counts):
         start = int(arrays.counts[:i].sum())
         examples = tuple(tf.constant(a[start:start + count]) for a in arrays.examples)
-        epochs = int(local_loop.draw_epochs(examples, 3, round_num, 2, 5))
+        epochs = int(local_loop.draw_epochs(local_loop.client_key(examples), 3, round_num, 2, 5))
         drawn.add(epochs)
         want += epochs * int(count) // 4
       out = process.next(state, ids)

@@ -18,6 +18,7 @@ from tests import algorithm_cases
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import tff_process
 from tff_comp.tasks import nuclear
 
 ROUNDS, PER_ROUND = 3, 3
@@ -63,7 +64,7 @@ def test_inprocess_matches_the_tff_process(name, extra, data, engine):
   fast = (inprocess.build(process, data, engine='auto', lanes=2) if engine == 'lanes'
           else inprocess.build(process, data, engine=engine))
   slow = tff.simulation.compose_dataset_computation_with_learning_process(
-      experiment.dataset_computation_for(process, data), process)
+      tff_process.dataset_computation_for(process, data), process)
   rng = np.random.default_rng(3)
   fast_state, slow_state = fast.initialize(), slow.initialize()
   for _ in range(ROUNDS):
@@ -79,7 +80,7 @@ def test_inprocess_matches_the_tff_process(name, extra, data, engine):
   assert moved > 1e-3, 'the model did not move: the comparison would be vacuous'
   _close(fast.get_model_weights(fast_state).trainable,
          process.get_model_weights(slow_state).trainable)
-  _close(fast_state['finalizer'], slow_state.finalizer)
+  _close(fast_state.finalizer, slow_state.finalizer)
   _close(fast.get_hparams(fast_state), process.get_hparams(slow_state))
 
 

@@ -1,4 +1,4 @@
-"""Lockstep lanes (`runtime.lanes`) give each client exactly `protocol.run_client`'s
+"""Lockstep lanes (`runtime.lanes`) give each client exactly `client_round.run_client`'s
 output, whatever the lane count, and every algorithm's kernel compiles once for every
 cohort."""
 
@@ -14,8 +14,7 @@ import tensorflow as tf
 
 from tff_comp import models
 from tff_comp import registry
-from tff_comp.ops import local_loop
-from tff_comp.ops import protocol
+from tff_comp.ops import client_round
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import sgd
 from tff_comp.runtime import lanes
@@ -39,7 +38,7 @@ _Weights = collections.namedtuple('Weights', 'trainable non_trainable')  # no TF
 
 def _setup(momentum: float, epochs: int):
   rule = sgd.SGD(MODEL, learning_rate=0.05, momentum=momentum, proximal_strength=0.1)
-  options = protocol.ClientOptions(batch_size=4, local_epochs=epochs)
+  options = client_round.ClientOptions(batch_size=4, local_epochs=epochs)
   payload = _Weights((tf.constant([0.3, -0.1, 0.2]), tf.constant(0.05)), ())
   hparams = {k: tf.constant(v, tf.float32) for k, v in rule.initial_hparams().items()}
   return rule, options, payload, hparams
@@ -50,7 +49,7 @@ def _expected(rule, options, payload, hparams, examples, cohort):
   outs = []
   for c in cohort:
     client = tf.nest.map_structure(lambda t: t[offsets[c]:offsets[c] + SIZES[c]], examples)
-    outs.append(protocol.run_client(rule, payload, client, hparams,
+    outs.append(client_round.run_client(rule, payload, client, hparams,
                                     rule_lib.RoundContext.of(client_index=c), options,
                                     tf.constant(0)))
   return outs
@@ -74,13 +73,11 @@ def _cohort_args(rule, options, cohort):
   """(offsets, counts, plans) of `cohort`, as the in-process runtime makes them."""
   counts = tf.constant([SIZES[c] for c in cohort], tf.int32)
   offsets = tf.constant([int(np.sum(SIZES[:c])) for c in cohort], tf.int32)
-  full, remainder = local_loop.schedule(
-      counts, batch_size=protocol.step_batch_size(rule, options),
-      epochs=options.local_epochs)
+  schedule = client_round.plan_cohort(rule, options, counts, tf.zeros_like(counts, tf.int64), 0)
   m = len(cohort)
   context = rule_lib.RoundContext(tf.constant(cohort, tf.int32), tf.zeros([m]),
                                   tf.zeros([m]))
-  return offsets, counts, protocol.ClientPlan(context, full, remainder)
+  return offsets, counts, client_round.ClientPlan(context, schedule)
 
 
 @pytest.mark.parametrize('width', [1, 3, 8])
@@ -109,7 +106,7 @@ def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:
       env=dict(os.environ, PYTHONPATH=str(repo_root), TF_CPP_MIN_LOG_LEVEL='0',
                TF_CPP_VMODULE='device_compilation_profiler=1'))
   assert out.returncode == 0, out.stderr[-3000:]
-  return out.stdout, re.findall(r'Compiled (__inference__run_cohort_\d+) (\d+) times',
+  return out.stdout, re.findall(r'Compiled (__inference__full_batches_\d+) (\d+) times',
                                 out.stderr)
 
 

@@ -28,9 +28,13 @@ def test_batches_match_tf_data(n, batch_size, epochs, drop):
                       constant_values=-1)
       row = tf.tensor_scatter_nd_update(seen, [[count]], labels[tf.newaxis])
       return count + 1, row
-    return local_loop.run_local_steps(
-        step, (0, -tf.ones([max_steps, batch_size], tf.int32)), examples,
-        batch_size=batch_size, epochs=epochs, drop_remainder=drop)
+    # Drawn epochs drop the short batch; a one-value draw is `epochs` itself.
+    schedule = local_loop.plan(n, 0, 0, batch_size=batch_size, epochs=epochs,
+                               epochs_max=epochs if drop else None)
+    state = local_loop.run_scheduled_steps(
+        step, (0, -tf.ones([max_steps, batch_size], tf.int32)), examples, schedule,
+        batch_size=batch_size)
+    return state, schedule.steps
 
   (count, seen), steps = run()
   expected = list(dataset.repeat(epochs).batch(batch_size, drop_remainder=drop))

@@ -14,11 +14,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp import composer
 from tff_comp import models
 from tff_comp.algorithms import fedavg
 from tff_comp.algorithms import fedprox
 from tff_comp.algorithms import common as algorithms_common
-from tff_comp.ops import protocol
+from tff_comp.ops import client_round
 from tff_comp.ops import sgd
 from tests import numpy_reference as ref
 
@@ -58,10 +59,10 @@ def test_matches_tff_builtin(algorithm, weighting, momentum):
   else:
     # TFF's sign of the proximal term; see the module docstring.
     tff_sign_rule = sgd.SGD(model, learning_rate=0.02, proximal_strength=-0.3)
-    ours = algorithms_common.compose_fedavg_like(
+    ours = composer.compose(algorithms_common.fedavg_like(
         model, tff_sign_rule,
-        protocol.ClientOptions(batch_size=BATCH, weighting=weighting),
-        server_learning_rate=0.8, server_momentum=momentum)
+        client_round.ClientOptions(batch_size=BATCH, weighting=weighting),
+        server_learning_rate=0.8, server_momentum=momentum))
     theirs = tff.learning.algorithms.build_weighted_fed_prox(
         model, proximal_strength=0.3, **tff_common)
   datasets = _client_datasets()

@@ -66,7 +66,7 @@ def test_future_annotations_give_flags_and_a_duplicate_name_warns(repo_root, tmp
   assert '--lasso_l1: Task lasso (default 0.3): L1 strength lam' in out.stdout
   assert '--lasso_dataset: <I|II|III|IV>' in out.stdout
   assert ("plugin myplug:build_other registers algorithm 'fedavg', already registered by"
-          ' tff_comp.algorithms.fedavg.build_fedavg') in out.stderr
+          ' tff_comp.algorithms.fedavg.fedavg') in out.stderr
 
 
 def test_a_clashing_option_is_one_line_naming_the_plugin(repo_root, tmp_path):

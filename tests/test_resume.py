@@ -32,7 +32,7 @@ def _train(path, interrupt_at=None, **kwargs):
       output_dir=str(path), **dict(ARGS, **kwargs)))
   runner = experiment.build_runner(prepared)
   if interrupt_at is not None:
-    process, calls = runner.process, []
+    process, calls = runner.runtime, []
 
     class Interrupted:  # the process, with a Ctrl-C in round `interrupt_at`
       def __getattr__(self, name):
@@ -44,7 +44,7 @@ def _train(path, interrupt_at=None, **kwargs):
           raise KeyboardInterrupt
         return process.next(state, ids)
 
-    runner.process = Interrupted()
+    runner.runtime = Interrupted()
   return experiment.train(prepared, runner, show_progress=False)
 
 

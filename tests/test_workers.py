@@ -8,6 +8,7 @@ import tensorflow_federated as tff
 from tests import algorithm_cases
 from tff_comp import experiment
 from tff_comp import runtime
+from tff_comp.runtime import tff_process
 from tff_comp.runtime import workers
 
 DATA = algorithm_cases.DATA['unequal']
@@ -16,7 +17,7 @@ DATA = algorithm_cases.DATA['unequal']
 def _train(name: str, rounds: int = 2):
   process = algorithm_cases.build(name, {})
   composed = tff.simulation.compose_dataset_computation_with_learning_process(
-      experiment.dataset_computation_for(process, DATA), process)
+      tff_process.dataset_computation_for(process, DATA), process)
   state = composed.initialize()
   for _ in range(rounds):
     state = composed.next(state, list(DATA.client_ids[:4])).state
@@ -50,7 +51,7 @@ def test_two_workers_give_one_workers_results(two_workers):
 def test_a_round_with_two_aggregation_stages_is_refused():
   with pytest.raises(workers.NotMergeableError, match='more than one aggregation stage'):
     workers.check_mergeable(tff.simulation.compose_dataset_computation_with_learning_process(
-        experiment.dataset_computation_for(algorithm_cases.build('comfedl', {}), DATA),
+        tff_process.dataset_computation_for(algorithm_cases.build('comfedl', {}), DATA),
         algorithm_cases.build('comfedl', {})))
 
 

@@ -2,8 +2,8 @@
 
 Two layers:
   math (pure TF, no TFF; `tff_comp.ops`): client rules and server rules by family
-    (`sgd`, `composite`, `compositional`, `maml`, `per_client`), the client protocol
-    (`protocol.run_client`), aggregation (`aggregation`), messages, and the
+    (`sgd`, `composite`, `compositional`, `maml`, `per_client`), one client's round
+    (`client_round.run_client`), aggregation (`aggregation`), messages, and the
     `algorithm.Algorithm` record any runtime runs; regularizers (`tff_comp.regularizers`).
   TFF (placement): `client_work.build_local_client_work`, `aggregators`,
     `server_update.build_server_update`, `composer.compose` -> a LearningProcess.

@@ -35,7 +35,7 @@ def check_unweighted(algorithm: algorithm_lib.Algorithm) -> None:
   if algorithm.client_options.weighting != 'uniform':
     raise ValueError('an unweighted model_aggregator (TFF\'s DP factories are) needs'
                      ' uniform client weights: build with client_weighting=\'uniform\'.')
-  if isinstance(algorithm.server_rule.update_spec(), messages.CLIENT_STATE_REPORTS):
+  if messages.reports_client_state(algorithm.server_rule.update_spec()):
     raise ValueError(f'{name} reports model-sized client state beside its delta, which an'
                      ' unweighted (DP) model_aggregator would leave un-noised; refused.')
 

@@ -1,15 +1,15 @@
-"""Client work: places the client protocol (`ops.protocol.run_client`) on TFF clients.
+"""Client work: places one client's round (`ops.client_round.run_client`) on TFF clients.
 
 `build_local_client_work` returns a `tff.learning.templates.ClientWorkProcess`:
 
-    initialize: ( -> S@SERVER)          S = <hparams=H, round=int32>
+    initialize: ( -> S@SERVER)          S = ClientWorkState(hparams=H, round=int32)
     next: (<S@SERVER, P@CLIENTS, {E*}@CLIENTS> ->
            <state=S@SERVER, result=ClientResult(U, float32)@CLIENTS,
             measurements=M@SERVER>)
 
 H holds the rule's hyperparameters (get/set_hparams), P is the payload the server
-update broadcasts, E one example (client datasets are unbatched: the protocol batches),
-U the rule's update. Measurements (`ops.protocol.train_metrics`): example-weighted mean
+update broadcasts, E one example (client datasets are unbatched: the client round batches),
+U the rule's update. Measurements (`ops.client_round.train_metrics`): example-weighted mean
 training loss, examples processed and steps, summed over clients. Rules that use the
 round's reference loss get it through a first stage (the largest `reference_value` of
 the round's clients, `federated_max`); rules with per-client state read their index
@@ -23,8 +23,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
-from tff_comp.ops import protocol
 from tff_comp.ops import rule as rule_lib
 
 
@@ -79,14 +79,14 @@ def _examples_and_index(rule: rule_lib.ClientRule, dataset) -> tuple[Any, tf.Ten
 def build_local_client_work(
     rule: rule_lib.ClientRule,
     payload_type: tff.Type,
-    options: protocol.ClientOptions,
+    options: client_round.ClientOptions,
 ) -> tff.learning.templates.ClientWorkProcess:
   """Client work running `rule` on each client's examples with `options`.
 
   Args:
     rule: the pure-TF client rule (its model gives the example type).
     payload_type: unplaced TFF type of what the server broadcasts to clients.
-    options: local work and weighting (`ops.protocol.ClientOptions`).
+    options: local work and weighting (`ops.client_round.ClientOptions`).
   """
   hparams = collections.OrderedDict(
       (k, np.float32(v)) for k, v in rule.initial_hparams().items())
@@ -98,14 +98,15 @@ def build_local_client_work(
         client_index=tf.TensorSpec([], tf.int32),
         example=tff.types.type_to_tf_tensor_specs(element_type)))
   data_type = tff.SequenceType(element_type)
-  state_type = tff.types.tensorflow_to_type(collections.OrderedDict(
-      hparams=hparams_type, round=tf.TensorSpec([], tf.int32)))
+  state_type = tff.types.tensorflow_to_type(client_round.ClientWorkState(
+      hparams=tff.types.type_to_tf_tensor_specs(hparams_type),
+      round=tf.TensorSpec([], tf.int32)))
 
   def client_update_fn(payload, dataset, work_state, reference_loss):
     examples, index = _examples_and_index(rule, dataset)
     context = rule_lib.RoundContext.of(client_index=index, reference_loss=reference_loss)
-    out = protocol.run_client(rule, payload, examples, work_state['hparams'], context,
-                              options, work_state['round'])
+    out = client_round.run_client(rule, payload, examples, work_state.hparams, context,
+                                  options, work_state.round)
     return tff.learning.templates.ClientResult(out.update, out.weight), out.stats
 
   # Only rules that use the round's reference loss receive it (a broadcast saved).
@@ -123,22 +124,21 @@ def build_local_client_work(
 
   @tff.tensorflow.computation
   def finalize_stats(stats, reference_loss):
-    return protocol.train_metrics(
+    return client_round.train_metrics(
         stats, reference_loss if rule.uses_reference_loss else None)
 
   @tff.federated_computation
   def init_fn():
-    return tff.federated_value(
-        collections.OrderedDict(hparams=hparams, round=np.int32(0)), tff.SERVER)
+    return tff.federated_value(client_round.ClientWorkState(hparams, np.int32(0)), tff.SERVER)
 
   @tff.tensorflow.computation(state_type)
   def next_round(state):
-    return collections.OrderedDict(hparams=state['hparams'], round=state['round'] + 1)
+    return client_round.ClientWorkState(state.hparams, state.round + 1)
 
   @tff.tensorflow.computation(payload_type, data_type, state_type)
   def reference_value(payload, dataset, work_state):
     examples, _ = _examples_and_index(rule, dataset)
-    return rule.reference_value(payload, examples, work_state['hparams'])
+    return rule.reference_value(payload, examples, work_state.hparams)
 
   @tff.federated_computation(
       init_fn.type_signature.result,
@@ -162,11 +162,11 @@ def build_local_client_work(
 
   @tff.tensorflow.computation(state_type)
   def get_hparams_fn(state):
-    return state['hparams']
+    return state.hparams
 
   @tff.tensorflow.computation(state_type, hparams_type)
   def set_hparams_fn(state, new_hparams):
-    return collections.OrderedDict(hparams=new_hparams, round=state['round'])
+    return client_round.ClientWorkState(new_hparams, state.round)
 
   return tff.learning.templates.ClientWorkProcess(
       init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)

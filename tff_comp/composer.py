@@ -18,8 +18,7 @@ A server update that keeps personal models (Ditto) yields a
 `PersonalizedLearningProcess`, which also has `get_personal_weights`.
 
 `compose(algorithm)` builds the blocks of an `ops.algorithm.Algorithm` (the math every
-runtime runs) and composes them; its process remembers the algorithm (`.algorithm`),
-so the in-process runtime can run the same math.
+runtime runs) and composes them; its process remembers the algorithm (`.algorithm`).
 """
 
 import collections
@@ -34,14 +33,11 @@ from tff_comp.ops import algorithm as algorithm_lib
 
 class ComposedLearningProcess(tff.learning.templates.LearningProcess):
   """A LearningProcess that remembers the `ops.algorithm.Algorithm` it places (None
-  when composed from hand-built blocks) and whether a custom aggregator replaced the
-  algorithm's own aggregation (`custom_aggregator`)."""
+  when composed from hand-built blocks)."""
 
-  def __init__(self, *args, algorithm: algorithm_lib.Algorithm | None = None,
-               custom_aggregator: bool = False, **kwargs):
+  def __init__(self, *args, algorithm: algorithm_lib.Algorithm | None = None, **kwargs):
     super().__init__(*args, **kwargs)
     self.algorithm = algorithm
-    self.custom_aggregator = custom_aggregator
 
 
 class PersonalizedLearningProcess(ComposedLearningProcess):
@@ -79,7 +75,6 @@ def compose_learning_process(
     aggregator: tff.aggregators.WeightedAggregationFactory,
     server_update: server_update_lib.ServerUpdateProcess,
     algorithm: algorithm_lib.Algorithm | None = None,
-    custom_aggregator: bool = False,
 ) -> ComposedLearningProcess:
   """Builds a LearningProcess from blocks; see the module docstring for the flow.
 
@@ -90,7 +85,6 @@ def compose_learning_process(
       work's update type.
     server_update: a ServerUpdateProcess accepting the aggregated update.
     algorithm: the Algorithm these blocks place, if any (kept on the process).
-    custom_aggregator: `aggregator` replaces the algorithm's own aggregation.
 
   Returns:
     A `tff.learning.templates.LearningProcess` (a `PersonalizedLearningProcess` when
@@ -233,7 +227,7 @@ def compose_learning_process(
 
   args = (init_fn, next_fn, get_model_weights, set_model_weights)
   kwargs = dict(get_hparams_fn=get_hparams, set_hparams_fn=set_hparams,
-                algorithm=algorithm, custom_aggregator=custom_aggregator)
+                algorithm=algorithm)
   if server_update.personal_weights is None:
     return ComposedLearningProcess(*args, **kwargs)
 
@@ -256,21 +250,18 @@ def initial_weights_fn(model: tff.learning.models.FunctionalModel) -> tff.Comput
   return initial_weights
 
 
-def compose(
-    algorithm: algorithm_lib.Algorithm,
-    *,
-    model_aggregator: aggregators.Factory | None = None,
-) -> ComposedLearningProcess:
+def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
   """The LearningProcess placing `algorithm`: client work running its client rule,
   its aggregation as a `tff.aggregators` factory (`aggregators.UpdateFactory`) whose
-  model delta is aggregated by `model_aggregator` (default MeanFactory; TFF's robust,
-  compression or DP factories) and side channels exactly, and a server update running
-  its server rule.
+  model delta is aggregated by `algorithm.model_aggregator` (default MeanFactory; TFF's
+  robust, compression or DP factories) and side channels exactly, and a server update
+  running its server rule.
 
   Raises:
-    ValueError: `model_aggregator` is unweighted (TFF's DP factories) and the
+    ValueError: the model aggregator is unweighted (TFF's DP factories) and the
       algorithm's aggregation is not a uniform mean (`aggregators.check_unweighted`).
   """
+  model_aggregator = algorithm.model_aggregator
   if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
     aggregators.check_unweighted(algorithm)
   weights_type = client_work_lib.model_weights_type(algorithm.model)
@@ -282,5 +273,4 @@ def compose(
           algorithm.client_options),
       aggregator=aggregators.factory_for(algorithm.aggregation, model_aggregator),
       server_update=server_update,
-      algorithm=algorithm,
-      custom_aggregator=model_aggregator is not None)
+      algorithm=algorithm)

@@ -15,14 +15,11 @@ import os
 import pathlib
 from typing import Any
 
-import tensorflow_federated as tff
-
-from tff_comp import client_work
-from tff_comp import composer
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import local_worker
 from tff_comp.runtime import simulation
 from tff_comp.runtime import workers as workers_lib
 
@@ -35,9 +32,10 @@ COMMON_ALGORITHM_ARGS = (
 COMMON_TASK_ARGS = ('seed',)
 
 
-# 'auto': in-process where the process supports it (every registered algorithm with its
-# own aggregation), else TFF's runtime.
-RUNTIMES = ('auto', 'inprocess', 'tff')
+# 'auto': the first of these registered runtimes that can run the program (in-process
+# for every registered algorithm with its own aggregation), else the next.
+AUTO_RUNTIMES = ('inprocess', 'tff')
+_SPOKEN = {'inprocess': 'in-process'}  # runtime names as the run's header says them
 DEFAULT_TASK = 'lasso'
 # The run settings `_resolve` fills from the task's (and the home pair's) defaults.
 SETTINGS = ('rounds', 'clients_per_round', 'client_learning_rate', 'server_learning_rate',
@@ -69,7 +67,8 @@ class ExperimentConfig:
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   output_dir: str | None = None  # None: runs/<algorithm>-<task>
-  runtime: str = 'auto'
+  runtime: str = 'auto'  # a registered runtime (registry.RUNTIMES) or 'auto'
+  engine: str = 'auto'  # the in-process runtime's engine (runtime.engines)
   workers: tuple[str, ...] = ()  # host:port of TFF workers splitting each round's clients
   overwrite: bool = False  # replace a run already in output_dir
   resume: bool = False  # continue the run in output_dir from its last checkpoint
@@ -90,8 +89,14 @@ class Prepared:
   builder_args: dict[str, Any]
   settings: dict[str, Any]  # the resolved run settings (after task defaults)
 
-  def build_process(self):
+  def build(self):
+    """The registered builder's program: an `ops.algorithm.Algorithm` (a plugin's
+    builder may return a TFF LearningProcess)."""
     return self.algorithm.build(self.task.model, **self.builder_args)
+
+  def build_process(self):
+    """The program as a TFF LearningProcess (`registry.Entry.process`)."""
+    return self.algorithm.process(self.task.model, **self.builder_args)
 
 
 def _resolve(config: ExperimentConfig, defaults) -> dict[str, Any]:
@@ -142,11 +147,12 @@ def _check_finite(config: ExperimentConfig) -> None:
 
 
 RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
-# Settings a resumed run may change: where it writes, how long it runs, how it saves.
-# Settings a resumed run may change: where it writes, how long it runs, and where its
-# rounds run (a run stopped by a dead worker resumes on others).
+# Settings a resumed run may change: where it writes, how long it runs, how it saves,
+# and where its rounds run (a run stopped by a dead worker resumes on others; an engine
+# that fell back records it).
 RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds', 'checkpoint_every',
-                     'workers')
+                     'workers', 'runtime_record')
+_RESUMABLE_RESOLVED = ('rounds', 'runtime')
 
 
 def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
@@ -185,7 +191,8 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
 
   def comparable(c):
     c = {k: v for k, v in c.items() if k not in RESUMABLE_CHANGES}
-    c['resolved'] = {k: v for k, v in c.get('resolved', {}).items() if k != 'rounds'}
+    c['resolved'] = {k: v for k, v in c.get('resolved', {}).items()
+                     if k not in _RESUMABLE_RESOLVED}
     return json.loads(json.dumps(c, default=str))
 
   old, new = comparable(recorded), comparable(config)
@@ -200,27 +207,37 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
                       ' another --output_dir.')
 
 
-def prepare(config: ExperimentConfig) -> Prepared:
-  """Validates `config` and builds the task; runs no TFF computation.
+def runtime_names() -> list[str]:
+  """The --runtime choices: 'auto' and every registered runtime."""
+  return ['auto', *registry.RUNTIMES.names()]
 
-  Raises:
-    registry.RegistryError: unknown algorithm or task.
-    ConfigError: any other bad setting.
-  """
-  if config.runtime not in RUNTIMES:
+
+def _check_runtime(config: ExperimentConfig) -> None:
+  if config.runtime not in runtime_names():
     raise ConfigError(f'--runtime={config.runtime!r} is unknown; choose one of'
-                      f' {", ".join(RUNTIMES)}.')
-  if config.workers and config.runtime == 'inprocess':
-    raise ConfigError('--workers runs rounds on TFF\'s workers; it does not go with'
-                      ' --runtime=inprocess.')
-  algorithm = registry.get_algorithm(config.algorithm)
+                      f' {", ".join(runtime_names())}.')
+  if config.engine not in inprocess.ENGINES:
+    raise ConfigError(f'--engine={config.engine!r} is unknown; choose one of'
+                      f' {", ".join(inprocess.ENGINES)}.')
+  if config.workers and config.runtime not in ('auto', 'tff'):
+    raise ConfigError('--workers runs rounds on TFF\'s workers; it goes with'
+                      ' --runtime=tff or auto only.')
+
+
+def _with_names(config: ExperimentConfig,
+                algorithm: registry.Entry) -> tuple[ExperimentConfig, registry.Entry]:
+  """(config with its task and output directory resolved, the task's entry)."""
   task_name = config.task or algorithm.home_task or DEFAULT_TASK
   config = dataclasses.replace(
       config, task=task_name,
       output_dir=config.output_dir or f'runs/{config.algorithm}-{task_name}')
-  task_entry = registry.get_task(task_name)
-  # Settings and options that work for the (algorithm, home task) pair.
-  home = dict(algorithm.home_settings) if task_name == algorithm.home_task else {}
+  return config, registry.get_task(task_name)
+
+
+def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
+                   task_entry: registry.Entry) -> None:
+  """Algorithm and task options exist for the chosen pair; numbers finite; the output
+  directory usable; run-management settings coherent."""
   known = {h.name for h in algorithm.hparams}
   for name in config.algorithm_options:
     if name not in known or name in COMMON_ALGORITHM_ARGS:
@@ -239,14 +256,20 @@ def prepare(config: ExperimentConfig) -> Prepared:
                       ' it: choose one.')
   if not config.checkpoint_every >= 1:
     raise ConfigError(f'--checkpoint_every must be >= 1, got {config.checkpoint_every}.')
+
+
+def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
   task_args = dict(config.task_options)
   if task_entry.accepts('seed'):
     task_args['seed'] = config.task_seed
   try:
-    task = task_entry.builder(**task_args)
+    return task_entry.builder(**task_args)
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e
 
+
+def _run_settings(config: ExperimentConfig, task, home: dict[str, Any]) -> dict[str, Any]:
+  """The run settings (`SETTINGS`) resolved and checked."""
   settings = _resolve(config, {**task.defaults,
                                **{k: v for k, v in home.items() if k in SETTINGS}})
   for name in ('rounds', 'clients_per_round', 'eval_period', 'batch_size', 'local_epochs'):
@@ -260,7 +283,13 @@ def prepare(config: ExperimentConfig) -> Prepared:
         f'--clients_per_round={settings["clients_per_round"]} exceeds the'
         f' {task.num_clients} clients of task {task.name!r}.'
     )
+  return settings
 
+
+def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
+                  home: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+  """The algorithm builder's arguments: home options, given options, common settings,
+  the run seed, the population size and the regularizer."""
   builder_args = {k: v for k, v in home.items() if k not in SETTINGS}
   builder_args.update(config.algorithm_options)
   for name in ('client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs'):
@@ -282,28 +311,41 @@ def prepare(config: ExperimentConfig) -> Prepared:
     builder_args['regularizer'] = psi
   settings['regularizer'] = psi.name if psi else None
   settings['regularizer_strength'] = psi.strength if psi else None
+  return builder_args
+
+
+def prepare(config: ExperimentConfig) -> Prepared:
+  """Validates `config` and builds the task; runs no TFF computation. Steps: the
+  runtime settings, the algorithm and task names, their options, the task, the run
+  settings, the builder's arguments.
+
+  Raises:
+    registry.RegistryError: unknown algorithm or task.
+    ConfigError: any other bad setting.
+  """
+  _check_runtime(config)
+  algorithm = registry.get_algorithm(config.algorithm)
+  config, task_entry = _with_names(config, algorithm)
+  # Settings and options that work for the (algorithm, home task) pair.
+  home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
+  _check_options(config, algorithm, task_entry)
+  task = _build_task(config, task_entry)
+  settings = _run_settings(config, task, home)
+  builder_args = _builder_args(config, algorithm, task, home, settings)
   return Prepared(config, task, algorithm, builder_args, settings)
 
 
-def dataset_computation_for(process, client_data) -> Any:
-  """The client-id -> dataset computation `process` needs: plain examples, or
-  IndexedExamples when its client work keeps per-client server state (AFL)."""
-  element = process.next.type_signature.parameter[1].member.element
-  if getattr(element, 'python_container', None) is client_work.IndexedExample:
-    return client_work.indexed_dataset_computation(client_data)
-  return client_data.dataset_computation
-
-
-def evaluator(prepared: Prepared, process) -> Callable[[Any], dict[str, float]]:
-  """(process state -> the task's metrics): the global model's, and for a process with
-  personal models (Ditto) each client's own model's, with the run's regularizer.
+def evaluator(prepared: Prepared, runtime: runtime_base.Runtime
+              ) -> Callable[[Any], dict[str, float]]:
+  """(state -> the task's metrics): the global model's, and for a runtime with personal
+  models (Ditto) each client's own model's, with the run's regularizer.
 
   Raises:
-    ConfigError: the process has personal models and the task cannot score them.
+    ConfigError: the runtime has personal models and the task cannot score them.
   """
   task = prepared.task
   psi = prepared.builder_args.get('regularizer', task.regularizer)
-  personalized = has_personal_models(process)
+  personalized = runtime.keeps_personal_models
   if personalized and task.evaluate_personal is None:
     raise ConfigError(
         f'algorithm {prepared.config.algorithm!r} trains a personal model per client;'
@@ -312,9 +354,9 @@ def evaluator(prepared: Prepared, process) -> Callable[[Any], dict[str, float]]:
   client_ids = task.train_data.client_ids
 
   def evaluate(state) -> dict[str, float]:
-    metrics = task.evaluate(tuple(process.get_model_weights(state).trainable), psi)
+    metrics = task.evaluate(tuple(runtime.get_model_weights(state).trainable), psi)
     if personalized:
-      tables = process.get_personal_weights(state)
+      tables = runtime.get_personal_weights(state)
       metrics.update(task.evaluate_personal(
           {cid: tuple(t[i] for t in tables) for i, cid in enumerate(client_ids)}))
     return metrics
@@ -322,88 +364,84 @@ def evaluator(prepared: Prepared, process) -> Callable[[Any], dict[str, float]]:
   return evaluate
 
 
-def client_evaluator(prepared: Prepared, process) -> Callable[[Any], list[dict]] | None:
+def client_evaluator(prepared: Prepared, runtime: runtime_base.Runtime
+                     ) -> Callable[[Any], list[dict]] | None:
   """state -> the task's per-client evaluation rows of the global model, or None for
   a task without per-client evaluation data."""
   per_client = prepared.task.evaluate_clients
   if per_client is None:
     return None
-  return lambda state: per_client(tuple(process.get_model_weights(state).trainable))
+  return lambda state: per_client(tuple(runtime.get_model_weights(state).trainable))
 
 
-def has_personal_models(process) -> bool:
-  """Whether a process (of either runtime) keeps a personal model per client."""
-  if isinstance(process, inprocess.InProcessProcess):
-    return process.algorithm.server_rule.keeps_personal_models
-  return isinstance(process, composer.PersonalizedLearningProcess)
+def runner_for(program, client_data, runtime: str = 'auto', workers: Sequence[str] = (),
+               engine: str = 'auto', batch_size: int | None = None,
+               ) -> tuple[runtime_base.Runtime, str]:
+  """(the runtime running `program` on `client_data`, one line saying which and why).
 
-
-def runner_for(process: tff.learning.templates.LearningProcess, client_data,
-               runtime: str = 'auto', workers: Sequence[str] = ()) -> tuple[Any, str]:
-  """(a process taking client ids, the runtime chosen and why) for `process` on
-  `client_data`.
-
-  'inprocess' runs the process's Algorithm in this process (`runtime.inprocess`);
-  'tff' composes the dataset computation with the process and runs it on TFF's local
-  worker, or split across `workers` (host:port, `runtime.workers`); 'auto' is
-  'inprocess' where the process supports it and no workers are named, else 'tff'.
+  `program` is an Algorithm or a LearningProcess. `runtime` names a registered runtime
+  (`registry.RUNTIMES`: 'inprocess', 'tff', plugins) or 'auto': the first of
+  `AUTO_RUNTIMES` that can run the program ('tff' when `workers` are named), the reason
+  for passing over the others in the line. `workers` go to TFF's runtime, `engine` to
+  the in-process one, `batch_size` to TFF's for a process taking batched datasets.
 
   Raises:
-    ConfigError: 'inprocess' was asked for and the process does not support it; the
-      process cannot be split across workers; a worker does not answer.
+    ConfigError: the named runtime cannot run the program; the rounds cannot be split
+      across workers; a worker does not answer.
   """
+  options = {'workers': tuple(workers), 'engine': engine, 'batch_size': batch_size}
+  names = AUTO_RUNTIMES if runtime == 'auto' else (runtime,)
   if workers:
-    composed = tff.simulation.compose_dataset_computation_with_learning_process(
-        dataset_computation_for(process, client_data), process)
+    names = ('tff',)
+  passed_over = []
+  for name in names:
+    entry = registry.get_runtime(name)
     try:
-      workers_lib.check_mergeable(composed)
-      workers_lib.install_remote_runtime(workers)
+      built = entry.build(program, client_data,
+                          **{k: v for k, v in options.items() if entry.accepts(k)})
+    except runtime_base.UnsupportedError as e:
+      if name == names[-1]:
+        raise ConfigError(f'--runtime={name}: {e}') from e
+      passed_over.append(f'not {_SPOKEN.get(name, name)}: {e}')
+      continue
     except (workers_lib.NotMergeableError, workers_lib.WorkerError) as e:
       raise ConfigError(f'--workers: {e}') from e
-    return composed, f'tff on {len(workers)} workers ({", ".join(workers)})'
-  if runtime in ('auto', 'inprocess'):
-    try:
-      fast = inprocess.build(process, client_data)
-      why = f' ({fast.why})' if fast.why else ''
-      return fast, f'inprocess on {fast.device}, {fast.engine} engine{why}'
-    except inprocess.UnsupportedError as e:
-      if runtime == 'inprocess':
-        raise ConfigError(f'--runtime=inprocess: {e}') from e
-      why = f' (not in-process: {e})'
-  else:
-    why = ''
-  local_worker.ensure_local_runtime()
-  return tff.simulation.compose_dataset_computation_with_learning_process(
-      dataset_computation_for(process, client_data), process), f'tff{why}'
+    why = f' ({"; ".join(passed_over)})' if passed_over else ''
+    return built, built.description + why
+  raise AssertionError('unreachable: the last runtime returns or raises')
 
 
 @dataclasses.dataclass
 class Runner:
-  """A built experiment: a process taking client ids on the chosen runtime (and why
-  that runtime), and the function scoring its states."""
+  """A built experiment: the runtime running its rounds (and the line saying which and
+  why), and the functions scoring its states."""
 
-  process: Any
+  runtime: runtime_base.Runtime
   evaluate: Callable[[Any], dict[str, float]]
-  runtime: str
-  algorithm: Any = None  # the ops.algorithm.Algorithm it runs, when known
+  description: str
+  algorithm: Any = None  # the ops.algorithm.Algorithm it runs (None: a plugin's process)
   evaluate_clients: Callable[[Any], list[dict]] | None = None  # per-client rows
 
 
 def build_runner(prepared: Prepared) -> Runner:
-  """Builds the process and places it on the configured runtime.
+  """Builds the algorithm and places it on the configured runtime (the in-process
+  runtime builds no TFF computation).
 
   Raises:
     ConfigError: the algorithm rejects its arguments, the runtime cannot run it, or the
       task cannot evaluate it.
   """
   try:
-    process = prepared.build_process()
+    program = prepared.build()
   except ValueError as e:
     raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
-  runner, chosen = runner_for(process, prepared.task.train_data, prepared.config.runtime,
-                             prepared.config.workers)
-  return Runner(runner, evaluator(prepared, runner), chosen, process.algorithm,
-                client_evaluator(prepared, runner))
+  config = prepared.config
+  runtime, description = runner_for(program, prepared.task.train_data, config.runtime,
+                                    config.workers, config.engine,
+                                    prepared.settings['batch_size'])
+  algorithm = program if isinstance(program, algorithm_lib.Algorithm) else None
+  return Runner(runtime, evaluator(prepared, runtime), description, algorithm,
+                client_evaluator(prepared, runtime))
 
 
 def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
@@ -413,9 +451,9 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
   """Trains `runner` (built once, reusable: a grid sets `learning_rates` through the
   process's hparams) into `output_dir` (default the config's); returns the final
   evaluation metrics. `extra_config` is recorded in config.json beside the config."""
-  prepared.settings['runtime'] = runner.runtime
+  prepared.settings['runtime'] = runner.description
   if show_progress:
-    print(f'runtime: {runner.runtime}', flush=True)
+    print(f'runtime: {runner.description}', flush=True)
   config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings,
                 **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir
@@ -430,7 +468,7 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
     except ValueError as e:
       raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
   return simulation.run_simulation(
-      runner.process,
+      runner.runtime,
       client_ids=prepared.task.train_data.client_ids,
       evaluate=runner.evaluate,
       evaluate_clients=runner.evaluate_clients,

@@ -1,12 +1,16 @@
-"""Named algorithms and tasks, with third-party plugins through entry points.
+"""Named algorithms, tasks and runtimes, with third-party plugins through entry points.
 
 Built-ins register with a decorator on their builder:
 
     @registry.register_algorithm('fedprox')
-    def build_fedprox(model, *, client_learning_rate: float, mu: float = 0.01): ...
+    def fedprox(model, *, client_learning_rate: float, mu: float = 0.01) -> Algorithm: ...
+
+An algorithm's builder returns the runtime-free `ops.algorithm.Algorithm`, which every
+registered runtime (`register_runtime`: 'tff', 'inprocess') can run; a plugin's builder
+may instead return a TFF LearningProcess, which runs on TFF's runtime.
 
 Another package adds its own by declaring entry points in its packaging metadata, in
-the groups `tff_comp.algorithms` and `tff_comp.tasks`:
+the groups `tff_comp.algorithms`, `tff_comp.tasks` and `tff_comp.runtimes`:
 
     [options.entry_points]
     tff_comp.algorithms =
@@ -32,6 +36,7 @@ import warnings
 
 ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
+RUNTIMES_GROUP = 'tff_comp.runtimes'
 _FLAG_TYPES = (float, int, bool, str)
 
 
@@ -129,7 +134,7 @@ class Entry:
     fixed arguments of a variant."""
     base = self.builder.__module__.rsplit('.', 1)[-1]
     module = sys.modules.get(self.builder.__module__)
-    own = self.builder.__name__ in (f'build_{base}', f'build_{base}_task')
+    own = self.builder.__name__ in (base, f'build_{base}', f'build_{base}_task')
     doc = (module.__doc__ if own and module is not None else None) or self.builder.__doc__
     paragraph = ' '.join((doc or '').strip().split('\n\n')[0].split())
     sentence = paragraph.split('. ')[0].rstrip('.:,') + '.' if paragraph else ''
@@ -141,8 +146,18 @@ class Entry:
             and name not in dict(self.fixed))
 
   def build(self, *args, **kwargs) -> Any:
-    """Calls the builder with the fixed arguments added."""
+    """Calls the builder with the fixed arguments added: for an algorithm, its
+    `ops.algorithm.Algorithm` (a plugin's builder may return a TFF LearningProcess)."""
     return self.builder(*args, **kwargs, **dict(self.fixed))
+
+  def process(self, *args, **kwargs) -> Any:
+    """An algorithm's TFF LearningProcess: `build`'s Algorithm composed
+    (`composer.compose`), or the process a plugin's builder returns."""
+    from tff_comp import composer  # pylint: disable=g-import-not-at-top  (imports TFF)
+    from tff_comp.ops import algorithm as algorithm_lib  # pylint: disable=g-import-not-at-top
+
+    built = self.build(*args, **kwargs)
+    return composer.compose(built) if isinstance(built, algorithm_lib.Algorithm) else built
 
 
 class Registry:
@@ -222,12 +237,15 @@ class Registry:
 
 ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
 TASKS = Registry('task', TASKS_GROUP, 'tff_comp.tasks')
+RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
 
 
 def register_algorithm(name: str, *, home_task: str | None = None,
                        home_settings: dict[str, Any] | None = None,
                        divergence_hint: str | None = None, **fixed: Any):
-  """Registers an algorithm builder `(model, *, hyperparameters) -> LearningProcess`;
+  """Registers an algorithm builder `(model, *, hyperparameters) -> Algorithm` (the
+  runtime-free `ops.algorithm.Algorithm`; a plugin may return a TFF LearningProcess,
+  which then runs on TFF's runtime only);
   `fixed` keyword arguments make a named variant (see `Registry.register`); the others
   are `Entry` fields."""
   metadata = dict(home_task=home_task, home_settings=home_settings or {})
@@ -239,6 +257,17 @@ def register_algorithm(name: str, *, home_task: str | None = None,
 def register_task(name: str):
   """Registers a task builder `(*, options) -> tasks.Task`."""
   return TASKS.register(name)
+
+
+def register_runtime(name: str):
+  """Registers a runtime builder `(program, client_data, *, options) -> Runtime`
+  (`tff_comp.runtime.base.Runtime`); `program` is an Algorithm or a LearningProcess, and
+  the builder raises `runtime.base.UnsupportedError` for what it cannot run."""
+  return RUNTIMES.register(name)
+
+
+def get_runtime(name: str) -> Entry:
+  return RUNTIMES.get(name)
 
 
 def get_algorithm(name: str) -> Entry:

@@ -20,7 +20,8 @@ from typing import ClassVar
 
 import tensorflow as tf
 
-Weights = Sequence[tf.Tensor]
+from tff_comp.ops.model_ops import Weights
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,20 +1,17 @@
-"""Registered algorithms: each module is a short composition of blocks.
+"""Registered algorithms: each module is a short composition of math blocks.
 
-Every builder takes `model_aggregator` (any `tff.aggregators` factory for the model
-delta; side channels are aggregated exactly, `tff_comp.aggregators`), and those whose
-server runs an optimizer take `server_optimizer`, as TFF's builders do. Registration
-names each algorithm's home task (`registry.Entry`).
+Each module's registered builder returns the runtime-free `ops.algorithm.Algorithm`;
+its `build_<algo>` returns the same algorithm as a genuine TFF LearningProcess
+(`common.process_builder`). Every builder takes `model_aggregator` (any
+`tff.aggregators` factory for the model delta; side channels are aggregated exactly,
+`tff_comp.aggregators`), and those whose server runs an optimizer take
+`server_optimizer`, as TFF's builders do. Registration names each algorithm's home task
+(`registry.Entry`). Every module of this package is imported (so registered) here: a
+new algorithm is one new module.
 """
 
-from tff_comp.algorithms import afl
-from tff_comp.algorithms import comfedl
-from tff_comp.algorithms import ditto
-from tff_comp.algorithms import fedavg
-from tff_comp.algorithms import fedprox
-from tff_comp.algorithms import feddualavg
-from tff_comp.algorithms import fedmid
-from tff_comp.algorithms import fednova
-from tff_comp.algorithms import local_scgdm
-from tff_comp.algorithms import per_fedavg
-from tff_comp.algorithms import qfedavg
-from tff_comp.algorithms import tr_maml
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f'{__name__}.{_module.name}')

@@ -14,7 +14,8 @@ import tensorflow_federated as tff
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import aggregation
 from tff_comp.ops import model_ops
 from tff_comp.ops import per_client
@@ -22,7 +23,7 @@ from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('afl', home_task='imbalanced_digits')
-def build_afl(
+def afl(
     model: tff.learning.models.FunctionalModel,
     *,
     num_clients: int,
@@ -33,7 +34,7 @@ def build_afl(
     local_epochs: int = 1,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08).
 
   Args:
@@ -47,7 +48,10 @@ def build_afl(
   server_rule = per_client.AgnosticServer(
       model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
       num_clients=num_clients, lambda_learning_rate=lambda_learning_rate)
-  return common.compose(model, rule, server_rule,
-                        protocol.ClientOptions(batch_size, local_epochs, weighting='uniform'),
+  return common.algorithm(model, rule, server_rule,
+                        client_round.ClientOptions(batch_size, local_epochs, weighting='uniform'),
                         aggregation_kind=aggregation.SLOTS,
                         model_aggregator=model_aggregator)
+
+
+build_afl = common.process_builder(afl)

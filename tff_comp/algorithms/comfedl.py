@@ -15,14 +15,14 @@ As gamma grows, DRFL's step tends to grad F_i / gamma: ComFedL(eta_c, gamma) beh
 like FedAvg with uniform weights and client rate eta_c / gamma.
 """
 
-from typing import Literal
 
 import tensorflow_federated as tff
 
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import compositional
 from tff_comp.ops import objectives
 
@@ -30,12 +30,12 @@ from tff_comp.ops import objectives
 @registry.register_algorithm(
     'comfedl', home_task='imbalanced_digits',
     divergence_hint=objectives.DIVERGENCE_HINT)
-def build_comfedl(
+def comfedl(
     model: tff.learning.models.FunctionalModel,
     *,
     client_learning_rate: float,
     server_learning_rate: float = 1.0,
-    objective: Literal['drfl', 'maml', 'da_maml'] = 'drfl',
+    objective: objectives.ObjectiveName = 'drfl',
     gamma: float = 0.2,
     inner_learning_rate: float = 0.05,
     local_steps: int = 5,
@@ -43,7 +43,7 @@ def build_comfedl(
     client_weighting: str = 'uniform',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds ComFedL with `local_steps` (tau) compositional steps per round.
 
   Args:
@@ -61,8 +61,11 @@ def build_comfedl(
       model, learning_rate=client_learning_rate,
       objective=objectives.make_objective(
           objective, gamma=gamma, inner_learning_rate=inner_learning_rate))
-  options = protocol.ClientOptions(batch_size, local_steps=local_steps,
+  options = client_round.ClientOptions(batch_size, local_steps=local_steps,
                                    weighting=client_weighting)
-  return common.compose_fedavg_like(
+  return common.fedavg_like(
       model, rule, options, server_learning_rate=server_learning_rate,
       server_optimizer=server_optimizer, model_aggregator=model_aggregator)
+
+
+build_comfedl = common.process_builder(comfedl)

@@ -1,5 +1,10 @@
-"""Composition helpers for algorithm builders: argument checks, server optimizers, and
-the FedAvg-shaped composition most algorithms share."""
+"""Helpers for algorithm modules: argument checks, server optimizers, the Algorithm
+shapes most algorithms share, and `process_builder`, which turns an Algorithm builder
+into the `build_<algo>` that returns a genuine TFF LearningProcess."""
+
+from collections.abc import Callable
+import functools
+import warnings
 
 import tensorflow_federated as tff
 
@@ -7,8 +12,8 @@ from tff_comp import aggregators
 from tff_comp import composer
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import model_ops
-from tff_comp.ops import protocol
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import sgd
 
@@ -35,22 +40,21 @@ def server_sgd(learning_rate: float, momentum: float = 0.0) -> tff.learning.opti
                                             momentum=momentum or None)
 
 
-def compose(model, client_rule: rule_lib.ClientRule, server_rule: rule_lib.ServerRule,
-            options: protocol.ClientOptions, *, aggregation_kind: str = aggregation.MEAN,
-            model_aggregator: aggregators.Factory | None = None,
-            ) -> composer.ComposedLearningProcess:
-  """The process of Algorithm(model, client_rule, server_rule, options, aggregation),
-  the model delta aggregated by `model_aggregator` (`composer.compose`)."""
-  return composer.compose(
-      algorithm_lib.Algorithm(model, client_rule, server_rule, options, aggregation_kind),
-      model_aggregator=model_aggregator)
+def algorithm(model, client_rule: rule_lib.ClientRule, server_rule: rule_lib.ServerRule,
+              options: client_round.ClientOptions, *,
+              aggregation_kind: str = aggregation.MEAN,
+              model_aggregator: aggregators.Factory | None = None,
+              ) -> algorithm_lib.Algorithm:
+  """Algorithm(model, client_rule, server_rule, options, aggregation, model_aggregator)."""
+  return algorithm_lib.Algorithm(model, client_rule, server_rule, options, aggregation_kind,
+                                 model_aggregator)
 
 
-def compose_composite(model, client_rule_class, server_rule_class, regularizer, *,
-                      client_learning_rate: float, server_learning_rate: float,
-                      batch_size: int, local_epochs: int, client_weighting: str,
-                      client_prox: bool, model_aggregator: aggregators.Factory | None = None,
-                      ) -> composer.ComposedLearningProcess:
+def composite(model, client_rule_class, server_rule_class, regularizer, *,
+              client_learning_rate: float, server_learning_rate: float,
+              batch_size: int, local_epochs: int, client_weighting: str,
+              client_prox: bool, model_aggregator: aggregators.Factory | None = None,
+              ) -> algorithm_lib.Algorithm:
   """A composite-optimization algorithm (`ops.composite`): a client rule of
   `client_rule_class` with psi, and a server rule of `server_rule_class` with SGD(eta_s)
   and psi, weights averaged by the plain weighted mean."""
@@ -59,22 +63,54 @@ def compose_composite(model, client_rule_class, server_rule_class, regularizer, 
                            regularizer=regularizer, client_prox=client_prox)
   server_rule = server_rule_class(model_ops.trainable_specs(model),
                                   server_sgd(server_learning_rate), regularizer)
-  return compose(model, rule, server_rule,
-                 protocol.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
-                 model_aggregator=model_aggregator)
+  return algorithm(model, rule, server_rule,
+                   client_round.ClientOptions(batch_size, local_epochs,
+                                              weighting=client_weighting),
+                   model_aggregator=model_aggregator)
 
 
-def compose_fedavg_like(
-    model, client_rule: rule_lib.ClientRule, options: protocol.ClientOptions, *,
+def fedavg_like(
+    model, client_rule: rule_lib.ClientRule, options: client_round.ClientOptions, *,
     server_learning_rate: float = 1.0, server_momentum: float = 0.0,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     aggregation_kind: str = aggregation.MEAN,
     model_aggregator: aggregators.Factory | None = None,
-) -> composer.ComposedLearningProcess:
+) -> algorithm_lib.Algorithm:
   """FedAvg's skeleton around any client rule: a server optimizer (default SGD(eta_s,
   momentum)) on the aggregated update."""
   server_rule = sgd.OptimizerServer(
       model_ops.trainable_specs(model),
       server_optimizer or server_sgd(server_learning_rate, server_momentum))
-  return compose(model, client_rule, server_rule, options,
-                 aggregation_kind=aggregation_kind, model_aggregator=model_aggregator)
+  return algorithm(model, client_rule, server_rule, options,
+                   aggregation_kind=aggregation_kind, model_aggregator=model_aggregator)
+
+
+def process_builder(
+    algorithm_fn: Callable[..., algorithm_lib.Algorithm],
+) -> Callable[..., composer.ComposedLearningProcess]:
+  """`build_<algo>`: `algorithm_fn`'s arguments in, its Algorithm composed into a
+  genuine `tff.learning.templates.LearningProcess` out (`composer.compose`), for
+  researchers who compose with TFF."""
+
+  @functools.wraps(algorithm_fn)
+  def build(*args, **kwargs) -> composer.ComposedLearningProcess:
+    return composer.compose(algorithm_fn(*args, **kwargs))
+
+  build.__name__ = build.__qualname__ = f'build_{algorithm_fn.__name__}'
+  build.__doc__ = (f'The TFF LearningProcess of `{algorithm_fn.__name__}` (same'
+                   f' arguments).\n\n{algorithm_fn.__doc__ or ""}')
+  return build
+
+
+_RENAMED = {'compose': algorithm, 'compose_fedavg_like': fedavg_like,
+            'compose_composite': composite}  # 0.2.0: they returned processes
+
+
+def __getattr__(name: str):
+  if name in _RENAMED:
+    new = _RENAMED[name]
+    warnings.warn(f'common.{name} is replaced by common.{new.__name__}, which returns an'
+                  ' Algorithm (composer.compose makes its process).', DeprecationWarning,
+                  stacklevel=2)
+    return lambda *args, **kwargs: composer.compose(new(*args, **kwargs))
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

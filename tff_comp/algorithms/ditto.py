@@ -17,7 +17,8 @@ import tensorflow_federated as tff
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import aggregation
 from tff_comp.ops import model_ops
 from tff_comp.ops import per_client
@@ -25,7 +26,7 @@ from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('ditto', home_task='dominant_class')
-def build_ditto(
+def ditto(
     model: tff.learning.models.FunctionalModel,
     *,
     num_clients: int,
@@ -38,7 +39,7 @@ def build_ditto(
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 ties eta_p to
   the client learning rate (also when that is later set through the hparams).
   Args:
@@ -55,8 +56,11 @@ def build_ditto(
   server_rule = per_client.PersonalModelsServer(
       model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
       num_clients=num_clients)
-  return common.compose(model, rule, server_rule,
-                        protocol.ClientOptions(batch_size, local_epochs,
+  return common.algorithm(model, rule, server_rule,
+                        client_round.ClientOptions(batch_size, local_epochs,
                                                weighting=client_weighting),
                         aggregation_kind=aggregation.SLOTS,
                         model_aggregator=model_aggregator)
+
+
+build_ditto = common.process_builder(ditto)

@@ -18,12 +18,13 @@ from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('fedavg', home_task='lasso')
-def build_fedavg(
+def fedavg(
     model: tff.learning.models.FunctionalModel,
     *,
     client_learning_rate: float,
@@ -36,7 +37,7 @@ def build_fedavg(
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
 
   `local_epochs_max` > 0: epochs drawn per client per round (`ops.protocol`).
@@ -47,16 +48,16 @@ def build_fedavg(
       heterogeneous setting).
   """
   common.check_positive(client_learning_rate=client_learning_rate)
-  options = protocol.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
+  options = client_round.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
                                    seed=seed, weighting=client_weighting)
-  return common.compose_fedavg_like(
+  return common.fedavg_like(
       model, sgd.SGD(model, learning_rate=client_learning_rate), options,
       server_learning_rate=server_learning_rate, server_momentum=server_momentum,
       server_optimizer=server_optimizer, model_aggregator=model_aggregator)
 
 
 @registry.register_algorithm('fedavg_subgrad', home_task='lasso')
-def build_fedavg_subgradient(
+def fedavg_subgradient(
     model: tff.learning.models.FunctionalModel,
     *,
     regularizer: regularizers_lib.Regularizer,
@@ -68,7 +69,7 @@ def build_fedavg_subgradient(
     client_weighting: str = 'uniform',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds FedAvg whose clients step along g_k + a subgradient of psi at w_k.
 
   Args:
@@ -76,7 +77,11 @@ def build_fedavg_subgradient(
   """
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = sgd.SGD(model, learning_rate=client_learning_rate, subgradient_of=regularizer)
-  return common.compose_fedavg_like(
-      model, rule, protocol.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
+  return common.fedavg_like(
+      model, rule, client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
       server_learning_rate=server_learning_rate, server_momentum=server_momentum,
       server_optimizer=server_optimizer, model_aggregator=model_aggregator)
+
+
+build_fedavg = common.process_builder(fedavg)
+build_fedavg_subgradient = common.process_builder(fedavg_subgradient)

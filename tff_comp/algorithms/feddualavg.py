@@ -19,13 +19,14 @@ import tensorflow_federated as tff
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.ops import composite
 
 
 @registry.register_algorithm('feddualavg', home_task='lasso')
 @registry.register_algorithm('feddualavg_osp', home_task='lasso', client_prox=False)
-def build_feddualavg(
+def feddualavg(
     model: tff.learning.models.FunctionalModel,
     *,
     regularizer: regularizers_lib.Regularizer,
@@ -36,7 +37,7 @@ def build_feddualavg(
     client_weighting: str = 'uniform',
     client_prox: bool = True,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox).
 
   Args:
@@ -45,8 +46,11 @@ def build_feddualavg(
   """
   # The dual-state mean is the plain weighted mean: averaging is linear in the dual,
   # which is why dual averaging keeps the sparsity that primal averaging loses.
-  return common.compose_composite(
+  return common.composite(
       model, composite.DualAveraging, composite.DualAveragingServer, regularizer,
       client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,
       batch_size=batch_size, local_epochs=local_epochs, client_weighting=client_weighting,
       client_prox=client_prox, model_aggregator=model_aggregator)
+
+
+build_feddualavg = common.process_builder(feddualavg)

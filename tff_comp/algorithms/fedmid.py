@@ -14,13 +14,14 @@ import tensorflow_federated as tff
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.ops import composite
 
 
 @registry.register_algorithm('fedmid', home_task='lasso')
 @registry.register_algorithm('fedmid_osp', home_task='lasso', client_prox=False)
-def build_fedmid(
+def fedmid(
     model: tff.learning.models.FunctionalModel,
     *,
     regularizer: regularizers_lib.Regularizer,
@@ -31,15 +32,18 @@ def build_fedmid(
     client_weighting: str = 'uniform',
     client_prox: bool = True,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox).
 
   Args:
     client_prox: clients take proximal steps (FedMiD); false: plain local SGD, only the
       server applies the prox (FedMiD-OSP).
   """
-  return common.compose_composite(
+  return common.composite(
       model, composite.ProximalSGD, composite.MirrorDescentServer, regularizer,
       client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,
       batch_size=batch_size, local_epochs=local_epochs, client_weighting=client_weighting,
       client_prox=client_prox, model_aggregator=model_aggregator)
+
+
+build_fedmid = common.process_builder(fedmid)

@@ -16,7 +16,8 @@ import tensorflow_federated as tff
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import aggregation
 from tff_comp.ops import sgd
 
@@ -25,7 +26,7 @@ from tff_comp.ops import sgd
 @registry.register_algorithm(
     'fednova', home_task='synthetic',
     home_settings=dict(local_epochs=2, local_epochs_max=5, batch_size=50))
-def build_fednova(
+def fednova(
     model: tff.learning.models.FunctionalModel,
     *,
     client_learning_rate: float,
@@ -40,7 +41,7 @@ def build_fednova(
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds FedNova; local solver: SGD, momentum (client_momentum) or prox (mu).
 
   Args:
@@ -54,15 +55,14 @@ def build_fednova(
   """
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(mu=mu, client_momentum=client_momentum)
-  if mu and client_momentum:
-    raise ValueError('choose one local solver: client_momentum > 0 or mu > 0, not both.')
-  if client_momentum >= 1:
-    raise ValueError(f'client_momentum must be < 1, got {client_momentum}.')
-  rule = sgd.Normalized(sgd.SGD(model, learning_rate=client_learning_rate,
+  rule = sgd.NormalizedSGD(sgd.SGD(model, learning_rate=client_learning_rate,
                                 proximal_strength=mu, momentum=client_momentum))
-  options = protocol.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
+  options = client_round.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
                                    seed=seed, weighting=client_weighting)
-  return common.compose_fedavg_like(
+  return common.fedavg_like(
       model, rule, options, server_learning_rate=server_learning_rate,
       server_momentum=server_momentum, server_optimizer=server_optimizer,
       aggregation_kind=aggregation.NORMALIZED, model_aggregator=model_aggregator)
+
+
+build_fednova = common.process_builder(fednova)

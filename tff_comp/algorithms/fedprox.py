@@ -12,12 +12,13 @@ import tensorflow_federated as tff
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('fedprox', home_task='lasso')
-def build_fedprox(
+def fedprox(
     model: tff.learning.models.FunctionalModel,
     *,
     client_learning_rate: float,
@@ -31,7 +32,7 @@ def build_fedprox(
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds FedProx with proximal strength `mu`.
 
   Args:
@@ -43,9 +44,12 @@ def build_fedprox(
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(mu=mu)
   rule = sgd.SGD(model, learning_rate=client_learning_rate, proximal_strength=mu)
-  options = protocol.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
+  options = client_round.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
                                    seed=seed, weighting=client_weighting)
-  return common.compose_fedavg_like(
+  return common.fedavg_like(
       model, rule, options, server_learning_rate=server_learning_rate,
       server_momentum=server_momentum, server_optimizer=server_optimizer,
       model_aggregator=model_aggregator)
+
+
+build_fedprox = common.process_builder(fedprox)

@@ -16,14 +16,14 @@ own gamma is `gamma`. With DRFL, m is rescaled exactly when the round's referenc
 (see ops.objectives.DRFL).
 """
 
-from typing import Literal
 
 import tensorflow_federated as tff
 
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import compositional
 from tff_comp.ops import model_ops
 from tff_comp.ops import objectives
@@ -32,21 +32,21 @@ from tff_comp.ops import objectives
 @registry.register_algorithm(
     'local_scgdm', home_task='imbalanced_digits',
     divergence_hint=objectives.DIVERGENCE_HINT)
-def build_local_scgdm(
+def local_scgdm(
     model: tff.learning.models.FunctionalModel,
     *,
     client_learning_rate: float,
     momentum_rate: float = 1.0,
     beta: float = 1.0,
     tracking_gamma: float = 1.0,
-    objective: Literal['drfl', 'maml', 'da_maml'] = 'drfl',
+    objective: objectives.ObjectiveName = 'drfl',
     gamma: float = 0.2,
     inner_learning_rate: float = 0.05,
     local_steps: int = 5,
     batch_size: int = 10,
     client_weighting: str = 'uniform',
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds Local-SCGDM with period `local_steps` (p).
 
   Args:
@@ -71,7 +71,10 @@ def build_local_scgdm(
   rule.check_hparams(rule.initial_hparams())
   server_rule = compositional.TrackerServer(
       model_ops.trainable_specs(model), common.server_sgd(1.0), obj.value_spec(model))
-  return common.compose(model, rule, server_rule,
-                        protocol.ClientOptions(batch_size, local_steps=local_steps,
+  return common.algorithm(model, rule, server_rule,
+                        client_round.ClientOptions(batch_size, local_steps=local_steps,
                                                weighting=client_weighting),
                         model_aggregator=model_aggregator)
+
+
+build_local_scgdm = common.process_builder(local_scgdm)

@@ -11,13 +11,14 @@ import tensorflow_federated as tff
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import model_ops
 from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('qfedavg', home_task='imbalanced_digits')
-def build_qfedavg(
+def qfedavg(
     model: tff.learning.models.FunctionalModel,
     *,
     client_learning_rate: float,
@@ -25,7 +26,7 @@ def build_qfedavg(
     batch_size: int = 10,
     local_epochs: int = 1,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2).
 
   Args:
@@ -35,6 +36,9 @@ def build_qfedavg(
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(q=q)
   rule = sgd.QFFL(model, learning_rate=client_learning_rate, q=q)
-  options = protocol.ClientOptions(batch_size, local_epochs, weighting='uniform')
-  return common.compose(model, rule, sgd.RatioServer(model_ops.trainable_specs(model)),
+  options = client_round.ClientOptions(batch_size, local_epochs, weighting='uniform')
+  return common.algorithm(model, rule, sgd.RatioServer(model_ops.trainable_specs(model)),
                         options, model_aggregator=model_aggregator)
+
+
+build_qfedavg = common.process_builder(qfedavg)

@@ -13,7 +13,8 @@ import tensorflow_federated as tff
 from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import protocol
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import aggregation
 from tff_comp.ops import maml
 from tff_comp.ops import model_ops
@@ -24,7 +25,7 @@ from tff_comp.ops import per_client
 @registry.register_algorithm('tr_maml', home_task='dominant_class',
                              home_settings=dict(alpha=0.05, local_steps=5),
                              divergence_hint=maml.DIVERGENCE_HINT)
-def build_tr_maml(
+def tr_maml(
     model: tff.learning.models.FunctionalModel,
     *,
     num_clients: int,
@@ -36,7 +37,7 @@ def build_tr_maml(
     batch_size: int = 5,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: aggregators.Factory | None = None,
-) -> tff.learning.templates.LearningProcess:
+) -> algorithm_lib.Algorithm:
   """Builds TR-MAML; `task_weight_learning_rate` is the exponentiated-gradient step.
 
   Args:
@@ -54,8 +55,11 @@ def build_tr_maml(
       model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
       num_clients=num_clients, lambda_learning_rate=task_weight_learning_rate,
       ascent='exponentiated')
-  return common.compose(model, rule, server_rule,
-                        protocol.ClientOptions(batch_size, local_steps=local_steps,
+  return common.algorithm(model, rule, server_rule,
+                        client_round.ClientOptions(batch_size, local_steps=local_steps,
                                                weighting='uniform'),
                         aggregation_kind=aggregation.SLOTS,
                         model_aggregator=model_aggregator)
+
+
+build_tr_maml = common.process_builder(tr_maml)

@@ -1,28 +1,41 @@
-"""An algorithm's math, whole: the record every runtime runs.
+"""An algorithm's math, whole: the unit every runtime runs.
 
-`Algorithm(model, client_rule, server_rule, client_options, aggregation)` is all a
-runtime needs: TFF's (`tff_comp.composer.compose` places it in a LearningProcess) and
-the in-process one (`tff_comp.runtime.inprocess`) run the same rules, so both give the
-same results. Algorithm builders (`tff_comp.algorithms`) make one and compose it.
+`Algorithm(model, client_rule, server_rule, client_options, aggregation)` is runtime
+free: registered algorithm builders (`tff_comp.algorithms`) return one, and each runtime
+(`tff_comp.runtime`: TFF's process, the in-process engines) runs the same rules, so they
+give the same results. A round, for the cohort S:
+
+    P   = server_rule.payload(S_server, W)                           broadcast
+    U_i = client_round.run_client(client_rule, P, data_i, ...)       for i in S
+    U   = aggregation(U_i, weights_i)                                ops.aggregation
+    (S_server, W) = server_rule.step(S_server, W, U)
+
+`tff_comp.composer.compose(algorithm)` places it in a genuine TFF LearningProcess.
 """
 
 import dataclasses
 from typing import Any
 
 from tff_comp.ops import aggregation as aggregation_lib
-from tff_comp.ops import protocol
+from tff_comp.ops import client_round
 from tff_comp.ops import rule as rule_lib
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-  """model: a FunctionalModel; aggregation: one of `ops.aggregation.KINDS`."""
+  """model: a FunctionalModel; aggregation: one of `ops.aggregation.KINDS`.
+
+  model_aggregator: None (the aggregation above, run by every runtime), or a
+  `tff.aggregators` factory replacing the mean of the model delta (TFF's DP, robust or
+  compression factories; side channels stay exact). Only TFF's runtime runs one.
+  """
 
   model: Any
   client_rule: rule_lib.ClientRule
   server_rule: rule_lib.ServerRule
-  client_options: protocol.ClientOptions
+  client_options: client_round.ClientOptions
   aggregation: str = aggregation_lib.MEAN
+  model_aggregator: Any = None
 
   def __post_init__(self):
     if self.aggregation not in aggregation_lib.KINDS:

@@ -15,7 +15,7 @@ broadcasts them back. Objectives (DRFL, MAML, DA-MAML) are in `ops.objectives`.
 """
 
 import collections
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -42,8 +42,10 @@ class ObjectiveRule(rule_lib.ClientRule):
                objective: objectives_lib.CompositionalObjective):
     super().__init__(model, learning_rate=learning_rate)
     self.objective = objective
-    self.batches_per_step = 2 if objective.outer_uses_data else 1
-    self.uses_reference_loss = objective.uses_reference_loss
+
+  # Capability flags that depend on the objective.
+  batches_per_step = property(lambda self: 2 if self.objective.outer_uses_data else 1)
+  uses_reference_loss = property(lambda self: self.objective.uses_reference_loss)
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
@@ -79,6 +81,15 @@ class CompositionalSGD(ObjectiveRule):
     return loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras
 
 
+class TrackerExtras(NamedTuple):
+  """Local-SCGDM's loop state besides the iterate: tracker u, momentum m, and
+  `started` (0 until the first step of training)."""
+
+  u: Any
+  m: model_ops.Weights
+  started: tf.Tensor
+
+
 class SCGDM(ObjectiveRule):
   """Local-SCGDM's client (see the module docstring). t = 0 is the very first step of
   training (`started` = 0 in the payload); later rounds start from the server's
@@ -105,18 +116,17 @@ class SCGDM(ObjectiveRule):
 
   def start(self, payload):
     weights = payload.weights
-    return tuple(weights.trainable), tuple(weights.non_trainable), (
+    return tuple(weights.trainable), tuple(weights.non_trainable), TrackerExtras(
         payload.u, tuple(payload.m), payload.started)
 
   def initialize(self, payload, hparams, context):
     state = super().initialize(payload, hparams, context)
-    u, m, started = state.extras
     m = self.objective.rescale_direction(
-        m, payload.reference_loss, context.reference_loss, hparams)
-    return state._replace(extras=(u, tuple(m), started))
+        state.extras.m, payload.reference_loss, context.reference_loss, hparams)
+    return state._replace(extras=state.extras._replace(m=tuple(m)))
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
-    u, m, started = extras
+    u, m, started = extras.u, extras.m, extras.started
     _, non_trainable, _ = self.start(payload)
     inner_batch, outer_batch = self.inner_and_outer_batches(batch)
     eta = hparams['learning_rate']
@@ -140,12 +150,11 @@ class SCGDM(ObjectiveRule):
     loss = self.objective.reported_loss(
         self.model, value, outer_batch,
         self.objective.outer(self.model, value, outer_batch, hparams, reference), hparams)
-    return loss, new_weights, (u, m, tf.constant(1.0))
+    return loss, new_weights, TrackerExtras(u, m, tf.constant(1.0))
 
   def update(self, start, state, hparams, context):
-    u, m, _ = state.extras
-    return messages.TrackerUpdate(super().update(start, state, hparams, context), u, m,
-                                  context.reference_loss)
+    return messages.TrackerUpdate(super().update(start, state, hparams, context),
+                                  state.extras.u, state.extras.m, context.reference_loss)
 
 
 class TrackerServer(rule_lib.ServerRule):

@@ -13,9 +13,15 @@ Per-FedAvg steps on f_i(w - alpha grad f_i(w)) with independent batches D, D', D
 beta is the client learning rate.
 """
 
+import typing
+from typing import Literal
+
 from tff_comp.ops import compositional
 from tff_comp.ops import model_ops
 from tff_comp.ops import rule as rule_lib
+
+# The Hessian-vector product variants (builders annotate their option with it).
+Variant = Literal['exact', 'fo', 'hf']
 
 
 # Why a MAML run diverges, most often.
@@ -30,7 +36,7 @@ class PerFedAvg(rule_lib.ClientRule):
   on all the client's examples (what TR-MAML's server ascends on)."""
 
   batches_per_step = 3
-  VARIANTS = ('exact', 'fo', 'hf')
+  VARIANTS = typing.get_args(Variant)
 
   def __init__(self, model, *, learning_rate: float, alpha: float, variant: str = 'fo',
                delta: float = 1e-3):

@@ -1,15 +1,19 @@
 """What crosses between server and clients: payloads (broadcast) and updates (reported).
 
 Plain NamedTuples of tensors, shared by the client rules, the server rules and the
-aggregators, so every layer names the same fields. `Weights` is a tuple of trainable
+aggregators, so every layer names the same fields. An update whose side fields carry a
+client's model-sized state (trackers, a personal model) says so with the class attribute
+`reports_client_state = True`: differential privacy on the delta alone would leave
+them un-noised (`reports_client_state`). `Weights` is a tuple of trainable
 tensors; `weights` fields hold a ModelWeights-like (trainable, non_trainable) pair.
 """
 
 from typing import Any, NamedTuple
+import warnings
 
 import tensorflow as tf
 
-Weights = tuple[tf.Tensor, ...]
+from tff_comp.ops.model_ops import Weights
 
 
 class ElapsedUpdate(NamedTuple):
@@ -51,6 +55,7 @@ class TrackerUpdate(NamedTuple):
   u: Any
   m: Weights
   reference_loss: tf.Tensor
+  reports_client_state = True
 
 
 class QUpdate(NamedTuple):
@@ -60,14 +65,14 @@ class QUpdate(NamedTuple):
   h: tf.Tensor
 
 
-class AFLPayload(NamedTuple):
+class ClientWeightsPayload(NamedTuple):
   """AFL's and TR-MAML's broadcast: the model and the client weights on the simplex."""
 
   weights: Any  # ModelWeights
   client_weights: tf.Tensor  # [num_clients]
 
 
-class AFLUpdate(NamedTuple):
+class SlotLossUpdate(NamedTuple):
   """A per-client-weighted client's report: pseudo-gradient, and its loss in its own
   slot of a [num_clients] vector (0 elsewhere)."""
 
@@ -89,8 +94,20 @@ class DittoUpdate(NamedTuple):
   delta: Weights
   personal: Weights  # [num_clients, *shape]
   visited: tf.Tensor  # [num_clients]
+  reports_client_state = True
 
 
-# Updates whose side fields carry a client's model-sized state (trackers, a personal
-# model): differential privacy on the delta alone would leave them un-noised.
-CLIENT_STATE_REPORTS = (TrackerUpdate, DittoUpdate)
+def reports_client_state(update: Any) -> bool:
+  """Whether an update (or its spec) carries a client's model-sized state."""
+  return bool(getattr(type(update), 'reports_client_state', False))
+
+
+_RENAMED = {'AFLPayload': 'ClientWeightsPayload', 'AFLUpdate': 'SlotLossUpdate'}  # 0.2.0
+
+
+def __getattr__(name: str):
+  if name in _RENAMED:
+    warnings.warn(f'messages.{name} is renamed messages.{_RENAMED[name]}.',
+                  DeprecationWarning, stacklevel=2)
+    return globals()[_RENAMED[name]]
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

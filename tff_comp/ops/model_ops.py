@@ -4,6 +4,7 @@ from typing import Any
 
 import tensorflow as tf
 
+# The trainable (or non-trainable) tensors of a model: the one alias every module uses.
 Weights = tuple[tf.Tensor, ...]
 
 

@@ -14,13 +14,14 @@ Local stochastic compositional gradient descent with momentum (Local-SCGDM).
 """
 
 import abc
-from typing import Any
+import typing
+from typing import Any, Literal
 
 import tensorflow as tf
 
 from tff_comp.ops import model_ops
 
-Weights = tuple[tf.Tensor, ...]
+Weights = model_ops.Weights
 
 
 class CompositionalObjective(abc.ABC):
@@ -209,7 +210,9 @@ DIVERGENCE_HINT = ('the DRFL and DA-MAML steps carry exp(loss / gamma), which ov
                    ' when losses are large against --gamma: try a larger --gamma (e.g. 2)'
                    ' before a smaller --client_learning_rate')
 
-OBJECTIVES = {'drfl': DRFL, 'maml': MAML, 'da_maml': DAMAML}
+# The objectives by name: the one list (builders annotate their option with it).
+ObjectiveName = Literal['drfl', 'maml', 'da_maml']
+OBJECTIVES = dict(zip(typing.get_args(ObjectiveName), (DRFL, MAML, DAMAML)))
 
 
 def make_objective(name: str, *, gamma: float = 0.2,

@@ -19,47 +19,42 @@ round's distinct clients is the round's table (`aggregators.UpdateFactory`).
 """
 
 import collections
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 from tff_comp.ops import messages
+from tff_comp.ops import model_ops
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import server_steps
 
 
-class PerClientRule(rule_lib.ClientRule):
+def slot(value: tf.Tensor, context: rule_lib.RoundContext, num_clients: int) -> tf.Tensor:
+  """`value` in row `client_index` of a [num_clients, *value.shape] table of zeros."""
+  return tf.scatter_nd([[context.client_index]], value[tf.newaxis],
+                       [num_clients, *value.shape])
+
+
+class PerClientRule(rule_lib.RuleWrapper):
   """Wraps an inner rule whose payload is the `weights` field of this rule's payload,
   and writes per-client values into the client's own slot of [num_clients] tables."""
 
   uses_client_index = True
 
   def __init__(self, rule: rule_lib.ClientRule, *, num_clients: int):
-    super().__init__(rule.model, learning_rate=rule.initial_hparams()['learning_rate'])
-    self._rule = rule
+    super().__init__(rule)
     self.num_clients = num_clients
-    self.batches_per_step = rule.batches_per_step
 
-  def initial_hparams(self):
-    return self._rule.initial_hparams()
-
-  def start(self, payload):
-    return self._rule.start(payload.weights)
-
-  def start_loss(self, payload, examples, hparams):
-    return self._rule.start_loss(payload.weights, examples, hparams)
-
-  def local_step(self, weights, extras, batch, hparams, payload, context):
-    return self._rule.local_step(weights, extras, batch, hparams, payload.weights, context)
+  def payload_of(self, payload):
+    return payload.weights
 
   def slot(self, value: tf.Tensor, context: rule_lib.RoundContext) -> tf.Tensor:
-    """`value` in row `client_index` of a [num_clients, *value.shape] table of zeros."""
-    return tf.scatter_nd([[context.client_index]], value[tf.newaxis],
-                         [self.num_clients, *value.shape])
+    return slot(value, context, self.num_clients)
 
 
 class AgnosticWeighted(PerClientRule):
   """AFL's and TR-MAML's client: weight lambda_i from the payload, start loss in slot i.
-  Payload: AFLPayload; update: AFLUpdate."""
+  Payload: ClientWeightsPayload; update: SlotLossUpdate."""
 
   uses_start_loss = True
   weighs_clients = True
@@ -68,8 +63,16 @@ class AgnosticWeighted(PerClientRule):
     return tf.gather(payload.client_weights, context.client_index)
 
   def update(self, start, state, hparams, context):
-    return messages.AFLUpdate(self._rule.update(start, state, hparams, context),
+    return messages.SlotLossUpdate(self.inner.update(start, state, hparams, context),
                               self.slot(context.start_loss, context))
+
+
+class DittoExtras(NamedTuple):
+  """Ditto's loop state besides the global iterate: the inner rule's extras and the
+  client's personal model."""
+
+  inner: Any
+  personal: model_ops.Weights
 
 
 class Ditto(PerClientRule):
@@ -95,10 +98,10 @@ class Ditto(PerClientRule):
     # tf.gather, not table[i]: XLA (the lanes engine) would compile a slice at a
     # tensor index as a constant, once per client.
     personal = tuple(tf.gather(table, context.client_index) for table in payload.personal)
-    return state._replace(extras=(state.extras, personal))
+    return state._replace(extras=DittoExtras(state.extras, personal))
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
-    inner_extras, personal = extras
+    inner_extras, personal = extras.inner, extras.personal
     loss, weights, inner_extras = super().local_step(
         weights, inner_extras, batch, hparams, payload, context)
     _, grads = self.loss_and_gradient(personal, batch, payload)
@@ -106,13 +109,13 @@ class Ditto(PerClientRule):
     lam = hparams['lam']
     personal = tuple(v - lr * (g + lam * (v - w0))
                      for v, g, w0 in zip(personal, grads, payload.weights.trainable))
-    return loss, weights, (inner_extras, personal)
+    return loss, weights, DittoExtras(inner_extras, personal)
 
   def update(self, start, state, hparams, context):
-    inner_extras, personal = state.extras
-    inner_state = state._replace(extras=inner_extras)
+    personal = state.extras.personal
+    inner_state = state._replace(extras=state.extras.inner)
     return messages.DittoUpdate(
-        self._rule.update(start, inner_state, hparams, context),
+        self.inner.update(start, inner_state, hparams, context),
         tuple(self.slot(v, context) for v in personal),
         tf.one_hot(context.client_index, self.num_clients))
 
@@ -121,7 +124,7 @@ class AgnosticServer(rule_lib.ServerRule):
   """AFL's (projected) and TR-MAML's (exponentiated) server; see the module docstring.
   State adds the client weights lambda (uniform at the start) and their learning rate,
   a hyperparameter (`lambda_learning_rate`) beside the optimizer's. Broadcasts
-  AFLPayload."""
+  ClientWeightsPayload."""
 
   ASCENTS = ('projected', 'exponentiated')
 
@@ -155,7 +158,7 @@ class AgnosticServer(rule_lib.ServerRule):
     return super().set_hparams(new_state, hparams)
 
   def update_spec(self):
-    return messages.AFLUpdate(delta=self.specs,
+    return messages.SlotLossUpdate(delta=self.specs,
                               losses=tf.TensorSpec([self.num_clients], tf.float32))
 
   def step(self, state, weights, update):
@@ -170,7 +173,7 @@ class AgnosticServer(rule_lib.ServerRule):
     return new_state, rule_lib.with_trainable(weights, trainable)
 
   def payload(self, state, weights):
-    return messages.AFLPayload(weights=weights, client_weights=state['client_weights'])
+    return messages.ClientWeightsPayload(weights=weights, client_weights=state['client_weights'])
 
   def reset(self, state, weights):
     del weights

@@ -1,14 +1,43 @@
 """The two halves of every algorithm's math: a client rule and a server rule (pure TF).
 
+Writing a client rule (subclass `ClientRule`)
+---------------------------------------------
+Implement two hooks; override the optional ones only where the math needs it:
+
+    start(payload) -> (trainable start, non-trainable, extras)       required
+    local_step(weights, extras, batch, hparams, payload, context)
+        -> (batch loss, new weights, new extras)                     required
+    update(start, final LocalState, hparams, context) -> U           default start - end
+    client_weight(payload, hparams, context) -> weight or None       default None (n_i or 1)
+    initial_hparams() / check_hparams(hparams)                        learning_rate; checks
+    start_loss / reference_value(payload, examples, hparams)         with the flags below
+
+`extras` is the rule's own per-client loop state: a NamedTuple of tensors with fixed
+shapes (e.g. `sgd.SGDExtras(start, velocity)`), never a positional tuple.
+`initialize`, `step` and `finalize` are what runtimes call (`ops.client_round`); a rule
+does not override them unless it adds loop state from the payload (Ditto's personal
+model). Capability flags are class attributes (`CAPABILITIES`); a rule whose flags depend
+on its arguments overrides them as properties, and `RuleWrapper` forwards them all.
+
+The fast engines run `local_step` in lockstep lanes (`tf.vectorized_map` under XLA,
+`runtime.lanes`): keep it vectorizable, with static shapes; read a row of a table with
+`tf.gather(table, index)`, never `table[index]` at a tensor index (XLA compiles a slice
+at a tensor index as a constant, once per client); a step that runs a decomposition
+(SVD, QR, eig, solves) or differentiates a gradient runs on the mapped engine instead
+(`runtime.inprocess` chooses and says why).
+
+The runtime's view
+------------------
 A client rule says what one client computes from the broadcast payload P and its
-batches; `ops.protocol.run_client` runs it (any runtime calls that function):
+batches; `ops.client_round.run_client` runs it (any runtime calls that function):
 
     state  = rule.initialize(payload, hparams, context)
     state  = rule.step(state, batch, payload, hparams, context)     # once per local step
     update = rule.finalize(state, payload, hparams, context)
     weight = rule.client_weight(payload, hparams, context)          # None: the runtime's
 
-A server rule holds the server state S and says what clients receive:
+A server rule holds the server state S and says what clients receive; implement
+`update_spec` and `step`, optionally `payload`, `reset`, `initialize`:
 
     S  = rule.initialize()              S' = rule.reset(S, W)   (restart at weights W)
     P  = rule.payload(S, W)             (S', W') = rule.step(S, W, U)
@@ -17,10 +46,10 @@ U being the aggregated client update. `hparams` are OrderedDicts of float tensor
 runtime keeps in its state (so learning rates can be read and set between rounds);
 `context` is a `RoundContext`: per-round facts that are not hyperparameters. Updates
 follow TFF's sign convention: a client reports the pseudo-gradient `start - end`
-(= -Delta, Delta being the model change the papers write), so a server optimizer applies it as a gradient.
-Nothing here imports TFF: weights are any NamedTuple with `trainable` and
-`non_trainable` (TFF's ModelWeights in the TFF layer), optimizers anything with TFF's
-functional-optimizer interface (`initialize`, `next`, `get_hparams`, `set_hparams`).
+(= -Delta, Delta being the model change the papers write), so a server optimizer applies
+it as a gradient. Nothing here imports TFF: weights are any NamedTuple with `trainable`
+and `non_trainable` (TFF's ModelWeights in the TFF layer), optimizers anything with
+TFF's functional-optimizer interface (`initialize`, `next`, `get_hparams`, `set_hparams`).
 """
 
 import abc
@@ -31,7 +60,7 @@ import tensorflow as tf
 
 from tff_comp.ops import model_ops
 
-Weights = tuple[tf.Tensor, ...]
+Weights = model_ops.Weights
 LEARNING_RATE = 'learning_rate'
 
 
@@ -66,16 +95,22 @@ class LocalState(NamedTuple):
   steps: tf.Tensor  # local steps taken
 
 
+# The capability flags of a client rule (class attributes; see ClientRule).
+CAPABILITIES = ('batches_per_step', 'weighs_clients', 'uses_reference_loss',
+                'uses_start_loss', 'uses_client_index')
+
+
 class ClientRule(abc.ABC):
   """Local update rule on a FunctionalModel; see the module docstring.
 
-  `batches_per_step`: a step receives this many batches concatenated (compositional
-  and MAML rules draw separate batches). `uses_reference_loss`: the runtime computes,
-  before local training, the round's reference (`reference_value` maximized over the
-  round's clients) and passes it in the context. `uses_start_loss`: `run_client`
-  passes the client's own `start_loss` in the context. `uses_client_index`: the
-  runtime must tell the client its index. `weighs_clients`: `client_weight` gives the
-  rule's own aggregation weights (AFL's lambda), not the runtime's.
+  Capability flags (`CAPABILITIES`): `batches_per_step`: a step receives this many
+  batches concatenated (compositional and MAML rules draw separate batches).
+  `uses_reference_loss`: the runtime computes, before local training, the round's
+  reference (`reference_value` maximized over the round's clients) and passes it in the
+  context. `uses_start_loss`: `run_client` passes the client's own `start_loss` in the
+  context. `uses_client_index`: the runtime must tell the client its index.
+  `weighs_clients`: `client_weight` gives the rule's own aggregation weights (AFL's
+  lambda), not the runtime's.
   """
 
   batches_per_step: int = 1
@@ -94,7 +129,8 @@ class ClientRule(abc.ABC):
 
   def check_hparams(self, hparams) -> None:
     """Raises ValueError for hyperparameter values (floats) the rule's math does not
-    allow. Builders check the initial ones; tff_comp's runtimes check values set later."""
+    allow: the rule's invariants live here, so values set later cannot break them.
+    Builders check the initial ones; tff_comp's runtimes check values set later."""
     del hparams
 
   @abc.abstractmethod
@@ -131,6 +167,8 @@ class ClientRule(abc.ABC):
     del payload, hparams, context
     return None
 
+  # --- called by runtimes (ops.client_round); rules rarely override these ---------
+
   def initialize(self, payload, hparams, context: RoundContext) -> LocalState:
     del hparams, context
     trainable, _, extras = self.start(payload)
@@ -148,6 +186,52 @@ class ClientRule(abc.ABC):
   def finalize(self, state: LocalState, payload, hparams, context: RoundContext) -> Any:
     trainable, _, _ = self.start(payload)
     return self.update(tuple(trainable), state, hparams, context)
+
+
+class RuleWrapper(ClientRule):
+  """A client rule around an inner rule: every hook and capability flag forwards to
+  `inner` unless the wrapper overrides it (FedNova's normalized client, the per-client
+  rules). `payload_of(payload)` is what the inner rule receives (default: the same
+  payload); a wrapper whose payload carries more (AFL's client weights) overrides it."""
+
+  def __init__(self, inner: ClientRule):  # pylint: disable=super-init-not-called
+    # No learning rate of its own: hyperparameters are the inner rule's.
+    self.inner = inner
+    self.model = inner.model
+
+  batches_per_step = property(lambda self: self.inner.batches_per_step)
+  weighs_clients = property(lambda self: self.inner.weighs_clients)
+  uses_reference_loss = property(lambda self: self.inner.uses_reference_loss)
+  uses_start_loss = property(lambda self: self.inner.uses_start_loss)
+  uses_client_index = property(lambda self: self.inner.uses_client_index)
+
+  def payload_of(self, payload):
+    return payload
+
+  def initial_hparams(self):
+    return self.inner.initial_hparams()
+
+  def check_hparams(self, hparams) -> None:
+    self.inner.check_hparams(hparams)
+
+  def start(self, payload):
+    return self.inner.start(self.payload_of(payload))
+
+  def local_step(self, weights, extras, batch, hparams, payload, context):
+    return self.inner.local_step(weights, extras, batch, hparams, self.payload_of(payload),
+                                 context)
+
+  def update(self, start, state, hparams, context):
+    return self.inner.update(start, state, hparams, context)
+
+  def start_loss(self, payload, examples, hparams):
+    return self.inner.start_loss(self.payload_of(payload), examples, hparams)
+
+  def reference_value(self, payload, examples, hparams):
+    return self.inner.reference_value(self.payload_of(payload), examples, hparams)
+
+  def client_weight(self, payload, hparams, context):
+    return self.inner.client_weight(self.payload_of(payload), hparams, context)
 
 
 class ServerRule(abc.ABC):

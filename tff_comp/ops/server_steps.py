@@ -3,8 +3,8 @@
 import tensorflow as tf
 
 from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops.model_ops import Weights
 
-Weights = tuple[tf.Tensor, ...]
 
 
 def mirror_descent_server_step(

@@ -12,12 +12,23 @@ regularizer the naive composite baseline of Yuan et al. (2021).
 """
 
 import collections
+from typing import NamedTuple
+import warnings
 
 import tensorflow as tf
 
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.ops import messages
 from tff_comp.ops import rule as rule_lib
+from tff_comp.ops.model_ops import Weights
+
+
+class SGDExtras(NamedTuple):
+  """SGD's loop state besides the iterate: the round's start point (proximal term)
+  and the velocity (momentum)."""
+
+  start: Weights
+  velocity: Weights
 
 
 class SGD(rule_lib.ClientRule):
@@ -40,13 +51,12 @@ class SGD(rule_lib.ClientRule):
 
   def start(self, payload):
     trainable = tuple(payload.trainable)
-    # extras: the start point (proximal term) and the velocity (momentum).
-    return trainable, tuple(payload.non_trainable), (
+    return trainable, tuple(payload.non_trainable), SGDExtras(
         trainable, tuple(tf.zeros_like(w) for w in trainable))
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
     del context
-    start, velocity = extras
+    start, velocity = extras.start, extras.velocity
     loss, grads = self.loss_and_gradient(weights, batch, payload)
     mu = hparams['proximal_strength']
     grads = tuple(g + mu * (w - w0) for g, w, w0 in zip(grads, weights, start))
@@ -54,7 +64,8 @@ class SGD(rule_lib.ClientRule):
       grads = tuple(g + s for g, s in zip(grads, self._subgradient_of.subgradient(weights)))
     velocity = tuple(hparams['momentum'] * v + g for v, g in zip(velocity, grads))
     lr = hparams['learning_rate']
-    return loss, tuple(w - lr * v for w, v in zip(weights, velocity)), (start, velocity)
+    return loss, tuple(w - lr * v for w, v in zip(weights, velocity)), SGDExtras(
+        start, velocity)
 
   def gradient_weight_norm(self, steps: tf.Tensor, hparams) -> tf.Tensor:
     """||a||_1 with Delta = -eta G a over `steps` local steps (FedNova, Wang et al.
@@ -71,25 +82,26 @@ class SGD(rule_lib.ClientRule):
     return tf.where(rho > 0, with_momentum, tf.where(mu > 0, with_prox, tau))
 
 
-class Normalized(rule_lib.ClientRule):
-  """Wraps an SGD rule so each client also reports ||a_i||_1 (FedNova's client)."""
+class NormalizedSGD(rule_lib.RuleWrapper):
+  """FedNova's client: an SGD rule that also reports ||a_i||_1 of its steps
+  (`messages.NormalizedUpdate`). The closed form of ||a||_1 covers SGD with momentum
+  or with the proximal term, not both (`check_hparams`)."""
 
   def __init__(self, rule: SGD):
-    super().__init__(rule.model, learning_rate=rule.initial_hparams()['learning_rate'])
-    self._rule = rule
+    super().__init__(rule)
+    self.check_hparams(rule.initial_hparams())
 
-  def initial_hparams(self):
-    return self._rule.initial_hparams()
-
-  def start(self, payload):
-    return self._rule.start(payload)
-
-  def local_step(self, weights, extras, batch, hparams, payload, context):
-    return self._rule.local_step(weights, extras, batch, hparams, payload, context)
+  def check_hparams(self, hparams) -> None:
+    super().check_hparams(hparams)
+    if float(hparams['momentum']) > 0 and float(hparams['proximal_strength']) > 0:
+      raise ValueError('choose one local solver: client_momentum > 0 or mu > 0, not both'
+                       ' (FedNova\'s ||a||_1 has a closed form for one of them).')
+    if not 0 <= float(hparams['momentum']) < 1:
+      raise ValueError(f'client_momentum must be in [0, 1), got {float(hparams["momentum"])}.')
 
   def update(self, start, state, hparams, context):
-    return messages.NormalizedUpdate(self._rule.update(start, state, hparams, context),
-                                     self._rule.gradient_weight_norm(state.steps, hparams))
+    return messages.NormalizedUpdate(self.inner.update(start, state, hparams, context),
+                                     self.inner.gradient_weight_norm(state.steps, hparams))
 
 
 class QFFL(SGD):
@@ -149,3 +161,11 @@ class RatioServer(rule_lib.ServerRule):
     trainable = tuple(w - tf.math.divide_no_nan(d, update.h)
                       for w, d in zip(weights.trainable, update.delta))
     return state, rule_lib.with_trainable(weights, trainable)
+
+
+def __getattr__(name: str):
+  if name == 'Normalized':  # renamed in 0.2.0 (CHANGELOG.md)
+    warnings.warn('sgd.Normalized is renamed sgd.NormalizedSGD.', DeprecationWarning,
+                  stacklevel=2)
+    return NormalizedSGD
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

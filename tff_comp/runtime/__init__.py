@@ -1,11 +1,15 @@
-"""Execution runtimes.
+"""Runtimes: what runs an algorithm's rounds, behind one interface (`base.Runtime`).
 
-`install_local_runtime` / `ensure_local_runtime`: TFF's C++ runtime with a local
-worker that never outlives its Python process (`local_worker`). `workers`: TFF's
-runtime over several workers (`--workers`). `inprocess`: the math layer run directly
-in one `tf.function` per round (`lanes`: its XLA cohort kernel), no TFF runtime.
+Registered (`registry.RUNTIMES`): 'tff' (`tff_process`: TFF's process on its C++
+worker, or split across `workers`) and 'inprocess' (`inprocess`: the math layer run in
+this process, its cohorts by an engine of `engines`: XLA lanes (`lanes`), mapped, debug).
+`install_local_runtime` / `ensure_local_runtime`: TFF's C++ runtime with a local worker
+that never outlives its Python process (`local_worker`). `simulation`: the training
+loop over any runtime.
 """
 
+from tff_comp.runtime import inprocess  # registers 'inprocess'
+from tff_comp.runtime import tff_process  # registers 'tff'
 from tff_comp.runtime.local_worker import ensure_local_runtime
 from tff_comp.runtime.local_worker import install_local_runtime
 from tff_comp.runtime.local_worker import shutdown_local_runtime

@@ -2,21 +2,18 @@
 
 TFF's C++ worker pays a fixed cost per intrinsic and per client (about 1.8 ms per
 client per round measured on the project's machines) and has no GPU build. This
-runtime runs the same math layer (the client protocol of `ops.protocol`,
-`ops.aggregation`, server rules) as one `tf.function` per round:
+runtime runs the same math layer (`ops.client_round`, `ops.aggregation`, server rules)
+as one `tf.function` per round, never building a TFF computation:
 
-* client data stay resident on the device in variables (never constants captured in
-  the graph): every client's examples concatenated, with each client's offset;
-* the cohort's local steps run in lockstep lanes compiled by XLA (`runtime.lanes`),
-  or, for rules XLA cannot compile or runs slowly (`InProcessProcess`'s `engine`),
-  client by client with `tf.map_fn`;
+* client data stay resident on the device in variables (`engines.ResidentData`);
+* the cohort's plans come from the one batch schedule (`ops.client_round.plan_cohort`);
+* an engine (`runtime.engines`: lanes, mapped, debug) runs the cohort's client work;
 * aggregation, the server step and the round's metrics are computed in the same graph.
 
-`InProcessProcess` mirrors a LearningProcess composed with client ids
-(`initialize`, `next(state, client_ids)`, `get_model_weights`, `get_hparams`,
-`set_hparams`, `get_personal_weights`), so the simulation loop drives either runtime,
-and it gives the same results as the TFF process (parity tests per algorithm).
-Device: the first GPU TensorFlow sees, else the CPU (`choose_device`), logged once.
+`InProcessRuntime` implements `runtime.base.Runtime` (registered as 'inprocess'); its
+state is TFF's `LearningAlgorithmState`, as the TFF process's, and it gives the same
+results (parity tests per algorithm). Device: the first GPU TensorFlow sees, else the
+CPU (`choose_device`).
 """
 
 import collections
@@ -28,21 +25,18 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp import composer
+from tff_comp import registry
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
-from tff_comp.ops import protocol
 from tff_comp.ops import rule as rule_lib
-from tff_comp.runtime import lanes as lanes_lib
+from tff_comp.runtime import base
+from tff_comp.runtime import engines as engines_lib
 
-
-class RoundOutput(NamedTuple):
-  state: Any
-  metrics: Any
-
-
-class UnsupportedError(ValueError):
-  """The process cannot run in-process; the message says why (use the TFF runtime)."""
+UnsupportedError = base.UnsupportedError
+RoundOutput = base.RoundOutput
 
 
 def choose_device(logical_devices: Sequence[Any] | None = None) -> str:
@@ -78,11 +72,7 @@ def client_arrays(client_data) -> ClientArrays:
   return ClientArrays(examples, counts, ids)
 
 
-def _specs_of(structure) -> Any:
-  return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), structure)
-
-
-ENGINES = ('auto', 'lanes', 'mapped')
+ENGINES = ('auto', 'lanes', 'mapped', 'debug')
 # Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
 # (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
 # A step with second-order autodiff (Per-FedAvg's exact variant, the compositional MAML
@@ -93,20 +83,22 @@ _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'Mat
                                     'MatrixInverse', 'Cholesky'})
 
 
-class InProcessProcess:
+class InProcessRuntime:
   """Runs `algorithm` on `data` in this process; see the module docstring.
 
   Args:
-    algorithm: the math to run (a composed process's `.algorithm`).
+    algorithm: the math to run.
     data: the clients' examples (`client_arrays`).
     device: where to place data and rounds (default `choose_device()`).
-    engine: 'lanes' (`runtime.lanes` compiled by XLA), 'mapped' (clients by
-      `tf.map_fn`, no XLA) or 'auto': lanes, unless the algorithm's rules do not
-      compile with XLA or would be slow there (a decomposition on a CPU, second-order
-      autodiff), then mapped (logged with the reason; `self.engine`, `self.why`).
+    engine: 'lanes', 'mapped', 'debug' (`runtime.engines`) or 'auto': lanes, unless the
+      algorithm's local step would be slow under XLA here (a decomposition on a CPU,
+      second-order autodiff) or fails to vectorize in the first round, then mapped; the
+      choice and its reason are logged in one line (`engine`, `why`, `record`).
     lanes: clients stepping together on the lanes engine (default 8 on a CPU, where
       wider lanes were no faster per step, 64 on a GPU).
   """
+
+  name = 'inprocess'
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ClientArrays, *,
                device: str | None = None, engine: str = 'auto', lanes: int | None = None):
@@ -116,28 +108,41 @@ class InProcessProcess:
       raise ValueError(f'lanes must be >= 1, got {lanes}.')
     self.algorithm = algorithm
     self.client_ids = data.client_ids
-    self._index = {cid: i for i, cid in enumerate(data.client_ids)}
     self.device = device or choose_device()
+    self.keeps_personal_models = algorithm.server_rule.keeps_personal_models
+    rule, options = algorithm.client_rule, algorithm.client_options
+    self.data = engines_lib.ResidentData(data.examples, data.counts, data.client_ids,
+                                         self.device, with_keys=options.uses_client_key)
+    # Whether any client's round ends with a short batch: the schedule's remainder does
+    # not depend on the round (fixed epochs; drawn epochs and fixed steps have none).
+    short_batches = bool(np.any(client_round.plan_cohort(
+        rule, options, self.data.counts, self.data.keys, 0).remainder.numpy() > 0))
+    self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
+    self._engines = {
+        'lanes': engines_lib.LanesEngine(algorithm, self.data, lanes=self.lanes,
+                                         short_batches=short_batches),
+        'mapped': engines_lib.MappedEngine(algorithm, self.data),
+        'debug': engines_lib.DebugEngine(algorithm, self.data)}
+    self._round_fns = {name: tf.function(self._round) for name in ('lanes', 'mapped')}
+    self._round_fns['debug'] = self._round
     self.engine = 'lanes' if engine == 'auto' else engine
     self._fallback = engine == 'auto'
     self.why = ''  # why the engine is not lanes, when auto chose otherwise
-    self._short_batches = _has_short_batches(algorithm, data.counts)
-    self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
-    with tf.device(self.device):
-      self._examples = tf.nest.map_structure(
-          lambda a: tf.Variable(a, trainable=False), data.examples)
-      self._counts = tf.Variable(data.counts, trainable=False)
-      self._offsets = tf.Variable((np.cumsum(data.counts) - data.counts).astype(np.int32),
-                                  trainable=False)
-    self._rounds = {'lanes': tf.function(self._lanes_round),
-                    'mapped': tf.function(self._mapped_round)}
-    self._cohort = tf.function(self._run_cohort, jit_compile=True)
     if self._fallback:
       self.why = self._why_not_lanes()
       if self.why:
         self.engine, self._fallback = 'mapped', False
-    logging.info('in-process runtime on %s (%s engine%s)', self.device, self.engine,
-                 f': {self.why}' if self.why else '')
+    logging.info('in-process runtime: %s', self.description)
+
+  @property
+  def description(self) -> str:
+    why = f' ({self.why})' if self.why else ''
+    return f'inprocess on {self.device}, {self.engine} engine{why}'
+
+  @property
+  def record(self) -> dict[str, Any]:
+    return {'name': self.name, 'device': self.device, 'engine': self.engine,
+            'why': self.why}
 
   def _why_not_lanes(self) -> str:
     """Why the lanes engine would be slow for this algorithm here, or ''."""
@@ -156,10 +161,10 @@ class InProcessProcess:
     functions included)."""
     algorithm = self.algorithm
     rule, state = algorithm.client_rule, self.initialize()
-    payload = algorithm.server_rule.payload(state['finalizer'], state['global_model_weights'])
-    hparams = state['client_work']['hparams']
-    size = protocol.step_batch_size(rule, algorithm.client_options)
-    batch = tf.nest.map_structure(lambda v: v[:size], self._examples)
+    payload = algorithm.server_rule.payload(state.finalizer, state.global_model_weights)
+    hparams = state.client_work.hparams
+    size = client_round.step_batch_size(rule, algorithm.client_options)
+    batch = tf.nest.map_structure(lambda v: v[:size], self.data.examples)
     context = rule_lib.RoundContext.of(client_index=0)
     graph = tf.function(lambda: rule.step(
         rule.initialize(payload, hparams, context), batch, payload, hparams,
@@ -169,7 +174,7 @@ class InProcessProcess:
 
   # --- state -------------------------------------------------------------------------
 
-  def initialize(self) -> collections.OrderedDict:
+  def initialize(self) -> base.State:
     algorithm = self.algorithm
     trainable, non_trainable = algorithm.model.initial_weights
     with tf.device(self.device):
@@ -180,186 +185,139 @@ class InProcessProcess:
       hparams = collections.OrderedDict(
           (k, tf.constant(v, tf.float32))
           for k, v in algorithm.client_rule.initial_hparams().items())
-    return collections.OrderedDict(
-        global_model_weights=weights, finalizer=server_state,
-        client_work=collections.OrderedDict(hparams=hparams, round=tf.constant(0)))
+    return _state(weights, client_round.ClientWorkState(hparams, tf.constant(0)),
+                  server_state)
 
   # Readers return NumPy values, as TFF's computations do.
-  def get_model_weights(self, state):
-    return tf.nest.map_structure(np.asarray, state['global_model_weights'])
+  def get_model_weights(self, state: base.State):
+    return tf.nest.map_structure(np.asarray, state.global_model_weights)
 
-  def set_model_weights(self, state, weights):
-    new_state = collections.OrderedDict(state)
-    new_state['global_model_weights'] = weights
-    new_state['finalizer'] = self.algorithm.server_rule.reset(state['finalizer'], weights)
-    return new_state
+  def set_model_weights(self, state: base.State, weights) -> base.State:
+    return _state(weights, state.client_work,
+                  self.algorithm.server_rule.reset(state.finalizer, weights))
 
-  def get_hparams(self, state) -> collections.OrderedDict:
+  def get_hparams(self, state: base.State) -> collections.OrderedDict:
     return tf.nest.map_structure(np.asarray, collections.OrderedDict(
-        client_work=collections.OrderedDict(state['client_work']['hparams']),
-        server_update=self.algorithm.server_rule.get_hparams(state['finalizer'])))
+        client_work=collections.OrderedDict(state.client_work.hparams),
+        server_update=self.algorithm.server_rule.get_hparams(state.finalizer)))
 
-  def set_hparams(self, state, hparams):
+  def set_hparams(self, state: base.State, hparams) -> base.State:
     self.algorithm.client_rule.check_hparams(hparams['client_work'])
-    new_state = collections.OrderedDict(state)
-    new_state['client_work'] = collections.OrderedDict(
-        hparams=collections.OrderedDict(
+    work = client_round.ClientWorkState(
+        collections.OrderedDict(
             (k, tf.constant(v, tf.float32)) for k, v in hparams['client_work'].items()),
-        round=state['client_work']['round'])
-    new_state['finalizer'] = self.algorithm.server_rule.set_hparams(
-        state['finalizer'], hparams['server_update'])
-    return new_state
+        state.client_work.round)
+    return _state(state.global_model_weights, work, self.algorithm.server_rule.set_hparams(
+        state.finalizer, hparams['server_update']))
 
-  def get_personal_weights(self, state):
+  def get_personal_weights(self, state: base.State):
     return tf.nest.map_structure(
-        np.asarray, self.algorithm.server_rule.personal_weights(state['finalizer']))
+        np.asarray, self.algorithm.server_rule.personal_weights(state.finalizer))
 
   # --- rounds ------------------------------------------------------------------------
 
-  def next(self, state, client_ids: Sequence[str]) -> RoundOutput:
+  def next(self, state: base.State, client_ids: Sequence[str]) -> base.RoundOutput:
     """One round on the clients `client_ids` (distinct ids of the data)."""
-    indices = tf.constant([self._index[cid] for cid in client_ids], tf.int32)
+    indices = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
     # Tensors throughout (a Python float, such as a TFF optimizer's initial learning
     # rate, would make the round function trace again for the tensor it returns).
     state = tf.nest.map_structure(
         lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else v, state)
-    args = (state['global_model_weights'], state['finalizer'], state['client_work'],
-            indices)
+    args = (state.global_model_weights, state.finalizer,
+            client_round.ClientWorkState(*state.client_work), indices)
     with tf.device(self.device):
       try:
-        weights, server_state, metrics = self._rounds[self.engine](*args)
+        weights, server_state, metrics = self._round_fns[self.engine](*args)
       except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as error:
-        if not self._fallback or self.engine != 'lanes':
+        if not self._fallback:
           raise
         # A rule XLA or vectorization cannot run (the round is pure: nothing to undo).
-        logging.warning('lanes engine unavailable for this algorithm (%s); clients run'
-                        ' mapped instead.', str(error).strip().splitlines()[-1][:300])
-        self.engine, self._fallback = 'mapped', False
-        weights, server_state, metrics = self._rounds[self.engine](*args)
+        self._fall_back(error)
+        weights, server_state, metrics = self._round_fns[self.engine](*args)
     self._fallback = False  # a later failure is the algorithm's own, not the engine's
-    work = state['client_work']
-    new_state = collections.OrderedDict(
-        global_model_weights=weights, finalizer=server_state,
-        client_work=collections.OrderedDict(hparams=work['hparams'], round=work['round'] + 1))
-    return RoundOutput(new_state, metrics)
+    work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
+    return base.RoundOutput(_state(weights, work, server_state), metrics)
 
-  def _client_examples(self, index):
-    start, count = self._offsets[index], self._counts[index]
-    return tf.nest.map_structure(lambda v: v[start:start + count], self._examples)
+  def _fall_back(self, error: Exception) -> None:
+    op = engines_lib.failing_op(error)
+    rule = type(self.algorithm.client_rule).__name__
+    self.engine, self._fallback = 'mapped', False
+    self.why = (f'lanes cannot run {rule}\'s local step'
+                + (f' (op {op} does not vectorize or compile)' if op else
+                   f' ({type(error).__name__})'))
+    logging.warning('in-process runtime: %s; clients run mapped.', self.why)
 
-  def _map_clients(self, fn, indices):
-    """[fn(i, examples of client i) for i in indices], stacked on a leading axis."""
-
-    def one(index):
-      return fn(index, self._client_examples(index))
-
-    spec = _specs_of(tf.function(one).get_concrete_function(
-        tf.TensorSpec([], tf.int32)).structured_outputs)
-    return tf.map_fn(one, indices, fn_output_signature=spec,
-                     parallel_iterations=int(indices.shape[0] or 10))
-
-  def _reference(self, payload, hparams, indices):
-    """The round's reference loss (the largest of the clients' candidates), or None."""
-    rule = self.algorithm.client_rule
-    if not rule.uses_reference_loss:
-      return None
-    return tf.reduce_max(self._map_clients(
-        lambda _, examples: rule.reference_value(payload, examples, hparams), indices))
-
-  def _plans(self, payload, work_state, indices, reference) -> protocol.ClientPlan:
-    """The cohort's ClientPlans, stacked: computed per client only where a plan reads
-    the client's examples (start loss, epoch draws), else from the counts."""
-    rule, options = self.algorithm.client_rule, self.algorithm.client_options
-    reference = 0.0 if reference is None else reference
-    if rule.uses_start_loss or options.local_epochs_max is not None:
-      return self._map_clients(
-          lambda index, examples: protocol.plan_client(
-              rule, payload, examples, work_state['hparams'],
-              rule_lib.RoundContext.of(client_index=index, reference_loss=reference),
-              options, work_state['round']), indices)
-    m = indices.shape[0]
-    full, remainder = local_loop.schedule(
-        tf.gather(self._counts, indices), batch_size=protocol.step_batch_size(rule, options),
-        epochs=options.local_epochs, steps=options.local_steps)
-    context = rule_lib.RoundContext(indices, tf.fill([m], tf.cast(reference, tf.float32)),
-                                    tf.zeros([m]))
-    return protocol.ClientPlan(context, full, remainder)
-
-  def _run_cohort(self, payload, hparams, offsets, counts, plans):
-    algorithm = self.algorithm
-    return lanes_lib.run_full_batches(
-        algorithm.client_rule, payload, hparams, algorithm.client_options, self._examples,
-        offsets, counts, plans, lanes=self.lanes)
-
-  def _lanes_round(self, weights, server_state, work_state, indices):
-    algorithm, hparams = self.algorithm, work_state['hparams']
+  def _round(self, weights, server_state, work_state, indices):
+    algorithm, hparams = self.algorithm, work_state.hparams
     rule, options = algorithm.client_rule, algorithm.client_options
     payload = algorithm.server_rule.payload(server_state, weights)
-    reference = self._reference(payload, hparams, indices)
-    plans = self._plans(payload, work_state, indices, reference)
-    offsets, counts = tf.gather(self._offsets, indices), tf.gather(self._counts, indices)
-    states = self._cohort(payload, hparams, offsets, counts, plans)  # compiled by XLA
-    if self._short_batches:
-      states = lanes_lib.run_short_batches(rule, payload, hparams, options, self._examples,
-                                           offsets, counts, plans, states)
-    outputs = lanes_lib.finish_cohort(rule, payload, hparams, options, counts, plans, states)
-    return self._finish_round(weights, server_state, outputs, reference)
-
-  def _mapped_round(self, weights, server_state, work_state, indices):
-    algorithm = self.algorithm
-    payload = algorithm.server_rule.payload(server_state, weights)
-    reference = self._reference(payload, work_state['hparams'], indices)
-
-    def client(index, examples):
-      context = rule_lib.RoundContext.of(
-          client_index=index, reference_loss=0.0 if reference is None else reference)
-      return protocol.run_client(algorithm.client_rule, payload, examples,
-                                 work_state['hparams'], context, algorithm.client_options,
-                                 work_state['round'])
-
-    return self._finish_round(weights, server_state, self._map_clients(client, indices),
-                              reference)
-
-  def _finish_round(self, weights, server_state, outputs, reference):
-    """Aggregation, the server step and the round's metrics from stacked outputs."""
-    algorithm = self.algorithm
+    reference = None
+    if rule.uses_reference_loss:  # the largest of the clients' candidates
+      reference = tf.reduce_max(self.data.map_clients(
+          lambda _, __, examples: rule.reference_value(payload, examples, hparams),
+          indices))
+    counts = tf.gather(self.data.counts, indices)
+    m = indices.shape[0]
+    context = rule_lib.RoundContext(
+        indices, tf.fill([m], tf.cast(0.0 if reference is None else reference, tf.float32)),
+        tf.zeros([m]))
+    if rule.uses_start_loss:
+      context = context._replace(start_loss=self.data.map_clients(
+          lambda _, __, examples: rule.start_loss(payload, examples, hparams), indices))
+    schedule = client_round.plan_cohort(rule, options, counts,
+                                        tf.gather(self.data.keys, indices), work_state.round)
+    cohort = engines_lib.Cohort(payload, hparams, indices,
+                                tf.gather(self.data.offsets, indices), counts,
+                                client_round.ClientPlan(context, schedule))
+    outputs = self._engines[self.engine].run(cohort)
     update = aggregation.aggregate(algorithm.aggregation, outputs.update, outputs.weight)
     server_state, weights = algorithm.server_rule.step(server_state, weights, update)
     stats = tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats)
     metrics = collections.OrderedDict(
-        distributor=(), client_work=protocol.train_metrics(stats, reference),
+        distributor=(), client_work=client_round.train_metrics(stats, reference),
         aggregator=aggregation.measurements(algorithm.aggregation, outputs.update,
                                             outputs.weight) or (),
         finalizer=())
     return weights, server_state, metrics
 
 
-def _has_short_batches(algorithm: algorithm_lib.Algorithm, counts: np.ndarray) -> bool:
-  """Whether some client's round on these data ends with a short batch."""
-  options = algorithm.client_options
-  if options.local_steps is not None or options.local_epochs_max is not None:
-    return False  # whole batches only (cycling, or FedNova's floor(E n / B))
-  size = protocol.step_batch_size(algorithm.client_rule, options)
-  return bool(np.any(options.local_epochs * counts % size))
+def _state(weights, work: client_round.ClientWorkState, server_state) -> base.State:
+  return tff.learning.templates.LearningAlgorithmState(
+      global_model_weights=weights, distributor=(), client_work=work, aggregator=(),
+      finalizer=server_state)
 
 
-def build(process, client_data, **kwargs) -> InProcessProcess:
-  """The in-process counterpart of a composed tff_comp process on `client_data`.
+@registry.register_runtime('inprocess')
+def build(program, client_data, *, engine: str = 'auto', lanes: int | None = None,
+          device: str | None = None) -> InProcessRuntime:
+  """The in-process runtime for an Algorithm (or a process composed from one) on
+  `client_data`.
+
+  Args:
+    engine: 'auto', 'lanes', 'mapped' or 'debug' (`runtime.engines`).
+    lanes: clients stepping together on the lanes engine.
+    device: a TensorFlow device name (default: the first GPU, else the CPU).
 
   Raises:
-    UnsupportedError: the process has no Algorithm (hand-built blocks) or replaces the
-      algorithm's aggregation with a custom TFF aggregator (clipping, DP, compression:
-      those run on TFF's runtime only).
+    UnsupportedError: a process composed from hand-built blocks (no Algorithm), an
+      algorithm whose model aggregator is a custom TFF aggregator (clipping, DP,
+      compression: those run on TFF's runtime only), or a Keras model converted by TFF.
   """
-  algorithm = getattr(process, 'algorithm', None)
-  if algorithm is None:
+  if isinstance(program, composer.ComposedLearningProcess) and program.algorithm:
+    program = program.algorithm
+  if not isinstance(program, algorithm_lib.Algorithm):
     raise UnsupportedError('this process was composed from hand-built blocks, not an'
                            ' Algorithm; run it on the TFF runtime.')
-  if getattr(process, 'custom_aggregator', False):
+  if program.model_aggregator is not None:
     raise UnsupportedError('a custom model_aggregator (TFF clipping, compression or DP)'
                            ' runs on the TFF runtime only.')
-  _check_runs_outside_tff(algorithm.model)
-  return InProcessProcess(algorithm, client_arrays(client_data), **kwargs)
+  _check_runs_outside_tff(program.model)
+  return InProcessRuntime(program, client_arrays(client_data), engine=engine, lanes=lanes,
+                          device=device)
+
+
+# Kept importable for one version (CHANGELOG.md, 0.2.0).
+InProcessProcess = InProcessRuntime
 
 
 def _check_runs_outside_tff(model) -> None:

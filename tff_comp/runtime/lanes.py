@@ -18,7 +18,7 @@ costs as much again in masking. Here the cohort's full batches run in `L` lanes:
 `run_full_batches` is built for XLA (`jit_compile=True`): every shape is static and
 nothing in the program depends on which clients a round holds, so it compiles once
 (`tests/test_lanes.py` counts XLA's compiles). `finish_cohort` gives each client its
-output (`protocol.finish_client`). Every
+output (`client_round.finish_client`). Every
 client sees exactly the batches of `ops.local_loop.schedule`, the same batches the TFF
 client work and the mapped runtime take, so the results are the same. Client data are
 one resident array of every client's examples (no padding), read through each client's
@@ -28,7 +28,7 @@ offset and count.
 import tensorflow as tf
 
 from tff_comp.ops import local_loop
-from tff_comp.ops import protocol
+from tff_comp.ops import client_round
 from tff_comp.ops import rule as rule_lib
 
 
@@ -52,8 +52,8 @@ def _select(mask, new, old):
 
 
 def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
-                     options: protocol.ClientOptions, examples, offsets: tf.Tensor,
-                     counts: tf.Tensor, plans: protocol.ClientPlan, *,
+                     options: client_round.ClientOptions, examples, offsets: tf.Tensor,
+                     counts: tf.Tensor, plans: client_round.ClientPlan, *,
                      lanes: int) -> rule_lib.LocalState:
   """Every cohort client's LocalState after its full batches, stacked in cohort order.
 
@@ -64,10 +64,10 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
     plans: the cohort's `ClientPlan`s, each field stacked to [m].
     lanes: how many clients step together.
   """
-  size = protocol.step_batch_size(rule, options)
+  size = client_round.step_batch_size(rule, options)
   m = int(offsets.shape[0])
   width = min(lanes, m)
-  full = plans.full
+  full = plans.schedule.full
   order = tf.argsort(full, direction='DESCENDING', stable=True)
 
   def context(c):
@@ -109,9 +109,8 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
   def step_lanes(lane_client, lane_k, lane_state, states, taken):
     busy = lane_client >= 0
     clients = tf.maximum(lane_client, 0)
-    positions = (tf.gather(offsets, clients)[:, None]
-                 + (lane_k[:, None] * size + tf.range(size)[None])
-                 % tf.maximum(tf.gather(counts, clients), 1)[:, None])
+    positions = tf.gather(offsets, clients)[:, None] + local_loop.positions(
+        lane_k[:, None] * size, size, tf.gather(counts, clients)[:, None])
     # No silent per-lane while loop for an op without a vectorization rule: the
     # kernel fails to build instead, and the runtime falls back to mapped clients.
     stepped = tf.vectorized_map(
@@ -129,8 +128,8 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
 
 
 def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
-                      options: protocol.ClientOptions, examples, offsets: tf.Tensor,
-                      counts: tf.Tensor, plans: protocol.ClientPlan,
+                      options: client_round.ClientOptions, examples, offsets: tf.Tensor,
+                      counts: tf.Tensor, plans: client_round.ClientPlan,
                       states: rule_lib.LocalState) -> rule_lib.LocalState:
   """The clients' short last batches from the states of `run_full_batches`.
 
@@ -138,13 +137,14 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
   the cohort: at most B - 1 steps a round whatever the cohort's size (client by client
   cost 86 us a client on `synthetic`). Ops without a vectorization rule loop.
   """
-  size = protocol.step_batch_size(rule, options)
-  sizes, _ = tf.unique(tf.boolean_mask(plans.remainder, plans.remainder > 0))
+  size = client_round.step_batch_size(rule, options)
+  remainder = plans.schedule.remainder
+  sizes, _ = tf.unique(tf.boolean_mask(remainder, remainder > 0))
 
   def one_size(k, stepped_states):
-    members = tf.cast(tf.where(tf.equal(plans.remainder, sizes[k]))[:, 0], tf.int32)
-    positions = tf.gather(offsets, members)[:, None] + local_loop.batch_positions(
-        tf.gather(plans.full, members)[:, None] * size, sizes[k],
+    members = tf.cast(tf.where(tf.equal(remainder, sizes[k]))[:, 0], tf.int32)
+    positions = tf.gather(offsets, members)[:, None] + local_loop.positions(
+        tf.gather(plans.schedule.full, members)[:, None] * size, sizes[k],
         tf.gather(counts, members)[:, None])
     stepped = tf.vectorized_map(
         lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
@@ -161,15 +161,15 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
 
 
 def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
-                  options: protocol.ClientOptions, counts: tf.Tensor,
-                  plans: protocol.ClientPlan,
-                  states: rule_lib.LocalState) -> protocol.ClientOutput:
+                  options: client_round.ClientOptions, counts: tf.Tensor,
+                  plans: client_round.ClientPlan,
+                  states: rule_lib.LocalState) -> client_round.ClientOutput:
   """Each client's `ClientOutput` from its state after `run_full_batches`, stacked in
   cohort order."""
-  steps = local_loop.step_count(plans.full, plans.remainder)
+  steps = plans.schedule.steps
   # Once per client, so a per-client loop where an op does not vectorize (the slot
   # tables' scatter of AFL, TR-MAML, Ditto) costs little.
   return tf.vectorized_map(
-      lambda args: protocol.finish_client(rule, args[0], args[1], payload, hparams,
+      lambda args: client_round.finish_client(rule, args[0], args[1], payload, hparams,
                                           args[2], options, args[3]),
       (states, steps, plans.context, counts))

@@ -46,6 +46,29 @@ CHANNEL_OPTIONS = [
 _READY_TIMEOUT_S = 60.0
 
 
+def grpc_stub(address: str) -> tff.framework.RemoteExecutorGrpcStub:
+  """A stub talking gRPC to the TFF worker at `address` (host:port)."""
+  return tff.framework.RemoteExecutorGrpcStub(
+      grpc.insecure_channel(address, CHANNEL_OPTIONS))
+
+
+def execution_context(stub_fn, context_class):
+  """A TFF execution context of `context_class` (Sync or Async) running computations
+  on the worker `stub_fn()` returns (called for every executor the context makes)."""
+
+  def stack_fn(cardinalities):
+    cardinalities.setdefault(tff.CLIENTS, 0)
+    executor = tff.framework.RemoteExecutor(stub_fn())
+    executor.set_cardinalities(cardinalities)
+    return executor
+
+  return context_class(
+      executor_fn=tff.framework.ResourceManagingExecutorFactory(stack_fn),
+      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+      transform_args=tff.tensorflow.transform_args,
+      transform_result=tff.tensorflow.transform_result)
+
+
 def _die_with_parent() -> None:
   """Runs in the child between fork and exec: SIGKILL it when the parent dies."""
   if sys.platform.startswith('linux'):
@@ -89,8 +112,7 @@ class _Worker:
       self.stop()
       port = portpicker.pick_unused_port()
       self._process = spawn_worker(port, self._max_calls)
-      channel = grpc.insecure_channel(f'localhost:{port}', CHANNEL_OPTIONS)
-      self._stub = tff.framework.RemoteExecutorGrpcStub(channel)
+      self._stub = grpc_stub(f'localhost:{port}')
       deadline = time.monotonic() + _READY_TIMEOUT_S
       while not self._stub.is_ready:
         if self._process.poll() is not None or time.monotonic() > deadline:
@@ -125,20 +147,8 @@ def install_local_runtime(max_concurrent_computation_calls: int = -1) -> None:
   global _worker
   shutdown_local_runtime()
   worker = _Worker(max_concurrent_computation_calls)
-
-  def stack_fn(cardinalities):
-    cardinalities.setdefault(tff.CLIENTS, 0)
-    executor = tff.framework.RemoteExecutor(worker.stub())
-    executor.set_cardinalities(cardinalities)
-    return executor
-
-  context = tff.framework.SyncExecutionContext(
-      executor_fn=tff.framework.ResourceManagingExecutorFactory(stack_fn),
-      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-      transform_args=tff.tensorflow.transform_args,
-      transform_result=tff.tensorflow.transform_result,
-  )
-  tff.framework.set_default_context(context)
+  tff.framework.set_default_context(
+      execution_context(worker.stub, tff.framework.SyncExecutionContext))
   _worker = worker
 
 

@@ -1,8 +1,6 @@
 """The simulation loop: sample clients, run rounds, evaluate, write metrics.
 
-It drives any runtime's process that takes client ids: a LearningProcess composed with
-a dataset computation (TFF's runtime) or an `inprocess.InProcessProcess`
-(`experiment.runner_for` makes either).
+It drives any `runtime.base.Runtime` (`experiment.runner_for` builds one).
 
 Metrics go where tools read them: `metrics.csv` (one row per round; evaluation columns
 filled every `eval_period` rounds and at round 0) and TensorBoard event files under
@@ -24,6 +22,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 import tqdm
+
+from tff_comp.runtime import base
 
 Metrics = dict[str, float]
 
@@ -97,6 +97,15 @@ def _read_rows(path: pathlib.Path, up_to: int) -> tuple[list[str], list[dict[str
     return [c for c in reader.fieldnames or [] if c not in ('round', 'seconds')], rows
 
 
+def _write_config(output_dir: pathlib.Path, config: Mapping[str, Any], runtime) -> None:
+  """config.json: the run's configuration and what its runtime records (name, engine,
+  device, why; `runtime.base.Runtime.record`)."""
+  config = dict(config, runtime_record=getattr(runtime, 'record', None))
+  if 'resolved' in config and hasattr(runtime, 'description'):
+    config['resolved'] = dict(config['resolved'], runtime=runtime.description)
+  (output_dir / 'config.json').write_text(json.dumps(config, indent=2, default=str))
+
+
 class Checkpoints:
   """The process state every few rounds, with TFF's `FileProgramStateManager` (in
   `output_dir/checkpoints`, the last two kept). The state is saved as NumPy values and
@@ -150,7 +159,7 @@ def server_quantities(state) -> Metrics:
   coefficient, AFL's client weights), the optimizer's state aside: what defines the
   method at this round, for plots."""
   quantities = {}
-  finalizer = state['finalizer'] if isinstance(state, Mapping) else state.finalizer
+  finalizer = base.server_state(state)
   for name, value in (finalizer.items() if isinstance(finalizer, Mapping) else ()):
     if name == 'optimizer' or tf.nest.is_nested(value):
       continue
@@ -246,7 +255,7 @@ def run_simulation(
     checkpoints.clear()
     shutil.rmtree(output_dir / 'clients', ignore_errors=True)
     (output_dir / 'final_model.npz').unlink(missing_ok=True)
-    (output_dir / 'config.json').write_text(json.dumps(dict(config), indent=2, default=str))
+    _write_config(output_dir, config, process)
   eval_metrics = evaluate_state(state, done)
   # Set before the first round and unchanged after it: read once, logged every round
   # (on TFF's runtime reading them is a computation call).
@@ -285,6 +294,8 @@ def run_simulation(
                 + ' '.join(f'{k}={v}' for k, v in summary.items()), file=sys.stderr)
       previous = time.monotonic() - start
       writer.write(round_num, previous, metrics)
+      if round_num == done + 1:  # the engine actually used, after a first-round fallback
+        _write_config(output_dir, config, process)
       if round_num % checkpoint_every == 0 or round_num == rounds:
         checkpoints.save(state, round_num)
       bar.update()

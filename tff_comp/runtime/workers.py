@@ -31,7 +31,6 @@ import threading
 import time
 from typing import Any
 
-import grpc
 import portpicker
 import tensorflow_federated as tff
 
@@ -63,32 +62,15 @@ def parse_addresses(spec: str) -> list[str]:
   return addresses
 
 
-def _stub(address: str):
-  channel = grpc.insecure_channel(address, local_worker.CHANNEL_OPTIONS)
-  return tff.framework.RemoteExecutorGrpcStub(channel)
-
-
-def _async_context(stub) -> tff.framework.AsyncExecutionContext:
-  def stack_fn(cardinalities):
-    cardinalities.setdefault(tff.CLIENTS, 0)
-    executor = tff.framework.RemoteExecutor(stub)
-    executor.set_cardinalities(cardinalities)
-    return executor
-
-  return tff.framework.AsyncExecutionContext(
-      executor_fn=tff.framework.ResourceManagingExecutorFactory(stack_fn),
-      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-      transform_args=tff.tensorflow.transform_args,
-      transform_result=tff.tensorflow.transform_result)
-
-
 class _WatchedContext(tff.framework.MergeableCompExecutionContext):
   """TFF's mergeable context; a call fails once a worker has been unreachable for
   `deadline` seconds (TFF itself would retry forever)."""
 
   def __init__(self, stubs: dict[str, Any], deadline: float):
     super().__init__(
-        [_async_context(stub) for stub in stubs.values()],
+        [local_worker.execution_context(lambda stub=stub: stub,
+                                        tff.framework.AsyncExecutionContext)
+         for stub in stubs.values()],
         compiler_fn=tff.backends.native.compile_to_mergeable_comp_form,
         transform_args=tff.tensorflow.transform_args,
         transform_result=tff.tensorflow.transform_result)
@@ -133,7 +115,7 @@ def install_remote_runtime(addresses: Sequence[str], *,
   Raises:
     WorkerError: a worker did not answer within `deadline_seconds`.
   """
-  stubs = {address: _stub(address) for address in addresses}
+  stubs = {address: local_worker.grpc_stub(address) for address in addresses}
   wait_until = time.monotonic() + deadline_seconds
   while not all(stub.is_ready for stub in stubs.values()):
     if time.monotonic() > wait_until:

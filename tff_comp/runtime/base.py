@@ -1,0 +1,80 @@
+"""The runtime interface: what runs an algorithm's rounds.
+
+An algorithm (`ops.algorithm.Algorithm`) is runtime free; a runtime runs its rounds on
+a population of clients. Runtimes are registered by name (`registry.register_runtime`;
+built in: 'tff', TFF's own process on its C++ worker, `runtime.tff_process`; and
+'inprocess', the same math in this process, `runtime.inprocess`), so a third one is one
+module and a registration:
+
+    @registry.register_runtime('mine')
+    def build_mine(program, client_data, **options) -> Runtime:
+      ...  # raise UnsupportedError for what it cannot run
+
+`program` is an `ops.algorithm.Algorithm` or a TFF `LearningProcess` (a plugin may
+register a builder returning a process; only TFF's runtime runs one); `client_data` a
+`tff.simulation.datasets.ClientData`. The simulation loop (`runtime.simulation`) and the
+experiment (`tff_comp.experiment`) use nothing but this interface.
+"""
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+# The state of a round on every runtime is TFF's `LearningAlgorithmState`, a structure
+# with named fields: global_model_weights (ModelWeights), distributor, client_work
+# (`ops.client_round.ClientWorkState` for tff_comp's algorithms), aggregator, finalizer
+# (the server rule's state, an OrderedDict). Checkpoints save it as NumPy values.
+State = Any
+
+
+class RoundOutput(NamedTuple):
+  """One round's result: the new state and the round's metrics (nested OrderedDicts of
+  scalars: distributor, client_work, aggregator, finalizer)."""
+
+  state: State
+  metrics: Any
+
+
+class UnsupportedError(ValueError):
+  """A runtime cannot run this program; the message says why in one line."""
+
+
+@runtime_checkable
+class Runtime(Protocol):
+  """A built runtime: one algorithm (or process) on one population of clients.
+
+  Attributes:
+    name: the registered name ('tff', 'inprocess', ...).
+    description: one line for the run's header: where rounds run and why (the engine,
+      a fallback and its reason).
+    record: what `config.json` records of it (name, engine, device, why); kept up to
+      date when the runtime changes course (a fallback after the first round).
+    keeps_personal_models: `get_personal_weights` returns per-client models (Ditto).
+  """
+
+  name: str
+  description: str
+  record: dict[str, Any]
+  keeps_personal_models: bool
+
+  def initialize(self) -> State:
+    """The state before round 1."""
+
+  def next(self, state: State, client_ids: Sequence[str]) -> RoundOutput:
+    """One round on the clients `client_ids` (distinct ids of the client data)."""
+
+  def get_model_weights(self, state: State) -> Any:
+    """The model to evaluate (ModelWeights of NumPy arrays)."""
+
+  def get_hparams(self, state: State) -> Any:
+    """OrderedDict(client_work=..., server_update=...) of the hyperparameters in force."""
+
+  def set_hparams(self, state: State, hparams: Any) -> State:
+    """`state` with the hyperparameters `hparams` (the structure of `get_hparams`)."""
+
+  def get_personal_weights(self, state: State) -> Any:
+    """Per-client personal models (tuple of [num_clients, ...] arrays), or None."""
+
+
+def server_state(state: State) -> Any:
+  """The server rule's state (what defines the method at this round)."""
+  return state.finalizer

@@ -1,0 +1,211 @@
+"""The in-process runtime's engines: how a cohort's client work runs, behind one interface.
+
+As FedJAX's `for_each_client` backends, every engine takes the same cohort and returns
+the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort order:
+
+    engine.run(cohort) -> ClientOutput([m] updates, [m] weights, [m] stats)
+
+`cohort` (a `Cohort`) holds the payload, hyperparameters and the cohort's plans
+(`ops.client_round.ClientPlan`: context and batch schedule, from the one schedule
+`ops.local_loop.plan`), and where each client's examples lie in the resident data.
+
+* `lanes`: lockstep lanes compiled once by XLA (`runtime.lanes`); the fast path for many
+  small clients. Needs a vectorizable local step (`ops.rule` says what that means).
+* `mapped`: client by client with `tf.map_fn` in the round's graph, no XLA; runs any
+  rule TensorFlow runs.
+* `debug`: client by client, step by step, eagerly in Python; a failure names the
+  client and the stage (initialize, local step k, finalize). Slow; for finding bugs.
+"""
+
+import re
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import tensorflow as tf
+
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
+from tff_comp.ops import local_loop
+from tff_comp.ops import rule as rule_lib
+from tff_comp.runtime import lanes as lanes_lib
+
+
+class ResidentData:
+  """Every client's examples resident on `device` in variables (never constants in a
+  graph): concatenated in client order (no padding, so heavy-tailed client sizes cost
+  no memory), with each client's offset, count and `local_loop.client_key`."""
+
+  def __init__(self, examples: Any, counts: np.ndarray, client_ids: tuple[str, ...],
+               device: str, *, with_keys: bool):
+    self.client_ids = client_ids
+    self.index = {cid: i for i, cid in enumerate(client_ids)}
+    with tf.device(device):
+      self.examples = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False),
+                                            examples)
+      self.counts = tf.Variable(counts, trainable=False)
+      self.offsets = tf.Variable((np.cumsum(counts) - counts).astype(np.int32),
+                                 trainable=False)
+      keys = (tf.function(lambda: tf.map_fn(
+          lambda i: local_loop.client_key(self.client_examples(i)),
+          tf.range(len(counts)), fn_output_signature=tf.int64))()
+              if with_keys and len(counts) else tf.zeros([len(counts)], tf.int64))
+      self.keys = tf.Variable(keys, trainable=False)
+
+  def client_examples(self, index) -> Any:
+    start, count = self.offsets[index], self.counts[index]
+    return tf.nest.map_structure(lambda v: v[start:start + count], self.examples)
+
+  def map_clients(self, fn, indices: tf.Tensor) -> Any:
+    """[fn(p, indices[p], examples of client indices[p]) for each position p],
+    stacked on a leading axis."""
+
+    def one(position):
+      index = tf.gather(indices, position)
+      return fn(position, index, self.client_examples(index))
+
+    spec = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype),
+        tf.function(one).get_concrete_function(tf.TensorSpec([], tf.int32)).structured_outputs)
+    return tf.map_fn(one, tf.range(tf.shape(indices)[0]), fn_output_signature=spec,
+                     parallel_iterations=int(indices.shape[0] or 10))
+
+
+class Cohort(NamedTuple):
+  """One round's cohort as an engine receives it (per-client fields stacked to [m])."""
+
+  payload: Any
+  hparams: Any
+  indices: tf.Tensor  # positions in ResidentData
+  offsets: tf.Tensor
+  counts: tf.Tensor
+  plans: client_round.ClientPlan
+
+
+class Engine(Protocol):
+  """Runs a cohort's client work (see the module docstring).
+
+  `in_graph`: `run` is traced into the round's `tf.function` (else the round runs
+  eagerly).
+  """
+
+  name: str
+  in_graph: bool
+
+  def run(self, cohort: Cohort) -> client_round.ClientOutput:
+    """Every cohort client's ClientOutput, stacked in cohort order."""
+
+
+def _row(structure, i):
+  return tf.nest.map_structure(lambda t: t[i], structure)
+
+
+class MappedEngine:
+  """Clients one by one with `tf.map_fn` (`client_round.run_planned` each)."""
+
+  name = 'mapped'
+  in_graph = True
+
+  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData):
+    self._algorithm, self._data = algorithm, data
+
+  def run(self, cohort: Cohort) -> client_round.ClientOutput:
+    algorithm = self._algorithm
+    return self._data.map_clients(
+        lambda position, _, examples: client_round.run_planned(
+            algorithm.client_rule, cohort.payload, examples, cohort.hparams,
+            _row(cohort.plans, position), algorithm.client_options),
+        cohort.indices)
+
+
+class LanesEngine:
+  """Lockstep lanes (`runtime.lanes`): full batches in one XLA kernel compiled once,
+  short last batches vectorized per size, outputs vectorized."""
+
+  name = 'lanes'
+  in_graph = True
+
+  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
+               lanes: int, short_batches: bool):
+    self._algorithm, self._data, self.lanes = algorithm, data, lanes
+    self._short_batches = short_batches
+    self._kernel = tf.function(self._full_batches, jit_compile=True)
+
+  def _full_batches(self, payload, hparams, offsets, counts, plans):
+    algorithm = self._algorithm
+    return lanes_lib.run_full_batches(
+        algorithm.client_rule, payload, hparams, algorithm.client_options,
+        self._data.examples, offsets, counts, plans, lanes=self.lanes)
+
+  def run(self, cohort: Cohort) -> client_round.ClientOutput:
+    rule, options = self._algorithm.client_rule, self._algorithm.client_options
+    states = self._kernel(cohort.payload, cohort.hparams, cohort.offsets, cohort.counts,
+                          cohort.plans)
+    if self._short_batches:
+      states = lanes_lib.run_short_batches(
+          rule, cohort.payload, cohort.hparams, options, self._data.examples,
+          cohort.offsets, cohort.counts, cohort.plans, states)
+    return lanes_lib.finish_cohort(rule, cohort.payload, cohort.hparams, options,
+                                   cohort.counts, cohort.plans, states)
+
+
+class ClientError(RuntimeError):
+  """A client's work failed (debug engine); the message names the client and stage."""
+
+
+class DebugEngine:
+  """Clients one by one, step by step, eagerly; a failure raises ClientError naming
+  the client id, the stage and the error."""
+
+  name = 'debug'
+  in_graph = False
+
+  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData):
+    self._algorithm, self._data = algorithm, data
+
+  def run(self, cohort: Cohort) -> client_round.ClientOutput:
+    rule, options = self._algorithm.client_rule, self._algorithm.client_options
+    size = client_round.step_batch_size(rule, options)
+    outputs = []
+    for position, index in enumerate(cohort.indices.numpy()):
+      plan = _row(cohort.plans, position)
+      examples = self._data.client_examples(int(index))
+      n = local_loop.num_examples(examples)
+      stage = 'initialize'
+      try:
+        state = rule.initialize(cohort.payload, cohort.hparams, plan.context)
+        for k in range(int(plan.schedule.steps)):
+          stage = f'local step {k}'
+          batch = tf.nest.map_structure(
+              lambda t, k=k: tf.gather(t, local_loop.batch_index(k, plan.schedule, size, n)),
+              examples)
+          state = rule.step(state, batch, cohort.payload, cohort.hparams, plan.context)
+        stage = 'finalize'
+        outputs.append(client_round.finish_client(
+            rule, state, plan.schedule.steps, cohort.payload, cohort.hparams, plan.context,
+            options, n))
+      except Exception as error:  # pylint: disable=broad-except  (re-raised, named)
+        raise ClientError(
+            f'client {self._data.client_ids[int(index)]!r} (index {int(index)}) failed in'
+            f' {stage} of {type(rule).__name__}: {type(error).__name__}:'
+            f' {_last_line(error)}') from error
+    return tf.nest.map_structure(lambda *rows: tf.stack(rows), *outputs)
+
+
+def _last_line(error: Exception) -> str:
+  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  return lines[-1][:300] if lines else ''
+
+
+# How TensorFlow names the op in vectorization (pfor) and XLA compilation errors.
+_OP_PATTERNS = (r'No pfor vectorization defined for (\w+)', r"of op '(\w+)'",
+                r'No converter defined for (\w+)', r'unsupported operations?[^:]*:\s*(\w+)',
+                r'op: "(\w+)"')
+
+
+def failing_op(error: Exception) -> str:
+  """The TensorFlow op an engine failure names ('' if none can be read off)."""
+  for pattern in _OP_PATTERNS:
+    found = re.search(pattern, str(error), re.IGNORECASE)
+    if found:
+      return found[1]
+  return ''
