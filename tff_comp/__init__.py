@@ -2,32 +2,61 @@
 
 Two layers:
   math (pure TF, no TFF; `tff_comp.ops`): client rules and server rules by family
-    (`sgd`, `composite`, `compositional`, `maml`, `per_client`), one client's round
-    (`client_round.run_client`), aggregation (`aggregation`), messages, and the
-    `algorithm.Algorithm` record any runtime runs; regularizers (`tff_comp.regularizers`).
+    (`sgd`, `composite`, `compositional`, `maml`, `per_client`, `scaffold`), one client's
+    round (`client_round.run_client`), aggregation (`aggregation`), messages, and the
+    `algorithm.Algorithm` every runtime runs; regularizers (`tff_comp.regularizers`).
   TFF (placement): `client_work.build_local_client_work`, `aggregators`,
     `server_update.build_server_update`, `composer.compose` -> a LearningProcess.
-Algorithms: `registry.get_algorithm(name).builder`, or `tff_comp.algorithms.<module>`.
-Runtimes (`tff_comp.runtime`): TFF's, with a local worker that dies with Python
-(`runtime.install_local_runtime`), and the in-process one (`runtime.inprocess`).
+Algorithms: `registry.get_algorithm(name).build(model, ...)` (an Algorithm) or
+`tff_comp.algorithms.<module>.build_<algo>` (its TFF process).
+Runtimes (`tff_comp.runtime`, `runtime.base.Runtime`): TFF's ('tff') and the in-process
+one ('inprocess'), registered by name; `runner_for(program, client_data)` picks one.
 Importing tff_comp changes no TFF context: the code that runs things chooses one.
-Plugins: `registry.register_algorithm` / `register_task` and entry points.
+Plugins: `registry.register_algorithm` / `register_task` / `register_runtime`.
+
+The names below are re-exported, so composing an algorithm by hand needs this package
+and the rule family it uses:
+
+    import tff_comp as tc
+    from tff_comp.ops import composite
+    algorithm = tc.Algorithm(model, composite.DualAveraging(...), ..., tc.ClientOptions(10))
+    process = tc.compose(algorithm)              # a tff.learning LearningProcess
+    runtime, why = tc.runner_for(algorithm, client_data)
 """
 
 import importlib
 
 # Submodules load on first use, so the math layer (`tff_comp.ops`) imports without TFF.
-_SUBMODULES = ('aggregators', 'client_work', 'composer', 'regularizers', 'registry',
-               'server_update', 'runtime', 'ops', 'algorithms', 'experiment')
-_REGISTRY_NAMES = ('get_algorithm', 'get_task', 'register_algorithm', 'register_task')
+_SUBMODULES = ('aggregators', 'client_work', 'composer', 'models', 'regularizers',
+               'registry', 'server_update', 'runtime', 'ops', 'algorithms', 'experiment')
+# The public surface: name -> the module defining it.
+_EXPORTS = {
+    'Algorithm': 'tff_comp.ops.algorithm',
+    'ClientOptions': 'tff_comp.ops.client_round',
+    'ClientRule': 'tff_comp.ops.rule',
+    'ServerRule': 'tff_comp.ops.rule',
+    'RuleWrapper': 'tff_comp.ops.rule',
+    'trainable_specs': 'tff_comp.ops.model_ops',
+    'server_sgd': 'tff_comp.algorithms.common',
+    'process_builder': 'tff_comp.algorithms.common',
+    'compose': 'tff_comp.composer',
+    'runner_for': 'tff_comp.experiment',
+    'Runtime': 'tff_comp.runtime.base',
+    'get_algorithm': 'tff_comp.registry',
+    'get_task': 'tff_comp.registry',
+    'get_runtime': 'tff_comp.registry',
+    'register_algorithm': 'tff_comp.registry',
+    'register_task': 'tff_comp.registry',
+    'register_runtime': 'tff_comp.registry',
+}
 
 
 def __getattr__(name: str):
   if name in _SUBMODULES:
     return importlib.import_module(f'tff_comp.{name}')
-  if name in _REGISTRY_NAMES:
-    return getattr(importlib.import_module('tff_comp.registry'), name)
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
   raise AttributeError(f'module tff_comp has no attribute {name!r}')
 
 
-__all__ = [*_SUBMODULES, *_REGISTRY_NAMES]
+__all__ = [*_SUBMODULES, *_EXPORTS]

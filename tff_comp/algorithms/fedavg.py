@@ -9,7 +9,8 @@ of Yuan et al. (ICML 2021). Equals `tff.learning.algorithms.build_weighted_fed_a
 same inputs (tested).
 
 Example:
-    process = build_fedavg(model, client_learning_rate=0.01, batch_size=10)
+    algorithm = fedavg(model, client_learning_rate=0.01, batch_size=10)   # any runtime
+    process = build_fedavg(model, client_learning_rate=0.01, batch_size=10)  # TFF
 """
 
 import tensorflow_federated as tff
@@ -40,7 +41,7 @@ def fedavg(
 ) -> algorithm_lib.Algorithm:
   """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
 
-  `local_epochs_max` > 0: epochs drawn per client per round (`ops.protocol`).
+  `local_epochs_max` > 0: epochs drawn per client per round (`ops.local_loop.plan`).
   Args:
     server_momentum: heavy-ball momentum of the server SGD (0: plain SGD).
     local_epochs_max: if > 0, each client draws its epochs every round from
