@@ -70,3 +70,17 @@ def test_a_rate_set_later_is_checked_as_at_build():
     process.set_hparams(state, hparams)
   with pytest.raises(ValueError, match='momentum_rate x client_learning_rate must be <= 1'):
     algorithm_cases.build('local_scgdm', dict(client_learning_rate=2.0))
+
+
+def test_fednova_momentum_and_mu_set_later_are_refused_as_at_build():
+  """FedNova's ||a||_1 has a closed form for momentum or the proximal term, not both:
+  the invariant lives in the rule, so setting both later is refused too."""
+  process = inprocess.build(algorithm_cases.build('fednova', dict(client_momentum=0.5)),
+                            algorithm_cases.DATA['unequal'])
+  state = process.initialize()
+  hparams = process.get_hparams(state)
+  hparams['client_work']['proximal_strength'] = 0.1
+  with pytest.raises(ValueError, match='choose one local solver'):
+    process.set_hparams(state, hparams)
+  with pytest.raises(ValueError, match='choose one local solver'):
+    algorithm_cases.build('fednova', dict(client_momentum=0.5, mu=0.1))

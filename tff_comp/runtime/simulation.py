@@ -32,6 +32,11 @@ class DivergenceError(RuntimeError):
   """Training produced a non-finite loss."""
 
 
+class StopTraining(Exception):
+  """Raised by a callback's `after_round` to end the run cleanly after that round (an
+  early stop): the round's row is kept, the state checkpointed, the model saved."""
+
+
 def flatten_metrics(tree: Any, prefix: str = '') -> Metrics:
   """Nested OrderedDicts of scalars -> {'a/b/c': float}; empty leaves dropped."""
   flat = {}
@@ -95,15 +100,6 @@ def _read_rows(path: pathlib.Path, up_to: int) -> tuple[list[str], list[dict[str
     reader = csv.DictReader(f)
     rows = [r for r in reader if r.get('round', '').isdigit() and int(r['round']) <= up_to]
     return [c for c in reader.fieldnames or [] if c not in ('round', 'seconds')], rows
-
-
-def _write_config(output_dir: pathlib.Path, config: Mapping[str, Any], runtime) -> None:
-  """config.json: the run's configuration and what its runtime records (name, engine,
-  device, why; `runtime.base.Runtime.record`)."""
-  config = dict(config, runtime_record=getattr(runtime, 'record', None))
-  if 'resolved' in config and hasattr(runtime, 'description'):
-    config['resolved'] = dict(config['resolved'], runtime=runtime.description)
-  (output_dir / 'config.json').write_text(json.dumps(config, indent=2, default=str))
 
 
 class Checkpoints:
@@ -186,6 +182,264 @@ def set_learning_rates(process, state, client_learning_rate: float,
   return process.set_hparams(state, hparams)
 
 
+class Loop:
+  """What callbacks see of the run: the runtime and its state, where the run writes, the
+  rounds asked for and those done before this process started (a resumed run, with the
+  metrics.csv rows it keeps), the initial and latest evaluations and the clock."""
+
+  def __init__(self, runtime, output_dir: pathlib.Path, rounds: int):
+    self.runtime, self.output_dir, self.rounds = runtime, output_dir, rounds
+    self.state: Any = None
+    self.done = 0
+    self.round_num = 0  # the last round finished
+    self.kept_columns: list[str] = []
+    self.kept_rows: list[dict[str, str]] = []
+    self.initial_eval: Metrics = {}
+    self.eval_metrics: Metrics = {}
+    self.start = time.monotonic()
+
+  def elapsed(self) -> float:
+    return time.monotonic() - self.start
+
+
+class Callback:
+  """A hook of the training loop (as pfl-research's callbacks): evaluation, metrics,
+  checkpoints, progress and stopping rules are callbacks, so a new sink or an early
+  stop is a new callback, not an edit of the loop. Callbacks run in the order given,
+  each seeing what the ones before it added.
+
+  on_train_begin(loop): the state is initialized, or restored (`loop.done` > 0).
+  after_round(loop, round_num, metrics): after each round; may add to `metrics` (the
+    round's row), raise StopTraining to end the run cleanly after this round (the
+    callbacks after it still see the round), or raise an error to stop it.
+  on_train_end(loop, completed): always, last; `completed` when the run ended as asked
+    (every round ran, or a callback stopped it early).
+  """
+
+  def on_train_begin(self, loop: Loop) -> None:
+    del loop
+
+  def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
+    del loop, round_num, metrics
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    del loop, completed
+
+
+class DivergenceGuard(Callback):
+  """Stops the run with DivergenceError when the round's training loss is not finite;
+  `hint` names the algorithm's likely cause."""
+
+  def __init__(self, hint: str):
+    self._hint = hint
+
+  def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
+    loss = metrics.get('train/client_work/train_loss', 0.0)
+    if not math.isfinite(loss):
+      raise DivergenceError(
+          f'training diverged at round {round_num}: train loss {loss}; {self._hint}.')
+
+
+class Evaluator(Callback):
+  """Evaluates the state at the start, every `eval_period` rounds and at the last
+  (`eval/...` columns); with `evaluate_clients`, one CSV of per-client rows each time
+  (`clients/eval_round_<r>.csv`)."""
+
+  def __init__(self, evaluate: Callable[[Any], Metrics], eval_period: int,
+               evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None):
+    self._evaluate, self._period, self._clients = evaluate, eval_period, evaluate_clients
+
+  def _run(self, loop: Loop, round_num: int) -> Metrics:
+    if self._clients is not None:
+      write_client_rows(loop.output_dir / 'clients' / f'eval_round_{round_num:05d}.csv',
+                        self._clients(loop.state))
+    loop.eval_metrics = {f'eval/{k}': v for k, v in self._evaluate(loop.state).items()}
+    return loop.eval_metrics
+
+  def on_train_begin(self, loop: Loop) -> None:
+    loop.initial_eval = self._run(loop, loop.done)
+
+  def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
+    if round_num % self._period == 0 or round_num == loop.rounds:
+      metrics.update(self._run(loop, round_num))
+
+
+class Progress(Callback):
+  """A live bar on a terminal; one line per evaluation in logs (CI, files)."""
+
+  def __init__(self, show: bool):
+    self._show = show
+    self._interactive = show and sys.stderr.isatty()
+    self._bar = None
+
+  def on_train_begin(self, loop: Loop) -> None:
+    self._bar = tqdm.tqdm(total=loop.rounds, initial=loop.done, disable=not self._interactive,
+                          file=sys.stderr, unit='round', dynamic_ncols=True)
+
+  def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
+    if any(k.startswith('eval/') for k in metrics):
+      summary = {k.split('/')[-1]: f'{v:.4g}' for k, v in loop.eval_metrics.items()}
+      self._bar.set_postfix(summary, refresh=False)
+      if self._show and not self._interactive:
+        # The round's loss at the visited iterates, then the evaluation's metrics
+        # (a task's own `train_loss` is its evaluation on the pooled training data).
+        loss = metrics.get('train/client_work/train_loss', 0.0)
+        print(f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s): round_loss={loss:.4g} '
+              + ' '.join(f'{k}={v}' for k, v in summary.items()), file=sys.stderr)
+    self._bar.update()
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    if self._bar is not None:
+      self._bar.close()
+
+
+class MetricsSink(Callback):
+  """metrics.csv and TensorBoard (`MetricsWriter`): round 0 holds the initial
+  evaluation, then a row per round with its `seconds` since the start; a resumed run
+  rewrites the rows it keeps."""
+
+  def __init__(self):
+    self._writer: MetricsWriter | None = None
+    self.last_seconds = 0.0  # `seconds` of the last row written
+
+  def on_train_begin(self, loop: Loop) -> None:
+    if loop.kept_rows:
+      self._writer = MetricsWriter(loop.output_dir, loop.kept_columns, loop.kept_rows)
+      self.last_seconds = float(loop.kept_rows[-1]['seconds'])
+
+  def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
+    if self._writer is None:
+      columns = sorted(k for k in metrics if not k.startswith('eval/'))
+      self._writer = MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
+      self._writer.write(0, 0.0, loop.initial_eval)
+    self.last_seconds = loop.elapsed()
+    self._writer.write(round_num, self.last_seconds, metrics)
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    if self._writer is None:  # stopped in round 1: still record the initial evaluation
+      self._writer = MetricsWriter(loop.output_dir, sorted(loop.initial_eval))
+      self._writer.write(0, 0.0, loop.initial_eval)
+    self._writer.close()
+
+
+class RunRecord(Callback):
+  """config.json: the run's configuration and its runtime's record, written at the
+  start of a fresh run and again after the first round (the engine actually used)."""
+
+  def __init__(self, config: Mapping[str, Any]):
+    self._config = config
+
+  def _write(self, loop: Loop) -> None:
+    config = dict(self._config, runtime_record=getattr(loop.runtime, 'record', None))
+    if 'resolved' in config and hasattr(loop.runtime, 'description'):
+      config['resolved'] = dict(config['resolved'], runtime=loop.runtime.description)
+    (loop.output_dir / 'config.json').write_text(json.dumps(config, indent=2, default=str))
+
+  def on_train_begin(self, loop: Loop) -> None:
+    if not loop.done:
+      self._write(loop)
+
+  def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
+    if round_num == loop.done + 1:
+      self._write(loop)
+
+
+class Checkpointer(Callback):
+  """Saves the state every `every` rounds, at the last, and at an early stop
+  (`Checkpoints`)."""
+
+  def __init__(self, checkpoints: Checkpoints, every: int):
+    self._checkpoints, self._every = checkpoints, every
+    self._saved = 0  # the last round saved
+
+  def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
+    if round_num % self._every == 0 or round_num == loop.rounds:
+      self._checkpoints.save(loop.state, round_num)
+      self._saved = round_num
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    if completed and loop.round_num > max(loop.done, self._saved):
+      self._checkpoints.save(loop.state, loop.round_num)  # stopped early
+    self._checkpoints.close()
+
+
+class FinalModel(Callback):
+  """final_model.npz: the trained model's trainable weights, after the last round."""
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    if completed:
+      np.savez(loop.output_dir / 'final_model.npz', *tf.nest.map_structure(
+          np.asarray, loop.runtime.get_model_weights(loop.state).trainable))
+
+
+class UniformSampler:
+  """`clients_per_round` distinct client ids a round, uniformly, from a NumPy generator
+  seeded by `seed` (deterministic; a resumed run replays it)."""
+
+  def __init__(self, client_ids: list[str], clients_per_round: int, seed: int):
+    self._ids, self._k = list(client_ids), clients_per_round
+    self._rng = np.random.default_rng(seed)
+
+  def sample(self) -> list[str]:
+    return [self._ids[i] for i in self._rng.choice(len(self._ids), self._k, replace=False)]
+
+
+def _start_fresh(loop: Loop, checkpoints: Checkpoints) -> None:
+  """A fresh run in `loop.output_dir`: nothing of a replaced run may be resumed later."""
+  checkpoints.clear()
+  shutil.rmtree(loop.output_dir / 'clients', ignore_errors=True)
+  (loop.output_dir / 'final_model.npz').unlink(missing_ok=True)
+
+
+def _restore(loop: Loop, checkpoints: Checkpoints, sampler: UniformSampler) -> None:
+  """Continues the run in `loop.output_dir` from its newest readable checkpoint: the
+  state, the metrics rows up to it, the sampler where it left it. Nothing saved: a
+  fresh run."""
+  saved, done = checkpoints.load_latest(loop.state)
+  if saved is None:
+    _start_fresh(loop, checkpoints)
+    return
+  loop.state, loop.done = saved, done
+  loop.kept_columns, loop.kept_rows = _read_rows(loop.output_dir / 'metrics.csv', done)
+  loop.start -= float(loop.kept_rows[-1]['seconds']) if loop.kept_rows else 0.0
+  for _ in range(done):
+    sampler.sample()
+
+
+def run_loop(runtime, loop: Loop, sampler: UniformSampler,
+             callbacks: list[Callback]) -> None:
+  """The loop: rounds `loop.done + 1 .. loop.rounds` on the sampler's cohorts, each
+  round's metrics (`train/...`, `hparams/...`, `server/...`, `seconds_per_round`) handed
+  to the callbacks in order."""
+  for callback in callbacks:
+    callback.on_train_begin(loop)
+  # Set before the first round and unchanged after it: read once, logged every round
+  # (on TFF's runtime reading them is a computation call).
+  hparams = hparam_metrics(runtime, loop.state)
+  completed, stop = False, None
+  try:
+    last = loop.elapsed()
+    for round_num in range(loop.done + 1, loop.rounds + 1):
+      output = runtime.next(loop.state, sampler.sample())
+      loop.state, loop.round_num = output.state, round_num
+      metrics = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
+      metrics.update(hparams)
+      metrics.update(server_quantities(loop.state))
+      metrics['seconds_per_round'] = loop.elapsed() - last
+      for callback in callbacks:
+        try:
+          callback.after_round(loop, round_num, metrics)
+        except StopTraining as request:
+          stop = request  # the callbacks after it still see this round
+      last = loop.elapsed()
+      if stop is not None:
+        break
+    completed = True
+  finally:
+    for callback in callbacks:
+      callback.on_train_end(loop, completed)
+
+
 def run_simulation(
     process: Any,
     *,
@@ -203,15 +457,16 @@ def run_simulation(
     checkpoint_every: int = 50,
     resume: bool = False,
     evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
+    callbacks: tuple[Callback, ...] = (),
 ) -> Metrics:
-  """Trains `process` for `rounds` rounds; returns the last evaluation metrics.
+  """Trains the runtime `process` for `rounds` rounds; returns the last evaluation.
 
-  `process` takes client ids (`experiment.runner_for`). Client ids are sampled without
-  replacement each round from a NumPy generator seeded by `seed`. `evaluate`
-  maps the process state to metrics (`experiment.evaluator` builds it for a task).
+  `process` is a `runtime.base.Runtime` (`experiment.runner_for`). Client ids are
+  sampled without replacement each round (`UniformSampler`, seeded by `seed`).
+  `evaluate` maps the state to metrics (`experiment.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
-  sets (client, server) learning rates through the process's hparams, so one built
-  process serves a whole learning-rate grid. A run already in `output_dir` is replaced
+  sets (client, server) learning rates through the hparams, so one built runtime serves
+  a whole learning-rate grid. A run already in `output_dir` is replaced
   (`experiment.check_output_dir` refuses that unless asked), or with `resume`
   continued from its last checkpoint: the state is saved every `checkpoint_every`
   rounds and at the last one, the sampler is replayed, and the rows after the
@@ -220,92 +475,25 @@ def run_simulation(
   go to `final_model.npz`. `divergence_hint` ends the divergence message (the likely
   cause for the algorithm). `evaluate_clients`, if given, maps the state to one row
   per client, written at every evaluation to `clients/eval_round_<r>.csv`.
+  `callbacks` run after the built-in ones (divergence guard, evaluator, progress,
+  metrics, run record, checkpoints, final model).
 
   Raises:
     DivergenceError: the training loss became non-finite.
   """
   output_dir.mkdir(parents=True, exist_ok=True)
   checkpoints = Checkpoints(output_dir)
-  rng = np.random.default_rng(seed)
-
-  def evaluate_state(state, round_num: int) -> Metrics:
-    if evaluate_clients is not None:
-      write_client_rows(output_dir / 'clients' / f'eval_round_{round_num:05d}.csv',
-                        evaluate_clients(state))
-    return {f'eval/{k}': v for k, v in evaluate(state).items()}
-
-  def sample() -> list[str]:
-    return [client_ids[i] for i in rng.choice(len(client_ids), clients_per_round, replace=False)]
-
-  state = process.initialize()
+  sampler = UniformSampler(client_ids, clients_per_round, seed)
+  loop = Loop(process, output_dir, rounds)
+  loop.state = process.initialize()
   if learning_rates is not None:
-    state = set_learning_rates(process, state, *learning_rates)
-  done, writer, offset = 0, None, 0.0
+    loop.state = set_learning_rates(process, loop.state, *learning_rates)
   if resume and (output_dir / 'metrics.csv').exists():
-    saved, done = checkpoints.load_latest(state)
-    if saved is not None:
-      state = saved
-      columns, rows = _read_rows(output_dir / 'metrics.csv', done)
-      writer = MetricsWriter(output_dir, columns, kept_rows=rows)
-      offset = float(rows[-1]['seconds']) if rows else 0.0
-      for _ in range(done):  # the sampler where the checkpoint left it
-        sample()
-  if writer is None:  # a fresh run: nothing of a replaced run may be resumed later
-    done = 0
-    checkpoints.clear()
-    shutil.rmtree(output_dir / 'clients', ignore_errors=True)
-    (output_dir / 'final_model.npz').unlink(missing_ok=True)
-    _write_config(output_dir, config, process)
-  eval_metrics = evaluate_state(state, done)
-  # Set before the first round and unchanged after it: read once, logged every round
-  # (on TFF's runtime reading them is a computation call).
-  hparams = hparam_metrics(process, state)
-  # A live bar on a terminal; one line per evaluation in logs (CI, files).
-  interactive = show_progress and sys.stderr.isatty()
-  bar = tqdm.tqdm(total=rounds, initial=done, disable=not interactive, file=sys.stderr,
-                  unit='round', dynamic_ncols=True)
-  start = time.monotonic() - offset
-  previous = offset  # seconds at the end of the last round
-  try:
-    for round_num in range(done + 1, rounds + 1):
-      output = process.next(state, sample())
-      state = output.state
-      metrics = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
-      metrics.update(hparams)
-      metrics.update(server_quantities(state))
-      metrics['seconds_per_round'] = time.monotonic() - start - previous
-      loss = metrics.get('train/client_work/train_loss', 0.0)
-      if not math.isfinite(loss):
-        raise DivergenceError(
-            f'training diverged at round {round_num}: train loss {loss}; {divergence_hint}.')
-      if writer is None:
-        writer = MetricsWriter(output_dir, sorted(metrics) + sorted(eval_metrics))
-        writer.write(0, 0.0, eval_metrics)
-      if round_num % eval_period == 0 or round_num == rounds:
-        eval_metrics = evaluate_state(state, round_num)
-        metrics.update(eval_metrics)
-        summary = {k.split('/')[-1]: f'{v:.4g}' for k, v in eval_metrics.items()}
-        bar.set_postfix(summary, refresh=False)
-        if show_progress and not interactive:
-          elapsed = time.monotonic() - start
-          # The round's loss at the visited iterates, then the evaluation's metrics
-          # (a task's own `train_loss` is its evaluation on the pooled training data).
-          print(f'round {round_num}/{rounds} ({elapsed:.1f}s): round_loss={loss:.4g} '
-                + ' '.join(f'{k}={v}' for k, v in summary.items()), file=sys.stderr)
-      previous = time.monotonic() - start
-      writer.write(round_num, previous, metrics)
-      if round_num == done + 1:  # the engine actually used, after a first-round fallback
-        _write_config(output_dir, config, process)
-      if round_num % checkpoint_every == 0 or round_num == rounds:
-        checkpoints.save(state, round_num)
-      bar.update()
-  finally:
-    bar.close()
-    if writer is None:  # stopped in round 1: still record the initial evaluation
-      writer = MetricsWriter(output_dir, sorted(eval_metrics))
-      writer.write(0, 0.0, eval_metrics)
-    writer.close()
-    checkpoints.close()
-  np.savez(output_dir / 'final_model.npz',
-           *tf.nest.map_structure(np.asarray, process.get_model_weights(state).trainable))
-  return eval_metrics
+    _restore(loop, checkpoints, sampler)
+  else:
+    _start_fresh(loop, checkpoints)
+  run_loop(process, loop, sampler, [
+      DivergenceGuard(divergence_hint), Evaluator(evaluate, eval_period, evaluate_clients),
+      Progress(show_progress), MetricsSink(), RunRecord(config),
+      Checkpointer(checkpoints, checkpoint_every), FinalModel(), *callbacks])
+  return loop.eval_metrics

@@ -1,0 +1,71 @@
+"""The training loop is a loop plus callbacks: a new sink or an early stop is one
+callback, not an edit of the loop."""
+
+import csv
+
+import numpy as np
+
+from tests import algorithm_cases
+from tff_comp import registry
+from tff_comp.runtime import inprocess
+from tff_comp.runtime import simulation
+
+DATA = algorithm_cases.DATA['unequal']
+
+
+class _Sink(simulation.Callback):
+  """Collects each round's training loss."""
+
+  def __init__(self):
+    self.losses, self.ended = [], None
+
+  def after_round(self, loop, round_num, metrics):
+    self.losses.append((round_num, metrics['train/client_work/train_loss']))
+
+  def on_train_end(self, loop, completed):
+    self.ended = completed
+
+
+class _StopBelow(simulation.Callback):
+  """Stops the run once the round's training loss is below `threshold`."""
+
+  def __init__(self, threshold):
+    self.threshold = threshold
+
+  def after_round(self, loop, round_num, metrics):
+    if metrics['train/client_work/train_loss'] < self.threshold:
+      raise simulation.StopTraining
+
+
+def _run(tmp_path, callbacks, rounds=30):
+  algorithm = registry.get_algorithm('fedavg').build(
+      algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {}))
+  runtime = inprocess.build(algorithm, DATA)
+  return simulation.run_simulation(
+      runtime, client_ids=list(DATA.client_ids), evaluate=lambda _: {'x': 1.0},
+      rounds=rounds, clients_per_round=3, seed=0, eval_period=5, output_dir=tmp_path,
+      config={}, show_progress=False, checkpoint_every=50, callbacks=tuple(callbacks))
+
+
+def test_a_sink_sees_every_round_and_an_early_stop_ends_the_run_cleanly(tmp_path):
+  full = _Sink()
+  _run(tmp_path / 'full', [full])
+  assert [r for r, _ in full.losses] == list(range(1, 31)) and full.ended
+  threshold = full.losses[9][1] + 1e-9  # reached first at some round <= 10
+  stopped_at = next(r for r, loss in full.losses if loss < threshold)
+  assert stopped_at < 30
+
+  sink = _Sink()
+  _run(tmp_path / 'stop', [_StopBelow(threshold), sink])
+  assert [r for r, _ in sink.losses] == list(range(1, stopped_at + 1)) and sink.ended
+  with open(tmp_path / 'stop' / 'metrics.csv', newline='') as f:
+    rounds = [int(row['round']) for row in csv.DictReader(f)]
+  assert rounds == list(range(stopped_at + 1))  # round 0, then every round run
+  # The stop round is checkpointed and the model saved (checkpoint_every=50).
+  saved, version = simulation.Checkpoints(tmp_path / 'stop').load_latest(
+      inprocess.build(registry.get_algorithm('fedavg').build(
+          algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {})),
+          DATA).initialize())
+  assert version == stopped_at and saved is not None
+  with np.load(tmp_path / 'stop' / 'final_model.npz') as f:
+    assert len(f.files) == 2
