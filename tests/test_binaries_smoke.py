@@ -5,48 +5,50 @@ import re
 import subprocess
 import sys
 
-from tff_comp.binaries import reproduce
+from tff_comp.binaries import experiments
+from tff_comp.binaries import grid
+from tff_comp.binaries import summary
 
 
 def test_reproduce_writes_table_and_plot(tmp_path):
-  spec = reproduce.Experiment(
+  spec = experiments.Experiment(
       task='quadratic', algorithms=('fedavg', 'fednova'), client_learning_rates=(0.01,),
       server_learning_rates=(1.0, 2.0), rounds=4, checkpoints=(2, 4),
       metric='distance_to_optimum', higher_is_better=False, eval_period=2,
       plot_metrics=('objective', 'distance_to_optimum'))
-  curves = reproduce.run_grid('tiny', spec, spec.rounds, (0,), tmp_path, parallel=2)
+  curves = grid.run_grid('tiny', spec, spec.rounds, (0,), tmp_path, parallel=2)
   assert set(curves['fednova']) == {(0.01, 1.0), (0.01, 2.0)}
   # Rerun with resume: every configuration is finished, so nothing is trained again.
   metrics = tmp_path / 'fedavg' / 'lr_0.01_2' / 'metrics.csv'
   written = metrics.read_text()
   metrics.touch()
-  assert reproduce.run_grid('tiny', spec, spec.rounds, (0,), tmp_path, resume=True) == curves
+  assert grid.run_grid('tiny', spec, spec.rounds, (0,), tmp_path, resume=True) == curves
   assert metrics.read_text() == written
-  table = reproduce.summarize('tiny', spec, curves, spec.rounds, tmp_path, 'cmd')
+  table = summary.summarize('tiny', spec, curves, spec.rounds, tmp_path, 'cmd')
   assert '| fednova |' in table and 'round 4' in table
   assert (tmp_path / 'results.md').read_text() == table
   assert (tmp_path / 'tiny.png').stat().st_size > 1000
   assert (tmp_path / 'fedavg' / 'lr_0.01_2' / 'metrics.csv').exists()
 
 
-def _tiny(lr: float, rounds: int = 100) -> 'reproduce.Experiment':
-  return reproduce.Experiment(
+def _tiny(lr: float, rounds: int = 100) -> 'experiments.Experiment':
+  return experiments.Experiment(
       task='quadratic', algorithms=('fedavg',), client_learning_rates=(lr,),
       server_learning_rates=(1.0,), rounds=rounds, checkpoints=(50, 100),
       metric='distance_to_optimum', higher_is_better=False, eval_period=1)
 
 
 def test_a_short_run_tables_the_rounds_it_has(tmp_path):
-  curves = reproduce.run_grid('short', _tiny(0.01), 3, (0,), tmp_path)
-  table = reproduce.summarize('short', _tiny(0.01), curves, 3, tmp_path, 'cmd')
+  curves = grid.run_grid('short', _tiny(0.01), 3, (0,), tmp_path)
+  table = summary.summarize('short', _tiny(0.01), curves, 3, tmp_path, 'cmd')
   assert 'round 3' in table and 'round 50' not in table and 'diverged' not in table
 
 
 def test_a_diverged_configuration_says_when(tmp_path, capsys):
   # eta_c = 5 on F = 0.5 ||x - e||^2 multiplies the error by 4 a step: inf in round 1.
-  curves = reproduce.run_grid('diverges', _tiny(5.0), 3, (0, 1), tmp_path)
+  curves = grid.run_grid('diverges', _tiny(5.0), 3, (0, 1), tmp_path)
   assert 'diverged at round 1' in capsys.readouterr().out
-  table = reproduce.summarize('diverges', _tiny(5.0), curves, 3, tmp_path, 'cmd')
+  table = summary.summarize('diverges', _tiny(5.0), curves, 3, tmp_path, 'cmd')
   assert 'every rate diverged' in table and 'diverged at round 1' in table
 
 
@@ -77,7 +79,7 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   out = _reproduce(repo_root, again)
   assert out.returncode == 0, out.stderr
   # A second rewrite keeps the timing and names only the latest rewrite.
-  assert reproduce._earlier_record(tmp_path / 'fco_lasso' / 'results.md') == (  # pylint: disable=protected-access
+  assert summary.earlier_record(tmp_path / 'fco_lasso' / 'results.md') == (  # pylint: disable=protected-access
       f'python binaries/reproduce.py {" ".join(args)}', took)
   rewritten = (tmp_path / 'fco_lasso' / 'results.md').read_text()
   assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in rewritten
@@ -103,13 +105,13 @@ def test_bench_runs(repo_root):
 
 
 def test_plot_y_axis_fits_the_curves_after_the_first_checkpoint():
-  _, ax = reproduce.plt.subplots()
+  _, ax = summary.plt.subplots()
   ax.plot([0, 10, 20], [0.05, 0.85, 0.97])  # an untrained model's 0.05 at round 0
-  reproduce._zoom(ax, [0.85, 0.97], log=False)  # pylint: disable=protected-access
+  summary.zoom(ax, [0.85, 0.97], log=False)  # pylint: disable=protected-access
   low, high = ax.get_ylim()
   assert 0.8 < low < 0.85 and 0.97 < high < 1.0
   ax.set_yscale('log')
-  reproduce._zoom(ax, [0.3, 3.0, float('nan')], log=True)  # pylint: disable=protected-access
+  summary.zoom(ax, [0.3, 3.0, float('nan')], log=True)  # pylint: disable=protected-access
   low, high = ax.get_ylim()
   assert 0.2 < low < 0.3 and 3.0 < high < 4.5
-  reproduce.plt.close('all')
+  summary.plt.close('all')

@@ -30,10 +30,11 @@ def build_other(model, *, client_learning_rate: float):
 '''
 
 
-def _install(root, name, extra, entry_points):
-  """A package `name` and its dist-info on `root`, as pip would install them."""
+def _install(root, name, extra, entry_points, source=PLUGIN):
+  """A package `name` (`source` with `extra` filled in) and its dist-info on `root`, as
+  pip would install them."""
   (root / name).mkdir()
-  (root / name / '__init__.py').write_text(PLUGIN.format(extra=extra))
+  (root / name / '__init__.py').write_text(source.format(extra=extra))
   info = root / f'{name}-0.1.dist-info'
   info.mkdir()
   (info / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n')
@@ -112,3 +113,42 @@ def test_the_readme_plugin_example_installs_and_runs(repo_root, tmp_path):
   assert 'fedprox_pull: FedProx whose proximal strength is called the pull.' in text
   assert '--pull: strength of each client\'s pull toward the server model' in text
   assert '--line_clients: Task line (default 4): how many clients.' in text
+
+
+SWEEP_PLUGIN = '''
+from tff_comp.algorithms import fedprox
+from tff_comp.binaries import experiments
+
+
+def sharp(model, *, client_learning_rate: float, batch_size: int = 10):
+  """FedProx with a fixed pull."""
+  return fedprox.fedprox(model, client_learning_rate=client_learning_rate, mu=0.5,
+                         batch_size=batch_size)
+
+
+def sharp_sweep():
+  return experiments.Experiment(
+      task='lasso', algorithms=('sharp', 'fedavg'), client_learning_rates=(1e-3, 3e-3),
+      server_learning_rates=(1.0,), rounds=3, checkpoints=(3,), metric='f1',
+      eval_period=3)
+'''
+
+
+def test_a_plugin_registers_a_reproduction_grid_of_its_own_algorithm(repo_root, tmp_path):
+  """reproduce.py sweeps a grid a plugin registers (entry point tff_comp.experiments),
+  over the plugin's own algorithm beside a built-in one."""
+  _install(tmp_path, 'sweeper', '', '''
+      [tff_comp.algorithms]
+      sharp = sweeper:sharp
+
+      [tff_comp.experiments]
+      sharp_sweep = sweeper:sharp_sweep
+      ''', source=SWEEP_PLUGIN)
+  out = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'),
+       '--experiment=sharp_sweep', f'--output_dir={tmp_path / "out"}'],
+      capture_output=True, text=True, timeout=300, cwd=repo_root, stdin=subprocess.DEVNULL,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(tmp_path)))
+  assert out.returncode == 0, out.stderr
+  table = (tmp_path / 'out' / 'sharp_sweep' / 'results.md').read_text()
+  assert '| sharp |' in table and '| fedavg |' in table

@@ -10,7 +10,8 @@ registered runtime (`register_runtime`: 'tff', 'inprocess') can run; a plugin's 
 may instead return a TFF LearningProcess, which runs on TFF's runtime.
 
 Another package adds its own by declaring entry points in its packaging metadata, in
-the groups `tff_comp.algorithms`, `tff_comp.tasks` and `tff_comp.runtimes`:
+the groups `tff_comp.algorithms`, `tff_comp.tasks`, `tff_comp.runtimes` and
+`tff_comp.experiments` (reproduction grids):
 
     [options.entry_points]
     tff_comp.algorithms =
@@ -37,6 +38,7 @@ import warnings
 ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
 RUNTIMES_GROUP = 'tff_comp.runtimes'
+EXPERIMENTS_GROUP = 'tff_comp.experiments'
 _FLAG_TYPES = (float, int, bool, str)
 
 
@@ -238,6 +240,9 @@ class Registry:
 ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
 TASKS = Registry('task', TASKS_GROUP, 'tff_comp.tasks')
 RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
+# Reproduction grids (`tff_comp.binaries.experiments.Experiment`); an entry's builder takes
+# no argument and returns the grid.
+EXPERIMENTS = Registry('experiment', EXPERIMENTS_GROUP, 'tff_comp.binaries.experiments')
 
 
 def register_algorithm(name: str, *, home_task: str | None = None,
@@ -264,6 +269,14 @@ def register_runtime(name: str):
   (`tff_comp.runtime.base.Runtime`); `program` is an Algorithm or a LearningProcess, and
   the builder raises `runtime.base.UnsupportedError` for what it cannot run."""
   return RUNTIMES.register(name)
+
+
+def register_experiment(name: str, experiment: Any) -> None:
+  """Registers a reproduction grid (`tff_comp.binaries.experiments.Experiment`) under
+  `name`, so `reproduce.py --experiment=name` sweeps it (a plugin's own algorithms
+  included). An entry point in the group `tff_comp.experiments` names a function
+  returning one."""
+  EXPERIMENTS.add(name, lambda: experiment)
 
 
 def get_runtime(name: str) -> Entry:
