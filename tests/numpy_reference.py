@@ -56,3 +56,14 @@ def feddualavg_round(z, zb, elapsed, clients, *, lr_c, lr_s, lam, batch_size, cl
   zb = zb + lr_s * np.mean([d[1] for d in deltas])
   elapsed = elapsed + lr_s * np.mean(lr_sums)
   return z, zb, elapsed, soft_threshold(z, elapsed * lam), zb
+
+
+def shifted_clients(seed: int, sizes_and_shifts, dim: int):
+  """Heterogeneous linear-regression clients: client k holds n_k examples with features
+  and targets shifted by s_k, for each (n_k, s_k) in `sizes_and_shifts`."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for n, shift in sizes_and_shifts:
+    x = (rng.normal(size=(n, dim)) + shift).astype(np.float32)
+    out.append((x, (x @ rng.normal(size=dim) + shift).astype(np.float32)))
+  return out

@@ -29,12 +29,7 @@ def test_project_simplex_matches_constrained_minimization(seed):
 
 
 def _clients():
-  rng = np.random.default_rng(4)
-  out = []
-  for n, shift in ((10, 0.0), (5, 2.0), (8, -1.0)):
-    x = (rng.normal(size=(n, D)) + shift).astype(np.float32)
-    out.append((x, (x @ rng.normal(size=D) + shift).astype(np.float32)))
-  return out
+  return ref.shifted_clients(4, ((10, 0.0), (5, 2.0), (8, -1.0)), D)
 
 
 def test_two_rounds_match_numpy(tmp_path, monkeypatch):

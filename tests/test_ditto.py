@@ -19,12 +19,7 @@ ROUNDS = (['c', 'a'], ['b', 'c'])  # client 'b' is first seen in round 2
 
 
 def _clients():
-  rng = np.random.default_rng(7)
-  out = []
-  for n, shift in ((9, 0.0), (6, 2.0), (8, -1.0)):
-    x = (rng.normal(size=(n, D)) + shift).astype(np.float32)
-    out.append((x, (x @ rng.normal(size=D) + shift).astype(np.float32)))
-  return out
+  return ref.shifted_clients(7, ((9, 0.0), (6, 2.0), (8, -1.0)), D)
 
 
 def _numpy_ditto(clients, personal_lr=PERSONAL_LR):

@@ -16,12 +16,7 @@ ROUNDS = (['c', 'a'], ['b', 'c'])  # client 'b' first seen in round 2; 'a' not i
 
 
 def _clients():
-  rng = np.random.default_rng(11)
-  out = []
-  for n, shift in ((9, 0.0), (6, 2.0), (8, -1.0)):
-    x = (rng.normal(size=(n, D)) + shift).astype(np.float32)
-    out.append((x, (x @ rng.normal(size=D) + shift).astype(np.float32)))
-  return out
+  return ref.shifted_clients(11, ((9, 0.0), (6, 2.0), (8, -1.0)), D)
 
 
 def _numpy_scaffold(clients):
