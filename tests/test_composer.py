@@ -78,9 +78,9 @@ def test_process_works_with_tff_training_loop_and_hparams():
       process, training_selection_fn=lambda r: datasets, total_rounds=2)
   hparams = process.get_hparams(state)
   assert hparams['client_work']['learning_rate'] == pytest.approx(0.05)
-  assert hparams['server_update']['learning_rate'] == pytest.approx(1.0)
+  assert hparams['finalizer']['learning_rate'] == pytest.approx(1.0)
   hparams['client_work']['learning_rate'] = np.float32(0.0)
-  hparams['server_update']['learning_rate'] = np.float32(0.0)
+  hparams['finalizer']['learning_rate'] = np.float32(0.0)
   frozen = process.set_hparams(state, hparams)
   after = process.next(frozen, datasets).state
   np.testing.assert_allclose(process.get_model_weights(after).trainable[0],

@@ -172,7 +172,7 @@ def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
   assert 'per_fedavg on sinewave:' in stdout and ', 10 local steps,' in stdout
   header = (paths['per_fedavg'] / 'metrics.csv').read_text().splitlines()[0].split(',')
   assert {'hparams/client_work/learning_rate', 'hparams/client_work/alpha',
-          'hparams/server_update/learning_rate', 'seconds_per_round'} <= set(header)
+          'hparams/finalizer/learning_rate', 'seconds_per_round'} <= set(header)
 
 
 def test_overwrite_replaces_a_run_and_seeds_are_separate(cli_runs):

@@ -212,7 +212,7 @@ def compose_learning_process(
   def get_hparams(state):
     return collections.OrderedDict(
         client_work=client_work.get_hparams(state.client_work),
-        server_update=server_update.get_hparams(state.finalizer),
+        finalizer=server_update.get_hparams(state.finalizer),
     )
 
   @tff.tensorflow.computation(member_type, get_hparams.type_signature.result)
@@ -222,7 +222,7 @@ def compose_learning_process(
         state.distributor,
         client_work.set_hparams(state.client_work, hparams['client_work']),
         state.aggregator,
-        server_update.set_hparams(state.finalizer, hparams['server_update']),
+        server_update.set_hparams(state.finalizer, hparams['finalizer']),
     )
 
   args = (init_fn, next_fn, get_model_weights, set_model_weights)

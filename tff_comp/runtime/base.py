@@ -66,7 +66,8 @@ class Runtime(Protocol):
     """The model to evaluate (ModelWeights of NumPy arrays)."""
 
   def get_hparams(self, state: State) -> Any:
-    """OrderedDict(client_work=..., server_update=...) of the hyperparameters in force."""
+    """OrderedDict(client_work=..., finalizer=...) of the hyperparameters in force (the
+    keys of TFF's own LearningProcesses and of the state's fields)."""
 
   def set_hparams(self, state: State, hparams: Any) -> State:
     """`state` with the hyperparameters `hparams` (the structure of `get_hparams`)."""

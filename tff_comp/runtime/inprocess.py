@@ -199,7 +199,7 @@ class InProcessRuntime:
   def get_hparams(self, state: base.State) -> collections.OrderedDict:
     return tf.nest.map_structure(np.asarray, collections.OrderedDict(
         client_work=collections.OrderedDict(state.client_work.hparams),
-        server_update=self.algorithm.server_rule.get_hparams(state.finalizer)))
+        finalizer=self.algorithm.server_rule.get_hparams(state.finalizer)))
 
   def set_hparams(self, state: base.State, hparams) -> base.State:
     self.algorithm.client_rule.check_hparams(hparams['client_work'])
@@ -208,7 +208,7 @@ class InProcessRuntime:
             (k, tf.constant(v, tf.float32)) for k, v in hparams['client_work'].items()),
         state.client_work.round)
     return _state(state.global_model_weights, work, self.algorithm.server_rule.set_hparams(
-        state.finalizer, hparams['server_update']))
+        state.finalizer, hparams['finalizer']))
 
   def get_personal_weights(self, state: base.State):
     return tf.nest.map_structure(

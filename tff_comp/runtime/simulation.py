@@ -175,8 +175,8 @@ def set_learning_rates(process, state, client_learning_rate: float,
   """
   hparams = process.get_hparams(state)
   hparams['client_work']['learning_rate'] = np.float32(client_learning_rate)
-  if 'learning_rate' in hparams['server_update']:
-    hparams['server_update']['learning_rate'] = np.float32(server_learning_rate)
+  if 'learning_rate' in hparams['finalizer']:
+    hparams['finalizer']['learning_rate'] = np.float32(server_learning_rate)
   elif server_learning_rate != 1.0:
     raise ValueError('this process has no server learning rate to set.')
   return process.set_hparams(state, hparams)
