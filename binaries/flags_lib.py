@@ -114,6 +114,9 @@ def define_common_flags() -> None:
                     'Weigh clients by examples or uniformly (default: the algorithm\'s).')
   flags.DEFINE_integer('eval_period', None, 'Evaluate every this many rounds.')
   flags.DEFINE_integer('seed', 0, 'Seed of the run: client sampling and client-side draws.')
+  flags.DEFINE_bool('shuffle', True, 'Each client visits its examples in a new order every'
+                    ' round and epoch (a stateless permutation of seed, round, client and'
+                    ' epoch); --noshuffle: stored order.')
   flags.DEFINE_integer('data_seed', 0, 'Seed of the task: generated data, partition and'
                        ' initial model.')
   flags.DEFINE_string('output_dir', None, 'Where metrics go (default runs/<algo>-<task>).')
@@ -238,6 +241,7 @@ def config_from_flags(
       client_weighting=values.client_weighting,
       eval_period=values.eval_period,
       seed=values.seed,
+      shuffle=values.shuffle,
       data_seed=values.data_seed,
       regularizer=values.regularizer,
       regularizer_strength=values.regularizer_strength,

@@ -5,6 +5,7 @@ that fits each algorithm (`build`)."""
 import numpy as np
 import tensorflow as tf
 
+from tff_comp import composer
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers
@@ -43,6 +44,13 @@ def arguments(name: str, extra: dict) -> dict:
   return args
 
 
-def build(name: str, extra: dict):
-  """The TFF process of algorithm `name` on this problem (`registry.Entry.process`)."""
-  return registry.get_algorithm(name).process(MODEL, **arguments(name, extra))
+def algorithm(name: str, extra: dict, shuffle: bool = False):
+  """The Algorithm `name` on this problem; `shuffle`: local data in a new order every
+  round and epoch (seed 3), as runs have it by default."""
+  built = registry.get_algorithm(name).build(MODEL, **arguments(name, extra))
+  return built.with_client_options(shuffle=True, seed=3) if shuffle else built
+
+
+def build(name: str, extra: dict, shuffle: bool = False):
+  """The TFF process of algorithm `name` on this problem (`composer.compose`)."""
+  return composer.compose(algorithm(name, extra, shuffle))

@@ -118,7 +118,7 @@ from tff_comp import registry
 from tff_comp.runtime import inprocess
 data = algorithm_cases.DATA['unequal']
 for name in registry.ALGORITHMS.names():
-  process = inprocess.build(algorithm_cases.build(name, {}), data, lanes=2)
+  process = inprocess.build(algorithm_cases.algorithm(name, {}, shuffle=True), data, lanes=2)
   state, rng = process.initialize(), np.random.default_rng(1)
   for _ in range(3):
     cohort = [data.client_ids[i] for i in rng.choice(5, 3, replace=False)]

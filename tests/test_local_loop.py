@@ -46,3 +46,42 @@ def test_batches_match_tf_data(n, batch_size, epochs, drop):
   assert (seen.numpy()[len(expected):] == -1).all()
   if drop:
     assert int(steps) == (epochs * n) // batch_size
+
+
+def _sequence(n, batch_size, epochs, round_num, key, seed=0, shuffle=True):
+  """The example indices a client visits in a round, in order."""
+  schedule = local_loop.plan(n, key, round_num, batch_size=batch_size, epochs=epochs,
+                             seed=seed, shuffle=shuffle)
+  return np.concatenate([
+      local_loop.batch_index(k, schedule, batch_size, n, shuffle).numpy()
+      for k in range(int(schedule.steps))])
+
+
+def test_shuffled_epochs_are_permutations_that_change_every_round_and_epoch():
+  n, batch_size, epochs = 13, 4, 3  # batches straddle epoch boundaries
+  seq = _sequence(n, batch_size, epochs, round_num=5, key=77)
+  assert len(seq) == n * epochs
+  orders = [seq[e * n:(e + 1) * n] for e in range(epochs)]
+  for order in orders:  # every example once per epoch
+    np.testing.assert_array_equal(np.sort(order), np.arange(n))
+  assert not np.array_equal(orders[0], orders[1])  # each epoch its own order
+  assert not np.array_equal(orders[0], np.arange(n))  # not stored order
+  np.testing.assert_array_equal(seq, _sequence(n, batch_size, epochs, 5, 77))  # repeats
+  for other in (_sequence(n, batch_size, epochs, 6, 77),  # another round
+                _sequence(n, batch_size, epochs, 5, 78),  # another client
+                _sequence(n, batch_size, epochs, 5, 77, seed=1)):  # another run seed
+    assert not np.array_equal(seq, other)
+  np.testing.assert_array_equal(  # without shuffling: stored order
+      _sequence(n, batch_size, epochs, 5, 77, shuffle=False), np.arange(n * epochs) % n)
+
+
+def test_shuffle_index_is_a_uniform_permutation():
+  for n in (1, 2, 7, 100):
+    for seed in range(3):
+      got = local_loop.shuffle_index(tf.range(n), n, seed).numpy()
+      np.testing.assert_array_equal(np.sort(got), np.arange(n))
+  # Where element 0 lands over many seeds: about uniform over 10 places.
+  landed = local_loop.shuffle_index(tf.zeros(20000, tf.int64), 10,
+                                    tf.range(20000, dtype=tf.int64)).numpy()
+  counts = np.bincount(landed, minlength=10)
+  assert counts.min() > 1800 and counts.max() < 2200, counts

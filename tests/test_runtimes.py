@@ -174,3 +174,16 @@ def test_auto_falls_back_to_mapped_naming_the_op_and_the_rule(tmp_path, caplog):
   assert 'EagerPyFunc' in auto.why and '_NotVectorizable' in auto.why
   for a, b in zip(weights, _rounds(inprocess.build(algorithm, DATA, engine='mapped'))):
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize('shuffle', [True, False])
+def test_a_run_shuffles_local_data_by_default_and_records_it(tmp_path, shuffle):
+  config = experiment.ExperimentConfig(
+      algorithm='fedavg', task='lasso', rounds=1, eval_period=1, seed=4,
+      output_dir=str(tmp_path), **({} if shuffle else {'shuffle': False}))
+  prepared = experiment.prepare(config)
+  runner = experiment.build_runner(prepared)
+  options = runner.algorithm.client_options
+  assert (options.shuffle, options.seed) == (shuffle, 4)
+  experiment.train(prepared, runner, show_progress=False)
+  assert json.loads((tmp_path / 'config.json').read_text())['shuffle'] is shuffle

@@ -61,6 +61,7 @@ class ExperimentConfig:
   client_weighting: str | None = None
   eval_period: int | None = None
   seed: int = 0  # the run: client sampling and client-side draws
+  shuffle: bool = True  # each epoch in its own order (ClientOptions.shuffle)
   data_seed: int | None = 0  # the task: generated data, partition, initial model; None: seed
   regularizer: str | None = None
   regularizer_strength: float | None = None
@@ -431,11 +432,13 @@ def build_runner(prepared: Prepared) -> Runner:
     ConfigError: the algorithm rejects its arguments, the runtime cannot run it, or the
       task cannot evaluate it.
   """
+  config = prepared.config
   try:
     program = prepared.build()
   except ValueError as e:
-    raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
-  config = prepared.config
+    raise ConfigError(f'algorithm {config.algorithm!r}: {e}') from e
+  if isinstance(program, algorithm_lib.Algorithm):  # the run's seed and local order
+    program = program.with_client_options(seed=config.seed, shuffle=config.shuffle)
   runtime, description = runner_for(program, prepared.task.train_data, config.runtime,
                                     config.workers, config.engine,
                                     prepared.settings['batch_size'])

@@ -37,6 +37,11 @@ class Algorithm:
   aggregation: str = aggregation_lib.MEAN
   model_aggregator: Any = None
 
+  def with_client_options(self, **changes) -> 'Algorithm':
+    """This algorithm with `client_options` fields replaced (a run's seed, shuffling)."""
+    return dataclasses.replace(
+        self, client_options=dataclasses.replace(self.client_options, **changes))
+
   def __post_init__(self):
     if self.aggregation not in aggregation_lib.KINDS:
       raise ValueError(f'aggregation={self.aggregation!r} is unknown; choose one of'

@@ -40,7 +40,11 @@ class ClientOptions:
   local_epochs_max: if set, epochs are drawn per client per round from
     [local_epochs, local_epochs_max] and steps are floor(E n_i / B) (FedNova's setting).
   local_steps: if set, exactly this many steps, cycling through the examples.
-  seed: seed of the epoch draws (a stateless function of seed, round and data).
+  seed: the run's seed of the epoch draws and of shuffling (stateless functions of
+    seed, round and the client's data).
+  shuffle: each epoch visits the client's examples in its own order (a stateless
+    permutation of seed, round, client and epoch, the same on every runtime); False:
+    stored order. Binaries turn it on (`--shuffle`, default true).
   weighting: 'examples' weighs a client by n_i (the same weighted mean as TFF's count
     of examples processed when all clients run the same epochs), 'uniform' by 1.
   """
@@ -51,6 +55,7 @@ class ClientOptions:
   local_steps: int | None = None
   seed: int = 0
   weighting: str = 'examples'
+  shuffle: bool = False
 
   def __post_init__(self):
     if self.batch_size < 1:
@@ -77,8 +82,9 @@ class ClientOptions:
 
   @property
   def uses_client_key(self) -> bool:
-    """Whether schedules read the clients' `local_loop.client_key` (epoch draws)."""
-    return self.local_epochs_max is not None
+    """Whether schedules read the clients' `local_loop.client_key` (epoch draws,
+    shuffling)."""
+    return self.local_epochs_max is not None or self.shuffle
 
 
 class ClientWorkState(NamedTuple):
@@ -115,7 +121,7 @@ def plan_cohort(rule: rule_lib.ClientRule, options: ClientOptions, counts, keys,
   return local_loop.plan(
       counts, keys, round_num, batch_size=step_batch_size(rule, options),
       epochs=options.local_epochs, epochs_max=options.local_epochs_max,
-      steps=options.local_steps, seed=options.seed)
+      steps=options.local_steps, seed=options.seed, shuffle=options.shuffle)
 
 
 def client_context(rule: rule_lib.ClientRule, payload, examples, hparams,
@@ -148,7 +154,8 @@ def run_planned(rule: rule_lib.ClientRule, payload, examples, hparams, plan: Cli
   state = local_loop.run_scheduled_steps(
       lambda s, batch: rule.step(s, batch, payload, hparams, plan.context),
       rule.initialize(payload, hparams, plan.context), examples, plan.schedule,
-      batch_size=step_batch_size(rule, options), contiguous=options.single_pass)
+      batch_size=step_batch_size(rule, options), contiguous=options.single_pass,
+      shuffle=options.shuffle)
   return finish_client(rule, state, plan.schedule.steps, payload, hparams, plan.context,
                        options, local_loop.num_examples(examples))
 

@@ -9,9 +9,11 @@ datasets in federated simulations are small, so holding one in memory is cheap.
 
 `plan` is the one source of a client's batch schedule (`Schedule`): TFF's client work,
 the lanes and the mapped engines all take their batches from it. Batches follow
-`dataset.repeat(epochs).batch(batch_size)`: examples in stored order (never shuffled),
-batches may straddle epoch boundaries, and the last batch may be short unless epochs are
-drawn (then `floor(epochs * n / batch_size)` steps, FedNova's tau).
+`dataset.repeat(epochs).batch(batch_size)`: batches may straddle epoch boundaries, and
+the last batch may be short unless epochs are drawn (then `floor(epochs * n /
+batch_size)` steps, FedNova's tau). With `shuffle`, each epoch visits the client's
+examples in its own order: a stateless permutation of (run seed, round, client,
+epoch) (`shuffle_index`), identical on every runtime; without, in stored order.
 """
 
 from collections.abc import Callable
@@ -67,15 +69,53 @@ def draw_epochs(key: tf.Tensor, seed: int, round_num: tf.Tensor, low: int,
   return tf.reshape(draws, tf.shape(key))
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix(x: tf.Tensor) -> tf.Tensor:
+  """A 32-bit integer hash (murmur-style finalizer) of int64 `x`, elementwise; integer
+  arithmetic only, so XLA, vectorization and every runtime give the same bits."""
+  x = tf.bitwise.bitwise_and(tf.cast(x, tf.int64), _MASK32)
+  for _ in range(2):
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+    x = tf.bitwise.bitwise_and(x * 0x45D9F3B, _MASK32)
+  return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+
+
+# Swap-or-not rounds: each is an involution of [0, n), so their composition is a
+# permutation for any n; 12 rounds mix well enough for ordering training examples.
+_SHUFFLE_ROUNDS = 12
+
+
+def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+  """Position i of a stateless pseudorandom permutation of [0, n) chosen by `seed`
+  (elementwise; the swap-or-not shuffle of Hoang, Morris and Rogaway, 2012).
+
+  Why not `tf.random.experimental.index_shuffle`: TF 2.14 has no XLA kernel and no
+  vectorization rule for it, and the lanes engine needs both.
+  """
+  i, seed = tf.cast(i, tf.int64), tf.cast(seed, tf.int64)
+  n = tf.cast(tf.maximum(n, 1), tf.int64)
+  for r in range(_SHUFFLE_ROUNDS):
+    pivot = _mix(seed * 31 + r * 0x9E3779B1) % n
+    partner = (pivot - i) % n
+    swap = tf.bitwise.bitwise_and(_mix(_mix(seed + r * 0x85EBCA6B) + tf.maximum(i, partner)),
+                                  1)
+    i = tf.where(swap > 0, partner, i)
+  return i
+
+
 class Schedule(NamedTuple):
   """A client's batches in a round (fields stacked to [m] for a cohort): `full`
   batches of the step's batch size B, then one short batch of `remainder` examples
-  when it is not 0. Batch k covers example positions [k B, k B + B) mod n (`positions`),
-  the short batch [full B, full B + remainder) mod n: the batches of
-  `dataset.repeat(epochs).batch(B)`, as TFF's own client work takes them."""
+  when it is not 0. Batch k covers positions [k B, k B + B) of the client's example
+  sequence, the short batch [full B, full B + remainder): position p is example
+  p mod n of epoch p // n (`positions`), in stored order or, with `seed` (the client's
+  shuffle seed of the round), in that epoch's permutation."""
 
   full: tf.Tensor
   remainder: tf.Tensor
+  seed: tf.Tensor  # int64; read only when shuffling
 
   @property
   def steps(self) -> tf.Tensor:
@@ -85,36 +125,52 @@ class Schedule(NamedTuple):
 
 def plan(counts: tf.Tensor, keys: tf.Tensor, round_num: tf.Tensor, *, batch_size: int,
          epochs: int = 1, epochs_max: int | None = None, steps: int | None = None,
-         seed: int = 0) -> Schedule:
+         seed: int = 0, shuffle: bool = False) -> Schedule:
   """The schedule of clients with `counts` examples and `keys` (`client_key`) in round
   `round_num`: the one place batches are derived, for every runtime.
 
   epochs: passes over the examples; with `epochs_max`, drawn per client and round from
     [epochs, epochs_max] (`draw_epochs`), the short batch dropped (floor(E n / B) steps,
     FedNova's tau). steps: if set, exactly this many full batches cycling through the
-    examples (none for an empty client). Elementwise over [m] counts and keys.
+    examples (none for an empty client). shuffle: each epoch in its own order, a
+    stateless function of (seed, round, key, epoch). Elementwise over [m] counts and
+    keys.
   """
   n = tf.convert_to_tensor(counts, tf.int32)
+  order_seed = tf.zeros_like(n, tf.int64)
+  if shuffle:
+    order_seed = _mix(_mix(tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64))
+                      + tf.cast(keys, tf.int64)) + tf.zeros_like(n, tf.int64)
   if steps is not None:
-    return Schedule(tf.where(n > 0, steps, 0), tf.zeros_like(n))
+    return Schedule(tf.where(n > 0, steps, 0), tf.zeros_like(n), order_seed)
   if epochs_max is not None:
     total = draw_epochs(keys, seed, round_num, epochs, epochs_max) * n
-    return Schedule(total // batch_size, tf.zeros_like(n))
+    return Schedule(total // batch_size, tf.zeros_like(n), order_seed)
   total = epochs * n
-  return Schedule(total // batch_size, total % batch_size)
+  return Schedule(total // batch_size, total % batch_size, order_seed)
 
 
-def positions(first: tf.Tensor, size, n: tf.Tensor) -> tf.Tensor:
-  """Example positions of a batch of `size` starting at position `first` (mod n);
-  broadcasts over leading dimensions of `first` and `n` (lanes, cohorts)."""
-  return (first + tf.range(size)) % tf.maximum(n, 1)
+def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = None
+              ) -> tf.Tensor:
+  """Examples of the batch of `size` starting at sequence position `first`: position p
+  is example p mod n, permuted per epoch p // n when `seed` (a Schedule's) is given.
+  Broadcasts over leading dimensions of `first`, `n` and `seed` (lanes, cohorts)."""
+  n = tf.maximum(n, 1)
+  p = first + tf.range(size)
+  if seed is None:
+    return p % n
+  epoch_seed = _mix(tf.cast(seed, tf.int64) + tf.cast(p // n, tf.int64) * 0x2545F491)
+  return tf.cast(shuffle_index(p % n, n, epoch_seed), tf.int32)
 
 
-def batch_index(k, schedule: Schedule, batch_size: int, n: tf.Tensor) -> tf.Tensor:
-  """Example positions of local step k of one client's `schedule` (k < steps): full
-  batch k, or the short batch at k = full."""
-  return tf.cond(k < schedule.full, lambda: positions(k * batch_size, batch_size, n),
-                 lambda: positions(schedule.full * batch_size, schedule.remainder, n))
+def batch_index(k, schedule: Schedule, batch_size: int, n: tf.Tensor, shuffle: bool = False
+                ) -> tf.Tensor:
+  """Examples of local step k of one client's `schedule` (k < steps): full batch k, or
+  the short batch at k = full."""
+  seed = schedule.seed if shuffle else None
+  return tf.cond(k < schedule.full,
+                 lambda: positions(k * batch_size, batch_size, n, seed),
+                 lambda: positions(schedule.full * batch_size, schedule.remainder, n, seed))
 
 
 def run_scheduled_steps(
@@ -125,24 +181,26 @@ def run_scheduled_steps(
     *,
     batch_size: int,
     contiguous: bool = False,
+    shuffle: bool = False,
 ) -> Any:
   """`state = step_fn(state, batch)` over the batches of `schedule` (one client).
-  `contiguous`: no full batch wraps around the examples (one epoch), so batches are
-  slices."""
+  `contiguous`: no full batch wraps around the examples (one epoch in stored order),
+  so batches are slices. `shuffle`: each epoch in the schedule's permutation."""
   n = num_examples(examples)
+  seed = schedule.seed if shuffle else None
 
   def body(k, state):
-    if contiguous:
+    if contiguous and not shuffle:
       first = k * batch_size
       return k + 1, step_fn(state, tf.nest.map_structure(
           lambda t: t[first:first + batch_size], examples))
-    index = positions(k * batch_size, batch_size, n)
+    index = positions(k * batch_size, batch_size, n, seed)
     return k + 1, step_fn(state, tf.nest.map_structure(lambda t: tf.gather(t, index),
                                                        examples))
 
   _, state = tf.while_loop(lambda k, _: k < schedule.full, body,
                            (tf.constant(0), initial_state))
-  index = positions(schedule.full * batch_size, schedule.remainder, n)
+  index = positions(schedule.full * batch_size, schedule.remainder, n, seed)
   return tf.cond(schedule.remainder > 0,
                  lambda: step_fn(state, tf.nest.map_structure(
                      lambda t: tf.gather(t, index), examples)),

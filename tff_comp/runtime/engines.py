@@ -176,7 +176,8 @@ class DebugEngine:
         for k in range(int(plan.schedule.steps)):
           stage = f'local step {k}'
           batch = tf.nest.map_structure(
-              lambda t, k=k: tf.gather(t, local_loop.batch_index(k, plan.schedule, size, n)),
+              lambda t, k=k: tf.gather(t, local_loop.batch_index(
+                  k, plan.schedule, size, n, options.shuffle)),
               examples)
           state = rule.step(state, batch, cohort.payload, cohort.hparams, plan.context)
         stage = 'finalize'

@@ -110,7 +110,8 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
     busy = lane_client >= 0
     clients = tf.maximum(lane_client, 0)
     positions = tf.gather(offsets, clients)[:, None] + local_loop.positions(
-        lane_k[:, None] * size, size, tf.gather(counts, clients)[:, None])
+        lane_k[:, None] * size, size, tf.gather(counts, clients)[:, None],
+        tf.gather(plans.schedule.seed, clients)[:, None] if options.shuffle else None)
     # No silent per-lane while loop for an op without a vectorization rule: the
     # kernel fails to build instead, and the runtime falls back to mapped clients.
     stepped = tf.vectorized_map(
@@ -145,7 +146,8 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
     members = tf.cast(tf.where(tf.equal(remainder, sizes[k]))[:, 0], tf.int32)
     positions = tf.gather(offsets, members)[:, None] + local_loop.positions(
         tf.gather(plans.schedule.full, members)[:, None] * size, sizes[k],
-        tf.gather(counts, members)[:, None])
+        tf.gather(counts, members)[:, None],
+        tf.gather(plans.schedule.seed, members)[:, None] if options.shuffle else None)
     stepped = tf.vectorized_map(
         lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
         (_rows(states, members), _rows(examples, positions),
