@@ -300,20 +300,17 @@ class MetricsSink(Callback):
 
   def __init__(self):
     self._writer: MetricsWriter | None = None
-    self.last_seconds = 0.0  # `seconds` of the last row written
 
   def on_train_begin(self, loop: Loop) -> None:
     if loop.kept_rows:
       self._writer = MetricsWriter(loop.output_dir, loop.kept_columns, loop.kept_rows)
-      self.last_seconds = float(loop.kept_rows[-1]['seconds'])
 
   def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
     if self._writer is None:
       columns = sorted(k for k in metrics if not k.startswith('eval/'))
       self._writer = MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
       self._writer.write(0, 0.0, loop.initial_eval)
-    self.last_seconds = loop.elapsed()
-    self._writer.write(round_num, self.last_seconds, metrics)
+    self._writer.write(round_num, loop.elapsed(), metrics)
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
     if self._writer is None:  # stopped in round 1: still record the initial evaluation
