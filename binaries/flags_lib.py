@@ -19,6 +19,7 @@ from tff_comp import registry
 from tff_comp import regularizers
 from tff_comp.ops import client_round
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import simulation
 from tff_comp.runtime import workers as workers_lib
 
 _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
@@ -117,6 +118,17 @@ def define_common_flags() -> None:
   flags.DEFINE_bool('shuffle', True, 'Each client visits its examples in a new order every'
                     ' round and epoch (a stateless permutation of seed, round, client and'
                     ' epoch); --noshuffle: stored order.')
+  flags.DEFINE_enum('sampling', 'uniform', list(simulation.SAMPLINGS),
+                    'How each round\'s clients are drawn: uniform (--clients_per_round'
+                    ' distinct clients), with_replacement, or poisson (each client with'
+                    ' probability clients_per_round / population; cohorts vary in size).')
+  flags.DEFINE_float('dropout_rate', 0.0, 'Chance that a sampled client fails to report'
+                     ' (its update is lost; a round nobody reports leaves the model as'
+                     ' it was).')
+  flags.DEFINE_float('straggler_rate', 0.0, 'Chance that a reporting client straggles,'
+                     ' doing only --straggler_work of its local steps (in-process runtime).')
+  flags.DEFINE_float('straggler_work', 0.5, 'The share of its local steps a straggler'
+                     ' completes (at least one step).')
   flags.DEFINE_integer('data_seed', 0, 'Seed of the task: generated data, partition and'
                        ' initial model.')
   flags.DEFINE_string('output_dir', None, 'Where metrics go (default runs/<algo>-<task>).')
@@ -242,6 +254,10 @@ def config_from_flags(
       eval_period=values.eval_period,
       seed=values.seed,
       shuffle=values.shuffle,
+      sampling=values.sampling,
+      dropout_rate=values.dropout_rate,
+      straggler_rate=values.straggler_rate,
+      straggler_work=values.straggler_work,
       data_seed=values.data_seed,
       regularizer=values.regularizer,
       regularizer_strength=values.regularizer_strength,

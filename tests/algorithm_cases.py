@@ -29,6 +29,11 @@ def _client_data(sizes, key):
 
 DATA = {'unequal': _client_data([7, 12, 9, 5, 14], 'unequal'),
         'equal': _client_data([8] * NUM_CLIENTS, 'equal')}
+# Ten clients of unequal sizes, for cohorts of every size up to ten (FedAvg-like rules:
+# `arguments` sizes per-client tables for NUM_CLIENTS).
+TEN = _client_data([7, 12, 9, 5, 14, 3, 10, 8, 11, 6], 'ten')
+# Cohorts of 1, 3, 7 and 10 of TEN's clients.
+COHORT_SIZES = (1, 3, 7, 10)
 
 
 def arguments(name: str, extra: dict) -> dict:

@@ -2,7 +2,8 @@
 
 Each algorithm is built once; the TFF process (on the local worker) and the in-process
 runtime run the same client sequence, on clients of unequal sizes (several sizes of the
-short last batch) and of equal sizes; weights, server state and training metrics agree.
+short last batch) and of equal sizes, in cohorts of changing sizes; weights, server
+state and training metrics agree.
 Every registered algorithm runs on the lanes engine (XLA) without falling back, with
 local data shuffled (as runs have it by default); the mapped engine (the fallback) is
 checked on one algorithm per aggregation kind, in stored order.
@@ -22,7 +23,7 @@ from tff_comp.runtime import inprocess
 from tff_comp.runtime import tff_process
 from tff_comp.tasks import nuclear
 
-ROUNDS, PER_ROUND = 3, 3
+PER_ROUND = (3, 1, 4)  # cohort sizes of the rounds compared
 DATA, MODEL = algorithm_cases.DATA, algorithm_cases.MODEL
 
 # (registered name, extra builder arguments, data, engine). The variants whose math
@@ -73,8 +74,8 @@ def test_inprocess_matches_the_tff_process(name, extra, data, engine):
       tff_process.dataset_computation_for(process, data), process)
   rng = np.random.default_rng(3)
   fast_state, slow_state = fast.initialize(), slow.initialize()
-  for _ in range(ROUNDS):
-    ids = [data.client_ids[i] for i in rng.choice(5, PER_ROUND, replace=False)]
+  for size in PER_ROUND:  # the second cohort padded in the lanes kernel
+    ids = [data.client_ids[i] for i in rng.choice(5, size, replace=False)]
     fast_out, slow_out = fast.next(fast_state, ids), slow.next(slow_state, ids)
     fast_state, slow_state = fast_out.state, slow_out.state
     _close(fast_out.metrics['client_work'], slow_out.metrics['client_work'])
@@ -88,6 +89,30 @@ def test_inprocess_matches_the_tff_process(name, extra, data, engine):
          process.get_model_weights(slow_state).trainable)
   _close(fast_state.finalizer, slow_state.finalizer)
   _close(fast.get_hparams(fast_state), process.get_hparams(slow_state))
+
+
+def test_cohorts_of_any_size_match_the_tff_process():
+  """Cohorts of 1, 3, 7 and 10 clients in one lanes kernel sized for 10 (smaller ones
+  padded with clients of no steps), shuffled, against TFF's process on the same
+  cohorts (`tests/test_lanes.py` counts that kernel's compiles: one)."""
+  data = algorithm_cases.TEN
+  process = _build('fedavg', {}, shuffle=True)
+  fast = inprocess.build(process, data, engine='lanes', lanes=3)
+  fast.reserve_cohort(10)
+  slow = tff.simulation.compose_dataset_computation_with_learning_process(
+      tff_process.dataset_computation_for(process, data), process)
+  rng = np.random.default_rng(5)
+  fast_state, slow_state = fast.initialize(), slow.initialize()
+  for size in algorithm_cases.COHORT_SIZES:
+    ids = [data.client_ids[i] for i in rng.choice(10, size, replace=False)]
+    fast_out, slow_out = fast.next(fast_state, ids), slow.next(slow_state, ids)
+    fast_state, slow_state = fast_out.state, slow_out.state
+    _close(fast_out.metrics['client_work'], slow_out.metrics['client_work'])
+    assert fast_out.metrics['client_work']['num_examples'] == sum(
+        int(data.create_tf_dataset_for_client(c).cardinality()) for c in ids)
+  assert fast.capacity == 10
+  _close(fast.get_model_weights(fast_state).trainable,
+         process.get_model_weights(slow_state).trainable)
 
 
 def test_custom_aggregator_and_hand_built_processes_are_refused():

@@ -119,22 +119,45 @@ from tff_comp.runtime import inprocess
 data = algorithm_cases.DATA['unequal']
 for name in registry.ALGORITHMS.names():
   process = inprocess.build(algorithm_cases.algorithm(name, {}, shuffle=True), data, lanes=2)
+  process.reserve_cohort(5)
   state, rng = process.initialize(), np.random.default_rng(1)
-  for _ in range(3):
-    cohort = [data.client_ids[i] for i in rng.choice(5, 3, replace=False)]
+  for size in (3, 1, 5, 2):
+    cohort = [data.client_ids[i] for i in rng.choice(5, size, replace=False)]
     state = process.next(state, cohort).state
   assert process.engine == 'lanes', name
 """
 
 
 def test_every_algorithm_compiles_once_for_every_cohort(repo_root):
-  """XLA bakes a tensor used as a slice index (`t[i]`) into the program as a constant,
+  """Cohorts of changing members and sizes (up to the reserved capacity). XLA bakes a tensor used as a slice index (`t[i]`) into the program as a constant,
   so a kernel or rule indexing by client compiled again for every new cohort (seconds
   a round; Ditto's row read did). XLA's log counts the compiles of each kernel."""
   _, counts = _compiles(repo_root, _COMPILES)
   kernels = {name for name, _ in counts}
   assert len(kernels) == len(registry.ALGORITHMS.names()), counts
   assert all(int(n) == 1 for _, n in counts), [c for c in counts if int(c[1]) > 1]
+
+
+_COHORT_SIZES = """
+import numpy as np
+from tests import algorithm_cases
+from tff_comp.runtime import inprocess
+data = algorithm_cases.TEN
+process = inprocess.build(algorithm_cases.algorithm('fedavg', {}, shuffle=True), data,
+                          engine='lanes', lanes=3)
+process.reserve_cohort(10)
+state, rng = process.initialize(), np.random.default_rng(5)
+for size in algorithm_cases.COHORT_SIZES:
+  cohort = [data.client_ids[i] for i in rng.choice(10, size, replace=False)]
+  state = process.next(state, cohort).state
+"""
+
+
+def test_cohorts_of_1_3_7_and_10_clients_compile_once(repo_root):
+  """A new cohort size does not compile the kernel again (parity on the same cohorts:
+  tests/test_inprocess.py)."""
+  _, counts = _compiles(repo_root, _COHORT_SIZES)
+  assert [int(n) for _, n in counts] == [1], counts
 
 
 # Rules with second-order autodiff, forced onto lanes, then as 'auto' builds them.

@@ -38,11 +38,11 @@ def _train(path, interrupt_at=None, **kwargs):
       def __getattr__(self, name):
         return getattr(process, name)
 
-      def next(self, state, ids):
+      def next(self, state, ids, work=None):
         calls.append(1)
         if len(calls) == interrupt_at:
           raise KeyboardInterrupt
-        return process.next(state, ids)
+        return process.next(state, ids, work)
 
     runner.runtime = Interrupted()
   return experiment.train(prepared, runner, show_progress=False)
@@ -69,6 +69,30 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, unin
     np.testing.assert_array_equal(a, b)
   events = list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
   assert len(events) == 1  # rewritten from the kept rows, no stale file
+
+
+# Part of the population each round (Poisson), a third dropping out, stragglers.
+_PARTIAL = dict(sampling='poisson', clients_per_round=3, dropout_rate=0.3,
+                straggler_rate=0.4, straggler_work=0.5)
+
+
+def test_resume_replays_partial_participation_dropout_and_stragglers(tmp_path):
+  """The resumed rounds draw the same cohorts, dropouts and stragglers as the
+  uninterrupted run (the other tests here train every client every round, which a
+  sampler replayed from round 0 would pass)."""
+  whole = tmp_path / 'whole'
+  _train(whole, **_PARTIAL)
+  rows = _rows(whole)
+  sampled = {r['participation/sampled'] for r in rows[1:]}
+  assert len(sampled) > 1, sampled  # cohorts of several sizes
+  assert any(r['participation/reporting'] != r['participation/sampled'] for r in rows[1:])
+  assert any(float(r['participation/straggling'] or 0) > 0 for r in rows[1:])
+  with pytest.raises(KeyboardInterrupt):
+    _train(tmp_path / 'cut', interrupt_at=5, **_PARTIAL)
+  _train(tmp_path / 'cut', resume=True, **_PARTIAL)
+  assert _rows(tmp_path / 'cut') == rows
+  for a, b in zip(_model(tmp_path / 'cut'), _model(whole), strict=True):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_resume_can_extend_a_finished_run(tmp_path, uninterrupted):

@@ -17,6 +17,7 @@ from typing import Any
 
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import inprocess
@@ -62,6 +63,10 @@ class ExperimentConfig:
   eval_period: int | None = None
   seed: int = 0  # the run: client sampling and client-side draws
   shuffle: bool = True  # each epoch in its own order (ClientOptions.shuffle)
+  sampling: str = 'uniform'  # how clients are drawn (simulation.Participation)
+  dropout_rate: float = 0.0  # a sampled client fails to report
+  straggler_rate: float = 0.0  # a reporting client does part of its local steps
+  straggler_work: float = 0.5  # the part a straggler does
   data_seed: int | None = 0  # the task: generated data, partition, initial model; None: seed
   regularizer: str | None = None
   regularizer_strength: float | None = None
@@ -74,6 +79,12 @@ class ExperimentConfig:
   overwrite: bool = False  # replace a run already in output_dir
   resume: bool = False  # continue the run in output_dir from its last checkpoint
   checkpoint_every: int = 50  # rounds between saved process states
+
+  @property
+  def participation(self) -> simulation.Participation:
+    """Sampling and availability (raises ValueError for bad values)."""
+    return simulation.Participation(self.sampling, self.dropout_rate, self.straggler_rate,
+                                    self.straggler_work)
 
   @property
   def task_seed(self) -> int:
@@ -257,6 +268,10 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
                       ' it: choose one.')
   if not config.checkpoint_every >= 1:
     raise ConfigError(f'--checkpoint_every must be >= 1, got {config.checkpoint_every}.')
+  try:
+    config.participation  # pylint: disable=pointless-statement
+  except ValueError as e:
+    raise ConfigError(f'--{e}') from e
 
 
 def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
@@ -279,7 +294,8 @@ def _run_settings(config: ExperimentConfig, task, home: dict[str, Any]) -> dict[
   for name in ('client_learning_rate', 'server_learning_rate'):
     if settings[name] is None or not settings[name] > 0:
       raise ConfigError(f'--{name} must be > 0, got {settings[name]}.')
-  if settings['clients_per_round'] > task.num_clients:
+  if (settings['clients_per_round'] > task.num_clients
+      and config.sampling != 'with_replacement'):
     raise ConfigError(
         f'--clients_per_round={settings["clients_per_round"]} exceeds the'
         f' {task.num_clients} clients of task {task.name!r}.'
@@ -377,20 +393,23 @@ def client_evaluator(prepared: Prepared, runtime: runtime_base.Runtime
 
 def runner_for(program, client_data, runtime: str = 'auto', workers: Sequence[str] = (),
                engine: str = 'auto', batch_size: int | None = None,
-               ) -> tuple[runtime_base.Runtime, str]:
+               client_rounds: int | None = None) -> tuple[runtime_base.Runtime, str]:
   """(the runtime running `program` on `client_data`, one line saying which and why).
 
   `program` is an Algorithm or a LearningProcess. `runtime` names a registered runtime
   (`registry.RUNTIMES`: 'inprocess', 'tff', plugins) or 'auto': the first of
   `AUTO_RUNTIMES` that can run the program ('tff' when `workers` are named), the reason
   for passing over the others in the line. `workers` go to TFF's runtime, `engine` to
-  the in-process one, `batch_size` to TFF's for a process taking batched datasets.
+  the in-process one, `batch_size` to TFF's for a process taking batched datasets,
+  `client_rounds` (the run's rounds x clients per round) to runtimes choosing an engine
+  by the run's length.
 
   Raises:
     ConfigError: the named runtime cannot run the program; the rounds cannot be split
       across workers; a worker does not answer.
   """
-  options = {'workers': tuple(workers), 'engine': engine, 'batch_size': batch_size}
+  options = {'workers': tuple(workers), 'engine': engine, 'batch_size': batch_size,
+             'client_rounds': client_rounds}
   names = AUTO_RUNTIMES if runtime == 'auto' else (runtime,)
   if workers:
     names = ('tff',)
@@ -439,10 +458,19 @@ def build_runner(prepared: Prepared) -> Runner:
     raise ConfigError(f'algorithm {config.algorithm!r}: {e}') from e
   if isinstance(program, algorithm_lib.Algorithm):  # the run's seed and local order
     program = program.with_client_options(seed=config.seed, shuffle=config.shuffle)
-  runtime, description = runner_for(program, prepared.task.train_data, config.runtime,
-                                    config.workers, config.engine,
-                                    prepared.settings['batch_size'])
   algorithm = program if isinstance(program, algorithm_lib.Algorithm) else None
+  if (config.sampling == 'with_replacement' and algorithm is not None
+      and algorithm.aggregation == aggregation.SLOTS):
+    raise ConfigError(f'--sampling=with_replacement: algorithm {config.algorithm!r} keeps'
+                      ' a table entry per client, which a client drawn twice would fill'
+                      ' twice; use uniform or poisson sampling.')
+  settings = prepared.settings
+  runtime, description = runner_for(
+      program, prepared.task.train_data, config.runtime, config.workers, config.engine,
+      settings['batch_size'], client_rounds=settings['rounds'] * settings['clients_per_round'])
+  if config.straggler_rate > 0 and not getattr(runtime, 'partial_work', False):
+    raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
+                      ' doing part of their local steps; use --runtime=inprocess.')
   return Runner(runtime, evaluator(prepared, runtime), description, algorithm,
                 client_evaluator(prepared, runtime))
 
@@ -486,6 +514,7 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
       divergence_hint=prepared.algorithm.divergence_hint,
       checkpoint_every=prepared.config.checkpoint_every,
       resume=prepared.config.resume,
+      participation=prepared.config.participation,
   )
 
 

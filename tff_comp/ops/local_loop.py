@@ -96,12 +96,19 @@ def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   """
   i, seed = tf.cast(i, tf.int64), tf.cast(seed, tf.int64)
   n = tf.cast(tf.maximum(n, 1), tf.int64)
-  for r in range(_SHUFFLE_ROUNDS):
+
+  def swap_or_not(r, i):
+    r = tf.cast(r, tf.int64)
     pivot = _mix(seed * 31 + r * 0x9E3779B1) % n
     partner = (pivot - i) % n
     swap = tf.bitwise.bitwise_and(_mix(_mix(seed + r * 0x85EBCA6B) + tf.maximum(i, partner)),
                                   1)
-    i = tf.where(swap > 0, partner, i)
+    return r + 1, tf.where(swap > 0, partner, i)
+
+  # A loop, not unrolled: a twelfth of the graph to trace and compile in every round
+  # function that shuffles.
+  _, i = tf.while_loop(lambda r, _: r < _SHUFFLE_ROUNDS, swap_or_not,
+                       (tf.constant(0, tf.int64), i))
   return i
 
 
@@ -150,6 +157,17 @@ def plan(counts: tf.Tensor, keys: tf.Tensor, round_num: tf.Tensor, *, batch_size
   return Schedule(total // batch_size, total % batch_size, order_seed)
 
 
+def limit(schedule: Schedule, work: tf.Tensor) -> Schedule:
+  """A straggler's schedule: the first max(1, floor(work x steps)) of its steps (its
+  batch sequence cut short; none stays none); `work` >= 1 keeps every step.
+  Elementwise over [m]."""
+  steps = schedule.steps
+  kept = tf.cast(tf.floor(tf.cast(work, tf.float32) * tf.cast(steps, tf.float32)), tf.int32)
+  kept = tf.where(work >= 1, steps, tf.clip_by_value(kept, tf.minimum(steps, 1), steps))
+  return Schedule(tf.minimum(schedule.full, kept),
+                  tf.where(kept > schedule.full, schedule.remainder, 0), schedule.seed)
+
+
 def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = None
               ) -> tf.Tensor:
   """Examples of the batch of `size` starting at sequence position `first`: position p
@@ -187,21 +205,27 @@ def run_scheduled_steps(
   `contiguous`: no full batch wraps around the examples (one epoch in stored order),
   so batches are slices. `shuffle`: each epoch in the schedule's permutation."""
   n = num_examples(examples)
-  seed = schedule.seed if shuffle else None
+  if shuffle:
+    # Every position of the round at once: one permutation computation per client,
+    # not one per local step (op dispatch dominates outside XLA).
+    order = positions(0, schedule.full * batch_size + schedule.remainder, n,
+                      schedule.seed)
+
+  def batch(first, size):
+    if shuffle:
+      return tf.nest.map_structure(lambda t: tf.gather(t, order[first:first + size]),
+                                   examples)
+    if contiguous:
+      return tf.nest.map_structure(lambda t: t[first:first + size], examples)
+    return tf.nest.map_structure(lambda t: tf.gather(t, positions(first, size, n)),
+                                 examples)
 
   def body(k, state):
-    if contiguous and not shuffle:
-      first = k * batch_size
-      return k + 1, step_fn(state, tf.nest.map_structure(
-          lambda t: t[first:first + batch_size], examples))
-    index = positions(k * batch_size, batch_size, n, seed)
-    return k + 1, step_fn(state, tf.nest.map_structure(lambda t: tf.gather(t, index),
-                                                       examples))
+    return k + 1, step_fn(state, batch(k * batch_size, batch_size))
 
   _, state = tf.while_loop(lambda k, _: k < schedule.full, body,
                            (tf.constant(0), initial_state))
-  index = positions(schedule.full * batch_size, schedule.remainder, n, seed)
   return tf.cond(schedule.remainder > 0,
-                 lambda: step_fn(state, tf.nest.map_structure(
-                     lambda t: tf.gather(t, index), examples)),
+                 lambda: step_fn(state, batch(schedule.full * batch_size,
+                                              schedule.remainder)),
                  lambda: state)

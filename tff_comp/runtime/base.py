@@ -49,18 +49,28 @@ class Runtime(Protocol):
     record: what `config.json` records of it (name, engine, device, why); kept up to
       date when the runtime changes course (a fallback after the first round).
     keeps_personal_models: `get_personal_weights` returns per-client models (Ditto).
+    partial_work: `next` runs clients doing a fraction of their local steps
+      (stragglers); a runtime without it raises UnsupportedError for `work` < 1.
+
+  Optional: `reserve_cohort(size)`, called by the loop before round 1 with the largest
+  cohort its sampler hands over, so a runtime that compiles per cohort shape compiles
+  once for every size up to it.
   """
 
   name: str
   description: str
   record: dict[str, Any]
   keeps_personal_models: bool
+  partial_work: bool
 
   def initialize(self) -> State:
     """The state before round 1."""
 
-  def next(self, state: State, client_ids: Sequence[str]) -> RoundOutput:
-    """One round on the clients `client_ids` (distinct ids of the client data)."""
+  def next(self, state: State, client_ids: Sequence[str],
+           work: Sequence[float] | None = None) -> RoundOutput:
+    """One round on the clients `client_ids` (ids of the client data, at least one; an
+    id given twice runs twice). `work`: per client, the fraction of its local steps it
+    completes (a straggler: max(1, floor(work x steps)) steps); None: all of them."""
 
   def get_model_weights(self, state: State) -> Any:
     """The model to evaluate (ModelWeights of NumPy arrays)."""

@@ -96,12 +96,21 @@ class InProcessRuntime:
       choice and its reason are logged in one line (`engine`, `why`, `record`).
     lanes: clients stepping together on the lanes engine (default 8 on a CPU, where
       wider lanes were no faster per step, 64 on a GPU).
+    client_rounds: the client rounds of the whole run (rounds x clients per round), if
+      known; 'auto' takes the mapped engine when their local steps are too few to
+      repay compiling the lanes kernel (`AUTO_LANES_MIN_STEPS`).
+
+  Cohorts may have any size: the lanes kernel holds `capacity` clients (padded with
+  clients of no steps) and compiles again only when a cohort exceeds it
+  (`reserve_cohort` sets it ahead; else it is the largest cohort so far).
   """
 
   name = 'inprocess'
+  partial_work = True
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ClientArrays, *,
-               device: str | None = None, engine: str = 'auto', lanes: int | None = None):
+               device: str | None = None, engine: str = 'auto', lanes: int | None = None,
+               client_rounds: int | None = None):
     if engine not in ENGINES:
       raise ValueError(f'engine={engine!r} is unknown; choose one of {list(ENGINES)}.')
     if lanes is not None and lanes < 1:
@@ -115,21 +124,28 @@ class InProcessRuntime:
                                          self.device, with_keys=options.uses_client_key)
     # Whether any client's round ends with a short batch: the schedule's remainder does
     # not depend on the round (fixed epochs; drawn epochs and fixed steps have none).
-    short_batches = bool(np.any(client_round.plan_cohort(
-        rule, options, self.data.counts, self.data.keys, 0).remainder.numpy() > 0))
+    schedule = client_round.plan_cohort(rule, options, self.data.counts, self.data.keys, 0)
+    short_batches = bool(np.any(schedule.remainder.numpy() > 0))
+    self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
     self._engines = {
         'lanes': engines_lib.LanesEngine(algorithm, self.data, lanes=self.lanes,
                                          short_batches=short_batches),
         'mapped': engines_lib.MappedEngine(algorithm, self.data),
         'debug': engines_lib.DebugEngine(algorithm, self.data)}
-    self._round_fns = {name: tf.function(self._round) for name in ('lanes', 'mapped')}
+    # Traced once for cohorts of any size (see `next`); without AutoGraph, which
+    # tff_comp's math does not need and which tripled the time of the first round.
+    self._round_fns = {name: tf.function(self._round, autograph=False)
+                       for name in ('lanes', 'mapped')}
     self._round_fns['debug'] = self._round
+    self._traced: set[tuple[str, int]] = set()
     self.engine = 'lanes' if engine == 'auto' else engine
     self._fallback = engine == 'auto'
     self.why = ''  # why the engine is not lanes, when auto chose otherwise
     if self._fallback:
-      self.why = self._why_not_lanes()
+      run_steps = (None if client_rounds is None else
+                   int(client_rounds * np.mean(schedule.steps.numpy())))
+      self.why = self._why_not_lanes() or _too_short(run_steps)
       if self.why:
         self.engine, self._fallback = 'mapped', False
     logging.info('in-process runtime: %s', self.description)
@@ -168,7 +184,7 @@ class InProcessRuntime:
     context = rule_lib.RoundContext.of(client_index=0)
     graph = tf.function(lambda: rule.step(
         rule.initialize(payload, hparams, context), batch, payload, hparams,
-        context)).get_concrete_function().graph.as_graph_def()
+        context), autograph=False).get_concrete_function().graph.as_graph_def()
     return ({(node.name, node.op) for node in graph.node}
             | {(node.name, node.op) for f in graph.library.function for node in f.node_def})
 
@@ -216,27 +232,53 @@ class InProcessRuntime:
 
   # --- rounds ------------------------------------------------------------------------
 
-  def next(self, state: base.State, client_ids: Sequence[str]) -> base.RoundOutput:
-    """One round on the clients `client_ids` (distinct ids of the data)."""
+  def reserve_cohort(self, size: int) -> None:
+    """Lets the lanes kernel hold cohorts of up to `size` clients (compiled once)."""
+    self.capacity = max(self.capacity, size)
+
+  def next(self, state: base.State, client_ids: Sequence[str],
+           work: Sequence[float] | None = None) -> base.RoundOutput:
+    """One round on the clients `client_ids` (at least one; an id given twice runs
+    twice), each doing the fraction `work` of its local steps (None: all)."""
+    if not client_ids:
+      raise ValueError('a round needs at least one client.')
+    if work is not None and len(work) != len(client_ids):
+      raise ValueError(f'work has {len(work)} entries for {len(client_ids)} clients.')
     indices = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
+    work = tf.constant(np.ones(len(client_ids)) if work is None else work, tf.float32)
+    if len(client_ids) > self.capacity:
+      if self.capacity and self.engine == 'lanes':
+        logging.info('in-process runtime: a cohort of %d clients exceeds the lanes'
+                     ' kernel\'s %d; compiling it for %d.', len(client_ids), self.capacity,
+                     len(client_ids))
+      self.capacity = len(client_ids)
     # Tensors throughout (a Python float, such as a TFF optimizer's initial learning
     # rate, would make the round function trace again for the tensor it returns).
     state = tf.nest.map_structure(
         lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else v, state)
     args = (state.global_model_weights, state.finalizer,
-            client_round.ClientWorkState(*state.client_work), indices)
+            client_round.ClientWorkState(*state.client_work))
     with tf.device(self.device):
       try:
-        weights, server_state, metrics = self._round_fns[self.engine](*args)
+        weights, server_state, metrics = self._run_round(args, indices, work)
       except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as error:
         if not self._fallback:
           raise
         # A rule XLA or vectorization cannot run (the round is pure: nothing to undo).
         self._fall_back(error)
-        weights, server_state, metrics = self._round_fns[self.engine](*args)
+        weights, server_state, metrics = self._run_round(args, indices, work)
     self._fallback = False  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
     return base.RoundOutput(_state(weights, work, server_state), metrics)
+
+  def _run_round(self, args, indices: tf.Tensor, work: tf.Tensor):
+    round_fn, key = self._round_fns[self.engine], (self.engine, self.capacity)
+    if self.engine != 'debug' and key not in self._traced:
+      # One trace for cohorts of every size: later calls match its [None] shapes.
+      any_size = tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32)
+      round_fn.get_concrete_function(*args, *any_size, self.capacity)
+      self._traced.add(key)
+    return round_fn(*args, indices, work, self.capacity)
 
   def _fall_back(self, error: Exception) -> None:
     op = engines_lib.failing_op(error)
@@ -247,7 +289,7 @@ class InProcessRuntime:
                    f' ({type(error).__name__})'))
     logging.warning('in-process runtime: %s; clients run mapped.', self.why)
 
-  def _round(self, weights, server_state, work_state, indices):
+  def _round(self, weights, server_state, work_state, indices, work, capacity: int):
     algorithm, hparams = self.algorithm, work_state.hparams
     rule, options = algorithm.client_rule, algorithm.client_options
     payload = algorithm.server_rule.payload(server_state, weights)
@@ -257,18 +299,19 @@ class InProcessRuntime:
           lambda _, __, examples: rule.reference_value(payload, examples, hparams),
           indices))
     counts = tf.gather(self.data.counts, indices)
-    m = indices.shape[0]
+    m = tf.shape(indices)[:1]
     context = rule_lib.RoundContext(
-        indices, tf.fill([m], tf.cast(0.0 if reference is None else reference, tf.float32)),
-        tf.zeros([m]))
+        indices, tf.fill(m, tf.cast(0.0 if reference is None else reference, tf.float32)),
+        tf.zeros(m))
     if rule.uses_start_loss:
       context = context._replace(start_loss=self.data.map_clients(
           lambda _, __, examples: rule.start_loss(payload, examples, hparams), indices))
-    schedule = client_round.plan_cohort(rule, options, counts,
-                                        tf.gather(self.data.keys, indices), work_state.round)
+    schedule = local_loop.limit(
+        client_round.plan_cohort(rule, options, counts, tf.gather(self.data.keys, indices),
+                                 work_state.round), work)
     cohort = engines_lib.Cohort(payload, hparams, indices,
                                 tf.gather(self.data.offsets, indices), counts,
-                                client_round.ClientPlan(context, schedule))
+                                client_round.ClientPlan(context, schedule), capacity)
     outputs = self._engines[self.engine].run(cohort)
     update = aggregation.aggregate(algorithm.aggregation, outputs.update, outputs.weight)
     server_state, weights = algorithm.server_rule.step(server_state, weights, update)
@@ -281,6 +324,20 @@ class InProcessRuntime:
     return weights, server_state, metrics
 
 
+# Local steps a run needs before 'auto' compiles the lanes kernel. Measured on these
+# machines (feddualavg on lasso, shuffled, `binaries/bench.py`): compiling the lanes
+# kernel costs about 1.2 s more than the mapped engine's first round, and lanes then
+# save about 50 us a local step (0.0024 s against 0.0085 s a round of 130 steps).
+AUTO_LANES_MIN_STEPS = 25_000
+
+
+def _too_short(run_steps: int | None) -> str:
+  if run_steps is None or run_steps >= AUTO_LANES_MIN_STEPS:
+    return ''
+  return (f'a run of about {run_steps} local steps is too short to repay compiling the'
+          f' lanes kernel')
+
+
 def _state(weights, work: client_round.ClientWorkState, server_state) -> base.State:
   return tff.learning.templates.LearningAlgorithmState(
       global_model_weights=weights, distributor=(), client_work=work, aggregator=(),
@@ -289,7 +346,7 @@ def _state(weights, work: client_round.ClientWorkState, server_state) -> base.St
 
 @registry.register_runtime('inprocess')
 def build(program, client_data, *, engine: str = 'auto', lanes: int | None = None,
-          device: str | None = None) -> InProcessRuntime:
+          device: str | None = None, client_rounds: int | None = None) -> InProcessRuntime:
   """The in-process runtime for an Algorithm (or a process composed from one) on
   `client_data`.
 
@@ -297,6 +354,7 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
     engine: 'auto', 'lanes', 'mapped' or 'debug' (`runtime.engines`).
     lanes: clients stepping together on the lanes engine.
     device: a TensorFlow device name (default: the first GPU, else the CPU).
+    client_rounds: the run's rounds x clients per round, if known (`InProcessRuntime`).
 
   Raises:
     UnsupportedError: a process composed from hand-built blocks (no Algorithm), an
@@ -313,7 +371,7 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
                            ' runs on the TFF runtime only.')
   _check_runs_outside_tff(program.model)
   return InProcessRuntime(program, client_arrays(client_data), engine=engine, lanes=lanes,
-                          device=device)
+                          device=device, client_rounds=client_rounds)
 
 
 # Kept importable for one version (CHANGELOG.md, 0.2.0).
@@ -332,7 +390,7 @@ def _check_runs_outside_tff(model) -> None:
   level = logger.level
   logger.setLevel('ERROR')
   try:
-    tf.function(lambda: model.predict_on_batch(model.initial_weights, x))()
+    tf.function(lambda: model.predict_on_batch(model.initial_weights, x), autograph=False)()
   except Exception as error:  # pylint: disable=broad-except
     if type(error).__name__ == 'KerasFunctionalModelError':
       raise UnsupportedError('a Keras model converted by TFF runs inside TFF'

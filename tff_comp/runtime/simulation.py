@@ -8,17 +8,19 @@ filled every `eval_period` rounds and at round 0) and TensorBoard event files un
 call; a synchronous writer with merged train/eval rows is simpler to read and to plot.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 import asyncio
 import csv
+import dataclasses
 import json
 import math
 import pathlib
 import shutil
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 import tqdm
@@ -296,26 +298,35 @@ class Progress(Callback):
 class MetricsSink(Callback):
   """metrics.csv and TensorBoard (`MetricsWriter`): round 0 holds the initial
   evaluation, then a row per round with its `seconds` since the start; a resumed run
-  rewrites the rows it keeps."""
+  rewrites the rows it keeps. The columns are those of the first round that trained
+  (rows of earlier rounds where nobody reported wait for it)."""
 
   def __init__(self):
     self._writer: MetricsWriter | None = None
+    self._waiting: list[tuple[int, float, Metrics]] = []
 
   def on_train_begin(self, loop: Loop) -> None:
     if loop.kept_rows:
       self._writer = MetricsWriter(loop.output_dir, loop.kept_columns, loop.kept_rows)
 
+  def _open(self, loop: Loop, metrics: Metrics) -> None:
+    columns = sorted(k for k in metrics if not k.startswith('eval/'))
+    self._writer = MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
+    self._writer.write(0, 0.0, loop.initial_eval)
+    for row in self._waiting:
+      self._writer.write(*row)
+
   def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
     if self._writer is None:
-      columns = sorted(k for k in metrics if not k.startswith('eval/'))
-      self._writer = MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
-      self._writer.write(0, 0.0, loop.initial_eval)
+      if not any(k.startswith('train/') for k in metrics):
+        self._waiting.append((round_num, loop.elapsed(), dict(metrics)))
+        return
+      self._open(loop, metrics)
     self._writer.write(round_num, loop.elapsed(), metrics)
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
-    if self._writer is None:  # stopped in round 1: still record the initial evaluation
-      self._writer = MetricsWriter(loop.output_dir, sorted(loop.initial_eval))
-      self._writer.write(0, 0.0, loop.initial_eval)
+    if self._writer is None:  # stopped before a round trained: still write what ran
+      self._open(loop, self._waiting[-1][2] if self._waiting else {})
     self._writer.close()
 
 
@@ -369,16 +380,91 @@ class FinalModel(Callback):
           np.asarray, loop.runtime.get_model_weights(loop.state).trainable))
 
 
-class UniformSampler:
-  """`clients_per_round` distinct client ids a round, uniformly, from a NumPy generator
-  seeded by `seed` (deterministic; a resumed run replays it)."""
+SAMPLINGS = ('uniform', 'with_replacement', 'poisson')
 
-  def __init__(self, client_ids: list[str], clients_per_round: int, seed: int):
-    self._ids, self._k = list(client_ids), clients_per_round
-    self._rng = np.random.default_rng(seed)
 
-  def sample(self) -> list[str]:
-    return [self._ids[i] for i in self._rng.choice(len(self._ids), self._k, replace=False)]
+@dataclasses.dataclass(frozen=True)
+class Participation:
+  """How a round's clients are drawn and which of them finish their work.
+
+  sampling: 'uniform' (k distinct clients), 'with_replacement' (k draws; a client drawn
+    twice trains twice) or 'poisson' (each client independently with probability
+    k / population: cohorts of varying size, as DP accounting assumes).
+  dropout_rate: the chance that a sampled client fails to report; its update is lost
+    and the round aggregates the others' (none: the model is unchanged).
+  straggler_rate: the chance that a reporting client is a straggler, completing only
+    `straggler_work` of its local steps (at least one; FedNova's a_i counts the steps
+    done).
+  """
+
+  sampling: str = 'uniform'
+  dropout_rate: float = 0.0
+  straggler_rate: float = 0.0
+  straggler_work: float = 0.5
+
+  def __post_init__(self):
+    if self.sampling not in SAMPLINGS:
+      raise ValueError(f'sampling={self.sampling!r} is unknown; choose one of'
+                       f' {list(SAMPLINGS)}.')
+    for name in ('dropout_rate', 'straggler_rate'):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f'{name} must be in [0, 1), got {getattr(self, name)}.')
+    if not 0.0 < self.straggler_work <= 1.0:
+      raise ValueError(f'straggler_work must be in (0, 1], got {self.straggler_work}.')
+
+
+class RoundClients(NamedTuple):
+  """A round's clients: those sampled, those reporting (in order; a runtime trains
+  these) and each reporting client's share of its local steps (None: all of them)."""
+
+  sampled: tuple[str, ...]
+  reporting: tuple[str, ...]
+  work: tuple[float, ...] | None
+
+  def metrics(self) -> Metrics:
+    """participation/sampled, /reporting, /straggling: clients counted per round."""
+    return {'participation/sampled': float(len(self.sampled)),
+            'participation/reporting': float(len(self.reporting)),
+            'participation/straggling': float(sum(w < 1 for w in self.work or ()))}
+
+
+class ClientSampler:
+  """The loop's sampling hook: `sample(round_num)` draws round `round_num`'s clients
+  (`Participation` says how) from a NumPy generator seeded by (seed, round), so any
+  round's draw is the same in every run with `seed`, resumed or not.
+
+  A replacement is any object with `sample(round_num) -> RoundClients` and a
+  `capacity` (the most reporting clients a round may have, a hint for runtimes that
+  compile per cohort size).
+  """
+
+  def __init__(self, client_ids: Sequence[str], clients_per_round: int, seed: int,
+               participation: Participation = Participation()):
+    self._ids, self._k, self._seed = list(client_ids), clients_per_round, seed
+    self.participation = participation
+    n = len(self._ids)
+    if participation.sampling == 'poisson':
+      # The cohort is Binomial(n, q): five standard deviations above its mean.
+      q = min(1.0, clients_per_round / n)
+      self.capacity = min(n, math.ceil(clients_per_round + 5 * math.sqrt(
+          clients_per_round * (1 - q)) + 1))
+    else:
+      self.capacity = clients_per_round
+
+  def sample(self, round_num: int) -> RoundClients:
+    rng = np.random.default_rng([self._seed, round_num])
+    p, n = self.participation, len(self._ids)
+    if p.sampling == 'poisson':
+      chosen = np.flatnonzero(rng.random(n) < min(1.0, self._k / n))
+    else:
+      chosen = rng.choice(n, self._k, replace=p.sampling == 'with_replacement')
+    sampled = tuple(self._ids[i] for i in chosen)
+    reporting = tuple(c for c, u in zip(sampled, rng.random(len(sampled)), strict=True)
+                      if u >= p.dropout_rate)
+    straggling = rng.random(len(reporting)) < p.straggler_rate
+    work = (tuple(p.straggler_work if s else 1.0 for s in straggling)
+            if straggling.any() else None)
+    return RoundClients(sampled, reporting, work)
 
 
 def _start_fresh(loop: Loop, checkpoints: Checkpoints) -> None:
@@ -388,9 +474,9 @@ def _start_fresh(loop: Loop, checkpoints: Checkpoints) -> None:
   (loop.output_dir / 'final_model.npz').unlink(missing_ok=True)
 
 
-def _restore(loop: Loop, checkpoints: Checkpoints, sampler: UniformSampler) -> None:
+def _restore(loop: Loop, checkpoints: Checkpoints) -> None:
   """Continues the run in `loop.output_dir` from its newest readable checkpoint: the
-  state, the metrics rows up to it, the sampler where it left it. Nothing saved: a
+  state and the metrics rows up to it (the sampler draws by round). Nothing saved: a
   fresh run."""
   saved, done = checkpoints.load_latest(loop.state)
   if saved is None:
@@ -399,15 +485,17 @@ def _restore(loop: Loop, checkpoints: Checkpoints, sampler: UniformSampler) -> N
   loop.state, loop.done = saved, done
   loop.kept_columns, loop.kept_rows = _read_rows(loop.output_dir / 'metrics.csv', done)
   loop.start -= float(loop.kept_rows[-1]['seconds']) if loop.kept_rows else 0.0
-  for _ in range(done):
-    sampler.sample()
 
 
-def run_loop(runtime, loop: Loop, sampler: UniformSampler,
+def run_loop(runtime, loop: Loop, sampler: ClientSampler,
              callbacks: list[Callback]) -> None:
-  """The loop: rounds `loop.done + 1 .. loop.rounds` on the sampler's cohorts, each
-  round's metrics (`train/...`, `hparams/...`, `server/...`, `seconds_per_round`) handed
-  to the callbacks in order."""
+  """The loop: rounds `loop.done + 1 .. loop.rounds` on the sampler's clients, each
+  round's metrics (`train/...`, `participation/...`, `hparams/...`, `server/...`,
+  `seconds_per_round`) handed to the callbacks in order. A round where no sampled
+  client reports leaves the state as it was (logged; no train/ metrics)."""
+  reserve = getattr(runtime, 'reserve_cohort', None)
+  if reserve is not None:
+    reserve(sampler.capacity)
   for callback in callbacks:
     callback.on_train_begin(loop)
   # Set before the first round and unchanged after it: read once, logged every round
@@ -417,9 +505,16 @@ def run_loop(runtime, loop: Loop, sampler: UniformSampler,
   try:
     last = loop.elapsed()
     for round_num in range(loop.done + 1, loop.rounds + 1):
-      output = runtime.next(loop.state, sampler.sample())
-      loop.state, loop.round_num = output.state, round_num
-      metrics = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
+      clients = sampler.sample(round_num)
+      metrics = clients.metrics()
+      if clients.reporting:
+        output = runtime.next(loop.state, list(clients.reporting), clients.work)
+        loop.state = output.state
+        metrics.update({f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()})
+      else:
+        logging.warning('round %d: none of the %d sampled clients reported; the model is'
+                        ' unchanged.', round_num, len(clients.sampled))
+      loop.round_num = round_num
       metrics.update(hparams)
       metrics.update(server_quantities(loop.state))
       metrics['seconds_per_round'] = loop.elapsed() - last
@@ -455,18 +550,19 @@ def run_simulation(
     resume: bool = False,
     evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
     callbacks: tuple[Callback, ...] = (),
+    participation: Participation = Participation(),
 ) -> Metrics:
   """Trains the runtime `process` for `rounds` rounds; returns the last evaluation.
 
-  `process` is a `runtime.base.Runtime` (`experiment.runner_for`). Client ids are
-  sampled without replacement each round (`UniformSampler`, seeded by `seed`).
+  `process` is a `runtime.base.Runtime` (`experiment.runner_for`). Each round's
+  clients are drawn as `participation` says (`ClientSampler`, seeded by `seed`).
   `evaluate` maps the state to metrics (`experiment.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the hparams, so one built runtime serves
   a whole learning-rate grid. A run already in `output_dir` is replaced
   (`experiment.check_output_dir` refuses that unless asked), or with `resume`
   continued from its last checkpoint: the state is saved every `checkpoint_every`
-  rounds and at the last one, the sampler is replayed, and the rows after the
+  rounds and at the last one, sampling depends on the round only, and the rows after the
   checkpoint are dropped, so a resumed run ends exactly as an uninterrupted one (its
   caller checks that the configuration matches). The final model's trainable weights
   go to `final_model.npz`. `divergence_hint` ends the divergence message (the likely
@@ -480,13 +576,13 @@ def run_simulation(
   """
   output_dir.mkdir(parents=True, exist_ok=True)
   checkpoints = Checkpoints(output_dir)
-  sampler = UniformSampler(client_ids, clients_per_round, seed)
+  sampler = ClientSampler(client_ids, clients_per_round, seed, participation)
   loop = Loop(process, output_dir, rounds)
   loop.state = process.initialize()
   if learning_rates is not None:
     loop.state = set_learning_rates(process, loop.state, *learning_rates)
   if resume and (output_dir / 'metrics.csv').exists():
-    _restore(loop, checkpoints, sampler)
+    _restore(loop, checkpoints)
   else:
     _start_fresh(loop, checkpoints)
   run_loop(process, loop, sampler, [

@@ -56,6 +56,8 @@ class TFFRuntime:
   docstring); implements `runtime.base.Runtime`."""
 
   name = 'tff'
+  # TFF's process takes client data only: no per-client share of the local work.
+  partial_work = False
 
   def __init__(self, process: tff.learning.templates.LearningProcess, client_data, *,
                workers: Sequence[str] = (), batch_size: int | None = None):
@@ -75,7 +77,11 @@ class TFFRuntime:
   def initialize(self) -> base.State:
     return self._composed.initialize()
 
-  def next(self, state: base.State, client_ids: Sequence[str]) -> base.RoundOutput:
+  def next(self, state: base.State, client_ids: Sequence[str],
+           work: Sequence[float] | None = None) -> base.RoundOutput:
+    if work is not None and min(work) < 1:
+      raise base.UnsupportedError('stragglers (clients doing part of their local work)'
+                                  ' run in-process only.')
     output = self._composed.next(state, list(client_ids))
     return base.RoundOutput(output.state, output.metrics)
 
