@@ -16,6 +16,7 @@ from absl import flags
 
 from tff_comp import experiment
 from tff_comp import registry
+from tff_comp.binaries import flag_check
 from tff_comp import regularizers
 from tff_comp.ops import client_round
 from tff_comp.runtime import inprocess
@@ -26,16 +27,13 @@ _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
            bool: flags.DEFINE_bool, str: flags.DEFINE_string}
 
 
-def fail(message: str) -> None:
-  """Exits with status 2 and `message` as one line on stderr (the binaries' bad input)."""
-  program = os.path.basename(sys.argv[0])
-  print(f'{program}: error: {" ".join(str(message).split())}', file=sys.stderr)
-  sys.exit(2)
+fail = flag_check.fail
 
 
 def parse_or_fail(argv: list[str]) -> list[str]:
   """absl's `flags_parser` for app.run: parses, and a bad flag, value or flagfile exits
   2 with one line (absl's own parser prints its usage text and exits 1)."""
+  flag_check.record(flags.FLAGS, flag_check.program())  # for the next start's check
   try:
     return flags.FLAGS(argv)
   except UnicodeDecodeError as e:

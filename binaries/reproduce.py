@@ -22,11 +22,18 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import sys
+
+from tff_comp.binaries import flag_check
+
+# A bad flag is reported before TensorFlow loads (when an earlier start recorded the
+# flags; `flag_check`).
+flag_check.check(sys.argv, flag_check.program())
+
 import dataclasses
 import datetime
 import math
 import pathlib
-import sys
 import time
 
 from absl import app

@@ -16,6 +16,13 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import sys
 
+from tff_comp.binaries import flag_check
+
+# A bad flag is reported before TensorFlow loads (when an earlier start recorded the
+# flags; `flag_check`).
+flag_check.check(sys.argv, flag_check.program())
+
+
 from absl import app
 from absl import flags
 from absl import logging

@@ -21,16 +21,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-_CACHE_ENV = 'TFF_COMP_DATA_DIR'
+from tff_comp import paths
+
 _FORMAT = 2  # the file layout's version (2: checksums in the completion marker)
 
-
-def cache_root() -> pathlib.Path:
-  """$TFF_COMP_DATA_DIR, else ~/.cache/tff_comp."""
-  root = os.environ.get(_CACHE_ENV) or os.path.join(
-      os.path.expanduser('~'), '.cache', 'tff_comp'
-  )
-  return pathlib.Path(root)
+cache_root = paths.cache_root
 
 
 def file_digest(path: str) -> str:

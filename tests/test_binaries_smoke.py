@@ -102,6 +102,8 @@ def test_bench_runs(repo_root):
   assert 'mapped' in out.stdout and 'TFF worker' in out.stdout
   assert 'on 2 local TFF workers' in out.stdout and 'speedup' in out.stdout
   assert 'Part 4: host memory over 2 rounds of 20 clients' in out.stdout
+  assert 'auto   first' in out.stdout and 'run.py --rounds=ten: error after' in out.stdout
+  assert 'the lanes kernel compiled 1 time(s), recompiles 0' in out.stdout
 
 
 def test_plot_y_axis_fits_the_curves_after_the_first_checkpoint():

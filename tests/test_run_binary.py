@@ -263,3 +263,39 @@ def test_a_closed_stdout_is_not_an_error(repo_root, tmp_path):
   assert len((tmp_path / 'metrics.csv').read_text().splitlines()) == 5
 
 
+
+
+@pytest.fixture(scope='module')
+def flags_recorded(repo_root, tmp_path_factory):
+  """A cache directory where run.py recorded its flags (a first start, with a bad
+  flag reported the slow way)."""
+  cache = tmp_path_factory.mktemp('flag_cache')
+  first = subprocess.run([sys.executable, 'binaries/run.py', '--rounds=ten'],
+                         capture_output=True, text=True, timeout=300, cwd=repo_root,
+                         env=dict(ENV, TFF_COMP_DATA_DIR=str(cache)))
+  assert first.returncode == 2 and '--rounds=ten' in first.stderr, first.stderr
+  return cache
+
+
+@pytest.mark.parametrize('bad,says', [
+    ('--rounds=ten', 'flag --rounds=ten: invalid literal for int()'),
+    ('--no_such_flag=1', "Unknown command line flag 'no_such_flag'"),
+    ('--sampling=stratified', 'flag --sampling=stratified: value should be one of'),
+    ('--flagfile=FILE', 'flag --client_learning_rate=fast: could not convert'),
+])
+def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, flags_recorded,
+                                                        bad, says):
+  """After a start recorded the flags, a bad flag, value or flagfile is reported
+  without importing TensorFlow (a `tensorflow` that fails to import proves it)."""
+  flagfile = tmp_path / 'bad.flags'
+  flagfile.write_text('--algo=fedavg\n--client_learning_rate=fast\n')
+  blocked = tmp_path / 'no_tf'
+  (blocked / 'tensorflow').mkdir(parents=True)
+  (blocked / 'tensorflow' / '__init__.py').write_text('raise ImportError("TF imported")\n')
+  env = dict(ENV, TFF_COMP_DATA_DIR=str(flags_recorded),
+             PYTHONPATH=os.pathsep.join([str(blocked), ENV.get('PYTHONPATH', '')]))
+  out = subprocess.run([sys.executable, 'binaries/run.py', bad.replace('FILE', str(flagfile))],
+                       capture_output=True, text=True, timeout=60, cwd=repo_root, env=env)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1, out.stderr
+  assert lines[0].startswith('run.py: error: ') and says in lines[0], lines
