@@ -46,6 +46,7 @@ from tff_comp.binaries import flags_lib
 from tff_comp.binaries import grid
 from tff_comp.binaries import summary
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import simulation
 
 
 _EXPERIMENT = flags.DEFINE_enum(
@@ -109,6 +110,7 @@ def _steered(spec: experiments.Experiment) -> experiments.Experiment:
 def main(argv):
   if len(argv) > 1:
     flags_lib.fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  simulation.stop_on_sigterm()
   name = _EXPERIMENT.value
   try:
     spec = _steered(registry.EXPERIMENTS.get(name).build())
@@ -147,6 +149,12 @@ def main(argv):
                              parallel=_PARALLEL.value)
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (simulation.stop_on_sigterm)
+      sigterm = 'SIGTERM' in getattr(e.__cause__, 'args', ())
+      print(f'reproduce.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; the'
+            ' running configuration saved its last finished round; rerun with --resume'
+            ' to continue the grid.', file=sys.stderr)
+      sys.exit(143 if sigterm else 130)
     minutes, seconds = divmod(round(time.monotonic() - start), 60)
     provenance = (f'Took {minutes} min {seconds} s on {summary.machine()},'
                   f' {datetime.date.today()} (--parallel={_PARALLEL.value}).')

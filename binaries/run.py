@@ -50,6 +50,7 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # TFF's INFO chatter is not for users
   if len(argv) > 1:
     _fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  simulation.stop_on_sigterm()
   try:
     config = flags_lib.config_from_flags(FLAGS, _ALGO_FLAGS, _TASK_FLAGS)
     prepared = experiment.prepare(config)
@@ -80,10 +81,14 @@ def main(argv: list[str]) -> None:
     print(f'run.py: {e} The metrics written so far are in {config.output_dir};'
           ' continue with --resume.', file=sys.stderr)
     sys.exit(1)
-  except KeyboardInterrupt:
-    print(f'run.py: interrupted; the metrics written so far are in {config.output_dir}',
-          file=sys.stderr)
-    sys.exit(130)
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (simulation.stop_on_sigterm)
+    sigterm = 'SIGTERM' in getattr(e.__cause__, 'args', ())
+    saved = getattr(e, 'saved_round', 0)
+    print(f'run.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; '
+          + (f'saved the state of round {saved}, --resume continues from it'
+             if saved else 'no round was saved')
+          + f'; the metrics written so far are in {config.output_dir}', file=sys.stderr)
+    sys.exit(143 if sigterm else 130)
   print('final evaluation:')
   for key, value in final.items():
     print(f'  {key.removeprefix("eval/"):>12s} {value:.6g}')

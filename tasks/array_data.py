@@ -102,7 +102,7 @@ def cached_client_data(
     for i, cid in enumerate(client_ids):
       x, y = make_client(i)
       rows = np.concatenate(
-          [x.reshape(len(x), -1), y.reshape(len(y), 1)], axis=1
+          [x.reshape(len(x), int(np.prod(x.shape[1:]))), y.reshape(len(y), 1)], axis=1
       ).astype(np.float32)
       with tempfile.NamedTemporaryFile(dir=directory, delete=False) as f:
         rows.tofile(f)

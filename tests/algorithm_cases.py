@@ -15,7 +15,7 @@ D, NUM_CLIENTS = 5, 5
 MODEL = models.linear_regression((D,))
 
 
-def _client_data(sizes, key):
+def client_data(sizes, key):
   w = np.linspace(-1, 1, D).astype(np.float32)
 
   def make(i):
@@ -27,11 +27,11 @@ def _client_data(sizes, key):
   return array_data.cached_client_data(f'inprocess-{key}', ids, (D,), tf.float32, make)
 
 
-DATA = {'unequal': _client_data([7, 12, 9, 5, 14], 'unequal'),
-        'equal': _client_data([8] * NUM_CLIENTS, 'equal')}
+DATA = {'unequal': client_data([7, 12, 9, 5, 14], 'unequal'),
+        'equal': client_data([8] * NUM_CLIENTS, 'equal')}
 # Ten clients of unequal sizes, for cohorts of every size up to ten (FedAvg-like rules:
 # `arguments` sizes per-client tables for NUM_CLIENTS).
-TEN = _client_data([7, 12, 9, 5, 14, 3, 10, 8, 11, 6], 'ten')
+TEN = client_data([7, 12, 9, 5, 14, 3, 10, 8, 11, 6], 'ten')
 # Cohorts of 1, 3, 7 and 10 of TEN's clients.
 COHORT_SIZES = (1, 3, 7, 10)
 

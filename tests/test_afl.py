@@ -90,4 +90,5 @@ def test_tr_maml_task_weights_follow_exponentiated_gradient(tmp_path, monkeypatc
     losses.append(float(model_ops.batch_loss(model, adapted, (), batch)))
   want = np.exp(0.3 * np.array(losses)) / np.exp(0.3 * np.array(losses)).sum()
   np.testing.assert_allclose(state.finalizer['client_weights'], want, rtol=1e-5)
-  assert np.argmax(want) == np.argmax(losses)
+  # The hardest task gains weight from the uniform start.
+  assert state.finalizer['client_weights'][np.argmax(losses)] > 1 / 3

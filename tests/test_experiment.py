@@ -83,10 +83,16 @@ def test_divergence_names_the_algorithms_likely_cause(tmp_path):
 
 
 def test_l1_ball_of_radius_zero_runs_from_the_command_line_path(tmp_path):
+  """The ball of radius 0 holds only 0: the constrained weights end at 0 exactly."""
   prepared = experiment.prepare(_config(
       tmp_path, 'fedmid', task='constrained_digits', regularizer='l1_ball',
       regularizer_strength=0.0, rounds=1))
-  experiment.run_experiment(prepared, show_progress=False)
+  final = experiment.run_experiment(prepared, show_progress=False)
+  assert all(math.isfinite(v) for v in final.values())
+  with np.load(tmp_path / 'final_model.npz') as saved:
+    weights = [saved[k] for k in sorted(saved.files)]
+  constrained = [weights[i] for i in prepared.task.regularizer_targets]
+  assert constrained and all(np.all(w == 0) for w in constrained)
 
 
 @pytest.mark.slow

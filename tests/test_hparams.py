@@ -53,10 +53,10 @@ def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
   process = inprocess.build(algorithm_cases.build(name, base), data)
   state = process.initialize()
   assert not all(np.array_equal(a, b) for a, b in zip(
-      tf.nest.flatten(target), tf.nest.flatten(process.get_hparams(state))))
+      tf.nest.flatten(target), tf.nest.flatten(process.get_hparams(state)), strict=True))
   state = _run(process, process.set_hparams(state, target))
   reference = _run(built, reference)
-  for a, b in zip(tf.nest.flatten(reference), tf.nest.flatten(state)):
+  for a, b in zip(tf.nest.flatten(reference), tf.nest.flatten(state), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
 

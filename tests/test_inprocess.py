@@ -48,7 +48,7 @@ _build = algorithm_cases.build
 
 
 def _close(a, b):
-  for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+  for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
 
 

@@ -90,7 +90,7 @@ def test_each_client_gets_run_clients_output(width, momentum, epochs):
       payload, hparams, *_cohort_args(rule, options, cohort))
   for i, expected in enumerate(_expected(rule, options, payload, hparams, examples, cohort)):
     got = tf.nest.map_structure(lambda t: t[i], stacked)
-    for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected)):
+    for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected), strict=True):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
   # The empty client (index 1 in the data, position 1 here) took no step, weighs 0.
   assert float(stacked.stats['num_steps'][1]) == 0.0

@@ -204,3 +204,53 @@ def test_auto_compiles_lanes_only_for_runs_long_enough_to_repay_it():
   long = inprocess.build(algorithm, DATA, client_rounds=10 ** 6)
   assert long.engine == 'lanes' and not long.why
   assert inprocess.build(algorithm, DATA).engine == 'lanes'  # length unknown
+
+
+def test_fedavg_round_against_numpy_weights_clients_by_examples_and_reports_the_loss():
+  """One FedAvg round on clients of unequal sizes, against NumPy (not another runtime
+  sharing the math): the update is the example-weighted mean of the client deltas and
+  `train_loss` the example-weighted mean batch loss at the visited iterates."""
+  lr = 0.05
+  runtime = inprocess.build(algorithm_cases.algorithm('fedavg', dict(client_learning_rate=lr)),
+                            DATA, engine='lanes', lanes=2)
+  ids = list(DATA.client_ids)
+  out = runtime.next(runtime.initialize(), ids)
+  clients = [tuple(np.asarray(t) for t in local_loop.materialize(
+      DATA.create_tf_dataset_for_client(c))) for c in ids]
+  w0, b0 = np.zeros(algorithm_cases.D), 0.0
+  deltas, loss_sum, n = [], 0.0, []
+  for x, y in clients:
+    w, b = w0.copy(), b0
+    for xb, yb in numpy_reference.batches(x, y, 3):
+      loss_sum += 0.5 * np.sum((xb @ w + b - yb) ** 2)  # batch mean x batch size
+      gw, gb = numpy_reference.gradient(w, b, xb, yb)
+      w, b = w - lr * gw, b - lr * gb
+    deltas.append((w - w0, b - b0))
+    n.append(len(y))
+  p = np.array(n) / sum(n)
+  assert len(set(n)) > 1  # unequal sizes: uniform weights would differ
+  got = runtime.get_model_weights(out.state).trainable
+  np.testing.assert_allclose(got[0], w0 + sum(pi * d[0] for pi, d in zip(p, deltas)),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got[1], b0 + sum(pi * d[1] for pi, d in zip(p, deltas)),
+                             rtol=1e-5, atol=1e-6)
+  assert float(out.metrics['client_work']['train_loss']) == pytest.approx(
+      loss_sum / sum(n), rel=1e-5)
+
+
+@pytest.mark.parametrize('name', ['fedavg', 'fednova', 'feddualavg'])
+def test_a_cohort_of_total_weight_zero_leaves_the_model_unchanged_on_both_runtimes(name):
+  """Clients without examples weigh 0: the cohort's mean update is 0, not 0 / 0."""
+  data = algorithm_cases.client_data([0, 0, 6], 'empty')
+  process = algorithm_cases.build(name, {})
+  fast = inprocess.build(process, data, engine='lanes', lanes=2)
+  slow = tff.simulation.compose_dataset_computation_with_learning_process(
+      tff_process.dataset_computation_for(process, data), process)
+  fast_out = fast.next(fast.initialize(), ['c0', 'c1'])
+  slow_out = slow.next(slow.initialize(), ['c0', 'c1'])
+  initial = process.get_model_weights(slow.initialize()).trainable
+  for weights in (fast.get_model_weights(fast_out.state).trainable,
+                  process.get_model_weights(slow_out.state).trainable):
+    for a, b in zip(weights, initial, strict=True):
+      np.testing.assert_array_equal(a, b)
+  assert float(fast_out.metrics['client_work']['train_loss']) == 0.0

@@ -5,6 +5,7 @@ import csv
 import os
 import signal
 import subprocess
+import pathlib
 import sys
 import time
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from tff_comp import experiment
+from tff_comp.runtime import simulation
 
 ARGS = dict(algorithm='feddualavg', task='quadratic', rounds=9, eval_period=3, checkpoint_every=3)
 
@@ -27,7 +29,7 @@ def _model(path):
     return [f[k] for k in sorted(f.files)]
 
 
-def _train(path, interrupt_at=None, **kwargs):
+def _train(path, interrupt_at=None, show=False, **kwargs):
   prepared = experiment.prepare(experiment.ExperimentConfig(
       output_dir=str(path), **dict(ARGS, **kwargs)))
   runner = experiment.build_runner(prepared)
@@ -45,7 +47,7 @@ def _train(path, interrupt_at=None, **kwargs):
         return process.next(state, ids, work)
 
     runner.runtime = Interrupted()
-  return experiment.train(prepared, runner, show_progress=False)
+  return experiment.train(prepared, runner, show_progress=show)
 
 
 @pytest.fixture(scope='module')
@@ -61,7 +63,8 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, unin
   assert [r['round'] for r in _rows(tmp_path)] == ['0', '1', '2', '3', '4']
   with pytest.raises(experiment.ConfigError, match='pass --resume to continue it'):
     _train(tmp_path)
-  with pytest.raises(experiment.ConfigError, match=r'configured differently \(seed\)'):
+  with pytest.raises(experiment.ConfigError,
+                     match=r'configured differently \(seed: recorded 0, now 1\)'):
     _train(tmp_path, resume=True, seed=1)
   _train(tmp_path, resume=True)
   assert _rows(tmp_path) == _rows(uninterrupted)  # round 4 redone, never twice
@@ -95,10 +98,76 @@ def test_resume_replays_partial_participation_dropout_and_stragglers(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_resume_can_extend_a_finished_run(tmp_path, uninterrupted):
-  _train(tmp_path, rounds=6)
+def test_resume_can_extend_a_finished_run(tmp_path, uninterrupted, capsys):
+  """A finished run of 7 rounds (not a multiple of the checkpoint interval, 3) saved
+  its last round, and the extension says it resumes from there."""
+  _train(tmp_path, rounds=7)
+  assert (tmp_path / 'checkpoints' / 'program_state_7').is_dir()
+  capsys.readouterr()
+  _train(tmp_path, resume=True, show=True)
+  assert 'resuming from round 7' in capsys.readouterr().out
+  # Round 7 was the 7-round run's last, so it holds an evaluation the 9-round run's lacks.
+  without_eval = lambda rows: [{k: v for k, v in r.items() if not k.startswith('eval/')}
+                               if r['round'] == '7' else r for r in rows]
+  assert without_eval(_rows(tmp_path)) == without_eval(_rows(uninterrupted))
+
+
+def test_an_interrupt_saves_the_last_finished_round(tmp_path, uninterrupted):
+  with pytest.raises(simulation.Interrupted) as stopped:
+    _train(tmp_path, interrupt_at=6)  # in round 6: rounds 1-5 done, checkpoints at 3
+  assert stopped.value.saved_round == 5
+  assert (tmp_path / 'checkpoints' / 'program_state_5').is_dir()
   _train(tmp_path, resume=True)
   assert _rows(tmp_path) == _rows(uninterrupted)
+
+
+def _damage(version_dir: pathlib.Path, how: str) -> None:
+  files = sorted(p for p in version_dir.rglob('*') if p.is_file())
+  assert files, version_dir
+  for path in files:
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2] if how == 'truncated' else
+                     bytes(b ^ 0x5A for b in data) if how == 'garbled' else
+                     bytes(len(data)))
+
+
+@pytest.mark.parametrize('how', ['truncated', 'garbled', 'zeroed'])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_past_it(
+    tmp_path, uninterrupted, caplog, how):
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7 (the interrupt's)
+  _damage(tmp_path / 'checkpoints' / 'program_state_7', how)
+  _train(tmp_path, resume=True)  # from round 6; saves round 7 again on the way
+  assert 'checkpoint of round 7 is damaged' in caplog.text
+  assert (tmp_path / 'checkpoints_damaged' / 'program_state_7').is_dir()
+  assert _rows(tmp_path) == _rows(uninterrupted)
+  for a, b in zip(_model(tmp_path), _model(uninterrupted), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_kill_while_rewriting_metrics_leaves_the_old_file_whole(tmp_path, monkeypatch):
+  """Resuming rewrites metrics.csv from the rows it keeps: into a new file renamed over
+  the old one, so a kill in the middle loses nothing."""
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=6)
+  before = (tmp_path / 'metrics.csv').read_bytes()
+
+  def killed(self, rows):
+    del self, rows
+    raise SystemExit('killed while writing')
+
+  monkeypatch.setattr(simulation.csv.DictWriter, 'writerows', killed)
+  with pytest.raises(SystemExit):
+    _train(tmp_path, resume=True)
+  assert (tmp_path / 'metrics.csv').read_bytes() == before
+
+
+def test_a_locked_output_directory_is_refused_naming_the_holder(tmp_path):
+  with simulation.output_lock(tmp_path):
+    with pytest.raises(experiment.ConfigError,
+                       match=rf'in use by another run \(pid {os.getpid()}\)'):
+      _train(tmp_path)
+  _train(tmp_path, rounds=1)  # released
 
 
 def test_sigkill_then_resume_from_the_command_line(repo_root, tmp_path):
@@ -123,3 +192,52 @@ def test_sigkill_then_resume_from_the_command_line(repo_root, tmp_path):
   assert out.returncode == 0, out.stderr
   _train(tmp_path / 'whole', rounds=30)
   assert _rows(tmp_path / 'killed') == _rows(tmp_path / 'whole')
+
+
+def _rows_until(path, rounds: int) -> int:
+  """Waits until metrics.csv of a running run holds `rounds` rounds."""
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline:
+    try:
+      if len((path / 'metrics.csv').read_text().splitlines()) > rounds + 1:
+        return
+    except FileNotFoundError:
+      pass
+    time.sleep(0.05)
+  raise AssertionError(f'{path} did not reach round {rounds}')
+
+
+@pytest.mark.parametrize('sig,code,says', [(signal.SIGINT, 130, 'interrupted'),
+                                           (signal.SIGTERM, 143, 'terminated (SIGTERM)')])
+def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(repo_root, tmp_path, sig,
+                                                                  code, says):
+  """Ctrl-C and SIGTERM (a scheduler's preemption) save the last finished round;
+  --resume continues from it bit for bit. While the run lives, a second run into its
+  directory is refused naming its pid."""
+  run = [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=feddualavg',
+         '--task=quadratic', '--eval_period=3', '--checkpoint_every=1000',
+         f'--output_dir={tmp_path / "run"}']
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  proc = subprocess.Popen(run + ['--rounds=100000'], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env=env, cwd=repo_root)
+  try:
+    _rows_until(tmp_path / 'run', 4)
+    second = subprocess.run(run + ['--rounds=5', '--overwrite'], capture_output=True,
+                            text=True, env=env, cwd=repo_root, timeout=300)
+    assert second.returncode == 2, second.stderr
+    assert f'is in use by another run (pid {proc.pid})' in second.stderr, second.stderr
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == code, stderr
+  line = stderr.strip().splitlines()[-1]
+  saved = int(line.split('saved the state of round ')[1].split(',')[0])
+  assert line.startswith(f'run.py: {says}; ') and saved >= 4, line
+  resumed = subprocess.run(run + [f'--rounds={saved + 3}', '--resume'], capture_output=True,
+                           text=True, env=env, cwd=repo_root, timeout=300)
+  assert resumed.returncode == 0 and f'resuming from round {saved}' in resumed.stdout
+  _train(tmp_path / 'whole', rounds=saved + 3)
+  assert _rows(tmp_path / 'run') == _rows(tmp_path / 'whole')
+  for a, b in zip(_model(tmp_path / 'run'), _model(tmp_path / 'whole'), strict=True):
+    np.testing.assert_array_equal(a, b)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -241,8 +242,10 @@ def test_ctrl_c_is_one_line_and_keeps_the_metrics(repo_root, tmp_path):
   finally:
     proc.kill()
   assert proc.returncode == 130
-  assert stderr.strip().splitlines() == [
-      f'run.py: interrupted; the metrics written so far are in {tmp_path}']
+  lines = stderr.strip().splitlines()
+  assert len(lines) == 1 and re.fullmatch(
+      r'run.py: interrupted; saved the state of round \d+, --resume continues from it;'
+      rf' the metrics written so far are in {re.escape(str(tmp_path))}', lines[0]), lines
   rows = csv.read_text().splitlines()
   assert len(rows) >= 4 and rows[-1].split(',')[0] == str(len(rows) - 2)  # whole rows
 

@@ -62,8 +62,8 @@ class _AsWeighted(tff.aggregators.WeightedAggregationFactory):
 
 
 def _weighted(inner: Factory | None) -> tff.aggregators.WeightedAggregationFactory:
-  if inner is None:
-    return tff.aggregators.MeanFactory()
+  if inner is None:  # a cohort of total weight 0 (clients without examples): update 0
+    return tff.aggregators.MeanFactory(no_nan_division=True)
   if isinstance(inner, tff.aggregators.UnweightedAggregationFactory):
     return _AsWeighted(inner)
   return inner
@@ -114,7 +114,7 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
     if self._kind == aggregation.SLOTS:
       side = tff.aggregators.SumFactory().create(side_type)
     else:
-      side = tff.aggregators.MeanFactory().create(side_type, weight_type)
+      side = tff.aggregators.MeanFactory(no_nan_division=True).create(side_type, weight_type)
 
     @tff.tensorflow.computation(delta_type, side_type)
     def join(delta, sides_mean):

@@ -208,15 +208,17 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
     return json.loads(json.dumps(c, default=str))
 
   old, new = comparable(recorded), comparable(config)
-  differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-  if 'resolved' in differ:
-    differ.remove('resolved')
-    differ += sorted(k for k in old['resolved'].keys() | new['resolved'].keys()
-                     if old['resolved'].get(k) != new['resolved'].get(k))
+  old_resolved, new_resolved = old.pop('resolved'), new.pop('resolved')
+  differ = {}  # name -> (recorded, now); a resolved value over the flag it came from
+  for before, after in ((old, new), (old_resolved, new_resolved)):
+    for key in sorted(before.keys() | after.keys()):
+      if before.get(key) != after.get(key):
+        differ[key] = (before.get(key), after.get(key))
   if differ:
+    changes = '; '.join(f'{k}: recorded {a!r}, now {b!r}' for k, (a, b) in differ.items())
     raise ConfigError(f'--resume: the run in {output_dir} was configured differently'
-                      f' ({", ".join(differ)}); resume it with its own settings or choose'
-                      ' another --output_dir.')
+                      f' ({changes}); resume it with its own settings or choose another'
+                      ' --output_dir.')
 
 
 def runtime_names() -> list[str]:
@@ -349,6 +351,9 @@ def prepare(config: ExperimentConfig) -> Prepared:
   task = _build_task(config, task_entry)
   settings = _run_settings(config, task, home)
   builder_args = _builder_args(config, algorithm, task, home, settings)
+  if config.resume:  # refused before any runtime is built (checked again in `train`)
+    check_resumable(pathlib.Path(config.output_dir),
+                    dict(dataclasses.asdict(config), resolved=settings))
   return Prepared(config, task, algorithm, builder_args, settings)
 
 
@@ -489,6 +494,19 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
                 **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir
   check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
+  try:
+    with simulation.output_lock(pathlib.Path(output_dir)):
+      # Checked again under the lock: a run started beside this one may have written.
+      check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
+      return _train_locked(prepared, runner, config, output_dir, show_progress,
+                           learning_rates)
+  except simulation.OutputDirInUse as e:
+    raise ConfigError(str(e)) from e
+
+
+def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
+                  output_dir: str, show_progress: bool,
+                  learning_rates: tuple[float, float] | None) -> dict[str, float]:
   if prepared.config.resume:
     check_resumable(pathlib.Path(output_dir), config)
   if learning_rates is not None and runner.algorithm is not None:

@@ -24,10 +24,13 @@ def _per_client(values: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
 
 
 def weighted_mean(stacked: Any, weights: tf.Tensor) -> Any:
-  """sum_i w_i u_i / sum_i w_i for every leaf of a structure stacked on axis 0."""
+  """sum_i w_i u_i / sum_i w_i for every leaf of a structure stacked on axis 0; 0 for a
+  cohort of total weight 0 (clients without examples), as TFF's
+  `MeanFactory(no_nan_division=True)`."""
   total = tf.reduce_sum(weights)
   return tf.nest.map_structure(
-      lambda u: tf.reduce_sum(_per_client(weights, u) * u, axis=0) / total, stacked)
+      lambda u: tf.math.divide_no_nan(tf.reduce_sum(_per_client(weights, u) * u, axis=0),
+                                      total), stacked)
 
 
 def normalize(update) -> collections.OrderedDict:

@@ -10,13 +10,18 @@ call; a synchronous writer with merged train/eval rows is simpler to read and to
 
 from collections.abc import Callable, Mapping, Sequence
 import asyncio
+import contextlib
 import csv
 import dataclasses
+import fcntl
 import json
 import math
 import pathlib
+import os
 import shutil
+import signal
 import sys
+import tempfile
 import time
 from typing import Any, NamedTuple
 
@@ -32,6 +37,26 @@ Metrics = dict[str, float]
 
 class DivergenceError(RuntimeError):
   """Training produced a non-finite loss."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """The run stopped on Ctrl-C or SIGTERM; the state of round `saved_round` is saved
+  (0: nothing saved), and `--resume` continues from it."""
+
+  def __init__(self, saved_round: int):
+    super().__init__(saved_round)
+    self.saved_round = saved_round
+
+
+def stop_on_sigterm() -> None:
+  """SIGTERM (a scheduler's preemption notice) stops a run as Ctrl-C does: the last
+  finished round is saved (`Interrupted`)."""
+
+  def terminate(signum, frame):
+    del signum, frame
+    raise KeyboardInterrupt('SIGTERM')
+
+  signal.signal(signal.SIGTERM, terminate)
 
 
 class StopTraining(Exception):
@@ -61,14 +86,30 @@ class MetricsWriter:
   def __init__(self, output_dir: pathlib.Path, columns: list[str],
                kept_rows: list[dict[str, str]] | None = None):
     self._columns = ['round', 'seconds'] + columns
-    self._file = open(output_dir / 'metrics.csv', 'w', newline='')  # pylint: disable=consider-using-with
+    # The kept rows go to a new file renamed over the old one: a kill while writing
+    # leaves the old file whole, never a shortened one.
+    path = output_dir / 'metrics.csv'
+    with tempfile.NamedTemporaryFile('w', newline='', dir=output_dir, delete=False,
+                                     prefix='.metrics.csv.') as new:
+      writer = csv.DictWriter(new, self._columns, restval='')
+      writer.writeheader()
+      writer.writerows(kept_rows or [])
+      new.flush()
+      os.fsync(new.fileno())
+    os.replace(new.name, path)
+    self._file = open(path, 'a', newline='')  # pylint: disable=consider-using-with
     self._csv = csv.DictWriter(self._file, self._columns, restval='')
-    self._csv.writeheader()
     shutil.rmtree(output_dir / 'tensorboard', ignore_errors=True)
     self._tb = tf.summary.create_file_writer(str(output_dir / 'tensorboard'))
     for row in kept_rows or []:
-      self.write(int(row['round']), float(row['seconds']),
-                 {k: float(v) for k, v in row.items() if k not in ('round', 'seconds') and v})
+      self._scalars(int(row['round']),
+                    {k: float(v) for k, v in row.items() if k not in ('round', 'seconds') and v})
+    self._tb.flush()
+
+  def _scalars(self, round_num: int, metrics: Metrics) -> None:
+    with self._tb.as_default():
+      for key, value in metrics.items():
+        tf.summary.scalar(key, value, step=round_num)
 
   def write(self, round_num: int, seconds: float, metrics: Metrics) -> None:
     self._csv.writerow(
@@ -76,9 +117,7 @@ class MetricsWriter:
          **{k: v for k, v in metrics.items() if k in self._columns}}
     )
     self._file.flush()
-    with self._tb.as_default():
-      for key, value in metrics.items():
-        tf.summary.scalar(key, value, step=round_num)
+    self._scalars(round_num, metrics)
     self._tb.flush()
 
   def close(self) -> None:
@@ -112,8 +151,9 @@ class Checkpoints:
   def __init__(self, output_dir: pathlib.Path):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
+    self._root, self._damaged = output_dir / 'checkpoints', output_dir / 'checkpoints_damaged'
     self._manager = tff.program.FileProgramStateManager(
-        output_dir / 'checkpoints', keep_total=2, keep_first=False)
+        self._root, keep_total=2, keep_first=False)
     # A private loop: asyncio.run would unset the thread's event loop, which TFF's
     # execution contexts read.
     self._loop = asyncio.new_event_loop()
@@ -131,15 +171,25 @@ class Checkpoints:
     self._run(self._manager.save(tf.nest.map_structure(np.asarray, state), round_num))
 
   def load_latest(self, template) -> tuple[Any, int]:
-    """(state, round) of the newest readable checkpoint, or (None, 0). A checkpoint
-    cut short by a kill is skipped for the one before it."""
+    """(state, round) of the newest readable checkpoint, or (None, 0). A damaged one (cut
+    short by a kill, garbled) is moved to `checkpoints_damaged/`, so the run saves
+    that round afresh when it gets there, and the one before it is tried."""
     template = tf.nest.map_structure(np.asarray, template)
     for version in sorted(self._run(self._manager.get_versions()) or [], reverse=True):
       try:
         return self._run(self._manager.load(version, template)), version
-      except Exception:  # pylint: disable=broad-except  (any damage: try an older one)
-        continue
+      except Exception as error:  # pylint: disable=broad-except  (any damage: set aside)
+        self._set_aside(version, error)
     return None, 0
+
+  def _set_aside(self, version: int, error: Exception) -> None:
+    # FileProgramStateManager keeps version v in <root>/program_state_<v>.
+    found = [p for p in self._root.glob(f'*_{version}') if p.name.endswith(f'_{version}')]
+    self._damaged.mkdir(parents=True, exist_ok=True)
+    for path in found:
+      os.replace(path, self._damaged / path.name)
+    logging.warning('checkpoint of round %d is damaged (%s); moved to %s.', version,
+                    type(error).__name__, self._damaged)
 
 
 # Server-state tables up to this many entries are logged entry by entry (AFL's and
@@ -193,7 +243,11 @@ class Loop:
     self.runtime, self.output_dir, self.rounds = runtime, output_dir, rounds
     self.state: Any = None
     self.done = 0
-    self.round_num = 0  # the last round finished
+    self.round_num = 0  # the last round run (its state is `state`)
+    self.finished = 0  # the last round every callback has seen
+    self.finished_state: Any = None  # its state
+    self.saved = 0  # the newest round checkpointed
+    self.interrupted = False  # stopped by Ctrl-C or SIGTERM
     self.kept_columns: list[str] = []
     self.kept_rows: list[dict[str, str]] = []
     self.initial_eval: Metrics = {}
@@ -353,21 +407,26 @@ class RunRecord(Callback):
 
 
 class Checkpointer(Callback):
-  """Saves the state every `every` rounds, at the last, and at an early stop
-  (`Checkpoints`)."""
+  """Saves the state every `every` rounds, at the last, at an early stop and when
+  interrupted (Ctrl-C, SIGTERM) after a finished round (`Checkpoints`)."""
 
   def __init__(self, checkpoints: Checkpoints, every: int):
     self._checkpoints, self._every = checkpoints, every
-    self._saved = 0  # the last round saved
+
+  def on_train_begin(self, loop: Loop) -> None:
+    loop.saved = loop.done
 
   def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
     if round_num % self._every == 0 or round_num == loop.rounds:
       self._checkpoints.save(loop.state, round_num)
-      self._saved = round_num
+      loop.saved = round_num
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
-    if completed and loop.round_num > max(loop.done, self._saved):
-      self._checkpoints.save(loop.state, loop.round_num)  # stopped early
+    # The last round every callback saw (a stop during a round's callbacks may have
+    # left its row unwritten: that round is redone on resume).
+    if (completed or loop.interrupted) and loop.finished > loop.saved:
+      self._checkpoints.save(loop.finished_state, loop.finished)
+      loop.saved = loop.finished
     self._checkpoints.close()
 
 
@@ -467,9 +526,39 @@ class ClientSampler:
     return RoundClients(sampled, reporting, work)
 
 
+class OutputDirInUse(RuntimeError):
+  """Another process runs in this output directory; the message names its pid."""
+
+
+@contextlib.contextmanager
+def output_lock(output_dir: pathlib.Path):
+  """Holds an advisory lock on `output_dir/.lock` (holding this process's pid) while the
+  context runs, so two runs or resumes never write one directory; raises OutputDirInUse
+  when another process holds it. The OS releases it when the holder dies."""
+  output_dir.mkdir(parents=True, exist_ok=True)
+  lock = open(output_dir / '.lock', 'a+')  # pylint: disable=consider-using-with
+  try:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      lock.seek(0)
+      holder = lock.read().strip() or 'unknown'
+      raise OutputDirInUse(f'--output_dir={output_dir} is in use by another run (pid'
+                           f' {holder}); wait for it to end or choose another'
+                           ' directory.') from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    yield
+  finally:
+    lock.close()  # releases the lock
+
+
 def _start_fresh(loop: Loop, checkpoints: Checkpoints) -> None:
   """A fresh run in `loop.output_dir`: nothing of a replaced run may be resumed later."""
   checkpoints.clear()
+  shutil.rmtree(loop.output_dir / 'checkpoints_damaged', ignore_errors=True)
   shutil.rmtree(loop.output_dir / 'clients', ignore_errors=True)
   (loop.output_dir / 'final_model.npz').unlink(missing_ok=True)
 
@@ -523,10 +612,14 @@ def run_loop(runtime, loop: Loop, sampler: ClientSampler,
           callback.after_round(loop, round_num, metrics)
         except StopTraining as request:
           stop = request  # the callbacks after it still see this round
+      loop.finished, loop.finished_state = round_num, loop.state
       last = loop.elapsed()
       if stop is not None:
         break
     completed = True
+  except KeyboardInterrupt:
+    loop.interrupted = True
+    raise
   finally:
     for callback in callbacks:
       callback.on_train_end(loop, completed)
@@ -573,6 +666,8 @@ def run_simulation(
 
   Raises:
     DivergenceError: the training loss became non-finite.
+    Interrupted: Ctrl-C (or SIGTERM, with `stop_on_sigterm`); the last finished round
+      is saved first.
   """
   output_dir.mkdir(parents=True, exist_ok=True)
   checkpoints = Checkpoints(output_dir)
@@ -583,10 +678,16 @@ def run_simulation(
     loop.state = set_learning_rates(process, loop.state, *learning_rates)
   if resume and (output_dir / 'metrics.csv').exists():
     _restore(loop, checkpoints)
+    if show_progress:
+      print(f'resuming from round {loop.done}' if loop.done else
+            'resuming: no checkpoint was saved, starting from round 0', flush=True)
   else:
     _start_fresh(loop, checkpoints)
-  run_loop(process, loop, sampler, [
-      DivergenceGuard(divergence_hint), Evaluator(evaluate, eval_period, evaluate_clients),
-      Progress(show_progress), MetricsSink(), RunRecord(config),
-      Checkpointer(checkpoints, checkpoint_every), FinalModel(), *callbacks])
+  try:
+    run_loop(process, loop, sampler, [
+        DivergenceGuard(divergence_hint), Evaluator(evaluate, eval_period, evaluate_clients),
+        Progress(show_progress), MetricsSink(), RunRecord(config),
+        Checkpointer(checkpoints, checkpoint_every), FinalModel(), *callbacks])
+  except KeyboardInterrupt as interrupt:
+    raise Interrupted(loop.saved) from interrupt
   return loop.eval_metrics
