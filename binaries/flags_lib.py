@@ -23,6 +23,8 @@ from tff_comp.runtime import inprocess
 from tff_comp.runtime import simulation
 from tff_comp.runtime import workers as workers_lib
 
+# Bounds of integer flags, so an absurd value is a flag error, not an overflow later.
+_MAX_INT32, _MAX_COUNT, _MAX_SEED = 2**31 - 1, 10**8, 2**32 - 1
 _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
            bool: flags.DEFINE_bool, str: flags.DEFINE_string}
 
@@ -30,10 +32,27 @@ _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
 fail = flag_check.fail
 
 
+_HELP = ('--help', '--helpfull', '--helpshort', '-h', '-?', '--help=true', '--helpfull=true')
+
+
+def _print_help() -> None:
+  """The binary's usage and its own flags (not those every imported library defines,
+  absl.testing's and TensorFlow's TPU flags among them, which absl's --helpfull lists),
+  then exit 0."""
+  main = sys.modules['__main__']
+  print((main.__doc__ or '').strip() + '\n')
+  print(flags.FLAGS.main_module_help())
+  print(flags.FLAGS.module_help(__name__))
+  print('\nAlso --flagfile=FILE (flags, one a line) and --verbosity=N (absl logging).')
+  sys.exit(0)
+
+
 def parse_or_fail(argv: list[str]) -> list[str]:
   """absl's `flags_parser` for app.run: parses, and a bad flag, value or flagfile exits
   2 with one line (absl's own parser prints its usage text and exits 1)."""
   flag_check.record(flags.FLAGS, flag_check.program())  # for the next start's check
+  if any(arg.split('=')[0] in _HELP for arg in argv[1:]):
+    _print_help()
   try:
     return flags.FLAGS(argv)
   except UnicodeDecodeError as e:
@@ -93,6 +112,8 @@ def _define(h: registry.Hparam, flag: str, help_text: str, choices=()) -> None:
   """A flag for hyperparameter `h` (an enum when it has choices), default None."""
   if choices:
     flags.DEFINE_enum(flag, None, [str(c) for c in choices], help_text)
+  elif h.type is int:
+    flags.DEFINE_integer(flag, None, help_text, upper_bound=_MAX_INT32)
   else:
     _DEFINE[h.type](flag, None, help_text)
 
@@ -103,16 +124,22 @@ def define_common_flags() -> None:
   flags.DEFINE_string('task', None, 'Registered task (default: the algorithm\'s home task,'
                       ' with settings that work for the pair; else lasso):\n'
                       + _listing(registry.TASKS))
-  flags.DEFINE_integer('rounds', None, 'Training rounds (default: the task\'s).')
-  flags.DEFINE_integer('clients_per_round', None, 'Clients sampled per round.')
+  flags.DEFINE_integer('rounds', None, 'Training rounds (default: the task\'s).',
+                       upper_bound=_MAX_COUNT)
+  flags.DEFINE_integer('clients_per_round', None, 'Clients sampled per round.',
+                       upper_bound=_MAX_COUNT)
   flags.DEFINE_float('client_learning_rate', None, 'Client learning rate eta_c.')
   flags.DEFINE_float('server_learning_rate', None, 'Server learning rate eta_s.')
-  flags.DEFINE_integer('batch_size', None, 'Examples per local step.')
-  flags.DEFINE_integer('local_epochs', None, 'Local passes over client data per round.')
+  flags.DEFINE_integer('batch_size', None, 'Examples per local step.',
+                       upper_bound=_MAX_INT32)
+  flags.DEFINE_integer('local_epochs', None, 'Local passes over client data per round.',
+                       upper_bound=client_round.MAX_EPOCHS)
   flags.DEFINE_enum('client_weighting', None, list(client_round.WEIGHTINGS),
                     'Weigh clients by examples or uniformly (default: the algorithm\'s).')
-  flags.DEFINE_integer('eval_period', None, 'Evaluate every this many rounds.')
-  flags.DEFINE_integer('seed', 0, 'Seed of the run: client sampling and client-side draws.')
+  flags.DEFINE_integer('eval_period', None, 'Evaluate every this many rounds.',
+                       upper_bound=_MAX_COUNT)
+  flags.DEFINE_integer('seed', 0, 'Seed of the run: client sampling and client-side draws.',
+                       lower_bound=0, upper_bound=_MAX_SEED)
   flags.DEFINE_bool('shuffle', True, 'Each client visits its examples in a new order every'
                     ' round and epoch (a stateless permutation of seed, round, client and'
                     ' epoch); --noshuffle: stored order.')
@@ -128,7 +155,7 @@ def define_common_flags() -> None:
   flags.DEFINE_float('straggler_work', 0.5, 'The share of its local steps a straggler'
                      ' completes (at least one step).')
   flags.DEFINE_integer('data_seed', 0, 'Seed of the task: generated data, partition and'
-                       ' initial model.')
+                       ' initial model.', lower_bound=0, upper_bound=_MAX_SEED)
   flags.DEFINE_string('output_dir', None, 'Where metrics go (default runs/<algo>-<task>).')
   flags.DEFINE_bool('overwrite', False, 'Replace a run already in --output_dir.')
   flags.DEFINE_bool('resume', False, 'Continue the run in --output_dir from its last'

@@ -61,6 +61,8 @@ def main(argv: list[str]) -> None:
     steps = prepared.builder_args.get('local_steps', next(
         h.default for h in prepared.algorithm.hparams if h.name == 'local_steps'))
     local = f'{steps} local steps'
+  elif prepared.builder_args.get('local_epochs_max', 0) > s['local_epochs']:
+    local = f'{s["local_epochs"]}-{prepared.builder_args["local_epochs_max"]} epochs (drawn)'
   else:
     local = f'{s["local_epochs"]} epoch(s)'
   batch = f'batch {s["batch_size"]}'

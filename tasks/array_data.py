@@ -26,6 +26,17 @@ from tff_comp import paths
 _FORMAT = 2  # the file layout's version (2: checksums in the completion marker)
 
 cache_root = paths.cache_root
+# Generated data larger than this is refused before any is made (a mistyped option
+# would otherwise try to allocate it).
+MAX_BYTES = 8 * 2**30
+
+
+def check_size(features: int, examples: int) -> None:
+  """ValueError if `examples` float32 rows of `features` would exceed MAX_BYTES."""
+  size = 4 * features * examples
+  if size > MAX_BYTES:
+    raise ValueError(f'{examples} examples of {features} features would take'
+                     f' {size / 2**30:.1f} GiB (more than {MAX_BYTES / 2**30:.0f} GiB).')
 
 
 def file_digest(path: str) -> str:

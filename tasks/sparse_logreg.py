@@ -73,6 +73,7 @@ def build_sparse_logreg_task(
                      ' >= 1 and support <= dim.')
   if l1 < 0:
     raise ValueError(f'l1 must be >= 0, got {l1}.')
+  array_data.check_size(dim, (num_clients + validation_clients) * examples)
   w_star, train, validation = _generate(dim, support, signal, num_clients, examples,
                                         validation_clients, mean_scale, seed)
   ids = [str(i) for i in range(num_clients)]

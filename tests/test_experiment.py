@@ -2,17 +2,20 @@
 run_experiment), on its home task with that pair's defaults; seeds; divergence hints."""
 
 import csv
+import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import simulation
 
 
-def _config(tmp_path, algorithm, **kwargs):
+def _config(tmp_path, algorithm='fedavg', **kwargs):
   return experiment.ExperimentConfig(algorithm=algorithm, output_dir=str(tmp_path), **kwargs)
 
 
@@ -89,8 +92,7 @@ def test_l1_ball_of_radius_zero_runs_from_the_command_line_path(tmp_path):
       regularizer_strength=0.0, rounds=1))
   final = experiment.run_experiment(prepared, show_progress=False)
   assert all(math.isfinite(v) for v in final.values())
-  with np.load(tmp_path / 'final_model.npz') as saved:
-    weights = [saved[k] for k in sorted(saved.files)]
+  weights = simulation.load_model(tmp_path / 'final_model.npz').trainable
   constrained = [weights[i] for i in prepared.task.regularizer_targets]
   assert constrained and all(np.all(w == 0) for w in constrained)
 
@@ -101,3 +103,42 @@ def test_every_algorithm_runs_its_whole_default_run_without_diverging(tmp_path, 
   prepared = experiment.prepare(_config(tmp_path, name))
   final = experiment.run_experiment(prepared, show_progress=False)
   assert all(math.isfinite(v) for v in final.values())
+
+
+@pytest.mark.parametrize('change,says', [
+    (dict(algorithm='fednova', algorithm_options=dict(local_epochs_max=10**11)),
+     'local_epochs_max must be <= 10000'),
+    (dict(algorithm='fedmid', task='sparse_logreg', task_options=dict(dim=10**9)),
+     'would take 4626.8 GiB'),
+    (dict(algorithm='fedavg', seed=-1), r'--seed must be in \[0, 2\^32\)'),
+])
+def test_absurd_sizes_are_one_line_errors_before_any_work(tmp_path, change, says):
+  with pytest.raises(experiment.ConfigError, match=says):
+    experiment.build_runner(experiment.prepare(_config(tmp_path, **change)))
+
+
+@pytest.mark.parametrize('under', [False, True])
+def test_a_data_directory_that_is_a_file_is_a_one_line_error(tmp_path, monkeypatch, under):
+  (tmp_path / 'file').write_text('')
+  monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path / 'file' / 'sub' if under
+                                              else tmp_path / 'file'))
+  with pytest.raises(experiment.ConfigError, match='is a file, not a directory'):
+    experiment.prepare(_config(tmp_path / 'out', 'fedavg'))
+
+
+def test_config_json_records_every_option_in_force_and_the_environment(tmp_path):
+  """Defaults included (Ditto's `lam`, the task's options), versions and the commit."""
+  prepared = experiment.prepare(_config(tmp_path, 'ditto', rounds=1))
+  experiment.run_experiment(prepared, show_progress=False)
+  recorded = json.loads((tmp_path / 'config.json').read_text())
+  lam = next(h.default for h in registry.get_algorithm('ditto').hparams if h.name == 'lam')
+  assert recorded['resolved']['algorithm_options']['lam'] == lam
+  assert recorded['algorithm_options'] == {}  # what was given stays apart
+  task = registry.get_task(recorded['task'])
+  assert set(recorded['resolved']['task_options']) == {
+      h.name for h in task.hparams if h.name != 'seed'}
+  env = recorded['environment']
+  assert env['tensorflow'] == tf.__version__ and env['tensorflow_federated'] == '0.87.0'
+  assert env['tff_comp'] and env['python']
+  if (pathlib.Path(experiment.__file__).parent.parent / '.git').exists():
+    assert len(env['git_commit']) == 40 and isinstance(env['git_dirty'], bool)

@@ -143,7 +143,7 @@ def test_a_client_drawn_twice_trains_twice_as_in_tffs_process():
   assert fast_out.metrics['client_work']['num_examples'] == 12 + 5 + 12
 
 
-class _NobodyOnRoundTwo(simulation.ClientSampler):
+class _NobodyOnRoundsOneAndTwo(simulation.ClientSampler):
   def sample(self, round_num):
     drawn = super().sample(round_num)
     return drawn._replace(reporting=()) if round_num in (1, 2) else drawn
@@ -151,7 +151,7 @@ class _NobodyOnRoundTwo(simulation.ClientSampler):
 
 def test_a_round_nobody_reports_leaves_the_model_unchanged_and_is_logged(tmp_path, caplog,
                                                                            monkeypatch):
-  monkeypatch.setattr(simulation, 'ClientSampler', _NobodyOnRoundTwo)
+  """A sampler of one's own (here: nobody reports in rounds 1 and 2) given to the loop."""
   prepared = experiment.prepare(experiment.ExperimentConfig(
       algorithm='fedavg', task='quadratic', rounds=4, eval_period=1,
       output_dir=str(tmp_path)))
@@ -161,7 +161,11 @@ def test_a_round_nobody_reports_leaves_the_model_unchanged_and_is_logged(tmp_pat
   monkeypatch.setattr(runner.runtime, 'next',
                       lambda state, ids, work=None: seen.append(len(ids)) or next_round(
                           state, ids, work))
-  experiment.train(prepared, runner, show_progress=False)
+  simulation.run_simulation(
+      runner.runtime, client_ids=prepared.task.train_data.client_ids,
+      evaluate=runner.evaluate, rounds=4, clients_per_round=6, seed=0, eval_period=1,
+      output_dir=tmp_path, config={}, show_progress=False,
+      sampler=_NobodyOnRoundsOneAndTwo(prepared.task.train_data.client_ids, 6, 0))
   assert len(seen) == 2  # rounds 3 and 4 only
   assert 'round 1: none of the' in caplog.text and 'round 2: none of the' in caplog.text
   with open(tmp_path / 'metrics.csv', newline='') as f:

@@ -55,7 +55,10 @@ def test_future_annotations_give_flags_and_a_duplicate_name_warns(repo_root, tmp
       fedavg = myplug:build_other
       ''')
   out = _help(repo_root, tmp_path)
-  assert '--zeta' in out.stdout and '--eta_z' in out.stdout, out.stderr
+  assert out.returncode == 0 and '--zeta' in out.stdout and '--eta_z' in out.stdout, out.stderr
+  # tff_comp's flags only, not those of every library imported (absl.testing's
+  # --test_random_seed, TensorFlow's TPU flags).
+  assert 'test_random_seed' not in out.stdout and '--tpu' not in out.stdout.lower()
   # Help lists every algorithm and task with a line each, and the choices of options.
   assert 'myplug: My algorithm: FedAvg with an option zeta.' in out.stdout
   assert 'lasso: Federated LASSO (Yuan, Zaheer, Reddi, ICML 2021, section 6).' in out.stdout

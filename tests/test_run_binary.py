@@ -285,6 +285,9 @@ def flags_recorded(repo_root, tmp_path_factory):
     ('--no_such_flag=1', "Unknown command line flag 'no_such_flag'"),
     ('--sampling=stratified', 'flag --sampling=stratified: value should be one of'),
     ('--flagfile=FILE', 'flag --client_learning_rate=fast: could not convert'),
+    ('--batch_size=99999999999', 'flag --batch_size=99999999999: '),
+    ('--local_epochs=20000', 'flag --local_epochs=20000: '),
+    ('--seed=-1', 'flag --seed=-1: '),
 ])
 def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, flags_recorded,
                                                         bad, says):
@@ -302,3 +305,21 @@ def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, fla
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and len(lines) == 1, out.stderr
   assert lines[0].startswith('run.py: error: ') and says in lines[0], lines
+
+
+def test_a_second_run_into_a_running_runs_directory_is_refused(repo_root, tmp_path):
+  proc = _start(repo_root, '--algo=fedavg', '--task=quadratic', '--rounds=100000',
+                '--eval_period=100000', f'--output_dir={tmp_path}',
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (tmp_path / 'metrics.csv').exists():
+      time.sleep(0.1)
+    second = _run(repo_root, '--algo=fedavg', '--task=quadratic', '--rounds=5',
+                  '--overwrite', f'--output_dir={tmp_path}')
+  finally:
+    proc.kill()
+    proc.wait()
+  lines = second.stderr.strip().splitlines()
+  assert second.returncode == 2 and len(lines) == 1, second.stderr
+  assert f'is in use by another run (pid {proc.pid})' in lines[0], lines

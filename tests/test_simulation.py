@@ -68,4 +68,7 @@ def test_a_sink_sees_every_round_and_an_early_stop_ends_the_run_cleanly(tmp_path
           DATA).initialize())
   assert version == stopped_at and saved is not None
   with np.load(tmp_path / 'stop' / 'final_model.npz') as f:
-    assert len(f.files) == 2
+    assert sorted(f.files) == ['trainable_0', 'trainable_1']  # named by weight
+  model = simulation.load_model(tmp_path / 'stop' / 'final_model.npz')
+  assert [w.shape for w in model.trainable] == [(algorithm_cases.D,), ()]
+  assert model.non_trainable == ()

@@ -9,12 +9,17 @@ layers over these two functions.
 
 from collections.abc import Callable, Sequence
 import dataclasses
+import importlib.metadata
+import inspect
 import json
 import math
 import os
 import pathlib
+import platform
+import subprocess
 from typing import Any
 
+from tff_comp import paths
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
 from tff_comp.ops import aggregation
@@ -163,7 +168,7 @@ RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_
 # and where its rounds run (a run stopped by a dead worker resumes on others; an engine
 # that fell back records it).
 RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds', 'checkpoint_every',
-                     'workers', 'runtime_record')
+                     'workers', 'runtime_record', 'environment')
 _RESUMABLE_RESOLVED = ('rounds', 'runtime')
 
 
@@ -268,12 +273,20 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
   if config.resume and config.overwrite:
     raise ConfigError('--resume continues the run in --output_dir, --overwrite replaces'
                       ' it: choose one.')
+  for name in ('seed', 'data_seed'):
+    value = getattr(config, name)
+    if value is not None and not 0 <= value < 2**32:
+      raise ConfigError(f'--{name} must be in [0, 2^32), got {value}.')
   if not config.checkpoint_every >= 1:
     raise ConfigError(f'--checkpoint_every must be >= 1, got {config.checkpoint_every}.')
   try:
     config.participation  # pylint: disable=pointless-statement
   except ValueError as e:
     raise ConfigError(f'--{e}') from e
+  try:
+    paths.check_cache_root()
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
 
 
 def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
@@ -351,10 +364,11 @@ def prepare(config: ExperimentConfig) -> Prepared:
   task = _build_task(config, task_entry)
   settings = _run_settings(config, task, home)
   builder_args = _builder_args(config, algorithm, task, home, settings)
+  prepared = Prepared(config, task, algorithm, builder_args, settings)
   if config.resume:  # refused before any runtime is built (checked again in `train`)
     check_resumable(pathlib.Path(config.output_dir),
-                    dict(dataclasses.asdict(config), resolved=settings))
-  return Prepared(config, task, algorithm, builder_args, settings)
+                    dict(dataclasses.asdict(config), resolved=resolved_options(prepared)))
+  return prepared
 
 
 def evaluator(prepared: Prepared, runtime: runtime_base.Runtime
@@ -448,6 +462,19 @@ class Runner:
   evaluate_clients: Callable[[Any], list[dict]] | None = None  # per-client rows
 
 
+def _engine(config: ExperimentConfig) -> str:
+  """The configured engine; resuming with 'auto', the engine the run used (auto picks by
+  the run's length, and a resume may change --rounds: the same engine keeps the
+  resumed run bit for bit equal to an uninterrupted one)."""
+  if config.resume and config.engine == 'auto':
+    try:
+      recorded = json.loads((pathlib.Path(config.output_dir) / 'config.json').read_text())
+      return (recorded.get('runtime_record') or {}).get('engine') or 'auto'
+    except (OSError, ValueError, AttributeError):
+      pass
+  return config.engine
+
+
 def build_runner(prepared: Prepared) -> Runner:
   """Builds the algorithm and places it on the configured runtime (the in-process
   runtime builds no TFF computation).
@@ -471,13 +498,49 @@ def build_runner(prepared: Prepared) -> Runner:
                       ' twice; use uniform or poisson sampling.')
   settings = prepared.settings
   runtime, description = runner_for(
-      program, prepared.task.train_data, config.runtime, config.workers, config.engine,
+      program, prepared.task.train_data, config.runtime, config.workers, _engine(config),
       settings['batch_size'], client_rounds=settings['rounds'] * settings['clients_per_round'])
   if config.straggler_rate > 0 and not getattr(runtime, 'partial_work', False):
     raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
                       ' doing part of their local steps; use --runtime=inprocess.')
   return Runner(runtime, evaluator(prepared, runtime), description, algorithm,
                 client_evaluator(prepared, runtime))
+
+
+def resolved_options(prepared: Prepared) -> dict[str, Any]:
+  """The run settings and every algorithm and task option in force, defaults included
+  (what config.json's `resolved` records)."""
+
+  def in_force(entry: registry.Entry, given: dict[str, Any], skip) -> dict[str, Any]:
+    return {h.name: given.get(h.name, h.default) for h in entry.hparams
+            if h.name not in skip and h.default is not inspect.Parameter.empty}
+
+  return dict(
+      prepared.settings,
+      algorithm_options=in_force(prepared.algorithm, prepared.builder_args,
+                                 COMMON_ALGORITHM_ARGS),
+      task_options=in_force(registry.get_task(prepared.config.task),
+                            prepared.config.task_options, COMMON_TASK_ARGS))
+
+
+def environment() -> dict[str, Any]:
+  """Versions of what ran (tff_comp, TensorFlow, TFF, NumPy, Python) and, run from a
+  git checkout, its commit and whether the tree had uncommitted changes."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  record = {'tff_comp': importlib.metadata.version('tff_comp'), 'tensorflow': tf.__version__,
+            'tensorflow_federated': tff.__version__, 'numpy': np.__version__,
+            'python': platform.python_version()}
+  checkout = pathlib.Path(__file__).resolve().parent.parent
+  if (checkout / '.git').exists():
+    def git(*args):
+      return subprocess.run(['git', '-C', str(checkout), *args], capture_output=True,
+                            text=True, timeout=30, check=False).stdout.strip()
+    record['git_commit'] = git('rev-parse', 'HEAD')
+    record['git_dirty'] = bool(git('status', '--porcelain', '--untracked-files=no'))
+  return record
 
 
 def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
@@ -490,8 +553,8 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
   prepared.settings['runtime'] = runner.description
   if show_progress:
     print(f'runtime: {runner.description}', flush=True)
-  config = dict(dataclasses.asdict(prepared.config), resolved=prepared.settings,
-                **(extra_config or {}))
+  config = dict(dataclasses.asdict(prepared.config), resolved=resolved_options(prepared),
+                environment=environment(), **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir
   check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
   try:

@@ -28,6 +28,7 @@ from tff_comp.ops import local_loop
 from tff_comp.ops import rule as rule_lib
 
 WEIGHTINGS = ('examples', 'uniform')
+MAX_EPOCHS, MAX_STEPS = 10_000, 10_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,11 @@ class ClientOptions:
   shuffle: bool = False
 
   def __post_init__(self):
+    # Steps are int32: epochs x examples must stay below 2^31.
+    for name, most in (('local_epochs', MAX_EPOCHS), ('local_epochs_max', MAX_EPOCHS),
+                       ('local_steps', MAX_STEPS)):
+      if (getattr(self, name) or 0) > most:
+        raise ValueError(f'{name} must be <= {most}, got {getattr(self, name)}.')
     if self.batch_size < 1:
       raise ValueError(f'batch_size must be >= 1, got {self.batch_size}.')
     if self.local_epochs < 1:

@@ -340,8 +340,12 @@ class Progress(Callback):
         # The round's loss at the visited iterates, then the evaluation's metrics
         # (a task's own `train_loss` is its evaluation on the pooled training data).
         loss = metrics.get('train/client_work/train_loss', 0.0)
-        print(f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s): round_loss={loss:.4g} '
-              + ' '.join(f'{k}={v}' for k, v in summary.items()), file=sys.stderr)
+        # One write, line and newline together: a Ctrl-C between them would glue the
+        # next line (the interrupt's) to this one.
+        sys.stderr.write(f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s):'
+                         f' round_loss={loss:.4g} '
+                         + ' '.join(f'{k}={v}' for k, v in summary.items()) + '\n')
+        sys.stderr.flush()
     self._bar.update()
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
@@ -430,13 +434,35 @@ class Checkpointer(Callback):
     self._checkpoints.close()
 
 
+def save_model(path: pathlib.Path, weights) -> None:
+  """Writes ModelWeights to an .npz with one array per weight, named by its place:
+  `trainable_<i>` and `non_trainable_<i>` (`load_model` reads it back)."""
+  arrays = {f'{part}_{i}': np.asarray(w) for part in ('trainable', 'non_trainable')
+            for i, w in enumerate(getattr(weights, part))}
+  np.savez(path, **arrays)
+
+
+def load_model(path: str | os.PathLike) -> Any:
+  """The `tff.learning.models.ModelWeights` (tuples of NumPy arrays) in `save_model`'s
+  file, e.g. a run's final_model.npz."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  with np.load(path) as saved:
+    def part(name):
+      count = sum(key.startswith(f'{name}_') and key[len(name) + 1:].isdigit()
+                  for key in saved.files)
+      return tuple(saved[f'{name}_{i}'] for i in range(count))
+    return tff.learning.models.ModelWeights(part('trainable'), part('non_trainable'))
+
+
 class FinalModel(Callback):
-  """final_model.npz: the trained model's trainable weights, after the last round."""
+  """final_model.npz: the trained model's weights after the last round (`save_model`;
+  `load_model` reads them back)."""
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
     if completed:
-      np.savez(loop.output_dir / 'final_model.npz', *tf.nest.map_structure(
-          np.asarray, loop.runtime.get_model_weights(loop.state).trainable))
+      save_model(loop.output_dir / 'final_model.npz',
+                 loop.runtime.get_model_weights(loop.state))
 
 
 SAMPLINGS = ('uniform', 'with_replacement', 'poisson')
@@ -644,11 +670,13 @@ def run_simulation(
     evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
     callbacks: tuple[Callback, ...] = (),
     participation: Participation = Participation(),
+    sampler: Any = None,
 ) -> Metrics:
   """Trains the runtime `process` for `rounds` rounds; returns the last evaluation.
 
   `process` is a `runtime.base.Runtime` (`experiment.runner_for`). Each round's
-  clients are drawn as `participation` says (`ClientSampler`, seeded by `seed`).
+  clients are drawn as `participation` says (`ClientSampler`, seeded by `seed`), or by
+  `sampler`, any object with `sample(round_num) -> RoundClients` and a `capacity`.
   `evaluate` maps the state to metrics (`experiment.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the hparams, so one built runtime serves
@@ -671,7 +699,7 @@ def run_simulation(
   """
   output_dir.mkdir(parents=True, exist_ok=True)
   checkpoints = Checkpoints(output_dir)
-  sampler = ClientSampler(client_ids, clients_per_round, seed, participation)
+  sampler = sampler or ClientSampler(client_ids, clients_per_round, seed, participation)
   loop = Loop(process, output_dir, rounds)
   loop.state = process.initialize()
   if learning_rates is not None:
