@@ -64,7 +64,7 @@ _BUILT_IN = {
         algorithm_options=dict(fedavg=dict(local_epochs_max=5),
                                fedprox=dict(local_epochs_max=5, mu=0.01),
                                fednova=dict(local_epochs_max=5)),
-        plot_metrics=('pooled_train_loss', 'test_accuracy')),
+        plot_metrics=('train_loss', 'test_accuracy')),
     # Huang and Li (ComFedL), DRFL: one big client, nine with 20 examples; 3 seeds.
     'drfl_imbalanced': Experiment(
         task='imbalanced_digits',

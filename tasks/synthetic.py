@@ -67,7 +67,7 @@ def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: 
 
     train_loss, _ = base.softmax_scores(kernel, bias, x_train, y_train)
     test_loss, test_accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
-    return dict(pooled_train_loss=train_loss, test_loss=test_loss,
+    return dict(train_loss=train_loss, test_loss=test_loss,
                 test_accuracy=test_accuracy)
 
   def evaluate_clients(weights) -> list[dict]:

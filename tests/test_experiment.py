@@ -2,9 +2,11 @@
 run_experiment), on its home task with that pair's defaults; seeds; divergence hints."""
 
 import csv
+import fnmatch
 import json
 import math
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -19,6 +21,16 @@ def _config(tmp_path, algorithm='fedavg', **kwargs):
   return experiment.ExperimentConfig(algorithm=algorithm, output_dir=str(tmp_path), **kwargs)
 
 
+def _documented_metrics() -> list[str]:
+  """The column names (fnmatch patterns) of README.md's metrics table."""
+  readme = (pathlib.Path(experiment.__file__).parent.parent / 'README.md').read_text()
+  section = readme.split('### Metrics', 1)[1].split('\n### ', 1)[0]
+  names = [name for line in section.splitlines() if line.startswith('| `')
+           for name in re.findall(r'`([^`]+)`', line.split(' | ')[0])]
+  assert len(names) > 30, names
+  return names
+
+
 @pytest.mark.parametrize('name', registry.ALGORITHMS.names())
 def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
   prepared = experiment.prepare(_config(tmp_path, name, rounds=2, eval_period=1))
@@ -27,6 +39,10 @@ def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
   assert final and all(math.isfinite(v) for v in final.values())
   rows = (tmp_path / 'metrics.csv').read_text().splitlines()
   assert len(rows) == 4  # header, rounds 0 to 2
+  documented = _documented_metrics()
+  undocumented = [c for c in rows[0].split(',')
+                  if not any(fnmatch.fnmatchcase(c, p) for p in documented)]
+  assert not undocumented, f'columns missing from README.md\'s metrics table: {undocumented}'
   logged = {'feddualavg': 'server/elapsed', 'afl': 'server/client_weights/9',
             'tr_maml': 'server/lambda_learning_rate', 'fedavg': 'hparams/client_work/momentum'}
   if name in logged:  # what defines the method is logged every round

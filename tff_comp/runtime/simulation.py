@@ -198,8 +198,10 @@ _MAX_LOGGED_TABLE = 100
 
 
 def hparam_metrics(process, state) -> Metrics:
-  """The hyperparameters in force (`hparams/...`, learning rates included)."""
-  return {f'hparams/{k}': v for k, v in flatten_metrics(process.get_hparams(state)).items()}
+  """The hyperparameters in force (`hparams/...`, learning rates included), as given:
+  the shortest decimal of their float32 value (0.001, not 0.0010000000474974513)."""
+  return {f'hparams/{k}': float(str(np.float32(v)))
+          for k, v in flatten_metrics(process.get_hparams(state)).items()}
 
 
 def server_quantities(state) -> Metrics:
@@ -343,7 +345,7 @@ class Progress(Callback):
         # One write, line and newline together: a Ctrl-C between them would glue the
         # next line (the interrupt's) to this one.
         sys.stderr.write(f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s):'
-                         f' round_loss={loss:.4g} '
+                         f' train/client_work/train_loss={loss:.4g} '
                          + ' '.join(f'{k}={v}' for k, v in summary.items()) + '\n')
         sys.stderr.flush()
     self._bar.update()
