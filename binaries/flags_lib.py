@@ -9,10 +9,12 @@ task that was not chosen is an error.
 
 from collections.abc import Callable
 import inspect
+import logging as std_logging
 import os
 import sys
 
 from absl import flags
+from absl import logging
 
 from tff_comp import experiment
 from tff_comp import registry
@@ -45,6 +47,15 @@ def _print_help() -> None:
   print(flags.FLAGS.module_help(__name__))
   print('\nAlso --flagfile=FILE (flags, one a line) and --verbosity=N (absl logging).')
   sys.exit(0)
+
+
+def quiet_logs() -> None:
+  """absl logs at WARNING unless --verbosity is given: TFF's INFO chatter (a line per
+  saved checkpoint) and TensorFlow's are not for users."""
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+    tf_logger = std_logging.getLogger('tensorflow')  # TF's own Python logger
+    tf_logger.setLevel(max(tf_logger.level, std_logging.WARNING))
 
 
 def parse_or_fail(argv: list[str]) -> list[str]:

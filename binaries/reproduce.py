@@ -111,6 +111,7 @@ def main(argv):
   if len(argv) > 1:
     flags_lib.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   simulation.stop_on_sigterm()
+  flags_lib.quiet_logs()
   name = _EXPERIMENT.value
   try:
     spec = _steered(registry.EXPERIMENTS.get(name).build())

@@ -25,7 +25,6 @@ flag_check.check(sys.argv, flag_check.program())
 
 from absl import app
 from absl import flags
-from absl import logging
 
 from tff_comp.binaries import flags_lib
 from tff_comp import experiment
@@ -46,8 +45,7 @@ _fail = flags_lib.fail
 
 @flags_lib.closing_stdout_quietly
 def main(argv: list[str]) -> None:
-  if not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # TFF's INFO chatter is not for users
+  flags_lib.quiet_logs()
   if len(argv) > 1:
     _fail(f'unexpected arguments: {" ".join(argv[1:])}')
   simulation.stop_on_sigterm()

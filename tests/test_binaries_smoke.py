@@ -65,6 +65,7 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
           f'--output_dir={tmp_path}']
   out = _reproduce(repo_root, args)
   assert out.returncode == 0, out.stderr
+  assert not out.stderr.strip(), out.stderr  # no INFO chatter (checkpoints, TF)
   table = (tmp_path / 'fco_lasso' / 'results.md').read_text()
   assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in table
   # How long it took and on what machine.

@@ -336,7 +336,7 @@ class Progress(Callback):
 
   def after_round(self, loop: Loop, round_num: int, metrics: Metrics) -> None:
     if any(k.startswith('eval/') for k in metrics):
-      summary = {k.split('/')[-1]: f'{v:.4g}' for k, v in loop.eval_metrics.items()}
+      summary = {k: f'{v:.4g}' for k, v in loop.eval_metrics.items()}  # the CSV's names
       self._bar.set_postfix(summary, refresh=False)
       if self._show and not self._interactive:
         # The round's loss at the visited iterates, then the evaluation's metrics
