@@ -36,6 +36,8 @@ class Task:
     evaluate_clients: for tasks with per-client evaluation data, (trainable weights)
       -> one row per client ({'client': id, metric: value, ...}); runs write them to
       `clients/eval_round_<r>.csv` at every evaluation.
+    evaluate_personal_clients: as `evaluate_personal`, one row per client
+      ({'client': id, 'personal_<metric>': value}), merged into those rows.
   """
 
   name: str
@@ -48,6 +50,8 @@ class Task:
   reference: Callable[[], Metrics] | None = None
   evaluate_personal: Callable[[Mapping[str, tuple[np.ndarray, ...]]], Metrics] | None = None
   evaluate_clients: Callable[[tuple[np.ndarray, ...]], list[dict[str, Any]]] | None = None
+  evaluate_personal_clients: Callable[[Mapping[str, tuple[np.ndarray, ...]]],
+                                      list[dict[str, Any]]] | None = None
 
   @property
   def num_clients(self) -> int:

@@ -98,6 +98,11 @@ def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklear
     return personalization.personal_model_losses(
         model, [personal[i] for i in ids], clients, accuracy=True)
 
+  def evaluate_personal_clients(personal) -> list[dict]:
+    rows = personalization.personal_model_scores(
+        model, [personal[i] for i in ids], clients, accuracy=True)
+    return [dict(client=cid, **row) for cid, row in zip(ids, rows, strict=True)]
+
   def evaluate_clients(weights) -> list[dict]:
     rows = personalization.adapted_scores(model, weights, clients, alpha=adapt_lr,
                                           steps=adapt_steps, accuracy=True)
@@ -107,6 +112,7 @@ def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklear
       name='dominant_class', model=model, train_data=train_data,
       regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
       evaluate_personal=evaluate_personal, evaluate_clients=evaluate_clients,
+      evaluate_personal_clients=evaluate_personal_clients,
       defaults=dict(client_learning_rate=0.05, server_learning_rate=1.0, rounds=100,
                     clients_per_round=NUM_CLIENTS, batch_size=10, local_epochs=1,
                     eval_period=10))

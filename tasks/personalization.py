@@ -69,11 +69,20 @@ def personalized_losses(model, trainable: Sequence[np.ndarray],
                                   accuracy=accuracy))
 
 
+def personal_model_scores(model, personal: Sequence[Sequence[np.ndarray]],
+                          clients: Sequence[Client], *, accuracy: bool = False
+                          ) -> list[dict]:
+  """Per client: 'personal_loss' (and 'personal_accuracy') of client i's model
+  `personal[i]` on its test part."""
+  return [{f'personal_{k}': v for k, v in _row(_scores(
+      model, tuple(tf.constant(w) for w in weights), x_test, y_test, accuracy), '').items()}
+          for weights, (_, _, x_test, y_test) in zip(personal, clients, strict=True)]
+
+
 def personal_model_losses(model, personal: Sequence[Sequence[np.ndarray]],
                           clients: Sequence[Client], *, accuracy: bool = False) -> dict:
   """{'personal_loss', 'personal_worst_loss'} (and 'personal_accuracy',
-  'personal_worst_accuracy') of client i's model `personal[i]` on its test part."""
-  rows = [_row(_scores(model, tuple(tf.constant(w) for w in weights), x_test, y_test,
-                       accuracy), '')
-          for weights, (_, _, x_test, y_test) in zip(personal, clients)]
-  return summarize(rows, 'personal_')
+  'personal_worst_accuracy'): `summarize` of `personal_model_scores`."""
+  rows = personal_model_scores(model, personal, clients, accuracy=accuracy)
+  return summarize([{k.removeprefix('personal_'): v for k, v in r.items()} for r in rows],
+                   'personal_')

@@ -61,6 +61,9 @@ def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
              'sinewave': ('loss_after', max, 'eval/worst_loss_after'),
              'dominant_class': ('accuracy_after', min, 'eval/worst_accuracy_after')}
     column, pick, summary = worst[prepared.config.task]
+    if name == 'ditto':  # each client's own model beside the global model's scores
+      own = [float(row['personal_accuracy']) for row in per_client]
+      assert min(own) == pytest.approx(float(last['eval/personal_worst_accuracy']))
     values = [float(row[column]) for row in per_client]
     assert len(values) >= 10 and all(math.isfinite(v) for v in values)
     if pick is not None:

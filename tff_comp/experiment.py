@@ -402,12 +402,25 @@ def evaluator(prepared: Prepared, runtime: runtime_base.Runtime
 
 def client_evaluator(prepared: Prepared, runtime: runtime_base.Runtime
                      ) -> Callable[[Any], list[dict]] | None:
-  """state -> the task's per-client evaluation rows of the global model, or None for
-  a task without per-client evaluation data."""
-  per_client = prepared.task.evaluate_clients
-  if per_client is None:
+  """state -> the task's per-client evaluation rows of the global model (with each
+  client's own model's `personal_*` scores for a runtime with personal models), or None
+  for a task without per-client evaluation data."""
+  task = prepared.task
+  if task.evaluate_clients is None:
     return None
-  return lambda state: per_client(tuple(runtime.get_model_weights(state).trainable))
+  personal = (task.evaluate_personal_clients if runtime.keeps_personal_models else None)
+  client_ids = task.train_data.client_ids
+
+  def evaluate_clients(state) -> list[dict]:
+    rows = task.evaluate_clients(tuple(runtime.get_model_weights(state).trainable))
+    if personal is not None:
+      tables = runtime.get_personal_weights(state)
+      own = {row['client']: row for row in personal(
+          {cid: tuple(t[i] for t in tables) for i, cid in enumerate(client_ids)})}
+      rows = [dict(row, **own.get(row['client'], {})) for row in rows]
+    return rows
+
+  return evaluate_clients
 
 
 def runner_for(program, client_data, runtime: str = 'auto', workers: Sequence[str] = (),
