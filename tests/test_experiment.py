@@ -136,6 +136,13 @@ def test_absurd_sizes_are_one_line_errors_before_any_work(tmp_path, change, says
     experiment.build_runner(experiment.prepare(_config(tmp_path, **change)))
 
 
+def test_a_task_too_large_for_memory_is_a_one_line_error(tmp_path):
+  """Beyond the tasks' own size checks: an allocation NumPy refuses."""
+  with pytest.raises(experiment.ConfigError, match="task 'quadratic': its data do not fit"):
+    experiment.prepare(_config(tmp_path, 'fedavg', task='quadratic',
+                               task_options=dict(dim=2**40)))
+
+
 @pytest.mark.parametrize('under', [False, True])
 def test_a_data_directory_that_is_a_file_is_a_one_line_error(tmp_path, monkeypatch, under):
   (tmp_path / 'file').write_text('')

@@ -297,6 +297,9 @@ def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
     return task_entry.builder(**task_args)
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e
+  except MemoryError as e:  # NumPy's "Unable to allocate ..." for an absurd size option
+    raise ConfigError(f'task {config.task!r}: its data do not fit in memory with these'
+                      f' options ({e}).') from e
 
 
 def _run_settings(config: ExperimentConfig, task, home: dict[str, Any]) -> dict[str, Any]:
