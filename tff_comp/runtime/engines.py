@@ -82,7 +82,7 @@ class Cohort(NamedTuple):
   offsets: tf.Tensor
   counts: tf.Tensor
   plans: client_round.ClientPlan
-  capacity: int  # the most clients a cohort of this run holds (a compiled shape)
+  capacity: int  # clients the lanes kernel holds (its compiled shape); 0 on other engines
 
 
 class Engine(Protocol):

@@ -272,13 +272,16 @@ class InProcessRuntime:
     return base.RoundOutput(_state(weights, work, server_state), metrics)
 
   def _run_round(self, args, indices: tf.Tensor, work: tf.Tensor):
-    round_fn, key = self._round_fns[self.engine], (self.engine, self.capacity)
+    # Only the lanes kernel has a compiled cohort shape: the other engines take 0, so a
+    # larger cohort does not trace their round again.
+    capacity = self.capacity if self.engine == 'lanes' else 0
+    round_fn, key = self._round_fns[self.engine], (self.engine, capacity)
     if self.engine != 'debug' and key not in self._traced:
       # One trace for cohorts of every size: later calls match its [None] shapes.
       any_size = tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32)
-      round_fn.get_concrete_function(*args, *any_size, self.capacity)
+      round_fn.get_concrete_function(*args, *any_size, capacity)
       self._traced.add(key)
-    return round_fn(*args, indices, work, self.capacity)
+    return round_fn(*args, indices, work, capacity)
 
   def _fall_back(self, error: Exception) -> None:
     op = engines_lib.failing_op(error)
@@ -325,8 +328,8 @@ class InProcessRuntime:
 
 
 # Local steps a run needs before 'auto' compiles the lanes kernel. Measured on these
-# machines (feddualavg on lasso, shuffled, `binaries/bench.py`): compiling the lanes
-# kernel costs about 1.2 s more than the mapped engine's first round, and lanes then
+# machines (feddualavg on lasso, shuffled, `binaries/bench.py` part 5): compiling the
+# lanes kernel costs about 1.4 s more than the mapped engine's first round, and lanes then
 # save about 50 us a local step (0.0024 s against 0.0085 s a round of 130 steps).
 AUTO_LANES_MIN_STEPS = 25_000
 
