@@ -11,14 +11,21 @@ The built-in grids reproduce the seed papers' comparisons (`binaries/reproduce.p
 """
 
 import dataclasses
+import itertools
 
 from tff_comp import registry
+
+LEARNING_RATES = ('client_learning_rate', 'server_learning_rate')
+# How tables name the grid's axes (others by their own names).
+SHORT_NAMES = {'client_learning_rate': 'eta_c', 'server_learning_rate': 'eta_s'}
 
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """A grid comparison. `metric` picks the best configuration (`higher_is_better`
-  orients it); `plot_metrics` are drawn side by side (default: `metric`)."""
+  """A grid comparison: every algorithm over its grid (`axes`), each configuration
+  trained with every seed; `metric` is reported (`higher_is_better` orients it),
+  `select_on` picks each algorithm's configuration; `plot_metrics` are drawn side by
+  side (default: `metric`)."""
 
   task: str
   algorithms: tuple[str, ...]
@@ -31,94 +38,190 @@ class Experiment:
   task_options: dict = dataclasses.field(default_factory=dict)
   algorithm_options: dict = dataclasses.field(default_factory=dict)  # name -> options
   settings: dict = dataclasses.field(default_factory=dict)  # ExperimentConfig fields
+  # label -> ExperimentConfig fields of that algorithm's runs only (e.g. batch_size)
+  algorithm_settings: dict = dataclasses.field(default_factory=dict)
   plot_metrics: tuple[str, ...] = ()
   eval_period: int = 10
   seeds: tuple[int, ...] = ()  # default: the --seed flag
   aliases: dict = dataclasses.field(default_factory=dict)  # label -> registered name
   # label -> {metric: the evaluation metric to read instead} (Ditto's personal models)
   metric_sources: dict = dataclasses.field(default_factory=dict)
+  # label -> {hyperparameter: values}: the algorithm's own axes of the grid besides the
+  # shared learning rates (an axis named client_learning_rate or server_learning_rate
+  # replaces the shared one). A name among the client work's hparams is set through
+  # them (one build serves the grid); any other is an algorithm option (a build each).
+  tuning: dict = dataclasses.field(default_factory=dict)
+  # What configurations are selected on (default: `metric`): its counterpart on the
+  # task's validation data, where the task has some, so no reported number picks its own
+  # configuration; `select_higher_is_better` orients it (default: as `metric`).
+  select_on: str = ''
+  select_higher_is_better: bool | None = None
 
 
+def selection(spec: Experiment) -> tuple[str, bool]:
+  """(metric configurations are selected on, whether higher is better)."""
+  higher = spec.select_higher_is_better
+  return spec.select_on or spec.metric, spec.higher_is_better if higher is None else higher
+
+
+def axes(spec: Experiment, algorithm: str) -> dict[str, tuple[float, ...]]:
+  """The grid axes of `algorithm` (a label of `spec`): the two learning rates first."""
+  own = spec.tuning.get(algorithm, {})
+  return {'client_learning_rate': tuple(own.get('client_learning_rate',
+                                                spec.client_learning_rates)),
+          'server_learning_rate': tuple(own.get('server_learning_rate',
+                                                spec.server_learning_rates)),
+          **{k: tuple(v) for k, v in own.items() if k not in LEARNING_RATES}}
+
+
+def configurations(spec: Experiment, algorithm: str) -> list[tuple[float, ...]]:
+  """Every configuration of `algorithm`'s grid, values in `axes` order: (eta_c, eta_s,
+  then its own hyperparameters)."""
+  return list(itertools.product(*axes(spec, algorithm).values()))
+
+
+def describe(spec: Experiment, algorithm: str, config: tuple[float, ...]) -> str:
+  """A configuration as 'eta_c=0.01, eta_s=1, q=0.2'."""
+  return ', '.join(f'{SHORT_NAMES.get(name, name)}={value:g}'
+                   for name, value in zip(axes(spec, algorithm), config))
+
+
+# Every built-in comparison gives each algorithm a grid of the same size over its own
+# hyperparameters (`tuning`), selects on validation data where the task has some (the
+# optimization papers on the objective they minimize) and runs 3 seeds.
+SEEDS = (0, 1, 2)
 FCO_ALGORITHMS = ('fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp')
+# Local-SCGDM's client rate eta only scales a, beta and gamma (its steps are a eta,
+# beta eta and gamma eta), so its grids fix eta = 1 and search those three directly.
+_SCGDM_RATE = dict(client_learning_rate=(1.0,))
 _BUILT_IN = {
-    # Yuan, Zaheer, Reddi (ICML 2021), Fig. 3: federated LASSO, dataset I.
+    # Yuan, Zaheer, Reddi (ICML 2021), Fig. 3: federated LASSO, dataset I. The methods
+    # share their hyperparameters (eta_c, eta_s): 16 configurations each.
     'fco_lasso': Experiment(
         task='lasso', algorithms=FCO_ALGORITHMS,
         client_learning_rates=(1e-4, 3e-4, 1e-3, 3e-3),
         server_learning_rates=(1.0, 3.0, 10.0, 30.0),
-        rounds=500, checkpoints=(50, 100, 200, 500), metric='f1'),
-    # Fig. 4: nuclear-norm matrix estimation, dataset I (rank 16).
+        rounds=500, checkpoints=(50, 100, 200, 500), metric='f1',
+        select_on='train_objective', select_higher_is_better=False,
+        plot_metrics=('f1', 'train_objective'), seeds=SEEDS),
+    # Fig. 4: nuclear-norm matrix estimation, dataset I (rank 16); 9 configurations each.
     'fco_nuclear': Experiment(
         task='nuclear', algorithms=FCO_ALGORITHMS,
         client_learning_rates=(3e-4, 1e-3, 3e-3),
         server_learning_rates=(1.0, 10.0, 30.0),
         rounds=200, checkpoints=(50, 100, 200), metric='frobenius_error',
-        higher_is_better=False, plot_metrics=('frobenius_error', 'rank')),
-    # Wang et al. (NeurIPS 2020), Synthetic(1, 1) with local epochs ~ U(2, 5).
+        higher_is_better=False, select_on='train_objective',
+        plot_metrics=('frobenius_error', 'rank'), seeds=SEEDS),
+    # Wang et al. (NeurIPS 2020), Synthetic(1, 1) with local epochs ~ U(2, 5); 12 each:
+    # FedAvg and FedNova over (eta_c, eta_s), FedProx over (eta_c, mu).
     'fednova_synthetic': Experiment(
         task='synthetic', algorithms=('fedavg', 'fedprox', 'fednova'),
-        client_learning_rates=(0.01, 0.03, 0.1), server_learning_rates=(1.0,),
+        client_learning_rates=(0.01, 0.03, 0.1, 0.3), server_learning_rates=(0.5, 1.0, 2.0),
         rounds=200, checkpoints=(50, 100, 200), metric='test_accuracy',
+        select_on='validation_accuracy',
         task_options=dict(alpha=1.0, beta=1.0),
         settings=dict(local_epochs=2, batch_size=50),
         algorithm_options=dict(fedavg=dict(local_epochs_max=5),
-                               fedprox=dict(local_epochs_max=5, mu=0.01),
+                               fedprox=dict(local_epochs_max=5),
                                fednova=dict(local_epochs_max=5)),
-        plot_metrics=('train_loss', 'test_accuracy')),
-    # Huang and Li (ComFedL), DRFL: one big client, nine with 20 examples; 3 seeds.
+        tuning=dict(fedprox=dict(server_learning_rate=(1.0,), mu=(0.001, 0.01, 0.1))),
+        plot_metrics=('train_loss', 'test_accuracy'), seeds=SEEDS),
+    # Huang and Li (ComFedL), DRFL: one big client, nine with 20 examples; 24 each.
     'drfl_imbalanced': Experiment(
         task='imbalanced_digits',
         algorithms=('fedavg', 'qfedavg', 'afl', 'comfedl', 'local_scgdm'),
-        client_learning_rates=(0.003, 0.01, 0.03, 0.1), server_learning_rates=(1.0,),
+        client_learning_rates=(0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
+        server_learning_rates=(1.0,),
         rounds=100, checkpoints=(20, 50, 100), metric='worst_accuracy',
-        algorithm_options=dict(qfedavg=dict(q=0.2), afl=dict(lambda_learning_rate=0.08),
-                               comfedl=dict(gamma=0.2, local_steps=5),
+        select_on='validation_worst_accuracy',
+        algorithm_options=dict(comfedl=dict(local_steps=5),
                                local_scgdm=dict(gamma=0.2, local_steps=5)),
-        plot_metrics=('average_accuracy', 'worst_accuracy'), seeds=(0, 1, 2)),
+        tuning=dict(fedavg=dict(server_learning_rate=(0.5, 1.0, 2.0, 4.0)),
+                    qfedavg=dict(q=(0.2, 1.0, 2.0, 5.0)),
+                    afl=dict(lambda_learning_rate=(0.01, 0.03, 0.08, 0.3)),
+                    comfedl=dict(gamma=(0.1, 0.2, 0.5, 1.0)),
+                    local_scgdm=dict(_SCGDM_RATE, momentum_rate=(0.1, 0.3, 1.0),
+                                     beta=(0.003, 0.01, 0.03, 0.1),
+                                     tracking_gamma=(0.3, 1.0))),
+        plot_metrics=('average_accuracy', 'worst_accuracy'), seeds=SEEDS),
 }
 # The issue's harder construction: the big client holds classes 0-4, the small ones 5-9.
 _BUILT_IN['drfl_imbalanced_classes'] = dataclasses.replace(
     _BUILT_IN['drfl_imbalanced'], task_options=dict(split='classes'))
 # Fallah et al. (Per-FedAvg) and Gao et al. (Local-SCGDM): sinewave, MAML objective,
-# personalized evaluation (one adaptation step on held-out clients); 3 seeds.
+# personalized evaluation (one adaptation step on held-out clients); 8 each.
+_MAML_RATES = (0.001, 0.003, 0.01, 0.03)
+_SCGDM_MAML = dict(_SCGDM_RATE, momentum_rate=(0.2, 1.0), beta=(0.003, 0.01),
+                   tracking_gamma=(0.2, 1.0))
 _BUILT_IN['maml_sinewave'] = Experiment(
     task='sinewave',
     algorithms=('fedavg', 'per_fedavg_fo', 'per_fedavg_exact', 'comfedl_maml',
                 'local_scgdm_maml'),
     aliases=dict(per_fedavg_fo='per_fedavg', per_fedavg_exact='per_fedavg',
                  comfedl_maml='comfedl', local_scgdm_maml='local_scgdm'),
-    client_learning_rates=(0.003, 0.01), server_learning_rates=(1.0,),
+    client_learning_rates=_MAML_RATES, server_learning_rates=(1.0,),
     rounds=300, checkpoints=(100, 200, 300), metric='loss_after', higher_is_better=False,
-    eval_period=20,
+    select_on='validation_loss_after', eval_period=20,
     algorithm_options=dict(
-        per_fedavg_fo=dict(variant='fo', alpha=0.01, local_steps=10),
-        per_fedavg_exact=dict(variant='exact', alpha=0.01, local_steps=10),
-        comfedl_maml=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
+        per_fedavg_fo=dict(variant='fo', local_steps=10),
+        per_fedavg_exact=dict(variant='exact', local_steps=10),
+        comfedl_maml=dict(objective='maml', local_steps=10),
         local_scgdm_maml=dict(objective='maml', inner_learning_rate=0.01, local_steps=10)),
-    plot_metrics=('train/client_work/train_loss', 'loss_after'), seeds=(0, 1, 2))
+    tuning=dict(fedavg=dict(server_learning_rate=(1.0, 2.0)),
+                per_fedavg_fo=dict(alpha=(0.005, 0.01)),
+                # The exact meta-gradient is larger: its rates reach 10x lower.
+                per_fedavg_exact=dict(client_learning_rate=(0.0003, 0.001, 0.003, 0.01),
+                                      alpha=(0.005, 0.01)),
+                comfedl_maml=dict(inner_learning_rate=(0.005, 0.01)),
+                local_scgdm_maml=_SCGDM_MAML),
+    plot_metrics=('train/client_work/train_loss', 'loss_after'), seeds=SEEDS)
+# The Local-SCGDM slides' figure: train and held-out MAML loss on sinewave against
+# Local-BSGD (biased local SGD on the compositional objective: ComFedL with a large inner
+# batch, each client's whole data) and FedAvg; 8 each.
+_BUILT_IN['scgdm_sinewave'] = Experiment(
+    task='sinewave', algorithms=('local_scgdm', 'local_bsgd', 'fedavg'),
+    aliases=dict(local_bsgd='comfedl'),
+    client_learning_rates=_MAML_RATES, server_learning_rates=(1.0,),
+    rounds=300, checkpoints=(100, 200, 300), metric='loss_after', higher_is_better=False,
+    select_on='validation_loss_after', eval_period=20,
+    algorithm_options=dict(
+        local_scgdm=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
+        local_bsgd=dict(objective='maml', inner_learning_rate=0.01, local_steps=10)),
+    algorithm_settings=dict(local_bsgd=dict(batch_size=20)),
+    tuning=dict(local_scgdm=_SCGDM_MAML, local_bsgd=dict(server_learning_rate=(1.0, 2.0)),
+                fedavg=dict(server_learning_rate=(1.0, 2.0))),
+    plot_metrics=('train_loss_after', 'loss_after'), seeds=SEEDS)
 
 # Huang and Li (ComFedL), DA-MAML setup: client i holds a fraction 0.28 of class i;
 # inner (adaptation) lr 0.05, gamma 0.5, tau 5; baselines FedAvg, FedMAML (Per-FedAvg),
-# TR-MAML, Ditto (scored with its personal models); 3 seeds.
+# TR-MAML, Ditto (scored with its personal models); 8 each.
 _BUILT_IN['damaml_dominant_class'] = Experiment(
     task='dominant_class',
     algorithms=('fedavg', 'per_fedavg', 'tr_maml', 'ditto', 'comfedl_damaml',
                 'local_scgdm_damaml'),
     aliases=dict(comfedl_damaml='comfedl', local_scgdm_damaml='local_scgdm'),
-    client_learning_rates=(0.03, 0.1, 0.3), server_learning_rates=(1.0,),
+    client_learning_rates=(0.03, 0.1, 0.3, 1.0), server_learning_rates=(1.0,),
     rounds=100, checkpoints=(20, 50, 100), metric='worst_accuracy_after',
+    select_on='validation_worst_accuracy_after',
     task_options=dict(adapt_lr=0.05),
     algorithm_options=dict(
-        per_fedavg=dict(variant='exact', alpha=0.05, local_steps=5),
-        tr_maml=dict(alpha=0.05, local_steps=5),
-        ditto=dict(lam=0.1),
-        comfedl_damaml=dict(objective='da_maml', gamma=0.5, inner_learning_rate=0.05,
-                            local_steps=5),
+        per_fedavg=dict(variant='exact', local_steps=5),
+        tr_maml=dict(local_steps=5),
+        comfedl_damaml=dict(objective='da_maml', inner_learning_rate=0.05, local_steps=5),
         local_scgdm_damaml=dict(objective='da_maml', gamma=0.5, inner_learning_rate=0.05,
                                 local_steps=5)),
-    metric_sources=dict(ditto=dict(accuracy_after='personal_accuracy',
-                                   worst_accuracy_after='personal_worst_accuracy')),
-    plot_metrics=('accuracy_after', 'worst_accuracy_after'), seeds=(0, 1, 2))
+    tuning=dict(fedavg=dict(server_learning_rate=(1.0, 2.0)),
+                per_fedavg=dict(alpha=(0.02, 0.05)),
+                tr_maml=dict(alpha=(0.02, 0.05)),
+                ditto=dict(lam=(0.1, 1.0)),
+                comfedl_damaml=dict(gamma=(0.2, 0.5)),
+                local_scgdm_damaml=dict(_SCGDM_RATE, momentum_rate=(0.3, 1.0),
+                                        beta=(0.1, 0.3), tracking_gamma=(0.3, 1.0))),
+    metric_sources=dict(ditto=dict(
+        accuracy_after='personal_accuracy',
+        worst_accuracy_after='personal_worst_accuracy',
+        validation_worst_accuracy_after='validation_personal_worst_accuracy')),
+    plot_metrics=('accuracy_after', 'worst_accuracy_after'), seeds=SEEDS)
 
 for _name, _spec in _BUILT_IN.items():
   registry.register_experiment(_name, _spec)

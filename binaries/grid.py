@@ -1,11 +1,10 @@
-"""The grid runner of the reproductions: every (algorithm, learning-rate pair, seed) of
-an `experiments.Experiment`, trained through the library's run path
-(`experiment.prepare`, `build_runner` once per algorithm and seed, `train` per rate
-pair), and the curves read back from each run's metrics.csv."""
+"""The grid runner of the reproductions: every (algorithm, configuration, seed) of an
+`experiments.Experiment`, trained through the library's run path (`experiment.prepare`,
+`build_runner` once per algorithm, seed and build option, `train` per configuration),
+and the curves read back from each run's metrics.csv."""
 
 import concurrent.futures
 import csv
-import itertools
 import multiprocessing
 import pathlib
 import time
@@ -35,45 +34,74 @@ def plotted(spec: experiments.Experiment) -> tuple[str, ...]:
   return spec.plot_metrics or (spec.metric,)
 
 
-def run_dir(root, algorithm, lr_c, lr_s, seed, seeds) -> pathlib.Path:
-  out = root / algorithm / f'lr_{lr_c:g}_{lr_s:g}'
+def recorded(spec: experiments.Experiment) -> tuple[str, ...]:
+  """The metrics read back from each run: those plotted, reported and selected on."""
+  return tuple(dict.fromkeys(plotted(spec) + (spec.metric, experiments.selection(spec)[0])))
+
+
+def run_dir(root, algorithm, config, seed, seeds, names=()) -> pathlib.Path:
+  """Where one run of the grid writes: `lr_<eta_c>_<eta_s>`, then `_<name>_<value>` for
+  each of the algorithm's own axes (`names`, after the learning rates), then the seed."""
+  lr_c, lr_s, *own = config
+  out = root / algorithm / (f'lr_{lr_c:g}_{lr_s:g}' + ''.join(
+      f'_{name}_{value:g}' for name, value in zip(names[2:], own)))
   return out / f'seed_{seed}' if len(seeds) > 1 else out
 
 
-def _run_group(name: str, spec: experiments.Experiment, algorithm: str, seed: int, rounds: int,
-               seeds, root: pathlib.Path, options: dict) -> dict:
-  """Trains one algorithm with one seed over the learning-rate grid (built once; the grid
-  sets learning rates through the hparams). Returns {(c, s): {metric: curve}}."""
-  grid = list(itertools.product(spec.client_learning_rates, spec.server_learning_rates))
-  metrics = plotted(spec) + (spec.metric,)
-  # output_dir: the algorithm's folder of per-rate runs, so preparing never looks at
-  # run.py's default runs/<algo>-<task> (a `make run` there must not stop a grid).
+def _prepare(spec: experiments.Experiment, algorithm: str, seed: int, rounds: int,
+             root: pathlib.Path, options: dict, algorithm_options: dict):
+  # output_dir: the algorithm's folder of per-configuration runs, so preparing never
+  # looks at run.py's default runs/<algo>-<task> (a `make run` there must not stop a grid).
   config = experiment_lib.ExperimentConfig(
       algorithm=spec.aliases.get(algorithm, algorithm), task=spec.task, rounds=rounds,
       output_dir=str(root / algorithm),
       seed=seed, eval_period=spec.eval_period, task_options=dict(spec.task_options),
-      algorithm_options=dict(spec.algorithm_options.get(algorithm, {})),
-      **options, **spec.settings)
+      algorithm_options={**spec.algorithm_options.get(algorithm, {}), **algorithm_options},
+      **options, **spec.settings, **spec.algorithm_settings.get(algorithm, {}))
   prepared = experiment_lib.prepare(config)
-  runner = experiment_lib.build_runner(prepared)
+  return prepared, experiment_lib.build_runner(prepared)
+
+
+def _run_group(name: str, spec: experiments.Experiment, algorithm: str, seed: int, rounds: int,
+               seeds, root: pathlib.Path, options: dict) -> dict:
+  """Trains one algorithm with one seed over its grid. The learning rates and the client
+  work's own hparams are set through the hparams of one build; other tuned options get
+  a build per value. Returns {configuration: {metric: curve}}."""
+  names = list(experiments.axes(spec, algorithm))
+  metrics = recorded(spec)
+  base = _prepare(spec, algorithm, seed, rounds, root, options, {})
+  rule = base[1].algorithm.client_rule if base[1].algorithm is not None else None
+  hparams = set(rule.initial_hparams()) if rule is not None else set()
+  built = {(): base}
   curves = {}
-  for lr_c, lr_s in grid:
-    out = run_dir(root, algorithm, lr_c, lr_s, seed, seeds)
+  for config in experiments.configurations(spec, algorithm):
+    values = dict(zip(names, config))
+    client_hparams = {k: v for k, v in values.items()
+                      if k not in experiments.LEARNING_RATES and k in hparams}
+    build_options = {k: v for k, v in values.items()
+                     if k not in experiments.LEARNING_RATES and k not in hparams}
+    key = tuple(sorted(build_options.items()))
+    if key not in built:
+      built[key] = _prepare(spec, algorithm, seed, rounds, root, options, build_options)
+    prepared, runner = built[key]
+    out = run_dir(root, algorithm, config, seed, seeds, names)
     start = time.monotonic()
+    label = experiments.describe(spec, algorithm, config)
     try:
       experiment_lib.train(
-          prepared, runner, show_progress=False, learning_rates=(lr_c, lr_s),
-          output_dir=str(out), extra_config={
+          prepared, runner, show_progress=False, learning_rates=config[:2],
+          client_hparams=client_hparams, output_dir=str(out), extra_config={
               'experiment': name, 'grid_algorithm': algorithm,
-              'client_learning_rate': lr_c, 'server_learning_rate': lr_s})
+              'client_learning_rate': config[0], 'server_learning_rate': config[1],
+              'grid_configuration': values})
     except simulation.DivergenceError as e:
-      print(f'{algorithm} lr=({lr_c:g}, {lr_s:g}) seed {seed}: {e}')
-    curves[(lr_c, lr_s)] = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
-    final = curves[(lr_c, lr_s)][spec.metric]
+      print(f'{algorithm} {label} seed {seed}: {e}')
+    curves[config] = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
+    final = curves[config][spec.metric]
     last = max(final)
     outcome = (f'{spec.metric}={final[last]:.4g} at round {last}' if last >= rounds
-               else f'diverged at round {diverged_at(curves[(lr_c, lr_s)])}')
-    print(f'{algorithm:15s} eta_c={lr_c:<7g} eta_s={lr_s:<5g} seed={seed} {outcome}'
+               else f'diverged at round {diverged_at(curves[config])}')
+    print(f'{algorithm:15s} {label} seed={seed} {outcome}'
           f' ({time.monotonic() - start:.0f}s)', flush=True)
   return curves
 
@@ -82,12 +110,13 @@ def run_grid(name: str, spec: experiments.Experiment, rounds: int, seeds, root: 
              runtime: str = 'auto', *, engine: str = 'auto', data_seed: int | None = None,
              overwrite: bool = False, resume: bool = False, checkpoint_every: int = 100,
              parallel: int = 1):
-  """Trains every (algorithm, lr pair, seed); `data_seed` None: each run's data seed
-  is its seed. `resume`: finished configurations are read back, an interrupted one
+  """Trains every (algorithm, configuration, seed); `data_seed` None: each run's data
+  seed is its seed. `resume`: finished configurations are read back, an interrupted one
   continues from its checkpoint. `parallel` > 1: (algorithm, seed) groups run in that
   many processes.
 
-  Returns {algorithm: {(c, s): [{metric: curve} per seed]}}.
+  Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
+  being the values of `experiments.axes` in order: (eta_c, eta_s, own values...).
   """
   options = dict(data_seed=data_seed, overwrite=overwrite, resume=resume,
                  checkpoint_every=checkpoint_every, runtime=runtime, engine=engine)
@@ -100,13 +129,12 @@ def run_grid(name: str, spec: experiments.Experiment, rounds: int, seeds, root: 
       results = list(pool.map(_run_group, *zip(*args)))
   else:
     results = [_run_group(*a) for a in args]
-  curves: dict[str, dict[tuple[float, float], list]] = {
-      a: {lr: [] for lr in itertools.product(spec.client_learning_rates,
-                                             spec.server_learning_rates)}
+  curves: dict[str, dict[tuple[float, ...], list]] = {
+      a: {config: [] for config in experiments.configurations(spec, a)}
       for a in spec.algorithms}
   for (algorithm, _), result in zip(groups, results):
-    for lr, curve in result.items():
-      curves[algorithm][lr].append(curve)
+    for config, curve in result.items():
+      curves[algorithm][config].append(curve)
   return curves
 
 
@@ -120,10 +148,10 @@ def diverged_at(run) -> int:
 
 def read_grid(spec: experiments.Experiment, seeds, root: pathlib.Path):
   """The curves of a grid's saved runs (as `run_grid` returns them), without training."""
-  metrics = plotted(spec) + (spec.metric,)
-  return {a: {(c, s): [read_curves(run_dir(root, a, c, s, seed, seeds), metrics,
-                                   spec.metric_sources.get(a, {}))
+  metrics = recorded(spec)
+  return {a: {config: [read_curves(run_dir(root, a, config, seed, seeds,
+                                           list(experiments.axes(spec, a))),
+                                   metrics, spec.metric_sources.get(a, {}))
                        for seed in seeds]
-              for c, s in itertools.product(spec.client_learning_rates,
-                                            spec.server_learning_rates)}
+              for config in experiments.configurations(spec, a)}
           for a in spec.algorithms}

@@ -1,18 +1,23 @@
-r"""Reproduces a paper's comparison: algorithms x learning-rate grid, table and plot.
+r"""Reproduces a paper's comparison: each algorithm over its own grid, table and plot.
 
     python binaries/reproduce.py --experiment=fco_lasso       [--rounds=500]
     python binaries/reproduce.py --experiment=fco_nuclear
     python binaries/reproduce.py --experiment=fednova_synthetic
-    python binaries/reproduce.py --experiment=drfl_imbalanced      (3 seeds)
+    python binaries/reproduce.py --experiment=drfl_imbalanced
     python binaries/reproduce.py --experiment=drfl_imbalanced_classes
-    python binaries/reproduce.py --experiment=maml_sinewave        (3 seeds)
-    python binaries/reproduce.py --experiment=damaml_dominant_class (3 seeds)
+    python binaries/reproduce.py --experiment=maml_sinewave
+    python binaries/reproduce.py --experiment=scgdm_sinewave
+    python binaries/reproduce.py --experiment=damaml_dominant_class
 
-For each algorithm and each (client, server) learning rate on the grid, trains one run
-(metrics in --output_dir/<experiment>/<algorithm>/lr_<c>_<s>/), then writes
-`results.md` (the best metric over the grid at each checkpoint round, and the config
-that achieved it) and `<experiment>.png` (the plotted metrics against rounds, for each
-algorithm's best configuration by mean metric over all evaluations). The grids are data
+Every built-in experiment runs 3 seeds (`--seeds=1` for a quicker check).
+
+For each algorithm and each configuration of its grid (the learning rates and its own
+hyperparameters, a grid of the same size for every algorithm), trains one run per seed
+(metrics in --output_dir/<experiment>/<algorithm>/lr_<c>_<s>[_<name>_<value>...]/), then
+writes `results.md` (each algorithm at the configuration selected on validation data,
+its reported metrics at the checkpoint rounds, and every configuration's score) and
+`<experiment>.png` (the plotted metrics against rounds at the selected configurations).
+The grids are data
 (`binaries/experiments.py`, `registry.register_experiment` for a plugin's own); the grid
 runner is `binaries/grid.py`, the tables and plots `binaries/summary.py`.
 """
@@ -101,6 +106,10 @@ def _steered(spec: experiments.Experiment) -> experiments.Experiment:
         raise ValueError(f'--{field}: {",".join(flag.value)} is not a list of numbers.') from e
       if not all(math.isfinite(v) and v > 0 for v in changes[field]):
         raise ValueError(f'--{field} must be positive finite numbers.')
+      # The command line's rates replace every algorithm's own rate axis too.
+      axis = field[:-1]
+      changes['tuning'] = {a: {k: v for k, v in own.items() if k != axis}
+                           for a, own in changes.get('tuning', spec.tuning).items()}
   if _EVAL_PERIOD.value:
     changes['eval_period'] = _EVAL_PERIOD.value
   return dataclasses.replace(spec, **changes)

@@ -1,5 +1,6 @@
-"""The reproductions' summaries: results.md (the best configuration at each checkpoint,
-mean and spread over seeds) and the plot of each algorithm's best curves."""
+"""The reproductions' summaries: results.md (each algorithm at the configuration selected
+on validation data, mean and spread over seeds; every configuration's score) and the plot
+of each algorithm's curves at its selected configuration."""
 
 import itertools
 import math
@@ -14,6 +15,7 @@ import tensorflow as tf
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from tff_comp.binaries import experiments  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_comp.binaries import grid  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -57,55 +59,73 @@ def zoom(ax, values: list[float], log: bool) -> None:
   ax.set_ylim(*((10**low, 10**high) if log else (low, high)))
 
 
+def _score(runs, metric: str) -> float:
+  """A configuration's selection score: the mean over seeds of `metric` averaged over
+  every evaluation of the run (so it rewards early progress and the end alike)."""
+  return float(np.mean([np.mean(list(r[metric].values())) for r in runs]))
+
+
+def _select(spec, by_config, seeds: int, rounds: int):
+  """(best configuration, {configuration: score}): only configurations every seed ran to
+  the end compete (one divergence disqualifies); if none did, the longest-running."""
+  select, higher = experiments.selection(spec)
+  pick = max if higher else min
+  scored = {config: _score(runs, select) for config, runs in by_config.items()
+            if len(runs) == seeds and all(r[select] for r in runs)}
+  complete = {config: v for config, v in scored.items()
+              if all(max(r[select]) >= rounds for r in by_config[config])}
+  candidates = complete or scored
+  return pick(candidates, key=candidates.get), complete
+
+
 def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
               provenance: str = '') -> str:
   """Writes results.md and the PNG; returns the markdown. `provenance`: how long the
   grid took and on what machine (a line under the command).
 
-  With several seeds a configuration's value is the mean over seeds (± standard
-  deviation in the tables) and a run that diverged disqualifies the configuration.
+  Each algorithm's configuration is selected once, on `experiments.selection(spec)`
+  (validation data where the task has it), and its reported metrics are read at that
+  configuration; values are means over seeds (± standard deviation).
   """
-  pick = max if spec.higher_is_better else min
+  select, higher = experiments.selection(spec)
   # A shortened run tables the checkpoints it reached, and always its last round.
   checkpoints = sorted({c for c in spec.checkpoints if c < rounds} | {rounds})
   plotted = grid.plotted(spec)
-  seeds = max(len(runs) for by_lr in curves.values() for runs in by_lr.values())
+  reported = tuple(dict.fromkeys((spec.metric,) + plotted))
+  seeds = max(len(runs) for by_config in curves.values() for runs in by_config.values())
   over = f' over {seeds} seeds' if seeds > 1 else ''
-  lines = [f'# {name}: best {spec.metric} over the learning-rate grid{over}', '',
+  sizes = {a: len(by_config) for a, by_config in curves.items()}
+  budget = (f'{next(iter(sizes.values()))} configurations each' if len(set(sizes.values())) == 1
+            else 'grids of ' + ', '.join(f'{a}: {n}' for a, n in sizes.items()))
+  on = (f'`{select}`' + (' (validation data: no reported number picks its own'
+                         ' configuration)' if select != spec.metric else ''))
+  lines = [f'# {name}: each algorithm at its selected configuration{over}', '',
            f'Command: `{command}`', '', *([provenance, ''] if provenance else []),
-           '| algorithm | ' + ' | '.join(f'round {c}' for c in checkpoints) + ' |',
-           '|---|' + '---|' * len(checkpoints)]
-  for algorithm, by_lr in curves.items():
-    cells = []
-    for c in checkpoints:
-      values = {lr: float(np.mean(_at(runs, spec.metric, c)))
-                for lr, runs in by_lr.items() if len(_at(runs, spec.metric, c)) == seeds}
-      if not values:
-        cells.append('every rate diverged')
-        continue
-      best_lr = pick(values, key=values.get)
-      cells.append(f'{_cell(by_lr[best_lr], spec.metric, c, seeds)} '
-                   f'({best_lr[0]:g}, {best_lr[1]:g})')
-    lines.append(f'| {algorithm} | ' + ' | '.join(cells) + ' |')
-  lines += ['', 'Cells: best value at that round, (eta_c, eta_s) achieving it.', '',
-            f'Each algorithm\'s best configuration by mean {spec.metric} over all '
-            f'evaluations{over} (the curves in `{name}.png`):', '',
-            '| algorithm | (eta_c, eta_s) | ' + ' | '.join(
-                f'{m} @ {c}' for m in plotted for c in checkpoints) + ' |',
-            '|---|---|' + '---|' * (len(plotted) * len(checkpoints))]
+           f'Tuning: every algorithm searched its own grid ({budget}; the grids are listed'
+           f' below). Each algorithm\'s configuration is the one with the'
+           f' {"highest" if higher else "lowest"} mean over seeds of {on} averaged over'
+           ' all evaluations; a configuration where any seed diverged is out. The'
+           f' table reports that configuration\'s metrics (mean ± standard deviation{over});'
+           f' the curves are in `{name}.png`.', '',
+           '| algorithm | selected configuration | ' + ' | '.join(
+               f'{m} @ {c}' for m in reported for c in checkpoints) + ' |',
+           '|---|---|' + '---|' * (len(reported) * len(checkpoints))]
   fig, axes = plt.subplots(1, len(plotted), figsize=(6.5 * len(plotted), 4.5), squeeze=False)
   markers = {m: itertools.cycle('osD^vP*X') for m in plotted}  # no line hides another
   settled = {m: [] for m in plotted}  # values drawn from the first checkpoint on
-  for algorithm, by_lr in curves.items():
-    scored = {lr: float(np.mean([np.mean(list(r[spec.metric].values())) for r in runs]))
-              for lr, runs in by_lr.items()
-              if len(runs) == seeds and all(r[spec.metric] for r in runs)}
-    complete = {lr: v for lr, v in scored.items()
-                if all(max(r[spec.metric]) >= rounds for r in by_lr[lr])}
-    best = pick(complete or scored, key=(complete or scored).get)
-    runs = by_lr[best]
-    cells = [_cell(runs, m, c, seeds) for m in plotted for c in checkpoints]
-    lines.append(f'| {algorithm} | ({best[0]:g}, {best[1]:g}) | ' + ' | '.join(cells) + ' |')
+  every = []  # the full table of configurations
+  for algorithm, by_config in curves.items():
+    best, complete = _select(spec, by_config, seeds, rounds)
+    runs = by_config[best]
+    label = experiments.describe(spec, algorithm, best)
+    cells = [_cell(runs, m, c, seeds) for m in reported for c in checkpoints]
+    lines.append(f'| {algorithm} | {label} | ' + ' | '.join(cells) + ' |')
+    for config, config_runs in by_config.items():
+      score = (f'{_score(config_runs, select):.4g}' if config in complete else
+               _cell(config_runs, select, rounds, seeds))
+      every.append(f'| {algorithm} | {experiments.describe(spec, algorithm, config)} |'
+                   f' {score} | {_cell(config_runs, spec.metric, rounds, seeds)} |'
+                   + (' **selected** |' if config == best else ' |'))
     sources = spec.metric_sources.get(algorithm, {})
     for ax, metric in zip(axes[0], plotted):
       common = sorted(set.intersection(*(set(r[metric]) for r in runs)))
@@ -115,10 +135,20 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
                           if x >= checkpoints[0] for v in drawn]  # bands included
       line, = ax.plot(common, values.mean(0), marker=next(markers[metric]),
                       markevery=max(1, len(common) // 8), markersize=5,
-                      label=f'{algorithm}{source} (eta_c={best[0]:g}, eta_s={best[1]:g})')
+                      label=f'{algorithm}{source} ({label})')
       if seeds > 1:  # the spread over seeds
         ax.fill_between(common, values.min(0), values.max(0), color=line.get_color(),
                         alpha=0.15, linewidth=0)
+  lines += ['', '## Grids', '']
+  lines += [f'- {algorithm} ({sizes[algorithm]}): ' + '; '.join(
+      f'{experiments.SHORT_NAMES.get(axis, axis)} in {{{", ".join(f"{v:g}" for v in values)}}}'
+      for axis, values in experiments.axes(spec, algorithm).items())
+            for algorithm in curves]
+  lines += ['', '## Every configuration', '',
+            f'Selection score: mean over seeds of `{select}` averaged over all'
+            f' evaluations; `{spec.metric}` at round {rounds}.', '',
+            f'| algorithm | configuration | score | {spec.metric} @ {rounds} | |',
+            '|---|---|---|---|---|', *every]
   for ax, metric in zip(axes[0], plotted):
     log = 'loss' in metric or 'error' in metric
     if log:
@@ -127,11 +157,12 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
     ax.set_xlabel('round')
     ax.set_ylabel(metric)
     spread = f'mean over {seeds} seeds, band: min to max; ' if seeds > 1 else ''
-    ax.set_title(f'{metric} of each algorithm at its best rates\n{name} on {spec.task}\n'
+    ax.set_title(f'{metric} of each algorithm at its selected configuration\n'
+                 f'{name} on {spec.task}\n'
                  f'{spread}y-axis fit to rounds >= {checkpoints[0]}', fontsize=10)
     ax.grid(alpha=0.3, which='both')
     # Below the plot, where it hides no curve.
-    ax.legend(fontsize=8, loc='upper center', bbox_to_anchor=(0.5, -0.15), ncol=2)
+    ax.legend(fontsize=8, loc='upper center', bbox_to_anchor=(0.5, -0.15), ncol=1)
   fig.tight_layout()
   fig.savefig(root / f'{name}.png', dpi=120, bbox_inches='tight')
   table = '\n'.join(lines) + '\n'

@@ -69,6 +69,14 @@ class Task:
     return [tuple(w.shape) for w in self.model.initial_weights[0]]
 
 
+def with_validation(score: Callable[[Any], Metrics], test: Any, validation: Any) -> Metrics:
+  """`score(test)`, and `score(validation)` under names prefixed `validation_`:
+  the numbers reported and the numbers a grid may tune on, from the same scorer."""
+  metrics = score(test)
+  metrics.update({f'validation_{name}': value for name, value in score(validation).items()})
+  return metrics
+
+
 def softmax_scores(kernel: np.ndarray, bias: np.ndarray, x: np.ndarray,
                    y: np.ndarray) -> tuple[float, float]:
   """(mean cross-entropy, accuracy) of softmax regression (kernel, bias) on (x, y), in

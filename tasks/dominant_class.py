@@ -1,14 +1,15 @@
 """Dominant-class classification for personalized FL (DA-MAML setup of ComFedL).
 
 10 clients; client i draws a fraction `rho` (paper: 0.28) of its examples from class i
-and (1 - rho)/9 from each other class. Each client's examples are split 80/20 into a
-train part and a test part; evaluation is personalized: every client adapts the global
-model with `adapt_steps` steps of size `adapt_lr` on its train part and is scored on its
-test part (mean and worst client accuracy and loss, before and after). Algorithms with
-personal models (Ditto) are also scored with each client's own model on its test part.
-`source`: 'sklearn' (bundled 8x8 digits, no download; `examples` per client) or
-'cifar10' (from `cifar10_path`, an .npz in Keras' format, or Keras' downloader).
-Model: multinomial logistic regression.
+and (1 - rho)/9 from each other class. Each client's examples are split 80/10/10 into a
+train, a validation and a test part; evaluation is personalized: every client adapts the
+global model with `adapt_steps` steps of size `adapt_lr` on its train part and is scored
+on its test part (mean and worst client accuracy and loss, before and after), and on its
+validation part for the `validation_` metrics a grid tunes on. Algorithms with personal
+models (Ditto) are also scored with each client's own model on its test and validation
+parts. `source`: 'sklearn' (bundled 8x8 digits, no download; `examples` per client) or
+'cifar10' (from `cifar10_path`, an .npz in Keras' format, or Keras' downloader). Model:
+multinomial logistic regression.
 """
 
 from typing import Literal
@@ -77,8 +78,10 @@ def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklear
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'sklearn' or 'cifar10'.")
   parts = dominant_partition(y, rho, examples, np.random.default_rng(seed))
-  cut = int(0.8 * examples)
-  clients = [(x[p[:cut]], y[p[:cut]], x[p[cut:]], y[p[cut:]]) for p in parts]
+  cut, val_cut = int(0.8 * examples), int(0.9 * examples)
+  clients = [(x[p[:cut]], y[p[:cut]], x[p[val_cut:]], y[p[val_cut:]]) for p in parts]
+  validation = [(x[p[:cut]], y[p[:cut]], x[p[cut:val_cut]], y[p[cut:val_cut]])
+                for p in parts]
   ids = [str(i) for i in range(NUM_CLIENTS)]
   key = f'dominant-{source}-rho{rho}-n{examples}-seed{seed}'
   if cifar10_path:
@@ -91,12 +94,16 @@ def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklear
 
   def evaluate(weights, psi=None) -> base.Metrics:
     del psi
-    return personalization.personalized_losses(
-        model, weights, clients, alpha=adapt_lr, steps=adapt_steps, accuracy=True)
+    return base.with_validation(
+        lambda parts: personalization.personalized_losses(
+            model, weights, parts, alpha=adapt_lr, steps=adapt_steps, accuracy=True),
+        clients, validation)
 
   def evaluate_personal(personal) -> base.Metrics:
-    return personalization.personal_model_losses(
-        model, [personal[i] for i in ids], clients, accuracy=True)
+    return base.with_validation(
+        lambda parts: personalization.personal_model_losses(
+            model, [personal[i] for i in ids], parts, accuracy=True),
+        clients, validation)
 
   def evaluate_personal_clients(personal) -> list[dict]:
     rows = personalization.personal_model_scores(

@@ -8,14 +8,16 @@ examples each (paper: MNIST, 5,000 images against 20 each). `source`:
   saves it), or downloaded once through `tf.keras.datasets.mnist` when the path is
   empty; client 0 gets `big_size` (default 5,000) training examples, as in the paper.
 Pixels are scaled to [0, 1]. `split`:
-* 'iid' (default): examples shuffled, then dealt out; each client has its own test
-  part of the same distribution (`small_size` examples for the small clients, 20% of
-  client 0's share for client 0).
+* 'iid' (default): examples shuffled, then dealt out; each client has its own
+  validation and test parts of the same distribution (`small_size` examples each for the
+  small clients, 10% of client 0's share each for client 0).
 * 'classes': client 0 draws only classes 0-4, clients 1-9 only classes 5-9, the
   harder construction of the issue's NumPy check (reported, not tuned for).
 Model: multinomial logistic regression. Default client rate 0.02: DRFL's steps carry
-a factor up to 1/gamma (5 at the paper's gamma = 0.2), so 0.1 diverges for ComFedL. Metrics: per-client test accuracy
-(`accuracy_<i>`), their average and the worst client, and the mean test loss.
+a factor up to 1/gamma (5 at the paper's gamma = 0.2), so 0.1 diverges for ComFedL.
+Metrics: per-client test accuracy in the per-client CSVs, their average and the worst
+client, and the mean test loss; the same on the validation parts under `validation_`
+names (what a grid tunes on).
 """
 
 from collections.abc import Callable
@@ -36,7 +38,7 @@ NUM_CLIENTS = 10
 
 def _split(x, y, split: str, small_size: int, rng: np.random.Generator,
            big_size: int | None = None):
-  """[(x_train, y_train, x_test, y_test)] for the 10 clients."""
+  """[(x_train, y_train, x_val, y_val, x_test, y_test)] for the 10 clients."""
   order = rng.permutation(len(y))
   if split == 'iid':
     big_pool, small_pool = order, order
@@ -47,18 +49,19 @@ def _split(x, y, split: str, small_size: int, rng: np.random.Generator,
   cursor = 0
   for _ in range(1, NUM_CLIENTS):
     take = []
-    while len(take) < 2 * small_size:
+    while len(take) < 3 * small_size:
       index = small_pool[cursor]
       cursor += 1
       take.append(index)
     used.update(take)
-    parts.append((take[:small_size], take[small_size:]))
+    parts.append((take[:small_size], take[small_size:2 * small_size],
+                  take[2 * small_size:]))
   rest = [i for i in big_pool if i not in used]
   if big_size is not None:
-    rest = rest[:int(big_size / 0.8)]  # big_size for training, a quarter more to test
-  cut = int(0.8 * len(rest))
-  parts.insert(0, (rest[:cut], rest[cut:]))
-  return [(x[a], y[a], x[b], y[b]) for a, b in parts]
+    rest = rest[:int(big_size / 0.8)]  # big_size to train, an eighth more each after
+  cut, val_cut = int(0.8 * len(rest)), int(0.9 * len(rest))
+  parts.insert(0, (rest[:cut], rest[cut:val_cut], rest[val_cut:]))
+  return [(x[a], y[a], x[v], y[v], x[b], y[b]) for a, v, b in parts]
 
 
 @registry.register_task('imbalanced_digits')
@@ -88,8 +91,8 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
     raise ValueError(f"split={split!r} is unknown; choose 'iid' or 'classes'.")
   if model not in ('softmax', 'cnn'):
     raise ValueError(f"model={model!r} is unknown; choose 'softmax' or 'cnn'.")
-  if not 1 <= small_size <= 40:
-    raise ValueError(f'small_size must be in [1, 40], got {small_size}.')
+  if not 1 <= small_size <= 30:  # 9 clients x 3 parts from classes 5-9 ('classes')
+    raise ValueError(f'small_size must be in [1, 30], got {small_size}.')
   if source == 'sklearn':
     x, y = base.bundled_digits()
     limit = None
@@ -100,7 +103,7 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
     raise ValueError(f"source={source!r} is unknown; choose 'sklearn' or 'mnist'.")
   clients = _split(x, y, split, small_size, np.random.default_rng(seed), limit)
   ids = [str(i) for i in range(NUM_CLIENTS)]
-  key = f'imbalanced-{source}-{split}-{small_size}-{limit}-seed{seed}'
+  key = f'imbalanced-{source}-{split}-{small_size}-{limit}-seed{seed}-val'  # with validation parts
   if source == 'mnist':
     key += '-' + array_data.file_digest(mnist_path) if mnist_path else '-keras'
   train_data = array_data.cached_client_data(
@@ -112,23 +115,29 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
              else models.softmax_regression(x.shape[1], 10))
   scores = base.ClassifierScorer(network)
 
-  def evaluate_clients(weights) -> list[dict]:
-    """Each client's test loss and accuracy."""
+  def client_rows(weights, part: int) -> list[dict]:
+    """Each client's loss and accuracy on its part 1 (validation) or 2 (test)."""
     rows = []
-    for i, (_, _, x_test, y_test) in enumerate(clients):
-      loss, accuracy = scores(weights, x_test, y_test)
+    for i, client in enumerate(clients):
+      loss, accuracy = scores(weights, *client[2 * part:2 * part + 2])
       rows.append(dict(client=str(i), loss=loss, accuracy=accuracy))
     return rows
 
+  def evaluate_clients(weights) -> list[dict]:
+    return client_rows(weights, 2)
+
   def evaluate(weights, psi=None) -> base.Metrics:
     del psi
-    rows = evaluate_clients(weights)
-    accuracies = [row['accuracy'] for row in rows]
-    # Each client's accuracy stays in the per-client CSVs (a column per client would
-    # not scale to thousands of clients).
-    return dict(average_accuracy=float(np.mean(accuracies)),
-                worst_accuracy=float(np.min(accuracies)),
-                mean_loss=float(np.mean([row['loss'] for row in rows])))
+
+    def summary(rows):
+      # Each client's accuracy stays in the per-client CSVs (a column per client would
+      # not scale to thousands of clients).
+      accuracies = [row['accuracy'] for row in rows]
+      return dict(average_accuracy=float(np.mean(accuracies)),
+                  worst_accuracy=float(np.min(accuracies)),
+                  mean_loss=float(np.mean([row['loss'] for row in rows])))
+
+    return base.with_validation(lambda part: summary(client_rows(weights, part)), 2, 1)
 
   return base.Task(
       name='imbalanced_digits', model=network,

@@ -1,11 +1,14 @@
 """Sinewave regression, the MAML benchmark used by Per-FedAvg and Local-SCGDM.
 
-Each client is a task y = A sin(x - phi), A ~ U[0.1, 5], phi ~ U[0, pi],
-x ~ U[-5, 5], with a K-shot train part and a K-shot test part (K = `shots`).
-Training clients hold both parts as their data (algorithms draw their own batches);
-held-out clients are used for personalized evaluation: adapt on the train part with
-`adapt_steps` steps of size `adapt_lr`, score on the test part (mean and worst client
-loss, before and after). Model: MLP 1-40-40-1.
+Each client is a task y = A sin(x - phi), A ~ U[0.1, 5], phi ~ U[0, pi], x ~ U[-5, 5],
+with a K-shot train part and a K-shot test part (K = `shots`). Training clients hold
+both parts as their data (algorithms draw their own batches); held-out clients are used
+for personalized evaluation: adapt on the train part with `adapt_steps` steps of size
+`adapt_lr`, score on the test part (mean and worst client loss, before and after). A
+second set of `eval_clients` held-out clients, drawn after them, is scored the same way
+for tuning (`validation_` metrics): a grid picks its configuration on those, never on
+the reported ones; `train_` metrics score the training clients the same way (adapt on
+their first K examples, score on the last K). Model: MLP 1-40-40-1.
 """
 
 import numpy as np
@@ -38,7 +41,8 @@ def build_sinewave_task(*, num_clients: int = 100, eval_clients: int = 50, shots
 
   Args:
     num_clients: training clients (sine tasks).
-    eval_clients: held-out clients of the personalized evaluation.
+    eval_clients: held-out clients of the personalized evaluation (and as many more for
+      the `validation_` metrics).
     shots: K: examples in each client's train part and in its test part.
     adapt_lr: step size of the evaluation's adaptation steps.
     adapt_steps: adaptation steps each evaluation client takes on its train part.
@@ -49,6 +53,7 @@ def build_sinewave_task(*, num_clients: int = 100, eval_clients: int = 50, shots
   rng = np.random.default_rng(seed)
   train = generate(num_clients, shots, rng)
   held_out = generate(eval_clients, shots, rng)
+  validation = generate(eval_clients, shots, rng)
   ids = [str(i) for i in range(num_clients)]
   train_data = array_data.cached_client_data(
       f'sinewave-c{num_clients}-k{shots}-seed{seed}', ids, (1,), tf.float32,
@@ -58,8 +63,14 @@ def build_sinewave_task(*, num_clients: int = 100, eval_clients: int = 50, shots
 
   def evaluate(weights, psi=None) -> base.Metrics:
     del psi
-    return personalization.personalized_losses(
-        model, weights, held_out, alpha=adapt_lr, steps=adapt_steps)
+
+    def score(clients):
+      return personalization.personalized_losses(
+          model, weights, clients, alpha=adapt_lr, steps=adapt_steps)
+
+    # The MAML objective on the training clients too (the Local-SCGDM slides' train loss).
+    return dict(base.with_validation(score, held_out, validation),
+                **{f'train_{k}': v for k, v in score(train).items()})
 
   def evaluate_clients(weights) -> list[dict]:
     rows = personalization.adapted_scores(model, weights, held_out, alpha=adapt_lr,

@@ -4,8 +4,10 @@ Client k: u_k ~ N(0, alpha), W_k ~ N(u_k, 1)^{60x10}, b_k ~ N(u_k, 1)^10,
 B_k ~ N(0, beta), v_k ~ N(B_k, 1)^60, Sigma = diag(j^-1.2), x ~ N(v_k, Sigma),
 y = argmax softmax(W_k^T x + b_k); n_k = int(lognormal(4, 2)) + 50; 30 clients.
 alpha controls how much local models differ, beta how much local data differ. Each
-client's examples are split 80/20 into train and test. Model: softmax regression.
-Metrics: training loss on all clients' train parts, test accuracy on the test parts.
+client's examples are split 80/10/10 into train, validation and test. Model: softmax
+regression. Metrics: training loss on all clients' train parts, test loss and accuracy
+on the test parts, and `validation_loss` and `validation_accuracy` on the validation
+parts (what a grid tunes on).
 """
 
 import numpy as np
@@ -58,8 +60,12 @@ def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: 
       lambda i: (clients[i][0][:cut[i]], clients[i][1][:cut[i]]))
   x_train = np.concatenate([x[:c] for (x, _), c in zip(clients, cut)])
   y_train = np.concatenate([y[:c] for (_, y), c in zip(clients, cut)])
-  x_test = np.concatenate([x[c:] for (x, _), c in zip(clients, cut)])
-  y_test = np.concatenate([y[c:] for (_, y), c in zip(clients, cut)])
+  # Validation: the first half of each client's remaining 20%, test the second.
+  val_cut = [c + (len(y) - c) // 2 for (_, y), c in zip(clients, cut)]
+  x_val = np.concatenate([x[c:v] for (x, _), c, v in zip(clients, cut, val_cut)])
+  y_val = np.concatenate([y[c:v] for (_, y), c, v in zip(clients, cut, val_cut)])
+  x_test = np.concatenate([x[v:] for (x, _), v in zip(clients, val_cut)])
+  y_test = np.concatenate([y[v:] for (_, y), v in zip(clients, val_cut)])
 
   def evaluate(weights, psi=None) -> base.Metrics:
     del psi
@@ -67,15 +73,16 @@ def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: 
 
     train_loss, _ = base.softmax_scores(kernel, bias, x_train, y_train)
     test_loss, test_accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
-    return dict(train_loss=train_loss, test_loss=test_loss,
-                test_accuracy=test_accuracy)
+    val_loss, val_accuracy = base.softmax_scores(kernel, bias, x_val, y_val)
+    return dict(train_loss=train_loss, test_loss=test_loss, test_accuracy=test_accuracy,
+                validation_loss=val_loss, validation_accuracy=val_accuracy)
 
   def evaluate_clients(weights) -> list[dict]:
     """Each client's loss and accuracy on its own test part."""
     kernel, bias = weights
     rows = []
-    for i, ((x, y), c) in enumerate(zip(clients, cut)):
-      loss, accuracy = base.softmax_scores(kernel, bias, x[c:], y[c:])
+    for i, ((x, y), v) in enumerate(zip(clients, val_cut)):
+      loss, accuracy = base.softmax_scores(kernel, bias, x[v:], y[v:])
       rows.append(dict(client=ids[i], test_loss=loss, test_accuracy=accuracy))
     return rows
 

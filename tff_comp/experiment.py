@@ -561,15 +561,23 @@ def environment() -> dict[str, Any]:
 
 def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
           learning_rates: tuple[float, float] | None = None,
+          client_hparams: dict[str, float] | None = None,
           output_dir: str | None = None,
           extra_config: dict[str, Any] | None = None) -> dict[str, float]:
-  """Trains `runner` (built once, reusable: a grid sets `learning_rates` through the
-  process's hparams) into `output_dir` (default the config's); returns the final
-  evaluation metrics. `extra_config` is recorded in config.json beside the config."""
+  """Trains `runner` (built once, reusable: a grid sets `learning_rates`, and the client
+  work's other hparams by name in `client_hparams`, through the process's hparams) into
+  `output_dir` (default the config's); returns the final evaluation metrics.
+  `extra_config` is recorded in config.json beside the config."""
   prepared.settings['runtime'] = runner.description
   if show_progress:
     print(f'runtime: {runner.description}', flush=True)
-  config = dict(dataclasses.asdict(prepared.config), resolved=resolved_options(prepared),
+  client_hparams = dict(client_hparams or {})
+  if client_hparams and learning_rates is None:
+    raise ValueError('client_hparams are set together with learning_rates.')
+  resolved = resolved_options(prepared)
+  resolved['algorithm_options'].update(  # the values in force, not the build's
+      {k: v for k, v in client_hparams.items() if k in resolved['algorithm_options']})
+  config = dict(dataclasses.asdict(prepared.config), resolved=resolved,
                 environment=environment(), **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir
   check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
@@ -578,18 +586,19 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
       # Checked again under the lock: a run started beside this one may have written.
       check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
       return _train_locked(prepared, runner, config, output_dir, show_progress,
-                           learning_rates)
+                           learning_rates, client_hparams)
   except simulation.OutputDirInUse as e:
     raise ConfigError(str(e)) from e
 
 
 def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
                   output_dir: str, show_progress: bool,
-                  learning_rates: tuple[float, float] | None) -> dict[str, float]:
+                  learning_rates: tuple[float, float] | None,
+                  client_hparams: dict[str, float]) -> dict[str, float]:
   if prepared.config.resume:
     check_resumable(pathlib.Path(output_dir), config)
   if learning_rates is not None and runner.algorithm is not None:
-    hparams = dict(runner.algorithm.client_rule.initial_hparams(),
+    hparams = dict(runner.algorithm.client_rule.initial_hparams(), **client_hparams,
                    learning_rate=learning_rates[0])
     try:
       runner.algorithm.client_rule.check_hparams(hparams)
@@ -608,6 +617,7 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       config=config,
       show_progress=show_progress,
       learning_rates=learning_rates,
+      client_hparams=client_hparams,
       divergence_hint=prepared.algorithm.divergence_hint,
       checkpoint_every=prepared.config.checkpoint_every,
       resume=prepared.config.resume,

@@ -222,12 +222,19 @@ def server_quantities(state) -> Metrics:
 
 
 def set_learning_rates(process, state, client_learning_rate: float,
-                       server_learning_rate: float):
-  """Returns `state` with the client work's and server update's learning rates set.
+                       server_learning_rate: float,
+                       client_hparams: Mapping[str, float] | None = None):
+  """Returns `state` with the client work's and server update's learning rates set, and
+  the client work's other hparams named in `client_hparams` (a grid's own axes).
 
   A server update without a learning rate (q-FedAvg's ratio step) accepts only 1.
   """
   hparams = process.get_hparams(state)
+  for name, value in (client_hparams or {}).items():
+    if name not in hparams['client_work']:
+      raise ValueError(f'the client work has no hyperparameter {name!r}; it has'
+                       f' {sorted(hparams["client_work"])}.')
+    hparams['client_work'][name] = np.float32(value)
   hparams['client_work']['learning_rate'] = np.float32(client_learning_rate)
   if 'learning_rate' in hparams['finalizer']:
     hparams['finalizer']['learning_rate'] = np.float32(server_learning_rate)
@@ -666,6 +673,7 @@ def run_simulation(
     config: Mapping[str, Any],
     show_progress: bool = True,
     learning_rates: tuple[float, float] | None = None,
+    client_hparams: Mapping[str, float] | None = None,
     divergence_hint: str = 'try a smaller learning rate',
     checkpoint_every: int = 50,
     resume: bool = False,
@@ -681,8 +689,8 @@ def run_simulation(
   `sampler`, any object with `sample(round_num) -> RoundClients` and a `capacity`.
   `evaluate` maps the state to metrics (`experiment.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
-  sets (client, server) learning rates through the hparams, so one built runtime serves
-  a whole learning-rate grid. A run already in `output_dir` is replaced
+  sets (client, server) learning rates through the hparams, and `client_hparams` the
+  client work's other hparams by name, so one built runtime serves a whole grid. A run already in `output_dir` is replaced
   (`experiment.check_output_dir` refuses that unless asked), or with `resume`
   continued from its last checkpoint: the state is saved every `checkpoint_every`
   rounds and at the last one, sampling depends on the round only, and the rows after the
@@ -705,7 +713,7 @@ def run_simulation(
   loop = Loop(process, output_dir, rounds)
   loop.state = process.initialize()
   if learning_rates is not None:
-    loop.state = set_learning_rates(process, loop.state, *learning_rates)
+    loop.state = set_learning_rates(process, loop.state, *learning_rates, client_hparams)
   if resume and (output_dir / 'metrics.csv').exists():
     _restore(loop, checkpoints)
     if show_progress:
