@@ -30,7 +30,9 @@ def _cell(runs, metric: str, round_num: int, seeds: int) -> str:
     return f'diverged at round {min(grid.diverged_at(r) for r in runs if round_num not in r[metric])}'
   if seeds == 1:
     return f'{values[0]:.4g}'
-  return f'{np.mean(values):.4g} ± {np.std(values):.2g}'
+  mean, std = np.mean(values), np.std(values)
+  # Equal values can leave a rounding residue (1e-16) in the spread: that is 0.
+  return f'{mean:.4g} ± {0.0 if std <= 1e-9 * max(1.0, abs(mean)) else std:.2g}'
 
 
 def machine() -> str:
@@ -78,6 +80,17 @@ def _select(spec, by_config, seeds: int, rounds: int):
   return pick(candidates, key=candidates.get), complete
 
 
+def grid_edges(spec, algorithm: str, config: tuple[float, ...]) -> list[str]:
+  """The axes on which `config` takes the smallest or largest value tried (of axes
+  with several values): where a wider grid might have found better."""
+  edges = []
+  for (axis, values), value in zip(experiments.axes(spec, algorithm).items(), config):
+    if len(values) > 1 and value in (min(values), max(values)):
+      side = 'largest' if value == max(values) else 'smallest'
+      edges.append(f'{experiments.SHORT_NAMES.get(axis, axis)}={value:g} ({side} tried)')
+  return edges
+
+
 def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
               provenance: str = '') -> str:
   """Writes results.md and the PNG; returns the markdown. `provenance`: how long the
@@ -97,8 +110,8 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
   sizes = {a: len(by_config) for a, by_config in curves.items()}
   budget = (f'{next(iter(sizes.values()))} configurations each' if len(set(sizes.values())) == 1
             else 'grids of ' + ', '.join(f'{a}: {n}' for a, n in sizes.items()))
-  on = (f'`{select}`' + (' (validation data: no reported number picks its own'
-                         ' configuration)' if select != spec.metric else ''))
+  on = f'`{select}`' + (' (validation data)' if select.startswith('validation_') else
+                        f' (not `{spec.metric}`)' if select != spec.metric else '')
   lines = [f'# {name}: each algorithm at its selected configuration{over}', '',
            f'Command: `{command}`', '', *([provenance, ''] if provenance else []),
            f'Tuning: every algorithm searched its own grid ({budget}; the grids are listed'
@@ -114,12 +127,15 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
   markers = {m: itertools.cycle('osD^vP*X') for m in plotted}  # no line hides another
   settled = {m: [] for m in plotted}  # values drawn from the first checkpoint on
   every = []  # the full table of configurations
+  at_edges = []
   for algorithm, by_config in curves.items():
     best, complete = _select(spec, by_config, seeds, rounds)
     runs = by_config[best]
     label = experiments.describe(spec, algorithm, best)
     cells = [_cell(runs, m, c, seeds) for m in reported for c in checkpoints]
     lines.append(f'| {algorithm} | {label} | ' + ' | '.join(cells) + ' |')
+    if edges := grid_edges(spec, algorithm, best):
+      at_edges.append(f'{algorithm}: {", ".join(edges)}')
     for config, config_runs in by_config.items():
       score = (f'{_score(config_runs, select):.4g}' if config in complete else
                _cell(config_runs, select, rounds, seeds))
@@ -139,6 +155,9 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
       if seeds > 1:  # the spread over seeds
         ax.fill_between(common, values.min(0), values.max(0), color=line.get_color(),
                         alpha=0.15, linewidth=0)
+  if at_edges:
+    lines += ['', 'Selected at the edge of its grid (a wider grid might find better): '
+              + '; '.join(at_edges) + '.']
   lines += ['', '## Grids', '']
   lines += [f'- {algorithm} ({sizes[algorithm]}): ' + '; '.join(
       f'{experiments.SHORT_NAMES.get(axis, axis)} in {{{", ".join(f"{v:g}" for v in values)}}}'

@@ -86,6 +86,8 @@ def test_the_selected_configuration_is_chosen_on_validation_data(tmp_path):
   curves = {'fedavg': {(0.1, 1.0): run(0.9, 0.5), (0.2, 1.0): run(0.6, 0.7)}}
   table = summary.summarize('select', spec, curves, 2, tmp_path, 'cmd')
   assert '| fedavg | eta_c=0.2, eta_s=1 | 0.6 |' in table, table
+  # The selection sits on the grid's edge (the largest eta_c tried): the table says so.
+  assert 'edge of its grid (a wider grid might find better): fedavg: eta_c=0.2 (largest' in table
 
 
 def _tiny(lr: float, rounds: int = 100) -> 'experiments.Experiment':
