@@ -20,6 +20,7 @@ from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.binaries import flag_check
 from tff_comp import regularizers
+from tff_comp import server_optimizers
 from tff_comp.ops import client_round
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import simulation
@@ -189,6 +190,17 @@ def define_common_flags() -> None:
                       ' tff_comp.binaries.worker --port=PORT`; private network only).')
   flags.DEFINE_float('regularizer_strength', None,
                      'Strength lam of psi, or radius of a ball constraint.')
+  flags.DEFINE_enum('server_optimizer', None, list(server_optimizers.NAMES),
+                    'The server\'s optimizer at --server_learning_rate, for algorithms'
+                    ' whose server runs one (default: the algorithm\'s own, SGD): sgdm'
+                    ' (FedAvgM), adam, yogi, adagrad (FedAdam, FedYogi, FedAdagrad of Reddi'
+                    ' et al. 2021).')
+  flags.DEFINE_float('server_beta_1', None, 'The server optimizer\'s first-moment decay'
+                     ' (sgdm: its momentum; default 0.9).', lower_bound=0.0)
+  flags.DEFINE_float('server_beta_2', None, 'The server optimizer\'s second-moment decay'
+                     ' (adam, yogi; default 0.99).', lower_bound=0.0)
+  flags.DEFINE_float('server_epsilon', None, 'The adaptive server optimizers\' epsilon'
+                     ' (Reddi et al.\'s tau; default 1e-3).')
 
 
 def _plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
@@ -297,6 +309,10 @@ def config_from_flags(
       data_seed=values.data_seed,
       regularizer=values.regularizer,
       regularizer_strength=values.regularizer_strength,
+      server_optimizer=values.server_optimizer,
+      server_beta_1=values.server_beta_1,
+      server_beta_2=values.server_beta_2,
+      server_epsilon=values.server_epsilon,
       algorithm_options=algorithm_options,
       task_options=task_options,
       output_dir=values.output_dir,

@@ -288,6 +288,7 @@ def flags_recorded(repo_root, tmp_path_factory):
     ('--batch_size=99999999999', 'flag --batch_size=99999999999: '),
     ('--local_epochs=20000', 'flag --local_epochs=20000: '),
     ('--seed=-1', 'flag --seed=-1: '),
+    ('--server_optimizer=adamw', 'flag --server_optimizer=adamw: value should be one of'),
 ])
 def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, flags_recorded,
                                                         bad, says):

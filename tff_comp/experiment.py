@@ -22,6 +22,7 @@ from typing import Any
 from tff_comp import paths
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
+from tff_comp import server_optimizers
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.runtime import base as runtime_base
@@ -75,6 +76,12 @@ class ExperimentConfig:
   data_seed: int | None = 0  # the task: generated data, partition, initial model; None: seed
   regularizer: str | None = None
   regularizer_strength: float | None = None
+  # The server's optimizer by name (server_optimizers.NAMES; None: the algorithm's own)
+  # and its hyperparameters (None: server_optimizers.build's defaults).
+  server_optimizer: str | None = None
+  server_beta_1: float | None = None
+  server_beta_2: float | None = None
+  server_epsilon: float | None = None
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   output_dir: str | None = None  # None: runs/<algorithm>-<task>
@@ -155,7 +162,8 @@ def _check_finite(config: ExperimentConfig) -> None:
   """Every float setting is a finite number (inf or nan would only surface rounds later,
   as a misleading divergence)."""
   values = {name: getattr(config, name) for name in (
-      'client_learning_rate', 'server_learning_rate', 'regularizer_strength')}
+      'client_learning_rate', 'server_learning_rate', 'regularizer_strength',
+      'server_beta_1', 'server_beta_2', 'server_epsilon')}
   values.update(config.algorithm_options)
   values.update({f'{config.task}_{k}': v for k, v in config.task_options.items()})
   for name, value in values.items():
@@ -321,6 +329,34 @@ def _run_settings(config: ExperimentConfig, task, home: dict[str, Any]) -> dict[
   return settings
 
 
+def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
+                      builder_args: dict[str, Any], settings: dict[str, Any]) -> None:
+  """Puts the named server optimizer (at the run's server learning rate) into
+  `builder_args`, or raises ConfigError for a setting that cannot apply."""
+  given = {name: getattr(config, f'server_{name}') for name in ('beta_1', 'beta_2', 'epsilon')
+           if getattr(config, f'server_{name}') is not None}
+  if config.server_optimizer is None:
+    if given:
+      raise ConfigError(f'--server_{next(iter(given))} without --server_optimizer: it sets'
+                        ' that optimizer\'s hyperparameters.')
+    return
+  if not algorithm.accepts('server_optimizer'):
+    takers = [n for n in registry.ALGORITHMS.names()
+              if registry.get_algorithm(n).accepts('server_optimizer')]
+    raise ConfigError(f'--server_optimizer: algorithm {config.algorithm!r} runs no server'
+                      f' optimizer (its server step is its own math); these do:'
+                      f' {", ".join(takers)}.')
+  if builder_args.get('server_momentum'):
+    raise ConfigError('--server_momentum and --server_optimizer both choose the server\'s'
+                      ' optimizer; for momentum use --server_optimizer=sgdm'
+                      ' --server_beta_1=MOMENTUM.')
+  try:
+    builder_args['server_optimizer'] = server_optimizers.build(
+        config.server_optimizer, settings['server_learning_rate'], **given)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+
+
 def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
                   home: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
   """The algorithm builder's arguments: home options, given options, common settings,
@@ -341,6 +377,7 @@ def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
     builder_args['seed'] = config.seed
   if algorithm.accepts('num_clients'):
     builder_args['num_clients'] = task.num_clients
+  _server_optimizer(config, algorithm, builder_args, settings)
   psi = _regularizer(config, task, algorithm)
   if psi is not None:
     builder_args['regularizer'] = psi
