@@ -20,6 +20,7 @@ from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.binaries import flag_check
 from tff_comp import regularizers
+from tff_comp import schedules
 from tff_comp import server_optimizers
 from tff_comp.ops import client_round
 from tff_comp.runtime import inprocess
@@ -199,6 +200,20 @@ def define_common_flags() -> None:
                      ' (sgdm: its momentum; default 0.9).', lower_bound=0.0)
   flags.DEFINE_float('server_beta_2', None, 'The server optimizer\'s second-moment decay'
                      ' (adam, yogi; default 0.99).', lower_bound=0.0)
+  flags.DEFINE_enum('client_lr_schedule', 'constant', list(schedules.NAMES),
+                    'The client learning rate over rounds: constant, exponential'
+                    ' (times --lr_decay_rate every --lr_decay_rounds rounds) or'
+                    ' inverse_sqrt (linear warmup over --lr_warmup_rounds, then'
+                    ' sqrt(warmup / round)).')
+  flags.DEFINE_enum('server_lr_schedule', 'constant', list(schedules.NAMES),
+                    'The server learning rate over rounds (as --client_lr_schedule).')
+  flags.DEFINE_float('lr_decay_rate', 0.5, 'Exponential schedules\' factor per'
+                     ' --lr_decay_rounds rounds, in (0, 1].')
+  flags.DEFINE_integer('lr_decay_rounds', 100, 'Rounds over which an exponential'
+                       ' schedule decays by --lr_decay_rate.', lower_bound=1,
+                       upper_bound=_MAX_COUNT)
+  flags.DEFINE_integer('lr_warmup_rounds', 10, 'Warmup rounds of an inverse_sqrt'
+                       ' schedule.', lower_bound=1, upper_bound=_MAX_COUNT)
   flags.DEFINE_float('server_epsilon', None, 'The adaptive server optimizers\' epsilon'
                      ' (Reddi et al.\'s tau; default 1e-3).')
 
@@ -313,6 +328,11 @@ def config_from_flags(
       server_beta_1=values.server_beta_1,
       server_beta_2=values.server_beta_2,
       server_epsilon=values.server_epsilon,
+      client_lr_schedule=values.client_lr_schedule,
+      server_lr_schedule=values.server_lr_schedule,
+      lr_decay_rate=values.lr_decay_rate,
+      lr_decay_rounds=values.lr_decay_rounds,
+      lr_warmup_rounds=values.lr_warmup_rounds,
       algorithm_options=algorithm_options,
       task_options=task_options,
       output_dir=values.output_dir,

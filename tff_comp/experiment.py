@@ -22,6 +22,7 @@ from typing import Any
 from tff_comp import paths
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
+from tff_comp import schedules as schedules_lib
 from tff_comp import server_optimizers
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
@@ -82,6 +83,12 @@ class ExperimentConfig:
   server_beta_1: float | None = None
   server_beta_2: float | None = None
   server_epsilon: float | None = None
+  # Learning-rate schedules over rounds (schedules.NAMES) and their parameters.
+  client_lr_schedule: str = 'constant'
+  server_lr_schedule: str = 'constant'
+  lr_decay_rate: float = 0.5
+  lr_decay_rounds: int = 100
+  lr_warmup_rounds: int = 10
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   output_dir: str | None = None  # None: runs/<algorithm>-<task>
@@ -97,6 +104,13 @@ class ExperimentConfig:
     """Sampling and availability (raises ValueError for bad values)."""
     return simulation.Participation(self.sampling, self.dropout_rate, self.straggler_rate,
                                     self.straggler_work)
+
+  @property
+  def schedules(self) -> tuple[schedules_lib.Schedule, schedules_lib.Schedule]:
+    """The (client, server) learning-rate schedules (raises ValueError for bad values)."""
+    return tuple(schedules_lib.Schedule(name, self.lr_decay_rate, self.lr_decay_rounds,
+                                        self.lr_warmup_rounds)
+                 for name in (self.client_lr_schedule, self.server_lr_schedule))
 
   @property
   def task_seed(self) -> int:
@@ -163,7 +177,7 @@ def _check_finite(config: ExperimentConfig) -> None:
   as a misleading divergence)."""
   values = {name: getattr(config, name) for name in (
       'client_learning_rate', 'server_learning_rate', 'regularizer_strength',
-      'server_beta_1', 'server_beta_2', 'server_epsilon')}
+      'server_beta_1', 'server_beta_2', 'server_epsilon', 'lr_decay_rate')}
   values.update(config.algorithm_options)
   values.update({f'{config.task}_{k}': v for k, v in config.task_options.items()})
   for name, value in values.items():
@@ -291,6 +305,10 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
     config.participation  # pylint: disable=pointless-statement
   except ValueError as e:
     raise ConfigError(f'--{e}') from e
+  try:
+    config.schedules  # pylint: disable=pointless-statement
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
   try:
     paths.check_cache_root()
   except ValueError as e:
@@ -634,6 +652,11 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
                   client_hparams: dict[str, float]) -> dict[str, float]:
   if prepared.config.resume:
     check_resumable(pathlib.Path(output_dir), config)
+  if not prepared.config.schedules[1].constant:
+    runtime = runner.runtime
+    if 'learning_rate' not in runtime.get_hparams(runtime.initialize())['finalizer']:
+      raise ConfigError(f'--server_lr_schedule: algorithm {prepared.config.algorithm!r}'
+                        ' has no server learning rate to schedule.')
   if learning_rates is not None and runner.algorithm is not None:
     hparams = dict(runner.algorithm.client_rule.initial_hparams(), **client_hparams,
                    learning_rate=learning_rates[0])
@@ -655,6 +678,7 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       show_progress=show_progress,
       learning_rates=learning_rates,
       client_hparams=client_hparams,
+      schedules=prepared.config.schedules,
       divergence_hint=prepared.algorithm.divergence_hint,
       checkpoint_every=prepared.config.checkpoint_every,
       resume=prepared.config.resume,

@@ -612,11 +612,13 @@ def _restore(loop: Loop, checkpoints: Checkpoints) -> None:
 
 
 def run_loop(runtime, loop: Loop, sampler: ClientSampler,
-             callbacks: list[Callback]) -> None:
+             callbacks: list[Callback],
+             rates: Callable[[int], tuple[float, float]] | None = None) -> None:
   """The loop: rounds `loop.done + 1 .. loop.rounds` on the sampler's clients, each
   round's metrics (`train/...`, `participation/...`, `hparams/...`, `server/...`,
   `seconds_per_round`) handed to the callbacks in order. A round where no sampled
-  client reports leaves the state as it was (logged; no train/ metrics)."""
+  client reports leaves the state as it was (logged; no train/ metrics). `rates`, if
+  given, maps a round to its (client, server) learning rates, set before it runs."""
   reserve = getattr(runtime, 'reserve_cohort', None)
   if reserve is not None:
     reserve(sampler.capacity)
@@ -629,6 +631,9 @@ def run_loop(runtime, loop: Loop, sampler: ClientSampler,
   try:
     last = loop.elapsed()
     for round_num in range(loop.done + 1, loop.rounds + 1):
+      if rates is not None:
+        loop.state = set_learning_rates(runtime, loop.state, *rates(round_num))
+        hparams = hparam_metrics(runtime, loop.state)
       clients = sampler.sample(round_num)
       metrics = clients.metrics()
       if clients.reporting:
@@ -674,6 +679,7 @@ def run_simulation(
     show_progress: bool = True,
     learning_rates: tuple[float, float] | None = None,
     client_hparams: Mapping[str, float] | None = None,
+    schedules: tuple[Any, Any] | None = None,
     divergence_hint: str = 'try a smaller learning rate',
     checkpoint_every: int = 50,
     resume: bool = False,
@@ -690,7 +696,9 @@ def run_simulation(
   `evaluate` maps the state to metrics (`experiment.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the hparams, and `client_hparams` the
-  client work's other hparams by name, so one built runtime serves a whole grid. A run already in `output_dir` is replaced
+  client work's other hparams by name, so one built runtime serves a whole grid.
+  `schedules` (client, server) are `schedules.Schedule`s scaling those rates (or the
+  process's own) round by round. A run already in `output_dir` is replaced
   (`experiment.check_output_dir` refuses that unless asked), or with `resume`
   continued from its last checkpoint: the state is saved every `checkpoint_every`
   rounds and at the last one, sampling depends on the round only, and the rows after the
@@ -714,6 +722,15 @@ def run_simulation(
   loop.state = process.initialize()
   if learning_rates is not None:
     loop.state = set_learning_rates(process, loop.state, *learning_rates, client_hparams)
+  rates = None
+  if schedules is not None and not all(schedule.constant for schedule in schedules):
+    hparams = process.get_hparams(loop.state)
+    base = (float(hparams['client_work']['learning_rate']),
+            float(hparams['finalizer'].get('learning_rate', 1.0)))
+
+    def rates(round_num: int) -> tuple[float, float]:
+      return tuple(rate * schedule.factor(round_num)
+                   for rate, schedule in zip(base, schedules))
   if resume and (output_dir / 'metrics.csv').exists():
     _restore(loop, checkpoints)
     if show_progress:
@@ -725,7 +742,7 @@ def run_simulation(
     run_loop(process, loop, sampler, [
         DivergenceGuard(divergence_hint), Evaluator(evaluate, eval_period, evaluate_clients),
         Progress(show_progress), MetricsSink(), RunRecord(config),
-        Checkpointer(checkpoints, checkpoint_every), FinalModel(), *callbacks])
+        Checkpointer(checkpoints, checkpoint_every), FinalModel(), *callbacks], rates)
   except KeyboardInterrupt as interrupt:
     raise Interrupted(loop.saved) from interrupt
   return loop.eval_metrics

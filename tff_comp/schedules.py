@@ -1,0 +1,45 @@
+"""Learning-rate schedules over rounds. The rate at round t (1-based) is base * factor(t),
+set through the process's hparams before the round, so one built process serves any
+schedule and a resumed run lands on the same rates:
+
+    constant      1
+    exponential   decay_rate ** ((t - 1) / decay_rounds)
+    inverse_sqrt  t / warmup_rounds up to warmup_rounds, then sqrt(warmup_rounds / t)
+"""
+
+import dataclasses
+import math
+
+NAMES = ('constant', 'exponential', 'inverse_sqrt')
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """One schedule (see the module docstring); raises ValueError for bad values."""
+
+  name: str = 'constant'
+  decay_rate: float = 0.5
+  decay_rounds: int = 100
+  warmup_rounds: int = 10
+
+  def __post_init__(self):
+    if self.name not in NAMES:
+      raise ValueError(f'learning-rate schedule {self.name!r} is unknown; choose one of'
+                       f' {", ".join(NAMES)}.')
+    if not 0 < self.decay_rate <= 1:
+      raise ValueError(f'--lr_decay_rate must be in (0, 1], got {self.decay_rate}.')
+    for label, value in (('lr_decay_rounds', self.decay_rounds),
+                         ('lr_warmup_rounds', self.warmup_rounds)):
+      if value < 1:
+        raise ValueError(f'--{label} must be >= 1, got {value}.')
+
+  @property
+  def constant(self) -> bool:
+    return self.name == 'constant'
+
+  def factor(self, round_num: int) -> float:
+    if self.name == 'exponential':
+      return self.decay_rate ** ((round_num - 1) / self.decay_rounds)
+    if self.name == 'inverse_sqrt':
+      return min(round_num / self.warmup_rounds, math.sqrt(self.warmup_rounds / round_num))
+    return 1.0
