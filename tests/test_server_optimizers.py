@@ -69,6 +69,20 @@ def test_a_run_takes_a_server_optimizer_by_name_and_records_it(tmp_path):
   assert 'hparams/finalizer/beta_2' in header  # Yogi's hyperparameters are the server's
 
 
+@pytest.mark.parametrize('runtime', ['inprocess', 'tff'])
+def test_an_adaptive_server_takes_scheduled_and_grid_rates(tmp_path, runtime):
+  """Rates set through the hparams (a schedule, a grid's rates) keep the dtype the
+  optimizer's state holds: Adam's hparams are float64 and a float32 rate among them
+  would fail its update."""
+  prepared = experiment.prepare(_config(
+      tmp_path, server_optimizer='adam', server_learning_rate=0.1, runtime=runtime,
+      client_lr_schedule='exponential', server_lr_schedule='inverse_sqrt'))
+  runner = experiment.build_runner(prepared)
+  final = experiment.train(prepared, runner, show_progress=False,
+                           learning_rates=(0.01, 0.2))
+  assert final and all(np.isfinite(v) for v in final.values())
+
+
 @pytest.mark.parametrize('fields, says', [
     (dict(algorithm='qfedavg', server_optimizer='adam'), 'runs no server optimizer'),
     (dict(server_optimizer='adam', server_beta_1=1.0), '--server_beta_1 must be in [0, 1)'),

@@ -230,14 +230,20 @@ def set_learning_rates(process, state, client_learning_rate: float,
   A server update without a learning rate (q-FedAvg's ratio step) accepts only 1.
   """
   hparams = process.get_hparams(state)
+
+  def put(group: str, name: str, value: float) -> None:
+    # In the dtype the state holds (TFF's adaptive optimizers keep float64 hparams, and
+    # one float32 among them fails their update).
+    hparams[group][name] = np.asarray(value, np.asarray(hparams[group][name]).dtype)
+
   for name, value in (client_hparams or {}).items():
     if name not in hparams['client_work']:
       raise ValueError(f'the client work has no hyperparameter {name!r}; it has'
                        f' {sorted(hparams["client_work"])}.')
-    hparams['client_work'][name] = np.float32(value)
-  hparams['client_work']['learning_rate'] = np.float32(client_learning_rate)
+    put('client_work', name, value)
+  put('client_work', 'learning_rate', client_learning_rate)
   if 'learning_rate' in hparams['finalizer']:
-    hparams['finalizer']['learning_rate'] = np.float32(server_learning_rate)
+    put('finalizer', 'learning_rate', server_learning_rate)
   elif server_learning_rate != 1.0:
     raise ValueError('this process has no server learning rate to set.')
   return process.set_hparams(state, hparams)
