@@ -232,7 +232,9 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(repo_root, tmp
   assert proc.returncode == code, stderr
   line = stderr.strip().splitlines()[-1]
   saved = int(line.split('saved the state of round ')[1].split(',')[0])
-  assert line.startswith(f'run.py: {says}; ') and saved >= 4, line
+  # Round 4's row is written before its last callbacks run: a signal among them saves
+  # round 3, the last round every callback saw.
+  assert line.startswith(f'run.py: {says}; ') and saved >= 3, line
   resumed = subprocess.run(run + [f'--rounds={saved + 3}', '--resume'], capture_output=True,
                            text=True, env=env, cwd=repo_root, timeout=300)
   assert resumed.returncode == 0 and f'resuming from round {saved}' in resumed.stdout
