@@ -638,8 +638,13 @@ def run_loop(runtime, loop: Loop, sampler: ClientSampler,
     last = loop.elapsed()
     for round_num in range(loop.done + 1, loop.rounds + 1):
       if rates is not None:
-        loop.state = set_learning_rates(runtime, loop.state, *rates(round_num))
-        hparams = hparam_metrics(runtime, loop.state)
+        client_rate, server_rate = rates(round_num)
+        loop.state = set_learning_rates(runtime, loop.state, client_rate, server_rate)
+        # The logged rates follow from the values just set (no second read of the state).
+        for key, rate in (('hparams/client_work/learning_rate', client_rate),
+                          ('hparams/finalizer/learning_rate', server_rate)):
+          if key in hparams:
+            hparams[key] = float(str(np.float32(rate)))
       clients = sampler.sample(round_num)
       metrics = clients.metrics()
       if clients.reporting:
