@@ -214,6 +214,34 @@ def define_common_flags() -> None:
                        upper_bound=_MAX_COUNT)
   flags.DEFINE_integer('lr_warmup_rounds', 10, 'Warmup rounds of an inverse_sqrt'
                        ' schedule.', lower_bound=1, upper_bound=_MAX_COUNT)
+  flags.DEFINE_enum('aggregator', 'mean', list(experiment.AGGREGATORS),
+                    'What averages the model delta (side channels stay exact): mean (the'
+                    ' algorithm\'s own); clip (each client\'s update clipped to'
+                    ' --clip_norm, then the weighted mean); dp (clipped, summed, Gaussian'
+                    ' noise of std noise_multiplier x clip_norm, divided by'
+                    ' --clients_per_round: TFF\'s DP-FedAvg semantics, uniform client'
+                    ' weights); dp_adaptive (dp with the clip adapting to'
+                    ' --clip_quantile of the update norms). Both runtimes run all four.')
+  flags.DEFINE_float('clip_norm', None, 'L2 norm client updates are clipped to (clip, dp;'
+                     ' dp_adaptive: the initial clip, default 0.1).')
+  flags.DEFINE_float('noise_multiplier', None, 'dp/dp_adaptive: noise std over the clip'
+                     ' norm (dp_adaptive: the effective total, as TFF\'s).')
+  flags.DEFINE_float('target_epsilon', None, 'dp/dp_adaptive: the privacy budget. Without'
+                     ' --noise_multiplier, the noise is calibrated so that --rounds rounds'
+                     ' spend it; with it, the run stops (state saved) when it is spent.')
+  flags.DEFINE_float('target_delta', None, 'dp/dp_adaptive: the delta epsilon is stated'
+                     ' at (default population^-1.1; must be below 1/population; --delta is'
+                     ' Per-FedAvg\'s finite-difference step).')
+  flags.DEFINE_float('clip_quantile', 0.5, 'dp_adaptive: the quantile of update norms the'
+                     ' clip adapts to.')
+  flags.DEFINE_float('clip_learning_rate', 0.2, 'dp_adaptive: the clip\'s geometric'
+                     ' learning rate.')
+  flags.DEFINE_float('clipped_count_stddev', None, 'dp_adaptive: noise std of the clipped'
+                     ' count (default 0.05 x --clients_per_round; must exceed half the'
+                     ' noise multiplier).')
+  flags.DEFINE_enum('accountant', 'rdp', ['rdp', 'pld'], 'dp/dp_adaptive: the privacy'
+                    ' accountant (dp_accounting): rdp (epsilon every round; any sampling)'
+                    ' or pld (tighter; Poisson sampling; epsilon at evaluations).')
   flags.DEFINE_float('server_epsilon', None, 'The adaptive server optimizers\' epsilon'
                      ' (Reddi et al.\'s tau; default 1e-3).')
 
@@ -333,6 +361,15 @@ def config_from_flags(
       lr_decay_rate=values.lr_decay_rate,
       lr_decay_rounds=values.lr_decay_rounds,
       lr_warmup_rounds=values.lr_warmup_rounds,
+      aggregator=values.aggregator,
+      clip_norm=values.clip_norm,
+      noise_multiplier=values.noise_multiplier,
+      target_epsilon=values.target_epsilon,
+      target_delta=values.target_delta,
+      clip_quantile=values.clip_quantile,
+      clip_learning_rate=values.clip_learning_rate,
+      clipped_count_stddev=values.clipped_count_stddev,
+      accountant=values.accountant,
       algorithm_options=algorithm_options,
       task_options=task_options,
       output_dir=values.output_dir,

@@ -62,6 +62,13 @@ BAD_INPUT = [
     (['--client_learning_rate=0'], '--client_learning_rate must be > 0'),
     (['--server_learning_rate=-1'], '--server_learning_rate must be > 0'),
     (['--rounds=0'], '--rounds must be >= 1'),
+    (['--aggregator=dp', '--clip_norm=1'], '--noise_multiplier or --target_epsilon'),
+    (['--aggregator=dp', '--clip_norm=1', '--target_epsilon=1', '--target_delta=0.5'],
+     'target_delta must be in'),
+    (['--noise_multiplier=1'], 'add --aggregator=clip, dp or dp_adaptive'),
+    (['--aggregator=median'], 'flag --aggregator=median: value should be one of'),
+    (['--aggregator=dp', '--clip_norm=1', '--noise_multiplier=1', '--algo=afl',
+      '--task=dominant_class'], 'per-client weights'),
     (['--clients_per_round=0'], '--clients_per_round must be >= 1'),
     (['--clients_per_round=65'], 'exceeds the 64 clients'),
     (['--algo=fedavg', '--mu=0.1'], "--mu does not apply to algorithm 'fedavg'"),
@@ -221,8 +228,8 @@ def test_custom_aggregation_falls_back_to_tff_saying_why():
       models.linear_regression((2,)), client_learning_rate=0.1,
       model_aggregator=tff.learning.robust_aggregator(zeroing=False))
   _, chosen = experiment.runner_for(process, data, 'auto')
-  assert chosen.startswith('tff (not in-process: a custom model_aggregator')
-  with pytest.raises(experiment.ConfigError, match='--runtime=inprocess: a custom'):
+  assert chosen.startswith('tff (not in-process: its model_aggregator is a TFF factory')
+  with pytest.raises(experiment.ConfigError, match='--runtime=inprocess: its model_aggregator is a TFF factory'):
     experiment.runner_for(process, data, 'inprocess')
 
 

@@ -9,8 +9,10 @@ side channels are aggregated exactly beside it (a weighted mean, or a plain sum 
 per-client slots), never clipped, noised or compressed with it.
 
 TFF's differential-privacy factories are unweighted. An unweighted `inner` is accepted
-where the algorithm's math is a uniform mean (`check_unweighted`): its result is then
-the weighted mean's, every client's weight being 1.
+where the algorithm's math is a uniform mean (`ops.privacy.check_uniform`): its result
+is then the weighted mean's, every client's weight being 1. `privacy_factory` maps an
+`ops.privacy.PrivateMean` (what the in-process runtime runs) to TFF's factory with its
+semantics.
 """
 
 import collections
@@ -18,31 +20,14 @@ import collections
 import tensorflow_federated as tff
 
 from tff_comp.ops import aggregation
-from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import messages
+from tff_comp.ops import privacy
 
 Factory = tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
 
 
-def check_unweighted(algorithm: algorithm_lib.Algorithm) -> None:
-  """Raises ValueError (one line) unless an unweighted model aggregator computes
-  `algorithm`'s aggregation: uniform client weights, no per-client weights of the rule,
-  no client state reported beside the delta."""
-  name = type(algorithm.client_rule).__name__
-  if algorithm.client_rule.weighs_clients:
-    raise ValueError(f'an unweighted model_aggregator (TFF\'s DP factories are) cannot'
-                     f' apply {name}\'s per-client weights; use a weighted factory.')
-  if algorithm.client_options.weighting != 'uniform':
-    raise ValueError('an unweighted model_aggregator (TFF\'s DP factories are) needs'
-                     ' uniform client weights: build with client_weighting=\'uniform\'.')
-  if messages.reports_client_state(algorithm.server_rule.update_spec()):
-    raise ValueError(f'{name} reports model-sized client state beside its delta, which an'
-                     ' unweighted (DP) model_aggregator would leave un-noised; refused.')
-
-
 class _AsWeighted(tff.aggregators.WeightedAggregationFactory):
   """An unweighted factory inside the weighted interface, for uniform client weights
-  (all 1: see `check_unweighted`), where both means agree."""
+  (all 1: see `ops.privacy.check_uniform`), where both means agree."""
 
   def __init__(self, inner: tff.aggregators.UnweightedAggregationFactory):
     self._inner = inner
@@ -154,8 +139,24 @@ def _a_norm_of(means):
   return means['a_norm']
 
 
-def factory_for(kind: str, inner: Factory | None = None
+def privacy_factory(spec: privacy.PrivateMean) -> Factory:
+  """TFF's factory computing `spec` (see `ops.privacy`; TFF draws its own noise)."""
+  if spec.kind == privacy.CLIP:
+    return tff.aggregators.clipping_factory(spec.clip_norm, tff.aggregators.MeanFactory())
+  dp = tff.aggregators.DifferentiallyPrivateFactory
+  if spec.kind == privacy.DP:
+    return dp.gaussian_fixed(spec.noise_multiplier, spec.clients_per_round, spec.clip_norm)
+  return dp.gaussian_adaptive(
+      spec.noise_multiplier, spec.clients_per_round, initial_l2_norm_clip=spec.clip_norm,
+      target_unclipped_quantile=spec.target_quantile,
+      learning_rate=spec.clip_learning_rate, clipped_count_stddev=spec.count_stddev)
+
+
+def factory_for(kind: str, inner: Factory | privacy.PrivateMean | None = None
                 ) -> tff.aggregators.WeightedAggregationFactory:
   """The factory placing `ops.aggregation` kind `kind`; `inner` (default MeanFactory)
-  aggregates the model delta (TFF's clipping, compression or DP factories)."""
+  aggregates the model delta (a `PrivateMean`, or TFF's clipping, compression or DP
+  factories)."""
+  if isinstance(inner, privacy.PrivateMean):
+    inner = privacy_factory(inner)
   return UpdateFactory(kind, inner)

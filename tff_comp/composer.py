@@ -29,6 +29,7 @@ from tff_comp import aggregators
 from tff_comp import client_work as client_work_lib
 from tff_comp import server_update as server_update_lib
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import privacy
 
 
 class ComposedLearningProcess(tff.learning.templates.LearningProcess):
@@ -253,17 +254,17 @@ def initial_weights_fn(model: tff.learning.models.FunctionalModel) -> tff.Comput
 def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
   """The LearningProcess placing `algorithm`: client work running its client rule,
   its aggregation as a `tff.aggregators` factory (`aggregators.UpdateFactory`) whose
-  model delta is aggregated by `algorithm.model_aggregator` (default MeanFactory; TFF's
-  robust, compression or DP factories) and side channels exactly, and a server update
+  model delta is aggregated by `algorithm.model_aggregator` (default MeanFactory; an
+  `ops.privacy.PrivateMean`, or TFF's robust, compression or DP factories) and side channels exactly, and a server update
   running its server rule.
 
   Raises:
     ValueError: the model aggregator is unweighted (TFF's DP factories) and the
-      algorithm's aggregation is not a uniform mean (`aggregators.check_unweighted`).
+      algorithm's aggregation is not a uniform mean (`ops.privacy.check_uniform`).
   """
   model_aggregator = algorithm.model_aggregator
   if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
-    aggregators.check_unweighted(algorithm)
+    privacy.check_uniform(algorithm)
   weights_type = client_work_lib.model_weights_type(algorithm.model)
   server_update = server_update_lib.build_server_update(algorithm.server_rule, weights_type)
   return compose_learning_process(

@@ -19,6 +19,7 @@ import platform
 import subprocess
 from typing import Any
 
+from tff_comp import accounting
 from tff_comp import paths
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
@@ -26,6 +27,7 @@ from tff_comp import schedules as schedules_lib
 from tff_comp import server_optimizers
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import privacy
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import simulation
@@ -89,6 +91,19 @@ class ExperimentConfig:
   lr_decay_rate: float = 0.5
   lr_decay_rounds: int = 100
   lr_warmup_rounds: int = 10
+  # What averages the model delta: 'mean' (the algorithm's own aggregation), or
+  # ops.privacy.KINDS: clipping to clip_norm, DP with Gaussian noise (noise_multiplier,
+  # or calibrated to target_epsilon over the rounds; both: fixed noise, the run stops
+  # when target_epsilon is spent), adaptive clipping from clip_norm to clip_quantile.
+  aggregator: str = 'mean'
+  clip_norm: float | None = None
+  noise_multiplier: float | None = None
+  target_epsilon: float | None = None
+  target_delta: float | None = None  # None: accounting.default_delta(population)
+  clip_quantile: float = 0.5
+  clip_learning_rate: float = 0.2
+  clipped_count_stddev: float | None = None  # None: TFF's 0.05 x clients_per_round
+  accountant: str = 'rdp'  # accounting.ACCOUNTANTS
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   output_dir: str | None = None  # None: runs/<algorithm>-<task>
@@ -126,6 +141,7 @@ class Prepared:
   algorithm: registry.Entry
   builder_args: dict[str, Any]
   settings: dict[str, Any]  # the resolved run settings (after task defaults)
+  ledger: accounting.Ledger | None = None  # a DP run's privacy accounting
 
   def build(self):
     """The registered builder's program: an `ops.algorithm.Algorithm` (a plugin's
@@ -177,7 +193,9 @@ def _check_finite(config: ExperimentConfig) -> None:
   as a misleading divergence)."""
   values = {name: getattr(config, name) for name in (
       'client_learning_rate', 'server_learning_rate', 'regularizer_strength',
-      'server_beta_1', 'server_beta_2', 'server_epsilon', 'lr_decay_rate')}
+      'server_beta_1', 'server_beta_2', 'server_epsilon', 'lr_decay_rate', 'clip_norm',
+      'noise_multiplier', 'target_epsilon', 'target_delta', 'clip_quantile', 'clip_learning_rate',
+      'clipped_count_stddev')}
   values.update(config.algorithm_options)
   values.update({f'{config.task}_{k}': v for k, v in config.task_options.items()})
   for name, value in values.items():
@@ -375,6 +393,90 @@ def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
     raise ConfigError(str(e)) from e
 
 
+AGGREGATORS = ('mean', *privacy.KINDS)
+_PRIVACY_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
+
+
+def _recorded_noise_multiplier(config: ExperimentConfig) -> float | None:
+  """A resumed run's calibrated noise multiplier (calibrating again for a changed
+  --rounds would change the noise mid-run)."""
+  try:
+    recorded = json.loads((pathlib.Path(config.output_dir) / 'config.json').read_text())
+    return float(recorded['resolved']['noise_multiplier'])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _model_aggregator(config: ExperimentConfig, algorithm: registry.Entry, task,
+                      builder_args: dict[str, Any], settings: dict[str, Any]
+                      ) -> accounting.Ledger | None:
+  """Puts the --aggregator's `privacy.PrivateMean` into `builder_args` (and the resolved
+  noise multiplier and delta into `settings`); returns a DP run's ledger. Raises
+  ConfigError for settings that cannot apply."""
+  kind = config.aggregator
+  if kind not in AGGREGATORS:
+    raise ConfigError(f'--aggregator={kind!r} is unknown; choose one of'
+                      f' {", ".join(AGGREGATORS)}.')
+  given = [name for name in ('clip_norm', *_PRIVACY_FLAGS) if getattr(config, name) is not None]
+  if kind == 'mean':
+    if given:
+      raise ConfigError(f'--{given[0]} sets a clipping or DP aggregator: add'
+                        ' --aggregator=clip, dp or dp_adaptive.')
+    return None
+  if not algorithm.accepts('model_aggregator'):
+    raise ConfigError(f'--aggregator: algorithm {config.algorithm!r} takes no model'
+                      ' aggregator (its aggregation is its own math).')
+  private = kind != privacy.CLIP
+  if not private and any(getattr(config, name) is not None for name in _PRIVACY_FLAGS):
+    raise ConfigError('--aggregator=clip adds no noise: --noise_multiplier,'
+                      ' --target_epsilon and --target_delta go with --aggregator=dp or dp_adaptive.')
+  clip_norm = config.clip_norm
+  if clip_norm is None:
+    if kind != privacy.DP_ADAPTIVE:
+      raise ConfigError(f'--aggregator={kind} needs --clip_norm (the L2 norm each client\'s'
+                        ' update is clipped to).')
+    clip_norm = 0.1  # TFF's initial_l2_norm_clip
+  ledger, z = None, 0.0
+  n = settings['clients_per_round']
+  if private:
+    if config.noise_multiplier is None and config.target_epsilon is None:
+      raise ConfigError(f'--aggregator={kind} needs --noise_multiplier or --target_epsilon.')
+    if config.target_epsilon is not None and not config.target_epsilon > 0:
+      raise ConfigError(f'--target_epsilon must be > 0, got {config.target_epsilon}.')
+    if config.client_weighting not in (None, 'uniform'):
+      raise ConfigError(f'--aggregator={kind} weighs every client alike (TFF\'s DP'
+                        ' semantics): drop --client_weighting or set it to uniform.')
+    if algorithm.accepts('client_weighting'):
+      builder_args['client_weighting'] = settings['client_weighting'] = 'uniform'
+    delta = (config.target_delta if config.target_delta is not None
+             else accounting.default_delta(task.num_clients))
+    try:
+      accounting.check(config.sampling, config.accountant, delta, task.num_clients)
+      z = config.noise_multiplier
+      if z is None and config.resume:
+        z = _recorded_noise_multiplier(config)
+      if z is None:
+        z = accounting.calibrate(
+            config.target_epsilon, settings['rounds'], clients_per_round=n,
+            population=task.num_clients, sampling=config.sampling, delta=delta,
+            accountant=config.accountant)
+      ledger = accounting.Ledger(z, n, task.num_clients, config.sampling, delta,
+                                 config.accountant)
+      if config.target_epsilon is not None and ledger.epsilon(1) > config.target_epsilon:
+        raise ValueError(f'one round with noise multiplier {z:.4g} already spends epsilon'
+                         f' {ledger.epsilon(1):.3g}, over --target_epsilon.')
+    except ValueError as e:
+      raise ConfigError(f'--aggregator={kind}: {e}') from e
+    settings.update(noise_multiplier=z, target_delta=delta)
+  try:
+    builder_args['model_aggregator'] = privacy.PrivateMean(
+        kind, clip_norm, z, n, config.clip_quantile, config.clip_learning_rate,
+        config.clipped_count_stddev)
+  except ValueError as e:
+    raise ConfigError(f'--aggregator={kind}: {e}') from e
+  return ledger
+
+
 def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
                   home: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
   """The algorithm builder's arguments: home options, given options, common settings,
@@ -422,7 +524,8 @@ def prepare(config: ExperimentConfig) -> Prepared:
   task = _build_task(config, task_entry)
   settings = _run_settings(config, task, home)
   builder_args = _builder_args(config, algorithm, task, home, settings)
-  prepared = Prepared(config, task, algorithm, builder_args, settings)
+  ledger = _model_aggregator(config, algorithm, task, builder_args, settings)
+  prepared = Prepared(config, task, algorithm, builder_args, settings, ledger)
   if config.resume:  # refused before any runtime is built (checked again in `train`)
     check_resumable(pathlib.Path(config.output_dir),
                     dict(dataclasses.asdict(config), resolved=resolved_options(prepared)))
@@ -683,7 +786,25 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       checkpoint_every=prepared.config.checkpoint_every,
       resume=prepared.config.resume,
       participation=prepared.config.participation,
+      callbacks=_privacy_callbacks(prepared, show_progress),
   )
+
+
+def _privacy_callbacks(prepared: Prepared, show_progress: bool
+                       ) -> tuple[simulation.Callback, ...]:
+  """A DP run's accounting: epsilon every round, and an end when --target_epsilon is
+  spent (with a fixed --noise_multiplier, or a resumed run given more rounds)."""
+  ledger, budget = prepared.ledger, prepared.config.target_epsilon
+  if ledger is None:
+    return ()
+  rounds = prepared.settings['rounds']
+  last = rounds if budget is None else ledger.rounds_within(budget, rounds)
+  if show_progress:
+    print(f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; {ledger.assumption}'
+          + (f'; epsilon {budget} lasts {last} rounds' if budget else ''), flush=True)
+  return (accounting.PrivacySpent(ledger, last, budget,
+                                  every=1 if ledger.accountant == 'rdp'
+                                  else prepared.settings['eval_period']),)
 
 
 def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:

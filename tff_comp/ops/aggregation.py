@@ -54,23 +54,39 @@ def slot_fields(update) -> list[str]:
   return [name for name in update._fields if name != 'delta']
 
 
+def model_part(kind: str, stacked: Any) -> Any:
+  """The part of the stacked updates a model aggregator (clipping, DP) averages: the
+  delta (NORMALIZED: each client's delta / ||a_i||_1), or the whole update when it has
+  no `delta` field."""
+  if not hasattr(stacked, 'delta'):
+    return stacked
+  if kind == NORMALIZED:
+    return tf.nest.map_structure(
+        lambda d: tf.math.divide_no_nan(d, _per_client(stacked.a_norm, d)), stacked.delta)
+  return stacked.delta
+
+
+def combine(kind: str, model_mean: Any, stacked: Any, weights: tf.Tensor) -> Any:
+  """The server's update from the mean of `model_part` and the side channels, which are
+  aggregated exactly here (the weighted mean; SLOTS: the plain sum)."""
+  if not hasattr(stacked, 'delta'):
+    return model_mean
+  if kind == NORMALIZED:
+    return rescale(collections.OrderedDict(
+        normalized=model_mean, a_norm=weighted_mean(stacked.a_norm, weights)))
+  sides = {name: getattr(stacked, name) for name in slot_fields(stacked)}
+  if kind == SLOTS:
+    sides = tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sides)
+  else:
+    sides = weighted_mean(sides, weights)
+  return type(stacked)(delta=model_mean, **sides)
+
+
 def aggregate(kind: str, stacked: Any, weights: tf.Tensor) -> Any:
   """The server's update from a cohort's stacked updates and weights (see above)."""
-  if kind == MEAN:
-    return weighted_mean(stacked, weights)
-  if kind == NORMALIZED:
-    normalized = normalize(stacked._replace(
-        a_norm=tf.nest.map_structure(lambda d: _per_client(stacked.a_norm, d),
-                                     stacked.delta)))
-    return rescale(weighted_mean(
-        collections.OrderedDict(normalized=normalized['normalized'], a_norm=stacked.a_norm),
-        weights))
-  if kind == SLOTS:
-    tables = {name: tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0),
-                                          getattr(stacked, name))
-              for name in slot_fields(stacked)}
-    return type(stacked)(delta=weighted_mean(stacked.delta, weights), **tables)
-  raise ValueError(f'aggregation {kind!r} is unknown; choose one of {KINDS}.')
+  if kind not in KINDS:
+    raise ValueError(f'aggregation {kind!r} is unknown; choose one of {KINDS}.')
+  return combine(kind, weighted_mean(model_part(kind, stacked), weights), stacked, weights)
 
 
 def measurements(kind: str, stacked: Any, weights: tf.Tensor) -> collections.OrderedDict:

@@ -18,6 +18,7 @@ from typing import Any
 
 from tff_comp.ops import aggregation as aggregation_lib
 from tff_comp.ops import client_round
+from tff_comp.ops import privacy
 from tff_comp.ops import rule as rule_lib
 
 
@@ -25,9 +26,10 @@ from tff_comp.ops import rule as rule_lib
 class Algorithm:
   """model: a FunctionalModel; aggregation: one of `ops.aggregation.KINDS`.
 
-  model_aggregator: None (the aggregation above, run by every runtime), or a
-  `tff.aggregators` factory replacing the mean of the model delta (TFF's DP, robust or
-  compression factories; side channels stay exact). Only TFF's runtime runs one.
+  model_aggregator: what averages the model delta in place of the weighted mean (side
+  channels stay exact): None; an `ops.privacy.PrivateMean` (clipping, DP; every
+  runtime runs it); or any `tff.aggregators` factory (TFF's robust, compression or DP
+  factories), which only TFF's runtime runs.
   """
 
   model: Any
@@ -46,3 +48,5 @@ class Algorithm:
     if self.aggregation not in aggregation_lib.KINDS:
       raise ValueError(f'aggregation={self.aggregation!r} is unknown; choose one of'
                        f' {aggregation_lib.KINDS}.')
+    if isinstance(self.model_aggregator, privacy.PrivateMean) and self.model_aggregator.private:
+      privacy.check_uniform(self)

@@ -8,7 +8,9 @@ as one `tf.function` per round, never building a TFF computation:
 * client data stay resident on the device in variables (`engines.ResidentData`);
 * the cohort's plans come from the one batch schedule (`ops.client_round.plan_cohort`);
 * an engine (`runtime.engines`: lanes, mapped, debug) runs the cohort's client work;
-* aggregation, the server step and the round's metrics are computed in the same graph.
+* aggregation (with clipping or DP noise for a `privacy.PrivateMean` model
+  aggregator, its state in the state's `aggregator` field), the server step and the
+  round's metrics are computed in the same graph.
 
 `InProcessRuntime` implements `runtime.base.Runtime` (registered as 'inprocess'); its
 state is TFF's `LearningAlgorithmState`, as the TFF process's, and it gives the same
@@ -31,6 +33,7 @@ from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
+from tff_comp.ops import privacy
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
@@ -119,6 +122,7 @@ class InProcessRuntime:
     self.client_ids = data.client_ids
     self.device = device or choose_device()
     self.keeps_personal_models = algorithm.server_rule.keeps_personal_models
+    self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
     rule, options = algorithm.client_rule, algorithm.client_options
     self.data = engines_lib.ResidentData(data.examples, data.counts, data.client_ids,
                                          self.device, with_keys=options.uses_client_key)
@@ -201,8 +205,9 @@ class InProcessRuntime:
       hparams = collections.OrderedDict(
           (k, tf.constant(v, tf.float32))
           for k, v in algorithm.client_rule.initial_hparams().items())
+      aggregator = self._private.initial_state() if self._private else ()
     return _state(weights, client_round.ClientWorkState(hparams, tf.constant(0)),
-                  server_state)
+                  server_state, aggregator)
 
   # Readers return NumPy values, as TFF's computations do.
   def get_model_weights(self, state: base.State):
@@ -210,7 +215,7 @@ class InProcessRuntime:
 
   def set_model_weights(self, state: base.State, weights) -> base.State:
     return _state(weights, state.client_work,
-                  self.algorithm.server_rule.reset(state.finalizer, weights))
+                  self.algorithm.server_rule.reset(state.finalizer, weights), state.aggregator)
 
   def get_hparams(self, state: base.State) -> collections.OrderedDict:
     return tf.nest.map_structure(np.asarray, collections.OrderedDict(
@@ -224,7 +229,7 @@ class InProcessRuntime:
             (k, tf.constant(v, tf.float32)) for k, v in hparams['client_work'].items()),
         state.client_work.round)
     return _state(state.global_model_weights, work, self.algorithm.server_rule.set_hparams(
-        state.finalizer, hparams['finalizer']))
+        state.finalizer, hparams['finalizer']), state.aggregator)
 
   def get_personal_weights(self, state: base.State):
     return tf.nest.map_structure(
@@ -257,19 +262,19 @@ class InProcessRuntime:
     state = tf.nest.map_structure(
         lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else v, state)
     args = (state.global_model_weights, state.finalizer,
-            client_round.ClientWorkState(*state.client_work))
+            client_round.ClientWorkState(*state.client_work), state.aggregator)
     with tf.device(self.device):
       try:
-        weights, server_state, metrics = self._run_round(args, indices, work)
+        weights, server_state, aggregator, metrics = self._run_round(args, indices, work)
       except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as error:
         if not self._fallback:
           raise
         # A rule XLA or vectorization cannot run (the round is pure: nothing to undo).
         self._fall_back(error)
-        weights, server_state, metrics = self._run_round(args, indices, work)
+        weights, server_state, aggregator, metrics = self._run_round(args, indices, work)
     self._fallback = False  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
-    return base.RoundOutput(_state(weights, work, server_state), metrics)
+    return base.RoundOutput(_state(weights, work, server_state, aggregator), metrics)
 
   def _run_round(self, args, indices: tf.Tensor, work: tf.Tensor):
     # Only the lanes kernel has a compiled cohort shape: the other engines take 0, so a
@@ -292,7 +297,8 @@ class InProcessRuntime:
                    f' ({type(error).__name__})'))
     logging.warning('in-process runtime: %s; clients run mapped.', self.why)
 
-  def _round(self, weights, server_state, work_state, indices, work, capacity: int):
+  def _round(self, weights, server_state, work_state, aggregator, indices, work,
+             capacity: int):
     algorithm, hparams = self.algorithm, work_state.hparams
     rule, options = algorithm.client_rule, algorithm.client_options
     payload = algorithm.server_rule.payload(server_state, weights)
@@ -316,15 +322,25 @@ class InProcessRuntime:
                                 tf.gather(self.data.offsets, indices), counts,
                                 client_round.ClientPlan(context, schedule), capacity)
     outputs = self._engines[self.engine].run(cohort)
-    update = aggregation.aggregate(algorithm.aggregation, outputs.update, outputs.weight)
+    kind, measured = algorithm.aggregation, collections.OrderedDict()
+    if self._private is None:
+      update = aggregation.aggregate(kind, outputs.update, outputs.weight)
+    else:  # noise seeded by the run and the round
+      seed = tf.stack([tf.constant(algorithm.client_options.seed, tf.int64),
+                       tf.cast(work_state.round, tf.int64)])
+      model_mean, aggregator, private = self._private.aggregate(
+          aggregator, aggregation.model_part(kind, outputs.update), outputs.weight, seed)
+      # Nested as TFF's factories report them (under 'mean' beside side channels).
+      measured.update(collections.OrderedDict(mean=private)
+                      if hasattr(outputs.update, 'delta') else private)
+      update = aggregation.combine(kind, model_mean, outputs.update, outputs.weight)
     server_state, weights = algorithm.server_rule.step(server_state, weights, update)
     stats = tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats)
+    measured.update(aggregation.measurements(kind, outputs.update, outputs.weight))
     metrics = collections.OrderedDict(
         distributor=(), client_work=client_round.train_metrics(stats, reference),
-        aggregator=aggregation.measurements(algorithm.aggregation, outputs.update,
-                                            outputs.weight) or (),
-        finalizer=())
-    return weights, server_state, metrics
+        aggregator=measured or (), finalizer=())
+    return weights, server_state, aggregator, metrics
 
 
 # Local steps a run needs before 'auto' compiles the lanes kernel. Measured on these
@@ -341,10 +357,11 @@ def _too_short(run_steps: int | None) -> str:
           f' lanes kernel')
 
 
-def _state(weights, work: client_round.ClientWorkState, server_state) -> base.State:
+def _state(weights, work: client_round.ClientWorkState, server_state,
+           aggregator) -> base.State:
   return tff.learning.templates.LearningAlgorithmState(
-      global_model_weights=weights, distributor=(), client_work=work, aggregator=(),
-      finalizer=server_state)
+      global_model_weights=weights, distributor=(), client_work=work,
+      aggregator=aggregator, finalizer=server_state)
 
 
 @registry.register_runtime('inprocess')
@@ -361,17 +378,20 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
 
   Raises:
     UnsupportedError: a process composed from hand-built blocks (no Algorithm), an
-      algorithm whose model aggregator is a custom TFF aggregator (clipping, DP,
-      compression: those run on TFF's runtime only), or a Keras model converted by TFF.
+      algorithm whose model aggregator is a TFF factory (compression, robust zeroing,
+      a DP query of its own: those run on TFF's runtime only; clipping and DP run here
+      as an `ops.privacy.PrivateMean`), or a Keras model converted by TFF.
   """
   if isinstance(program, composer.ComposedLearningProcess) and program.algorithm:
     program = program.algorithm
   if not isinstance(program, algorithm_lib.Algorithm):
     raise UnsupportedError('this process was composed from hand-built blocks, not an'
                            ' Algorithm; run it on the TFF runtime.')
-  if program.model_aggregator is not None:
-    raise UnsupportedError('a custom model_aggregator (TFF clipping, compression or DP)'
-                           ' runs on the TFF runtime only.')
+  if not isinstance(program.model_aggregator, (privacy.PrivateMean, type(None))):
+    raise UnsupportedError(
+        f'its model_aggregator is a TFF factory ({type(program.model_aggregator).__name__}),'
+        ' which runs on the TFF runtime only; clipping and DP run in-process as'
+        ' ops.privacy.PrivateMean (--aggregator)')
   _check_runs_outside_tff(program.model)
   return InProcessRuntime(program, client_arrays(client_data), engine=engine, lanes=lanes,
                           device=device, client_rounds=client_rounds)

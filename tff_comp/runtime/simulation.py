@@ -718,8 +718,9 @@ def run_simulation(
   go to `final_model.npz`. `divergence_hint` ends the divergence message (the likely
   cause for the algorithm). `evaluate_clients`, if given, maps the state to one row
   per client, written at every evaluation to `clients/eval_round_<r>.csv`.
-  `callbacks` run after the built-in ones (divergence guard, evaluator, progress,
-  metrics, run record, checkpoints, final model).
+  `callbacks` run after the divergence guard and the evaluator and before the
+  progress line, the metrics sink (so what they add to a round's metrics is written),
+  the run record, checkpoints and the final model.
 
   Raises:
     DivergenceError: the training loss became non-finite.
@@ -752,8 +753,8 @@ def run_simulation(
   try:
     run_loop(process, loop, sampler, [
         DivergenceGuard(divergence_hint), Evaluator(evaluate, eval_period, evaluate_clients),
-        Progress(show_progress), MetricsSink(), RunRecord(config),
-        Checkpointer(checkpoints, checkpoint_every), FinalModel(), *callbacks], rates)
+        *callbacks, Progress(show_progress), MetricsSink(), RunRecord(config),
+        Checkpointer(checkpoints, checkpoint_every), FinalModel()], rates)
   except KeyboardInterrupt as interrupt:
     raise Interrupted(loop.saved) from interrupt
   return loop.eval_metrics

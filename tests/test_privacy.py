@@ -1,0 +1,228 @@
+"""Clipping and DP on both runtimes (`ops.privacy`, `aggregators.privacy_factory`) and
+their accounting (`accounting`): TFF's factories are the reference for the math, TF's
+clip_by_global_norm for clipping, dp_accounting's worked example for the accountant."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import algorithm_cases
+from tff_comp import accounting
+from tff_comp import experiment
+from tff_comp import registry
+from tff_comp.ops import privacy
+from tff_comp.runtime import simulation
+
+DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
+IDS = list(DATA.client_ids)
+
+
+def _algorithm(name: str, spec: privacy.PrivateMean):
+  extra = dict(model_aggregator=spec, client_learning_rate=0.1)
+  if spec.private and registry.get_algorithm(name).accepts('client_weighting'):
+    extra['client_weighting'] = 'uniform'
+  return registry.get_algorithm(name).build(MODEL, **algorithm_cases.arguments(name, extra))
+
+
+def _run(algorithm, runtime_name: str, rounds: int = 3):
+  runtime, _ = experiment.runner_for(algorithm, DATA, runtime_name)
+  state = runtime.initialize()
+  for r in range(rounds):
+    output = runtime.next(state, IDS[r:r + 3])
+    state = output.state
+  return runtime.get_model_weights(state).trainable, output.metrics['aggregator']
+
+
+def test_clipping_is_tfs_clip_by_global_norm_per_client():
+  rng = np.random.default_rng(0)
+  stacked = (rng.normal(size=(4, 3, 2)).astype(np.float32),
+             (rng.normal(size=(4,)) * [0.01, 1, 5, 0.1]).astype(np.float32))
+  clipped, norms = privacy.clip(tf.nest.map_structure(tf.constant, stacked), 1.5)
+  for i in range(4):
+    want, norm = tf.clip_by_global_norm([stacked[0][i], stacked[1][i]], 1.5)
+    np.testing.assert_allclose(norms[i], norm, rtol=1e-6)
+    for got, expected in zip((clipped[0][i], clipped[1][i]), want):
+      np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize('z, stddev', [(0.5, None), (1.0, 2.0), (0.0, None)])
+def test_adaptive_value_noise_is_tffs(z, stddev):
+  from tensorflow_federated.python.aggregators import differential_privacy  # pylint: disable=g-import-not-at-top
+  spec = privacy.PrivateMean('dp_adaptive', 0.1, z, 20.0, clipped_count_stddev=stddev)
+  want = differential_privacy.adaptive_clip_noise_params(z, 20.0, stddev)
+  np.testing.assert_allclose((spec.value_noise_multiplier, spec.count_stddev), want)
+
+
+@pytest.mark.parametrize('name', ['fedavg', 'fednova'])
+@pytest.mark.parametrize('kind', privacy.KINDS)
+def test_without_noise_the_in_process_round_is_tffs_factory(name, kind):
+  """z = 0: the in-process clipped mean equals TFF's clipping_factory / DP factory run
+  on TFF's runtime, the adaptive clip moving alike (1e-5, 3 rounds)."""
+  spec = privacy.PrivateMean(kind, 0.05, 0.0, 3.0, clip_learning_rate=0.5)
+  fast, fast_measured = _run(_algorithm(name, spec), 'inprocess')
+  slow, slow_measured = _run(_algorithm(name, spec), 'tff')
+  plain, _ = _run(_algorithm(name, privacy.PrivateMean(kind, 1e6, 0.0, 3.0)), 'inprocess')
+  assert max(np.abs(a - b).max() for a, b in zip(fast, plain)) > 1e-3  # clipping bites
+  for a, b in zip(fast, slow):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  fast_flat = simulation.flatten_metrics(fast_measured)
+  slow_flat = simulation.flatten_metrics(slow_measured)
+  shared = set(fast_flat) & set(slow_flat)
+  if kind == privacy.DP_ADAPTIVE:
+    assert any(k.endswith('dp_query_metrics/clip') for k in shared)
+  if kind == privacy.CLIP:
+    assert any(k.endswith('clipped_count') for k in shared)
+  for key in shared:
+    np.testing.assert_allclose(fast_flat[key], slow_flat[key], rtol=1e-5)
+
+
+def _noise_samples(spec: privacy.PrivateMean, rounds: int) -> np.ndarray:
+  """W(z) - W(z=0) after one round from the same state, for rounds 0..rounds-1 (the
+  round seeds the noise): n x the noise the server adds to the mean."""
+  noisy, _ = experiment.runner_for(_algorithm('fedavg', spec), DATA, 'inprocess')
+  quiet, _ = experiment.runner_for(
+      _algorithm('fedavg', privacy.PrivateMean('dp', spec.clip_norm, 0.0, 3.0)), DATA,
+      'inprocess')
+  state, samples = quiet.initialize(), []
+  for r in range(rounds):
+    start = state._replace(client_work=state.client_work._replace(round=tf.constant(r)))
+    a = noisy.get_model_weights(noisy.next(start, IDS[:3]).state).trainable
+    b = quiet.get_model_weights(quiet.next(start, IDS[:3]).state).trainable
+    samples.append(np.concatenate([np.ravel(x - y) for x, y in zip(a, b)]))
+  return np.stack(samples)
+
+
+def test_the_noise_has_mean_zero_and_std_z_c_over_n():
+  z, clip, n, rounds = 1.5, 0.2, 3.0, 150
+  samples = _noise_samples(privacy.PrivateMean('dp', clip, z, n), rounds)
+  sigma, count = z * clip / n, samples.size  # server learning rate 1: W moves by the mean
+  assert abs(samples.mean()) < 5 * sigma / np.sqrt(count)
+  assert abs(samples.std() / sigma - 1) < 5 / np.sqrt(2 * count)
+  assert len({tuple(row) for row in np.round(samples, 7)}) == rounds  # a draw per round
+  np.testing.assert_array_equal(samples[:5], _noise_samples(
+      privacy.PrivateMean('dp', clip, z, n), 5))  # fixed by the run and the round
+
+
+def test_a_weighted_aggregation_is_refused_by_dp():
+  with pytest.raises(ValueError, match="client_weighting='uniform'"):
+    registry.get_algorithm('fedavg').build(MODEL, **algorithm_cases.arguments(
+        'fedavg', dict(model_aggregator=privacy.PrivateMean('dp', 1.0, 1.0, 3.0))))
+  with pytest.raises(ValueError, match='per-client weights'):
+    _algorithm('afl', privacy.PrivateMean('dp', 1.0, 1.0, 3.0))
+
+
+# --- accounting ---------------------------------------------------------------------
+
+def test_the_accountant_reproduces_dp_accountings_worked_example():
+  """dp_accounting's rdp test: noise multiplier 4.530877117 makes one Gaussian
+  mechanism (1, 1e-6)-DP. Full participation, one round."""
+  ledger = accounting.Ledger(4.530877117, 10, 10, 'poisson', 1e-6)
+  assert ledger.epsilon(1) == pytest.approx(1.0, abs=1e-4)
+  assert accounting.Ledger(4.530877117, 10, 10, 'poisson', 1e-6, 'pld').epsilon(1) < 1.0
+
+
+def test_sampling_amplifies_privacy_and_epsilon_grows_with_rounds():
+  full = accounting.Ledger(1.0, 100, 100, 'poisson', 1e-4)
+  sampled = accounting.Ledger(1.0, 10, 100, 'poisson', 1e-4)
+  assert sampled.epsilon(50) < full.epsilon(50) / 3
+  per_round = sampled.per_round()
+  epsilons = [per_round(t) for t in (1, 10, 100, 400)]
+  assert epsilons == sorted(epsilons)
+  for t in (1, 37, 400):
+    assert per_round(t) == pytest.approx(sampled.epsilon(t), rel=1e-9)
+  uniform = accounting.Ledger(1.0, 10, 100, 'uniform', 1e-4)
+  assert uniform.per_round()(37) == pytest.approx(uniform.epsilon(37), rel=1e-9)
+  assert accounting.Ledger(0.0, 10, 100, 'poisson', 1e-4).epsilon(3) == np.inf
+
+
+@pytest.mark.parametrize('sampling, accountant', [('poisson', 'rdp'), ('uniform', 'rdp'),
+                                                  ('poisson', 'pld')])
+def test_calibration_spends_the_target_over_the_rounds(sampling, accountant):
+  z = accounting.calibrate(2.0, 200, clients_per_round=10, population=500,
+                           sampling=sampling, delta=1e-4, accountant=accountant)
+  ledger = accounting.Ledger(z, 10, 500, sampling, 1e-4, accountant)
+  assert 1.99 < ledger.epsilon(200) <= 2.0
+  if accountant == 'rdp':  # (PLD's 0.3 s a call: the search is the same code)
+    assert ledger.rounds_within(2.0, 1000) == 200
+
+
+@pytest.mark.parametrize('args, says', [
+    (('with_replacement', 'rdp', 1e-3, 100), 'poisson or uniform'),
+    (('uniform', 'pld', 1e-3, 100), 'PLD'),
+    (('poisson', 'rdp', 0.01, 100), 'target_delta must be in'),
+])
+def test_unaccountable_runs_are_refused(args, says):
+  with pytest.raises(ValueError, match=says):
+    accounting.check(*args)
+
+
+# --- runs ---------------------------------------------------------------------------
+
+def _config(tmp_path, **fields):
+  return experiment.ExperimentConfig(
+      algorithm=fields.pop('algorithm', 'fedavg'), task='quadratic',
+      rounds=fields.pop('rounds', 6), clients_per_round=2, eval_period=2,
+      output_dir=str(tmp_path), **fields)
+
+
+@pytest.mark.parametrize('runtime', ['inprocess', 'tff'])
+def test_a_dp_run_writes_epsilon_every_round_and_records_its_noise(tmp_path, runtime):
+  prepared = experiment.prepare(_config(
+      tmp_path, aggregator='dp_adaptive', target_epsilon=30.0, clipped_count_stddev=1.0,
+      runtime=runtime,
+      sampling='poisson', client_learning_rate=0.05))
+  experiment.run_experiment(prepared, show_progress=False)
+  rows = (tmp_path / 'metrics.csv').read_text().splitlines()
+  header = rows[0].split(',')
+  epsilons = [float(r.split(',')[header.index('privacy/epsilon')]) for r in rows[2:]]
+  assert len(epsilons) == 6 and epsilons == sorted(epsilons)
+  assert epsilons[-1] == pytest.approx(30.0, rel=1e-3)
+  assert any(h.endswith('dp_query_metrics/clip') for h in header)
+  resolved = json.loads((tmp_path / 'config.json').read_text())['resolved']
+  assert resolved['noise_multiplier'] == pytest.approx(prepared.ledger.noise_multiplier)
+  assert resolved['client_weighting'] == 'uniform' and resolved['target_delta'] < 1 / 6
+
+
+def test_the_run_stops_when_the_budget_is_spent_and_a_resume_stops_too(tmp_path):
+  ledger = accounting.Ledger(1.0, 2, 6, 'uniform', 0.1)
+  budget = ledger.epsilon(4) + 1e-6  # round 5 would exceed it
+  fields = dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, target_delta=0.1,
+                target_epsilon=budget, rounds=9, checkpoint_every=100)
+  experiment.run_experiment(experiment.prepare(_config(tmp_path, **fields)),
+                            show_progress=False)
+  rounds = [int(r.split(',')[0]) for r in
+            (tmp_path / 'metrics.csv').read_text().splitlines()[1:]]
+  assert rounds == list(range(5))  # round 0 (the initial evaluation), then 1..4
+  _, saved = simulation.Checkpoints(tmp_path).load_latest(
+      experiment.build_runner(experiment.prepare(_config(tmp_path, **dict(
+          fields, overwrite=True)))).runtime.initialize())
+  assert saved == 4
+  experiment.run_experiment(experiment.prepare(_config(tmp_path, resume=True, **fields)),
+                            show_progress=False)  # already spent: runs no round
+  assert (tmp_path / 'metrics.csv').read_text().splitlines()[-1].startswith('4,')
+  with pytest.raises(experiment.ConfigError, match='already spends'):
+    experiment.prepare(_config(tmp_path / 'b', **dict(fields,
+                                                     target_epsilon=ledger.epsilon(1) / 2)))
+
+
+@pytest.mark.parametrize('fields, says', [
+    (dict(clip_norm=1.0), '--aggregator=clip, dp or dp_adaptive'),
+    (dict(aggregator='dp', clip_norm=1.0), '--noise_multiplier or --target_epsilon'),
+    (dict(aggregator='dp', noise_multiplier=1.0), 'needs --clip_norm'),
+    (dict(aggregator='clip', clip_norm=1.0, noise_multiplier=1.0), 'adds no noise'),
+    (dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, target_delta=0.5),
+     'target_delta must be in'),
+    (dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0,
+          sampling='with_replacement'), 'poisson or uniform'),
+    (dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0,
+          client_weighting='examples'), 'weighs every client alike'),
+    (dict(aggregator='dp_adaptive', noise_multiplier=1.0), 'clipped_count_stddev'),
+    (dict(aggregator='dp', clip_norm=-1.0, noise_multiplier=1.0), 'clip_norm must be > 0'),
+    (dict(aggregator='median'), 'unknown'),
+])
+def test_a_bad_privacy_setting_is_one_line(tmp_path, fields, says):
+  with pytest.raises(experiment.ConfigError) as error:
+    experiment.prepare(_config(tmp_path, **fields))
+  assert says in str(error.value) and '\n' not in str(error.value)
