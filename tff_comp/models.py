@@ -8,6 +8,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp import keras_models
+
 
 def linear_regression(
     input_shape: tuple[int, ...], *, kernel_shape: tuple[int, ...] | None = None
@@ -148,19 +150,14 @@ def mlp_regression(layer_sizes: tuple[int, ...] = (1, 40, 40, 1), *,
 
 
 def keras_classifier(keras_model, num_features: int) -> tff.learning.models.FunctionalModel:
-  """A Keras classifier (a model, or a function returning one) of flat float features
-  to logits, with int32 labels, as a FunctionalModel
-  (`tff.learning.models.functional_model_from_keras`) with mean sparse softmax
-  cross-entropy. Non-trainable weights (an adapted `Normalization` layer's mean and
-  variance) are passed through unchanged, in training and evaluation.
-
-  Limits of TFF 0.87's conversion (measured): no layer whose training call updates
-  state (batch normalization); a layer frozen with `trainable=False` fails to convert
-  (its variables are created trainable, so TFF's weight lists do not line up); the
-  model runs only inside TFF computations or graphs, so it trains on TFF's runtime
-  (the in-process runtime says so, and `--runtime=auto` picks TFF's).
-  """
-  return tff.learning.models.functional_model_from_keras(
+  """A Keras classifier (a built model, or a function returning one) of flat float
+  features to logits, with int32 labels, as a FunctionalModel with mean sparse softmax
+  cross-entropy (`keras_models.from_keras`: every runtime runs it, in-process
+  included). Non-trainable weights (an adapted `Normalization` layer's mean and
+  variance, a frozen layer's weights) are passed through unchanged."""
+  if not isinstance(keras_model, tf.keras.Model):
+    keras_model = keras_model()
+  return keras_models.from_keras(
       keras_model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       (tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf.int32)))
 

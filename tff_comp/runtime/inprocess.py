@@ -84,6 +84,14 @@ ENGINES = ('auto', 'lanes', 'mapped', 'debug')
 # const_analysis log), about 1 s of compiling every round on sinewave.
 _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve',
                                     'MatrixInverse', 'Cholesky'})
+# Ops `tf.vectorized_map` cannot vectorize when each lane has its own weights: a
+# convolution's filter must be loop invariant, and the gradient of a while loop over
+# TensorLists (a Keras RNN) fails to convert. Such rules run mapped from the start,
+# rather than failing (with TF's pfor error dump) in the first round.
+_NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
+                   'Conv3D': 'a convolution with each client\'s own filter',
+                   'DepthwiseConv2dNative': 'a convolution with each client\'s own filter',
+                   'TensorListReserve': 'a recurrent loop (a Keras RNN)'}
 
 
 class InProcessRuntime:
@@ -170,6 +178,11 @@ class InProcessRuntime:
     slow = {op for _, op in nodes} & _SLOW_UNDER_XLA_ON_CPU
     if slow and 'CPU' in self.device.upper():
       return f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
+    unvectorized = sorted({op for _, op in nodes} & set(_NOT_VECTORIZED))
+    if unvectorized:
+      op = unvectorized[0]
+      return (f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
+              ' tf.vectorized_map cannot vectorize across lanes')
     # TensorFlow names the ops of a gradient of a gradient 'gradients/gradients/...'.
     if any('gradients/gradients/' in name for name, _ in nodes):
       return ('its local step differentiates a gradient (second-order autodiff), which'

@@ -1,0 +1,135 @@
+"""Keras models on the in-process runtime (`keras_models.from_keras`): parity with TFF's
+own Keras path (`tff.learning.models.from_keras_model` in TFF's FedAvg, and
+`functional_model_from_keras` under our FedDualAvg on TFF's runtime)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_comp import experiment
+from tff_comp import keras_models
+from tff_comp import registry
+from tff_comp import regularizers
+
+BATCH, ROUNDS, CLASSES = 4, 3, 5
+IDS = ['a', 'b', 'c', 'd']
+
+
+def _cnn(seed=0):
+  tf.keras.utils.set_random_seed(seed)
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer((8, 8, 1)),
+      tf.keras.layers.Conv2D(4, 3, activation='relu'),
+      tf.keras.layers.Conv2D(6, 3, activation='relu'),
+      tf.keras.layers.MaxPool2D(),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(8, activation='relu'),
+      tf.keras.layers.Dense(CLASSES)])
+
+
+def _lstm(seed=0):
+  tf.keras.utils.set_random_seed(seed)
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer((6,)),
+      tf.keras.layers.Embedding(10, 4),
+      tf.keras.layers.LSTM(5),
+      tf.keras.layers.LayerNormalization(),
+      tf.keras.layers.Dense(CLASSES)])
+
+
+def _data(kind):
+  rng = np.random.default_rng(1)
+  clients = {}
+  for i, cid in enumerate(IDS):
+    n = 6 + 3 * i
+    x = (rng.normal(size=(n, 8, 8, 1)) if kind == 'cnn'
+         else rng.integers(0, 10, size=(n, 6))).astype(np.float32)
+    clients[cid] = (x, rng.integers(0, CLASSES, size=n).astype(np.int32))
+  return tff.simulation.datasets.TestClientData(clients)
+
+
+MAKERS = {'cnn': (_cnn, (8, 8, 1)), 'lstm': (_lstm, (6,))}
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _spec(kind):
+  return (tf.TensorSpec([None, *MAKERS[kind][1]], tf.float32), tf.TensorSpec([None], tf.int32))
+
+
+def _ours(kind, algorithm, engine='auto', **extra):
+  model = keras_models.from_keras(MAKERS[kind][0](), LOSS, _spec(kind))
+  built = registry.get_algorithm(algorithm).build(
+      model, client_learning_rate=0.1, batch_size=BATCH, **extra)
+  runtime, _ = experiment.runner_for(built, _data(kind), 'inprocess', engine=engine)
+  state = runtime.initialize()
+  for r in range(ROUNDS):
+    state = runtime.next(state, IDS[r:r + 2]).state
+  return runtime, runtime.get_model_weights(state).trainable
+
+
+@pytest.mark.parametrize('kind', ['cnn', 'lstm'])
+def test_fedavg_with_a_keras_model_in_process_is_tffs_keras_fedavg(kind):
+  make, _ = MAKERS[kind]
+  runtime, got = _ours(kind, 'fedavg')
+  assert runtime.name == 'inprocess'
+  process = tff.learning.algorithms.build_weighted_fed_avg(
+      lambda: tff.learning.models.from_keras_model(make(), LOSS, input_spec=_spec(kind)),
+      tff.learning.optimizers.build_sgdm(0.1), tff.learning.optimizers.build_sgdm(1.0))
+  data, state = _data(kind), process.initialize()
+  for r in range(ROUNDS):
+    state = process.next(state, [data.create_tf_dataset_for_client(c).batch(BATCH)
+                                 for c in IDS[r:r + 2]]).state
+  want = process.get_model_weights(state).trainable
+  assert max(np.abs(a - b).max() for a, b in zip(got, make().get_weights())) > 1e-3
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('kind', ['cnn', 'lstm'])
+def test_feddualavg_with_a_keras_model_matches_tffs_conversion_on_tffs_runtime(kind):
+  make, _ = MAKERS[kind]
+  extra = dict(regularizer=regularizers.L1(strength=0.01))
+  _, got = _ours(kind, 'feddualavg', **extra)
+  theirs = registry.get_algorithm('feddualavg').build(
+      tff.learning.models.functional_model_from_keras(make(), LOSS, _spec(kind)),
+      client_learning_rate=0.1, batch_size=BATCH, **extra)
+  runtime, _ = experiment.runner_for(theirs, _data(kind), 'tff')
+  state = runtime.initialize()
+  for r in range(ROUNDS):
+    state = runtime.next(state, IDS[r:r + 2]).state
+  for a, b in zip(got, runtime.get_model_weights(state).trainable):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('kind, op', [('cnn', 'Conv2D'), ('lstm', 'TensorListReserve')])
+def test_auto_runs_convolutions_and_rnns_mapped_saying_why(kind, op):
+  runtime, _ = _ours(kind, 'fedavg')
+  assert runtime.record['engine'] == 'mapped' and op in runtime.record['why']
+
+
+def test_a_frozen_layer_keeps_its_weights_and_the_rest_trains():
+  model = _cnn()
+  model.layers[0].trainable = False
+  frozen = [w.copy() for w in model.layers[0].get_weights()]
+  converted = keras_models.from_keras(model, LOSS, _spec('cnn'))
+  assert len(converted.initial_weights[1]) == 2  # the frozen conv's kernel and bias
+  built = registry.get_algorithm('fedavg').build(converted, client_learning_rate=0.1,
+                                                 batch_size=BATCH)
+  runtime, _ = experiment.runner_for(built, _data('cnn'), 'inprocess')
+  state = runtime.next(runtime.initialize(), IDS).state
+  weights = runtime.get_model_weights(state)
+  for a, b in zip(weights.non_trainable, frozen):
+    np.testing.assert_array_equal(a, b)
+  assert np.abs(weights.trainable[0] - converted.initial_weights[0][0]).max() > 0
+
+
+@pytest.mark.parametrize('layer, says', [
+    (tf.keras.layers.BatchNormalization(), 'GroupNormalization'),
+    (tf.keras.layers.Dropout(0.1), 'random generator'),
+])
+def test_layers_a_pure_function_cannot_run_are_refused_by_name(layer, says):
+  model = tf.keras.Sequential([tf.keras.layers.InputLayer((4,)), tf.keras.layers.Dense(3),
+                               layer, tf.keras.layers.Dense(2)])
+  with pytest.raises(ValueError, match=f"layer '{layer.name}'.*{says}"):
+    keras_models.from_keras(model, LOSS, (tf.TensorSpec([None, 4]), tf.TensorSpec([None])))

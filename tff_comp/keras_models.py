@@ -1,0 +1,137 @@
+"""Keras models as pure functions of their weights, for every runtime.
+
+`from_keras(model, loss, input_spec)` gives a `tff.learning.models.FunctionalModel`
+whose `predict_on_batch(weights, x)` calls the Keras model with the given weight tensors
+in place of its variables: each layer's attribute holding a variable (Dense.kernel,
+Conv2D.bias, LSTMCell.recurrent_kernel, ...) is pointed at the tensor for the call and
+restored after it. Nothing is imported into a graph (TFF's
+`functional_model_from_keras` imports the model's graph, so it runs only inside TFF
+computations): the function traces inside the in-process round's `tf.function`,
+differentiates twice (MAML) and vectorizes (`tf.vectorized_map`) where the layers' ops
+do, and it runs inside TFF's computations too.
+
+Non-trainable weights (a frozen layer's, an adapted Normalization's statistics) are the
+model's non-trainable weights, passed through unchanged. Refused, naming the layer:
+layers whose training call updates state (BatchNormalization: use GroupNormalization
+or LayerNormalization) and layers drawing random numbers (Dropout, GaussianNoise: a
+stateful generator no runtime can replay per client).
+"""
+
+from collections.abc import Callable, Sequence
+import contextlib
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+# Layers refused, and what to use instead.
+_STATEFUL = {tf.keras.layers.BatchNormalization: 'GroupNormalization or LayerNormalization'}
+_RANDOM = (tf.keras.layers.Dropout, tf.keras.layers.GaussianNoise,
+           tf.keras.layers.GaussianDropout, tf.keras.layers.AlphaDropout)
+
+
+def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
+               input_spec: Any) -> tff.learning.models.FunctionalModel:
+  """`model` (built, with weights) as a FunctionalModel computing `loss(label, output)`
+  (a Keras loss or any callable); see the module docstring.
+
+  Raises:
+    ValueError: the model is not built, holds a refused layer, or keeps a weight where
+      no layer attribute holds it.
+  """
+  if not model.built or not model.weights:
+    raise ValueError('the Keras model has no weights yet: build it (give it an Input or'
+                     ' call model.build(input_shape)) before converting it.')
+  _check_layers(model)
+  trainable, non_trainable = list(model.trainable_weights), list(model.non_trainable_weights)
+  owners, constants = _owners(model), _eager_tensors(model)
+  for variable in trainable + non_trainable:
+    if variable.ref() not in owners:
+      raise ValueError(f'weight {variable.name} is held by no layer attribute, so it cannot'
+                       ' be substituted; wrap it in a layer that keeps it as an attribute.')
+  variables = trainable + non_trainable
+
+  def predict_on_batch(weights, x, training=True):
+    values = [_dense_gradient(w) for w in (*weights[0], *weights[1])]
+    with _substituted(owners, variables, values, constants):
+      return model(x, training=training)
+
+  def loss_fn(output, label, sample_weight=None):
+    del sample_weight
+    return loss(label, output)
+
+  initial = (tuple(np.array(v.numpy()) for v in trainable),
+             tuple(np.array(v.numpy()) for v in non_trainable))
+  # Traced without AutoGraph, as the in-process round (Keras's own call needs none).
+  return tff.learning.models.FunctionalModel(
+      initial_weights=initial,
+      predict_on_batch_fn=tf.function(predict_on_batch, autograph=False),
+      loss_fn=tf.function(loss_fn, autograph=False), input_spec=input_spec)
+
+
+def _check_layers(model: tf.keras.Model) -> None:
+  for layer in _layers(model):
+    for kind, instead in _STATEFUL.items():
+      if isinstance(layer, kind):
+        raise ValueError(f'layer {layer.name!r} ({type(layer).__name__}) updates its state'
+                         f' in training, which a pure function of the weights cannot; use'
+                         f' {instead}.')
+    if isinstance(layer, _RANDOM):
+      raise ValueError(f'layer {layer.name!r} ({type(layer).__name__}) draws from a'
+                       ' stateful random generator, which no runtime can replay per'
+                       ' client; remove it (or regularize otherwise).')
+
+
+def _layers(model: tf.keras.Model) -> Sequence[tf.keras.layers.Layer]:
+  return [m for m in (model, *model.submodules) if isinstance(m, tf.keras.layers.Layer)]
+
+
+def _owners(model: tf.keras.Model) -> dict[Any, list[tuple[Any, str]]]:
+  """variable ref -> the (layer, attribute) pairs holding it (a shared layer's variable
+  is held once per layer object)."""
+  owners: dict[Any, list[tuple[Any, str]]] = {}
+  for layer in _layers(model):
+    for name, value in vars(layer).items():
+      if isinstance(value, tf.Variable):
+        owners.setdefault(value.ref(), []).append((layer, name))
+  return owners
+
+
+def _eager_tensors(model: tf.keras.Model) -> list[tuple[Any, str, np.ndarray]]:
+  """(layer, attribute, value) of the eager tensors layers keep beside their variables
+  (an adapted Normalization's broadcast mean and variance), which a graph (TFF's
+  computations) cannot capture: each call makes them constants of its own graph."""
+  return [(layer, name, value.numpy()) for layer in _layers(model)
+          for name, value in vars(layer).items()
+          if isinstance(value, tf.Tensor) and not isinstance(value, tf.Variable)
+          and hasattr(value, 'numpy')]
+
+
+@contextlib.contextmanager
+def _substituted(owners, variables: Sequence[tf.Variable], values: Sequence[tf.Tensor],
+                 constants: Sequence[tuple[Any, str, np.ndarray]]):
+  """Points every attribute holding one of `variables` at its value, and every kept
+  eager tensor at a constant of the current graph, while the context runs.
+  `object.__setattr__` skips Keras's attribute tracking, which would otherwise record
+  the tensors as the layer's weights."""
+  saved = []
+  try:
+    for variable, value in zip(variables, values, strict=True):
+      for layer, name in owners[variable.ref()]:
+        saved.append((layer, name, variable))
+        object.__setattr__(layer, name, value)
+    for layer, name, value in constants:
+      saved.append((layer, name, getattr(layer, name)))
+      object.__setattr__(layer, name, tf.constant(value))
+    yield
+  finally:
+    for layer, name, original in reversed(saved):
+      object.__setattr__(layer, name, original)
+
+
+@tf.custom_gradient
+def _dense_gradient(weight: tf.Tensor):
+  """The identity, with a dense gradient: an Embedding's lookup would otherwise give
+  IndexedSlices, which the client rules' arithmetic on gradients does not take."""
+  return tf.identity(weight), tf.convert_to_tensor
