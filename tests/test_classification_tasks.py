@@ -102,3 +102,48 @@ def test_sparse_logreg_data_and_a_short_run(tmp_path):
   assert dual['eval/validation_loss'] < 0.63
   assert dual['eval/validation_loss'] < plain['eval/validation_loss'] + 0.01
   assert dual['eval/validation_accuracy'] > 0.68
+
+
+def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_process(
+    tmp_path, monkeypatch):
+  """Bring data (a ClientData) and a Keras model: registered under a name, the task runs
+  through the experiment, in-process, and learns (labels follow the brightest quadrant)."""
+  from tff_comp import keras_models  # pylint: disable=g-import-not-at-top
+  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import classification  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  def client(seed, n):
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, 8, 8, 1), np.float32)
+    label = rng.integers(0, 4, n)
+    for i, q in enumerate(label):  # brighten quadrant q
+      x[i, 4 * (q // 2):4 * (q // 2) + 4, 4 * (q % 2):4 * (q % 2) + 4] += 1.0
+    return x, label.astype(np.int32)
+
+  train = tff.simulation.datasets.TestClientData(
+      {f'c{i}': client(i, 20 + i) for i in range(6)})
+  test = tff.simulation.datasets.TestClientData({'t': client(99, 200)})
+  tf.keras.utils.set_random_seed(0)
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer((8, 8, 1)), tf.keras.layers.Conv2D(4, 3, activation='relu'),
+      tf.keras.layers.MaxPool2D(), tf.keras.layers.Flatten(), tf.keras.layers.Dense(4)])
+  model = keras_models.from_keras(
+      keras_model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      (tf.TensorSpec([None, 8, 8, 1]), tf.TensorSpec([None], tf.int32)))
+
+  def build(*, seed: int = 0):
+    return classification.classification_task('brought', train, test, model, seed=seed,
+                                              defaults=dict(client_learning_rate=0.1))
+
+  monkeypatch.setitem(registry.TASKS._entries, 'brought',  # pylint: disable=protected-access
+                      registry.Entry('brought', build))
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='brought', rounds=30, clients_per_round=3, eval_period=30,
+      output_dir=str(tmp_path)))
+  runner = experiment.build_runner(prepared)
+  assert runner.runtime.name == 'inprocess'
+  before = prepared.task.evaluate(tuple(model.initial_weights[0]), None)
+  final = experiment.train(prepared, runner, show_progress=False)
+  assert final['eval/test_accuracy'] > 0.9 > before['test_accuracy']
+  assert final['eval/train_loss'] < before['train_loss']
