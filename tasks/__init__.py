@@ -3,6 +3,7 @@
 from tff_comp.tasks import lasso
 from tff_comp.tasks import constrained_digits
 from tff_comp.tasks import dominant_class
+from tff_comp.tasks import emnist
 from tff_comp.tasks import imbalanced_digits
 from tff_comp.tasks import nuclear
 from tff_comp.tasks import quadratic
@@ -11,5 +12,5 @@ from tff_comp.tasks import sparse_logreg
 from tff_comp.tasks import synthetic
 from tff_comp.tasks.base import Task
 
-__all__ = ['Task', 'constrained_digits', 'dominant_class', 'imbalanced_digits', 'lasso', 'nuclear', 'quadratic',
+__all__ = ['Task', 'constrained_digits', 'dominant_class', 'emnist', 'imbalanced_digits', 'lasso', 'nuclear', 'quadratic',
            'sinewave', 'sparse_logreg', 'synthetic']

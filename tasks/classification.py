@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tff_comp import regularizers
+from tff_comp.ops import local_loop
 from tff_comp.runtime import inprocess
 from tff_comp.tasks import base
 
@@ -38,11 +39,7 @@ def classification_task(name: str, train_data: tff.simulation.datasets.ClientDat
   training examples scored."""
   score = base.ClassifierScorer(model)
   x_test, y_test = inprocess.client_arrays(test_data).examples
-  x_train, y_train = inprocess.client_arrays(train_data).examples
-  if len(y_train) > eval_examples:
-    kept = np.sort(np.random.default_rng(seed).choice(len(y_train), eval_examples,
-                                                       replace=False))
-    x_train, y_train = x_train[kept], y_train[kept]
+  x_train, y_train = _training_sample(train_data, eval_examples, seed)
 
   def evaluate(trainable, psi) -> dict[str, float]:
     del psi  # no regularizer of its own; the run's does not change these scores
@@ -54,3 +51,20 @@ def classification_task(name: str, train_data: tff.simulation.datasets.ClientDat
   return base.Task(name=name, model=model, train_data=train_data,
                    regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
                    defaults={**DEFAULTS, **(defaults or {})})
+
+
+def _training_sample(train_data: tff.simulation.datasets.ClientData, most: int,
+                     seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """At most `most` training examples: whole clients in an order drawn from `seed`
+  (only those are read, not the population)."""
+  ids = list(train_data.client_ids)
+  parts, count = [], 0
+  for i in np.random.default_rng(seed).permutation(len(ids)):
+    if count >= most:
+      break
+    x, y = (np.asarray(t) for t in local_loop.materialize(
+        train_data.create_tf_dataset_for_client(ids[i])))
+    parts.append((x, y))
+    count += len(y)
+  x, y = (np.concatenate(t) for t in zip(*parts))
+  return x[:most], y[:most]

@@ -10,8 +10,9 @@ Data, by `source`:
   per client (a documented, seeded non-IID partition: the bundled copy has no writer
   ids). Examples cycle through labels so every client gets at least one.
 * 'emnist': Federated EMNIST digits through TFF's own loader
-  (`tff.simulation.datasets.emnist.load_data`), which downloads to `emnist_cache_dir`
-  once, or reads an `emnist_all.sqlite` already there; 28x28 pixels, writers as clients.
+  (`tff.simulation.datasets.emnist.load_data`), reading `emnist_all.sqlite` offline from
+  `emnist_cache_dir` (`tff_files`; a missing file is one line saying where to get it);
+  28x28 pixels, writers as clients.
 
 Metrics: test accuracy and loss, density of W, and the constraint violation
 max(0, ||W|| - rho), which a proximal algorithm keeps at zero every round (float32
@@ -22,10 +23,10 @@ from typing import Literal
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_comp.tasks import array_data
 from tff_comp.tasks import base
+from tff_comp.tasks import tff_files
 from tff_comp import models
 from tff_comp import registry
 from tff_comp import regularizers
@@ -68,9 +69,10 @@ def _sklearn_digits(num_clients: int, alpha: float, seed: int):
 
 def load_emnist(cache_dir: str, *, max_test_examples: int | None = None):
   """Federated EMNIST digits from TFF's loader as (train ClientData of (x[784], y),
-  test x, test y). Downloads once unless `cache_dir` has emnist_all.sqlite."""
-  train, test = tff.simulation.datasets.emnist.load_data(
-      only_digits=True, cache_dir=cache_dir)
+  test x, test y), read offline from `cache_dir`/emnist_all.sqlite (`tff_files`)."""
+  train, test = tff_files.load('emnist', cache_dir, only_digits=True,
+                               hint='point --constrained_digits_emnist_cache_dir at its'
+                               ' folder, or use --constrained_digits_source=sklearn')
 
   def to_examples(dataset):
     return dataset.map(lambda e: (tf.reshape(e['pixels'], [784]), e['label']))
@@ -103,7 +105,7 @@ def build_constrained_digits_task(
     num_clients: clients of the 'sklearn' split.
     alpha: Dirichlet concentration of the clients' label proportions ('sklearn'; smaller
       is more heterogeneous).
-    emnist_cache_dir: where TFF's EMNIST loader finds emnist_all.sqlite or downloads it
+    emnist_cache_dir: the folder holding TFF's emnist_all.sqlite
       ('emnist').
   """
   if constraint not in CONSTRAINTS:
@@ -115,7 +117,8 @@ def build_constrained_digits_task(
     train, x_test, y_test = _sklearn_digits(num_clients, alpha, seed)
   elif source == 'emnist':
     if not emnist_cache_dir:
-      raise ValueError('source=emnist needs emnist_cache_dir (TFF downloads there once).')
+      raise ValueError('source=emnist needs emnist_cache_dir, the folder holding TFF\'s'
+                       ' emnist_all.sqlite.')
     train, x_test, y_test = load_emnist(emnist_cache_dir)
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'sklearn' or 'emnist'.")

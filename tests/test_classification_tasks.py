@@ -1,5 +1,6 @@
 """constrained_digits (bundled data, EMNIST loader offline) and sparse_logreg."""
 
+import collections
 import csv
 import sqlite3
 
@@ -147,3 +148,76 @@ def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_proces
   final = experiment.train(prepared, runner, show_progress=False)
   assert final['eval/test_accuracy'] > 0.9 > before['test_accuracy']
   assert final['eval/train_loss'] < before['train_loss']
+
+
+def _emnist_sql(directory):
+  """A small emnist_all.sqlite written by TFF's own writer, in the schema TFF's loader
+  reads: 3 train and 2 test writers of all 62 classes, 2 + 1 of digits."""
+  from tff_comp.tasks import emnist  # pylint: disable=g-import-not-at-top,unused-import
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  splits = {'w0': 'all_train', 'w1': 'all_train', 'w2': 'all_train', 't0': 'all_test',
+            't1': 'all_test', 'd0': 'digits_only_train', 'd1': 'digits_only_train',
+            'dt': 'digits_only_test'}
+
+  def dataset(client_id):
+    rng = np.random.default_rng(sum(map(ord, client_id)))
+    n = 5 + len(client_id)
+    classes = 10 if client_id.startswith('d') else 62
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+        label=rng.integers(0, classes, n).astype(np.int64),
+        pixels=rng.random((n, 28, 28)).astype(np.float32)))
+
+  tff.simulation.datasets.save_to_sql_client_data(
+      list(splits), dataset, str(directory / 'emnist_all.sqlite'),
+      split_names_by_client_id=splits)
+
+
+@pytest.mark.parametrize('only_digits, writers, classes', [(False, 3, 62), (True, 2, 10)])
+def test_emnist_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, only_digits,
+                                                              writers, classes):
+  _emnist_sql(tmp_path)
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='emnist', rounds=2, clients_per_round=2, eval_period=1,
+      task_options=dict(data_dir=str(tmp_path), only_digits=only_digits),
+      output_dir=str(tmp_path / 'run')))
+  task = prepared.task
+  assert task.num_clients == writers
+  x, y = next(iter(task.train_data.create_tf_dataset_for_client(
+      task.train_data.client_ids[0]).batch(100)))
+  assert x.shape[1:] == (28, 28, 1) and y.dtype == tf.int32
+  assert task.model.initial_weights[0][-1].shape == (classes,)
+  runner = experiment.build_runner(prepared)
+  assert runner.runtime.name == 'inprocess'
+  final = experiment.train(prepared, runner, show_progress=False)
+  assert np.isfinite(final['eval/test_loss']) and 0 <= final['eval/test_accuracy'] <= 1
+
+
+def test_a_missing_dataset_file_is_one_line_naming_it(tmp_path):
+  with pytest.raises(experiment.ConfigError) as error:
+    experiment.prepare(experiment.ExperimentConfig(
+        algorithm='fedavg', task='emnist', task_options=dict(data_dir=str(tmp_path)),
+        output_dir=str(tmp_path / 'run')))
+  message = str(error.value)
+  assert '\n' not in message and str(tmp_path / 'emnist_all.sqlite') in message
+  assert 'emnist_all.sqlite.lzma' in message and '--emnist_source=synthetic' in message
+
+
+def test_synthetic_emnist_has_the_shapes_and_is_labelled(tmp_path):
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='emnist', rounds=1, clients_per_round=2,
+      task_options=dict(source='synthetic', max_clients=4, model='softmax'),
+      output_dir=str(tmp_path / 'run')))
+  task = prepared.task
+  assert task.name == 'emnist[synthetic]' and task.num_clients == 4
+  sizes = [int(task.train_data.create_tf_dataset_for_client(c).reduce(0, lambda n, _: n + 1))
+           for c in task.train_data.client_ids]
+  assert 50 < np.mean(sizes) < 600
+  again = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='emnist', clients_per_round=2, task_options=dict(
+          source='synthetic', max_clients=4, model='softmax'),
+      output_dir=str(tmp_path / 'run2'))).task
+  a = next(iter(task.train_data.create_tf_dataset_for_client('train_1').batch(500)))
+  b = next(iter(again.train_data.create_tf_dataset_for_client('train_1').batch(500)))
+  np.testing.assert_array_equal(a[0], b[0])  # generated from the seed alike
+  experiment.run_experiment(prepared, show_progress=False)
+  assert '"source": "synthetic"' in (tmp_path / 'run' / 'config.json').read_text()

@@ -1,0 +1,139 @@
+"""Federated EMNIST (Caldas et al. 2018, LEAF; TFF's `emnist` dataset): handwritten
+characters, one client per writer.
+
+* source 'tff': TFF's published file `emnist_all.sqlite`, read offline from
+  `data_dir` (default ~/.tff, where TFF's loader caches it; `tff_files`): 3,400 writers
+  and 62 classes (digits, upper and lower case), or with `only_digits` 3,383 writers
+  and 10 classes. Preprocessing as TFF's character-recognition baseline
+  (`tff.simulation.baselines.emnist.emnist_preprocessing`): pixels (28, 28) in [0, 1]
+  as (28, 28, 1), the label as int32.
+* source 'synthetic': data of the same shapes and population without the file:
+  uniform pixels and labels (nothing to learn), client sizes lognormal around TFF's
+  mean of about 198 (62 classes; 101 for digits) examples a writer, drawn from the
+  seed. For benchmarks; its outputs are labelled synthetic (config.json's
+  task_options, the task's name `emnist[synthetic]`).
+
+Model 'cnn': the CNN of TFF's baseline (`emnist_models.create_conv_dropout_model`,
+Reddi et al. 2021) without its two Dropout layers (a stateful random layer no runtime
+replays per client; `keras_models`): Conv 32 3x3, Conv 64 3x3, max pooling, Dense 128,
+Dense to the classes, ReLU, as a Keras model (`keras_models.from_keras`). 'softmax':
+multinomial logistic regression on the flat pixels. Evaluation: cross-entropy and
+accuracy on the test writers' examples and on training examples
+(`tasks.classification`).
+"""
+
+from typing import Literal
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_comp import keras_models
+from tff_comp import models
+from tff_comp import registry
+from tff_comp.tasks import base
+from tff_comp.tasks import classification
+from tff_comp.tasks import tff_files
+
+# Writers, examples in train and test (TFF's emnist.load_data documentation).
+POPULATION = {False: (3400, 671_585, 77_483), True: (3383, 341_873, 40_832)}
+
+
+def cnn(num_classes: int, seed: int = 0) -> tf.keras.Model:
+  """The baseline CNN without dropout (see the module docstring)."""
+  tf.keras.utils.set_random_seed(seed)
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer((28, 28, 1)),
+      tf.keras.layers.Conv2D(32, 3, activation='relu'),
+      tf.keras.layers.Conv2D(64, 3, activation='relu'),
+      tf.keras.layers.MaxPool2D(),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(128, activation='relu'),
+      tf.keras.layers.Dense(num_classes)])
+
+
+def _to_examples(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  return dataset.map(lambda e: (tf.expand_dims(e['pixels'], -1), tf.cast(e['label'], tf.int32)))
+
+
+def _synthetic(only_digits: bool, clients: int, seed: int):
+  """(train, test) ClientData of EMNIST's shapes; each client generated on demand."""
+  writers, train_examples, test_examples = POPULATION[only_digits]
+  classes = 10 if only_digits else 62
+  rng = np.random.default_rng(seed)
+
+  def sizes(total: int) -> np.ndarray:
+    mean = total / writers
+    return np.maximum(1, rng.lognormal(np.log(mean) - 0.125, 0.5, clients)).astype(np.int32)
+
+  def client_data(counts: np.ndarray, prefix: str, salt: int):
+    table = tf.constant(counts)
+
+    def dataset_fn(client_id):
+      index = tf.strings.to_number(tf.strings.split(client_id, '_')[-1], tf.int32)
+      key = tf.stack([2 * seed + salt, index])
+      n = tf.gather(table, index)
+      x = tf.random.stateless_uniform([n, 28, 28, 1], key)
+      y = tf.random.stateless_uniform([n], key + 1, 0, classes, tf.int32)
+      return tf.data.Dataset.from_tensor_slices((x, y))
+
+    return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+        [f'{prefix}_{i}' for i in range(clients)], dataset_fn)
+
+  return client_data(sizes(train_examples), 'train', 0), client_data(
+      sizes(test_examples), 'test', 1)
+
+
+@registry.register_task('emnist')
+def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
+                      data_dir: str = '', only_digits: bool = False,
+                      model: Literal['cnn', 'softmax'] = 'cnn', max_clients: int = 0,
+                      seed: int = 0) -> base.Task:
+  """Federated EMNIST (see the module docstring).
+
+  Args:
+    source: 'tff' (TFF's emnist_all.sqlite, offline) or 'synthetic' (same shapes).
+    data_dir: the folder holding emnist_all.sqlite (default ~/.tff).
+    only_digits: the 10-class digits subset, else all 62 classes.
+    model: 'cnn' (the baseline CNN, Keras) or 'softmax'.
+    max_clients: train on the first this many writers only (0: all of them); synthetic
+      data generate this many (0: the real population's size).
+    seed: the synthetic data and the model's initial weights.
+  """
+  if max_clients < 0:
+    raise ValueError(f'max_clients must be >= 0, got {max_clients}.')
+  classes = 10 if only_digits else 62
+  if source == 'tff':
+    train, test = tff_files.load('emnist', data_dir, only_digits=only_digits)
+    train, test = train.preprocess(_to_examples), test.preprocess(_to_examples)
+    if max_clients:
+      ids = sorted(train.client_ids)[:max_clients]
+      train = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+          ids, train.serializable_dataset_fn)
+  elif source == 'synthetic':
+    train, test = _synthetic(only_digits, max_clients or POPULATION[only_digits][0], seed)
+  else:
+    raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
+  network = (keras_models.from_keras(
+      cnn(classes, seed), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32)))
+             if model == 'cnn' else _softmax(classes))
+  name = 'emnist' if source == 'tff' else 'emnist[synthetic]'
+  return classification.classification_task(
+      name, train, test, network, seed=seed,
+      defaults=dict(clients_per_round=10, batch_size=20, client_learning_rate=0.02,
+                    rounds=1500, eval_period=100))
+
+
+def _softmax(classes: int) -> tff.learning.models.FunctionalModel:
+  """Softmax regression on the flat pixels of (28, 28, 1) images."""
+  flat = models.softmax_regression(784, classes)
+
+  @tf.function
+  def predict_on_batch(weights, x, training=True):
+    return flat.predict_on_batch(weights, tf.reshape(x, [-1, 784]), training)
+
+  return tff.learning.models.FunctionalModel(
+      initial_weights=flat.initial_weights, predict_on_batch_fn=predict_on_batch,
+      loss_fn=flat.loss, input_spec=(tf.TensorSpec([None, 28, 28, 1], tf.float32),
+                                     tf.TensorSpec([None], tf.int32)))

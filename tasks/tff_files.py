@@ -1,0 +1,67 @@
+"""TFF's published federated datasets, read offline from their SQLite files.
+
+`tff.simulation.datasets.<name>.load_data(cache_dir=...)` downloads
+`<name>.sqlite.lzma` into `cache_dir` (default ~/.tff) when the SQLite file is not there,
+and otherwise reads it. `load` calls it only after `locate` has found the file, so a run
+never opens the network: a missing file is one line naming the path and where the file
+comes from. Tests write small files in the same format
+(`tff.simulation.datasets.save_to_sql_client_data`).
+"""
+
+import dataclasses
+import os
+import pathlib
+from typing import Any, Callable
+
+import tensorflow_federated as tff
+
+_URL = 'https://storage.googleapis.com/tff-datasets-public/{}.lzma'
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One of TFF's datasets: the SQLite file its loader reads, and the loader."""
+
+  filename: str
+  load: Callable[[str], Any]  # cache_dir -> TFF's load_data result
+
+
+SOURCES = {
+    'emnist': Source('emnist_all.sqlite', lambda d, only_digits=False:
+                     tff.simulation.datasets.emnist.load_data(only_digits, cache_dir=d)),
+    'shakespeare': Source('shakespeare.sqlite',
+                          lambda d: tff.simulation.datasets.shakespeare.load_data(cache_dir=d)),
+    'cifar100': Source('cifar100.sqlite',
+                       lambda d: tff.simulation.datasets.cifar100.load_data(cache_dir=d)),
+}
+
+
+def default_dir() -> str:
+  """Where TFF's loaders cache their files (`download.get_compressed_file`)."""
+  return os.path.join(os.path.expanduser('~'), '.tff')
+
+
+def locate(name: str, data_dir: str = '', hint: str = '') -> pathlib.Path:
+  """The path of dataset `name`'s SQLite file in `data_dir` (default `default_dir()`).
+
+  Raises:
+    ValueError: (one line) the file is not there: where to get it, then `hint` (default:
+      the `--<name>_data_dir` and `--<name>_source=synthetic` flags).
+  """
+  source = SOURCES[name]
+  path = pathlib.Path(data_dir or default_dir()) / source.filename
+  if not path.is_file():
+    hint = hint or (f'point --{name}_data_dir at its folder, or run'
+                    f' --{name}_source=synthetic')
+    raise ValueError(
+        f'{path} not found: this run reads TFF\'s {name} file offline. Fetch'
+        f' {_URL.format(source.filename)} and unpack it there (unxz), copy a ~/.tff cache'
+        f' holding it, or {hint}.')
+  return path
+
+
+def load(name: str, data_dir: str = '', hint: str = '', **options) -> Any:
+  """TFF's `load_data` for dataset `name`, reading the file `locate` found (no
+  download)."""
+  path = locate(name, data_dir, hint)
+  return SOURCES[name].load(str(path.parent), **options)
