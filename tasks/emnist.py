@@ -24,7 +24,6 @@ accuracy on the test writers' examples and on training examples
 
 from typing import Literal
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -33,6 +32,7 @@ from tff_comp import models
 from tff_comp import registry
 from tff_comp.tasks import base
 from tff_comp.tasks import classification
+from tff_comp.tasks import generated
 from tff_comp.tasks import tff_files
 
 # Writers, examples in train and test (TFF's emnist.load_data documentation).
@@ -60,28 +60,15 @@ def _synthetic(only_digits: bool, clients: int, seed: int):
   """(train, test) ClientData of EMNIST's shapes; each client generated on demand."""
   writers, train_examples, test_examples = POPULATION[only_digits]
   classes = 10 if only_digits else 62
-  rng = np.random.default_rng(seed)
 
-  def sizes(total: int) -> np.ndarray:
-    mean = total / writers
-    return np.maximum(1, rng.lognormal(np.log(mean) - 0.125, 0.5, clients)).astype(np.int32)
+  def make(n, key):
+    return (tf.random.stateless_uniform([n, 28, 28, 1], key),
+            tf.random.stateless_uniform([n], key + 1, 0, classes, tf.int32))
 
-  def client_data(counts: np.ndarray, prefix: str, salt: int):
-    table = tf.constant(counts)
-
-    def dataset_fn(client_id):
-      index = tf.strings.to_number(tf.strings.split(client_id, '_')[-1], tf.int32)
-      key = tf.stack([2 * seed + salt, index])
-      n = tf.gather(table, index)
-      x = tf.random.stateless_uniform([n, 28, 28, 1], key)
-      y = tf.random.stateless_uniform([n], key + 1, 0, classes, tf.int32)
-      return tf.data.Dataset.from_tensor_slices((x, y))
-
-    return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-        [f'{prefix}_{i}' for i in range(clients)], dataset_fn)
-
-  return client_data(sizes(train_examples), 'train', 0), client_data(
-      sizes(test_examples), 'test', 1)
+  return tuple(generated.client_data(
+      prefix, generated.lognormal_sizes(clients, total / writers, seed + salt), seed, make)
+               for prefix, total, salt in (('train', train_examples, 0),
+                                           ('test', test_examples, 1)))
 
 
 @registry.register_task('emnist')
@@ -117,23 +104,11 @@ def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
   network = (keras_models.from_keras(
       cnn(classes, seed), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32)))
-             if model == 'cnn' else _softmax(classes))
+             if model == 'cnn' else models.reshaped_input(
+                 models.softmax_regression(784, classes), (28, 28, 1)))
   name = 'emnist' if source == 'tff' else 'emnist[synthetic]'
   return classification.classification_task(
       name, train, test, network, seed=seed,
       defaults=dict(clients_per_round=10, batch_size=20, client_learning_rate=0.02,
                     rounds=1500, eval_period=100))
 
-
-def _softmax(classes: int) -> tff.learning.models.FunctionalModel:
-  """Softmax regression on the flat pixels of (28, 28, 1) images."""
-  flat = models.softmax_regression(784, classes)
-
-  @tf.function
-  def predict_on_batch(weights, x, training=True):
-    return flat.predict_on_batch(weights, tf.reshape(x, [-1, 784]), training)
-
-  return tff.learning.models.FunctionalModel(
-      initial_weights=flat.initial_weights, predict_on_batch_fn=predict_on_batch,
-      loss_fn=flat.loss, input_spec=(tf.TensorSpec([None, 28, 28, 1], tf.float32),
-                                     tf.TensorSpec([None], tf.int32)))

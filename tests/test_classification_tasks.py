@@ -221,3 +221,63 @@ def test_synthetic_emnist_has_the_shapes_and_is_labelled(tmp_path):
   np.testing.assert_array_equal(a[0], b[0])  # generated from the seed alike
   experiment.run_experiment(prepared, show_progress=False)
   assert '"source": "synthetic"' in (tmp_path / 'run' / 'config.json').read_text()
+
+
+def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_path):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.simulation.baselines.shakespeare import (  # pylint: disable=g-import-not-at-top
+      char_prediction_preprocessing as tff_preprocessing)
+  lines = {'ROMEO': ['But soft, what light', 'It is the east'], 'JULIET': ['O Romeo!'],
+           'NURSE': ['Faith, I can tell ' * 12], 'HAMLET': ['To be, or not to be']}
+  splits = {'ROMEO': 'train', 'JULIET': 'train', 'NURSE': 'train', 'HAMLET': 'test'}
+  tff.simulation.datasets.save_to_sql_client_data(
+      list(splits), lambda c: tf.data.Dataset.from_tensor_slices(
+          collections.OrderedDict(snippets=lines[c])),
+      str(tmp_path / 'shakespeare.sqlite'), split_names_by_client_id=splits)
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='shakespeare', rounds=2, clients_per_round=2, eval_period=1,
+      batch_size=2, task_options=dict(data_dir=str(tmp_path), lstm_units=8),
+      output_dir=str(tmp_path / 'run')))
+  task = prepared.task
+  assert sorted(task.train_data.client_ids) == ['JULIET', 'NURSE', 'ROMEO']
+  # TFF's own preprocessing of the same client, batch 1: the same windows.
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=1,
+                                             shuffle_buffer_size=1)
+  raw, _ = tff.simulation.datasets.shakespeare.load_data(cache_dir=str(tmp_path))
+  theirs = list(tff_preprocessing.create_preprocess_fn(spec)(
+      raw.create_tf_dataset_for_client('NURSE')).as_numpy_iterator())
+  ours = list(task.train_data.create_tf_dataset_for_client('NURSE').as_numpy_iterator())
+  assert len(ours) == len(theirs) == 3  # 216 characters + begin/end: 3 windows of 81
+  for (x, y), (tx, ty) in zip(ours, theirs):
+    np.testing.assert_array_equal(x, tx[0])
+    np.testing.assert_array_equal(y, ty[0])
+  runner = experiment.build_runner(prepared)
+  assert runner.runtime.name == 'inprocess'
+  final = experiment.train(prepared, runner, show_progress=False)
+  assert np.isfinite(final['eval/test_loss'])
+
+
+@pytest.mark.parametrize('model', ['cnn', 'resnet18'])
+def test_cifar100_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, model):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  splits = {'0': 'train', '1': 'train', '2': 'train', '3': 'test'}
+
+  def dataset(client_id):
+    rng = np.random.default_rng(int(client_id))
+    n = 4 + int(client_id)
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+        coarse_label=rng.integers(0, 20, n), image=rng.integers(0, 256, (n, 32, 32, 3)),
+        label=rng.integers(0, 100, n)))
+
+  tff.simulation.datasets.save_to_sql_client_data(
+      list(splits), dataset, str(tmp_path / 'cifar100.sqlite'),
+      split_names_by_client_id=splits)
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='cifar100', rounds=2, clients_per_round=2, eval_period=2,
+      batch_size=4, task_options=dict(data_dir=str(tmp_path), model=model, crop=16),
+      output_dir=str(tmp_path / 'run')))
+  x, y = next(iter(prepared.task.train_data.create_tf_dataset_for_client('1').batch(10)))
+  assert x.shape == (5, 16, 16, 3) and y.dtype == tf.int32
+  np.testing.assert_allclose(np.mean(x[0]), 0.0, atol=1e-5)  # standardized per image
+  final = experiment.run_experiment(prepared, show_progress=False)
+  assert np.isfinite(final['eval/test_loss'])

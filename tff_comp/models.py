@@ -195,3 +195,18 @@ def small_cnn(image_shape: tuple[int, int, int], num_classes: int, *, filters: i
       loss_fn=_softmax_cross_entropy,
       input_spec=(tf.TensorSpec([None, height * width * channels], tf.float32),
                   tf.TensorSpec([None], tf.int32)))
+
+
+def reshaped_input(model: tff.learning.models.FunctionalModel,
+                   input_shape: tuple[int, ...]) -> tff.learning.models.FunctionalModel:
+  """`model`, a model of flat features, taking examples of `input_shape` (images),
+  flattened before it sees them."""
+
+  @tf.function
+  def predict_on_batch(weights, x, training=True):
+    return model.predict_on_batch(weights, tf.reshape(x, [tf.shape(x)[0], -1]), training)
+
+  return tff.learning.models.FunctionalModel(
+      initial_weights=model.initial_weights, predict_on_batch_fn=predict_on_batch,
+      loss_fn=model.loss, input_spec=(tf.TensorSpec([None, *input_shape], tf.float32),
+                                      model.input_spec[1]))

@@ -1,0 +1,116 @@
+"""Shakespeare next-character prediction (Caldas et al. 2018, LEAF; TFF's `shakespeare`
+dataset): one client per speaking role of each play.
+
+* source 'tff': TFF's published file `shakespeare.sqlite`, read offline from
+  `data_dir` (default ~/.tff; `tff_files`): 715 roles. Preprocessing as TFF's
+  char-prediction baseline
+  (`tff.simulation.baselines.shakespeare.char_prediction_preprocessing`): each snippet's
+  characters to ids over TFF's `CHAR_VOCAB` (0 pad, then the vocabulary, out-of-
+  vocabulary, begin and end tokens), bracketed by begin/end, padded to a multiple of
+  81 and cut into windows of 81 ids; an example is (ids[:80], ids[1:]), the next
+  character at every position (McMahan et al. 2017's sequence length 80).
+* source 'synthetic': windows of uniform ids of the same shapes, 715 clients,
+  lognormal sizes around `SYNTHETIC_MEAN_WINDOWS` windows a client (an assumed size:
+  the per-role statistics are not in TFF's documentation); outputs are labelled
+  synthetic (task name `shakespeare[synthetic]`).
+
+Model: TFF's baseline recurrent model (`char_prediction_models.create_recurrent_model`):
+Embedding(vocabulary + 4, 8), two LSTM layers of `lstm_units` (256 in the baseline)
+returning sequences, Dense to the vocabulary, as a Keras model; it runs in-process on
+the mapped engine (`keras_models`). Evaluation: cross-entropy and accuracy over every
+position of the test roles' windows and of training windows, pad positions included
+(TFF's baseline masks them in its accuracy).
+"""
+
+from typing import Literal
+
+import tensorflow as tf
+from tensorflow_federated.python.simulation.baselines.shakespeare import (
+    char_prediction_preprocessing as tff_preprocessing)
+
+from tff_comp import keras_models
+from tff_comp import registry
+from tff_comp.tasks import base
+from tff_comp.tasks import classification
+from tff_comp.tasks import generated
+from tff_comp.tasks import tff_files
+
+SEQUENCE_LENGTH = 80
+VOCABULARY = len(tff_preprocessing.CHAR_VOCAB) + 4  # pad, oov, bos, eos
+ROLES = 715
+SYNTHETIC_MEAN_WINDOWS = 50
+
+
+def _windows(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """Snippets to (80 ids, the next 80 ids) windows, as TFF's baseline (no shuffling:
+  the runtimes shuffle a client's examples)."""
+  _, _, bos, eos = tff_preprocessing.get_special_tokens()
+  table = tf.lookup.StaticVocabularyTable(tf.lookup.KeyValueTensorInitializer(
+      tff_preprocessing.CHAR_VOCAB, tf.range(len(tff_preprocessing.CHAR_VOCAB),
+                                             dtype=tf.int64)), num_oov_buckets=1)
+
+  def to_ids(example):
+    ids = table.lookup(tf.strings.bytes_split(example['snippets'])) + 1  # 0 is pad
+    ids = tf.concat([[bos], ids, [eos]], 0)
+    return tf.concat([ids, tf.zeros((-tf.shape(ids)[0]) % (SEQUENCE_LENGTH + 1),
+                                    tf.int64)], 0)
+
+  windows = dataset.map(to_ids).unbatch().batch(SEQUENCE_LENGTH + 1, drop_remainder=True)
+  return windows.map(lambda w: (tf.cast(w[:-1], tf.float32), tf.cast(w[1:], tf.int32)))
+
+
+def recurrent_model(lstm_units: int, seed: int = 0) -> tf.keras.Model:
+  """TFF's baseline char-LSTM (see the module docstring); ids come in as float32 (the
+  runtimes' example dtype), the embedding casts them."""
+  tf.keras.utils.set_random_seed(seed)
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer((SEQUENCE_LENGTH,)),
+      tf.keras.layers.Embedding(VOCABULARY, 8),
+      tf.keras.layers.LSTM(lstm_units, return_sequences=True),
+      tf.keras.layers.LSTM(lstm_units, return_sequences=True),
+      tf.keras.layers.Dense(VOCABULARY)])
+
+
+@registry.register_task('shakespeare')
+def build_shakespeare_task(*, source: Literal['tff', 'synthetic'] = 'tff',
+                           data_dir: str = '', lstm_units: int = 256, max_clients: int = 0,
+                           seed: int = 0) -> base.Task:
+  """Shakespeare (see the module docstring).
+
+  Args:
+    source: 'tff' (TFF's shakespeare.sqlite, offline) or 'synthetic' (same shapes).
+    data_dir: the folder holding shakespeare.sqlite (default ~/.tff).
+    lstm_units: units of each LSTM layer (256 in TFF's baseline).
+    max_clients: train on the first this many roles only (0: all of them); synthetic
+      data generate this many (0: 715).
+    seed: the synthetic data and the model's initial weights.
+  """
+  if max_clients < 0 or lstm_units < 1:
+    raise ValueError('max_clients must be >= 0 and lstm_units >= 1.')
+  if source == 'tff':
+    train, test = (data.preprocess(_windows) for data in tff_files.load('shakespeare', data_dir))
+    if max_clients:
+      train = train.from_clients_and_tf_fn(sorted(train.client_ids)[:max_clients],
+                                           train.serializable_dataset_fn)
+  elif source == 'synthetic':
+    clients = max_clients or ROLES
+
+    def make(n, key):
+      ids = tf.random.stateless_uniform([n, SEQUENCE_LENGTH + 1], key, 0, VOCABULARY,
+                                        tf.int32)
+      return tf.cast(ids[:, :-1], tf.float32), ids[:, 1:]
+
+    train, test = (generated.client_data(
+        prefix, generated.lognormal_sizes(clients, SYNTHETIC_MEAN_WINDOWS, seed + salt),
+        seed, make) for prefix, salt in (('train', 0), ('test', 1)))
+  else:
+    raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
+  model = keras_models.from_keras(
+      recurrent_model(lstm_units, seed),
+      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      (tf.TensorSpec([None, SEQUENCE_LENGTH], tf.float32),
+       tf.TensorSpec([None, SEQUENCE_LENGTH], tf.int32)))
+  return classification.classification_task(
+      'shakespeare' if source == 'tff' else 'shakespeare[synthetic]', train, test, model,
+      seed=seed, defaults=dict(clients_per_round=10, batch_size=4, client_learning_rate=1.0,
+                               rounds=1200, eval_period=100))
