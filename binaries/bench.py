@@ -40,6 +40,12 @@ batch 20, one epoch, the same clients and initial weights for every system):
       `tf.function` SGD step, then the example-weighted mean.
 A GPU, where lanes would fill the device with many small clients, is not available on
 these machines, so only CPU numbers are printed.
+`--workload=streaming` runs part 7 instead: a StackOverflow-shaped synthetic population
+(342,477 clients, lognormal sizes around the real mean of 397 sentences, 20 token ids a
+sentence; generated on demand, never stored whole), FedAvg of a small bag-of-words
+next-token model, 50 clients per round, streamed (`--data_memory_budget`): host RSS over
+`--rounds` rounds; then streaming against resident on a population that fits (2,000
+clients of the same shape).
 Prints the median of --repeats timings of --rounds rounds each, and ratios; the first
 (compiling) rounds are warm-up and not timed.
 FedJAX is not installed here; its 0.0102 s/round on part 1's shape was measured on these
@@ -65,6 +71,7 @@ import psutil  # installed with TFF (portpicker requires it)
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp.tasks import generated
 from tff_comp.tasks import lasso
 from tff_comp.tasks import synthetic
 from tff_comp import experiment
@@ -72,6 +79,7 @@ from tff_comp import keras_models
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import simulation
 from tff_comp.runtime import workers
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.')
@@ -86,8 +94,8 @@ _TFF_WORKERS = flags.DEFINE_integer(
 _FIRST_ROUNDS = flags.DEFINE_bool('first_rounds', True, 'Part 5: time to the first round.')
 _MEMORY_ROUNDS = flags.DEFINE_integer(
     'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).')
-_WORKLOAD = flags.DEFINE_enum('workload', 'lasso', ['lasso', 'emnist_cnn'],
-                              'lasso: parts 1-5; emnist_cnn: part 6 only.')
+_WORKLOAD = flags.DEFINE_enum('workload', 'lasso', ['lasso', 'emnist_cnn', 'streaming'],
+                              'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7.')
 _EMNIST_CLIENTS = flags.DEFINE_integer('emnist_clients', 10,
                                        'Part 6: clients per round.')
 CLIENTS, BATCH, LR = 10, 10, 1e-3
@@ -112,10 +120,14 @@ def _selections(num_clients: int, per_round: int, total: int):
 
 
 def _round_runner(process, ids, picks):
-  """run_round(r) for a process taking client ids (either runtime)."""
+  """run_round(r) for a process taking client ids (either runtime); a streaming
+  runtime reads the next round's clients meanwhile, as the simulation loop has it."""
   state = [process.initialize()]
+  prefetch = getattr(process, 'prefetch', None)
 
   def run_round(r):
+    if prefetch is not None and r + 1 < len(picks):
+      prefetch([ids[i] for i in picks[r + 1]])
     state[0] = process.next(state[0], [ids[i] for i in picks[r]]).state
     process.get_model_weights(state[0])  # waits for the round (a GPU runs async)
 
@@ -404,11 +416,71 @@ def part6(rounds: int, repeats: int, per_round: int) -> None:
   print(f'  a/d = {a / d:.3f} (target <= 1)   a/c = {a / c:.3f} (target < 1)')
 
 
+def _sentences(clients: int, seed: int = 0) -> tff.simulation.datasets.ClientData:
+  """StackOverflow-shaped clients: sentences of 20 token ids (vocabulary 1,000), the
+  next token as the label."""
+  def make(n, key):
+    tokens = tf.random.stateless_uniform([n, 21], key, 0, 1000, tf.int32)
+    return tf.cast(tokens[:, :20], tf.float32), tokens[:, 20]
+
+  return generated.client_data('so', generated.lognormal_sizes(clients, 397, seed, 1.0),
+                               seed, make)
+
+
+def _bag_of_words() -> tff.learning.models.FunctionalModel:
+  tf.keras.utils.set_random_seed(0)
+  model = tf.keras.Sequential([tf.keras.layers.InputLayer((20,)),
+                               tf.keras.layers.Embedding(1000, 16),
+                               tf.keras.layers.GlobalAveragePooling1D(),
+                               tf.keras.layers.Dense(1000)])
+  return keras_models.from_keras(
+      model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      (tf.TensorSpec([None, 20], tf.float32), tf.TensorSpec([None], tf.int32)))
+
+
+def part7(rounds: int, repeats: int) -> None:
+  per_round, process = 50, psutil.Process()
+  algorithm = fedavg.build_fedavg(_bag_of_words(), client_learning_rate=0.1, batch_size=16)
+  population = _sentences(342_477)
+  start = time.perf_counter()
+  streamed = inprocess.build(algorithm, population, data_memory_budget=512)
+  built = time.perf_counter() - start
+  ids = list(population.client_ids)
+  sampler = simulation.ClientSampler(ids, per_round, 0)
+  state, rss = streamed.initialize(), []
+  start = time.perf_counter()
+  for r in range(1, rounds + 1):
+    if r < rounds:
+      streamed.prefetch(sampler.sample(r + 1).reporting)
+    state = streamed.next(state, list(sampler.sample(r).reporting)).state
+    rss.append(process.memory_info().rss / 2**20)
+  seconds = (time.perf_counter() - start) / rounds
+  print(f'Part 7: streaming, StackOverflow-shaped population ({len(ids):,} clients, 20'
+        f' tokens a sentence), FedAvg, {per_round} clients per round, {rounds} rounds')
+  print(f'  built in {built:.1f} s ({streamed.description})')
+  print(f'  {seconds:.3f} s/round; host RSS {rss[0]:,.0f} MB after round 1, max'
+        f' {max(rss):,.0f} MB, last {rss[-1]:,.0f} MB (target < 2,048)')
+  small = _sentences(2_000)
+  small_ids = list(small.client_ids)
+  picks = _selections(len(small_ids), per_round, 1 + rounds * repeats + 10)
+  timings = {}
+  for label, budget in (('resident', None), ('streaming', 0.0)):
+    runtime = inprocess.build(algorithm, small, engine='mapped', data_memory_budget=budget)
+    timings[label] = _time(_round_runner(runtime, small_ids, picks), rounds, repeats,
+                           warmup=1)
+  print(f'  2,000 clients: resident {timings["resident"]:.3f} s/round, streaming'
+        f' {timings["streaming"]:.3f} s/round, ratio'
+        f' {timings["streaming"] / timings["resident"]:.2f} (target <= 1.2)')
+
+
 def main(argv):
   del argv
   runtime.install_local_runtime()
   if _WORKLOAD.value == 'emnist_cnn':
     part6(_ROUNDS.value, _REPEATS.value, _EMNIST_CLIENTS.value)
+    return
+  if _WORKLOAD.value == 'streaming':
+    part7(_ROUNDS.value, _REPEATS.value)
     return
   part1(_ROUNDS.value, _REPEATS.value)
   if _SWEEP.value:

@@ -173,6 +173,10 @@ def define_common_flags() -> None:
   flags.DEFINE_bool('overwrite', False, 'Replace a run already in --output_dir.')
   flags.DEFINE_bool('resume', False, 'Continue the run in --output_dir from its last'
                     ' checkpoint (its configuration must match; --rounds may grow).')
+  flags.DEFINE_float('data_memory_budget', 4096.0, 'MB the clients\' examples may take'
+                     ' resident on the in-process runtime; a population estimated larger'
+                     ' streams each round\'s cohort from its ClientData instead (the next'
+                     ' cohort read while a round runs; mapped engine). 0: always stream.')
   flags.DEFINE_integer('checkpoint_every', 50, 'Save the process state every this many'
                        ' rounds (and at the last), for --resume.')
   flags.DEFINE_enum('regularizer', None, sorted(regularizers.REGULARIZERS),
@@ -379,4 +383,5 @@ def config_from_flags(
       overwrite=values.overwrite,
       resume=values.resume,
       checkpoint_every=values.checkpoint_every,
+      data_memory_budget=values.data_memory_budget,
   )

@@ -167,6 +167,19 @@ def test_bench_runs(repo_root):
   assert 'the lanes kernel compiled 1 time(s), recompiles 0' in out.stdout
 
 
+@pytest.mark.parametrize('workload, says', [
+    (['--workload=emnist_cnn', '--emnist_clients=2'], 'a/d = '),
+    (['--workload=streaming'], 'ratio '),
+])
+def test_bench_workloads_run(repo_root, workload, says):
+  out = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1',
+       '--repeats=1', *workload], capture_output=True, text=True, timeout=600,
+      cwd=repo_root, stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert says in out.stdout
+
+
 def test_plot_y_axis_fits_the_curves_after_the_first_checkpoint():
   _, ax = summary.plt.subplots()
   ax.plot([0, 10, 20], [0.05, 0.85, 0.97])  # an untrained model's 0.05 at round 0

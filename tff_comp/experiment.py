@@ -113,6 +113,9 @@ class ExperimentConfig:
   overwrite: bool = False  # replace a run already in output_dir
   resume: bool = False  # continue the run in output_dir from its last checkpoint
   checkpoint_every: int = 50  # rounds between saved process states
+  # MB the clients' examples may take resident in-process; a larger population streams
+  # each round's cohort (runtime.streaming).
+  data_memory_budget: float = 4096.0
 
   @property
   def participation(self) -> simulation.Participation:
@@ -208,7 +211,7 @@ RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_
 # and where its rounds run (a run stopped by a dead worker resumes on others; an engine
 # that fell back records it).
 RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds', 'checkpoint_every',
-                     'workers', 'runtime_record', 'environment')
+                     'workers', 'runtime_record', 'environment', 'data_memory_budget')
 _RESUMABLE_RESOLVED = ('rounds', 'runtime')
 
 
@@ -317,6 +320,9 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
     value = getattr(config, name)
     if value is not None and not 0 <= value < 2**32:
       raise ConfigError(f'--{name} must be in [0, 2^32), got {value}.')
+  if not config.data_memory_budget >= 0:
+    raise ConfigError(f'--data_memory_budget must be >= 0 (MB), got'
+                      f' {config.data_memory_budget}.')
   if not config.checkpoint_every >= 1:
     raise ConfigError(f'--checkpoint_every must be >= 1, got {config.checkpoint_every}.')
   try:
@@ -586,7 +592,8 @@ def client_evaluator(prepared: Prepared, runtime: runtime_base.Runtime
 
 def runner_for(program, client_data, runtime: str = 'auto', workers: Sequence[str] = (),
                engine: str = 'auto', batch_size: int | None = None,
-               client_rounds: int | None = None) -> tuple[runtime_base.Runtime, str]:
+               client_rounds: int | None = None, data_memory_budget: float | None = None
+               ) -> tuple[runtime_base.Runtime, str]:
   """(the runtime running `program` on `client_data`, one line saying which and why).
 
   `program` is an Algorithm or a LearningProcess. `runtime` names a registered runtime
@@ -595,14 +602,15 @@ def runner_for(program, client_data, runtime: str = 'auto', workers: Sequence[st
   for passing over the others in the line. `workers` go to TFF's runtime, `engine` to
   the in-process one, `batch_size` to TFF's for a process taking batched datasets,
   `client_rounds` (the run's rounds x clients per round) to runtimes choosing an engine
-  by the run's length.
+  by the run's length, `data_memory_budget` (MB) to runtimes that stream a population
+  larger than it.
 
   Raises:
     ConfigError: the named runtime cannot run the program; the rounds cannot be split
       across workers; a worker does not answer.
   """
   options = {'workers': tuple(workers), 'engine': engine, 'batch_size': batch_size,
-             'client_rounds': client_rounds}
+             'client_rounds': client_rounds, 'data_memory_budget': data_memory_budget}
   names = AUTO_RUNTIMES if runtime == 'auto' else (runtime,)
   if workers:
     names = ('tff',)
@@ -673,7 +681,8 @@ def build_runner(prepared: Prepared) -> Runner:
   settings = prepared.settings
   runtime, description = runner_for(
       program, prepared.task.train_data, config.runtime, config.workers, _engine(config),
-      settings['batch_size'], client_rounds=settings['rounds'] * settings['clients_per_round'])
+      settings['batch_size'], client_rounds=settings['rounds'] * settings['clients_per_round'],
+      data_memory_budget=config.data_memory_budget)
   if config.straggler_rate > 0 and not getattr(runtime, 'partial_work', False):
     raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
                       ' doing part of their local steps; use --runtime=inprocess.')

@@ -54,7 +54,8 @@ class Runtime(Protocol):
 
   Optional: `reserve_cohort(size)`, called by the loop before round 1 with the largest
   cohort its sampler hands over, so a runtime that compiles per cohort shape compiles
-  once for every size up to it.
+  once for every size up to it; `prefetch(client_ids)`, called before each round with
+  the next round's clients, so a runtime streaming client data reads them meanwhile.
   """
 
   name: str

@@ -37,6 +37,7 @@ from tff_comp.ops import privacy
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
+from tff_comp.runtime import streaming
 
 UnsupportedError = base.UnsupportedError
 RoundOutput = base.RoundOutput
@@ -119,9 +120,10 @@ class InProcessRuntime:
   name = 'inprocess'
   partial_work = True
 
-  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ClientArrays, *,
+  def __init__(self, algorithm: algorithm_lib.Algorithm,
+               data: ClientArrays | streaming.StreamedData, *,
                device: str | None = None, engine: str = 'auto', lanes: int | None = None,
-               client_rounds: int | None = None):
+               client_rounds: int | None = None, why_streaming: str = ''):
     if engine not in ENGINES:
       raise ValueError(f'engine={engine!r} is unknown; choose one of {list(ENGINES)}.')
     if lanes is not None and lanes < 1:
@@ -132,8 +134,10 @@ class InProcessRuntime:
     self.keeps_personal_models = algorithm.server_rule.keeps_personal_models
     self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
     rule, options = algorithm.client_rule, algorithm.client_options
-    self.data = engines_lib.ResidentData(data.examples, data.counts, data.client_ids,
-                                         self.device, with_keys=options.uses_client_key)
+    self.streaming = isinstance(data, streaming.StreamedData)
+    self.data = data if self.streaming else engines_lib.ResidentData(
+        data.examples, data.counts, data.client_ids, self.device,
+        with_keys=options.uses_client_key)
     # Whether any client's round ends with a short batch: the schedule's remainder does
     # not depend on the round (fixed epochs; drawn epochs and fixed steps have none).
     schedule = client_round.plan_cohort(rule, options, self.data.counts, self.data.keys, 0)
@@ -154,6 +158,13 @@ class InProcessRuntime:
     self.engine = 'lanes' if engine == 'auto' else engine
     self._fallback = engine == 'auto'
     self.why = ''  # why the engine is not lanes, when auto chose otherwise
+    if self.streaming:  # the lanes kernel's shapes would change with every cohort
+      self.why = why_streaming or 'streaming each cohort\'s data'
+      if engine == 'lanes':
+        raise UnsupportedError('the lanes engine needs resident data (it compiles for the'
+                               ' data\'s shape); streamed data run mapped.')
+      if engine == 'auto':
+        self.engine, self._fallback = 'mapped', False
     if self._fallback:
       run_steps = (None if client_rounds is None else
                    int(client_rounds * np.mean(schedule.steps.numpy())))
@@ -170,7 +181,7 @@ class InProcessRuntime:
   @property
   def record(self) -> dict[str, Any]:
     return {'name': self.name, 'device': self.device, 'engine': self.engine,
-            'why': self.why}
+            'why': self.why, 'data': 'streaming' if self.streaming else 'resident'}
 
   def _why_not_lanes(self) -> str:
     """Why the lanes engine would be slow for this algorithm here, or ''."""
@@ -250,6 +261,11 @@ class InProcessRuntime:
 
   # --- rounds ------------------------------------------------------------------------
 
+  def prefetch(self, client_ids: Sequence[str]) -> None:
+    """Streaming: starts reading the next round's clients while this one runs."""
+    if self.streaming:
+      self.data.prefetch(client_ids)
+
   def reserve_cohort(self, size: int) -> None:
     """Lets the lanes kernel hold cohorts of up to `size` clients (compiled once)."""
     self.capacity = max(self.capacity, size)
@@ -262,6 +278,8 @@ class InProcessRuntime:
       raise ValueError('a round needs at least one client.')
     if work is not None and len(work) != len(client_ids):
       raise ValueError(f'work has {len(work)} entries for {len(client_ids)} clients.')
+    if self.streaming:
+      self.data.load(client_ids)
     indices = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
     work = tf.constant(np.ones(len(client_ids)) if work is None else work, tf.float32)
     if len(client_ids) > self.capacity:
@@ -379,7 +397,8 @@ def _state(weights, work: client_round.ClientWorkState, server_state,
 
 @registry.register_runtime('inprocess')
 def build(program, client_data, *, engine: str = 'auto', lanes: int | None = None,
-          device: str | None = None, client_rounds: int | None = None) -> InProcessRuntime:
+          device: str | None = None, client_rounds: int | None = None,
+          data_memory_budget: float | None = None) -> InProcessRuntime:
   """The in-process runtime for an Algorithm (or a process composed from one) on
   `client_data`.
 
@@ -388,6 +407,10 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
     lanes: clients stepping together on the lanes engine.
     device: a TensorFlow device name (default: the first GPU, else the CPU).
     client_rounds: the run's rounds x clients per round, if known (`InProcessRuntime`).
+    data_memory_budget: MB the clients' examples may take resident on the device; a
+      population estimated larger (`streaming.estimate_bytes`) streams each round's
+      cohort instead (`streaming.StreamedData`, mapped engine), and says so. None: always
+      resident.
 
   Raises:
     UnsupportedError: a process composed from hand-built blocks (no Algorithm), an
@@ -406,8 +429,16 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
         ' which runs on the TFF runtime only; clipping and DP run in-process as'
         ' ops.privacy.PrivateMean (--aggregator)')
   _check_runs_outside_tff(program.model)
-  return InProcessRuntime(program, client_arrays(client_data), engine=engine, lanes=lanes,
-                          device=device, client_rounds=client_rounds)
+  options = dict(engine=engine, lanes=lanes, device=device, client_rounds=client_rounds)
+  if data_memory_budget is not None:
+    resident = streaming.estimate_bytes(client_data) / 2**20
+    if resident > data_memory_budget:
+      why = (f'streaming each cohort\'s data: the population\'s examples, about'
+             f' {resident:,.0f} MB, exceed --data_memory_budget={data_memory_budget:g} MB')
+      data = streaming.StreamedData(client_data, device or choose_device(),
+                                    with_keys=program.client_options.uses_client_key)
+      return InProcessRuntime(program, data, why_streaming=why, **options)
+  return InProcessRuntime(program, client_arrays(client_data), **options)
 
 
 # Kept importable for one version (CHANGELOG.md, 0.2.0).

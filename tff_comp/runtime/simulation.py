@@ -625,7 +625,8 @@ def run_loop(runtime, loop: Loop, sampler: ClientSampler,
   `seconds_per_round`) handed to the callbacks in order. A round where no sampled
   client reports leaves the state as it was (logged; no train/ metrics). `rates`, if
   given, maps a round to its (client, server) learning rates, set before it runs."""
-  reserve = getattr(runtime, 'reserve_cohort', None)
+  reserve, prefetch = getattr(runtime, 'reserve_cohort', None), getattr(runtime, 'prefetch',
+                                                                         None)
   if reserve is not None:
     reserve(sampler.capacity)
   for callback in callbacks:
@@ -647,6 +648,8 @@ def run_loop(runtime, loop: Loop, sampler: ClientSampler,
             hparams[key] = float(str(np.float32(rate)))
       clients = sampler.sample(round_num)
       metrics = clients.metrics()
+      if prefetch is not None and round_num < loop.rounds:  # read while this round runs
+        prefetch(sampler.sample(round_num + 1).reporting)
       if clients.reporting:
         output = runtime.next(loop.state, list(clients.reporting), clients.work)
         loop.state = output.state

@@ -1,0 +1,73 @@
+"""Streaming client data (`runtime.streaming`): a population over the memory budget
+trains with only each cohort on the device, with the resident copy's results."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import algorithm_cases
+from tff_comp import experiment
+from tff_comp import registry
+from tff_comp.runtime import inprocess
+from tff_comp.runtime import simulation
+from tff_comp.runtime import streaming
+
+DATA = algorithm_cases.TEN
+
+
+def _algorithm(name):
+  return registry.get_algorithm(name).build(
+      algorithm_cases.MODEL, **algorithm_cases.arguments(name, {})).with_client_options(
+          shuffle=True, seed=5)
+
+
+def test_the_estimate_is_the_resident_copys_size():
+  arrays = inprocess.client_arrays(DATA)
+  exact = sum(a.nbytes for a in tf.nest.flatten(arrays.examples))
+  assert streaming.estimate_bytes(DATA, sample=len(DATA.client_ids)) == pytest.approx(
+      exact, rel=1e-6)
+  assert streaming.estimate_bytes(DATA, sample=4) == pytest.approx(exact, rel=0.5)
+
+
+@pytest.mark.parametrize('name', ['fedavg', 'feddualavg', 'fednova'])
+def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path, name):
+  resident = inprocess.build(_algorithm(name), DATA, data_memory_budget=1e6)
+  streamed = inprocess.build(_algorithm(name), DATA, data_memory_budget=0.0)
+  assert resident.record['data'] == 'resident' and streamed.record['data'] == 'streaming'
+  assert 'exceed --data_memory_budget=0 MB' in streamed.description
+  finals, loaded = [], []
+
+  class Watch(simulation.Callback):
+    def after_round(self, loop, round_num, metrics):
+      if loop.runtime.streaming:
+        loaded.append(len(loop.runtime.data.index))
+
+  for runtime in (resident, streamed):
+    simulation.run_simulation(
+        runtime, client_ids=list(DATA.client_ids), evaluate=lambda _: {},
+        rounds=6, clients_per_round=3, seed=2, eval_period=100,
+        output_dir=tmp_path / runtime.record['data'], config={}, show_progress=False,
+        callbacks=(Watch(),),
+        participation=simulation.Participation('poisson', dropout_rate=0.2))
+    finals.append(runtime.get_model_weights(
+        simulation.Checkpoints(tmp_path / runtime.record['data']).load_latest(
+            runtime.initialize())[0]).trainable)
+  for a, b in zip(*finals):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert max(np.abs(f - i).max() for f, i in zip(
+      finals[0], algorithm_cases.MODEL.initial_weights[0])) > 1e-3
+  assert loaded and max(loaded) <= 8 < len(DATA.client_ids)  # only cohorts were loaded
+
+
+def test_a_run_over_its_budget_says_it_streams_and_records_it(tmp_path):
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='quadratic', rounds=3, clients_per_round=2,
+      data_memory_budget=0.0, output_dir=str(tmp_path)))
+  runner = experiment.build_runner(prepared)
+  assert 'streaming each cohort' in runner.description
+  experiment.train(prepared, runner, show_progress=False)
+  assert '"data": "streaming"' in (tmp_path / 'config.json').read_text()
+  with pytest.raises(experiment.ConfigError, match='data_memory_budget must be >= 0'):
+    experiment.prepare(experiment.ExperimentConfig(
+        algorithm='fedavg', task='quadratic', data_memory_budget=-1.0,
+        output_dir=str(tmp_path / 'b')))

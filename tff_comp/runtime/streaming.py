@@ -1,0 +1,114 @@
+"""Streamed client data for the in-process runtime: only the round's cohort on the device.
+
+`engines.ResidentData` copies every client's examples to the device once. For a
+population larger than memory (StackOverflow's 342,477 clients), `StreamedData` holds
+only the current cohort's examples: `load(client_ids)` reads them from the
+`ClientData` (e.g. TFF's SQLite files) into the same variables, reshaped to the cohort,
+and `prefetch(client_ids)` reads the next round's cohort on a background thread while
+the current round runs. Host and device memory are then bounded by a cohort's data. A
+client's examples, order and key (`local_loop.client_key`, from its data) are those of
+the resident copy, so both give the same rounds.
+
+`estimate_bytes` sizes a population's resident copy from a sample of its clients, so
+`inprocess.build` can choose between the two against a memory budget.
+"""
+
+from collections.abc import Sequence
+import concurrent.futures
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_comp.ops import local_loop
+from tff_comp.runtime import engines
+
+
+def read_client(client_data: tff.simulation.datasets.ClientData, client_id: str) -> Any:
+  """One client's examples as a structure of NumPy arrays."""
+  return tf.nest.map_structure(np.asarray, local_loop.materialize(
+      client_data.create_tf_dataset_for_client(client_id)))
+
+
+def estimate_bytes(client_data: tff.simulation.datasets.ClientData, sample: int = 20) -> int:
+  """The bytes of every client's examples, from `sample` clients spread over the ids."""
+  ids = list(client_data.client_ids)
+  picked = np.unique(np.linspace(0, len(ids) - 1, min(sample, len(ids))).astype(int))
+  sizes = [sum(a.nbytes for a in tf.nest.flatten(read_client(client_data, ids[i])))
+           for i in picked]
+  return int(np.mean(sizes) * len(ids))
+
+
+class StreamedData(engines.ResidentData):
+  """The cohort's examples on `device` (see the module docstring); the interface of
+  `engines.ResidentData`, its `index` mapping the loaded clients' ids to positions."""
+
+  def __init__(self, client_data: tff.simulation.datasets.ClientData, device: str, *,
+               with_keys: bool):  # pylint: disable=super-init-not-called
+    self._client_data, self._with_keys = client_data, with_keys
+    self.client_ids = tuple(client_data.client_ids)
+    self.index: dict[str, int] = {}
+    first = read_client(client_data, self.client_ids[0])
+    with tf.device(device):
+      self.examples = tf.nest.map_structure(
+          lambda a: tf.Variable(a, trainable=False, shape=tf.TensorShape([None, *a.shape[1:]])),
+          first)
+      self.counts, self.offsets, self.keys = (
+          tf.Variable(tf.zeros([0], dtype), trainable=False, shape=tf.TensorShape([None]))
+          for dtype in (tf.int32, tf.int32, tf.int64))
+    self._read_cohort = tf.function(self._cohort_examples, autograph=False)
+    self._keys_of = tf.function(_keys, autograph=False)
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    self._pending: tuple[tuple[str, ...], concurrent.futures.Future] | None = None
+    self.load(self.client_ids[:1])
+
+  def _cohort_examples(self, client_ids: tf.Tensor) -> tuple[tf.Tensor, Any]:
+    """(each example's position in `client_ids`, the examples): the clients' datasets
+    read in one tf.data pipeline, traced once (a dataset a client cost 2.3 ms)."""
+    make = self._client_data.serializable_dataset_fn
+    tagged = tf.data.Dataset.from_tensor_slices(client_ids).enumerate().flat_map(
+        lambda i, cid: make(cid).map(lambda *e: (i, e[0] if len(e) == 1 else e)))
+    return local_loop.materialize(tagged)
+
+  def _read(self, client_ids: tuple[str, ...]) -> tuple[np.ndarray, Any, tf.Tensor]:
+    """(the clients' example counts, their examples concatenated in order, their
+    keys), all computed here, on the prefetching thread when there is one."""
+    position, examples = self._read_cohort(tf.constant(client_ids))
+    counts = np.bincount(position.numpy(), minlength=len(client_ids)).astype(np.int32)
+    keys = (self._keys_of(examples, tf.constant(counts)) if self._with_keys
+            else tf.zeros([len(client_ids)], tf.int64))
+    return counts, tf.nest.map_structure(np.asarray, examples), keys
+
+  def prefetch(self, client_ids: Sequence[str]) -> None:
+    """Starts reading the clients `client_ids` (the next round's) in the background."""
+    unique = tuple(dict.fromkeys(client_ids))
+    self._pending = (unique, self._pool.submit(self._read, unique))
+
+  def load(self, client_ids: Sequence[str]) -> None:
+    """Puts the clients `client_ids` (an id given twice is loaded once) on the device."""
+    unique = tuple(dict.fromkeys(client_ids))
+    if set(unique) == set(self.index):
+      return
+    if self._pending is not None and self._pending[0] == unique:
+      counts, examples, keys = self._pending[1].result()
+    else:
+      counts, examples, keys = self._read(unique)
+    self._pending = None
+    tf.nest.map_structure(lambda variable, value: variable.assign(value), self.examples,
+                          examples)
+    self.counts.assign(counts)
+    self.offsets.assign((np.cumsum(counts) - counts).astype(np.int32))
+    self.keys.assign(keys)
+    self.index = {cid: i for i, cid in enumerate(unique)}
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _keys(examples: Any, counts: tf.Tensor) -> tf.Tensor:
+  """Each client's `local_loop.client_key`, from examples concatenated in client order."""
+  offsets = tf.cumsum(counts, exclusive=True)
+  return tf.map_fn(lambda i: local_loop.client_key(tf.nest.map_structure(
+      lambda t: t[offsets[i]:offsets[i] + counts[i]], examples)),
+                   tf.range(tf.shape(counts)[0]), fn_output_signature=tf.int64)
