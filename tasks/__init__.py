@@ -11,8 +11,9 @@ from tff_comp.tasks import quadratic
 from tff_comp.tasks import shakespeare
 from tff_comp.tasks import sinewave
 from tff_comp.tasks import sparse_logreg
+from tff_comp.tasks import stackoverflow
 from tff_comp.tasks import synthetic
 from tff_comp.tasks.base import Task
 
 __all__ = ['Task', 'cifar100', 'constrained_digits', 'dominant_class', 'emnist', 'imbalanced_digits', 'lasso', 'nuclear', 'quadratic', 'shakespeare',
-           'sinewave', 'sparse_logreg', 'synthetic']
+           'sinewave', 'sparse_logreg', 'stackoverflow', 'synthetic']

@@ -5,8 +5,9 @@
 read offline, their own) and a classifier returning logits: a FunctionalModel, or a
 Keras model through `keras_models.from_keras` (`models.keras_classifier` for flat
 features). Evaluation scores the global model's mean cross-entropy and accuracy on the
-pooled test examples (`test_loss`, `test_accuracy`) and on training examples
-(`train_loss`, `train_accuracy`; at most `eval_examples` of them, drawn once).
+pooled test examples (`test_loss`, `test_accuracy`; at most `test_examples` of them if
+set) and on training examples (`train_loss`, `train_accuracy`; at most `eval_examples`
+of them), drawn once, whole clients at a time.
 
 Register it under a name to run it from the experiment layer, e.g.
 
@@ -34,12 +35,15 @@ def classification_task(name: str, train_data: tff.simulation.datasets.ClientDat
                         test_data: tff.simulation.datasets.ClientData,
                         model: tff.learning.models.FunctionalModel, *,
                         defaults: Mapping[str, Any] | None = None,
-                        eval_examples: int = 10_000, seed: int = 0) -> base.Task:
+                        eval_examples: int = 10_000, test_examples: int | None = None,
+                        seed: int = 0) -> base.Task:
   """The task; `defaults` override `DEFAULTS` (the run settings); `seed` draws the
-  training examples scored."""
+  training examples scored (and the test examples, if `test_examples` caps them: None
+  scores every test example)."""
   score = base.ClassifierScorer(model)
-  x_test, y_test = inprocess.client_arrays(test_data).examples
-  x_train, y_train = _training_sample(train_data, eval_examples, seed)
+  x_test, y_test = (inprocess.client_arrays(test_data).examples if test_examples is None
+                    else _sample(test_data, test_examples, seed))
+  x_train, y_train = _sample(train_data, eval_examples, seed)
 
   def evaluate(trainable, psi) -> dict[str, float]:
     del psi  # no regularizer of its own; the run's does not change these scores
@@ -53,17 +57,17 @@ def classification_task(name: str, train_data: tff.simulation.datasets.ClientDat
                    defaults={**DEFAULTS, **(defaults or {})})
 
 
-def _training_sample(train_data: tff.simulation.datasets.ClientData, most: int,
-                     seed: int) -> tuple[np.ndarray, np.ndarray]:
-  """At most `most` training examples: whole clients in an order drawn from `seed`
+def _sample(data: tff.simulation.datasets.ClientData, most: int,
+            seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """At most `most` examples of `data`: whole clients in an order drawn from `seed`
   (only those are read, not the population)."""
-  ids = list(train_data.client_ids)
+  ids = list(data.client_ids)
   parts, count = [], 0
   for i in np.random.default_rng(seed).permutation(len(ids)):
     if count >= most:
       break
     x, y = (np.asarray(t) for t in local_loop.materialize(
-        train_data.create_tf_dataset_for_client(ids[i])))
+        data.create_tf_dataset_for_client(ids[i])))
     parts.append((x, y))
     count += len(y)
   x, y = (np.concatenate(t) for t in zip(*parts))

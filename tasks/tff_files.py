@@ -33,6 +33,8 @@ SOURCES = {
                           lambda d: tff.simulation.datasets.shakespeare.load_data(cache_dir=d)),
     'cifar100': Source('cifar100.sqlite',
                        lambda d: tff.simulation.datasets.cifar100.load_data(cache_dir=d)),
+    'stackoverflow': Source('stackoverflow.sqlite', lambda d:
+                            tff.simulation.datasets.stackoverflow.load_data(cache_dir=d)),
 }
 
 

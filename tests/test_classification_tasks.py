@@ -281,3 +281,51 @@ def test_cifar100_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, model)
   np.testing.assert_allclose(np.mean(x[0]), 0.0, atol=1e-5)  # standardized per image
   final = experiment.run_experiment(prepared, show_progress=False)
   assert np.isfinite(final['eval/test_loss'])
+
+
+def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_path):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.simulation.baselines.stackoverflow import (  # pylint: disable=g-import-not-at-top
+      word_prediction_preprocessing as tff_preprocessing)
+  sentences = {'u1': ['how do i sort a list', 'use sorted'], 'u2': ['what is a list'],
+               'u3': [' '.join(['word'] * 30)], 'h1': ['a'], 't1': ['sort the list ok']}
+  splits = {'u1': 'train', 'u2': 'train', 'u3': 'train', 'h1': 'heldout', 't1': 'test'}
+
+  def dataset(client_id):
+    n = len(sentences[client_id])
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+        creation_date=['2020'] * n, score=np.zeros(n, np.int64), tags=['python'] * n,
+        title=['t'] * n, tokens=sentences[client_id], type=['question'] * n))
+
+  tff.simulation.datasets.save_to_sql_client_data(
+      list(splits), dataset, str(tmp_path / 'stackoverflow.sqlite'),
+      split_names_by_client_id=splits)
+  (tmp_path / 'stackoverflow.word_count').write_text(
+      'list 9\nsort 8\na 7\nhow 6\nword 5\nwhat 4\n')
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='stackoverflow_nwp', rounds=2, clients_per_round=2,
+      eval_period=2, batch_size=2, task_options=dict(
+          data_dir=str(tmp_path), vocab_size=5, lstm_units=4),
+      output_dir=str(tmp_path / 'run')))
+  task = prepared.task
+  assert sorted(task.train_data.client_ids) == ['u1', 'u2', 'u3']
+  # TFF's own preprocessing of the same user, batch 1: the same ids.
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=1,
+                                             shuffle_buffer_size=1)
+  raw, _, _ = tff.simulation.datasets.stackoverflow.load_data(cache_dir=str(tmp_path))
+  vocab = ['list', 'sort', 'a', 'how', 'word']
+  for user in ('u1', 'u3'):
+    theirs = list(tff_preprocessing.create_preprocess_fn(spec, vocab)(
+        raw.create_tf_dataset_for_client(user)).as_numpy_iterator())
+    ours = list(task.train_data.create_tf_dataset_for_client(user).as_numpy_iterator())
+    assert len(ours) == len(theirs)
+    for (x, y), (tx, ty) in zip(ours, theirs):
+      np.testing.assert_array_equal(x, tx[0])
+      np.testing.assert_array_equal(y, ty[0])
+  final = experiment.run_experiment(prepared, show_progress=False)
+  assert np.isfinite(final['eval/test_loss'])
+  with pytest.raises(experiment.ConfigError, match='stackoverflow.word_count not found'):
+    (tmp_path / 'stackoverflow.word_count').unlink()
+    experiment.prepare(experiment.ExperimentConfig(
+        algorithm='fedavg', task='stackoverflow_nwp', task_options=dict(
+            data_dir=str(tmp_path)), output_dir=str(tmp_path / 'run2')))

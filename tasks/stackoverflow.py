@@ -1,0 +1,123 @@
+"""StackOverflow next-word prediction (Reddi et al. 2021; TFF's `stackoverflow`
+dataset): one client per user, 342,477 training users and about 135 million sentences.
+
+* source 'tff': TFF's published files, read offline from `data_dir` (default ~/.tff;
+  `tff_files`): `stackoverflow.sqlite` and the word counts `stackoverflow.word_count`
+  (TFF's `load_word_counts` unpacks them under `datasets/`; either place is read).
+  Preprocessing as TFF's word-prediction baseline
+  (`tff.simulation.baselines.stackoverflow.word_prediction_preprocessing`, whose
+  `build_to_ids_fn` is used here): the `vocab_size` most frequent words, ids 1..V, one
+  out-of-vocabulary id, then begin and end ids, 0 pad; a sentence is begin, its first
+  20 words and end (when shorter), padded to 21 ids; an example is (ids[:20], ids[1:]).
+  The training population needs about 11 GB resident, so runs stream each round's
+  cohort (`--data_memory_budget`, `runtime.streaming`). Evaluation scores up to
+  `eval_examples` test and training sentences (whole users, drawn once).
+* source 'synthetic': sentences of uniform ids of the same shapes: 342,477 users (or
+  `max_clients`) of lognormal sizes around the real mean of 397 sentences (the spread
+  is an assumption), 100 test users; outputs are labelled synthetic (task name
+  `stackoverflow_nwp[synthetic]`).
+
+Model: TFF's baseline (`word_prediction_models.create_recurrent_model`): Embedding 96
+(masking pad), LSTM `lstm_units` (670 in the baseline), Dense 96, Dense to the extended
+vocabulary, a Keras model (`keras_models.from_keras`). Accuracy counts every position,
+pad included (TFF's baseline masks pad, begin and end in its accuracy).
+"""
+
+import pathlib
+from typing import Literal
+
+import tensorflow as tf
+from tensorflow_federated.python.simulation.baselines.stackoverflow import (
+    word_prediction_models as tff_models)
+from tensorflow_federated.python.simulation.baselines.stackoverflow import (
+    word_prediction_preprocessing as tff_preprocessing)
+
+from tff_comp import keras_models
+from tff_comp import registry
+from tff_comp.tasks import base
+from tff_comp.tasks import classification
+from tff_comp.tasks import generated
+from tff_comp.tasks import tff_files
+
+SEQUENCE_LENGTH = 20
+USERS, MEAN_SENTENCES = 342_477, 397
+
+
+def vocabulary(data_dir: str, size: int) -> list[str]:
+  """The `size` most frequent words of TFF's stackoverflow.word_count (one
+  'word count' line each, most frequent first), read offline."""
+  folder = pathlib.Path(data_dir or tff_files.default_dir())
+  for path in (folder / 'stackoverflow.word_count',
+               folder / 'datasets' / 'stackoverflow.word_count'):
+    if path.is_file():
+      with open(path, encoding='utf-8') as f:
+        return [line.split()[0] for _, line in zip(range(size), f)]
+  raise ValueError(
+      f'{folder / "stackoverflow.word_count"} not found: fetch'
+      ' https://storage.googleapis.com/tff-datasets-public/stackoverflow.word_count.tar.bz2'
+      ' and unpack it there (tar xjf), or run --stackoverflow_nwp_source=synthetic.')
+
+
+@registry.register_task('stackoverflow_nwp')
+def build_stackoverflow_nwp_task(*, source: Literal['tff', 'synthetic'] = 'tff',
+                                 data_dir: str = '', vocab_size: int = 10_000,
+                                 lstm_units: int = 670, max_clients: int = 0,
+                                 eval_examples: int = 10_000,
+                                 seed: int = 0) -> base.Task:
+  """StackOverflow next-word prediction (see the module docstring).
+
+  Args:
+    source: 'tff' (TFF's files, offline) or 'synthetic' (same shapes).
+    data_dir: the folder holding stackoverflow.sqlite and stackoverflow.word_count.
+    vocab_size: the most frequent words kept (10,000 in the baseline).
+    lstm_units: the LSTM's units (670 in the baseline).
+    max_clients: train on the first this many users only (0: all of them).
+    eval_examples: test and training sentences scored at each evaluation.
+    seed: the synthetic data, the evaluation sample and the initial weights.
+  """
+  if min(vocab_size, lstm_units, eval_examples) < 1 or max_clients < 0:
+    raise ValueError('vocab_size, lstm_units and eval_examples must be >= 1, max_clients'
+                     ' >= 0.')
+  extended = vocab_size + 4  # pad, one out-of-vocabulary id, begin, end
+  if source == 'tff':
+    to_ids = tff_preprocessing.build_to_ids_fn(vocabulary(data_dir, vocab_size),
+                                               SEQUENCE_LENGTH)
+
+    def examples(dataset: tf.data.Dataset) -> tf.data.Dataset:
+      def split(example):
+        ids = to_ids(example)
+        ids = tf.ensure_shape(tf.pad(ids, tf.reshape(tf.stack(
+            [0, SEQUENCE_LENGTH + 1 - tf.shape(ids)[0]]), [1, 2])), [SEQUENCE_LENGTH + 1])
+        return tf.cast(ids[:-1], tf.float32), tf.cast(ids[1:], tf.int32)
+      return dataset.map(split)
+
+    train, _, test = tff_files.load('stackoverflow', data_dir, hint=(
+        'point --stackoverflow_nwp_data_dir at its folder, or run'
+        ' --stackoverflow_nwp_source=synthetic'))
+    train, test = train.preprocess(examples), test.preprocess(examples)
+    if max_clients:
+      train = train.from_clients_and_tf_fn(sorted(train.client_ids)[:max_clients],
+                                           train.serializable_dataset_fn)
+  elif source == 'synthetic':
+    def make(n, key):
+      ids = tf.random.stateless_uniform([n, SEQUENCE_LENGTH + 1], key, 0, extended,
+                                        tf.int32)
+      return tf.cast(ids[:, :-1], tf.float32), ids[:, 1:]
+
+    train = generated.client_data('train', generated.lognormal_sizes(
+        max_clients or USERS, MEAN_SENTENCES, seed, 1.0), seed, make)
+    test = generated.client_data('test', generated.lognormal_sizes(
+        100, MEAN_SENTENCES, seed + 1, 1.0), seed, make)
+  else:
+    raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
+  tf.keras.utils.set_random_seed(seed)
+  model = keras_models.from_keras(
+      tff_models.create_recurrent_model(extended, lstm_size=lstm_units),
+      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      (tf.TensorSpec([None, SEQUENCE_LENGTH], tf.float32),
+       tf.TensorSpec([None, SEQUENCE_LENGTH], tf.int32)))
+  return classification.classification_task(
+      'stackoverflow_nwp' if source == 'tff' else 'stackoverflow_nwp[synthetic]', train,
+      test, model, seed=seed, eval_examples=eval_examples, test_examples=eval_examples,
+      defaults=dict(clients_per_round=50, batch_size=16, client_learning_rate=0.3,
+                    rounds=1500, eval_period=100))
