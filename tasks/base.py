@@ -95,10 +95,13 @@ class ClassifierScorer:
   It scores in a TF1 graph and session, built once: TFF's Keras conversion
   (`functional_model_from_keras`) runs only in graph context, not in eager or in a
   `tf.function` called eagerly, and this way every FunctionalModel scores alike.
+  `masked_labels`: labels left out of the accuracy (a sequence model's pad token, as
+  TFF's `MaskedCategoricalAccuracy`); the cross-entropy counts every position.
   """
 
-  def __init__(self, model: tff.learning.models.FunctionalModel):
-    self._model = model
+  def __init__(self, model: tff.learning.models.FunctionalModel,
+               masked_labels: tuple[int, ...] = ()):
+    self._model, self._masked = model, masked_labels
     self._session = None
 
   def _build(self):
@@ -113,11 +116,16 @@ class ClassifierScorer:
       fixed = tuple(tf.constant(w) for w in non_trainable)
       logits = self._model.predict_on_batch((tuple(self._weights), fixed), self._x,
                                             training=False)
+      labels = tf.cast(self._y, tf.int32)
       self._loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=tf.cast(self._y, tf.int32), logits=logits))
-      self._accuracy = tf.reduce_mean(tf.cast(tf.equal(
-          tf.argmax(logits, -1, output_type=tf.int32), tf.cast(self._y, tf.int32)),
-          tf.float32))
+          labels=labels, logits=logits))
+      counted = tf.ones_like(labels, tf.bool)
+      for label in self._masked:
+        counted &= tf.not_equal(labels, label)
+      correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels) & counted
+      # (correct, counted) positions, summed over chunks into the accuracy.
+      self._accuracy = tf.stack([tf.reduce_sum(tf.cast(correct, tf.float32)),
+                                 tf.reduce_sum(tf.cast(counted, tf.float32))])
     self._session = tf.compat.v1.Session(graph=graph)
 
   # Examples scored per session call: the logits of a large-vocabulary sequence model
@@ -128,13 +136,13 @@ class ClassifierScorer:
     if self._session is None:
       self._build()
     feed = dict(zip(self._weights, trainable))
-    totals = np.zeros(2)
+    loss, accuracy = 0.0, np.zeros(2)
     for start in range(0, len(y), self.CHUNK):
       feed[self._x], feed[self._y] = x[start:start + self.CHUNK], y[start:start + self.CHUNK]
-      totals += len(feed[self._y]) * np.array(
-          self._session.run((self._loss, self._accuracy), feed), np.float64)
-    loss, accuracy = totals / max(len(y), 1)
-    return float(loss), float(accuracy)
+      chunk_loss, chunk_accuracy = self._session.run((self._loss, self._accuracy), feed)
+      loss += len(feed[self._y]) * float(chunk_loss)
+      accuracy += chunk_accuracy
+    return loss / max(len(y), 1), float(accuracy[0] / max(accuracy[1], 1.0))
 
 
 def bundled_digits() -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,8 @@ Keras model through `keras_models.from_keras` (`models.keras_classifier` for fla
 features). Evaluation scores the global model's mean cross-entropy and accuracy on the
 pooled test examples (`test_loss`, `test_accuracy`; at most `test_examples` of them if
 set) and on training examples (`train_loss`, `train_accuracy`; at most `eval_examples`
-of them), drawn once, whole clients at a time.
+of them), drawn once, whole clients at a time. `masked_labels` (a sequence model's pad
+token) are left out of the accuracies, as TFF's baselines mask them.
 
 Register it under a name to run it from the experiment layer, e.g.
 
@@ -36,11 +37,11 @@ def classification_task(name: str, train_data: tff.simulation.datasets.ClientDat
                         model: tff.learning.models.FunctionalModel, *,
                         defaults: Mapping[str, Any] | None = None,
                         eval_examples: int = 10_000, test_examples: int | None = None,
-                        seed: int = 0) -> base.Task:
+                        masked_labels: tuple[int, ...] = (), seed: int = 0) -> base.Task:
   """The task; `defaults` override `DEFAULTS` (the run settings); `seed` draws the
   training examples scored (and the test examples, if `test_examples` caps them: None
   scores every test example)."""
-  score = base.ClassifierScorer(model)
+  score = base.ClassifierScorer(model, masked_labels)
   x_test, y_test = (inprocess.client_arrays(test_data).examples if test_examples is None
                     else _sample(test_data, test_examples, seed))
   x_train, y_train = _sample(train_data, eval_examples, seed)

@@ -17,9 +17,9 @@ dataset): one client per speaking role of each play.
 Model: TFF's baseline recurrent model (`char_prediction_models.create_recurrent_model`):
 Embedding(vocabulary + 4, 8), two LSTM layers of `lstm_units` (256 in the baseline)
 returning sequences, Dense to the vocabulary, as a Keras model; it runs in-process on
-the mapped engine (`keras_models`). Evaluation: cross-entropy and accuracy over every
-position of the test roles' windows and of training windows, pad positions included
-(TFF's baseline masks them in its accuracy).
+the mapped engine (`keras_models`). Evaluation: cross-entropy over every position of the test
+roles' windows and of training windows, and accuracy over the non-pad positions (TFF's
+baseline's `MaskedCategoricalAccuracy(masked_tokens=[pad])`).
 """
 
 from typing import Literal
@@ -112,5 +112,6 @@ def build_shakespeare_task(*, source: Literal['tff', 'synthetic'] = 'tff',
        tf.TensorSpec([None, SEQUENCE_LENGTH], tf.int32)))
   return classification.classification_task(
       'shakespeare' if source == 'tff' else 'shakespeare[synthetic]', train, test, model,
-      seed=seed, defaults=dict(clients_per_round=10, batch_size=4, client_learning_rate=1.0,
+      seed=seed, masked_labels=(0,),
+      defaults=dict(clients_per_round=10, batch_size=4, client_learning_rate=1.0,
                                rounds=1200, eval_period=100))

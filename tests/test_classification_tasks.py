@@ -329,3 +329,22 @@ def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_pat
     experiment.prepare(experiment.ExperimentConfig(
         algorithm='fedavg', task='stackoverflow_nwp', task_options=dict(
             data_dir=str(tmp_path)), output_dir=str(tmp_path / 'run2')))
+
+
+def test_the_scorer_leaves_masked_labels_out_of_the_accuracy_and_chunks_alike():
+  from tff_comp import models  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import base  # pylint: disable=g-import-not-at-top
+  model = models.softmax_regression(3, 4)
+  kernel = np.eye(3, 4, dtype=np.float32) * 5
+  x = np.eye(3, dtype=np.float32)[np.arange(600) % 3]
+  y = (np.arange(600) % 3).astype(np.int32)
+  y[::2] = 0  # class 0 where the model says 1 or 2: wrong unless masked
+  weights = (kernel, np.zeros(4, np.float32))
+  loss, accuracy = base.ClassifierScorer(model)(weights, x, y)
+  right = np.argmax(x @ kernel, 1) == y
+  assert accuracy == pytest.approx(right.mean())
+  _, masked = base.ClassifierScorer(model, (0,))(weights, x, y)
+  assert masked == pytest.approx(right[y != 0].mean()) and masked == 1.0
+  logits = x @ kernel
+  want = np.mean(np.log(np.exp(logits).sum(1)) - logits[np.arange(600), y])
+  assert loss == pytest.approx(want, rel=1e-5)  # 600 examples: three chunks of 256

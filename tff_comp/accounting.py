@@ -182,7 +182,7 @@ class PrivacySpent(simulation.Callback):
 
   def __init__(self, ledger: Ledger, last_round: int | None, budget: float | None,
                every: int = 1):
-    self._ledger, self._last, self._budget, self._every = ledger, last_round, budget, every
+    self._last, self._budget, self._every = last_round, budget, every
     self._epsilon = ledger.per_round()
 
   def on_train_begin(self, loop: simulation.Loop) -> None:

@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, NamedTuple
 
@@ -48,13 +49,22 @@ class Interrupted(KeyboardInterrupt):
     self.saved_round = saved_round
 
 
+# Set by SIGTERM (`stop_on_sigterm`); the loop stops at the end of the round it is in.
+_SIGTERM_RECEIVED = threading.Event()
+
+
 def stop_on_sigterm() -> None:
   """SIGTERM (a scheduler's preemption notice) stops a run as Ctrl-C does: the last
-  finished round is saved (`Interrupted`)."""
+  finished round is saved (`Interrupted`). The loop stops when the round it is in has
+  finished (raising at once could land inside TensorFlow's C code, which turned the
+  interrupt into a TypeError about the eager context, seen once in the tests); a
+  second SIGTERM stops at once."""
 
   def terminate(signum, frame):
     del signum, frame
-    raise KeyboardInterrupt('SIGTERM')
+    if _SIGTERM_RECEIVED.is_set():
+      raise KeyboardInterrupt('SIGTERM')
+    _SIGTERM_RECEIVED.set()
 
   signal.signal(signal.SIGTERM, terminate)
 
@@ -668,6 +678,9 @@ def run_loop(runtime, loop: Loop, sampler: ClientSampler,
           stop = request  # the callbacks after it still see this round
       loop.finished, loop.finished_state = round_num, loop.state
       last = loop.elapsed()
+      if _SIGTERM_RECEIVED.is_set():
+        _SIGTERM_RECEIVED.clear()
+        raise KeyboardInterrupt('SIGTERM')
       if stop is not None:
         break
     completed = True

@@ -102,9 +102,6 @@ class StreamedData(engines.ResidentData):
     self.keys.assign(keys)
     self.index = {cid: i for i, cid in enumerate(unique)}
 
-  def close(self) -> None:
-    self._pool.shutdown(wait=False, cancel_futures=True)
-
 
 def _keys(examples: Any, counts: tf.Tensor) -> tf.Tensor:
   """Each client's `local_loop.client_key`, from examples concatenated in client order."""
