@@ -62,9 +62,7 @@ def build_cifar100_task(*, source: Literal['tff', 'synthetic'] = 'tff', data_dir
       return dataset.map(image_map).map(lambda x, y: (x, tf.cast(y, tf.int32)))
 
     train, test = (data.preprocess(examples) for data in tff_files.load('cifar100', data_dir))
-    if max_clients:
-      train = train.from_clients_and_tf_fn(sorted(train.client_ids)[:max_clients],
-                                           train.serializable_dataset_fn)
+    train = tff_files.first_clients(train, max_clients)
   elif source == 'synthetic':
     def make(n, key):
       return (tf.random.stateless_normal([n, *shape], key),

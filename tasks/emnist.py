@@ -25,7 +25,6 @@ accuracy on the test writers' examples and on training examples
 from typing import Literal
 
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_comp import keras_models
 from tff_comp import models
@@ -93,10 +92,7 @@ def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
   if source == 'tff':
     train, test = tff_files.load('emnist', data_dir, only_digits=only_digits)
     train, test = train.preprocess(_to_examples), test.preprocess(_to_examples)
-    if max_clients:
-      ids = sorted(train.client_ids)[:max_clients]
-      train = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-          ids, train.serializable_dataset_fn)
+    train = tff_files.first_clients(train, max_clients)
   elif source == 'synthetic':
     train, test = _synthetic(only_digits, max_clients or POPULATION[only_digits][0], seed)
   else:

@@ -89,9 +89,7 @@ def build_shakespeare_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     raise ValueError('max_clients must be >= 0 and lstm_units >= 1.')
   if source == 'tff':
     train, test = (data.preprocess(_windows) for data in tff_files.load('shakespeare', data_dir))
-    if max_clients:
-      train = train.from_clients_and_tf_fn(sorted(train.client_ids)[:max_clients],
-                                           train.serializable_dataset_fn)
+    train = tff_files.first_clients(train, max_clients)
   elif source == 'synthetic':
     clients = max_clients or ROLES
 

@@ -95,9 +95,7 @@ def build_stackoverflow_nwp_task(*, source: Literal['tff', 'synthetic'] = 'tff',
         'point --stackoverflow_nwp_data_dir at its folder, or run'
         ' --stackoverflow_nwp_source=synthetic'))
     train, test = train.preprocess(examples), test.preprocess(examples)
-    if max_clients:
-      train = train.from_clients_and_tf_fn(sorted(train.client_ids)[:max_clients],
-                                           train.serializable_dataset_fn)
+    train = tff_files.first_clients(train, max_clients)
   elif source == 'synthetic':
     def make(n, key):
       ids = tf.random.stateless_uniform([n, SEQUENCE_LENGTH + 1], key, 0, extended,

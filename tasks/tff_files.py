@@ -67,3 +67,12 @@ def load(name: str, data_dir: str = '', hint: str = '', **options) -> Any:
   download)."""
   path = locate(name, data_dir, hint)
   return SOURCES[name].load(str(path.parent), **options)
+
+
+def first_clients(data: tff.simulation.datasets.ClientData, count: int
+                  ) -> tff.simulation.datasets.ClientData:
+  """`data` restricted to its first `count` client ids in sorted order (0: all)."""
+  if not count:
+    return data
+  return data.from_clients_and_tf_fn(sorted(data.client_ids)[:count],
+                                     data.serializable_dataset_fn)

@@ -240,6 +240,11 @@ def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_pa
       output_dir=str(tmp_path / 'run')))
   task = prepared.task
   assert sorted(task.train_data.client_ids) == ['JULIET', 'NURSE', 'ROMEO']
+  first_two = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='shakespeare', clients_per_round=2, task_options=dict(
+          data_dir=str(tmp_path), lstm_units=8, max_clients=2),
+      output_dir=str(tmp_path / 'run2'))).task
+  assert list(first_two.train_data.client_ids) == ['JULIET', 'NURSE']
   # TFF's own preprocessing of the same client, batch 1: the same windows.
   spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=1,
                                              shuffle_buffer_size=1)
