@@ -33,8 +33,8 @@ of changing size), from XLA's own log.
 Conv 64 3x3, max pooling, Dense 128, Dense 62, a Keras model) on synthetic EMNIST-shaped
 data (28x28, 62 classes; `--emnist_clients` clients per round of about 224 examples,
 batch 20, one epoch, the same clients and initial weights for every system):
-  (a) tff_comp fedavg in-process (`keras_models.from_keras`; auto picks the mapped
-      engine: lanes cannot vectorize a per-client filter);
+  (a) tff_comp fedavg in-process (`tasks.emnist.cnn` through `keras_models.from_keras`;
+      auto picks the mapped engine: lanes cannot vectorize a per-client filter);
   (c) TFF's `build_weighted_fed_avg` with `from_keras_model`, datasets built in Python;
   (d) the floor: one Keras model trained client by client over the same batches by a
       `tf.function` SGD step, then the example-weighted mean.
@@ -71,6 +71,7 @@ import psutil  # installed with TFF (portpicker requires it)
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp.tasks import emnist
 from tff_comp.tasks import generated
 from tff_comp.tasks import lasso
 from tff_comp.tasks import synthetic
@@ -334,22 +335,10 @@ def part5() -> None:
         f' {max(compiles, default=1) - 1} (target 0)')
 
 
-def _emnist_cnn() -> tf.keras.Model:
-  tf.keras.utils.set_random_seed(0)
-  return tf.keras.Sequential([
-      tf.keras.layers.InputLayer((28, 28, 1)),
-      tf.keras.layers.Conv2D(32, 3, activation='relu'),
-      tf.keras.layers.Conv2D(64, 3, activation='relu'),
-      tf.keras.layers.MaxPool2D(),
-      tf.keras.layers.Flatten(),
-      tf.keras.layers.Dense(128, activation='relu'),
-      tf.keras.layers.Dense(62)])
-
-
 def _keras_floor(arrays: inprocess.ClientArrays, batch: int, lr: float):
   """run_round(picks): one Keras model trained client by client over the same batches
   (a tf.function SGD step), then the example-weighted mean of the clients' models."""
-  model, loss = _emnist_cnn(), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  model, loss = emnist.cnn(62), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
   variables = model.trainable_variables
   weights = [[v.numpy() for v in variables]]
   offsets = np.concatenate([[0], np.cumsum(arrays.counts)])
@@ -390,11 +379,11 @@ def part6(rounds: int, repeats: int, per_round: int) -> None:
   picks = _selections(population, per_round, 1 + rounds * repeats + 10)
   spec = (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32))
   loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-  ours = fedavg.build_fedavg(keras_models.from_keras(_emnist_cnn(), loss, spec),
+  ours = fedavg.build_fedavg(keras_models.from_keras(emnist.cnn(62), loss, spec),
                              client_learning_rate=lr, batch_size=batch)
   fast, _ = experiment.runner_for(ours, data, 'inprocess')
   builtin = tff.learning.algorithms.build_weighted_fed_avg(
-      lambda: tff.learning.models.from_keras_model(_emnist_cnn(), loss, input_spec=spec),
+      lambda: tff.learning.models.from_keras_model(emnist.cnn(62), loss, input_spec=spec),
       tff.learning.optimizers.build_sgdm(lr), tff.learning.optimizers.build_sgdm(1.0))
   builtin_state = [builtin.initialize()]
 
