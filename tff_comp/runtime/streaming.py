@@ -24,6 +24,8 @@ import tensorflow_federated as tff
 from tff_comp.ops import local_loop
 from tff_comp.runtime import engines
 
+_MAX_COHORT = 1 << 20  # more clients than any round has
+
 
 def read_client(client_data: tff.simulation.datasets.ClientData, client_id: str) -> Any:
   """One client's examples as a structure of NumPy arrays."""
@@ -60,45 +62,52 @@ class StreamedData(engines.ResidentData):
     self._read_cohort = tf.function(self._cohort_examples, autograph=False)
     self._keys_of = tf.function(_keys, autograph=False)
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    self._pending: tuple[tuple[str, ...], concurrent.futures.Future] | None = None
+    # Reads started by `prefetch`, by their clients: the simulation loop asks for the
+    # next round's before this round's `load`, so two can be pending.
+    self._pending: dict[frozenset[str], tuple[tuple[str, ...], concurrent.futures.Future]] = {}
     self.load(self.client_ids[:1])
 
   def _cohort_examples(self, client_ids: tf.Tensor) -> tuple[tf.Tensor, Any]:
-    """(each example's position in `client_ids`, the examples): the clients' datasets
-    read in one tf.data pipeline, traced once (a dataset a client cost 2.3 ms)."""
+    """(the clients' example counts, their examples concatenated in order): each
+    client's dataset read whole, in parallel, into one ragged batch, traced once (a
+    dataset a client cost 2.3 ms; tagging each example with its client, 15% more)."""
     make = self._client_data.serializable_dataset_fn
-    tagged = tf.data.Dataset.from_tensor_slices(client_ids).enumerate().flat_map(
-        lambda i, cid: make(cid).map(lambda *e: (i, e[0] if len(e) == 1 else e)))
-    return local_loop.materialize(tagged)
+    cohort = tf.data.Dataset.from_tensor_slices(client_ids).map(
+        lambda cid: local_loop.materialize(make(cid)), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True).ragged_batch(_MAX_COHORT).get_single_element()
+    return (tf.cast(tf.nest.flatten(cohort)[0].row_lengths(), tf.int32),
+            tf.nest.map_structure(lambda ragged: ragged.values, cohort))
 
-  def _read(self, client_ids: tuple[str, ...]) -> tuple[np.ndarray, Any, tf.Tensor]:
+  def _read(self, client_ids: tuple[str, ...]) -> tuple[tf.Tensor, Any, tf.Tensor]:
     """(the clients' example counts, their examples concatenated in order, their
     keys), all computed here, on the prefetching thread when there is one."""
-    position, examples = self._read_cohort(tf.constant(client_ids))
-    counts = np.bincount(position.numpy(), minlength=len(client_ids)).astype(np.int32)
-    keys = (self._keys_of(examples, tf.constant(counts)) if self._with_keys
+    counts, examples = self._read_cohort(tf.constant(client_ids))
+    keys = (self._keys_of(examples, counts) if self._with_keys
             else tf.zeros([len(client_ids)], tf.int64))
-    return counts, tf.nest.map_structure(np.asarray, examples), keys
+    return counts, examples, keys
 
   def prefetch(self, client_ids: Sequence[str]) -> None:
     """Starts reading the clients `client_ids` (the next round's) in the background."""
     unique = tuple(dict.fromkeys(client_ids))
-    self._pending = (unique, self._pool.submit(self._read, unique))
+    if unique and frozenset(unique) not in self._pending:
+      while len(self._pending) >= 2:  # the oldest (a round that did not run) is dropped
+        del self._pending[next(iter(self._pending))]
+      self._pending[frozenset(unique)] = (unique, self._pool.submit(self._read, unique))
 
   def load(self, client_ids: Sequence[str]) -> None:
     """Puts the clients `client_ids` (an id given twice is loaded once) on the device."""
     unique = tuple(dict.fromkeys(client_ids))
     if set(unique) == set(self.index):
       return
-    if self._pending is not None and self._pending[0] == unique:
-      counts, examples, keys = self._pending[1].result()
+    if frozenset(unique) in self._pending:
+      unique, read = self._pending.pop(frozenset(unique))
+      counts, examples, keys = read.result()
     else:
       counts, examples, keys = self._read(unique)
-    self._pending = None
     tf.nest.map_structure(lambda variable, value: variable.assign(value), self.examples,
                           examples)
     self.counts.assign(counts)
-    self.offsets.assign((np.cumsum(counts) - counts).astype(np.int32))
+    self.offsets.assign(tf.cumsum(counts, exclusive=True))
     self.keys.assign(keys)
     self.index = {cid: i for i, cid in enumerate(unique)}
 
