@@ -68,11 +68,13 @@ def _ours(kind, algorithm, engine='auto', **extra):
   return runtime, runtime.get_model_weights(state).trainable
 
 
-@pytest.mark.parametrize('kind', ['cnn', 'lstm'])
-def test_fedavg_with_a_keras_model_in_process_is_tffs_keras_fedavg(kind):
+@pytest.mark.parametrize('kind, engine', [('cnn', 'auto'), ('cnn', 'lanes'), ('lstm', 'auto')])
+def test_fedavg_with_a_keras_model_in_process_is_tffs_keras_fedavg(kind, engine):
+  """Lanes run a CNN's convolutions as per-tap matmuls (`ops.vectorizable`)."""
   make, _ = MAKERS[kind]
-  runtime, got = _ours(kind, 'fedavg')
-  assert runtime.name == 'inprocess'
+  runtime, got = _ours(kind, 'fedavg', engine)
+  assert runtime.name == 'inprocess' and runtime.engine == {'auto': 'mapped'}.get(engine,
+                                                                                 engine)
   process = tff.learning.algorithms.build_weighted_fed_avg(
       lambda: tff.learning.models.from_keras_model(make(), LOSS, input_spec=_spec(kind)),
       tff.learning.optimizers.build_sgdm(0.1), tff.learning.optimizers.build_sgdm(1.0))
@@ -86,11 +88,11 @@ def test_fedavg_with_a_keras_model_in_process_is_tffs_keras_fedavg(kind):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('kind', ['cnn', 'lstm'])
-def test_feddualavg_with_a_keras_model_matches_tffs_conversion_on_tffs_runtime(kind):
+@pytest.mark.parametrize('kind, engine', [('cnn', 'auto'), ('cnn', 'lanes'), ('lstm', 'auto')])
+def test_feddualavg_with_a_keras_model_matches_tffs_conversion_on_tffs_runtime(kind, engine):
   make, _ = MAKERS[kind]
   extra = dict(regularizer=regularizers.L1(strength=0.01))
-  _, got = _ours(kind, 'feddualavg', **extra)
+  _, got = _ours(kind, 'feddualavg', engine, **extra)
   theirs = registry.get_algorithm('feddualavg').build(
       tff.learning.models.functional_model_from_keras(make(), LOSS, _spec(kind)),
       client_learning_rate=0.1, batch_size=BATCH, **extra)

@@ -160,6 +160,31 @@ def test_cohorts_of_1_3_7_and_10_clients_compile_once(repo_root):
   assert [int(n) for _, n in counts] == [1], counts
 
 
+# A Keras CNN on lanes (its convolutions as per-tap matmuls), cohorts of changing size.
+_CNN = """
+from tests import test_keras_models as k
+from tff_comp import keras_models
+from tff_comp.algorithms import fedavg
+from tff_comp.runtime import inprocess
+model = keras_models.from_keras(k._cnn(), k.LOSS, k._spec('cnn'))
+process = inprocess.build(fedavg.build_fedavg(model, client_learning_rate=0.1,
+                                              batch_size=k.BATCH), k._data('cnn'),
+                          engine='lanes', lanes=2)
+process.reserve_cohort(4)
+state = process.initialize()
+for cohort in (['a', 'b', 'c'], ['d'], ['a', 'b', 'c', 'd'], ['c', 'a']):
+  state = process.next(state, cohort).state
+"""
+
+
+def test_a_keras_cnn_compiles_once_for_every_cohort(repo_root):
+  """Lanes vectorize a Keras CNN's convolutions as per-tap matmuls (`ops.vectorizable`), with
+  static shapes: one compile for cohorts of 3, 1, 4 and 2 clients (parity:
+  tests/test_keras_models.py)."""
+  _, counts = _compiles(repo_root, _CNN)
+  assert [int(n) for _, n in counts] == [1], counts
+
+
 # Rules with second-order autodiff, forced onto lanes, then as 'auto' builds them.
 _SECOND_ORDER = """
 import numpy as np

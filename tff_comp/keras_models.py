@@ -8,7 +8,8 @@ restored after it. Nothing is imported into a graph (TFF's
 `functional_model_from_keras` imports the model's graph, so it runs only inside TFF
 computations): the function traces inside the in-process round's `tf.function`,
 differentiates twice (MAML) and vectorizes (`tf.vectorized_map`) where the layers' ops
-do, and it runs inside TFF's computations too.
+do (Conv2D layers through `ops.vectorizable.conv2d` when traced for the lanes engine),
+and it runs inside TFF's computations too.
 
 Non-trainable weights (a frozen layer's, an adapted Normalization's statistics) are the
 model's non-trainable weights, passed through unchanged. Refused, naming the layer:
@@ -24,6 +25,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_comp.ops import vectorizable
 
 # Layers refused, and what to use instead.
 _STATEFUL = {tf.keras.layers.BatchNormalization: 'GroupNormalization or LayerNormalization'}
@@ -52,10 +55,20 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
                        ' be substituted; wrap it in a layer that keeps it as an attribute.')
   variables = trainable + non_trainable
 
-  def predict_on_batch(weights, x, training=True):
-    values = [_dense_gradient(w) for w in (*weights[0], *weights[1])]
-    with _substituted(owners, variables, values, constants):
-      return model(x, training=training)
+  convolutions = [layer for layer in _layers(model)
+                  if isinstance(layer, tf.keras.layers.Conv2D) and layer.groups == 1
+                  and not isinstance(layer, tf.keras.layers.Conv2DTranspose)
+                  and layer.data_format == 'channels_last']
+
+  def traced_predict(convolutions_across_lanes):
+    def predict_on_batch(weights, x, training=True):
+      values = [_dense_gradient(w) for w in (*weights[0], *weights[1])]
+      with _substituted(owners, variables, values, constants), _lanes_convolutions(
+          convolutions_across_lanes):
+        return model(x, training=training)
+
+    # Traced without AutoGraph, as the in-process round (Keras's own call needs none).
+    return tf.function(predict_on_batch, autograph=False)
 
   def loss_fn(output, label, sample_weight=None):
     del sample_weight
@@ -63,11 +76,26 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
 
   initial = (tuple(np.array(v.numpy()) for v in trainable),
              tuple(np.array(v.numpy()) for v in non_trainable))
-  # Traced without AutoGraph, as the in-process round (Keras's own call needs none).
-  return tff.learning.models.FunctionalModel(
-      initial_weights=initial,
-      predict_on_batch_fn=tf.function(predict_on_batch, autograph=False),
+  predict = traced_predict(())
+  return _KerasModel(
+      traced_predict(convolutions) if convolutions else predict,
+      initial_weights=initial, predict_on_batch_fn=predict,
       loss_fn=tf.function(loss_fn, autograph=False), input_spec=input_spec)
+
+
+class _KerasModel(tff.learning.models.FunctionalModel):
+  """A FunctionalModel whose `predict_on_batch`, traced for the lanes engine
+  (`vectorizable.across_lanes`), calls a trace of its own: FunctionalModel's is one
+  `tf.function`, whose cached trace (with Conv2D) would be reused there."""
+
+  def __init__(self, predict_across_lanes, **kwargs):
+    super().__init__(**kwargs)
+    self._predict_across_lanes = predict_across_lanes
+
+  def predict_on_batch(self, model_weights, x, training=True):
+    predict = (self._predict_across_lanes if vectorizable.tracing_across_lanes()
+               else self._predict_on_batch_fn)
+    return predict(model_weights, x, training)
 
 
 def _check_layers(model: tf.keras.Model) -> None:
@@ -128,6 +156,22 @@ def _substituted(owners, variables: Sequence[tf.Variable], values: Sequence[tf.T
   finally:
     for layer, name, original in reversed(saved):
       object.__setattr__(layer, name, original)
+
+
+@contextlib.contextmanager
+def _lanes_convolutions(layers: Sequence[tf.keras.layers.Conv2D]):
+  """The Conv2D `layers` convolve with `vectorizable.conv2d`, which `tf.vectorized_map`
+  vectorizes for each lane's own kernel (an instance attribute shadows the layer's
+  `convolution_op`), while the context runs."""
+  try:
+    for layer in layers:
+      object.__setattr__(layer, 'convolution_op', lambda x, kernel, layer=layer: (
+          vectorizable.conv2d(x, kernel, layer.strides, layer.padding.upper(),
+                              layer.dilation_rate)))
+    yield
+  finally:
+    for layer in layers:
+      vars(layer).pop('convolution_op', None)
 
 
 @tf.custom_gradient

@@ -19,6 +19,7 @@ CPU (`choose_device`).
 """
 
 import collections
+import contextlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
 from tff_comp.ops import privacy
 from tff_comp.ops import rule as rule_lib
+from tff_comp.ops import vectorizable
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
 from tff_comp.runtime import streaming
@@ -88,7 +90,8 @@ _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'Mat
 # Ops `tf.vectorized_map` cannot vectorize when each lane has its own weights: a
 # convolution's filter must be loop invariant, and the gradient of a while loop over
 # TensorLists (a Keras RNN) fails to convert. Such rules run mapped from the start,
-# rather than failing (with TF's pfor error dump) in the first round.
+# rather than failing (with TF's pfor error dump) in the first round. (The Conv2D layers
+# of `keras_models.from_keras` models vectorize: traced for lanes, they are per-tap matmuls: ops.vectorizable.)
 _NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
                    'Conv3D': 'a convolution with each client\'s own filter',
                    'DepthwiseConv2dNative': 'a convolution with each client\'s own filter',
@@ -185,24 +188,28 @@ class InProcessRuntime:
 
   def _why_not_lanes(self) -> str:
     """Why the lanes engine would be slow for this algorithm here, or ''."""
-    nodes = self._step_nodes()
+    nodes, on_cpu = self._step_nodes(), 'CPU' in self.device.upper()
     slow = {op for _, op in nodes} & _SLOW_UNDER_XLA_ON_CPU
-    if slow and 'CPU' in self.device.upper():
+    if slow and on_cpu:
       return f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
-    unvectorized = sorted({op for _, op in nodes} & set(_NOT_VECTORIZED))
+    lanes_ops = {op for _, op in self._step_nodes(across_lanes=True)}
+    unvectorized = sorted(lanes_ops & set(_NOT_VECTORIZED))
     if unvectorized:
       op = unvectorized[0]
       return (f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
               ' tf.vectorized_map cannot vectorize across lanes')
+    if on_cpu and 'Conv2D' in {op for _, op in nodes}:
+      return ('its local step convolves (Conv2D): on lanes, per-tap matmuls under XLA,'
+              ' which on a CPU took 5-6x the mapped round (EMNIST CNN, bench part 6)')
     # TensorFlow names the ops of a gradient of a gradient 'gradients/gradients/...'.
     if any('gradients/gradients/' in name for name, _ in nodes):
       return ('its local step differentiates a gradient (second-order autodiff), which'
               ' makes XLA compile the lanes kernel again for every cohort')
     return ''
 
-  def _step_nodes(self) -> set[tuple[str, str]]:
+  def _step_nodes(self, across_lanes: bool = False) -> set[tuple[str, str]]:
     """(name, op type) of the ops of one local step of the client rule (nested
-    functions included)."""
+    functions included), as traced for the lanes engine if `across_lanes`."""
     algorithm = self.algorithm
     rule, state = algorithm.client_rule, self.initialize()
     payload = algorithm.server_rule.payload(state.finalizer, state.global_model_weights)
@@ -210,9 +217,10 @@ class InProcessRuntime:
     size = client_round.step_batch_size(rule, algorithm.client_options)
     batch = tf.nest.map_structure(lambda v: v[:size], self.data.examples)
     context = rule_lib.RoundContext.of(client_index=0)
-    graph = tf.function(lambda: rule.step(
-        rule.initialize(payload, hparams, context), batch, payload, hparams,
-        context), autograph=False).get_concrete_function().graph.as_graph_def()
+    with vectorizable.across_lanes() if across_lanes else contextlib.nullcontext():
+      graph = tf.function(lambda: rule.step(
+          rule.initialize(payload, hparams, context), batch, payload, hparams,
+          context), autograph=False).get_concrete_function().graph.as_graph_def()
     return ({(node.name, node.op) for node in graph.node}
             | {(node.name, node.op) for f in graph.library.function for node in f.node_def})
 

@@ -30,6 +30,14 @@ import tensorflow as tf
 from tff_comp.ops import local_loop
 from tff_comp.ops import client_round
 from tff_comp.ops import rule as rule_lib
+from tff_comp.ops import vectorizable
+
+
+def _vectorized_map(fn, elems, **options):
+  """`tf.vectorized_map`, its function traced `vectorizable.across_lanes` (so Keras
+  convolutions vectorize for each lane's own kernel)."""
+  with vectorizable.across_lanes():
+    return tf.vectorized_map(fn, elems, **options)
 
 
 def _rows(structure, index):
@@ -114,7 +122,7 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
         tf.gather(plans.schedule.seed, clients)[:, None] if options.shuffle else None)
     # No silent per-lane while loop for an op without a vectorization rule: the
     # kernel fails to build instead, and the runtime falls back to mapped clients.
-    stepped = tf.vectorized_map(
+    stepped = _vectorized_map(
         lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
         (lane_state, _rows(examples, positions), _rows(plans.context, clients)),
         fallback_to_while_loop=False)
@@ -148,7 +156,7 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
         tf.gather(plans.schedule.full, members)[:, None] * size, sizes[k],
         tf.gather(counts, members)[:, None],
         tf.gather(plans.schedule.seed, members)[:, None] if options.shuffle else None)
-    stepped = tf.vectorized_map(
+    stepped = _vectorized_map(
         lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
         (_rows(states, members), _rows(examples, positions),
          _rows(plans.context, members)))
@@ -171,7 +179,7 @@ def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
   steps = plans.schedule.steps
   # Once per client, so a per-client loop where an op does not vectorize (the slot
   # tables' scatter of AFL, TR-MAML, Ditto) costs little.
-  return tf.vectorized_map(
+  return _vectorized_map(
       lambda args: client_round.finish_client(rule, args[0], args[1], payload, hparams,
                                           args[2], options, args[3]),
       (states, steps, plans.context, counts))
