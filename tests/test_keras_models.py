@@ -128,7 +128,7 @@ def test_a_frozen_layer_keeps_its_weights_and_the_rest_trains():
 
 @pytest.mark.parametrize('layer, says', [
     (tf.keras.layers.BatchNormalization(), 'GroupNormalization'),
-    (tf.keras.layers.Dropout(0.1), 'random generator'),
+    (tf.keras.layers.GaussianDropout(0.1), 'random generator'),
 ])
 def test_layers_a_pure_function_cannot_run_are_refused_by_name(layer, says):
   model = tf.keras.Sequential([tf.keras.layers.InputLayer((4,)), tf.keras.layers.Dense(3),
@@ -153,3 +153,53 @@ def test_per_fedavg_exact_differentiates_a_keras_cnn_twice_as_tffs_conversion():
   assert max(np.abs(a - b).max() for a, b in zip(got, first_order)) > 1e-6
   for a, b in zip(got, runtime.get_model_weights(state).trainable):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _dropout_model(rate=0.3):
+  tf.keras.utils.set_random_seed(0)
+  return tf.keras.Sequential([tf.keras.layers.InputLayer((8,)), tf.keras.layers.Dense(64),
+                              tf.keras.layers.Dropout(rate)])
+
+
+def test_dropout_draws_its_masks_from_the_weights_and_batch_statelessly():
+  """Masks at the layer's rate, scaled by 1/(1 - rate), the same for the same
+  (weights, batch), new when a weight changes, none outside training."""
+  model = _dropout_model()
+  converted = keras_models.from_keras(
+      model, LOSS, (tf.TensorSpec([None, 8]), tf.TensorSpec([None], tf.int32)))
+  weights = tf.nest.map_structure(tf.constant, converted.initial_weights)
+  x = tf.constant(np.random.default_rng(0).normal(size=(500, 8)), tf.float32)
+  plain = model(x, training=False).numpy()
+  first = converted.predict_on_batch(weights, x, training=True).numpy()
+  np.testing.assert_array_equal(first, converted.predict_on_batch(weights, x).numpy())
+  np.testing.assert_allclose(converted.predict_on_batch(weights, x, training=False), plain,
+                             rtol=1e-6)
+  kept = first != 0
+  assert abs(1 - kept.mean() - 0.3) < 0.01  # 32,000 draws: 5 sigma is 0.013
+  np.testing.assert_allclose(first[kept], plain[kept] / 0.7, rtol=1e-5)
+  moved = ((weights[0][0], weights[0][1] + 1e-3), ())
+  again = converted.predict_on_batch(moved, x).numpy() != 0
+  assert 0.3 < (again != kept).mean()  # independent masks differ in 2 p (1 - p) = 42%
+
+
+def test_dropout_trains_alike_in_process_and_on_tffs_runtime():
+  """The masks are a function of each step's weights and batch: FedAvg with a Dropout
+  model in-process (mapped) equals it on TFF's runtime (and differs from rate 0)."""
+  finals = []
+  for rate, name in ((0.5, 'inprocess'), (0.5, 'tff'), (0.0, 'inprocess')):
+    model = keras_models.from_keras(
+        tf.keras.Sequential([tf.keras.layers.InputLayer((8, 8, 1)), *_cnn().layers[:-1],
+                             tf.keras.layers.Dropout(rate), tf.keras.layers.Dense(CLASSES)]),
+        LOSS, _spec('cnn'))
+    built = registry.get_algorithm('fedavg').build(model, client_learning_rate=0.1,
+                                                   batch_size=BATCH)
+    runtime, _ = experiment.runner_for(built, _data('cnn'), name)
+    state = runtime.initialize()
+    for r in range(ROUNDS):
+      state = runtime.next(state, IDS[r:r + 2]).state
+    finals.append(runtime.get_model_weights(state).trainable)
+    if rate:
+      assert runtime.name == 'tff' or 'Dropout' in runtime.record['why']
+  for a, b in zip(finals[0], finals[1]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  assert max(np.abs(a - b).max() for a, b in zip(finals[0], finals[2])) > 1e-3

@@ -12,10 +12,12 @@ do (Conv2D layers through `ops.vectorizable.conv2d` when traced for the lanes en
 and it runs inside TFF's computations too.
 
 Non-trainable weights (a frozen layer's, an adapted Normalization's statistics) are the
-model's non-trainable weights, passed through unchanged. Refused, naming the layer:
-layers whose training call updates state (BatchNormalization: use GroupNormalization
-or LayerNormalization) and layers drawing random numbers (Dropout, GaussianNoise: a
-stateful generator no runtime can replay per client).
+model's non-trainable weights, passed through unchanged. Dropout (and SpatialDropout)
+layers draw their masks statelessly from a seed computed from the call's weights and
+batch (`_step_seed`), so the function stays pure: every runtime draws the same masks.
+Refused, naming the layer: layers whose training call updates state
+(BatchNormalization: use GroupNormalization or LayerNormalization) and the other layers
+drawing random numbers (GaussianNoise, GaussianDropout, AlphaDropout).
 """
 
 from collections.abc import Callable, Sequence
@@ -30,8 +32,8 @@ from tff_comp.ops import vectorizable
 
 # Layers refused, and what to use instead.
 _STATEFUL = {tf.keras.layers.BatchNormalization: 'GroupNormalization or LayerNormalization'}
-_RANDOM = (tf.keras.layers.Dropout, tf.keras.layers.GaussianNoise,
-           tf.keras.layers.GaussianDropout, tf.keras.layers.AlphaDropout)
+_RANDOM = (tf.keras.layers.GaussianNoise, tf.keras.layers.GaussianDropout,
+           tf.keras.layers.AlphaDropout)
 
 
 def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
@@ -60,11 +62,14 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
                   and not isinstance(layer, tf.keras.layers.Conv2DTranspose)
                   and layer.data_format == 'channels_last']
 
+  dropouts = [layer for layer in _layers(model) if isinstance(layer, tf.keras.layers.Dropout)]
+
   def traced_predict(convolutions_across_lanes):
     def predict_on_batch(weights, x, training=True):
       values = [_dense_gradient(w) for w in (*weights[0], *weights[1])]
+      seed = _step_seed(weights[0], x) if dropouts else None
       with _substituted(owners, variables, values, constants), _lanes_convolutions(
-          convolutions_across_lanes):
+          convolutions_across_lanes), _stateless_dropout(dropouts, seed):
         return model(x, training=training)
 
     # Traced without AutoGraph, as the in-process round (Keras's own call needs none).
@@ -172,6 +177,48 @@ def _lanes_convolutions(layers: Sequence[tf.keras.layers.Conv2D]):
   finally:
     for layer in layers:
       vars(layer).pop('convolution_op', None)
+
+
+def _step_seed(trainable: Sequence[tf.Tensor], x: Any) -> tf.Tensor:
+  """A stateless seed that is a function of the call's own inputs: a digest of the
+  last trainable weight (it changes with every step) and of the batch. Dropout's masks
+  then need no random state and no argument beyond FunctionalModel's (weights, x), so
+  every runtime draws the same masks at the same step."""
+  def digest(tensor):
+    bits = tf.cast(tf.bitcast(tf.cast(tf.reshape(tensor, [-1]), tf.float32), tf.int32),
+                   tf.int64)
+    # Odd multipliers by position: a permutation of the values changes the digest.
+    return tf.reduce_sum(bits * (2 * tf.range(tf.size(bits, tf.int64)) + 1))
+
+  parts = [*trainable[-1:], *tf.nest.flatten(x)]
+  return tf.stack([digest(tf.stop_gradient(parts[0])), digest(parts[-1])])
+
+
+class _SeededGenerator:
+  """Stands in for a Dropout layer's random generator during a call: the layer's
+  mask drawn by `tf.nn.experimental.stateless_dropout` from `seed`."""
+
+  def __init__(self, seed: tf.Tensor):
+    self._seed = seed
+
+  def dropout(self, inputs, rate, noise_shape=None):
+    return tf.nn.experimental.stateless_dropout(inputs, rate, self._seed,
+                                                noise_shape=noise_shape)
+
+
+@contextlib.contextmanager
+def _stateless_dropout(layers: Sequence[tf.keras.layers.Dropout], seed: tf.Tensor | None):
+  """The Dropout `layers` draw their masks from `seed` (folded with each layer's
+  position), not from Keras's stateful generator, while the context runs."""
+  saved = [(layer, layer._random_generator) for layer in layers]  # pylint: disable=protected-access
+  try:
+    for i, layer in enumerate(layers):
+      object.__setattr__(layer, '_random_generator', _SeededGenerator(
+          tf.random.experimental.stateless_fold_in(seed, i)))
+    yield
+  finally:
+    for layer, generator in saved:
+      object.__setattr__(layer, '_random_generator', generator)
 
 
 @tf.custom_gradient

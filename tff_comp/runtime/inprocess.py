@@ -95,7 +95,8 @@ _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'Mat
 _NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
                    'Conv3D': 'a convolution with each client\'s own filter',
                    'DepthwiseConv2dNative': 'a convolution with each client\'s own filter',
-                   'TensorListReserve': 'a recurrent loop (a Keras RNN)'}
+                   'TensorListReserve': 'a recurrent loop (a Keras RNN)',
+                   'StatelessRandomGetKeyCounter': 'random draws seeded per lane (Dropout)'}
 
 
 class InProcessRuntime:
