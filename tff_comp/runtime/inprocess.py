@@ -91,7 +91,8 @@ _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'Mat
 # convolution's filter must be loop invariant, and the gradient of a while loop over
 # TensorLists (a Keras RNN) fails to convert. Such rules run mapped from the start,
 # rather than failing (with TF's pfor error dump) in the first round. (The Conv2D layers
-# of `keras_models.from_keras` models vectorize: traced for lanes, they are per-tap matmuls: ops.vectorizable.)
+# of `keras_models.from_keras` models vectorize: traced for lanes, they run as per-tap
+# matmuls, `ops.vectorizable`.)
 _NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
                    'Conv3D': 'a convolution with each client\'s own filter',
                    'DepthwiseConv2dNative': 'a convolution with each client\'s own filter',
