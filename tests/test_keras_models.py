@@ -11,9 +11,12 @@ from tff_comp import experiment
 from tff_comp import keras_models
 from tff_comp import registry
 from tff_comp import regularizers
+from tff_comp.ops import vectorizable
+from tff_comp.runtime import inprocess
 
 BATCH, ROUNDS, CLASSES = 4, 3, 5
 IDS = ['a', 'b', 'c', 'd']
+_L = tf.keras.layers
 
 
 def _cnn(seed=0):
@@ -110,6 +113,19 @@ def test_auto_runs_convolutions_and_rnns_mapped_saying_why(kind, op):
   assert runtime.record['engine'] == 'mapped' and op in runtime.record['why']
 
 
+def test_auto_runs_a_depthwise_convolution_mapped_on_a_cpu_saying_why():
+  """It vectorizes (test_a_standard_layer_vectorizes...), into a grouped convolution
+  XLA runs slowly on a CPU."""
+  tf.keras.utils.set_random_seed(0)
+  model = tf.keras.Sequential([_L.InputLayer((8, 8, 1)), _L.DepthwiseConv2D(3),
+                               _L.Flatten(), _L.Dense(CLASSES)])
+  built = registry.get_algorithm('fedavg').build(
+      keras_models.from_keras(model, LOSS, _spec('cnn')), client_learning_rate=0.1,
+      batch_size=BATCH)
+  runtime, _ = experiment.runner_for(built, _data('cnn'), 'inprocess')
+  assert runtime.engine == 'mapped' and 'DepthwiseConv2dNative' in runtime.why
+
+
 def test_a_frozen_layer_keeps_its_weights_and_the_rest_trains():
   model = _cnn()
   model.layers[0].trainable = False
@@ -203,3 +219,101 @@ def test_dropout_trains_alike_in_process_and_on_tffs_runtime():
   for a, b in zip(finals[0], finals[1]):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   assert max(np.abs(a - b).max() for a, b in zip(finals[0], finals[2])) > 1e-3
+
+
+# name: (input shape, whether the inputs are token ids, layers, vectorizes across lanes)
+STANDARD_LAYERS = {
+    'conv2d_strided_dilated_pooling': ((9, 9, 2), False, lambda: [
+        _L.Conv2D(4, 3, strides=2, padding='same'),
+        _L.Conv2D(3, 2, dilation_rate=2, activation='relu'), _L.MaxPool2D(),
+        _L.Flatten(), _L.Dense(3)], True),
+    'conv1d_causal_pooling': ((12, 3), False, lambda: [
+        _L.Conv1D(4, 3, padding='causal', dilation_rate=2), _L.MaxPool1D(),
+        _L.Conv1D(5, 2, strides=2, padding='same'), _L.GlobalAveragePooling1D(),
+        _L.Dense(3)], True),
+    'group_normalization': ((8, 8, 2), False, lambda: [
+        _L.Conv2D(4, 3, padding='same'), _L.GroupNormalization(2), _L.ReLU(),
+        _L.AveragePooling2D(), _L.GlobalMaxPool2D(), _L.Dense(3)], True),
+    'embedding_layer_normalization': ((6,), True, lambda: [
+        _L.Embedding(10, 4), _L.LayerNormalization(), _L.GlobalAveragePooling1D(),
+        _L.Dense(3)], True),
+    'gru': ((6,), True, lambda: [
+        _L.Embedding(10, 4), _L.GRU(5, return_sequences=True), _L.GRU(4), _L.Dense(3)],
+            False),
+    'bidirectional_lstm': ((5, 2), False, lambda: [
+        _L.Bidirectional(_L.LSTM(3)), _L.Dense(3)], False),
+    'depthwise_conv2d': ((8, 8, 2), False, lambda: [
+        _L.DepthwiseConv2D(3), _L.Flatten(), _L.Dense(3)], True),
+    'separable_conv2d': ((8, 8, 2), False, lambda: [
+        _L.SeparableConv2D(3, 3), _L.Flatten(), _L.Dense(3)], False),
+    'grouped_conv2d': ((8, 8, 4), False, lambda: [
+        _L.Conv2D(4, 3, groups=2), _L.Flatten(), _L.Dense(3)], False),
+}
+
+
+def _standard(name, seed=0):
+  """A model of the `STANDARD_LAYERS` case, its conversion, and a batch."""
+  shape, tokens, layers, _ = STANDARD_LAYERS[name]
+  tf.keras.utils.set_random_seed(seed)
+  model = tf.keras.Sequential([_L.InputLayer(shape), *layers()])
+  rng = np.random.default_rng(seed)
+  x = (rng.integers(0, 10, size=(5, *shape)) if tokens
+       else rng.normal(size=(5, *shape))).astype(np.float32)
+  y = rng.integers(0, 3, size=5).astype(np.int32)
+  spec = (tf.TensorSpec([None, *shape]), tf.TensorSpec([None], tf.int32))
+  return model, keras_models.from_keras(model, LOSS, spec), x, y
+
+
+def _gradient(converted, weights, x, y):
+  with tf.GradientTape() as tape:
+    tape.watch(weights)
+    loss = converted.loss(converted.predict_on_batch(weights, x), y)
+  return tape.gradient(loss, weights[0])
+
+
+@pytest.mark.parametrize('name', sorted(STANDARD_LAYERS))
+def test_a_standard_layer_computes_as_keras_itself(name):
+  """The converted model's output and gradient at its weights are the Keras model's
+  own (its call and tape over its variables)."""
+  model, converted, x, y = _standard(name)
+  weights = tf.nest.map_structure(tf.constant, converted.initial_weights)
+  np.testing.assert_allclose(converted.predict_on_batch(weights, x), model(x, training=True),
+                             rtol=1e-5, atol=1e-6)
+  with tf.GradientTape() as tape:
+    loss = LOSS(y, model(x, training=True))
+  want = tape.gradient(loss, model.trainable_weights)
+  for got, expected in zip(_gradient(converted, weights, x, y), want, strict=True):
+    np.testing.assert_allclose(got, tf.convert_to_tensor(expected), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('name', sorted(STANDARD_LAYERS))
+def test_a_standard_layer_vectorizes_across_lanes_or_the_runtime_knows_up_front(name):
+  """Traced for the lanes engine, each lane's gradient with its own weights is its
+  gradient alone; where a layer's ops do not vectorize, the trace holds an op the
+  in-process runtime maps up front (`_NOT_VECTORIZED`), so no round fails first."""
+  _, converted, x, y = _standard(name)
+  lanes = [tf.nest.map_structure(lambda w, s=s: tf.constant(w * s), converted.initial_weights)
+           for s in (1.0, 0.5, -1.5)]
+  stacked = tf.nest.map_structure(lambda *w: tf.stack(w), *lanes)
+  xs, ys = tf.stack([x, x[::-1], x]), tf.stack([y, y[::-1], y[::-1]])
+
+  @tf.function(autograph=False)
+  def across(weights, xs, ys):
+    with vectorizable.across_lanes():
+      return tf.vectorized_map(lambda a: _gradient(converted, *a), (weights, xs, ys),
+                               fallback_to_while_loop=False)
+
+  if STANDARD_LAYERS[name][-1]:
+    got = across(stacked, xs, ys)
+    for lane, weights in enumerate(lanes):
+      for g, want in zip(got, _gradient(converted, weights, xs[lane], ys[lane]), strict=True):
+        np.testing.assert_allclose(g[lane], want, rtol=1e-4, atol=1e-5)
+  else:
+    with pytest.raises((ValueError, TypeError)):  # pfor's error for the op
+      across(stacked, xs, ys)
+    with vectorizable.across_lanes():
+      graph = tf.function(lambda w: _gradient(converted, w, x, y), autograph=False
+                          ).get_concrete_function(lanes[0]).graph.as_graph_def()
+    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function
+                                        for n in f.node_def}
+    assert ops & set(inprocess._NOT_VECTORIZED)  # pylint: disable=protected-access

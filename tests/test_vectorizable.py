@@ -1,5 +1,6 @@
-"""`ops.vectorizable.conv2d` (per-tap matmuls) equals `tf.nn.conv2d`, and vectorizes across lanes
-with each lane's own kernel, gradients included."""
+"""`ops.vectorizable.conv2d` (per-tap matmuls) equals `tf.nn.conv2d` (and `conv1d`,
+`tf.nn.conv1d`), and vectorizes across lanes with each lane's own kernel, gradients
+included."""
 
 import numpy as np
 import pytest
@@ -17,6 +18,17 @@ def test_conv2d_is_tfs(padding, strides, dilations):
   kernel = tf.constant(rng.normal(size=(3, 2, 3, 4)), tf.float32)
   want = tf.nn.conv2d(x, kernel, strides, padding, dilations=dilations)
   got = vectorizable.conv2d(x, kernel, strides, padding, dilations)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('padding', ['VALID', 'SAME'])
+@pytest.mark.parametrize('stride, dilation', [(1, 1), (2, 1), (1, 2)])
+def test_conv1d_is_tfs(padding, stride, dilation):
+  rng = np.random.default_rng(2)
+  x = tf.constant(rng.normal(size=(2, 11, 3)), tf.float32)
+  kernel = tf.constant(rng.normal(size=(3, 3, 4)), tf.float32)
+  want = tf.nn.conv1d(x, kernel, stride, padding, dilations=dilation)
+  got = vectorizable.conv1d(x, kernel, stride, padding, dilation)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -8,8 +8,8 @@ restored after it. Nothing is imported into a graph (TFF's
 `functional_model_from_keras` imports the model's graph, so it runs only inside TFF
 computations): the function traces inside the in-process round's `tf.function`,
 differentiates twice (MAML) and vectorizes (`tf.vectorized_map`) where the layers' ops
-do (Conv2D layers through `ops.vectorizable.conv2d` when traced for the lanes engine),
-and it runs inside TFF's computations too.
+do (Conv1D and Conv2D layers through `ops.vectorizable` when traced for the lanes
+engine), and it runs inside TFF's computations too.
 
 Non-trainable weights (a frozen layer's, an adapted Normalization's statistics) are the
 model's non-trainable weights, passed through unchanged. Dropout (and SpatialDropout)
@@ -58,9 +58,10 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
   variables = trainable + non_trainable
 
   convolutions = [layer for layer in _layers(model)
-                  if isinstance(layer, tf.keras.layers.Conv2D) and layer.groups == 1
-                  and not isinstance(layer, tf.keras.layers.Conv2DTranspose)
-                  and layer.data_format == 'channels_last']
+                  if isinstance(layer, (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D))
+                  and layer.groups == 1 and layer.data_format == 'channels_last'
+                  and not isinstance(layer, (tf.keras.layers.Conv1DTranspose,
+                                             tf.keras.layers.Conv2DTranspose))]
 
   dropouts = [layer for layer in _layers(model) if isinstance(layer, tf.keras.layers.Dropout)]
 
@@ -163,16 +164,26 @@ def _substituted(owners, variables: Sequence[tf.Variable], values: Sequence[tf.T
       object.__setattr__(layer, name, original)
 
 
+def _vectorizable_convolution(layer: tf.keras.layers.Conv1D | tf.keras.layers.Conv2D
+                              ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+  """`layer.convolution_op` as `vectorizable.conv1d` or `conv2d`."""
+  # Keras pads a causal Conv1D's input in `call`, then convolves VALID.
+  padding = 'VALID' if layer.padding == 'causal' else layer.padding.upper()
+  if layer.rank == 1:
+    return lambda x, kernel: vectorizable.conv1d(x, kernel, layer.strides[0], padding,
+                                                 layer.dilation_rate[0])
+  return lambda x, kernel: vectorizable.conv2d(x, kernel, layer.strides, padding,
+                                               layer.dilation_rate)
+
+
 @contextlib.contextmanager
-def _lanes_convolutions(layers: Sequence[tf.keras.layers.Conv2D]):
-  """The Conv2D `layers` convolve with `vectorizable.conv2d`, which `tf.vectorized_map`
-  vectorizes for each lane's own kernel (an instance attribute shadows the layer's
-  `convolution_op`), while the context runs."""
+def _lanes_convolutions(layers: Sequence[tf.keras.layers.Conv1D | tf.keras.layers.Conv2D]):
+  """The Conv1D and Conv2D `layers` convolve with `vectorizable`'s ops, which
+  `tf.vectorized_map` vectorizes for each lane's own kernel (an instance attribute
+  shadows the layer's `convolution_op`), while the context runs."""
   try:
     for layer in layers:
-      object.__setattr__(layer, 'convolution_op', lambda x, kernel, layer=layer: (
-          vectorizable.conv2d(x, kernel, layer.strides, layer.padding.upper(),
-                              layer.dilation_rate)))
+      object.__setattr__(layer, 'convolution_op', _vectorizable_convolution(layer))
     yield
   finally:
     for layer in layers:

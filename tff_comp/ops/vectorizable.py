@@ -8,10 +8,11 @@ convolution of the EMNIST CNN's 10 clients under XLA on a CPU took 39x the clien
 own convolutions, measured). `conv2d` here is the convolution as a sum over the
 kernel's taps of the input's shifted (strided, dilated) slice times the tap's matrix,
 ops pfor vectorizes for per-lane weights, so the lanes engine (XLA, static shapes)
-compiles a CNN once. Equal to `tf.nn.conv2d` (tests/test_vectorizable.py).
+compiles a CNN once; `conv1d` is `conv2d` on a height of 1. Equal to `tf.nn.conv2d`
+and `tf.nn.conv1d` (tests/test_vectorizable.py).
 
 `across_lanes()` marks code being traced for the lanes engine; models built with
-`keras_models.from_keras` then run their Conv2D layers through `conv2d`.
+`keras_models.from_keras` then run their Conv1D and Conv2D layers through these.
 """
 
 from collections.abc import Iterator, Sequence
@@ -67,3 +68,10 @@ def conv2d(inputs: tf.Tensor, kernel: tf.Tensor, strides: Sequence[int] = (1, 1)
                    j * dw:j * dw + (width - 1) * sw + 1:sw, :]
       rows += tf.reshape(tap, [-1, channels]) @ kernel[i, j]
   return tf.reshape(rows, [batch, height, width, filters])
+
+
+def conv1d(inputs: tf.Tensor, kernel: tf.Tensor, stride: int = 1, padding: str = 'VALID',
+           dilation: int = 1) -> tf.Tensor:
+  """`tf.nn.conv1d(inputs, kernel, stride, padding, dilations=dilation)` for NWC `inputs`
+  of static width, as `conv2d` over a height of 1."""
+  return conv2d(inputs[:, None], kernel[None], (1, stride), padding, (1, dilation))[:, 0]

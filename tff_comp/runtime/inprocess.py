@@ -95,9 +95,15 @@ _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'Mat
 # matmuls, `ops.vectorizable`.)
 _NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
                    'Conv3D': 'a convolution with each client\'s own filter',
-                   'DepthwiseConv2dNative': 'a convolution with each client\'s own filter',
                    'TensorListReserve': 'a recurrent loop (a Keras RNN)',
                    'StatelessRandomGetKeyCounter': 'random draws seeded per lane (Dropout)'}
+# Convolutions that vectorize across lanes but are slow there on a CPU, and how slow.
+_CONVOLUTIONS_SLOW_ON_CPU_LANES = {
+    'Conv2D': 'per-tap matmuls under XLA, which on a CPU took 5-6x the mapped round'
+              ' (EMNIST CNN, bench part 6)',
+    # pfor vectorizes a per-lane depthwise filter into one grouped convolution.
+    'DepthwiseConv2dNative': 'one grouped convolution under XLA, which on a CPU took'
+                             ' 300x the mapped round (two DepthwiseConv2D layers)'}
 
 
 class InProcessRuntime:
@@ -200,9 +206,10 @@ class InProcessRuntime:
       op = unvectorized[0]
       return (f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
               ' tf.vectorized_map cannot vectorize across lanes')
-    if on_cpu and 'Conv2D' in {op for _, op in nodes}:
-      return ('its local step convolves (Conv2D): on lanes, per-tap matmuls under XLA,'
-              ' which on a CPU took 5-6x the mapped round (EMNIST CNN, bench part 6)')
+    slow = sorted({op for _, op in nodes} & set(_CONVOLUTIONS_SLOW_ON_CPU_LANES))
+    if on_cpu and slow:
+      return (f'its local step convolves ({slow[0]}): on lanes,'
+              f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[slow[0]]}')
     # TensorFlow names the ops of a gradient of a gradient 'gradients/gradients/...'.
     if any('gradients/gradients/' in name for name, _ in nodes):
       return ('its local step differentiates a gradient (second-order autodiff), which'
