@@ -13,13 +13,14 @@ characters, one client per writer.
   seed. For benchmarks; its outputs are labelled synthetic (config.json's
   task_options, the task's name `emnist[synthetic]`).
 
-Model 'cnn': the CNN of TFF's baseline (`emnist_models.create_conv_dropout_model`,
-Reddi et al. 2021) without its two Dropout layers (a stateful random layer no runtime
-replays per client; `keras_models`): Conv 32 3x3, Conv 64 3x3, max pooling, Dense 128,
-Dense to the classes, ReLU, as a Keras model (`keras_models.from_keras`). 'softmax':
-multinomial logistic regression on the flat pixels. Evaluation: cross-entropy and
-accuracy on the test writers' examples and on training examples
-(`tasks.classification`).
+Model 'cnn_dropout': the CNN of TFF's baseline (`emnist_models.create_conv_dropout_model`,
+Reddi et al. 2021): Conv 32 3x3, Conv 64 3x3, max pooling, Dropout 0.25, Dense 128,
+Dropout 0.5, Dense to the classes, ReLU, as a Keras model (`keras_models.from_keras`;
+its Dropout masks are drawn statelessly from each step's weights and batch, so every
+runtime draws the same, and it runs mapped). 'cnn': the same without its Dropout layers
+(the default, as before). 'softmax': multinomial logistic regression on the flat pixels.
+Evaluation (without dropout): cross-entropy and accuracy on the test writers' examples
+and on training examples (`tasks.classification`).
 """
 
 from typing import Literal
@@ -38,17 +39,20 @@ from tff_comp.tasks import tff_files
 POPULATION = {False: (3400, 671_585, 77_483), True: (3383, 341_873, 40_832)}
 
 
-def cnn(num_classes: int, seed: int = 0) -> tf.keras.Model:
-  """The baseline CNN without dropout (see the module docstring)."""
+def cnn(num_classes: int, seed: int = 0, dropout: bool = False) -> tf.keras.Model:
+  """The baseline CNN, with its Dropout layers if `dropout` (see the module docstring)."""
   tf.keras.utils.set_random_seed(seed)
+  layers = tf.keras.layers
   return tf.keras.Sequential([
-      tf.keras.layers.InputLayer((28, 28, 1)),
-      tf.keras.layers.Conv2D(32, 3, activation='relu'),
-      tf.keras.layers.Conv2D(64, 3, activation='relu'),
-      tf.keras.layers.MaxPool2D(),
-      tf.keras.layers.Flatten(),
-      tf.keras.layers.Dense(128, activation='relu'),
-      tf.keras.layers.Dense(num_classes)])
+      layers.InputLayer((28, 28, 1)),
+      layers.Conv2D(32, 3, activation='relu'),
+      layers.Conv2D(64, 3, activation='relu'),
+      layers.MaxPool2D(),
+      *([layers.Dropout(0.25)] if dropout else []),
+      layers.Flatten(),
+      layers.Dense(128, activation='relu'),
+      *([layers.Dropout(0.5)] if dropout else []),
+      layers.Dense(num_classes)])
 
 
 def _to_examples(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -73,7 +77,8 @@ def _synthetic(only_digits: bool, clients: int, seed: int):
 @registry.register_task('emnist')
 def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
                       data_dir: str = '', only_digits: bool = False,
-                      model: Literal['cnn', 'softmax'] = 'cnn', max_clients: int = 0,
+                      model: Literal['cnn', 'cnn_dropout', 'softmax'] = 'cnn',
+                      max_clients: int = 0,
                       seed: int = 0) -> base.Task:
   """Federated EMNIST (see the module docstring).
 
@@ -81,7 +86,8 @@ def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     source: 'tff' (TFF's emnist_all.sqlite, offline) or 'synthetic' (same shapes).
     data_dir: the folder holding emnist_all.sqlite (default ~/.tff).
     only_digits: the 10-class digits subset, else all 62 classes.
-    model: 'cnn' (the baseline CNN, Keras) or 'softmax'.
+    model: 'cnn' (the baseline CNN without dropout, Keras), 'cnn_dropout' (with its
+      Dropout layers) or 'softmax'.
     max_clients: train on the first this many writers only (0: all of them); synthetic
       data generate this many (0: the real population's size).
     seed: the synthetic data and the model's initial weights.
@@ -97,11 +103,15 @@ def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     train, test = _synthetic(only_digits, max_clients or POPULATION[only_digits][0], seed)
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
-  network = (keras_models.from_keras(
-      cnn(classes, seed), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32)))
-             if model == 'cnn' else models.reshaped_input(
-                 models.softmax_regression(784, classes), (28, 28, 1)))
+  if model not in ('cnn', 'cnn_dropout', 'softmax'):
+    raise ValueError(f"model={model!r} is unknown; choose 'cnn', 'cnn_dropout' or"
+                     " 'softmax'.")
+  network = (models.reshaped_input(models.softmax_regression(784, classes), (28, 28, 1))
+             if model == 'softmax' else keras_models.from_keras(
+                 cnn(classes, seed, dropout=model == 'cnn_dropout'),
+                 tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 (tf.TensorSpec([None, 28, 28, 1], tf.float32),
+                  tf.TensorSpec([None], tf.int32))))
   name = 'emnist' if source == 'tff' else 'emnist[synthetic]'
   return classification.classification_task(
       name, train, test, network, seed=seed,

@@ -223,6 +223,29 @@ def test_synthetic_emnist_has_the_shapes_and_is_labelled(tmp_path):
   assert '"source": "synthetic"' in (tmp_path / 'run' / 'config.json').read_text()
 
 
+def test_emnist_cnn_dropout_is_tffs_baseline_model_and_trains(tmp_path):
+  """TFF's `create_conv_dropout_model` (Reddi et al. 2021) layer for layer; with our
+  weights its softmax output is ours (no dropout outside training); a round trains."""
+  from tensorflow_federated.python.simulation.baselines.emnist import emnist_models  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import emnist  # pylint: disable=g-import-not-at-top
+  ours, theirs = emnist.cnn(62, dropout=True), emnist_models.create_conv_dropout_model(False)
+  assert [type(l).__name__ for l in ours.layers] == [type(l).__name__ for l in theirs.layers]
+  assert ([l.rate for l in ours.layers if isinstance(l, tf.keras.layers.Dropout)]
+          == [l.rate for l in theirs.layers if isinstance(l, tf.keras.layers.Dropout)])
+  theirs.set_weights(ours.get_weights())
+  x = np.random.default_rng(0).random((4, 28, 28, 1)).astype(np.float32)
+  np.testing.assert_allclose(tf.nn.softmax(ours(x, training=False)), theirs(x, training=False),
+                             rtol=1e-5, atol=1e-6)
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='emnist', rounds=1, clients_per_round=2, eval_period=1,
+      task_options=dict(source='synthetic', max_clients=3, model='cnn_dropout'),
+      output_dir=str(tmp_path / 'run')))
+  runner = experiment.build_runner(prepared)
+  assert runner.runtime.engine == 'mapped' and 'Dropout' in runner.runtime.why
+  final = experiment.train(prepared, runner, show_progress=False)
+  assert np.isfinite(final['eval/test_loss'])
+
+
 def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_path):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.simulation.baselines.shakespeare import (  # pylint: disable=g-import-not-at-top
