@@ -35,9 +35,17 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
   streamed = inprocess.build(_algorithm(name), DATA, data_memory_budget=0.0)
   assert resident.record['data'] == 'resident' and streamed.record['data'] == 'streaming'
   assert 'exceed --data_memory_budget=0 MB' in streamed.description
-  finals, loaded, reads = [], [], []
-  read = streamed.data._read
+  finals, loaded, reads, prefetched, unprefetched = [], [], [], set(), []
+  read, prefetch, load = streamed.data._read, streamed.data.prefetch, streamed.data.load
   streamed.data._read = lambda ids: reads.append(ids) or read(ids)
+  streamed.data.prefetch = lambda ids: prefetched.add(frozenset(ids)) or prefetch(ids)
+
+  def watched_load(ids):
+    if frozenset(ids) not in prefetched:
+      unprefetched.append(ids)
+    load(ids)
+
+  streamed.data.load = watched_load
 
   class Watch(simulation.Callback):
     def after_round(self, loop, round_num, metrics):
@@ -60,6 +68,7 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
       finals[0], algorithm_cases.MODEL.initial_weights[0])) > 1e-3
   assert loaded and max(loaded) <= 8 < len(DATA.client_ids)  # only cohorts were loaded
   assert len(reads) <= 6  # each round's cohort read once (a prefetch is not wasted)
+  assert not unprefetched  # round 1's too, while round 0 is scored
 
 
 def test_a_run_over_its_budget_says_it_streams_and_records_it(tmp_path):

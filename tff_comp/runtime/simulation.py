@@ -639,6 +639,8 @@ def run_loop(runtime, loop: Loop, sampler: ClientSampler,
                                                                          None)
   if reserve is not None:
     reserve(sampler.capacity)
+  if prefetch is not None and loop.done < loop.rounds:  # read while the run starts
+    prefetch(sampler.sample(loop.done + 1).reporting)
   for callback in callbacks:
     callback.on_train_begin(loop)
   # Set before the first round and unchanged after it: read once, logged every round
