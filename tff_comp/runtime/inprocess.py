@@ -90,9 +90,9 @@ _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'Mat
 # Ops `tf.vectorized_map` cannot vectorize when each lane has its own weights: a
 # convolution's filter must be loop invariant, and the gradient of a while loop over
 # TensorLists (a Keras RNN) fails to convert. Such rules run mapped from the start,
-# rather than failing (with TF's pfor error dump) in the first round. (The Conv2D layers
-# of `keras_models.from_keras` models vectorize: traced for lanes, they run as per-tap
-# matmuls, `ops.vectorizable`.)
+# rather than failing (with TF's pfor error dump) in the first round. (The Conv1D and
+# Conv2D layers of `keras_models.from_keras` models vectorize: traced for lanes, they
+# run as per-tap matmuls, `ops.vectorizable`.)
 _NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
                    'Conv3D': 'a convolution with each client\'s own filter',
                    'TensorListReserve': 'a recurrent loop (a Keras RNN)',
@@ -206,10 +206,10 @@ class InProcessRuntime:
       op = unvectorized[0]
       return (f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
               ' tf.vectorized_map cannot vectorize across lanes')
-    slow = sorted({op for _, op in nodes} & set(_CONVOLUTIONS_SLOW_ON_CPU_LANES))
-    if on_cpu and slow:
-      return (f'its local step convolves ({slow[0]}): on lanes,'
-              f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[slow[0]]}')
+    convolutions = sorted({op for _, op in nodes} & set(_CONVOLUTIONS_SLOW_ON_CPU_LANES))
+    if on_cpu and convolutions:
+      return (f'its local step convolves ({convolutions[0]}): on lanes,'
+              f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[convolutions[0]]}')
     # TensorFlow names the ops of a gradient of a gradient 'gradients/gradients/...'.
     if any('gradients/gradients/' in name for name, _ in nodes):
       return ('its local step differentiates a gradient (second-order autodiff), which'
