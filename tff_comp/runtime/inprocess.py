@@ -197,7 +197,8 @@ class InProcessRuntime:
   def _why_not_lanes(self) -> str:
     """Why the lanes engine would be slow for this algorithm here, or ''."""
     nodes, on_cpu = self._step_nodes(), 'CPU' in self.device.upper()
-    slow = {op for _, op in nodes} & _SLOW_UNDER_XLA_ON_CPU
+    ops = {op for _, op in nodes}
+    slow = ops & _SLOW_UNDER_XLA_ON_CPU
     if slow and on_cpu:
       return f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
     lanes_ops = {op for _, op in self._step_nodes(across_lanes=True)}
@@ -206,7 +207,7 @@ class InProcessRuntime:
       op = unvectorized[0]
       return (f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
               ' tf.vectorized_map cannot vectorize across lanes')
-    convolutions = sorted({op for _, op in nodes} & set(_CONVOLUTIONS_SLOW_ON_CPU_LANES))
+    convolutions = sorted(ops & set(_CONVOLUTIONS_SLOW_ON_CPU_LANES))
     if on_cpu and convolutions:
       return (f'its local step convolves ({convolutions[0]}): on lanes,'
               f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[convolutions[0]]}')
