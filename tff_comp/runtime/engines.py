@@ -78,7 +78,7 @@ class Cohort(NamedTuple):
 
   payload: Any
   hparams: Any
-  indices: tf.Tensor  # positions in ResidentData
+  indices: tf.Tensor  # positions in ResidentData (clients' indices: plans.context)
   offsets: tf.Tensor
   counts: tf.Tensor
   plans: client_round.ClientPlan
@@ -178,6 +178,7 @@ class DebugEngine:
     outputs = []
     for position, index in enumerate(cohort.indices.numpy()):
       plan = _row(cohort.plans, position)
+      client = int(plan.context.client_index)  # in the population
       examples = self._data.client_examples(int(index))
       n = local_loop.num_examples(examples)
       stage = 'initialize'
@@ -196,7 +197,7 @@ class DebugEngine:
             options, n))
       except Exception as error:  # pylint: disable=broad-except  (re-raised, named)
         raise ClientError(
-            f'client {self._data.client_ids[int(index)]!r} (index {int(index)}) failed in'
+            f'client {self._data.client_ids[client]!r} (index {client}) failed in'
             f' {stage} of {type(rule).__name__}: {type(error).__name__}:'
             f' {_last_line(error)}') from error
     return tf.nest.map_structure(lambda *rows: tf.stack(rows), *outputs)

@@ -141,6 +141,10 @@ class InProcessRuntime:
       raise ValueError(f'lanes must be >= 1, got {lanes}.')
     self.algorithm = algorithm
     self.client_ids = data.client_ids
+    # A client's index in the population (RoundContext.client_index: its row of
+    # per-client server state), apart from its position in the data on the device,
+    # which differs when the data are streamed.
+    self._population_index = {cid: i for i, cid in enumerate(data.client_ids)}
     self.device = device or choose_device()
     self.keeps_personal_models = algorithm.server_rule.keeps_personal_models
     self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
@@ -298,7 +302,8 @@ class InProcessRuntime:
       raise ValueError(f'work has {len(work)} entries for {len(client_ids)} clients.')
     if self.streaming:
       self.data.load(client_ids)
-    indices = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
+    positions = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
+    indices = tf.constant([self._population_index[cid] for cid in client_ids], tf.int32)
     work = tf.constant(np.ones(len(client_ids)) if work is None else work, tf.float32)
     if len(client_ids) > self.capacity:
       if self.capacity and self.engine == 'lanes':
@@ -314,28 +319,31 @@ class InProcessRuntime:
             client_round.ClientWorkState(*state.client_work), state.aggregator)
     with tf.device(self.device):
       try:
-        weights, server_state, aggregator, metrics = self._run_round(args, indices, work)
+        weights, server_state, aggregator, metrics = self._run_round(
+            args, positions, indices, work)
       except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as error:
         if not self._fallback:
           raise
         # A rule XLA or vectorization cannot run (the round is pure: nothing to undo).
         self._fall_back(error)
-        weights, server_state, aggregator, metrics = self._run_round(args, indices, work)
+        weights, server_state, aggregator, metrics = self._run_round(
+            args, positions, indices, work)
     self._fallback = False  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
     return base.RoundOutput(_state(weights, work, server_state, aggregator), metrics)
 
-  def _run_round(self, args, indices: tf.Tensor, work: tf.Tensor):
+  def _run_round(self, args, positions: tf.Tensor, indices: tf.Tensor, work: tf.Tensor):
     # Only the lanes kernel has a compiled cohort shape: the other engines take 0, so a
     # larger cohort does not trace their round again.
     capacity = self.capacity if self.engine == 'lanes' else 0
     round_fn, key = self._round_fns[self.engine], (self.engine, capacity)
     if self.engine != 'debug' and key not in self._traced:
       # One trace for cohorts of every size: later calls match its [None] shapes.
-      any_size = tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32)
+      any_size = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
+                  tf.TensorSpec([None], tf.float32))
       round_fn.get_concrete_function(*args, *any_size, capacity)
       self._traced.add(key)
-    return round_fn(*args, indices, work, capacity)
+    return round_fn(*args, positions, indices, work, capacity)
 
   def _fall_back(self, error: Exception) -> None:
     op = engines_lib.failing_op(error)
@@ -346,8 +354,10 @@ class InProcessRuntime:
                    f' ({type(error).__name__})'))
     logging.warning('in-process runtime: %s; clients run mapped.', self.why)
 
-  def _round(self, weights, server_state, work_state, aggregator, indices, work,
+  def _round(self, weights, server_state, work_state, aggregator, positions, indices, work,
              capacity: int):
+    """One round; `positions` locate the cohort's examples in `self.data`, `indices`
+    are the clients' indices in the population."""
     algorithm, hparams = self.algorithm, work_state.hparams
     rule, options = algorithm.client_rule, algorithm.client_options
     payload = algorithm.server_rule.payload(server_state, weights)
@@ -355,20 +365,20 @@ class InProcessRuntime:
     if rule.uses_reference_loss:  # the largest of the clients' candidates
       reference = tf.reduce_max(self.data.map_clients(
           lambda _, __, examples: rule.reference_value(payload, examples, hparams),
-          indices))
-    counts = tf.gather(self.data.counts, indices)
+          positions))
+    counts = tf.gather(self.data.counts, positions)
     m = tf.shape(indices)[:1]
     context = rule_lib.RoundContext(
         indices, tf.fill(m, tf.cast(0.0 if reference is None else reference, tf.float32)),
         tf.zeros(m))
     if rule.uses_start_loss:
       context = context._replace(start_loss=self.data.map_clients(
-          lambda _, __, examples: rule.start_loss(payload, examples, hparams), indices))
+          lambda _, __, examples: rule.start_loss(payload, examples, hparams), positions))
     schedule = local_loop.limit(
-        client_round.plan_cohort(rule, options, counts, tf.gather(self.data.keys, indices),
+        client_round.plan_cohort(rule, options, counts, tf.gather(self.data.keys, positions),
                                  work_state.round), work)
-    cohort = engines_lib.Cohort(payload, hparams, indices,
-                                tf.gather(self.data.offsets, indices), counts,
+    cohort = engines_lib.Cohort(payload, hparams, positions,
+                                tf.gather(self.data.offsets, positions), counts,
                                 client_round.ClientPlan(context, schedule), capacity)
     outputs = self._engines[self.engine].run(cohort)
     kind, measured = algorithm.aggregation, collections.OrderedDict()

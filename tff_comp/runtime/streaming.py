@@ -59,8 +59,14 @@ class StreamedData(engines.ResidentData):
       self.counts, self.offsets, self.keys = (
           tf.Variable(tf.zeros([0], dtype), trainable=False, shape=tf.TensorShape([None]))
           for dtype in (tf.int32, tf.int32, tf.int64))
-    self._read_cohort = tf.function(self._cohort_examples, autograph=False)
-    self._keys_of = tf.function(_keys, autograph=False)
+    # Traced once for cohorts of every size: shapes other than the examples' own
+    # dimensions are left open (without, `_keys` traced again for every cohort).
+    examples_spec = tf.nest.map_structure(
+        lambda a: tf.TensorSpec([None, *a.shape[1:]], a.dtype), first)
+    self._read_cohort = tf.function(self._cohort_examples, autograph=False,
+                                    input_signature=[tf.TensorSpec([None], tf.string)])
+    self._keys_of = tf.function(_keys, autograph=False, input_signature=[
+        examples_spec, tf.TensorSpec([None], tf.int32)])
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     # Reads started by `prefetch`, by their clients: the simulation loop asks for the
     # next round's before this round's `load`, so two can be pending.
