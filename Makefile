@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-slow bench reproduce clean
+.PHONY: install run test test-slow bench bench-peers reproduce clean
 
 install: $(STAMP)
 
@@ -38,8 +38,20 @@ test-slow: install
 bench: install
 	$(PY) binaries/bench.py
 
+# Part 1 with FedJAX timed in the same run, from its own virtual environment (its JAX
+# cannot share TFF's pins; requirements/fedjax.txt).
+FEDJAX_VENV ?= .venv-fedjax
+$(FEDJAX_VENV)/.installed: requirements/fedjax.txt
+	test -x $(FEDJAX_VENV)/bin/python || $(PYTHON) -m venv $(FEDJAX_VENV)
+	$(FEDJAX_VENV)/bin/python -m pip install --quiet -r requirements/fedjax.txt
+	touch $@
+
+bench-peers: install $(FEDJAX_VENV)/.installed
+	$(PY) binaries/bench.py --fedjax_python=$(FEDJAX_VENV)/bin/python --sweep= \
+	  --tff_workers=0 --nofirst_rounds
+
 reproduce: install
 	$(PY) binaries/reproduce.py --experiment=fco_lasso
 
 clean:
-	rm -rf $(VENV) runs *.egg-info
+	rm -rf $(VENV) $(FEDJAX_VENV) runs *.egg-info

@@ -11,7 +11,13 @@ d = 1024, batch 10, one epoch):
   (c) TFF's `build_weighted_fed_avg`, datasets built in Python every round, as TFF's
       tutorials do;
   (d) a plain `tf.function` doing the same local SGD work, data in memory, clients by
-      `tf.map_fn` (no federated runtime: the floor a hand-written loop reaches).
+      `tf.map_fn` (no federated runtime: the floor a hand-written loop reaches);
+  (e) `run.py` end to end, as a user runs it (lanes engine, evaluation off, metrics,
+      TensorBoard and checkpoints as by default): wall time per round from its
+      metrics.csv `seconds`, rounds 2 to `--run_py_rounds`;
+  FedJAX's FedAvg on the same shape (`binaries/peers/fedjax_fedavg.py`, in its own
+      virtual environment, `--fedjax_python`; `make bench-peers` builds it), timed
+      before and after the lines above, so its ratios are measured side by side.
 Part 2, `--sweep`: FedAvg on `synthetic` (`--population` 1,000 clients of heavy-tailed
 sizes) at each clients-per-round count, in-process on both engines (and on TFF's
 worker up to `--sweep_tff_max`): seconds per round and milliseconds per client.
@@ -48,8 +54,7 @@ next-token model, 50 clients per round, streamed (`--data_memory_budget`): host 
 clients of the same shape).
 Prints the median of --repeats timings of --rounds rounds each, and ratios; the first
 (compiling) rounds are warm-up and not timed.
-FedJAX is not installed here; its 0.0102 s/round on part 1's shape was measured on these
-machines beside (b)-(d) in an earlier run, and is printed for reference only.
+Part 1 also prints the machine's load average, which the ratios should be read with.
 """
 
 import os
@@ -57,6 +62,7 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import csv
 import re
 import statistics
 import subprocess
@@ -99,8 +105,13 @@ _WORKLOAD = flags.DEFINE_enum('workload', 'lasso', ['lasso', 'emnist_cnn', 'stre
                               'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7.')
 _EMNIST_CLIENTS = flags.DEFINE_integer('emnist_clients', 10,
                                        'Part 6: clients per round.')
+_RUN_PY_ROUNDS = flags.DEFINE_integer(
+    'run_py_rounds', 400, 'Part 1 (e): rounds of the end-to-end run.py run (0: skip).')
+_FEDJAX_PYTHON = flags.DEFINE_string(
+    'fedjax_python', None, 'Part 1: a Python with FedJAX installed (`make bench-peers`'
+    ' builds .venv-fedjax); FedJAX\'s FedAvg is timed in the same run. None: not timed.')
 CLIENTS, BATCH, LR = 10, 10, 1e-3
-FEDJAX_RECORDED = 0.0102
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _time(run_round, rounds: int, repeats: int, warmup: int = 3) -> float:
@@ -183,21 +194,76 @@ def part1(rounds: int, repeats: int) -> None:
     builtin_state[0] = builtin.next(builtin_state[0], datasets).state
 
   plain = _plain_round(task.model, task.client_arrays())
+  fedjax_before = _fedjax(rounds, repeats)
   a = _time(_round_runner(fast, ids, picks), rounds, repeats)
   a2 = _time(_round_runner(mapped, ids, picks), rounds, repeats)
   b = _time(_round_runner(worker, ids, picks), rounds, repeats)
   c = _time(builtin_round, rounds, repeats)
   d = _time(lambda r: plain(picks[r]), rounds, repeats)
+  e = e_resumed = None
+  if _RUN_PY_ROUNDS.value:
+    e, e_resumed = _run_py(_RUN_PY_ROUNDS.value)
+  fedjax_after = _fedjax(rounds, repeats)
   print(f'Part 1: FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM},'
-        f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds')
+        f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds; load average'
+        f' {" ".join(f"{x:.2f}" for x in os.getloadavg())} at the end')
   print(f'  (a) tff_comp fedavg, in-process lanes ({fast.device})   {a:.4f} s/round')
   print(f"  (a') tff_comp fedavg, in-process mapped                {a2:.4f} s/round")
   print(f'  (b) tff_comp fedavg, TFF worker                       {b:.4f} s/round')
   print(f'  (c) TFF build_weighted_fed_avg, Python data           {c:.4f} s/round')
   print(f'  (d) plain tf.function (map_fn), data in memory        {d:.4f} s/round')
-  print(f"  a/a' = {a / a2:.3f}   a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}")
-  print(f'  a / FedJAX (recorded {FEDJAX_RECORDED} s/round, not run here) ='
-        f' {a / FEDJAX_RECORDED:.3f}   (target <= 0.5)')
+  if e is not None:
+    print(f'  (e) run.py end to end, {_RUN_PY_ROUNDS.value} rounds (lanes, no evaluation)'
+          f'  {e:.4f} s/round; resumed halfway, the resumed rounds {e_resumed:.4f}'
+          f' s/round ({e_resumed / e:.2f}x)')
+  print(f"  a/a' = {a / a2:.3f}   a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}"
+        + (f'   e/a = {e / a:.3f} (target <= 1.2)' if e is not None else ''))
+  if fedjax_before is None:
+    print('  FedJAX: not timed (no --fedjax_python; `make bench-peers` runs it)')
+  else:
+    fedjax = (fedjax_before + fedjax_after) / 2
+    print(f'  FedJAX fedavg (same run)   {fedjax_before:.4f} s/round before,'
+          f' {fedjax_after:.4f} after')
+    print(f'  a / FedJAX = {a / fedjax:.3f} (target <= 0.25)'
+          + (f'   e / FedJAX = {e / fedjax:.3f} (target <= 0.3)' if e is not None else ''))
+
+
+def _run_py(rounds: int) -> tuple[float, float]:
+  """(e): wall seconds per round of `run.py` on part 1's shape from its metrics.csv,
+  rounds 2..`rounds` (the first round compiles); then of a run stopped at round
+  `rounds` // 2 and resumed, over its resumed rounds after the first."""
+  command = [sys.executable, os.path.join(_HERE, 'run.py'), '--algo=fedavg', '--task=lasso',
+             '--engine=lanes', f'--clients_per_round={CLIENTS}', f'--batch_size={BATCH}',
+             f'--client_learning_rate={LR}', '--eval_period=1000000']
+
+  def run(output_dir: str, *args: str) -> dict[int, float]:
+    subprocess.run([*command, f'--output_dir={output_dir}', *args], check=True,
+                   capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
+    with open(os.path.join(output_dir, 'metrics.csv'), newline='') as f:
+      return {int(row['round']): float(row['seconds']) for row in csv.DictReader(f)}
+
+  half = rounds // 2
+  with tempfile.TemporaryDirectory() as whole, tempfile.TemporaryDirectory() as resumed:
+    seconds = run(whole, f'--rounds={rounds}')
+    run(resumed, f'--rounds={half}')
+    again = run(resumed, f'--rounds={rounds}', '--resume')
+  return ((seconds[rounds] - seconds[1]) / (rounds - 1),
+          (again[rounds] - again[half + 1]) / (rounds - half - 1))
+
+
+def _fedjax(rounds: int, repeats: int) -> float | None:
+  """FedJAX's FedAvg on part 1's shape, s/round (median of `repeats`), in
+  `--fedjax_python`; None without it."""
+  if not _FEDJAX_PYTHON.value:
+    return None
+  out = subprocess.run(
+      [_FEDJAX_PYTHON.value, os.path.join(_HERE, 'peers', 'fedjax_fedavg.py'),
+       f'--rounds={rounds}', f'--repeats={repeats}', f'--clients={CLIENTS}',
+       f'--batch_size={BATCH}', f'--learning_rate={LR}', f'--dim={lasso.DIM}'],
+      capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+  if out.returncode:
+    raise RuntimeError(f'FedJAX failed: {out.stderr[-2000:]}')
+  return float(out.stdout.split()[-1])
 
 
 def part2(sweep: list[int], population: int, rounds: int, repeats: int,
@@ -455,10 +521,13 @@ def part7(rounds: int, repeats: int) -> None:
     rss.append(process.memory_info().rss / 2**20)
   seconds = (time.perf_counter() - start) / rounds
   print(f'Part 7: streaming, StackOverflow-shaped population ({len(ids):,} clients, 20'
-        f' tokens a sentence), FedAvg, {per_round} clients per round, {rounds} rounds')
+        f' tokens a sentence), FedAvg, {per_round} clients per round, {rounds} rounds,'
+        f' local data shuffled: {streamed.algorithm.client_options.shuffle} (the default)')
   print(f'  built in {built:.1f} s ({streamed.description})')
+  growth = (f'; growth from round 50 {100 * (rss[-1] / rss[49] - 1):+.1f}% (target < 2%)'
+            if rounds > 50 else '')
   print(f'  {seconds:.3f} s/round; host RSS {rss[0]:,.0f} MB after round 1, max'
-        f' {max(rss):,.0f} MB, last {rss[-1]:,.0f} MB (target < 2,048)')
+        f' {max(rss):,.0f} MB, last {rss[-1]:,.0f} MB (target < 2,048){growth}')
   small = _sentences(2_000)
   small_ids = list(small.client_ids)
   picks = _selections(len(small_ids), per_round, 1 + rounds * repeats + 10)

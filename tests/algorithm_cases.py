@@ -53,9 +53,16 @@ def algorithm(name: str, extra: dict, shuffle: bool = False):
   """The Algorithm `name` on this problem; `shuffle`: local data in a new order every
   round and epoch (seed 3), as runs have it by default."""
   built = registry.get_algorithm(name).build(MODEL, **arguments(name, extra))
-  return built.with_client_options(shuffle=True, seed=3) if shuffle else built
+  return (built.with_client_options(shuffle=True, seed=3) if shuffle else
+          built.with_client_options(shuffle=False))
 
 
 def build(name: str, extra: dict, shuffle: bool = False):
   """The TFF process of algorithm `name` on this problem (`composer.compose`)."""
   return composer.compose(algorithm(name, extra, shuffle))
+
+
+def stored_order(algorithm):
+  """The TFF process of `algorithm` with each client's data in stored order (local data
+  are shuffled by default), as TFF's own algorithms and the NumPy references read it."""
+  return composer.compose(algorithm.with_client_options(shuffle=False))

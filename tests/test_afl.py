@@ -6,6 +6,7 @@ from scipy import optimize
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import client_work
 from tff_comp import models
@@ -37,9 +38,9 @@ def test_two_rounds_match_numpy(tmp_path, monkeypatch):
   clients = _clients()
   data = array_data.cached_client_data('afl-test', ['a', 'b', 'c'], (D,), tf.float32,
                                        lambda i: clients[i])
-  process = afl.build_afl(models.linear_regression((D,)), num_clients=3,
+  process = algorithm_cases.stored_order(afl.afl(models.linear_regression((D,)), num_clients=3,
                           client_learning_rate=LR, lambda_learning_rate=LAMBDA_LR,
-                          batch_size=BATCH)
+                          batch_size=BATCH))
   process = tff.simulation.compose_dataset_computation_with_learning_process(
       client_work.indexed_dataset_computation(data), process)
   state = process.initialize()

@@ -154,11 +154,13 @@ def test_bench_runs(repo_root):
   out = subprocess.run(
       [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1',
        '--sweep=10', '--sweep_tff_max=10', '--population=20',
-       '--memory_rounds=2'],
+       '--memory_rounds=2', '--run_py_rounds=4'],
       capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert out.returncode == 0, out.stderr
   assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
+  assert '(e) run.py end to end, 4 rounds' in out.stdout and 'e/a =' in out.stdout
+  assert 'FedJAX: not timed (no --fedjax_python' in out.stdout
   assert "a/a' =" in out.stdout and '10 clients/round: lanes' in out.stdout
   assert 'mapped' in out.stdout and 'TFF worker' in out.stdout
   assert 'on 2 local TFF workers' in out.stdout and 'speedup' in out.stdout

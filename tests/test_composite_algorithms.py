@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import models
 from tff_comp import regularizers
@@ -42,10 +43,10 @@ def _rounds(clients, rounds=4):
 
 @pytest.mark.parametrize('client_prox', [True, False])
 def test_fedmid_matches_reference(client_prox):
-  process = fedmid.build_fedmid(
+  process = algorithm_cases.stored_order(fedmid.fedmid(
       models.linear_regression((D,)), regularizer=regularizers.L1(strength=LAM),
       client_learning_rate=LR_C, server_learning_rate=LR_S, batch_size=BATCH,
-      client_prox=client_prox)
+      client_prox=client_prox))
   clients = _clients()
   (w, b), _ = _run(process, clients)
   rw, rb = np.zeros(D), 0.0
@@ -59,10 +60,10 @@ def test_fedmid_matches_reference(client_prox):
 
 @pytest.mark.parametrize('client_prox', [True, False])
 def test_feddualavg_matches_reference(client_prox):
-  process = feddualavg.build_feddualavg(
+  process = algorithm_cases.stored_order(feddualavg.feddualavg(
       models.linear_regression((D,)), regularizer=regularizers.L1(strength=LAM),
       client_learning_rate=LR_C, server_learning_rate=LR_S, batch_size=BATCH,
-      client_prox=client_prox)
+      client_prox=client_prox))
   clients = _clients()
   (w, b), state = _run(process, clients)
   z, zb, elapsed = np.zeros(D), 0.0, 0.0

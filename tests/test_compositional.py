@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import models
 from tff_comp.algorithms import comfedl
@@ -129,10 +130,10 @@ def test_local_scgdm_matches_numpy_reference():
   hp = dict(eta=0.05, alpha=2.0, beta=0.5, tgamma=3.0, gamma=5.0, steps=3, batch=4)
   rng = np.random.default_rng(5)
   clients = [_batch(n, shift=s, rng=rng) for n, s in ((7, 0.0), (10, 0.3), (5, 0.8))]
-  process = local_scgdm.build_local_scgdm(
+  process = algorithm_cases.stored_order(local_scgdm.local_scgdm(
       MODEL, client_learning_rate=hp['eta'], momentum_rate=hp['alpha'], beta=hp['beta'],
       tracking_gamma=hp['tgamma'], gamma=hp['gamma'], local_steps=hp['steps'],
-      batch_size=hp['batch'])
+      batch_size=hp['batch']))
   state = process.initialize()
   datasets = [tf.data.Dataset.from_tensor_slices(c) for c in clients]
   for _ in range(3):

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import client_work
 from tff_comp import composer
@@ -48,9 +49,9 @@ def _numpy_ditto(clients, personal_lr=PERSONAL_LR):
 
 
 def _process(data, client_learning_rate=LR, **kwargs):
-  process = ditto.build_ditto(models.linear_regression((D,)), num_clients=3,
+  process = algorithm_cases.stored_order(ditto.ditto(models.linear_regression((D,)), num_clients=3,
                               client_learning_rate=client_learning_rate, batch_size=BATCH,
-                              **kwargs)
+                              **kwargs))
   assert isinstance(process, composer.PersonalizedLearningProcess)
   return process, tff.simulation.compose_dataset_computation_with_learning_process(
       client_work.indexed_dataset_computation(data), process)
@@ -115,8 +116,8 @@ def test_global_model_is_tff_fedavg(tmp_path):
   """Ditto's global model is FedAvg's: equal to TFF's built-in on the same inputs."""
   clients = _clients()
   model = models.linear_regression((D,))
-  ours = ditto.build_ditto(model, num_clients=3, client_learning_rate=LR,
-                           server_learning_rate=0.7, batch_size=BATCH, lam=LAM)
+  ours = algorithm_cases.stored_order(ditto.ditto(model, num_clients=3, client_learning_rate=LR,
+                           server_learning_rate=0.7, batch_size=BATCH, lam=LAM))
   theirs = tff.learning.algorithms.build_weighted_fed_avg(
       model, client_optimizer_fn=tff.learning.optimizers.build_sgdm(LR),
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.7))

@@ -38,7 +38,7 @@ _Weights = collections.namedtuple('Weights', 'trainable non_trainable')  # no TF
 
 def _setup(momentum: float, epochs: int):
   rule = sgd.SGD(MODEL, learning_rate=0.05, momentum=momentum, proximal_strength=0.1)
-  options = client_round.ClientOptions(batch_size=4, local_epochs=epochs)
+  options = client_round.ClientOptions(batch_size=4, local_epochs=epochs, shuffle=False)
   payload = _Weights((tf.constant([0.3, -0.1, 0.2]), tf.constant(0.05)), ())
   hparams = {k: tf.constant(v, tf.float32) for k, v in rule.initial_hparams().items()}
   return rule, options, payload, hparams

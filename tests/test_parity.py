@@ -21,6 +21,7 @@ from tff_comp.algorithms import fedprox
 from tff_comp.algorithms import common as algorithms_common
 from tff_comp.ops import client_round
 from tff_comp.ops import sgd
+from tests import algorithm_cases
 from tests import numpy_reference as ref
 
 D, BATCH, ROUNDS = 8, 4, 6
@@ -54,14 +55,14 @@ def test_matches_tff_builtin(algorithm, weighting, momentum):
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.8, momentum=momentum or None),
       client_weighting=WEIGHTINGS[weighting])
   if algorithm == 'fedavg':
-    ours = fedavg.build_fedavg(model, **common)
+    ours = algorithm_cases.stored_order(fedavg.fedavg(model, **common))
     theirs = tff.learning.algorithms.build_weighted_fed_avg(model, **tff_common)
   else:
     # TFF's sign of the proximal term; see the module docstring.
     tff_sign_rule = sgd.SGD(model, learning_rate=0.02, proximal_strength=-0.3)
     ours = composer.compose(algorithms_common.fedavg_like(
         model, tff_sign_rule,
-        client_round.ClientOptions(batch_size=BATCH, weighting=weighting),
+        client_round.ClientOptions(batch_size=BATCH, weighting=weighting, shuffle=False),
         server_learning_rate=0.8, server_momentum=momentum))
     theirs = tff.learning.algorithms.build_weighted_fed_prox(
         model, proximal_strength=0.3, **tff_common)
@@ -84,9 +85,9 @@ def test_matches_tff_builtin(algorithm, weighting, momentum):
 def test_fedprox_matches_reference_and_pulls_clients_toward_the_server_model():
   model = models.linear_regression((D,))
   mu, lr = 0.5, 0.02
-  process = fedprox.build_fedprox(
+  process = algorithm_cases.stored_order(fedprox.fedprox(
       model, mu=mu, client_learning_rate=lr, batch_size=BATCH,
-      client_weighting='uniform')
+      client_weighting='uniform'))
   datasets = _client_datasets()
   state = process.initialize()
   # Two rounds: in the second the clients start at w_r != 0, where the proximal pull

@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import models
 from tff_comp.algorithms import fedavg
@@ -39,8 +40,8 @@ def test_q_zero_is_uniform_fedavg():
 
 def test_q_one_round_matches_hand_computation():
   q = 1.0
-  process = qfedavg.build_qfedavg(models.linear_regression((D,)), client_learning_rate=LR,
-                                  q=q, batch_size=BATCH)
+  process = algorithm_cases.stored_order(qfedavg.qfedavg(models.linear_regression((D,)), client_learning_rate=LR,
+                                  q=q, batch_size=BATCH))
   clients = _clients()
   w = process.get_model_weights(process.next(process.initialize(), _datasets(clients)).state)
   deltas, hs = [], []

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tff_comp import experiment
 from tff_comp.runtime import simulation
@@ -20,8 +21,31 @@ ARGS = dict(algorithm='feddualavg', task='quadratic', rounds=9, eval_period=3, c
 
 def _rows(path):
   with open(path / 'metrics.csv', newline='') as f:
-    return [{k: v for k, v in r.items() if k not in ('seconds', 'seconds_per_round')}
+    return [{k: v for k, v in r.items() if k not in ('seconds', 'seconds_per_round',
+                                                     'eval/seconds')}
             for r in csv.DictReader(f)]
+
+
+def _events(path) -> dict[int, float]:
+  """{round: training loss} in the TensorBoard events under `path` (each round once)."""
+  losses = {}
+  for file in (path / 'tensorboard').glob('events.out.tfevents.*'):
+    for event in tf.compat.v1.train.summary_iterator(str(file)):
+      for value in event.summary.value:
+        if value.tag == 'train/client_work/train_loss':
+          assert event.step not in losses, f'round {event.step} twice'
+          losses[event.step] = float(tf.make_ndarray(value.tensor))
+  return losses
+
+
+def _csv_losses(path) -> dict[int, float]:
+  with open(path / 'metrics.csv', newline='') as f:
+    return {int(r['round']): float(np.float32(r['train/client_work/train_loss']))
+            for r in csv.DictReader(f) if r['train/client_work/train_loss']}
+
+
+def _saved_rounds(path) -> list[int]:
+  return sorted(int(p.stem.split('_')[1]) for p in (path / 'checkpoints').glob('state_*.npz'))
 
 
 def _model(path):
@@ -101,7 +125,7 @@ def test_resume_can_extend_a_finished_run(tmp_path, uninterrupted, capsys):
   """A finished run of 7 rounds (not a multiple of the checkpoint interval, 3) saved
   its last round, and the extension says it resumes from there."""
   _train(tmp_path, rounds=7)
-  assert (tmp_path / 'checkpoints' / 'program_state_7').is_dir()
+  assert (tmp_path / 'checkpoints' / 'state_7.npz').is_file()
   capsys.readouterr()
   _train(tmp_path, resume=True, show=True)
   assert 'resuming from round 7' in capsys.readouterr().out
@@ -115,19 +139,16 @@ def test_an_interrupt_saves_the_last_finished_round(tmp_path, uninterrupted):
   with pytest.raises(simulation.Interrupted) as stopped:
     _train(tmp_path, interrupt_at=6)  # in round 6: rounds 1-5 done, checkpoints at 3
   assert stopped.value.saved_round == 5
-  assert (tmp_path / 'checkpoints' / 'program_state_5').is_dir()
+  assert (tmp_path / 'checkpoints' / 'state_5.npz').is_file()
   _train(tmp_path, resume=True)
   assert _rows(tmp_path) == _rows(uninterrupted)
 
 
-def _damage(version_dir: pathlib.Path, how: str) -> None:
-  files = sorted(p for p in version_dir.rglob('*') if p.is_file())
-  assert files, version_dir
-  for path in files:
-    data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2] if how == 'truncated' else
-                     bytes(b ^ 0x5A for b in data) if how == 'garbled' else
-                     bytes(len(data)))
+def _damage(path: pathlib.Path, how: str) -> None:
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) // 2] if how == 'truncated' else
+                   bytes(b ^ 0x5A for b in data) if how == 'garbled' else
+                   bytes(len(data)))
 
 
 @pytest.mark.parametrize('how', ['truncated', 'garbled', 'zeroed'])
@@ -135,10 +156,10 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_past_it(
     tmp_path, uninterrupted, caplog, how):
   with pytest.raises(simulation.Interrupted):
     _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7 (the interrupt's)
-  _damage(tmp_path / 'checkpoints' / 'program_state_7', how)
+  _damage(tmp_path / 'checkpoints' / 'state_7.npz', how)
   _train(tmp_path, resume=True)  # from round 6; saves round 7 again on the way
   assert 'checkpoint of round 7 is damaged' in caplog.text
-  assert (tmp_path / 'checkpoints_damaged' / 'program_state_7').is_dir()
+  assert list((tmp_path / 'checkpoints_damaged').glob('state_7.*.npz'))
   assert _rows(tmp_path) == _rows(uninterrupted)
   for a, b in zip(_model(tmp_path), _model(uninterrupted), strict=True):
     np.testing.assert_array_equal(a, b)
@@ -170,27 +191,37 @@ def test_a_locked_output_directory_is_refused_naming_the_holder(tmp_path):
 
 
 def test_sigkill_then_resume_from_the_command_line(repo_root, tmp_path):
+  # Long enough to be killed a few checkpoints in, whatever the machine's speed.
+  settings = dict(rounds=1000, eval_period=50, checkpoint_every=10)
   args = [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=feddualavg',
-          '--task=quadratic', '--rounds=30', '--eval_period=3', '--checkpoint_every=3',
-          f'--output_dir={tmp_path / "killed"}']
+          '--task=quadratic', f'--output_dir={tmp_path / "killed"}',
+          *(f'--{k}={v}' for k, v in settings.items())]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
   proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                           env=env, cwd=repo_root)
   try:
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(
-        (tmp_path / 'killed' / 'checkpoints').glob('program_state_*')):
-      time.sleep(0.05)
+    while time.monotonic() < deadline and max(
+        _saved_rounds(tmp_path / 'killed'), default=0) < 30:
+      time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
   finally:
     proc.kill()
-  assert not (tmp_path / 'killed' / 'final_model.npz').exists()  # killed mid-run
+  killed = tmp_path / 'killed'
+  assert not (killed / 'final_model.npz').exists()  # killed mid-run
+  # Rows are buffered, but every round up to the newest checkpoint was written, to the
+  # CSV and to TensorBoard, before the checkpoint was.
+  newest = _saved_rounds(killed)[-1]
+  for written in (_csv_losses(killed), _events(killed)):
+    assert set(range(1, newest + 1)) <= set(written), (newest, sorted(written))
   out = subprocess.run(args + ['--resume'], capture_output=True, text=True, env=env,
                        cwd=repo_root, timeout=300, stdin=subprocess.DEVNULL)
   assert out.returncode == 0, out.stderr
-  _train(tmp_path / 'whole', rounds=30)
-  assert _rows(tmp_path / 'killed') == _rows(tmp_path / 'whole')
+  _train(tmp_path / 'whole', **settings)
+  assert _rows(killed) == _rows(tmp_path / 'whole')
+  assert _events(killed) == _csv_losses(killed) == _events(tmp_path / 'whole')
+  assert sorted(_events(killed)) == list(range(1, 1001))
 
 
 def _rows_until(path, rounds: int) -> int:
@@ -235,10 +266,16 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(repo_root, tmp
   # Round 4's row is written before its last callbacks run: a signal among them saves
   # round 3, the last round every callback saw.
   assert line.startswith(f'run.py: {says}; ') and saved >= 3, line
+  # Every finished round's row is in metrics.csv and in TensorBoard's events: buffered
+  # rows are written when the run stops.
+  written = _csv_losses(tmp_path / 'run')
+  assert sorted(written) in (list(range(1, saved + 1)), list(range(1, saved + 2)))
+  assert _events(tmp_path / 'run') == written
   resumed = subprocess.run(run + [f'--rounds={saved + 3}', '--resume'], capture_output=True,
                            text=True, env=env, cwd=repo_root, timeout=300)
   assert resumed.returncode == 0 and f'resuming from round {saved}' in resumed.stdout
   _train(tmp_path / 'whole', rounds=saved + 3, engine='mapped')
   assert _rows(tmp_path / 'run') == _rows(tmp_path / 'whole')
+  assert _events(tmp_path / 'run') == _csv_losses(tmp_path / 'run')
   for a, b in zip(_model(tmp_path / 'run'), _model(tmp_path / 'whole'), strict=True):
     np.testing.assert_array_equal(a, b)

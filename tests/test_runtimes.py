@@ -132,7 +132,7 @@ def test_the_debug_engine_names_the_failing_client_and_stage(tmp_path, monkeypat
   algorithm = _algorithm('fedavg')
   algorithm = type(algorithm)(
       algorithm.model, _FailsOnNaN(algorithm.model, learning_rate=0.02),
-      algorithm.server_rule, algorithm.client_options)
+      algorithm.server_rule, algorithm.client_options).with_client_options(shuffle=False)
   runtime = inprocess.build(algorithm, data, engine='debug')
   with pytest.raises(engines.ClientError,
                      match=r"client 'c1' \(index 1\) failed in local step 1 of _FailsOnNaN"):

@@ -52,7 +52,7 @@ def test_two_rounds_with_partial_participation_match_numpy(tmp_path, monkeypatch
                                        lambda i: clients[i])
   algorithm = scaffold.scaffold(models.linear_regression((D,)), num_clients=3,
                                 client_learning_rate=LR, server_learning_rate=SERVER_LR,
-                                batch_size=BATCH)
+                                batch_size=BATCH).with_client_options(shuffle=False)
   run, _ = experiment.runner_for(algorithm, data, runtime)
   state = run.initialize()
   controls_after_round_1 = None

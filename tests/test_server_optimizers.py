@@ -21,7 +21,8 @@ B, LR, SERVER_LR = 3, 0.02, 0.5
 def test_fedavg_with_each_server_optimizer_matches_tffs_builtin(name):
   ours = inprocess.build(fedavg.fedavg(
       algorithm_cases.MODEL, client_learning_rate=LR, batch_size=B,
-      server_optimizer=server_optimizers.build(name, SERVER_LR)), DATA)
+      server_optimizer=server_optimizers.build(name, SERVER_LR)).with_client_options(
+          shuffle=False), DATA)  # as TFF's FedAvg reads a client's data
   theirs = tff.learning.algorithms.build_weighted_fed_avg(
       algorithm_cases.MODEL, client_optimizer_fn=tff.learning.optimizers.build_sgdm(LR),
       server_optimizer_fn=server_optimizers.build(name, SERVER_LR))

@@ -44,8 +44,9 @@ class ClientOptions:
   seed: the run's seed of the epoch draws and of shuffling (stateless functions of
     seed, round and the client's data).
   shuffle: each epoch visits the client's examples in its own order (a stateless
-    permutation of seed, round, client and epoch, the same on every runtime); False:
-    stored order. Binaries turn it on (`--shuffle`, default true).
+    permutation of seed, round, client and epoch, the same on every runtime), as
+    local SGD assumes; False: stored order (as TFF's own algorithms read a client's
+    dataset). The same default as the binaries' `--shuffle`.
   weighting: 'examples' weighs a client by n_i (the same weighted mean as TFF's count
     of examples processed when all clients run the same epochs), 'uniform' by 1.
   """
@@ -56,7 +57,7 @@ class ClientOptions:
   local_steps: int | None = None
   seed: int = 0
   weighting: str = 'examples'
-  shuffle: bool = False
+  shuffle: bool = True
 
   def __post_init__(self):
     # Steps are int32: epochs x examples must stay below 2^31.

@@ -311,10 +311,13 @@ class InProcessRuntime:
                      ' kernel\'s %d; compiling it for %d.', len(client_ids), self.capacity,
                      len(client_ids))
       self.capacity = len(client_ids)
-    # Tensors throughout (a Python float, such as a TFF optimizer's initial learning
-    # rate, would make the round function trace again for the tensor it returns).
+    # Tensors throughout: a Python float (a TFF optimizer's initial learning rate) would
+    # make the round function trace again for the tensor it returns, and NumPy values
+    # (a restored checkpoint) would count the round in NumPy (int32 + 1 gave int64),
+    # which traced the round again in a resumed run's second round.
     state = tf.nest.map_structure(
-        lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else v, state)
+        lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else tf.constant(v),
+        state)
     args = (state.global_model_weights, state.finalizer,
             client_round.ClientWorkState(*state.client_work), state.aggregator)
     with tf.device(self.device):
