@@ -170,6 +170,7 @@ class InProcessRuntime:
                        for name in ('lanes', 'mapped')}
     self._round_fns['debug'] = self._round
     self._traced: set[tuple[str, int]] = set()
+    self._metric_specs: Any = None  # the round's metrics' structure (`_pack`)
     self.engine = 'lanes' if engine == 'auto' else engine
     self._fallback = engine == 'auto'
     self.why = ''  # why the engine is not lanes, when auto chose otherwise
@@ -333,7 +334,8 @@ class InProcessRuntime:
             args, positions, indices, work)
     self._fallback = False  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
-    return base.RoundOutput(_state(weights, work, server_state, aggregator), metrics)
+    return base.RoundOutput(_state(weights, work, server_state, aggregator),
+                            self._unpack(metrics))
 
   def _run_round(self, args, positions: tf.Tensor, indices: tf.Tensor, work: tf.Tensor):
     # Only the lanes kernel has a compiled cohort shape: the other engines take 0, so a
@@ -402,7 +404,29 @@ class InProcessRuntime:
     metrics = collections.OrderedDict(
         distributor=(), client_work=client_round.train_metrics(stats, reference),
         aggregator=measured or (), finalizer=())
-    return weights, server_state, aggregator, metrics
+    return weights, server_state, aggregator, self._pack(metrics)
+
+  def _pack(self, metrics) -> tf.Tensor:
+    """The round's metrics as one float64 vector, so they reach the host in one transfer
+    (a GPU would wait once, not once per metric); `_unpack` restores them. Notes their
+    structure, when traced."""
+    self._metric_specs = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype), metrics)
+    for spec in tf.nest.flatten(self._metric_specs):
+      if not spec.shape.is_fully_defined():
+        raise ValueError(f'a round metric has the unknown shape {spec.shape}.')
+    leaves = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(metrics)]
+    return tf.concat(leaves, 0) if leaves else tf.zeros([0], tf.float64)
+
+  def _unpack(self, packed: tf.Tensor):
+    """`_pack`'s metrics as NumPy values, in their structure and dtypes."""
+    values, leaves, start = packed.numpy(), [], 0
+    for spec in tf.nest.flatten(self._metric_specs):
+      size = spec.shape.num_elements()
+      leaves.append(values[start:start + size].reshape(spec.shape).astype(
+          spec.dtype.as_numpy_dtype))
+      start += size
+    return tf.nest.pack_sequence_as(self._metric_specs, leaves)
 
 
 # Local steps a run needs before 'auto' compiles the lanes kernel. Measured on these
