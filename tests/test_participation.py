@@ -54,6 +54,19 @@ def test_poisson_cohorts_vary_around_k_within_the_capacity():
   assert sizes.max() <= sampler.capacity < 100
 
 
+def test_poisson_includes_each_client_independently_with_probability_k_over_n():
+  """What DP accounting assumes: each client is in a round independently with
+  q = k / N. On 4 clients with k = 2, q = 0.5 (k / (N + 1) would give 0.4; the mean
+  cohort of the test above cannot tell them apart), and two clients are in a round
+  together with probability q^2 (a uniform draw of 2 of 4 gives 1/6)."""
+  sampler = simulation.ClientSampler(IDS[:4], 2, seed=4,
+                                     participation=simulation.Participation('poisson'))
+  drawn = np.array([[c in sampler.sample(r).sampled for c in IDS[:4]]
+                    for r in range(1, 4001)])
+  np.testing.assert_allclose(drawn.mean(axis=0), 0.5, atol=0.03)
+  np.testing.assert_allclose((drawn[:, 0] & drawn[:, 1]).mean(), 0.25, atol=0.03)
+
+
 def test_dropout_and_stragglers_at_their_rates():
   sampler = _sampler(dropout_rate=0.3, straggler_rate=0.25, straggler_work=0.4)
   draws = [sampler.sample(r) for r in range(1, 1001)]

@@ -165,6 +165,35 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_past_it(
     np.testing.assert_array_equal(a, b)
 
 
+def test_a_checkpoint_damaged_twice_is_set_aside_twice(tmp_path, uninterrupted):
+  """Each damaged checkpoint is set aside under a name of its own: the second of the
+  same round no longer fails moving onto the first (OSError: Directory not empty)."""
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7 (the interrupt's)
+  _damage(tmp_path / 'checkpoints' / 'state_7.npz', 'garbled')
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, resume=True, interrupt_at=2)  # from 6; round 7 saved again
+  _damage(tmp_path / 'checkpoints' / 'state_7.npz', 'truncated')
+  _train(tmp_path, resume=True)
+  assert len(list((tmp_path / 'checkpoints_damaged').glob('state_7.*.npz'))) == 2
+  assert _rows(tmp_path) == _rows(uninterrupted)
+  for a, b in zip(_model(tmp_path), _model(uninterrupted), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_temporary_files_a_kill_left_are_removed_when_the_run_resumes(tmp_path,
+                                                                       uninterrupted):
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=5)
+  stale = [tmp_path / '.metrics.csv.k1ll', tmp_path / '.config.json.k1ll',
+           tmp_path / 'checkpoints' / '.state_4.999.npz']
+  for path in stale:
+    path.write_text('cut short')
+  _train(tmp_path, resume=True)
+  assert not [path for path in stale if path.exists()]
+  assert _rows(tmp_path) == _rows(uninterrupted)
+
+
 def test_a_kill_while_rewriting_metrics_leaves_the_old_file_whole(tmp_path, monkeypatch):
   """Resuming rewrites metrics.csv from the rows it keeps: into a new file renamed over
   the old one, so a kill in the middle loses nothing."""

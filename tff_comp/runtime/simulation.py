@@ -157,15 +157,11 @@ class MetricsWriter:
     self._flush_seconds, self._flushed = flush_seconds, time.monotonic()
     # The kept rows go to a new file renamed over the old one: a kill while writing
     # leaves the old file whole, never a shortened one.
-    path = output_dir / 'metrics.csv'
-    with tempfile.NamedTemporaryFile('w', newline='', dir=output_dir, delete=False,
-                                     prefix='.metrics.csv.') as new:
-      writer = csv.DictWriter(new, self._columns, restval='')
-      writer.writeheader()
-      writer.writerows(kept_rows or [])
-      new.flush()
-      os.fsync(new.fileno())
-    os.replace(new.name, path)
+    path, kept = output_dir / 'metrics.csv', io.StringIO()
+    writer = csv.DictWriter(kept, self._columns, restval='')
+    writer.writeheader()
+    writer.writerows(kept_rows or [])
+    write_whole(path, kept.getvalue())
     self._file = open(path, 'a', newline='')  # pylint: disable=consider-using-with
     self._buffer = io.StringIO()
     self._csv = csv.DictWriter(self._buffer, self._columns, restval='')
@@ -215,6 +211,21 @@ class MetricsWriter:
     self.flush()
     self._file.close()
     self._tb.close()
+
+
+# Prefixes of `write_whole`'s temporary files (a killed run may leave one behind).
+_TEMPORARY = ('.metrics.csv.', '.config.json.')
+
+
+def write_whole(path: pathlib.Path, text: str) -> None:
+  """Writes `text` to `path` through a temporary file in the same directory, synced and
+  renamed over it: a kill leaves the old file or the new one, never a part of one."""
+  with tempfile.NamedTemporaryFile('w', newline='', dir=path.parent, delete=False,
+                                   prefix=f'.{path.name}.') as new:
+    new.write(text)
+    new.flush()
+    os.fsync(new.fileno())
+  os.replace(new.name, path)
 
 
 def write_client_rows(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
@@ -579,7 +590,7 @@ class RunRecord(Callback):
     config = dict(self._config, runtime_record=getattr(loop.runtime, 'record', None))
     if 'resolved' in config and hasattr(loop.runtime, 'description'):
       config['resolved'] = dict(config['resolved'], runtime=loop.runtime.description)
-    (loop.output_dir / 'config.json').write_text(json.dumps(config, indent=2, default=str))
+    write_whole(loop.output_dir / 'config.json', json.dumps(config, indent=2, default=str))
 
   def on_train_begin(self, loop: Loop) -> None:
     if not loop.done:
@@ -907,6 +918,9 @@ def run_simulation(
       is saved first.
   """
   output_dir.mkdir(parents=True, exist_ok=True)
+  for prefix in _TEMPORARY:  # what a killed run was writing (this run holds the lock)
+    for stale in output_dir.glob(f'{prefix}*'):
+      stale.unlink(missing_ok=True)
   checkpoints = Checkpoints(output_dir)
   sampler = sampler or ClientSampler(client_ids, clients_per_round, seed, participation)
   loop = Loop(process, output_dir, rounds)
