@@ -4,8 +4,9 @@ It drives any `runtime.base.Runtime` (`experiment.runner_for` builds one).
 
 Metrics go where tools read them: `metrics.csv` (one row per round; evaluation columns
 filled every `eval_period` rounds and at round 0) and TensorBoard event files under
-`tensorboard/`. TFF's release managers are asynchronous and write one value tree per
-call; a synchronous writer with merged train/eval rows is simpler to read and to plot.
+`tensorboard/`, buffered off the round's path (`MetricsWriter`). TFF's release managers
+write one value tree per call; one merged train/eval row per round is simpler to read,
+to plot and to cut back on resume.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -293,9 +294,10 @@ class Checkpoints:
     return sorted(r for r in found if r is not None)
 
   def clear(self) -> None:
+    """Removes every checkpoint (a fresh run), those of earlier versions' format too."""
     self.wait()
-    for path in self._root.glob('state_*.npz'):
-      path.unlink()
+    shutil.rmtree(self._root)
+    self._root.mkdir(parents=True)
 
   def save(self, state, round_num: int) -> None:
     """Starts saving `state` as round `round_num`'s checkpoint."""
