@@ -4,6 +4,7 @@ the same inputs (an independent implementation of the whole round)."""
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
@@ -96,3 +97,28 @@ def test_a_bad_server_optimizer_setting_is_one_line(tmp_path, fields, says):
   with pytest.raises(experiment.ConfigError, match=None) as error:
     experiment.prepare(_config(tmp_path, **fields))
   assert says in str(error.value) and '\n' not in str(error.value)
+
+
+@pytest.mark.parametrize('name', ['adam', 'yogi'])
+def test_adaptive_server_steps_follow_the_papers_update_rules(name):
+  """Against NumPy written from the papers, not from `server_optimizers.build` (the
+  builtin test above builds both sides with it, so a swap of beta_1 and beta_2 passed
+  it): Adam (Kingma and Ba, 2015, with the bias corrections folded into the step size as
+  in their section 2) and Yogi's additive second moment (Zaheer et al., 2018), each
+  hyperparameter of its own value so a swap shows."""
+  lr, beta_1, beta_2, epsilon = 0.1, 0.7, 0.95, 1e-2
+  grads = np.random.default_rng(0).normal(size=(4, 3))
+  optimizer = server_optimizers.build(name, lr, beta_1=beta_1, beta_2=beta_2,
+                                      epsilon=epsilon)
+  weights = tf.ones([3])
+  state = optimizer.initialize(tf.TensorSpec([3], tf.float32))
+  for g in grads:
+    state, weights = optimizer.next(state, weights, tf.constant(g, tf.float32))
+  w, m = np.ones(3), np.zeros(3)
+  v = np.full(3, 1e-6 if name == 'yogi' else 0.0)  # TFF's initial second moments
+  for t, g in enumerate(grads, start=1):
+    m = beta_1 * m + (1 - beta_1) * g
+    v = (beta_2 * v + (1 - beta_2) * g**2 if name == 'adam'
+         else v - (1 - beta_2) * np.sign(v - g**2) * g**2)
+    w = w - lr * np.sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (np.sqrt(v) + epsilon)
+  np.testing.assert_allclose(weights, w, rtol=1e-5)
