@@ -226,3 +226,21 @@ def test_a_bad_privacy_setting_is_one_line(tmp_path, fields, says):
   with pytest.raises(experiment.ConfigError) as error:
     experiment.prepare(_config(tmp_path, **fields))
   assert says in str(error.value) and '\n' not in str(error.value)
+
+
+def test_adaptive_clipping_noises_the_clipped_count():
+  """The clipped count is a private release too: its noise N(0, s^2) moves the next clip
+  by exp(-lr N(0, s^2) / n) (every adaptive test elsewhere ran with z = 0, so removing
+  this noise passed them). Four updates, two below the clip: the count's part is
+  centred, and log(C' / C) has mean 0 and std lr s / n over noise seeds."""
+  mean = privacy.PrivateMean('dp_adaptive', clip_norm=1.0, noise_multiplier=0.5,
+                             clients_per_round=4, clip_learning_rate=0.2,
+                             clipped_count_stddev=0.4)
+  deltas = (tf.constant([[0.5, 0.0], [0.0, 0.5], [2.0, 0.0], [0.0, 2.0]]),)
+  steps = []
+  for seed in range(400):
+    _, state, _ = mean.aggregate(mean.initial_state(), deltas, tf.ones([4]),
+                                 tf.constant([seed, 0]))
+    steps.append(np.log(float(state['clip_norm']) / 1.0))
+  assert np.mean(steps) == pytest.approx(0.0, abs=0.005)
+  assert np.std(steps) == pytest.approx(0.2 * 0.4 / 4, rel=0.12)
