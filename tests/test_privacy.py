@@ -244,3 +244,17 @@ def test_adaptive_clipping_noises_the_clipped_count():
     steps.append(np.log(float(state['clip_norm']) / 1.0))
   assert np.mean(steps) == pytest.approx(0.0, abs=0.005)
   assert np.std(steps) == pytest.approx(0.2 * 0.4 / 4, rel=0.12)
+
+
+def test_the_default_delta_is_population_to_the_minus_1_1_and_is_recorded(tmp_path):
+  """delta defaults to N^-1.1 (below 1/N; McMahan et al. 2018) of the task's population,
+  and the run records the value it accounted with (a changed default passed every test)."""
+  for population in (10, 64, 3_400, 342_477):
+    assert accounting.default_delta(population) == pytest.approx(population ** -1.1,
+                                                                 rel=1e-12)
+    assert accounting.default_delta(population) < 1 / population
+  prepared = experiment.prepare(experiment.ExperimentConfig(
+      algorithm='fedavg', task='quadratic', aggregator='dp', clip_norm=1.0,
+      noise_multiplier=0.5, client_weighting='uniform', clients_per_round=2,
+      output_dir=str(tmp_path)))
+  assert prepared.settings['target_delta'] == pytest.approx(6 ** -1.1, rel=1e-12)
