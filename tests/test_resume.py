@@ -2,6 +2,7 @@
 uninterrupted one; metrics.csv and TensorBoard hold every round once."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -100,6 +101,23 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, unin
 # Part of the population each round (Poisson), a third dropping out, stragglers.
 _PARTIAL = dict(sampling='poisson', clients_per_round=3, dropout_rate=0.3,
                 straggler_rate=0.4, straggler_work=0.5)
+
+
+def test_a_resume_with_an_algorithm_option_changed_in_config_json_is_refused(tmp_path):
+  """The algorithm's own options are compared one by one, and the refusal names the one
+  that differs (a changed resolved option was accepted when only top-level settings
+  were compared)."""
+  with pytest.raises(KeyboardInterrupt):
+    _train(tmp_path, interrupt_at=3)
+  path = tmp_path / 'config.json'
+  config = json.loads(path.read_text())
+  options = config['resolved']['algorithm_options']
+  name = sorted(options)[0]
+  options[name] = 0.123
+  path.write_text(json.dumps(config))
+  with pytest.raises(experiment.ConfigError,
+                     match=rf'algorithm_options\.{name}: recorded 0\.123, now '):
+    _train(tmp_path, resume=True)
 
 
 def test_resume_replays_partial_participation_dropout_and_stragglers(tmp_path):

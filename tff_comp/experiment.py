@@ -255,10 +255,17 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
                      if k not in _RESUMABLE_RESOLVED}
     return json.loads(json.dumps(c, default=str))
 
+  def flat(settings, prefix=''):  # {'algorithm_options': {'mu': 1}} -> algorithm_options.mu
+    out = {}
+    for key, value in settings.items():
+      out.update(flat(value, f'{prefix}{key}.') if isinstance(value, dict) else
+                 {f'{prefix}{key}': value})
+    return out
+
   old, new = comparable(recorded), comparable(config)
-  old_resolved, new_resolved = old.pop('resolved'), new.pop('resolved')
+  old_resolved, new_resolved = flat(old.pop('resolved')), flat(new.pop('resolved'))
   differ = {}  # name -> (recorded, now); a resolved value over the flag it came from
-  for before, after in ((old, new), (old_resolved, new_resolved)):
+  for before, after in ((flat(old), flat(new)), (old_resolved, new_resolved)):
     for key in sorted(before.keys() | after.keys()):
       if before.get(key) != after.get(key):
         differ[key] = (before.get(key), after.get(key))
