@@ -58,10 +58,16 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
       if loop.runtime.streaming:
         loaded.append(len(loop.runtime.data.index))
 
+  # Seed 4 draws a partial cohort (some sampled clients not reporting) in rounds 2, 4
+  # and 6 too, so a prefetch of the sampled instead of the reporting clients shows.
+  sampler = simulation.ClientSampler(DATA.client_ids, 3, 4, simulation.Participation(
+      'poisson', dropout_rate=0.2))
+  assert sum(0 < len(d.reporting) < len(d.sampled)
+             for d in map(sampler.sample, range(2, 7))) >= 2
   for runtime in (resident, streamed):
     simulation.run_simulation(
         runtime, client_ids=list(DATA.client_ids), evaluate=lambda _: {},
-        rounds=6, clients_per_round=3, seed=2, eval_period=100,
+        rounds=6, clients_per_round=3, seed=4, eval_period=100,
         output_dir=tmp_path / runtime.record['data'], config={}, show_progress=False,
         callbacks=(Watch(),),
         participation=simulation.Participation('poisson', dropout_rate=0.2))
