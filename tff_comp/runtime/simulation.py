@@ -16,7 +16,6 @@ import csv
 import dataclasses
 import fcntl
 import io
-import itertools
 import json
 import math
 import pathlib
@@ -124,11 +123,13 @@ def _signals_held():
   Python runs signal handlers; elsewhere it does nothing): one that arrives is noted
   and raised again, to its own handler, at the end. (Blocking them with
   `pthread_sigmask` lost them: threads TensorFlow started meanwhile kept the mask.)"""
-  if threading.current_thread() is not threading.main_thread():
+  held = (signal.SIGINT, signal.SIGTERM)
+  # A handler installed outside Python reads as None and could not be put back.
+  if (threading.current_thread() is not threading.main_thread()
+      or any(signal.getsignal(s) is None for s in held)):
     yield
     return
   arrived = []
-  held = (signal.SIGINT, signal.SIGTERM)
   handlers = {s: signal.signal(s, lambda signum, _: arrived.append(signum)) for s in held}
   try:
     yield
