@@ -336,7 +336,7 @@ _FIRST_ROUND = """
 import sys, tempfile, time
 from tff_comp import experiment
 engine = sys.argv[1]
-prepared = experiment.prepare(experiment.ExperimentConfig(
+prepared = experiment.prepare(experiment.ExperimentConfig.of(
     algorithm='feddualavg', task='lasso', engine=engine, output_dir=tempfile.mkdtemp()))
 ids, k = prepared.task.train_data.client_ids, prepared.settings['clients_per_round']
 start = time.perf_counter()

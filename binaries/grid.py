@@ -52,7 +52,7 @@ def _prepare(spec: experiments.Experiment, algorithm: str, seed: int, rounds: in
              root: pathlib.Path, options: dict, algorithm_options: dict):
   # output_dir: the algorithm's folder of per-configuration runs, so preparing never
   # looks at run.py's default runs/<algo>-<task> (a `make run` there must not stop a grid).
-  config = experiment_lib.ExperimentConfig(
+  config = experiment_lib.ExperimentConfig.of(
       algorithm=spec.aliases.get(algorithm, algorithm), task=spec.task, rounds=rounds,
       output_dir=str(root / algorithm),
       seed=seed, eval_period=spec.eval_period, task_options=dict(spec.task_options),

@@ -23,7 +23,7 @@ def test_dirichlet_partition_covers_every_example_once():
 
 @pytest.mark.parametrize('algorithm', ['fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp'])
 def test_constraint_holds_at_every_round(algorithm, tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm=algorithm, task='constrained_digits', rounds=12, eval_period=1,
       output_dir=str(tmp_path)))
   final = experiment.run_experiment(prepared, show_progress=False)
@@ -34,7 +34,7 @@ def test_constraint_holds_at_every_round(algorithm, tmp_path):
 
 
 def test_unconstrained_fedavg_violates_the_constraint(tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='constrained_digits', rounds=20, output_dir=str(tmp_path)))
   final = experiment.run_experiment(prepared, show_progress=False)
   assert final['eval/constraint_violation'] > 0  # so the test above is not vacuous
@@ -75,7 +75,7 @@ def test_emnist_loader_reads_tffs_format_offline(tmp_path):
 
 def test_emnist_task_trains_offline(tmp_path):
   _emnist_fixture(tmp_path)
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='feddualavg', task='constrained_digits', rounds=2, clients_per_round=2,
       task_options=dict(source='emnist', emnist_cache_dir=str(tmp_path)),
       output_dir=str(tmp_path / 'run')))
@@ -90,7 +90,7 @@ def test_sparse_logreg_data_and_a_short_run(tmp_path):
   assert set(np.unique(train[0][1])) <= {0.0, 1.0}
   finals = {}
   for algorithm in ('fedavg', 'feddualavg'):
-    prepared = experiment.prepare(experiment.ExperimentConfig(
+    prepared = experiment.prepare(experiment.ExperimentConfig.of(
         algorithm=algorithm, task='sparse_logreg', rounds=30, eval_period=30,
         task_options=dict(dim=300, support=10, num_clients=20),
         output_dir=str(tmp_path / algorithm)))
@@ -139,7 +139,7 @@ def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_proces
 
   monkeypatch.setitem(registry.TASKS._entries, 'brought',  # pylint: disable=protected-access
                       registry.Entry('brought', build))
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='brought', rounds=30, clients_per_round=3, eval_period=30,
       output_dir=str(tmp_path)))
   runner = experiment.build_runner(prepared)
@@ -176,7 +176,7 @@ def _emnist_sql(directory):
 def test_emnist_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, only_digits,
                                                               writers, classes):
   _emnist_sql(tmp_path)
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='emnist', rounds=2, clients_per_round=2, eval_period=1,
       task_options=dict(data_dir=str(tmp_path), only_digits=only_digits),
       output_dir=str(tmp_path / 'run')))
@@ -194,7 +194,7 @@ def test_emnist_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, only_dig
 
 def test_a_missing_dataset_file_is_one_line_naming_it(tmp_path):
   with pytest.raises(experiment.ConfigError) as error:
-    experiment.prepare(experiment.ExperimentConfig(
+    experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='fedavg', task='emnist', task_options=dict(data_dir=str(tmp_path)),
         output_dir=str(tmp_path / 'run')))
   message = str(error.value)
@@ -203,7 +203,7 @@ def test_a_missing_dataset_file_is_one_line_naming_it(tmp_path):
 
 
 def test_synthetic_emnist_has_the_shapes_and_is_labelled(tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='emnist', rounds=1, clients_per_round=2,
       task_options=dict(source='synthetic', max_clients=4, model='softmax'),
       output_dir=str(tmp_path / 'run')))
@@ -212,7 +212,7 @@ def test_synthetic_emnist_has_the_shapes_and_is_labelled(tmp_path):
   sizes = [int(task.train_data.create_tf_dataset_for_client(c).reduce(0, lambda n, _: n + 1))
            for c in task.train_data.client_ids]
   assert 50 < np.mean(sizes) < 600
-  again = experiment.prepare(experiment.ExperimentConfig(
+  again = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='emnist', clients_per_round=2, task_options=dict(
           source='synthetic', max_clients=4, model='softmax'),
       output_dir=str(tmp_path / 'run2'))).task
@@ -236,7 +236,7 @@ def test_emnist_cnn_dropout_is_tffs_baseline_model_and_trains(tmp_path):
   x = np.random.default_rng(0).random((4, 28, 28, 1)).astype(np.float32)
   np.testing.assert_allclose(tf.nn.softmax(ours(x, training=False)), theirs(x, training=False),
                              rtol=1e-5, atol=1e-6)
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='emnist', rounds=1, clients_per_round=2, eval_period=1,
       task_options=dict(source='synthetic', max_clients=3, model='cnn_dropout'),
       output_dir=str(tmp_path / 'run')))
@@ -257,13 +257,13 @@ def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_pa
       list(splits), lambda c: tf.data.Dataset.from_tensor_slices(
           collections.OrderedDict(snippets=lines[c])),
       str(tmp_path / 'shakespeare.sqlite'), split_names_by_client_id=splits)
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='shakespeare', rounds=2, clients_per_round=2, eval_period=1,
       batch_size=2, task_options=dict(data_dir=str(tmp_path), lstm_units=8),
       output_dir=str(tmp_path / 'run')))
   task = prepared.task
   assert sorted(task.train_data.client_ids) == ['JULIET', 'NURSE', 'ROMEO']
-  first_two = experiment.prepare(experiment.ExperimentConfig(
+  first_two = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='shakespeare', clients_per_round=2, task_options=dict(
           data_dir=str(tmp_path), lstm_units=8, max_clients=2),
       output_dir=str(tmp_path / 'run2'))).task
@@ -300,7 +300,7 @@ def test_cifar100_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, model)
   tff.simulation.datasets.save_to_sql_client_data(
       list(splits), dataset, str(tmp_path / 'cifar100.sqlite'),
       split_names_by_client_id=splits)
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='cifar100', rounds=2, clients_per_round=2, eval_period=2,
       batch_size=4, task_options=dict(data_dir=str(tmp_path), model=model, crop=16),
       output_dir=str(tmp_path / 'run')))
@@ -330,7 +330,7 @@ def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_pat
       split_names_by_client_id=splits)
   (tmp_path / 'stackoverflow.word_count').write_text(
       'list 9\nsort 8\na 7\nhow 6\nword 5\nwhat 4\n')
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='stackoverflow_nwp', rounds=2, clients_per_round=2,
       eval_period=2, batch_size=2, task_options=dict(
           data_dir=str(tmp_path), vocab_size=5, lstm_units=4),
@@ -354,7 +354,7 @@ def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_pat
   assert np.isfinite(final['eval/test_loss'])
   with pytest.raises(experiment.ConfigError, match='stackoverflow.word_count not found'):
     (tmp_path / 'stackoverflow.word_count').unlink()
-    experiment.prepare(experiment.ExperimentConfig(
+    experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='fedavg', task='stackoverflow_nwp', task_options=dict(
             data_dir=str(tmp_path)), output_dir=str(tmp_path / 'run2')))
 

@@ -139,7 +139,7 @@ def test_global_model_is_tff_fedavg(tmp_path):
 def test_experiment_scores_personal_models_or_refuses_the_task():
   from tff_comp import experiment  # pylint: disable=g-import-not-at-top
 
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='ditto', task='dominant_class'))
   process = inprocess.build(prepared.build(), prepared.task.train_data)
   metrics = experiment.evaluator(prepared, process)(process.initialize())
@@ -147,7 +147,7 @@ def test_experiment_scores_personal_models_or_refuses_the_task():
   assert metrics['personal_loss'] == pytest.approx(metrics['loss_before'], rel=1e-5)
   assert metrics['personal_worst_accuracy'] == metrics['worst_accuracy_before']
 
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='ditto', task='sinewave', clients_per_round=5,
       task_options=dict(num_clients=5)))
   with pytest.raises(experiment.ConfigError, match='cannot evaluate them'):

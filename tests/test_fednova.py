@@ -86,7 +86,7 @@ def test_drawn_epochs_are_reproducible_and_vary():
 
 
 def _quadratic_run(algorithm, tmp_path, eta, rounds=100):
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm=algorithm, task='quadratic', rounds=rounds, eval_period=rounds,
       client_learning_rate=eta, server_learning_rate=2.0, output_dir=str(tmp_path / algorithm)))
   task = prepared.task

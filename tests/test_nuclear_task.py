@@ -22,7 +22,7 @@ def test_centralized_reference_has_the_true_rank():
 
 
 def test_feddualavg_recovers_the_rank_within_200_rounds(tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='feddualavg', task='nuclear', rounds=200, eval_period=50,
       output_dir=str(tmp_path)))
   final = experiment.run_experiment(prepared, show_progress=False)

@@ -165,7 +165,7 @@ class _NobodyOnRoundsOneAndTwo(simulation.ClientSampler):
 def test_a_round_nobody_reports_leaves_the_model_unchanged_and_is_logged(tmp_path, caplog,
                                                                            monkeypatch):
   """A sampler of one's own (here: nobody reports in rounds 1 and 2) given to the loop."""
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', rounds=4, eval_period=1,
       output_dir=str(tmp_path)))
   runner = experiment.build_runner(prepared)
@@ -193,23 +193,23 @@ def test_a_round_nobody_reports_leaves_the_model_unchanged_and_is_logged(tmp_pat
 
 
 def test_participation_flags_reach_config_json_and_bad_ones_are_one_line(tmp_path):
-  config = experiment.ExperimentConfig(
+  config = experiment.ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', rounds=2, output_dir=str(tmp_path),
       sampling='poisson', dropout_rate=0.2, straggler_rate=0.1, straggler_work=0.25)
   prepared = experiment.prepare(config)
   experiment.train(prepared, experiment.build_runner(prepared), show_progress=False)
   recorded = json.loads((tmp_path / 'config.json').read_text())
-  assert [recorded[k] for k in ('sampling', 'dropout_rate', 'straggler_rate',
+  assert [recorded['participation'][k] for k in ('sampling', 'dropout_rate', 'straggler_rate',
                                 'straggler_work')] == ['poisson', 0.2, 0.1, 0.25]
   with pytest.raises(experiment.ConfigError, match=r'^--dropout_rate must be in \[0, 1\)'):
-    experiment.prepare(experiment.ExperimentConfig(
+    experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='fedavg', task='quadratic', dropout_rate=1.5,
         output_dir=str(tmp_path / 'b')))
   with pytest.raises(experiment.ConfigError, match='keeps a table entry per client'):
-    experiment.build_runner(experiment.prepare(experiment.ExperimentConfig(
+    experiment.build_runner(experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='ditto', sampling='with_replacement', output_dir=str(tmp_path / 'c'))))
   with pytest.raises(experiment.ConfigError, match='in-process|--runtime=inprocess'):
-    experiment.build_runner(experiment.prepare(experiment.ExperimentConfig(
+    experiment.build_runner(experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='fedavg', task='quadratic', runtime='tff', straggler_rate=0.2,
         output_dir=str(tmp_path / 'd'))))
 

@@ -161,7 +161,7 @@ def test_unaccountable_runs_are_refused(args, says):
 # --- runs ---------------------------------------------------------------------------
 
 def _config(tmp_path, **fields):
-  return experiment.ExperimentConfig(
+  return experiment.ExperimentConfig.of(
       algorithm=fields.pop('algorithm', 'fedavg'), task='quadratic',
       rounds=fields.pop('rounds', 6), clients_per_round=2, eval_period=2,
       output_dir=str(tmp_path), **fields)
@@ -253,7 +253,7 @@ def test_the_default_delta_is_population_to_the_minus_1_1_and_is_recorded(tmp_pa
     assert accounting.default_delta(population) == pytest.approx(population ** -1.1,
                                                                  rel=1e-12)
     assert accounting.default_delta(population) < 1 / population
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', aggregator='dp', clip_norm=1.0,
       noise_multiplier=0.5, client_weighting='uniform', clients_per_round=2,
       output_dir=str(tmp_path)))

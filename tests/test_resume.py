@@ -54,7 +54,7 @@ def _model(path):
 
 
 def _train(path, interrupt_at=None, show=False, **kwargs):
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       output_dir=str(path), **dict(ARGS, **kwargs)))
   runner = experiment.build_runner(prepared)
   if interrupt_at is not None:

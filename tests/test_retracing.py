@@ -57,7 +57,7 @@ def _train(traces, tmp_path, **settings) -> list[str]:
   5 rounds); returns the traces made from its third round on."""
   config = dict(algorithm='fedavg', task='quadratic', rounds=ROUNDS, clients_per_round=3,
                 eval_period=5, checkpoint_every=5, output_dir=str(tmp_path), seed=4)
-  prepared = experiment.prepare(experiment.ExperimentConfig(**{**config, **settings}))
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(**{**config, **settings}))
   runner = experiment.build_runner(prepared)
   watched = runner.runtime = _Watched(runner.runtime, traces)
   experiment.train(prepared, runner, show_progress=False)
@@ -135,7 +135,7 @@ _XLA_RUN = """
 import sys
 from tff_comp import experiment
 for rounds, resume in ((12, False), (24, True)):
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', rounds=rounds, clients_per_round=3,
       sampling='poisson', dropout_rate=0.3, engine='lanes', eval_period=5,
       checkpoint_every=6, output_dir=sys.argv[1], resume=resume))

@@ -79,7 +79,7 @@ def test_a_plugin_learning_process_runs_on_tff(tmp_path, monkeypatch):
 
   monkeypatch.setitem(registry.ALGORITHMS._entries, 'tff_fedavg',  # pylint: disable=protected-access
                       registry.Entry('tff_fedavg', build_tff_fedavg))
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='tff_fedavg', task='lasso', rounds=2, clients_per_round=2, eval_period=1,
       output_dir=str(tmp_path)))
   runner = experiment.build_runner(prepared)
@@ -178,7 +178,7 @@ def test_auto_falls_back_to_mapped_naming_the_op_and_the_rule(tmp_path, caplog):
 
 @pytest.mark.parametrize('shuffle', [True, False])
 def test_a_run_shuffles_local_data_by_default_and_records_it(tmp_path, shuffle):
-  config = experiment.ExperimentConfig(
+  config = experiment.ExperimentConfig.of(
       algorithm='fedavg', task='lasso', rounds=1, eval_period=1, seed=4,
       output_dir=str(tmp_path), **({} if shuffle else {'shuffle': False}))
   prepared = experiment.prepare(config)

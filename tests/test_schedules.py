@@ -32,7 +32,7 @@ def _server_rate(t):
 
 def _config(tmp_path, **fields):
   fields = dict(dict(algorithm='fedavg', server_learning_rate=SERVER_LR), **fields)
-  return experiment.ExperimentConfig(
+  return experiment.ExperimentConfig.of(
       task='quadratic', rounds=ROUNDS, clients_per_round=3, client_learning_rate=CLIENT_LR,
       shuffle=False, eval_period=ROUNDS, output_dir=str(tmp_path), **fields)
 
@@ -51,7 +51,7 @@ def test_a_scheduled_run_trains_as_tffs_process_with_the_rates_set_by_hand(tmp_p
   assert [float(r['hparams/finalizer/learning_rate']) for r in logged] == pytest.approx(
       [_server_rate(t) for t in range(1, ROUNDS + 1)], rel=1e-6)
   recorded = json.loads((tmp_path / 'config.json').read_text())
-  assert recorded['client_lr_schedule'] == 'exponential'
+  assert recorded['schedules']['client_lr_schedule'] == 'exponential'
 
   # The reference: TFF's process of the same algorithm, rates set by hand each round,
   # the same clients (the sampler is a function of seed and round).

@@ -54,7 +54,7 @@ def test_adaptive_servers_differ_from_sgd():
 
 
 def _config(tmp_path, **fields):
-  return experiment.ExperimentConfig(algorithm=fields.pop('algorithm', 'fedavg'),
+  return experiment.ExperimentConfig.of(algorithm=fields.pop('algorithm', 'fedavg'),
                                      task='quadratic', rounds=2, output_dir=str(tmp_path),
                                      **fields)
 

@@ -85,7 +85,7 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
 
 
 def test_a_run_over_its_budget_says_it_streams_and_records_it(tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig(
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', rounds=3, clients_per_round=2,
       data_memory_budget=0.0, output_dir=str(tmp_path)))
   runner = experiment.build_runner(prepared)
@@ -93,6 +93,6 @@ def test_a_run_over_its_budget_says_it_streams_and_records_it(tmp_path):
   experiment.train(prepared, runner, show_progress=False)
   assert '"data": "streaming"' in (tmp_path / 'config.json').read_text()
   with pytest.raises(experiment.ConfigError, match='data_memory_budget must be >= 0'):
-    experiment.prepare(experiment.ExperimentConfig(
+    experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='fedavg', task='quadratic', data_memory_budget=-1.0,
         output_dir=str(tmp_path / 'b')))

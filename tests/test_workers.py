@@ -90,5 +90,5 @@ def test_addresses_parse():
 
 def test_workers_do_not_go_with_the_in_process_runtime():
   with pytest.raises(experiment.ConfigError, match='--workers'):
-    experiment.prepare(experiment.ExperimentConfig(
+    experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='fedavg', runtime='inprocess', workers=('localhost:1',)))

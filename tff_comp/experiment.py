@@ -21,15 +21,17 @@ from typing import Any
 
 from tff_comp import accounting
 from tff_comp import paths
+from tff_comp import privacy as privacy_lib
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
 from tff_comp import schedules as schedules_lib
 from tff_comp import server_optimizers
+from tff_comp import settings
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import privacy
+from tff_comp.ops import client_round
 from tff_comp.runtime import base as runtime_base
-from tff_comp.runtime import inprocess
+from tff_comp.runtime import inprocess as inprocess_lib
 from tff_comp.runtime import simulation
 from tff_comp.runtime import workers as workers_lib
 
@@ -56,83 +58,124 @@ class ConfigError(ValueError):
   """Bad experiment settings; the message is one line for the user."""
 
 
+def runtime_names() -> list[str]:
+  """The --runtime choices: 'auto' and every registered runtime."""
+  return ['auto', *registry.RUNTIMES.names()]
+
+
 @dataclasses.dataclass
 class ExperimentConfig:
-  """All settings of one run. None means: the task's default."""
+  """All settings of one run: the run's own below (None: the task's default), and the
+  records of the modules that own the rest, each under its name (`GROUPS`).
+  `ExperimentConfig.of` takes every setting by its flag's name."""
 
   algorithm: str
   task: str | None = None  # None: the algorithm's home task (else DEFAULT_TASK)
-  rounds: int | None = None
-  clients_per_round: int | None = None
-  client_learning_rate: float | None = None
-  server_learning_rate: float | None = None
-  batch_size: int | None = None
-  local_epochs: int | None = None
-  client_weighting: str | None = None
-  eval_period: int | None = None
-  seed: int = 0  # the run: client sampling and client-side draws
-  shuffle: bool = True  # each epoch in its own order (ClientOptions.shuffle)
-  sampling: str = 'uniform'  # how clients are drawn (simulation.Participation)
-  dropout_rate: float = 0.0  # a sampled client fails to report
-  straggler_rate: float = 0.0  # a reporting client does part of its local steps
-  straggler_work: float = 0.5  # the part a straggler does
-  data_seed: int | None = 0  # the task: generated data, partition, initial model; None: seed
-  regularizer: str | None = None
-  regularizer_strength: float | None = None
-  # The server's optimizer by name (server_optimizers.NAMES; None: the algorithm's own)
-  # and its hyperparameters (None: server_optimizers.build's defaults).
-  server_optimizer: str | None = None
-  server_beta_1: float | None = None
-  server_beta_2: float | None = None
-  server_epsilon: float | None = None
-  # Learning-rate schedules over rounds (schedules.NAMES) and their parameters.
-  client_lr_schedule: str = 'constant'
-  server_lr_schedule: str = 'constant'
-  lr_decay_rate: float = 0.5
-  lr_decay_rounds: int = 100
-  lr_warmup_rounds: int = 10
-  # What averages the model delta: 'mean' (the algorithm's own aggregation), or
-  # ops.privacy.KINDS: clipping to clip_norm, DP with Gaussian noise (noise_multiplier,
-  # or calibrated to target_epsilon over the rounds; both: fixed noise, the run stops
-  # when target_epsilon is spent), adaptive clipping from clip_norm to clip_quantile.
-  aggregator: str = 'mean'
-  clip_norm: float | None = None
-  noise_multiplier: float | None = None
-  target_epsilon: float | None = None
-  target_delta: float | None = None  # None: accounting.default_delta(population)
-  clip_quantile: float = 0.5
-  clip_learning_rate: float = 0.2
-  clipped_count_stddev: float | None = None  # None: TFF's 0.05 x clients_per_round
-  accountant: str = 'rdp'  # accounting.ACCOUNTANTS
+  rounds: int | None = settings.setting(
+      None, 'Training rounds (default: the task\'s).', upper=settings.MAX_COUNT)
+  clients_per_round: int | None = settings.setting(
+      None, 'Clients sampled per round.', upper=settings.MAX_COUNT)
+  client_learning_rate: float | None = settings.setting(None, 'Client learning rate eta_c.')
+  server_learning_rate: float | None = settings.setting(None, 'Server learning rate eta_s.')
+  batch_size: int | None = settings.setting(None, 'Examples per local step.',
+                                            upper=settings.MAX_INT32)
+  local_epochs: int | None = settings.setting(
+      None, 'Local passes over client data per round.', upper=client_round.MAX_EPOCHS)
+  client_weighting: str | None = settings.setting(
+      None, 'Weigh clients by examples or uniformly (default: the algorithm\'s).',
+      choices=client_round.WEIGHTINGS)
+  eval_period: int | None = settings.setting(
+      None, 'Evaluate every this many rounds.', upper=settings.MAX_COUNT)
+  seed: int = settings.setting(
+      0, 'Seed of the run: client sampling and client-side draws.', lower=0,
+      upper=settings.MAX_SEED)
+  shuffle: bool = settings.setting(
+      True, 'Each client visits its examples in a new order every round and epoch (a'
+      ' stateless permutation of seed, round, client and epoch); --noshuffle: stored'
+      ' order.')
+  data_seed: int | None = settings.setting(
+      0, 'Seed of the task: generated data, partition and initial model (None: --seed).',
+      lower=0, upper=settings.MAX_SEED)
+  regularizer: str | None = settings.setting(
+      None, 'Regularizer psi (default: the task\'s).',
+      choices=lambda: sorted(regularizers_lib.REGULARIZERS))
+  regularizer_strength: float | None = settings.setting(
+      None, 'Strength lam of psi, or radius of a ball constraint.')
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-  output_dir: str | None = None  # None: runs/<algorithm>-<task>
-  runtime: str = 'auto'  # a registered runtime (registry.RUNTIMES) or 'auto'
-  engine: str = 'auto'  # the in-process runtime's engine (runtime.engines)
-  workers: tuple[str, ...] = ()  # host:port of TFF workers splitting each round's clients
-  overwrite: bool = False  # replace a run already in output_dir
-  resume: bool = False  # continue the run in output_dir from its last checkpoint
-  checkpoint_every: int = 50  # rounds between saved process states
-  # MB the clients' examples may take resident in-process; a larger population streams
-  # each round's cohort (runtime.streaming).
-  data_memory_budget: float = 4096.0
+  output_dir: str | None = settings.setting(
+      None, 'Where metrics go (default runs/<algo>-<task>).')
+  overwrite: bool = settings.setting(False, 'Replace a run already in --output_dir.')
+  resume: bool = settings.setting(
+      False, 'Continue the run in --output_dir from its last checkpoint (its'
+      ' configuration must match; --rounds may grow).')
+  runtime: str = settings.setting(
+      'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
+      ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or auto (inprocess where'
+      ' the algorithm supports it).', choices=runtime_names)
+  participation: simulation.Participation = dataclasses.field(
+      default_factory=simulation.Participation)
+  schedules: schedules_lib.ScheduleOptions = dataclasses.field(
+      default_factory=schedules_lib.ScheduleOptions)
+  server: server_optimizers.ServerOptimizerOptions = dataclasses.field(
+      default_factory=server_optimizers.ServerOptimizerOptions)
+  privacy: privacy_lib.PrivacyOptions = dataclasses.field(
+      default_factory=privacy_lib.PrivacyOptions)
+  checkpoints: simulation.CheckpointOptions = dataclasses.field(
+      default_factory=simulation.CheckpointOptions)
+  inprocess: inprocess_lib.InProcessOptions = dataclasses.field(
+      default_factory=inprocess_lib.InProcessOptions)
+  tff: workers_lib.WorkerOptions = dataclasses.field(
+      default_factory=workers_lib.WorkerOptions)
 
-  @property
-  def participation(self) -> simulation.Participation:
-    """Sampling and availability (raises ValueError for bad values)."""
-    return simulation.Participation(self.sampling, self.dropout_rate, self.straggler_rate,
-                                    self.straggler_work)
+  @classmethod
+  def of(cls, **values: Any) -> 'ExperimentConfig':
+    """The config from settings by name, flat (`of(algorithm='fedavg', sampling=
+    'poisson', clip_norm=1.0, aggregator='clip')`); each goes to the record owning it.
 
-  @property
-  def schedules(self) -> tuple[schedules_lib.Schedule, schedules_lib.Schedule]:
-    """The (client, server) learning-rate schedules (raises ValueError for bad values)."""
-    return tuple(schedules_lib.Schedule(name, self.lr_decay_rate, self.lr_decay_rounds,
-                                        self.lr_warmup_rounds)
-                 for name in (self.client_lr_schedule, self.server_lr_schedule))
+    Raises:
+      ConfigError: an unknown name, or a value its record refuses.
+    """
+    own = {k: v for k, v in values.items() if k not in OWNER}
+    unknown = set(own) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+      raise ConfigError(f'unknown settings: {", ".join(sorted(unknown))}.')
+    for group, record in GROUPS.items():
+      fields = {k: v for k, v in values.items() if OWNER.get(k) == group}
+      try:
+        own[group] = record(**fields)
+      except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return cls(**own)
+
+  @classmethod
+  def from_dict(cls, recorded: dict[str, Any]) -> 'ExperimentConfig':
+    """The config a run recorded (config.json; its `resolved` and `environment` and
+    other records left aside): rerunning it reproduces the run."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in recorded.items() if k in names and k not in GROUPS}
+    for group, record in GROUPS.items():
+      values[group] = settings.from_dict(record, recorded.get(group, {}))
+    return cls(**values)
+
+  def check(self) -> None:
+    """Raises ConfigError for a value outside its choices or bounds."""
+    for record in (self, *(getattr(self, group) for group in GROUPS)):
+      try:
+        settings.check(record)
+      except ValueError as e:
+        raise ConfigError(str(e)) from e
 
   @property
   def task_seed(self) -> int:
     return self.seed if self.data_seed is None else self.data_seed
+
+
+# The records ExperimentConfig collects, by attribute, and which owns each setting.
+GROUPS = {f.name: f.type for f in dataclasses.fields(ExperimentConfig)
+          if dataclasses.is_dataclass(f.type)}
+OWNER = {spec.name: group for group, record in GROUPS.items()
+         for spec in settings.specs(record)}
 
 
 @dataclasses.dataclass
@@ -192,14 +235,8 @@ def _regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None
 
 
 def _check_finite(config: ExperimentConfig) -> None:
-  """Every float setting is a finite number (inf or nan would only surface rounds later,
-  as a misleading divergence)."""
-  values = {name: getattr(config, name) for name in (
-      'client_learning_rate', 'server_learning_rate', 'regularizer_strength',
-      'server_beta_1', 'server_beta_2', 'server_epsilon', 'lr_decay_rate', 'clip_norm',
-      'noise_multiplier', 'target_epsilon', 'target_delta', 'clip_quantile', 'clip_learning_rate',
-      'clipped_count_stddev')}
-  values.update(config.algorithm_options)
+  """Algorithm and task options are finite numbers (the records check their own)."""
+  values = dict(config.algorithm_options)
   values.update({f'{config.task}_{k}': v for k, v in config.task_options.items()})
   for name, value in values.items():
     if isinstance(value, float) and not math.isfinite(value):
@@ -210,8 +247,9 @@ RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_
 # Settings a resumed run may change: where it writes, how long it runs, how it saves,
 # and where its rounds run (a run stopped by a dead worker resumes on others; an engine
 # that fell back records it).
-RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds', 'checkpoint_every',
-                     'workers', 'runtime_record', 'environment', 'data_memory_budget')
+RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds',
+                     'checkpoints.checkpoint_every', 'tff.workers', 'runtime_record',
+                     'environment', 'inprocess.data_memory_budget')
 _RESUMABLE_RESOLVED = ('rounds', 'runtime')
 
 
@@ -249,23 +287,23 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
   except ValueError as e:
     raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
 
-  def comparable(c):
-    c = {k: v for k, v in c.items() if k not in RESUMABLE_CHANGES}
-    c['resolved'] = {k: v for k, v in c.get('resolved', {}).items()
-                     if k not in _RESUMABLE_RESOLVED}
-    return json.loads(json.dumps(c, default=str))
-
-  def flat(settings, prefix=''):  # {'algorithm_options': {'mu': 1}} -> algorithm_options.mu
+  def flat(values, prefix=''):  # {'algorithm_options': {'mu': 1}} -> algorithm_options.mu
     out = {}
-    for key, value in settings.items():
+    for key, value in values.items():
       out.update(flat(value, f'{prefix}{key}.') if isinstance(value, dict) else
                  {f'{prefix}{key}': value})
     return out
 
-  old, new = comparable(recorded), comparable(config)
-  old_resolved, new_resolved = flat(old.pop('resolved')), flat(new.pop('resolved'))
+  def comparable(c):  # (settings, resolved settings), flat, less what may change
+    c = flat(json.loads(json.dumps(c, default=str)))
+    kept = {k: v for k, v in c.items() if not k.startswith('resolved.')
+            and not any(k == n or k.startswith(f'{n}.') for n in RESUMABLE_CHANGES)}
+    resolved = {k[len('resolved.'):]: v for k, v in c.items() if k.startswith('resolved.')}
+    return kept, {k: v for k, v in resolved.items() if k not in _RESUMABLE_RESOLVED}
+
+  (old, old_resolved), (new, new_resolved) = comparable(recorded), comparable(config)
   differ = {}  # name -> (recorded, now); a resolved value over the flag it came from
-  for before, after in ((flat(old), flat(new)), (old_resolved, new_resolved)):
+  for before, after in ((old, new), (old_resolved, new_resolved)):
     for key in sorted(before.keys() | after.keys()):
       if before.get(key) != after.get(key):
         differ[key] = (before.get(key), after.get(key))
@@ -276,19 +314,9 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
                       ' --output_dir.')
 
 
-def runtime_names() -> list[str]:
-  """The --runtime choices: 'auto' and every registered runtime."""
-  return ['auto', *registry.RUNTIMES.names()]
-
-
 def _check_runtime(config: ExperimentConfig) -> None:
-  if config.runtime not in runtime_names():
-    raise ConfigError(f'--runtime={config.runtime!r} is unknown; choose one of'
-                      f' {", ".join(runtime_names())}.')
-  if config.engine not in inprocess.ENGINES:
-    raise ConfigError(f'--engine={config.engine!r} is unknown; choose one of'
-                      f' {", ".join(inprocess.ENGINES)}.')
-  if config.workers and config.runtime not in ('auto', 'tff'):
+  config.check()
+  if config.tff.workers and config.runtime not in ('auto', 'tff'):
     raise ConfigError('--workers runs rounds on TFF\'s workers; it goes with'
                       ' --runtime=tff or auto only.')
 
@@ -323,23 +351,6 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
   if config.resume and config.overwrite:
     raise ConfigError('--resume continues the run in --output_dir, --overwrite replaces'
                       ' it: choose one.')
-  for name in ('seed', 'data_seed'):
-    value = getattr(config, name)
-    if value is not None and not 0 <= value < 2**32:
-      raise ConfigError(f'--{name} must be in [0, 2^32), got {value}.')
-  if not config.data_memory_budget >= 0:
-    raise ConfigError(f'--data_memory_budget must be >= 0 (MB), got'
-                      f' {config.data_memory_budget}.')
-  if not config.checkpoint_every >= 1:
-    raise ConfigError(f'--checkpoint_every must be >= 1, got {config.checkpoint_every}.')
-  try:
-    config.participation  # pylint: disable=pointless-statement
-  except ValueError as e:
-    raise ConfigError(f'--{e}') from e
-  try:
-    config.schedules  # pylint: disable=pointless-statement
-  except ValueError as e:
-    raise ConfigError(str(e)) from e
   try:
     paths.check_cache_root()
   except ValueError as e:
@@ -370,7 +381,7 @@ def _run_settings(config: ExperimentConfig, task, home: dict[str, Any]) -> dict[
     if settings[name] is None or not settings[name] > 0:
       raise ConfigError(f'--{name} must be > 0, got {settings[name]}.')
   if (settings['clients_per_round'] > task.num_clients
-      and config.sampling != 'with_replacement'):
+      and config.participation.sampling != 'with_replacement'):
     raise ConfigError(
         f'--clients_per_round={settings["clients_per_round"]} exceeds the'
         f' {task.num_clients} clients of task {task.name!r}.'
@@ -379,15 +390,10 @@ def _run_settings(config: ExperimentConfig, task, home: dict[str, Any]) -> dict[
 
 
 def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
-                      builder_args: dict[str, Any], settings: dict[str, Any]) -> None:
+                      builder_args: dict[str, Any], settings_: dict[str, Any]) -> None:
   """Puts the named server optimizer (at the run's server learning rate) into
   `builder_args`, or raises ConfigError for a setting that cannot apply."""
-  given = {name: getattr(config, f'server_{name}') for name in ('beta_1', 'beta_2', 'epsilon')
-           if getattr(config, f'server_{name}') is not None}
-  if config.server_optimizer is None:
-    if given:
-      raise ConfigError(f'--server_{next(iter(given))} without --server_optimizer: it sets'
-                        ' that optimizer\'s hyperparameters.')
+  if config.server.server_optimizer is None:
     return
   if not algorithm.accepts('server_optimizer'):
     takers = [n for n in registry.ALGORITHMS.names()
@@ -400,94 +406,41 @@ def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
                       ' optimizer; for momentum use --server_optimizer=sgdm'
                       ' --server_beta_1=MOMENTUM.')
   try:
-    builder_args['server_optimizer'] = server_optimizers.build(
-        config.server_optimizer, settings['server_learning_rate'], **given)
+    builder_args['server_optimizer'] = config.server.build(settings_['server_learning_rate'])
   except ValueError as e:
     raise ConfigError(str(e)) from e
 
 
-AGGREGATORS = ('mean', *privacy.KINDS)
-_PRIVACY_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
-
-
-def _recorded_noise_multiplier(config: ExperimentConfig) -> float | None:
-  """A resumed run's calibrated noise multiplier (calibrating again for a changed
-  --rounds would change the noise mid-run)."""
-  try:
-    recorded = json.loads((pathlib.Path(config.output_dir) / 'config.json').read_text())
-    return float(recorded['resolved']['noise_multiplier'])
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-
-
 def _model_aggregator(config: ExperimentConfig, algorithm: registry.Entry, task,
-                      builder_args: dict[str, Any], settings: dict[str, Any]
-                      ) -> accounting.Ledger | None:
-  """Puts the --aggregator's `privacy.PrivateMean` into `builder_args` (and the resolved
-  noise multiplier and delta into `settings`); returns a DP run's ledger. Raises
+                      builder_args: dict[str, Any], settings_: dict[str, Any]
+                      ) -> privacy_lib.Plan:
+  """Puts the --aggregator's `ops.privacy.PrivateMean` into `builder_args` (and the
+  resolved noise multiplier and delta into `settings_`); returns its plan. Raises
   ConfigError for settings that cannot apply."""
-  kind = config.aggregator
-  if kind not in AGGREGATORS:
-    raise ConfigError(f'--aggregator={kind!r} is unknown; choose one of'
-                      f' {", ".join(AGGREGATORS)}.')
-  given = [name for name in ('clip_norm', *_PRIVACY_FLAGS) if getattr(config, name) is not None]
-  if kind == 'mean':
-    if given:
-      raise ConfigError(f'--{given[0]} sets a clipping or DP aggregator: add'
-                        ' --aggregator=clip, dp or dp_adaptive.')
-    return None
+  options = config.privacy
+  if options.aggregator == privacy_lib.MEAN:
+    return privacy_lib.Plan(None, None, {})
   if not algorithm.accepts('model_aggregator'):
     raise ConfigError(f'--aggregator: algorithm {config.algorithm!r} takes no model'
                       ' aggregator (its aggregation is its own math).')
-  private = kind != privacy.CLIP
-  if not private and any(getattr(config, name) is not None for name in _PRIVACY_FLAGS):
-    raise ConfigError('--aggregator=clip adds no noise: --noise_multiplier,'
-                      ' --target_epsilon and --target_delta go with --aggregator=dp or dp_adaptive.')
-  clip_norm = config.clip_norm
-  if clip_norm is None:
-    if kind != privacy.DP_ADAPTIVE:
-      raise ConfigError(f'--aggregator={kind} needs --clip_norm (the L2 norm each client\'s'
-                        ' update is clipped to).')
-    clip_norm = 0.1  # TFF's initial_l2_norm_clip
-  ledger, z = None, 0.0
-  n = settings['clients_per_round']
-  if private:
-    if config.noise_multiplier is None and config.target_epsilon is None:
-      raise ConfigError(f'--aggregator={kind} needs --noise_multiplier or --target_epsilon.')
-    if config.target_epsilon is not None and not config.target_epsilon > 0:
-      raise ConfigError(f'--target_epsilon must be > 0, got {config.target_epsilon}.')
+  if options.private:
     if config.client_weighting not in (None, 'uniform'):
-      raise ConfigError(f'--aggregator={kind} weighs every client alike (TFF\'s DP'
-                        ' semantics): drop --client_weighting or set it to uniform.')
+      raise ConfigError(f'--aggregator={options.aggregator} weighs every client alike'
+                        ' (TFF\'s DP semantics): drop --client_weighting or set it to'
+                        ' uniform.')
     if algorithm.accepts('client_weighting'):
-      builder_args['client_weighting'] = settings['client_weighting'] = 'uniform'
-    delta = (config.target_delta if config.target_delta is not None
-             else accounting.default_delta(task.num_clients))
-    try:
-      accounting.check(config.sampling, config.accountant, delta, task.num_clients)
-      z = config.noise_multiplier
-      if z is None and config.resume:
-        z = _recorded_noise_multiplier(config)
-      if z is None:
-        z = accounting.calibrate(
-            config.target_epsilon, settings['rounds'], clients_per_round=n,
-            population=task.num_clients, sampling=config.sampling, delta=delta,
-            accountant=config.accountant)
-      ledger = accounting.Ledger(z, n, task.num_clients, config.sampling, delta,
-                                 config.accountant)
-      if config.target_epsilon is not None and ledger.epsilon(1) > config.target_epsilon:
-        raise ValueError(f'one round with noise multiplier {z:.4g} already spends epsilon'
-                         f' {ledger.epsilon(1):.3g}, over --target_epsilon.')
-    except ValueError as e:
-      raise ConfigError(f'--aggregator={kind}: {e}') from e
-    settings.update(noise_multiplier=z, target_delta=delta)
+      builder_args['client_weighting'] = settings_['client_weighting'] = 'uniform'
   try:
-    builder_args['model_aggregator'] = privacy.PrivateMean(
-        kind, clip_norm, z, n, config.clip_quantile, config.clip_learning_rate,
-        config.clipped_count_stddev)
+    plan = options.plan(
+        clients_per_round=settings_['clients_per_round'], population=task.num_clients,
+        rounds=settings_['rounds'], sampling=config.participation.sampling,
+        recorded_noise_multiplier=(privacy_lib.recorded_noise_multiplier(config.output_dir)
+                                   if config.resume else None))
   except ValueError as e:
-    raise ConfigError(f'--aggregator={kind}: {e}') from e
-  return ledger
+    raise ConfigError(str(e)) from e
+  settings_.update(plan.resolved)
+  builder_args['model_aggregator'] = plan.mean
+  return plan
 
 
 def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
@@ -537,8 +490,8 @@ def prepare(config: ExperimentConfig) -> Prepared:
   task = _build_task(config, task_entry)
   settings = _run_settings(config, task, home)
   builder_args = _builder_args(config, algorithm, task, home, settings)
-  ledger = _model_aggregator(config, algorithm, task, builder_args, settings)
-  prepared = Prepared(config, task, algorithm, builder_args, settings, ledger)
+  plan = _model_aggregator(config, algorithm, task, builder_args, settings)
+  prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger)
   if config.resume:  # refused before any runtime is built (checked again in `train`)
     check_resumable(pathlib.Path(config.output_dir),
                     dict(dataclasses.asdict(config), resolved=resolved_options(prepared)))
@@ -655,13 +608,13 @@ def _engine(config: ExperimentConfig) -> str:
   """The configured engine; resuming with 'auto', the engine the run used (auto picks by
   the run's length, and a resume may change --rounds: the same engine keeps the
   resumed run bit for bit equal to an uninterrupted one)."""
-  if config.resume and config.engine == 'auto':
+  if config.resume and config.inprocess.engine == 'auto':
     try:
       recorded = json.loads((pathlib.Path(config.output_dir) / 'config.json').read_text())
       return (recorded.get('runtime_record') or {}).get('engine') or 'auto'
     except (OSError, ValueError, AttributeError):
       pass
-  return config.engine
+  return config.inprocess.engine
 
 
 def build_runner(prepared: Prepared) -> Runner:
@@ -680,17 +633,17 @@ def build_runner(prepared: Prepared) -> Runner:
   if isinstance(program, algorithm_lib.Algorithm):  # the run's seed and local order
     program = program.with_client_options(seed=config.seed, shuffle=config.shuffle)
   algorithm = program if isinstance(program, algorithm_lib.Algorithm) else None
-  if (config.sampling == 'with_replacement' and algorithm is not None
+  if (config.participation.sampling == 'with_replacement' and algorithm is not None
       and algorithm.aggregation == aggregation.SLOTS):
     raise ConfigError(f'--sampling=with_replacement: algorithm {config.algorithm!r} keeps'
                       ' a table entry per client, which a client drawn twice would fill'
                       ' twice; use uniform or poisson sampling.')
   settings = prepared.settings
   runtime, description = runner_for(
-      program, prepared.task.train_data, config.runtime, config.workers, _engine(config),
+      program, prepared.task.train_data, config.runtime, config.tff.workers, _engine(config),
       settings['batch_size'], client_rounds=settings['rounds'] * settings['clients_per_round'],
-      data_memory_budget=config.data_memory_budget)
-  if config.straggler_rate > 0 and not getattr(runtime, 'partial_work', False):
+      data_memory_budget=config.inprocess.data_memory_budget)
+  if config.participation.straggler_rate > 0 and not getattr(runtime, 'partial_work', False):
     raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
                       ' doing part of their local steps; use --runtime=inprocess.')
   return Runner(runtime, evaluator(prepared, runtime), description, algorithm,
@@ -771,7 +724,7 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
                   client_hparams: dict[str, float]) -> dict[str, float]:
   if prepared.config.resume:
     check_resumable(pathlib.Path(output_dir), config)
-  if not prepared.config.schedules[1].constant:
+  if not prepared.config.schedules.pair()[1].constant:
     runtime = runner.runtime
     if 'learning_rate' not in runtime.get_hparams(runtime.initialize())['finalizer']:
       raise ConfigError(f'--server_lr_schedule: algorithm {prepared.config.algorithm!r}'
@@ -797,30 +750,15 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       show_progress=show_progress,
       learning_rates=learning_rates,
       client_hparams=client_hparams,
-      schedules=prepared.config.schedules,
+      schedules=prepared.config.schedules.pair(),
       divergence_hint=prepared.algorithm.divergence_hint,
-      checkpoint_every=prepared.config.checkpoint_every,
+      checkpoint_every=prepared.config.checkpoints.checkpoint_every,
       resume=prepared.config.resume,
       participation=prepared.config.participation,
-      callbacks=_privacy_callbacks(prepared, show_progress),
+      callbacks=prepared.config.privacy.callbacks(
+          prepared.ledger, prepared.settings['rounds'], prepared.settings['eval_period'],
+          show_progress),
   )
-
-
-def _privacy_callbacks(prepared: Prepared, show_progress: bool
-                       ) -> tuple[simulation.Callback, ...]:
-  """A DP run's accounting: epsilon every round, and an end when --target_epsilon is
-  spent (with a fixed --noise_multiplier, or a resumed run given more rounds)."""
-  ledger, budget = prepared.ledger, prepared.config.target_epsilon
-  if ledger is None:
-    return ()
-  rounds = prepared.settings['rounds']
-  last = rounds if budget is None else ledger.rounds_within(budget, rounds)
-  if show_progress:
-    print(f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; {ledger.assumption}'
-          + (f'; epsilon {budget} lasts {last} rounds' if budget else ''), flush=True)
-  return (accounting.PrivacySpent(ledger, last, budget,
-                                  every=1 if ledger.accountant == 'rdp'
-                                  else prepared.settings['eval_period']),)
 
 
 def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:

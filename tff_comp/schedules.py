@@ -10,6 +10,8 @@ schedule and a resumed run lands on the same rates:
 import dataclasses
 import math
 
+from tff_comp import settings
+
 NAMES = ('constant', 'exponential', 'inverse_sqrt')
 
 
@@ -43,3 +45,33 @@ class Schedule:
     if self.name == 'inverse_sqrt':
       return min(round_num / self.warmup_rounds, math.sqrt(self.warmup_rounds / round_num))
     return 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleOptions:
+  """The run's client and server learning-rate schedules (`--client_lr_schedule` ...)."""
+
+  client_lr_schedule: str = settings.setting(
+      'constant', 'The client learning rate over rounds: constant, exponential (times'
+      ' --lr_decay_rate every --lr_decay_rounds rounds) or inverse_sqrt (linear warmup'
+      ' over --lr_warmup_rounds, then sqrt(warmup / round)).', choices=NAMES)
+  server_lr_schedule: str = settings.setting(
+      'constant', 'The server learning rate over rounds (as --client_lr_schedule).',
+      choices=NAMES)
+  lr_decay_rate: float = settings.setting(
+      0.5, 'Exponential schedules\' factor per --lr_decay_rounds rounds, in (0, 1].')
+  lr_decay_rounds: int = settings.setting(
+      100, 'Rounds over which an exponential schedule decays by --lr_decay_rate.',
+      lower=1, upper=settings.MAX_COUNT)
+  lr_warmup_rounds: int = settings.setting(
+      10, 'Warmup rounds of an inverse_sqrt schedule.', lower=1, upper=settings.MAX_COUNT)
+
+  def __post_init__(self):
+    settings.check(self)
+    self.pair()  # pylint: disable=expression-not-assigned
+
+  def pair(self) -> tuple[Schedule, Schedule]:
+    """The (client, server) schedules."""
+    return tuple(Schedule(name, self.lr_decay_rate, self.lr_decay_rounds,
+                          self.lr_warmup_rounds)
+                 for name in (self.client_lr_schedule, self.server_lr_schedule))

@@ -21,6 +21,7 @@ CPU (`choose_device`).
 import collections
 import contextlib
 from collections.abc import Sequence
+import dataclasses
 from typing import Any, NamedTuple
 
 from absl import logging
@@ -30,6 +31,7 @@ import tensorflow_federated as tff
 
 from tff_comp import composer
 from tff_comp import registry
+from tff_comp import settings
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round
@@ -79,6 +81,26 @@ def client_arrays(client_data) -> ClientArrays:
 
 
 ENGINES = ('auto', 'lanes', 'mapped', 'debug')
+
+
+@dataclasses.dataclass(frozen=True)
+class InProcessOptions:
+  """The in-process runtime's settings."""
+
+  engine: str = settings.setting(
+      'auto', 'The in-process runtime\'s engine: lanes (XLA, many small clients), mapped'
+      ' (client by client), debug (eager; a failure names the client and stage), or auto'
+      ' (lanes where the local step suits XLA).', choices=ENGINES)
+  data_memory_budget: float = settings.setting(
+      4096.0, 'MB the clients\' examples may take resident on the in-process runtime; a'
+      ' population estimated larger streams each round\'s cohort from its ClientData'
+      ' instead (the next cohort read while a round runs; mapped engine). 0: always'
+      ' stream.', lower=0.0)
+
+  def __post_init__(self):
+    settings.check(self)
+
+
 # Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
 # (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
 # A step with second-order autodiff (Per-FedAvg's exact variant, the compositional MAML

@@ -37,6 +37,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 import tensorflow as tf
 import tqdm
 
+from tff_comp import settings
 from tff_comp.runtime import base
 
 Metrics = dict[str, float]
@@ -347,6 +348,18 @@ class Checkpoints:
     os.replace(path, aside)
     logging.warning('checkpoint of round %d is damaged (%s: %s); moved to %s.',
                     _round_of(path), type(error).__name__, error, aside)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+  """How often a run saves its state for `--resume`."""
+
+  checkpoint_every: int = settings.setting(
+      50, 'Save the process state every this many rounds (and at the last), for'
+      ' --resume.', lower=1, upper=settings.MAX_COUNT)
+
+  def __post_init__(self):
+    settings.check(self)
 
 
 def _round_of(path: pathlib.Path) -> int | None:
@@ -678,20 +691,25 @@ class Participation:
     done).
   """
 
-  sampling: str = 'uniform'
-  dropout_rate: float = 0.0
-  straggler_rate: float = 0.0
-  straggler_work: float = 0.5
+  sampling: str = settings.setting(
+      'uniform', 'How each round\'s clients are drawn: uniform (--clients_per_round'
+      ' distinct clients), with_replacement, or poisson (each client with probability'
+      ' clients_per_round / population; cohorts vary in size).', choices=SAMPLINGS)
+  dropout_rate: float = settings.setting(
+      0.0, 'Chance that a sampled client fails to report (its update is lost; a round'
+      ' nobody reports leaves the model as it was).', lower=0.0)
+  straggler_rate: float = settings.setting(
+      0.0, 'Chance that a reporting client straggles, doing only --straggler_work of its'
+      ' local steps (in-process runtime).', lower=0.0)
+  straggler_work: float = settings.setting(
+      0.5, 'The share of its local steps a straggler completes (at least one step).',
+      above=0.0, upper=1.0)
 
   def __post_init__(self):
-    if self.sampling not in SAMPLINGS:
-      raise ValueError(f'sampling={self.sampling!r} is unknown; choose one of'
-                       f' {list(SAMPLINGS)}.')
+    settings.check(self)
     for name in ('dropout_rate', 'straggler_rate'):
-      if not 0.0 <= getattr(self, name) < 1.0:
-        raise ValueError(f'{name} must be in [0, 1), got {getattr(self, name)}.')
-    if not 0.0 < self.straggler_work <= 1.0:
-      raise ValueError(f'straggler_work must be in (0, 1], got {self.straggler_work}.')
+      if not getattr(self, name) < 1.0:
+        raise ValueError(f'--{name} must be in [0, 1), got {getattr(self, name)}.')
 
 
 class RoundClients(NamedTuple):

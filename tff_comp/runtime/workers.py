@@ -26,6 +26,7 @@ What TFF leaves to the caller, done here:
 """
 
 from collections.abc import Sequence
+import dataclasses
 import subprocess
 import threading
 import time
@@ -34,6 +35,7 @@ from typing import Any
 import portpicker
 import tensorflow_federated as tff
 
+from tff_comp import settings
 from tff_comp.runtime import local_worker
 
 _POLL_SECONDS = 0.2
@@ -60,6 +62,20 @@ def parse_addresses(spec: str) -> list[str]:
   if len(set(addresses)) < len(addresses):
     raise ValueError(f'worker addresses repeat: {spec!r}.')
   return addresses
+
+
+def _addresses(spec: str) -> tuple[str, ...]:
+  return tuple(parse_addresses(spec))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+  """TFF's runtime split across remote workers."""
+
+  workers: tuple[str, ...] = settings.setting(
+      help='host:port,... of TFF workers to split each round\'s clients across (TFF\'s'
+      ' runtime; start one per host with `python -m tff_comp.binaries.worker --port=PORT`;'
+      ' private network only).', default_factory=tuple, parse=_addresses)
 
 
 class _WatchedContext(tff.framework.MergeableCompExecutionContext):

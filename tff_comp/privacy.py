@@ -1,0 +1,151 @@
+"""The run's `--aggregator`: what averages the model delta, clipped or differentially
+private, and the privacy it spends.
+
+`PrivacyOptions` is the record of these settings; `PrivacyOptions.plan` resolves them
+for a run (the clip, the noise multiplier given or calibrated to a target epsilon, the
+delta) into the `ops.privacy.PrivateMean` every runtime runs and the
+`accounting.Ledger` that counts epsilon. The math is in `ops.privacy`, the accounting
+in `accounting`.
+"""
+
+import dataclasses
+import json
+import pathlib
+
+from tff_comp import accounting
+from tff_comp import settings
+from tff_comp.ops import privacy
+from tff_comp.runtime import simulation
+
+MEAN = 'mean'  # the algorithm's own aggregation
+AGGREGATORS = (MEAN, *privacy.KINDS)
+_NOISE_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
+DEFAULT_ADAPTIVE_CLIP = 0.1  # TFF's initial_l2_norm_clip
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A run's aggregator as resolved: `mean` (None for the algorithm's own), the ledger
+  of a DP run, and the values config.json records (`noise_multiplier`, `target_delta`)."""
+
+  mean: privacy.PrivateMean | None
+  ledger: accounting.Ledger | None
+  resolved: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyOptions:
+  """Clipping and differential privacy of the model delta (side channels stay exact)."""
+
+  aggregator: str = settings.setting(
+      MEAN, 'What averages the model delta (side channels stay exact): mean (the'
+      ' algorithm\'s own); clip (each client\'s update clipped to --clip_norm, then the'
+      ' weighted mean); dp (clipped, summed, Gaussian noise of std noise_multiplier x'
+      ' clip_norm, divided by --clients_per_round: TFF\'s DP-FedAvg semantics, uniform'
+      ' client weights); dp_adaptive (dp with the clip adapting to --clip_quantile of the'
+      ' update norms). Both runtimes run all four.', choices=AGGREGATORS)
+  clip_norm: float | None = settings.setting(
+      None, 'L2 norm client updates are clipped to (clip, dp; dp_adaptive: the initial'
+      f' clip, default {DEFAULT_ADAPTIVE_CLIP}).')
+  noise_multiplier: float | None = settings.setting(
+      None, 'dp/dp_adaptive: noise std over the clip norm (dp_adaptive: the effective'
+      ' total, as TFF\'s).')
+  target_epsilon: float | None = settings.setting(
+      None, 'dp/dp_adaptive: the privacy budget. Without --noise_multiplier, the noise is'
+      ' calibrated so that --rounds rounds spend it; with it, the run stops (state saved)'
+      ' when it is spent.', above=0.0)
+  target_delta: float | None = settings.setting(
+      None, 'dp/dp_adaptive: the delta epsilon is stated at (default population^-1.1;'
+      ' must be below 1/population; --delta is Per-FedAvg\'s finite-difference step).')
+  clip_quantile: float = settings.setting(
+      0.5, 'dp_adaptive: the quantile of update norms the clip adapts to.')
+  clip_learning_rate: float = settings.setting(
+      0.2, 'dp_adaptive: the clip\'s geometric learning rate.')
+  clipped_count_stddev: float | None = settings.setting(
+      None, 'dp_adaptive: noise std of the clipped count (default 0.05 x'
+      ' --clients_per_round; must exceed half the noise multiplier).')
+  accountant: str = settings.setting(
+      'rdp', 'dp/dp_adaptive: the privacy accountant (dp_accounting): rdp (epsilon every'
+      ' round; any sampling) or pld (tighter; Poisson sampling; epsilon at evaluations).',
+      choices=accounting.ACCOUNTANTS)
+
+  def __post_init__(self):
+    settings.check(self)
+    given = [n for n in ('clip_norm', *_NOISE_FLAGS) if getattr(self, n) is not None]
+    if self.aggregator == MEAN and given:
+      raise ValueError(f'--{given[0]} sets a clipping or DP aggregator: add'
+                       ' --aggregator=clip, dp or dp_adaptive.')
+    if self.aggregator == privacy.CLIP and set(given) & set(_NOISE_FLAGS):
+      raise ValueError('--aggregator=clip adds no noise: --noise_multiplier,'
+                       ' --target_epsilon and --target_delta go with --aggregator=dp or'
+                       ' dp_adaptive.')
+    if self.clip_norm is None and self.aggregator in (privacy.CLIP, privacy.DP):
+      raise ValueError(f'--aggregator={self.aggregator} needs --clip_norm (the L2 norm'
+                       ' each client\'s update is clipped to).')
+    if (self.private and self.noise_multiplier is None and self.target_epsilon is None):
+      raise ValueError(f'--aggregator={self.aggregator} needs --noise_multiplier or'
+                       ' --target_epsilon.')
+
+  @property
+  def private(self) -> bool:
+    """Adds noise (dp, dp_adaptive)."""
+    return self.aggregator not in (MEAN, privacy.CLIP)
+
+  def plan(self, *, clients_per_round: int, population: int, rounds: int, sampling: str,
+           recorded_noise_multiplier: float | None = None) -> Plan:
+    """The aggregator for a run of `rounds` rounds of `clients_per_round` clients drawn
+    by `sampling` from `population`; a resumed DP run keeps its
+    `recorded_noise_multiplier` (calibrating again for a changed --rounds would change
+    the noise mid-run). Raises ValueError ('--aggregator=...: why')."""
+    if self.aggregator == MEAN:
+      return Plan(None, None, {})
+    ledger, z, resolved = None, 0.0, {}
+    n = clients_per_round
+    try:
+      if self.private:
+        delta = (self.target_delta if self.target_delta is not None
+                 else accounting.default_delta(population))
+        accounting.check(sampling, self.accountant, delta, population)
+        z = self.noise_multiplier
+        if z is None:
+          z = recorded_noise_multiplier
+        if z is None:
+          z = accounting.calibrate(
+              self.target_epsilon, rounds, clients_per_round=n, population=population,
+              sampling=sampling, delta=delta, accountant=self.accountant)
+        ledger = accounting.Ledger(z, n, population, sampling, delta, self.accountant)
+        if self.target_epsilon is not None and ledger.epsilon(1) > self.target_epsilon:
+          raise ValueError(f'one round with noise multiplier {z:.4g} already spends'
+                           f' epsilon {ledger.epsilon(1):.3g}, over --target_epsilon.')
+        resolved = dict(noise_multiplier=z, target_delta=delta)
+      clip_norm = self.clip_norm if self.clip_norm is not None else DEFAULT_ADAPTIVE_CLIP
+      mean = privacy.PrivateMean(self.aggregator, clip_norm, z, n, self.clip_quantile,
+                                 self.clip_learning_rate, self.clipped_count_stddev)
+    except ValueError as e:
+      raise ValueError(f'--aggregator={self.aggregator}: {e}') from e
+    return Plan(mean, ledger, resolved)
+
+  def callbacks(self, ledger: accounting.Ledger | None, rounds: int, eval_period: int,
+                show_progress: bool) -> tuple[simulation.Callback, ...]:
+    """A DP run's accounting: epsilon every round (pld: at evaluations), and an end when
+    --target_epsilon is spent (with a fixed --noise_multiplier, or a resumed run given
+    more rounds)."""
+    if ledger is None:
+      return ()
+    budget = self.target_epsilon
+    last = rounds if budget is None else ledger.rounds_within(budget, rounds)
+    if show_progress:
+      print(f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; {ledger.assumption}'
+            + (f'; epsilon {budget} lasts {last} rounds' if budget else ''), flush=True)
+    return (accounting.PrivacySpent(ledger, last, budget,
+                                    every=1 if ledger.accountant == 'rdp' else eval_period),)
+
+
+def recorded_noise_multiplier(output_dir: str | pathlib.Path) -> float | None:
+  """The noise multiplier a run in `output_dir` recorded (None: none readable)."""
+  try:
+    recorded = json.loads((pathlib.Path(output_dir) / 'config.json').read_text())
+    return float(recorded['resolved']['noise_multiplier'])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+

@@ -1,0 +1,110 @@
+"""Settings records: each module owns its run settings as a frozen dataclass.
+
+A record's fields carry what a setting is beyond its type and default: its help text
+(the binaries' flag, one per field, named as the field), its choices and bounds. The
+module that owns a record also owns its validation (`check`, raising ValueError whose
+message starts with the flag) and reads it; `experiment.ExperimentConfig` only collects
+records, `binaries/flags_lib.py` defines flags from their fields, and config.json holds
+each record under its name. A new setting is one field in its module's record.
+
+absl's flags could declare these themselves, but a record is also the Python API
+(`ExperimentConfig(privacy=PrivacyOptions(...))`) and what config.json reruns from,
+without absl or a command line: so the fields are the one source and flags derive.
+"""
+
+from collections.abc import Callable, Iterator, Sequence
+import dataclasses
+import math
+import types
+import typing
+from typing import Any
+
+MAX_INT32, MAX_COUNT, MAX_SEED = 2**31 - 1, 10**8, 2**32 - 1
+
+
+def setting(default: Any = None, help: str = '', *,  # pylint: disable=redefined-builtin
+            choices: Sequence[str] | Callable[[], Sequence[str]] = (),
+            lower: float | None = None, upper: float | None = None,
+            above: float | None = None, flag: str | None = None,
+            parse: Callable[[str], Any] | None = None,
+            default_factory: Callable[[], Any] | None = None) -> Any:
+  """A record field: `default`, the flag's `help`, its `choices` (or a function giving
+  them, for registries filled later), inclusive `lower`/`upper` or exclusive `above`
+  bounds, another `flag` name than the field's, and `parse` for a flag given as a
+  string that the field holds otherwise (a list of addresses)."""
+  metadata = dict(help=help, choices=choices, lower=lower, upper=upper, above=above,
+                  flag=flag, parse=parse)
+  if default_factory is not None:
+    return dataclasses.field(default_factory=default_factory, metadata=metadata)
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """One setting as the binaries see it."""
+
+  name: str  # the field
+  flag: str
+  type: type  # bool, int, float or str (the flag's; None allowed beside it)
+  default: Any
+  help: str
+  choices: tuple[str, ...]
+  lower: float | None
+  upper: float | None
+  above: float | None
+  parse: Callable[[str], Any] | None
+
+
+def _base_type(hint: Any) -> type:
+  """int for `int`, `int | None`; str for a tuple of str (a parsed flag)."""
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+    return _base_type(args[0])
+  if typing.get_origin(hint) is tuple or hint is tuple:
+    return str
+  return hint
+
+
+def specs(record: type) -> Iterator[Spec]:
+  """The settings of a record class (fields without help are not settings)."""
+  hints = typing.get_type_hints(record)
+  for field in dataclasses.fields(record):
+    meta = field.metadata
+    if not meta.get('help'):
+      continue
+    choices = meta['choices']() if callable(meta['choices']) else meta['choices']
+    default = (field.default_factory() if field.default is dataclasses.MISSING
+               else field.default)
+    yield Spec(field.name, meta['flag'] or field.name, _base_type(hints[field.name]),
+               default, meta['help'], tuple(choices), meta['lower'], meta['upper'],
+               meta['above'], meta['parse'])
+
+
+def check(record: Any) -> None:
+  """Raises ValueError ('--flag must be ...') for a value outside its choices or bounds,
+  or a float that is not finite (inf or nan would only surface rounds later, as a
+  misleading divergence)."""
+  for spec in specs(type(record)):
+    value = getattr(record, spec.name)
+    if value is None or isinstance(value, bool):
+      continue
+    if spec.choices and isinstance(value, str) and value not in spec.choices:
+      raise ValueError(f'--{spec.flag}={value!r} is unknown; choose one of'
+                       f' {", ".join(spec.choices)}.')
+    if not isinstance(value, (int, float)):
+      continue
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ValueError(f'--{spec.flag} must be a finite number, got {value}.')
+    if spec.lower is not None and value < spec.lower:
+      raise ValueError(f'--{spec.flag} must be >= {spec.lower}, got {value}.')
+    if spec.upper is not None and value > spec.upper:
+      raise ValueError(f'--{spec.flag} must be <= {spec.upper}, got {value}.')
+    if spec.above is not None and not value > spec.above:
+      raise ValueError(f'--{spec.flag} must be > {spec.above}, got {value}.')
+
+
+def from_dict(record: type, values: dict[str, Any]) -> Any:
+  """`record` from its fields' values (config.json's lists back as tuples)."""
+  hints = typing.get_type_hints(record)
+  return record(**{k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple
+                   else v for k, v in values.items()})
