@@ -77,11 +77,11 @@ import psutil  # installed with TFF (portpicker requires it)
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp.runtime import choice
 from tff_comp.tasks import emnist
 from tff_comp.tasks import generated
 from tff_comp.tasks import lasso
 from tff_comp.tasks import synthetic
-from tff_comp import experiment
 from tff_comp import keras_models
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg
@@ -182,7 +182,7 @@ def part1(rounds: int, repeats: int) -> None:
   process = fedavg.build_fedavg(task.model, client_learning_rate=LR, batch_size=BATCH)
   fast = inprocess.build(process, task.train_data, engine='lanes')
   mapped = inprocess.build(process, task.train_data, engine='mapped')
-  worker, _ = experiment.runner_for(process, task.train_data, 'tff')
+  worker, _ = choice.runner_for(process, task.train_data, 'tff')
   builtin = tff.learning.algorithms.build_weighted_fed_avg(
       task.model, tff.learning.optimizers.build_sgdm(LR),
       tff.learning.optimizers.build_sgdm(1.0))
@@ -286,7 +286,7 @@ def part2(sweep: list[int], population: int, rounds: int, repeats: int,
             f' ({1000 * a2 / per_round:.3f} ms/client)')
     if per_round <= tff_max:
       if worker is None:
-        worker, _ = experiment.runner_for(process, task.train_data, 'tff')
+        worker, _ = choice.runner_for(process, task.train_data, 'tff')
       b = _time(_round_runner(worker, ids, picks), rounds, repeats)
       line += (f'; TFF worker {b:.4f} s/round ({1000 * b / per_round:.3f} ms/client);'
                f' ratio {a / b:.3f}')
@@ -298,11 +298,11 @@ def part3(num_workers: int, rounds: int, repeats: int) -> None:
   ids = task.train_data.client_ids
   picks = _selections(len(ids), CLIENTS, 3 + rounds * repeats + 10)
   process = fedavg.build_fedavg(task.model, client_learning_rate=LR, batch_size=BATCH)
-  one, _ = experiment.runner_for(process, task.train_data, 'tff')
+  one, _ = choice.runner_for(process, task.train_data, 'tff')
   b = _time(_round_runner(one, ids, picks), rounds, repeats)
   addresses, processes = workers.start_local_workers(num_workers)
   try:
-    split, _ = experiment.runner_for(process, task.train_data, 'tff', addresses)
+    split, _ = choice.runner_for(process, task.train_data, 'tff', addresses)
     e = _time(_round_runner(split, ids, picks), rounds, repeats)
   finally:
     for worker in processes:
@@ -447,7 +447,7 @@ def part6(rounds: int, repeats: int, per_round: int) -> None:
   loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
   ours = fedavg.build_fedavg(keras_models.from_keras(emnist.cnn(62), loss, spec),
                              client_learning_rate=lr, batch_size=batch)
-  fast, _ = experiment.runner_for(ours, data, 'inprocess')
+  fast, _ = choice.runner_for(ours, data, 'inprocess')
   builtin = tff.learning.algorithms.build_weighted_fed_avg(
       lambda: tff.learning.models.from_keras_model(emnist.cnn(62), loss, input_spec=spec),
       tff.learning.optimizers.build_sgdm(lr), tff.learning.optimizers.build_sgdm(1.0))

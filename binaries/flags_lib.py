@@ -18,6 +18,7 @@ from absl import logging
 
 from tff_comp import experiment
 from tff_comp import registry
+from tff_comp import run_config
 from tff_comp.binaries import flag_check
 from tff_comp import settings
 
@@ -126,7 +127,7 @@ def _define(h: registry.Hparam, flag: str, help_text: str, choices=()) -> None:
 def _common_specs() -> list[settings.Spec]:
   """Every setting ExperimentConfig collects: its own, then each record's."""
   return [*settings.specs(experiment.ExperimentConfig),
-          *(spec for record in experiment.GROUPS.values() for spec in settings.specs(record))]
+          *(spec for record in run_config.GROUPS.values() for spec in settings.specs(record))]
 
 
 def define_common_flags() -> None:

@@ -46,6 +46,7 @@ from absl import flags
 
 from tff_comp import experiment as experiment_lib
 from tff_comp import registry
+from tff_comp import run_config
 from tff_comp.binaries import experiments
 from tff_comp.binaries import flags_lib
 from tff_comp.binaries import grid
@@ -73,7 +74,7 @@ _CHECKPOINT_EVERY = flags.DEFINE_integer(
     'checkpoint_every', 100, 'Rounds between saved states of each run (for --resume).')
 _PARALLEL = flags.DEFINE_integer(
     'parallel', 1, 'Run (algorithm, seed) groups in this many processes.')
-_RUNTIME = flags.DEFINE_enum('runtime', 'auto', experiment_lib.runtime_names(),
+_RUNTIME = flags.DEFINE_enum('runtime', 'auto', run_config.runtime_names(),
                              'Where rounds run (see run.py --helpfull).')
 _ENGINE = flags.DEFINE_enum('engine', 'auto', list(inprocess.ENGINES),
                             'The in-process runtime\'s engine (see run.py --helpfull).')

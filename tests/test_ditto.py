@@ -7,6 +7,7 @@ import tensorflow_federated as tff
 
 from tests import algorithm_cases
 from tests import numpy_reference as ref
+from tff_comp import evaluation
 from tff_comp import client_work
 from tff_comp import composer
 from tff_comp import models
@@ -142,7 +143,7 @@ def test_experiment_scores_personal_models_or_refuses_the_task():
   prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='ditto', task='dominant_class'))
   process = inprocess.build(prepared.build(), prepared.task.train_data)
-  metrics = experiment.evaluator(prepared, process)(process.initialize())
+  metrics = evaluation.evaluator(prepared, process)(process.initialize())
   # Every personal model starts at the global model.
   assert metrics['personal_loss'] == pytest.approx(metrics['loss_before'], rel=1e-5)
   assert metrics['personal_worst_accuracy'] == metrics['worst_accuracy_before']
@@ -151,5 +152,5 @@ def test_experiment_scores_personal_models_or_refuses_the_task():
       algorithm='ditto', task='sinewave', clients_per_round=5,
       task_options=dict(num_clients=5)))
   with pytest.raises(experiment.ConfigError, match='cannot evaluate them'):
-    experiment.evaluator(prepared, inprocess.build(prepared.build(),
+    evaluation.evaluator(prepared, inprocess.build(prepared.build(),
                                                    prepared.task.train_data))

@@ -17,7 +17,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
-from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import tff_process

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp import experiment
+from tff_comp.runtime import choice
 from tff_comp import keras_models
 from tff_comp import registry
 from tff_comp import regularizers
@@ -65,7 +65,7 @@ def _ours(kind, algorithm, engine='auto', shuffle=True, **extra):
   built = registry.get_algorithm(algorithm).build(
       model, **{'client_learning_rate': 0.1, 'batch_size': BATCH, **extra}
   ).with_client_options(shuffle=shuffle)
-  runtime, _ = experiment.runner_for(built, _data(kind), 'inprocess', engine=engine)
+  runtime, _ = choice.runner_for(built, _data(kind), 'inprocess', engine=engine)
   state = runtime.initialize()
   for r in range(ROUNDS):
     state = runtime.next(state, IDS[r:r + 2]).state
@@ -100,7 +100,7 @@ def test_feddualavg_with_a_keras_model_matches_tffs_conversion_on_tffs_runtime(k
   theirs = registry.get_algorithm('feddualavg').build(
       tff.learning.models.functional_model_from_keras(make(), LOSS, _spec(kind)),
       client_learning_rate=0.1, batch_size=BATCH, **extra)
-  runtime, _ = experiment.runner_for(theirs, _data(kind), 'tff')
+  runtime, _ = choice.runner_for(theirs, _data(kind), 'tff')
   state = runtime.initialize()
   for r in range(ROUNDS):
     state = runtime.next(state, IDS[r:r + 2]).state
@@ -123,7 +123,7 @@ def test_auto_runs_a_depthwise_convolution_mapped_on_a_cpu_saying_why():
   built = registry.get_algorithm('fedavg').build(
       keras_models.from_keras(model, LOSS, _spec('cnn')), client_learning_rate=0.1,
       batch_size=BATCH)
-  runtime, _ = experiment.runner_for(built, _data('cnn'), 'inprocess')
+  runtime, _ = choice.runner_for(built, _data('cnn'), 'inprocess')
   assert runtime.engine == 'mapped' and 'DepthwiseConv2dNative' in runtime.why
 
 
@@ -135,7 +135,7 @@ def test_a_frozen_layer_keeps_its_weights_and_the_rest_trains():
   assert len(converted.initial_weights[1]) == 2  # the frozen conv's kernel and bias
   built = registry.get_algorithm('fedavg').build(converted, client_learning_rate=0.1,
                                                  batch_size=BATCH)
-  runtime, _ = experiment.runner_for(built, _data('cnn'), 'inprocess')
+  runtime, _ = choice.runner_for(built, _data('cnn'), 'inprocess')
   state = runtime.next(runtime.initialize(), IDS).state
   weights = runtime.get_model_weights(state)
   for a, b in zip(weights.non_trainable, frozen):
@@ -162,7 +162,7 @@ def test_per_fedavg_exact_differentiates_a_keras_cnn_twice_as_tffs_conversion():
   theirs = registry.get_algorithm('per_fedavg').build(
       tff.learning.models.functional_model_from_keras(_cnn(), LOSS, _spec('cnn')),
       client_learning_rate=0.1, **extra)
-  runtime, _ = experiment.runner_for(theirs, _data('cnn'), 'tff')
+  runtime, _ = choice.runner_for(theirs, _data('cnn'), 'tff')
   state = runtime.initialize()
   for r in range(ROUNDS):
     state = runtime.next(state, IDS[r:r + 2]).state
@@ -210,7 +210,7 @@ def test_dropout_trains_alike_in_process_and_on_tffs_runtime():
         LOSS, _spec('cnn'))
     built = registry.get_algorithm('fedavg').build(model, client_learning_rate=0.1,
                                                    batch_size=BATCH)
-    runtime, _ = experiment.runner_for(built, _data('cnn'), name)
+    runtime, _ = choice.runner_for(built, _data('cnn'), name)
     state = runtime.initialize()
     for r in range(ROUNDS):
       state = runtime.next(state, IDS[r:r + 2]).state

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp import experiment
+from tff_comp.runtime import choice
 from tff_comp import models
 from tff_comp.algorithms import fedavg
 from tff_comp.runtime import inprocess
@@ -17,7 +17,7 @@ from tff_comp.tasks import imbalanced_digits
 
 
 def _rounds(process, client_data, ids, rounds, runtime):
-  runner, chosen = experiment.runner_for(process, client_data, runtime)
+  runner, chosen = choice.runner_for(process, client_data, runtime)
   state = runner.initialize()
   for _ in range(rounds):
     state = runner.next(state, ids).state

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
+from tff_comp.runtime import choice
 from tff_comp import accounting
 from tff_comp import experiment
 from tff_comp import registry
@@ -27,7 +28,7 @@ def _algorithm(name: str, spec: privacy.PrivateMean):
 
 
 def _run(algorithm, runtime_name: str, rounds: int = 3):
-  runtime, _ = experiment.runner_for(algorithm, DATA, runtime_name)
+  runtime, _ = choice.runner_for(algorithm, DATA, runtime_name)
   state = runtime.initialize()
   for r in range(rounds):
     output = runtime.next(state, IDS[r:r + 3])
@@ -81,8 +82,8 @@ def test_without_noise_the_in_process_round_is_tffs_factory(name, kind):
 def _noise_samples(spec: privacy.PrivateMean, rounds: int) -> np.ndarray:
   """W(z) - W(z=0) after one round from the same state, for rounds 0..rounds-1 (the
   round seeds the noise): n x the noise the server adds to the mean."""
-  noisy, _ = experiment.runner_for(_algorithm('fedavg', spec), DATA, 'inprocess')
-  quiet, _ = experiment.runner_for(
+  noisy, _ = choice.runner_for(_algorithm('fedavg', spec), DATA, 'inprocess')
+  quiet, _ = choice.runner_for(
       _algorithm('fedavg', privacy.PrivateMean('dp', spec.clip_norm, 0.0, 3.0)), DATA,
       'inprocess')
   state, samples = quiet.initialize(), []

@@ -14,6 +14,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow.python.eager.polymorphic_function import tracing_compilation
 
+from tff_comp.runtime import choice
 from tff_comp import experiment
 from tff_comp import keras_models
 from tff_comp import registry
@@ -119,7 +120,7 @@ def test_no_retrace_with_a_keras_model(traces, tmp_path):
   algorithm = registry.get_algorithm('fedavg').build(
       model, client_learning_rate=0.1, batch_size=2)
   for engine in ('lanes', 'mapped'):
-    runtime, _ = experiment.runner_for(algorithm, data, 'inprocess', engine=engine)
+    runtime, _ = choice.runner_for(algorithm, data, 'inprocess', engine=engine)
     watched = _Watched(runtime, traces)
     simulation.run_simulation(
         watched, client_ids=list(data.client_ids), evaluate=lambda _: {}, rounds=ROUNDS,

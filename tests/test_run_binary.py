@@ -216,6 +216,7 @@ def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):
 def test_custom_aggregation_falls_back_to_tff_saying_why():
   """A process the in-process runtime cannot run goes to TFF's, with the reason."""
   from tff_comp import experiment, models, registry  # pylint: disable=g-import-not-at-top
+  from tff_comp.runtime import choice  # pylint: disable=g-import-not-at-top
   import tff_comp.algorithms  # pylint: disable=g-import-not-at-top,unused-import
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_comp.tasks import array_data  # pylint: disable=g-import-not-at-top
@@ -227,10 +228,10 @@ def test_custom_aggregation_falls_back_to_tff_saying_why():
   process = registry.get_algorithm('fedavg').build(
       models.linear_regression((2,)), client_learning_rate=0.1,
       model_aggregator=tff.learning.robust_aggregator(zeroing=False))
-  _, chosen = experiment.runner_for(process, data, 'auto')
+  _, chosen = choice.runner_for(process, data, 'auto')
   assert chosen.startswith('tff (not in-process: its model_aggregator is a TFF factory')
   with pytest.raises(experiment.ConfigError, match='--runtime=inprocess: its model_aggregator is a TFF factory'):
-    experiment.runner_for(process, data, 'inprocess')
+    choice.runner_for(process, data, 'inprocess')
 
 
 

@@ -9,9 +9,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
+from tff_comp.runtime import choice
 from tff_comp import composer
 from tff_comp import experiment
 from tff_comp import registry
+from tff_comp import run_config
 from tff_comp.ops import sgd
 from tff_comp.runtime import base
 from tff_comp.runtime import engines
@@ -51,7 +53,7 @@ class _CountComputations:
 def test_an_algorithm_runs_in_process_without_building_a_tff_computation(monkeypatch):
   counter = _CountComputations(monkeypatch)
   algorithm = _algorithm('feddualavg')
-  runtime, description = experiment.runner_for(algorithm, DATA, 'auto')
+  runtime, description = choice.runner_for(algorithm, DATA, 'auto')
   assert description.startswith('inprocess')
   _rounds(runtime)
   assert counter.count == 0
@@ -61,8 +63,8 @@ def test_an_algorithm_runs_in_process_without_building_a_tff_computation(monkeyp
 
 def test_both_runtimes_implement_the_interface_and_agree():
   algorithm = _algorithm('fedavg')
-  fast, _ = experiment.runner_for(algorithm, DATA, 'inprocess')
-  slow, _ = experiment.runner_for(algorithm, DATA, 'tff')
+  fast, _ = choice.runner_for(algorithm, DATA, 'inprocess')
+  slow, _ = choice.runner_for(algorithm, DATA, 'tff')
   assert isinstance(fast, base.Runtime) and isinstance(slow, base.Runtime)
   for a, b in zip(_rounds(fast), _rounds(slow)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -89,7 +91,7 @@ def test_a_plugin_learning_process_runs_on_tff(tmp_path, monkeypatch):
   assert np.isfinite(metrics['eval/train_loss'] if 'eval/train_loss' in metrics
                      else metrics['train_loss'])
   with pytest.raises(experiment.ConfigError, match='--runtime=inprocess'):
-    experiment.runner_for(prepared.build(), DATA, 'inprocess')
+    choice.runner_for(prepared.build(), DATA, 'inprocess')
 
 
 def test_a_third_runtime_is_one_registration(monkeypatch):
@@ -100,9 +102,9 @@ def test_a_third_runtime_is_one_registration(monkeypatch):
 
   monkeypatch.setitem(registry.RUNTIMES._entries, 'eager',  # pylint: disable=protected-access
                       registry.Entry('eager', build_eager))
-  assert 'eager' in experiment.runtime_names()
-  runtime, _ = experiment.runner_for(_algorithm('fedprox'), DATA, 'eager')
-  reference, _ = experiment.runner_for(_algorithm('fedprox'), DATA, 'inprocess')
+  assert 'eager' in run_config.runtime_names()
+  runtime, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'eager')
+  reference, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'inprocess')
   assert runtime.record['engine'] == 'debug'
   for a, b in zip(_rounds(runtime, 2), _rounds(reference, 2)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests import numpy_reference as ref
-from tff_comp import experiment
+from tff_comp.runtime import choice
 from tff_comp import models
 from tff_comp.algorithms import scaffold
 from tff_comp.tasks import array_data
@@ -53,7 +53,7 @@ def test_two_rounds_with_partial_participation_match_numpy(tmp_path, monkeypatch
   algorithm = scaffold.scaffold(models.linear_regression((D,)), num_clients=3,
                                 client_learning_rate=LR, server_learning_rate=SERVER_LR,
                                 batch_size=BATCH).with_client_options(shuffle=False)
-  run, _ = experiment.runner_for(algorithm, data, runtime)
+  run, _ = choice.runner_for(algorithm, data, runtime)
   state = run.initialize()
   controls_after_round_1 = None
   for sampled in ROUNDS:
@@ -99,7 +99,7 @@ def test_control_variates_remove_client_drift():
   for name, algorithm in (
       ('scaffold', scaffold.scaffold(model, num_clients=3, **common)),
       ('fedavg', fedavg.fedavg(model, **common))):
-    run, _ = experiment.runner_for(algorithm, data, 'inprocess')
+    run, _ = choice.runner_for(algorithm, data, 'inprocess')
     state = run.initialize()
     for _ in range(150):
       state = run.next(state, ['a', 'b', 'c']).state

@@ -40,7 +40,7 @@ _EXPORTS = {
     'server_sgd': 'tff_comp.algorithms.common',
     'process_builder': 'tff_comp.algorithms.common',
     'compose': 'tff_comp.composer',
-    'runner_for': 'tff_comp.experiment',
+    'runner_for': 'tff_comp.runtime.choice',
     'Runtime': 'tff_comp.runtime.base',
     'get_algorithm': 'tff_comp.registry',
     'get_task': 'tff_comp.registry',

@@ -7,33 +7,28 @@ process and trains it. Binaries (`binaries/run.py`, `binaries/reproduce.py`) are
 layers over these two functions.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 import dataclasses
-import importlib.metadata
 import inspect
 import json
 import math
-import os
 import pathlib
-import platform
-import subprocess
 from typing import Any
 
 from tff_comp import accounting
 from tff_comp import paths
+from tff_comp import evaluation
 from tff_comp import privacy as privacy_lib
 from tff_comp import registry
 from tff_comp import regularizers as regularizers_lib
-from tff_comp import schedules as schedules_lib
-from tff_comp import server_optimizers
+from tff_comp import run_directory
 from tff_comp import settings
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
+from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
-from tff_comp.runtime import inprocess as inprocess_lib
+from tff_comp.runtime import choice
 from tff_comp.runtime import simulation
-from tff_comp.runtime import workers as workers_lib
 
 # Builder parameters that every run sets from the common flags.
 COMMON_ALGORITHM_ARGS = (
@@ -44,138 +39,11 @@ COMMON_ALGORITHM_ARGS = (
 COMMON_TASK_ARGS = ('seed',)
 
 
-# 'auto': the first of these registered runtimes that can run the program (in-process
-# for every registered algorithm with its own aggregation), else the next.
-AUTO_RUNTIMES = ('inprocess', 'tff')
-_SPOKEN = {'inprocess': 'in-process'}  # runtime names as the run's header says them
+ConfigError = settings.ConfigError  # bad settings; the message is one line for the user
 DEFAULT_TASK = 'lasso'
 # The run settings `_resolve` fills from the task's (and the home pair's) defaults.
 SETTINGS = ('rounds', 'clients_per_round', 'client_learning_rate', 'server_learning_rate',
             'batch_size', 'local_epochs', 'eval_period')
-
-
-class ConfigError(ValueError):
-  """Bad experiment settings; the message is one line for the user."""
-
-
-def runtime_names() -> list[str]:
-  """The --runtime choices: 'auto' and every registered runtime."""
-  return ['auto', *registry.RUNTIMES.names()]
-
-
-@dataclasses.dataclass
-class ExperimentConfig:
-  """All settings of one run: the run's own below (None: the task's default), and the
-  records of the modules that own the rest, each under its name (`GROUPS`).
-  `ExperimentConfig.of` takes every setting by its flag's name."""
-
-  algorithm: str
-  task: str | None = None  # None: the algorithm's home task (else DEFAULT_TASK)
-  rounds: int | None = settings.setting(
-      None, 'Training rounds (default: the task\'s).', upper=settings.MAX_COUNT)
-  clients_per_round: int | None = settings.setting(
-      None, 'Clients sampled per round.', upper=settings.MAX_COUNT)
-  client_learning_rate: float | None = settings.setting(None, 'Client learning rate eta_c.')
-  server_learning_rate: float | None = settings.setting(None, 'Server learning rate eta_s.')
-  batch_size: int | None = settings.setting(None, 'Examples per local step.',
-                                            upper=settings.MAX_INT32)
-  local_epochs: int | None = settings.setting(
-      None, 'Local passes over client data per round.', upper=client_round.MAX_EPOCHS)
-  client_weighting: str | None = settings.setting(
-      None, 'Weigh clients by examples or uniformly (default: the algorithm\'s).',
-      choices=client_round.WEIGHTINGS)
-  eval_period: int | None = settings.setting(
-      None, 'Evaluate every this many rounds.', upper=settings.MAX_COUNT)
-  seed: int = settings.setting(
-      0, 'Seed of the run: client sampling and client-side draws.', lower=0,
-      upper=settings.MAX_SEED)
-  shuffle: bool = settings.setting(
-      True, 'Each client visits its examples in a new order every round and epoch (a'
-      ' stateless permutation of seed, round, client and epoch); --noshuffle: stored'
-      ' order.')
-  data_seed: int | None = settings.setting(
-      0, 'Seed of the task: generated data, partition and initial model (None: --seed).',
-      lower=0, upper=settings.MAX_SEED)
-  regularizer: str | None = settings.setting(
-      None, 'Regularizer psi (default: the task\'s).',
-      choices=lambda: sorted(regularizers_lib.REGULARIZERS))
-  regularizer_strength: float | None = settings.setting(
-      None, 'Strength lam of psi, or radius of a ball constraint.')
-  algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-  task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-  output_dir: str | None = settings.setting(
-      None, 'Where metrics go (default runs/<algo>-<task>).')
-  overwrite: bool = settings.setting(False, 'Replace a run already in --output_dir.')
-  resume: bool = settings.setting(
-      False, 'Continue the run in --output_dir from its last checkpoint (its'
-      ' configuration must match; --rounds may grow).')
-  runtime: str = settings.setting(
-      'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
-      ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or auto (inprocess where'
-      ' the algorithm supports it).', choices=runtime_names)
-  participation: simulation.Participation = dataclasses.field(
-      default_factory=simulation.Participation)
-  schedules: schedules_lib.ScheduleOptions = dataclasses.field(
-      default_factory=schedules_lib.ScheduleOptions)
-  server: server_optimizers.ServerOptimizerOptions = dataclasses.field(
-      default_factory=server_optimizers.ServerOptimizerOptions)
-  privacy: privacy_lib.PrivacyOptions = dataclasses.field(
-      default_factory=privacy_lib.PrivacyOptions)
-  checkpoints: simulation.CheckpointOptions = dataclasses.field(
-      default_factory=simulation.CheckpointOptions)
-  inprocess: inprocess_lib.InProcessOptions = dataclasses.field(
-      default_factory=inprocess_lib.InProcessOptions)
-  tff: workers_lib.WorkerOptions = dataclasses.field(
-      default_factory=workers_lib.WorkerOptions)
-
-  @classmethod
-  def of(cls, **values: Any) -> 'ExperimentConfig':
-    """The config from settings by name, flat (`of(algorithm='fedavg', sampling=
-    'poisson', clip_norm=1.0, aggregator='clip')`); each goes to the record owning it.
-
-    Raises:
-      ConfigError: an unknown name, or a value its record refuses.
-    """
-    own = {k: v for k, v in values.items() if k not in OWNER}
-    unknown = set(own) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-      raise ConfigError(f'unknown settings: {", ".join(sorted(unknown))}.')
-    for group, record in GROUPS.items():
-      fields = {k: v for k, v in values.items() if OWNER.get(k) == group}
-      try:
-        own[group] = record(**fields)
-      except ValueError as e:
-        raise ConfigError(str(e)) from e
-    return cls(**own)
-
-  @classmethod
-  def from_dict(cls, recorded: dict[str, Any]) -> 'ExperimentConfig':
-    """The config a run recorded (config.json; its `resolved` and `environment` and
-    other records left aside): rerunning it reproduces the run."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in recorded.items() if k in names and k not in GROUPS}
-    for group, record in GROUPS.items():
-      values[group] = settings.from_dict(record, recorded.get(group, {}))
-    return cls(**values)
-
-  def check(self) -> None:
-    """Raises ConfigError for a value outside its choices or bounds."""
-    for record in (self, *(getattr(self, group) for group in GROUPS)):
-      try:
-        settings.check(record)
-      except ValueError as e:
-        raise ConfigError(str(e)) from e
-
-  @property
-  def task_seed(self) -> int:
-    return self.seed if self.data_seed is None else self.data_seed
-
-
-# The records ExperimentConfig collects, by attribute, and which owns each setting.
-GROUPS = {f.name: f.type for f in dataclasses.fields(ExperimentConfig)
-          if dataclasses.is_dataclass(f.type)}
-OWNER = {spec.name: group for group, record in GROUPS.items()
-         for spec in settings.specs(record)}
 
 
 @dataclasses.dataclass
@@ -243,77 +111,6 @@ def _check_finite(config: ExperimentConfig) -> None:
       raise ConfigError(f'--{name} must be a finite number, got {value}.')
 
 
-RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
-# Settings a resumed run may change: where it writes, how long it runs, how it saves,
-# and where its rounds run (a run stopped by a dead worker resumes on others; an engine
-# that fell back records it).
-RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds',
-                     'checkpoints.checkpoint_every', 'tff.workers', 'runtime_record',
-                     'environment', 'inprocess.data_memory_budget')
-_RESUMABLE_RESOLVED = ('rounds', 'runtime')
-
-
-def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
-                     resume: bool = False) -> None:
-  """Raises ConfigError unless a run can write to `output_dir` without touching
-  anything: creates nothing. A directory holding another run (any of `RUN_FILES`) is
-  refused unless `overwrite` or `resume` (`check_resumable` then compares the
-  configurations)."""
-  path = pathlib.Path(output_dir)
-  if path.exists() and not path.is_dir():
-    raise ConfigError(f'--output_dir={path} is a file, not a directory.')
-  if path.is_dir():
-    found = [name for name in RUN_FILES if (path / name).exists()]
-    if found and not (overwrite or resume):
-      raise ConfigError(
-          f'--output_dir={path} holds another run ({", ".join(found)}); choose another'
-          ' directory, pass --resume to continue it or --overwrite to replace it.')
-    existing = path
-  else:
-    existing = next(p for p in path.absolute().parents if p.exists())
-    if not existing.is_dir():
-      raise ConfigError(f'--output_dir={path} is under {existing}, which is a file.')
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise ConfigError(f'--output_dir={path}: {existing} is not writable.')
-
-
-def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
-  """Raises ConfigError if the run recorded in `output_dir` was configured otherwise
-  than `config` (besides `RESUMABLE_CHANGES`). No recorded run: nothing to check."""
-  try:
-    recorded = json.loads((output_dir / 'config.json').read_text())
-  except FileNotFoundError:
-    return
-  except ValueError as e:
-    raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
-
-  def flat(values, prefix=''):  # {'algorithm_options': {'mu': 1}} -> algorithm_options.mu
-    out = {}
-    for key, value in values.items():
-      out.update(flat(value, f'{prefix}{key}.') if isinstance(value, dict) else
-                 {f'{prefix}{key}': value})
-    return out
-
-  def comparable(c):  # (settings, resolved settings), flat, less what may change
-    c = flat(json.loads(json.dumps(c, default=str)))
-    kept = {k: v for k, v in c.items() if not k.startswith('resolved.')
-            and not any(k == n or k.startswith(f'{n}.') for n in RESUMABLE_CHANGES)}
-    resolved = {k[len('resolved.'):]: v for k, v in c.items() if k.startswith('resolved.')}
-    return kept, {k: v for k, v in resolved.items() if k not in _RESUMABLE_RESOLVED}
-
-  (old, old_resolved), (new, new_resolved) = comparable(recorded), comparable(config)
-  differ = {}  # name -> (recorded, now); a resolved value over the flag it came from
-  for before, after in ((old, new), (old_resolved, new_resolved)):
-    for key in sorted(before.keys() | after.keys()):
-      if before.get(key) != after.get(key):
-        differ[key] = (before.get(key), after.get(key))
-  if differ:
-    changes = '; '.join(f'{k}: recorded {a!r}, now {b!r}' for k, (a, b) in differ.items())
-    raise ConfigError(f'--resume: the run in {output_dir} was configured differently'
-                      f' ({changes}); resume it with its own settings or choose another'
-                      ' --output_dir.')
-
-
 def _check_runtime(config: ExperimentConfig) -> None:
   config.check()
   if config.tff.workers and config.runtime not in ('auto', 'tff'):
@@ -347,7 +144,7 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
     if name not in task_known:
       raise ConfigError(f'task {config.task!r} has no option {name!r}.')
   _check_finite(config)
-  check_output_dir(config.output_dir, config.overwrite, config.resume)
+  run_directory.check_output_dir(config.output_dir, config.overwrite, config.resume)
   if config.resume and config.overwrite:
     raise ConfigError('--resume continues the run in --output_dir, --overwrite replaces'
                       ' it: choose one.')
@@ -493,103 +290,9 @@ def prepare(config: ExperimentConfig) -> Prepared:
   plan = _model_aggregator(config, algorithm, task, builder_args, settings)
   prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger)
   if config.resume:  # refused before any runtime is built (checked again in `train`)
-    check_resumable(pathlib.Path(config.output_dir),
+    run_directory.check_resumable(pathlib.Path(config.output_dir),
                     dict(dataclasses.asdict(config), resolved=resolved_options(prepared)))
   return prepared
-
-
-def evaluator(prepared: Prepared, runtime: runtime_base.Runtime
-              ) -> Callable[[Any], dict[str, float]]:
-  """(state -> the task's metrics): the global model's, and for a runtime with personal
-  models (Ditto) each client's own model's, with the run's regularizer.
-
-  Raises:
-    ConfigError: the runtime has personal models and the task cannot score them.
-  """
-  task = prepared.task
-  psi = prepared.builder_args.get('regularizer', task.regularizer)
-  personalized = runtime.keeps_personal_models
-  if personalized and task.evaluate_personal is None:
-    raise ConfigError(
-        f'algorithm {prepared.config.algorithm!r} trains a personal model per client;'
-        f' task {task.name!r} cannot evaluate them (its evaluation clients are not its'
-        ' training clients). Try --task=dominant_class.')
-  client_ids = task.train_data.client_ids
-
-  def evaluate(state) -> dict[str, float]:
-    metrics = task.evaluate(tuple(runtime.get_model_weights(state).trainable), psi)
-    if personalized:
-      tables = runtime.get_personal_weights(state)
-      metrics.update(task.evaluate_personal(
-          {cid: tuple(t[i] for t in tables) for i, cid in enumerate(client_ids)}))
-    return metrics
-
-  return evaluate
-
-
-def client_evaluator(prepared: Prepared, runtime: runtime_base.Runtime
-                     ) -> Callable[[Any], list[dict]] | None:
-  """state -> the task's per-client evaluation rows of the global model (with each
-  client's own model's `personal_*` scores for a runtime with personal models), or None
-  for a task without per-client evaluation data."""
-  task = prepared.task
-  if task.evaluate_clients is None:
-    return None
-  personal = (task.evaluate_personal_clients if runtime.keeps_personal_models else None)
-  client_ids = task.train_data.client_ids
-
-  def evaluate_clients(state) -> list[dict]:
-    rows = task.evaluate_clients(tuple(runtime.get_model_weights(state).trainable))
-    if personal is not None:
-      tables = runtime.get_personal_weights(state)
-      own = {row['client']: row for row in personal(
-          {cid: tuple(t[i] for t in tables) for i, cid in enumerate(client_ids)})}
-      rows = [dict(row, **own.get(row['client'], {})) for row in rows]
-    return rows
-
-  return evaluate_clients
-
-
-def runner_for(program, client_data, runtime: str = 'auto', workers: Sequence[str] = (),
-               engine: str = 'auto', batch_size: int | None = None,
-               client_rounds: int | None = None, data_memory_budget: float | None = None
-               ) -> tuple[runtime_base.Runtime, str]:
-  """(the runtime running `program` on `client_data`, one line saying which and why).
-
-  `program` is an Algorithm or a LearningProcess. `runtime` names a registered runtime
-  (`registry.RUNTIMES`: 'inprocess', 'tff', plugins) or 'auto': the first of
-  `AUTO_RUNTIMES` that can run the program ('tff' when `workers` are named), the reason
-  for passing over the others in the line. `workers` go to TFF's runtime, `engine` to
-  the in-process one, `batch_size` to TFF's for a process taking batched datasets,
-  `client_rounds` (the run's rounds x clients per round) to runtimes choosing an engine
-  by the run's length, `data_memory_budget` (MB) to runtimes that stream a population
-  larger than it.
-
-  Raises:
-    ConfigError: the named runtime cannot run the program; the rounds cannot be split
-      across workers; a worker does not answer.
-  """
-  options = {'workers': tuple(workers), 'engine': engine, 'batch_size': batch_size,
-             'client_rounds': client_rounds, 'data_memory_budget': data_memory_budget}
-  names = AUTO_RUNTIMES if runtime == 'auto' else (runtime,)
-  if workers:
-    names = ('tff',)
-  passed_over = []
-  for name in names:
-    entry = registry.get_runtime(name)
-    try:
-      built = entry.build(program, client_data,
-                          **{k: v for k, v in options.items() if entry.accepts(k)})
-    except runtime_base.UnsupportedError as e:
-      if name == names[-1]:
-        raise ConfigError(f'--runtime={name}: {e}') from e
-      passed_over.append(f'not {_SPOKEN.get(name, name)}: {e}')
-      continue
-    except (workers_lib.NotMergeableError, workers_lib.WorkerError) as e:
-      raise ConfigError(f'--workers: {e}') from e
-    why = f' ({"; ".join(passed_over)})' if passed_over else ''
-    return built, built.description + why
-  raise AssertionError('unreachable: the last runtime returns or raises')
 
 
 @dataclasses.dataclass
@@ -639,15 +342,15 @@ def build_runner(prepared: Prepared) -> Runner:
                       ' a table entry per client, which a client drawn twice would fill'
                       ' twice; use uniform or poisson sampling.')
   settings = prepared.settings
-  runtime, description = runner_for(
+  runtime, description = choice.runner_for(
       program, prepared.task.train_data, config.runtime, config.tff.workers, _engine(config),
       settings['batch_size'], client_rounds=settings['rounds'] * settings['clients_per_round'],
       data_memory_budget=config.inprocess.data_memory_budget)
   if config.participation.straggler_rate > 0 and not getattr(runtime, 'partial_work', False):
     raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
                       ' doing part of their local steps; use --runtime=inprocess.')
-  return Runner(runtime, evaluator(prepared, runtime), description, algorithm,
-                client_evaluator(prepared, runtime))
+  return Runner(runtime, evaluation.evaluator(prepared, runtime), description, algorithm,
+                evaluation.client_evaluator(prepared, runtime))
 
 
 def resolved_options(prepared: Prepared) -> dict[str, Any]:
@@ -664,26 +367,6 @@ def resolved_options(prepared: Prepared) -> dict[str, Any]:
                                  COMMON_ALGORITHM_ARGS),
       task_options=in_force(registry.get_task(prepared.config.task),
                             prepared.config.task_options, COMMON_TASK_ARGS))
-
-
-def environment() -> dict[str, Any]:
-  """Versions of what ran (tff_comp, TensorFlow, TFF, NumPy, Python) and, run from a
-  git checkout, its commit and whether the tree had uncommitted changes."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-
-  record = {'tff_comp': importlib.metadata.version('tff_comp'), 'tensorflow': tf.__version__,
-            'tensorflow_federated': tff.__version__, 'numpy': np.__version__,
-            'python': platform.python_version()}
-  checkout = pathlib.Path(__file__).resolve().parent.parent
-  if (checkout / '.git').exists():
-    def git(*args):
-      return subprocess.run(['git', '-C', str(checkout), *args], capture_output=True,
-                            text=True, timeout=30, check=False).stdout.strip()
-    record['git_commit'] = git('rev-parse', 'HEAD')
-    record['git_dirty'] = bool(git('status', '--porcelain', '--untracked-files=no'))
-  return record
 
 
 def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
@@ -705,13 +388,13 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
   resolved['algorithm_options'].update(  # the values in force, not the build's
       {k: v for k, v in client_hparams.items() if k in resolved['algorithm_options']})
   config = dict(dataclasses.asdict(prepared.config), resolved=resolved,
-                environment=environment(), **(extra_config or {}))
+                environment=run_directory.environment(), **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir
-  check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
+  run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
   try:
     with simulation.output_lock(pathlib.Path(output_dir)):
       # Checked again under the lock: a run started beside this one may have written.
-      check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
+      run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
       return _train_locked(prepared, runner, config, output_dir, show_progress,
                            learning_rates, client_hparams)
   except simulation.OutputDirInUse as e:
@@ -723,7 +406,7 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
                   learning_rates: tuple[float, float] | None,
                   client_hparams: dict[str, float]) -> dict[str, float]:
   if prepared.config.resume:
-    check_resumable(pathlib.Path(output_dir), config)
+    run_directory.check_resumable(pathlib.Path(output_dir), config)
   if not prepared.config.schedules.pair()[1].constant:
     runtime = runner.runtime
     if 'learning_rate' not in runtime.get_hparams(runtime.initialize())['finalizer']:

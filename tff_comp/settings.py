@@ -22,6 +22,10 @@ from typing import Any
 MAX_INT32, MAX_COUNT, MAX_SEED = 2**31 - 1, 10**8, 2**32 - 1
 
 
+class ConfigError(ValueError):
+  """Bad experiment settings; the message is one line for the user."""
+
+
 def setting(default: Any = None, help: str = '', *,  # pylint: disable=redefined-builtin
             choices: Sequence[str] | Callable[[], Sequence[str]] = (),
             lower: float | None = None, upper: float | None = None,

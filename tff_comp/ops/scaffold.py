@@ -20,7 +20,6 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import model_ops
 from tff_comp.ops import per_client
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import server_steps

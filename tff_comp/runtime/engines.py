@@ -26,7 +26,6 @@ import tensorflow as tf
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
-from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import lanes as lanes_lib
 
 

@@ -1,6 +1,6 @@
 """The simulation loop: sample clients, run rounds, evaluate, write metrics.
 
-It drives any `runtime.base.Runtime` (`experiment.runner_for` builds one).
+It drives any `runtime.base.Runtime` (`choice.runner_for` builds one).
 
 Metrics go where tools read them: `metrics.csv` (one row per round; evaluation columns
 filled every `eval_period` rounds and at round 0) and TensorBoard event files under
@@ -912,16 +912,16 @@ def run_simulation(
 ) -> Metrics:
   """Trains the runtime `process` for `rounds` rounds; returns the last evaluation.
 
-  `process` is a `runtime.base.Runtime` (`experiment.runner_for`). Each round's
+  `process` is a `runtime.base.Runtime` (`choice.runner_for`). Each round's
   clients are drawn as `participation` says (`ClientSampler`, seeded by `seed`), or by
   `sampler`, any object with `sample(round_num) -> RoundClients` and a `capacity`.
-  `evaluate` maps the state to metrics (`experiment.evaluator` builds it for a task).
+  `evaluate` maps the state to metrics (`evaluation.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the hparams, and `client_hparams` the
   client work's other hparams by name, so one built runtime serves a whole grid.
   `schedules` (client, server) are `schedules.Schedule`s scaling those rates (or the
   process's own) round by round. A run already in `output_dir` is replaced
-  (`experiment.check_output_dir` refuses that unless asked), or with `resume`
+  (`run_directory.check_output_dir` refuses that unless asked), or with `resume`
   continued from its last checkpoint: the state is saved every `checkpoint_every`
   rounds and at the last one, sampling depends on the round only, and the rows after the
   checkpoint are dropped, so a resumed run ends exactly as an uninterrupted one (its

@@ -1,0 +1,137 @@
+"""The settings of one run: `ExperimentConfig` collects the run's own (None: the task's
+default) and the records of the modules that own the rest (`tff_comp.settings`)."""
+
+import dataclasses
+from typing import Any
+
+from tff_comp import privacy as privacy_lib
+from tff_comp import registry
+from tff_comp import regularizers as regularizers_lib
+from tff_comp import schedules as schedules_lib
+from tff_comp import server_optimizers
+from tff_comp import settings
+from tff_comp.ops import client_round
+from tff_comp.runtime import inprocess as inprocess_lib
+from tff_comp.runtime import simulation
+from tff_comp.runtime import workers as workers_lib
+from tff_comp.settings import ConfigError
+
+
+def runtime_names() -> list[str]:
+  """The --runtime choices: 'auto' and every registered runtime."""
+  return ['auto', *registry.RUNTIMES.names()]
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+  """All settings of one run: the run's own below (None: the task's default), and the
+  records of the modules that own the rest, each under its name (`GROUPS`).
+  `ExperimentConfig.of` takes every setting by its flag's name."""
+
+  algorithm: str
+  task: str | None = None  # None: the algorithm's home task (else DEFAULT_TASK)
+  rounds: int | None = settings.setting(
+      None, 'Training rounds (default: the task\'s).', upper=settings.MAX_COUNT)
+  clients_per_round: int | None = settings.setting(
+      None, 'Clients sampled per round.', upper=settings.MAX_COUNT)
+  client_learning_rate: float | None = settings.setting(None, 'Client learning rate eta_c.')
+  server_learning_rate: float | None = settings.setting(None, 'Server learning rate eta_s.')
+  batch_size: int | None = settings.setting(None, 'Examples per local step.',
+                                            upper=settings.MAX_INT32)
+  local_epochs: int | None = settings.setting(
+      None, 'Local passes over client data per round.', upper=client_round.MAX_EPOCHS)
+  client_weighting: str | None = settings.setting(
+      None, 'Weigh clients by examples or uniformly (default: the algorithm\'s).',
+      choices=client_round.WEIGHTINGS)
+  eval_period: int | None = settings.setting(
+      None, 'Evaluate every this many rounds.', upper=settings.MAX_COUNT)
+  seed: int = settings.setting(
+      0, 'Seed of the run: client sampling and client-side draws.', lower=0,
+      upper=settings.MAX_SEED)
+  shuffle: bool = settings.setting(
+      True, 'Each client visits its examples in a new order every round and epoch (a'
+      ' stateless permutation of seed, round, client and epoch); --noshuffle: stored'
+      ' order.')
+  data_seed: int | None = settings.setting(
+      0, 'Seed of the task: generated data, partition and initial model (None: --seed).',
+      lower=0, upper=settings.MAX_SEED)
+  regularizer: str | None = settings.setting(
+      None, 'Regularizer psi (default: the task\'s).',
+      choices=lambda: sorted(regularizers_lib.REGULARIZERS))
+  regularizer_strength: float | None = settings.setting(
+      None, 'Strength lam of psi, or radius of a ball constraint.')
+  algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  output_dir: str | None = settings.setting(
+      None, 'Where metrics go (default runs/<algo>-<task>).')
+  overwrite: bool = settings.setting(False, 'Replace a run already in --output_dir.')
+  resume: bool = settings.setting(
+      False, 'Continue the run in --output_dir from its last checkpoint (its'
+      ' configuration must match; --rounds may grow).')
+  runtime: str = settings.setting(
+      'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
+      ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or auto (inprocess where'
+      ' the algorithm supports it).', choices=runtime_names)
+  participation: simulation.Participation = dataclasses.field(
+      default_factory=simulation.Participation)
+  schedules: schedules_lib.ScheduleOptions = dataclasses.field(
+      default_factory=schedules_lib.ScheduleOptions)
+  server: server_optimizers.ServerOptimizerOptions = dataclasses.field(
+      default_factory=server_optimizers.ServerOptimizerOptions)
+  privacy: privacy_lib.PrivacyOptions = dataclasses.field(
+      default_factory=privacy_lib.PrivacyOptions)
+  checkpoints: simulation.CheckpointOptions = dataclasses.field(
+      default_factory=simulation.CheckpointOptions)
+  inprocess: inprocess_lib.InProcessOptions = dataclasses.field(
+      default_factory=inprocess_lib.InProcessOptions)
+  tff: workers_lib.WorkerOptions = dataclasses.field(
+      default_factory=workers_lib.WorkerOptions)
+
+  @classmethod
+  def of(cls, **values: Any) -> 'ExperimentConfig':
+    """The config from settings by name, flat (`of(algorithm='fedavg', sampling=
+    'poisson', clip_norm=1.0, aggregator='clip')`); each goes to the record owning it.
+
+    Raises:
+      ConfigError: an unknown name, or a value its record refuses.
+    """
+    own = {k: v for k, v in values.items() if k not in OWNER}
+    unknown = set(own) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+      raise ConfigError(f'unknown settings: {", ".join(sorted(unknown))}.')
+    for group, record in GROUPS.items():
+      fields = {k: v for k, v in values.items() if OWNER.get(k) == group}
+      try:
+        own[group] = record(**fields)
+      except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return cls(**own)
+
+  @classmethod
+  def from_dict(cls, recorded: dict[str, Any]) -> 'ExperimentConfig':
+    """The config a run recorded (config.json; its `resolved` and `environment` and
+    other records left aside): rerunning it reproduces the run."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in recorded.items() if k in names and k not in GROUPS}
+    for group, record in GROUPS.items():
+      values[group] = settings.from_dict(record, recorded.get(group, {}))
+    return cls(**values)
+
+  def check(self) -> None:
+    """Raises ConfigError for a value outside its choices or bounds."""
+    for record in (self, *(getattr(self, group) for group in GROUPS)):
+      try:
+        settings.check(record)
+      except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+  @property
+  def task_seed(self) -> int:
+    return self.seed if self.data_seed is None else self.data_seed
+
+
+# The records ExperimentConfig collects, by attribute, and which owns each setting.
+GROUPS = {f.name: f.type for f in dataclasses.fields(ExperimentConfig)
+          if dataclasses.is_dataclass(f.type)}
+OWNER = {spec.name: group for group, record in GROUPS.items()
+         for spec in settings.specs(record)}

@@ -1,0 +1,105 @@
+"""A run's directory: whether a run may write there, whether a recorded run may be
+resumed with these settings, and the environment config.json records.
+
+The files themselves are written by the training loop (`runtime.simulation`).
+"""
+
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import subprocess
+from typing import Any
+
+from tff_comp.settings import ConfigError
+
+RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
+# Settings a resumed run may change: where it writes, how long it runs, how it saves,
+# and where its rounds run (a run stopped by a dead worker resumes on others; an engine
+# that fell back records it).
+RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds',
+                     'checkpoints.checkpoint_every', 'tff.workers', 'runtime_record',
+                     'environment', 'inprocess.data_memory_budget')
+_RESUMABLE_RESOLVED = ('rounds', 'runtime')
+
+
+def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
+                     resume: bool = False) -> None:
+  """Raises ConfigError unless a run can write to `output_dir` without touching
+  anything: creates nothing. A directory holding another run (any of `RUN_FILES`) is
+  refused unless `overwrite` or `resume` (`check_resumable` then compares the
+  configurations)."""
+  path = pathlib.Path(output_dir)
+  if path.exists() and not path.is_dir():
+    raise ConfigError(f'--output_dir={path} is a file, not a directory.')
+  if path.is_dir():
+    found = [name for name in RUN_FILES if (path / name).exists()]
+    if found and not (overwrite or resume):
+      raise ConfigError(
+          f'--output_dir={path} holds another run ({", ".join(found)}); choose another'
+          ' directory, pass --resume to continue it or --overwrite to replace it.')
+    existing = path
+  else:
+    existing = next(p for p in path.absolute().parents if p.exists())
+    if not existing.is_dir():
+      raise ConfigError(f'--output_dir={path} is under {existing}, which is a file.')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f'--output_dir={path}: {existing} is not writable.')
+
+
+def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
+  """Raises ConfigError if the run recorded in `output_dir` was configured otherwise
+  than `config` (besides `RESUMABLE_CHANGES`). No recorded run: nothing to check."""
+  try:
+    recorded = json.loads((output_dir / 'config.json').read_text())
+  except FileNotFoundError:
+    return
+  except ValueError as e:
+    raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
+
+  def flat(values, prefix=''):  # {'algorithm_options': {'mu': 1}} -> algorithm_options.mu
+    out = {}
+    for key, value in values.items():
+      out.update(flat(value, f'{prefix}{key}.') if isinstance(value, dict) else
+                 {f'{prefix}{key}': value})
+    return out
+
+  def comparable(c):  # (settings, resolved settings), flat, less what may change
+    c = flat(json.loads(json.dumps(c, default=str)))
+    kept = {k: v for k, v in c.items() if not k.startswith('resolved.')
+            and not any(k == n or k.startswith(f'{n}.') for n in RESUMABLE_CHANGES)}
+    resolved = {k[len('resolved.'):]: v for k, v in c.items() if k.startswith('resolved.')}
+    return kept, {k: v for k, v in resolved.items() if k not in _RESUMABLE_RESOLVED}
+
+  (old, old_resolved), (new, new_resolved) = comparable(recorded), comparable(config)
+  differ = {}  # name -> (recorded, now); a resolved value over the flag it came from
+  for before, after in ((old, new), (old_resolved, new_resolved)):
+    for key in sorted(before.keys() | after.keys()):
+      if before.get(key) != after.get(key):
+        differ[key] = (before.get(key), after.get(key))
+  if differ:
+    changes = '; '.join(f'{k}: recorded {a!r}, now {b!r}' for k, (a, b) in differ.items())
+    raise ConfigError(f'--resume: the run in {output_dir} was configured differently'
+                      f' ({changes}); resume it with its own settings or choose another'
+                      ' --output_dir.')
+
+
+def environment() -> dict[str, Any]:
+  """Versions of what ran (tff_comp, TensorFlow, TFF, NumPy, Python) and, run from a
+  git checkout, its commit and whether the tree had uncommitted changes."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  record = {'tff_comp': importlib.metadata.version('tff_comp'), 'tensorflow': tf.__version__,
+            'tensorflow_federated': tff.__version__, 'numpy': np.__version__,
+            'python': platform.python_version()}
+  checkout = pathlib.Path(__file__).resolve().parent.parent
+  if (checkout / '.git').exists():
+    def git(*args):
+      return subprocess.run(['git', '-C', str(checkout), *args], capture_output=True,
+                            text=True, timeout=30, check=False).stdout.strip()
+    record['git_commit'] = git('rev-parse', 'HEAD')
+    record['git_dirty'] = bool(git('status', '--porcelain', '--untracked-files=no'))
+  return record
