@@ -86,7 +86,7 @@ from tff_comp import keras_models
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import simulation
+from tff_comp.runtime import sampling
 from tff_comp.runtime import workers
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.')
@@ -348,13 +348,13 @@ print(time.perf_counter() - start, runner.runtime.engine)
 # Runs in a fresh Python with XLA's compile log: 20 rounds with 30% dropout, lanes.
 _DROPOUT = """
 from tff_comp.algorithms import fedavg
-from tff_comp.runtime import inprocess, simulation
+from tff_comp.runtime import inprocess, sampling
 from tff_comp.tasks import lasso
 task = lasso.build_lasso_task(dataset='I')
 runtime = inprocess.build(fedavg.fedavg(task.model, client_learning_rate=1e-3), task.train_data,
                           engine='lanes')
-sampler = simulation.ClientSampler(task.train_data.client_ids, 10, seed=0,
-    participation=simulation.Participation(dropout_rate=0.3))
+sampler = sampling.ClientSampler(task.train_data.client_ids, 10, seed=0,
+    participation=sampling.Participation(dropout_rate=0.3))
 runtime.reserve_cohort(sampler.capacity)
 state, sizes = runtime.initialize(), set()
 for r in range(1, 21):
@@ -511,7 +511,7 @@ def part7(rounds: int, repeats: int) -> None:
   streamed = inprocess.build(algorithm, population, data_memory_budget=512)
   built = time.perf_counter() - start
   ids = list(population.client_ids)
-  sampler = simulation.ClientSampler(ids, per_round, 0)
+  sampler = sampling.ClientSampler(ids, per_round, 0)
   state, rss = streamed.initialize(), []
   start = time.perf_counter()
   for r in range(1, rounds + 1):

@@ -11,7 +11,7 @@ import time
 
 from tff_comp import experiment as experiment_lib
 from tff_comp.binaries import experiments
-from tff_comp.runtime import simulation
+from tff_comp.runtime import callbacks
 
 
 def column(metric: str) -> str:
@@ -94,7 +94,7 @@ def _run_group(name: str, spec: experiments.Experiment, algorithm: str, seed: in
               'experiment': name, 'grid_algorithm': algorithm,
               'client_learning_rate': config[0], 'server_learning_rate': config[1],
               'grid_configuration': values})
-    except simulation.DivergenceError as e:
+    except callbacks.DivergenceError as e:
       print(f'{algorithm} {label} seed {seed}: {e}')
     curves[config] = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
     final = curves[config][spec.metric]

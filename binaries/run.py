@@ -29,6 +29,7 @@ from absl import flags
 from tff_comp.binaries import flags_lib
 from tff_comp import experiment
 from tff_comp import registry
+from tff_comp.runtime import callbacks
 from tff_comp.runtime import simulation
 from tff_comp.runtime import workers
 
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> None:
       f' output: {config.output_dir}', flush=True)
   try:
     final = experiment.run_experiment(prepared)
-  except (experiment.ConfigError, simulation.DivergenceError) as e:
+  except (experiment.ConfigError, callbacks.DivergenceError) as e:
     _fail(str(e))
   except workers.WorkerError as e:  # a worker died during the run
     print(f'run.py: {e} The metrics written so far are in {config.output_dir};'

@@ -14,7 +14,8 @@ import tensorflow as tf
 
 from tff_comp import experiment
 from tff_comp import registry
-from tff_comp.runtime import simulation
+from tff_comp.runtime import callbacks
+from tff_comp.runtime import run_files
 
 
 def _config(tmp_path, algorithm='fedavg', **kwargs):
@@ -95,7 +96,7 @@ def test_data_seed_and_run_seed_are_separate(tmp_path):
 def test_divergence_names_the_algorithms_likely_cause(tmp_path):
   """ComFedL's DRFL step carries exp(loss / gamma): on sinewave, gamma 0.2 overflows."""
   prepared = experiment.prepare(_config(tmp_path, 'comfedl', task='sinewave', rounds=3))
-  with pytest.raises(simulation.DivergenceError, match='try a larger --gamma'):
+  with pytest.raises(callbacks.DivergenceError, match='try a larger --gamma'):
     experiment.run_experiment(prepared, show_progress=False)
   prepared = experiment.prepare(_config(
       tmp_path, 'comfedl', task='sinewave', rounds=3, overwrite=True,
@@ -111,7 +112,7 @@ def test_l1_ball_of_radius_zero_runs_from_the_command_line_path(tmp_path):
       regularizer_strength=0.0, rounds=1))
   final = experiment.run_experiment(prepared, show_progress=False)
   assert all(math.isfinite(v) for v in final.values())
-  weights = simulation.load_model(tmp_path / 'final_model.npz').trainable
+  weights = run_files.load_model(tmp_path / 'final_model.npz').trainable
   constrained = [weights[i] for i in prepared.task.regularizer_targets]
   assert constrained and all(np.all(w == 0) for w in constrained)
 

@@ -12,7 +12,7 @@ from tff_comp import keras_models
 from tff_comp import registry
 from tff_comp import regularizers
 from tff_comp.ops import vectorizable
-from tff_comp.runtime import inprocess
+from tff_comp.runtime import engines
 
 BATCH, ROUNDS, CLASSES = 4, 3, 5
 IDS = ['a', 'b', 'c', 'd']
@@ -317,4 +317,4 @@ def test_a_standard_layer_vectorizes_across_lanes_or_the_runtime_knows_up_front(
                           ).get_concrete_function(lanes[0]).graph.as_graph_def()
     ops = {n.op for n in graph.node} | {n.op for f in graph.library.function
                                         for n in f.node_def}
-    assert ops & set(inprocess._NOT_VECTORIZED)  # pylint: disable=protected-access
+    assert ops & set(engines._NOT_VECTORIZED)  # pylint: disable=protected-access

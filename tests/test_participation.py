@@ -15,6 +15,7 @@ from tests import numpy_reference
 from tff_comp import experiment
 from tff_comp.ops import local_loop
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import sampling
 from tff_comp.runtime import simulation
 from tff_comp.runtime import tff_process
 
@@ -23,8 +24,8 @@ DATA = algorithm_cases.DATA['unequal']
 
 
 def _sampler(k=10, **participation):
-  return simulation.ClientSampler(IDS, k, seed=4,
-                                  participation=simulation.Participation(**participation))
+  return sampling.ClientSampler(IDS, k, seed=4,
+                                  participation=sampling.Participation(**participation))
 
 
 def test_uniform_draws_distinct_clients_the_same_in_every_run():
@@ -59,8 +60,8 @@ def test_poisson_includes_each_client_independently_with_probability_k_over_n():
   q = k / N. On 4 clients with k = 2, q = 0.5 (k / (N + 1) would give 0.4; the mean
   cohort of the test above cannot tell them apart), and two clients are in a round
   together with probability q^2 (a uniform draw of 2 of 4 gives 1/6)."""
-  sampler = simulation.ClientSampler(IDS[:4], 2, seed=4,
-                                     participation=simulation.Participation('poisson'))
+  sampler = sampling.ClientSampler(IDS[:4], 2, seed=4,
+                                     participation=sampling.Participation('poisson'))
   drawn = np.array([[c in sampler.sample(r).sampled for c in IDS[:4]]
                     for r in range(1, 4001)])
   np.testing.assert_allclose(drawn.mean(axis=0), 0.5, atol=0.03)
@@ -87,7 +88,7 @@ def test_dropout_and_stragglers_at_their_rates():
     (dict(straggler_rate=-0.1), 'straggler_rate'), (dict(straggler_work=0.0), 'straggler_work')])
 def test_bad_participation_is_refused(bad, match):
   with pytest.raises(ValueError, match=match):
-    simulation.Participation(**bad)
+    sampling.Participation(**bad)
 
 
 def test_limit_keeps_a_prefix_of_at_least_one_step():
@@ -156,7 +157,7 @@ def test_a_client_drawn_twice_trains_twice_as_in_tffs_process():
   assert fast_out.metrics['client_work']['num_examples'] == 12 + 5 + 12
 
 
-class _NobodyOnRoundsOneAndTwo(simulation.ClientSampler):
+class _NobodyOnRoundsOneAndTwo(sampling.ClientSampler):
   def sample(self, round_num):
     drawn = super().sample(round_num)
     return drawn._replace(reporting=()) if round_num in (1, 2) else drawn

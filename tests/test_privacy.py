@@ -14,7 +14,8 @@ from tff_comp import accounting
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.ops import privacy
-from tff_comp.runtime import simulation
+from tff_comp.runtime import checkpoints
+from tff_comp.runtime import run_files
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
@@ -68,8 +69,8 @@ def test_without_noise_the_in_process_round_is_tffs_factory(name, kind):
   assert max(np.abs(a - b).max() for a, b in zip(fast, plain)) > 1e-3  # clipping bites
   for a, b in zip(fast, slow):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  fast_flat = simulation.flatten_metrics(fast_measured)
-  slow_flat = simulation.flatten_metrics(slow_measured)
+  fast_flat = run_files.flatten_metrics(fast_measured)
+  slow_flat = run_files.flatten_metrics(slow_measured)
   shared = set(fast_flat) & set(slow_flat)
   if kind == privacy.DP_ADAPTIVE:
     assert any(k.endswith('dp_query_metrics/clip') for k in shared)
@@ -196,7 +197,7 @@ def test_the_run_stops_when_the_budget_is_spent_and_a_resume_stops_too(tmp_path)
   rounds = [int(r.split(',')[0]) for r in
             (tmp_path / 'metrics.csv').read_text().splitlines()[1:]]
   assert rounds == list(range(5))  # round 0 (the initial evaluation), then 1..4
-  _, saved = simulation.Checkpoints(tmp_path).load_latest(
+  _, saved = checkpoints.Checkpoints(tmp_path).load_latest(
       experiment.build_runner(experiment.prepare(_config(tmp_path, **dict(
           fields, overwrite=True)))).runtime.initialize())
   assert saved == 4

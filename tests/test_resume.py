@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tff_comp import experiment
+from tff_comp.runtime import run_files
 from tff_comp.runtime import simulation
 
 ARGS = dict(algorithm='feddualavg', task='quadratic', rounds=9, eval_period=3, checkpoint_every=3)
@@ -50,7 +51,7 @@ def _saved_rounds(path) -> list[int]:
 
 
 def _model(path):
-  return list(simulation.load_model(path / 'final_model.npz').trainable)
+  return list(run_files.load_model(path / 'final_model.npz').trainable)
 
 
 def _train(path, interrupt_at=None, show=False, **kwargs):
@@ -223,14 +224,14 @@ def test_a_kill_while_rewriting_metrics_leaves_the_old_file_whole(tmp_path, monk
     del self, rows
     raise SystemExit('killed while writing')
 
-  monkeypatch.setattr(simulation.csv.DictWriter, 'writerows', killed)
+  monkeypatch.setattr(run_files.csv.DictWriter, 'writerows', killed)
   with pytest.raises(SystemExit):
     _train(tmp_path, resume=True)
   assert (tmp_path / 'metrics.csv').read_bytes() == before
 
 
 def test_a_locked_output_directory_is_refused_naming_the_holder(tmp_path):
-  with simulation.output_lock(tmp_path):
+  with run_files.output_lock(tmp_path):
     with pytest.raises(experiment.ConfigError,
                        match=rf'in use by another run \(pid {os.getpid()}\)'):
       _train(tmp_path)
@@ -300,8 +301,8 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(repo_root, tmp
                           stderr=subprocess.PIPE, text=True, env=env, cwd=repo_root)
   try:
     _rows_until(tmp_path / 'run', 4)
-    with pytest.raises(simulation.OutputDirInUse, match=rf'\(pid {proc.pid}\)'):
-      with simulation.output_lock(tmp_path / 'run'):
+    with pytest.raises(run_files.OutputDirInUse, match=rf'\(pid {proc.pid}\)'):
+      with run_files.output_lock(tmp_path / 'run'):
         pass
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)

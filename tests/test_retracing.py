@@ -18,6 +18,7 @@ from tff_comp.runtime import choice
 from tff_comp import experiment
 from tff_comp import keras_models
 from tff_comp import registry
+from tff_comp.runtime import sampling
 from tff_comp.runtime import simulation
 
 ROUNDS = 20
@@ -126,7 +127,7 @@ def test_no_retrace_with_a_keras_model(traces, tmp_path):
         watched, client_ids=list(data.client_ids), evaluate=lambda _: {}, rounds=ROUNDS,
         clients_per_round=3, seed=1, eval_period=5, output_dir=tmp_path / engine,
         config={}, show_progress=False,
-        participation=simulation.Participation('poisson', dropout_rate=0.2))
+        participation=sampling.Participation('poisson', dropout_rate=0.2))
     assert traces[watched.before_round_3:] == [], engine
 
 

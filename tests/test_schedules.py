@@ -9,7 +9,8 @@ import pytest
 
 from tff_comp import experiment
 from tff_comp import schedules
-from tff_comp.runtime import simulation
+from tff_comp.runtime import run_files
+from tff_comp.runtime import sampling
 
 ROUNDS, CLIENT_LR, SERVER_LR = 6, 0.05, 1.5
 
@@ -57,7 +58,7 @@ def test_a_scheduled_run_trains_as_tffs_process_with_the_rates_set_by_hand(tmp_p
   # the same clients (the sampler is a function of seed and round).
   process = prepared.build_process()
   data = prepared.task.train_data
-  sampler = simulation.ClientSampler(data.client_ids, 3, config.seed)
+  sampler = sampling.ClientSampler(data.client_ids, 3, config.seed)
   state = process.initialize()
   for t in range(1, ROUNDS + 1):
     hparams = process.get_hparams(state)
@@ -67,7 +68,7 @@ def test_a_scheduled_run_trains_as_tffs_process_with_the_rates_set_by_hand(tmp_p
     ids = sampler.sample(t).reporting
     state = process.next(state, [data.create_tf_dataset_for_client(c) for c in ids]).state
   want = process.get_model_weights(state).trainable
-  got = simulation.load_model(tmp_path / 'final_model.npz').trainable
+  got = run_files.load_model(tmp_path / 'final_model.npz').trainable
   start = prepared.task.model.initial_weights[0]
   assert max(np.abs(np.asarray(w) - s).max() for w, s in zip(want, start)) > 0.05
   for a, b in zip(got, want):

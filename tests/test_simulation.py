@@ -8,12 +8,15 @@ import numpy as np
 from tests import algorithm_cases
 from tff_comp import registry
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import callbacks
+from tff_comp.runtime import checkpoints
+from tff_comp.runtime import run_files
 from tff_comp.runtime import simulation
 
 DATA = algorithm_cases.DATA['unequal']
 
 
-class _Sink(simulation.Callback):
+class _Sink(callbacks.Callback):
   """Collects each round's training loss."""
 
   def __init__(self):
@@ -26,7 +29,7 @@ class _Sink(simulation.Callback):
     self.ended = completed
 
 
-class _StopBelow(simulation.Callback):
+class _StopBelow(callbacks.Callback):
   """Stops the run once the round's training loss is below `threshold`."""
 
   def __init__(self, threshold):
@@ -34,7 +37,7 @@ class _StopBelow(simulation.Callback):
 
   def after_round(self, loop, round_num, metrics):
     if metrics['train/client_work/train_loss'] < self.threshold:
-      raise simulation.StopTraining
+      raise callbacks.StopTraining
 
 
 def _run(tmp_path, callbacks, rounds=30):
@@ -62,13 +65,13 @@ def test_a_sink_sees_every_round_and_an_early_stop_ends_the_run_cleanly(tmp_path
     rounds = [int(row['round']) for row in csv.DictReader(f)]
   assert rounds == list(range(stopped_at + 1))  # round 0, then every round run
   # The stop round is checkpointed and the model saved (checkpoint_every=50).
-  saved, version = simulation.Checkpoints(tmp_path / 'stop').load_latest(
+  saved, version = checkpoints.Checkpoints(tmp_path / 'stop').load_latest(
       inprocess.build(registry.get_algorithm('fedavg').build(
           algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {})),
           DATA).initialize())
   assert version == stopped_at and saved is not None
   with np.load(tmp_path / 'stop' / 'final_model.npz') as f:
     assert sorted(f.files) == ['trainable_0', 'trainable_1']  # named by weight
-  model = simulation.load_model(tmp_path / 'stop' / 'final_model.npz')
+  model = run_files.load_model(tmp_path / 'stop' / 'final_model.npz')
   assert [w.shape for w in model.trainable] == [(algorithm_cases.D,), ()]
   assert model.non_trainable == ()

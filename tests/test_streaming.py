@@ -9,6 +9,9 @@ from tests import algorithm_cases
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import callbacks
+from tff_comp.runtime import checkpoints
+from tff_comp.runtime import sampling
 from tff_comp.runtime import simulation
 from tff_comp.runtime import streaming
 
@@ -53,14 +56,14 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
 
   streamed.data.load = watched_load
 
-  class Watch(simulation.Callback):
+  class Watch(callbacks.Callback):
     def after_round(self, loop, round_num, metrics):
       if loop.runtime.streaming:
         loaded.append(len(loop.runtime.data.index))
 
   # Seed 4 draws a partial cohort (some sampled clients not reporting) in rounds 2, 4
   # and 6 too, so a prefetch of the sampled instead of the reporting clients shows.
-  sampler = simulation.ClientSampler(DATA.client_ids, 3, 4, simulation.Participation(
+  sampler = sampling.ClientSampler(DATA.client_ids, 3, 4, sampling.Participation(
       'poisson', dropout_rate=0.2))
   assert sum(0 < len(d.reporting) < len(d.sampled)
              for d in map(sampler.sample, range(2, 7))) >= 2
@@ -70,9 +73,9 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
         rounds=6, clients_per_round=3, seed=4, eval_period=100,
         output_dir=tmp_path / runtime.record['data'], config={}, show_progress=False,
         callbacks=(Watch(),),
-        participation=simulation.Participation('poisson', dropout_rate=0.2))
+        participation=sampling.Participation('poisson', dropout_rate=0.2))
     # The whole server state: per-client rows too, not only the model.
-    finals.append(simulation.Checkpoints(tmp_path / runtime.record['data']).load_latest(
+    finals.append(checkpoints.Checkpoints(tmp_path / runtime.record['data']).load_latest(
         runtime.initialize())[0])
   for a, b in zip(*map(tf.nest.flatten, finals), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -27,7 +27,8 @@ import dp_accounting
 from dp_accounting import pld
 from dp_accounting import rdp
 
-from tff_comp.runtime import simulation
+from tff_comp.runtime import callbacks
+from tff_comp.runtime import run_files
 
 ACCOUNTANTS = ('rdp', 'pld')
 SAMPLINGS = ('poisson', 'uniform')
@@ -174,7 +175,7 @@ def _fresh(sampling: str, accountant: str) -> dp_accounting.PrivacyAccountant:
   return rdp.RdpAccountant(neighboring_relation=relation)
 
 
-class PrivacySpent(simulation.Callback):
+class PrivacySpent(callbacks.Callback):
   """Writes `privacy/epsilon` (spent after the round) every `every` rounds, at round 1
   and at the last; ends the run after round `last_round`, the last within the budget,
   when the run asks for more (the state of that round is saved as a finished run's; a
@@ -185,15 +186,15 @@ class PrivacySpent(simulation.Callback):
     self._last, self._budget, self._every = last_round, budget, every
     self._epsilon = ledger.per_round()
 
-  def on_train_begin(self, loop: simulation.Loop) -> None:
+  def on_train_begin(self, loop: callbacks.Loop) -> None:
     if self._last is not None and self._last < loop.rounds:
       logging.warning('privacy budget: epsilon %s lasts %d of the %d rounds asked; the run'
                       ' stops after round %d.', self._budget, self._last, loop.rounds,
                       self._last)
       loop.rounds = self._last
 
-  def after_round(self, loop: simulation.Loop, round_num: int,
-                  metrics: simulation.Metrics) -> None:
+  def after_round(self, loop: callbacks.Loop, round_num: int,
+                  metrics: run_files.Metrics) -> None:
     # Round 1 too: metrics.csv takes its columns from the first round.
     if round_num % self._every == 0 or round_num in (1, loop.rounds):
       metrics['privacy/epsilon'] = self._epsilon(round_num)

@@ -28,6 +28,7 @@ from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import choice
+from tff_comp.runtime import run_files
 from tff_comp.runtime import simulation
 
 # Builder parameters that every run sets from the common flags.
@@ -392,12 +393,12 @@ def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
   output_dir = output_dir or prepared.config.output_dir
   run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
   try:
-    with simulation.output_lock(pathlib.Path(output_dir)):
+    with run_files.output_lock(pathlib.Path(output_dir)):
       # Checked again under the lock: a run started beside this one may have written.
       run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
       return _train_locked(prepared, runner, config, output_dir, show_progress,
                            learning_rates, client_hparams)
-  except simulation.OutputDirInUse as e:
+  except run_files.OutputDirInUse as e:
     raise ConfigError(str(e)) from e
 
 

@@ -15,7 +15,7 @@ import pathlib
 from tff_comp import accounting
 from tff_comp import settings
 from tff_comp.ops import privacy
-from tff_comp.runtime import simulation
+from tff_comp.runtime import callbacks
 
 MEAN = 'mean'  # the algorithm's own aggregation
 AGGREGATORS = (MEAN, *privacy.KINDS)
@@ -126,7 +126,7 @@ class PrivacyOptions:
     return Plan(mean, ledger, resolved)
 
   def callbacks(self, ledger: accounting.Ledger | None, rounds: int, eval_period: int,
-                show_progress: bool) -> tuple[simulation.Callback, ...]:
+                show_progress: bool) -> tuple[callbacks.Callback, ...]:
     """A DP run's accounting: epsilon every round (pld: at evaluations), and an end when
     --target_epsilon is spent (with a fixed --noise_multiplier, or a resumed run given
     more rounds)."""

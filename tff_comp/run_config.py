@@ -12,7 +12,8 @@ from tff_comp import server_optimizers
 from tff_comp import settings
 from tff_comp.ops import client_round
 from tff_comp.runtime import inprocess as inprocess_lib
-from tff_comp.runtime import simulation
+from tff_comp.runtime import checkpoints as checkpoints_lib
+from tff_comp.runtime import sampling as sampling_lib
 from tff_comp.runtime import workers as workers_lib
 from tff_comp.settings import ConfigError
 
@@ -72,16 +73,16 @@ class ExperimentConfig:
       'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
       ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or auto (inprocess where'
       ' the algorithm supports it).', choices=runtime_names)
-  participation: simulation.Participation = dataclasses.field(
-      default_factory=simulation.Participation)
+  participation: sampling_lib.Participation = dataclasses.field(
+      default_factory=sampling_lib.Participation)
   schedules: schedules_lib.ScheduleOptions = dataclasses.field(
       default_factory=schedules_lib.ScheduleOptions)
   server: server_optimizers.ServerOptimizerOptions = dataclasses.field(
       default_factory=server_optimizers.ServerOptimizerOptions)
   privacy: privacy_lib.PrivacyOptions = dataclasses.field(
       default_factory=privacy_lib.PrivacyOptions)
-  checkpoints: simulation.CheckpointOptions = dataclasses.field(
-      default_factory=simulation.CheckpointOptions)
+  checkpoints: checkpoints_lib.CheckpointOptions = dataclasses.field(
+      default_factory=checkpoints_lib.CheckpointOptions)
   inprocess: inprocess_lib.InProcessOptions = dataclasses.field(
       default_factory=inprocess_lib.InProcessOptions)
   tff: workers_lib.WorkerOptions = dataclasses.field(

@@ -17,6 +17,7 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
   client and the stage (initialize, local step k, finalize). Slow; for finding bugs.
 """
 
+import contextlib
 import re
 from typing import Any, NamedTuple, Protocol
 
@@ -26,6 +27,8 @@ import tensorflow as tf
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
+from tff_comp.ops import rule as rule_lib
+from tff_comp.ops import vectorizable
 from tff_comp.runtime import lanes as lanes_lib
 
 
@@ -120,6 +123,56 @@ class MappedEngine:
         cohort.indices)
 
 
+# Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
+# (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
+# A step with second-order autodiff (Per-FedAvg's exact variant, the compositional MAML
+# objectives) also runs mapped: under `tf.vectorized_map` its gradient-of-gradient
+# shape computations made XLA take the cohort as a compile-time constant (XLA's
+# const_analysis log), about 1 s of compiling every round on sinewave.
+_SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve',
+                                    'MatrixInverse', 'Cholesky'})
+# Ops `tf.vectorized_map` cannot vectorize when each lane has its own weights: a
+# convolution's filter must be loop invariant, and the gradient of a while loop over
+# TensorLists (a Keras RNN) fails to convert. Such rules run mapped from the start,
+# rather than failing (with TF's pfor error dump) in the first round. (The Conv1D and
+# Conv2D layers of `keras_models.from_keras` models vectorize: traced for lanes, they
+# run as per-tap matmuls, `ops.vectorizable`.)
+_NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
+                   'Conv3D': 'a convolution with each client\'s own filter',
+                   'TensorListReserve': 'a recurrent loop (a Keras RNN)',
+                   'StatelessRandomGetKeyCounter': 'random draws seeded per lane (Dropout)'}
+# Convolutions that vectorize across lanes but are slow there on a CPU, and how slow.
+_CONVOLUTIONS_SLOW_ON_CPU_LANES = {
+    'Conv2D': 'per-tap matmuls under XLA, which on a CPU took 5-6x the mapped round'
+              ' (EMNIST CNN, bench part 6)',
+    # pfor vectorizes a per-lane depthwise filter into one grouped convolution.
+    'DepthwiseConv2dNative': 'one grouped convolution under XLA, which on a CPU took'
+                             ' 300x the mapped round (two DepthwiseConv2D layers)'}
+
+
+# Local steps a run needs before 'auto' compiles the lanes kernel. Measured on these
+# machines (feddualavg on lasso, shuffled, `binaries/bench.py` part 5): compiling the
+# lanes kernel costs about 1.4 s more than the mapped engine's first round, and lanes then
+# save about 50 us a local step (0.0024 s against 0.0085 s a round of 130 steps).
+AUTO_LANES_MIN_STEPS = 25_000
+
+
+def _step_nodes(algorithm: algorithm_lib.Algorithm, examples, payload, hparams,
+                across_lanes: bool = False) -> set[tuple[str, str]]:
+  """(name, op type) of the ops of one local step of the client rule (nested functions
+  included), as traced for the lanes engine if `across_lanes`."""
+  rule = algorithm.client_rule
+  size = client_round.step_batch_size(rule, algorithm.client_options)
+  batch = tf.nest.map_structure(lambda v: v[:size], examples)
+  context = rule_lib.RoundContext.of(client_index=0)
+  with vectorizable.across_lanes() if across_lanes else contextlib.nullcontext():
+    graph = tf.function(lambda: rule.step(
+        rule.initialize(payload, hparams, context), batch, payload, hparams,
+        context), autograph=False).get_concrete_function().graph.as_graph_def()
+  return ({(node.name, node.op) for node in graph.node}
+          | {(node.name, node.op) for f in graph.library.function for node in f.node_def})
+
+
 class LanesEngine:
   """Lockstep lanes (`runtime.lanes`): full batches in one XLA kernel compiled once,
   short last batches vectorized per size, outputs vectorized."""
@@ -132,6 +185,36 @@ class LanesEngine:
     self._algorithm, self._data, self.lanes = algorithm, data, lanes
     self._short_batches = short_batches
     self._kernel = tf.function(self._full_batches, jit_compile=True, autograph=False)
+
+  @staticmethod
+  def why_not(algorithm: algorithm_lib.Algorithm, examples, device: str, payload, hparams,
+              run_steps: int | None = None) -> str:
+    """Why this engine would be slow or fail for `algorithm` on `device`, or '' (a run of
+    `run_steps` local steps too short to repay compiling included)."""
+    nodes, on_cpu = _step_nodes(algorithm, examples, payload, hparams), 'CPU' in device.upper()
+    ops = {op for _, op in nodes}
+    slow = ops & _SLOW_UNDER_XLA_ON_CPU
+    if slow and on_cpu:
+      return f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
+    lanes_ops = {op for _, op in _step_nodes(algorithm, examples, payload, hparams,
+                                             across_lanes=True)}
+    unvectorized = sorted(lanes_ops & set(_NOT_VECTORIZED))
+    if unvectorized:
+      op = unvectorized[0]
+      return (f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
+              ' tf.vectorized_map cannot vectorize across lanes')
+    convolutions = sorted(ops & set(_CONVOLUTIONS_SLOW_ON_CPU_LANES))
+    if on_cpu and convolutions:
+      return (f'its local step convolves ({convolutions[0]}): on lanes,'
+              f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[convolutions[0]]}')
+    # TensorFlow names the ops of a gradient of a gradient 'gradients/gradients/...'.
+    if any('gradients/gradients/' in name for name, _ in nodes):
+      return ('its local step differentiates a gradient (second-order autodiff), which'
+              ' makes XLA compile the lanes kernel again for every cohort')
+    if run_steps is not None and run_steps < AUTO_LANES_MIN_STEPS:
+      return (f'a run of about {run_steps} local steps is too short to repay compiling the'
+              ' lanes kernel')
+    return ''
 
   def _full_batches(self, payload, hparams, offsets, counts, plans):
     algorithm = self._algorithm

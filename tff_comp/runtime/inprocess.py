@@ -19,7 +19,6 @@ CPU (`choose_device`).
 """
 
 import collections
-import contextlib
 from collections.abc import Sequence
 import dataclasses
 from typing import Any, NamedTuple
@@ -38,7 +37,6 @@ from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
 from tff_comp.ops import privacy
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import vectorizable
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
 from tff_comp.runtime import streaming
@@ -101,33 +99,6 @@ class InProcessOptions:
     settings.check(self)
 
 
-# Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
-# (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
-# A step with second-order autodiff (Per-FedAvg's exact variant, the compositional MAML
-# objectives) also runs mapped: under `tf.vectorized_map` its gradient-of-gradient
-# shape computations made XLA take the cohort as a compile-time constant (XLA's
-# const_analysis log), about 1 s of compiling every round on sinewave.
-_SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve',
-                                    'MatrixInverse', 'Cholesky'})
-# Ops `tf.vectorized_map` cannot vectorize when each lane has its own weights: a
-# convolution's filter must be loop invariant, and the gradient of a while loop over
-# TensorLists (a Keras RNN) fails to convert. Such rules run mapped from the start,
-# rather than failing (with TF's pfor error dump) in the first round. (The Conv1D and
-# Conv2D layers of `keras_models.from_keras` models vectorize: traced for lanes, they
-# run as per-tap matmuls, `ops.vectorizable`.)
-_NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
-                   'Conv3D': 'a convolution with each client\'s own filter',
-                   'TensorListReserve': 'a recurrent loop (a Keras RNN)',
-                   'StatelessRandomGetKeyCounter': 'random draws seeded per lane (Dropout)'}
-# Convolutions that vectorize across lanes but are slow there on a CPU, and how slow.
-_CONVOLUTIONS_SLOW_ON_CPU_LANES = {
-    'Conv2D': 'per-tap matmuls under XLA, which on a CPU took 5-6x the mapped round'
-              ' (EMNIST CNN, bench part 6)',
-    # pfor vectorizes a per-lane depthwise filter into one grouped convolution.
-    'DepthwiseConv2dNative': 'one grouped convolution under XLA, which on a CPU took'
-                             ' 300x the mapped round (two DepthwiseConv2D layers)'}
-
-
 class InProcessRuntime:
   """Runs `algorithm` on `data` in this process; see the module docstring.
 
@@ -143,7 +114,7 @@ class InProcessRuntime:
       wider lanes were no faster per step, 64 on a GPU).
     client_rounds: the client rounds of the whole run (rounds x clients per round), if
       known; 'auto' takes the mapped engine when their local steps are too few to
-      repay compiling the lanes kernel (`AUTO_LANES_MIN_STEPS`).
+      repay compiling the lanes kernel (`engines.AUTO_LANES_MIN_STEPS`).
 
   Cohorts may have any size: the lanes kernel holds `capacity` clients (padded with
   clients of no steps) and compiles again only when a cohort exceeds it
@@ -189,8 +160,8 @@ class InProcessRuntime:
     # Traced once for cohorts of any size (see `next`); without AutoGraph, which
     # tff_comp's math does not need and which tripled the time of the first round.
     self._round_fns = {name: tf.function(self._round, autograph=False)
-                       for name in ('lanes', 'mapped')}
-    self._round_fns['debug'] = self._round
+                       if engine_.in_graph else self._round
+                       for name, engine_ in self._engines.items()}
     self._traced: set[tuple[str, int]] = set()
     self._metric_specs: Any = None  # the round's metrics' structure (`_pack`)
     self.engine = 'lanes' if engine == 'auto' else engine
@@ -206,7 +177,11 @@ class InProcessRuntime:
     if self._fallback:
       run_steps = (None if client_rounds is None else
                    int(client_rounds * np.mean(schedule.steps.numpy())))
-      self.why = self._why_not_lanes() or _too_short(run_steps)
+      state = self.initialize()
+      self.why = engines_lib.LanesEngine.why_not(
+          algorithm, self.data.examples, self.device,
+          algorithm.server_rule.payload(state.finalizer, state.global_model_weights),
+          state.client_work.hparams, run_steps)
       if self.why:
         self.engine, self._fallback = 'mapped', False
     logging.info('in-process runtime: %s', self.description)
@@ -220,46 +195,6 @@ class InProcessRuntime:
   def record(self) -> dict[str, Any]:
     return {'name': self.name, 'device': self.device, 'engine': self.engine,
             'why': self.why, 'data': 'streaming' if self.streaming else 'resident'}
-
-  def _why_not_lanes(self) -> str:
-    """Why the lanes engine would be slow for this algorithm here, or ''."""
-    nodes, on_cpu = self._step_nodes(), 'CPU' in self.device.upper()
-    ops = {op for _, op in nodes}
-    slow = ops & _SLOW_UNDER_XLA_ON_CPU
-    if slow and on_cpu:
-      return f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
-    lanes_ops = {op for _, op in self._step_nodes(across_lanes=True)}
-    unvectorized = sorted(lanes_ops & set(_NOT_VECTORIZED))
-    if unvectorized:
-      op = unvectorized[0]
-      return (f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
-              ' tf.vectorized_map cannot vectorize across lanes')
-    convolutions = sorted(ops & set(_CONVOLUTIONS_SLOW_ON_CPU_LANES))
-    if on_cpu and convolutions:
-      return (f'its local step convolves ({convolutions[0]}): on lanes,'
-              f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[convolutions[0]]}')
-    # TensorFlow names the ops of a gradient of a gradient 'gradients/gradients/...'.
-    if any('gradients/gradients/' in name for name, _ in nodes):
-      return ('its local step differentiates a gradient (second-order autodiff), which'
-              ' makes XLA compile the lanes kernel again for every cohort')
-    return ''
-
-  def _step_nodes(self, across_lanes: bool = False) -> set[tuple[str, str]]:
-    """(name, op type) of the ops of one local step of the client rule (nested
-    functions included), as traced for the lanes engine if `across_lanes`."""
-    algorithm = self.algorithm
-    rule, state = algorithm.client_rule, self.initialize()
-    payload = algorithm.server_rule.payload(state.finalizer, state.global_model_weights)
-    hparams = state.client_work.hparams
-    size = client_round.step_batch_size(rule, algorithm.client_options)
-    batch = tf.nest.map_structure(lambda v: v[:size], self.data.examples)
-    context = rule_lib.RoundContext.of(client_index=0)
-    with vectorizable.across_lanes() if across_lanes else contextlib.nullcontext():
-      graph = tf.function(lambda: rule.step(
-          rule.initialize(payload, hparams, context), batch, payload, hparams,
-          context), autograph=False).get_concrete_function().graph.as_graph_def()
-    return ({(node.name, node.op) for node in graph.node}
-            | {(node.name, node.op) for f in graph.library.function for node in f.node_def})
 
   # --- state -------------------------------------------------------------------------
 
@@ -449,20 +384,6 @@ class InProcessRuntime:
           spec.dtype.as_numpy_dtype))
       start += size
     return tf.nest.pack_sequence_as(self._metric_specs, leaves)
-
-
-# Local steps a run needs before 'auto' compiles the lanes kernel. Measured on these
-# machines (feddualavg on lasso, shuffled, `binaries/bench.py` part 5): compiling the
-# lanes kernel costs about 1.4 s more than the mapped engine's first round, and lanes then
-# save about 50 us a local step (0.0024 s against 0.0085 s a round of 130 steps).
-AUTO_LANES_MIN_STEPS = 25_000
-
-
-def _too_short(run_steps: int | None) -> str:
-  if run_steps is None or run_steps >= AUTO_LANES_MIN_STEPS:
-    return ''
-  return (f'a run of about {run_steps} local steps is too short to repay compiling the'
-          f' lanes kernel')
 
 
 def _state(weights, work: client_round.ClientWorkState, server_state,

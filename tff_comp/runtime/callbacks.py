@@ -1,0 +1,286 @@
+"""The training loop's callbacks (as pfl-research's): evaluation, metrics, progress,
+checkpoints, the run record, the final model and the divergence guard, and `Loop`, what
+they see of the run."""
+
+from collections.abc import Callable, Mapping
+import json
+import math
+import pathlib
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tqdm
+
+from tff_comp.runtime import base
+from tff_comp.runtime import checkpoints as checkpoints_lib
+from tff_comp.runtime import run_files
+
+
+class DivergenceError(RuntimeError):
+  """Training produced a non-finite loss."""
+
+
+class StopTraining(Exception):
+  """Raised by a callback's `after_round` to end the run cleanly after that round (an
+  early stop): the round's row is kept, the state checkpointed, the model saved."""
+
+
+# Server-state tables up to this many entries are logged entry by entry (AFL's and
+# TR-MAML's client weights); larger ones (Ditto's personal models) are not.
+_MAX_LOGGED_TABLE = 100
+
+
+def hparam_metrics(process, state) -> run_files.Metrics:
+  """The hyperparameters in force (`hparams/...`, learning rates included), as given:
+  the shortest decimal of their float32 value (0.001, not 0.0010000000474974513)."""
+  return {f'hparams/{k}': float(str(np.float32(v)))
+          for k, v in run_files.flatten_metrics(process.get_hparams(state)).items()}
+
+
+def server_quantities(state) -> run_files.Metrics:
+  """The server state's scalars and small tables (`server/...`: FedDualAvg's elapsed
+  coefficient, AFL's client weights), the optimizer's state aside: what defines the
+  method at this round, for plots."""
+  quantities = {}
+  finalizer = base.server_state(state)
+  for name, value in (finalizer.items() if isinstance(finalizer, Mapping) else ()):
+    if name == 'optimizer' or tf.nest.is_nested(value):
+      continue
+    value = np.asarray(value)
+    if value.ndim == 0:
+      quantities[f'server/{name}'] = float(value)
+    elif value.ndim == 1 and value.size <= _MAX_LOGGED_TABLE:
+      quantities.update({f'server/{name}/{i}': float(v) for i, v in enumerate(value)})
+  return quantities
+
+
+class Loop:
+  """What callbacks see of the run: the runtime and its state, where the run writes, the
+  rounds asked for and those done before this process started (a resumed run, with the
+  metrics.csv rows it keeps), the initial and latest evaluations and the clock."""
+
+  def __init__(self, runtime, output_dir: pathlib.Path, rounds: int):
+    self.runtime, self.output_dir, self.rounds = runtime, output_dir, rounds
+    self.state: Any = None
+    self.done = 0
+    self.round_num = 0  # the last round run (its state is `state`)
+    self.finished = 0  # the last round every callback has seen
+    self.finished_state: Any = None  # its state
+    self.saved = 0  # the newest round checkpointed
+    self.interrupted = False  # stopped by Ctrl-C or SIGTERM
+    self.kept_columns: list[str] = []
+    self.kept_rows: list[dict[str, str]] = []
+    self.initial_eval: run_files.Metrics = {}
+    self.eval_metrics: run_files.Metrics = {}
+    self.start = time.monotonic()
+    # What buffers rows (`MetricsSink`) registers its flush here; `flush` writes them
+    # all (before a checkpoint, so the rows up to it are on disk first).
+    self.flushes: list[Callable[[], None]] = []
+
+  def elapsed(self) -> float:
+    return time.monotonic() - self.start
+
+  def flush(self) -> None:
+    for flush in self.flushes:
+      flush()
+
+
+class Callback:
+  """A hook of the training loop (as pfl-research's callbacks): evaluation, metrics,
+  checkpoints, progress and stopping rules are callbacks, so a new sink or an early
+  stop is a new callback, not an edit of the loop. Callbacks run in the order given,
+  each seeing what the ones before it added.
+
+  on_train_begin(loop): the state is initialized, or restored (`loop.done` > 0).
+  after_round(loop, round_num, metrics): after each round; may add to `metrics` (the
+    round's row), raise StopTraining to end the run cleanly after this round (the
+    callbacks after it still see the round), or raise an error to stop it.
+  on_train_end(loop, completed): always, last; `completed` when the run ended as asked
+    (every round ran, or a callback stopped it early).
+  """
+
+  def on_train_begin(self, loop: Loop) -> None:
+    del loop
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    del loop, round_num, metrics
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    del loop, completed
+
+
+class DivergenceGuard(Callback):
+  """Stops the run with DivergenceError when the round's training loss is not finite;
+  `hint` names the algorithm's likely cause."""
+
+  def __init__(self, hint: str):
+    self._hint = hint
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    loss = metrics.get('train/client_work/train_loss', 0.0)
+    if not math.isfinite(loss):
+      raise DivergenceError(
+          f'training diverged at round {round_num}: train loss {loss}; {self._hint}.')
+
+
+class Evaluator(Callback):
+  """Evaluates the state at the start, every `eval_period` rounds and at the last
+  (`eval/...` columns); with `evaluate_clients`, one CSV of per-client rows each time
+  (`clients/eval_round_<r>.csv`)."""
+
+  def __init__(self, evaluate: Callable[[Any], run_files.Metrics], eval_period: int,
+               evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None):
+    self._evaluate, self._period, self._clients = evaluate, eval_period, evaluate_clients
+
+  def _run(self, loop: Loop, round_num: int) -> run_files.Metrics:
+    """The evaluation's metrics, with its wall time as `eval/seconds` (kept out of
+    `loop.eval_metrics`, which holds what the model scored)."""
+    start = time.perf_counter()
+    if self._clients is not None:
+      run_files.write_client_rows(loop.output_dir / 'clients' / f'eval_round_{round_num:05d}.csv',
+                        self._clients(loop.state))
+    loop.eval_metrics = {f'eval/{k}': v for k, v in self._evaluate(loop.state).items()}
+    return {**loop.eval_metrics, 'eval/seconds': time.perf_counter() - start}
+
+  def on_train_begin(self, loop: Loop) -> None:
+    loop.initial_eval = self._run(loop, loop.done)
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    if round_num % self._period == 0 or round_num == loop.rounds:
+      metrics.update(self._run(loop, round_num))
+
+
+class Progress(Callback):
+  """A live bar on a terminal; one line per evaluation in logs (CI, files)."""
+
+  def __init__(self, show: bool):
+    self._show = show
+    self._interactive = show and sys.stderr.isatty()
+    self._bar = None
+
+  def on_train_begin(self, loop: Loop) -> None:
+    self._bar = tqdm.tqdm(total=loop.rounds, initial=loop.done, disable=not self._interactive,
+                          file=sys.stderr, unit='round', dynamic_ncols=True)
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    if any(k.startswith('eval/') for k in metrics):
+      summary = {k: f'{v:.4g}' for k, v in loop.eval_metrics.items()}  # the CSV's names
+      self._bar.set_postfix(summary, refresh=False)
+      if self._show and not self._interactive:
+        # The round's loss at the visited iterates, then the evaluation's metrics
+        # (a task's own `train_loss` is its evaluation on the pooled training data).
+        loss = metrics.get('train/client_work/train_loss', 0.0)
+        # One write, line and newline together: a Ctrl-C between them would glue the
+        # next line (the interrupt's) to this one.
+        sys.stderr.write(f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s):'
+                         f' train/client_work/train_loss={loss:.4g} '
+                         + ' '.join(f'{k}={v}' for k, v in summary.items()) + '\n')
+        sys.stderr.flush()
+    self._bar.update()
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    if self._bar is not None:
+      self._bar.close()
+
+
+class MetricsSink(Callback):
+  """metrics.csv and TensorBoard (`MetricsWriter`): round 0 holds the initial
+  evaluation, then a row per round with its `seconds` since the start; a resumed run
+  rewrites the rows it keeps. The columns are those of the first round that trained
+  (rows of earlier rounds where nobody reported wait for it)."""
+
+  def __init__(self):
+    self._writer: run_files.MetricsWriter | None = None
+    self._waiting: list[tuple[int, float, run_files.Metrics]] = []
+
+  def on_train_begin(self, loop: Loop) -> None:
+    loop.flushes.append(self._flush)
+    if loop.kept_rows:
+      self._writer = run_files.MetricsWriter(loop.output_dir, loop.kept_columns, loop.kept_rows)
+
+  def _flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def _open(self, loop: Loop, metrics: run_files.Metrics) -> None:
+    columns = sorted(k for k in metrics if not k.startswith('eval/'))
+    self._writer = run_files.MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
+    self._writer.write(0, 0.0, loop.initial_eval)
+    for row in self._waiting:
+      self._writer.write(*row)
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    if self._writer is None:
+      if not any(k.startswith('train/') for k in metrics):
+        self._waiting.append((round_num, loop.elapsed(), dict(metrics)))
+        return
+      self._open(loop, metrics)
+    self._writer.write(round_num, loop.elapsed(), metrics)
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    if self._writer is None:  # stopped before a round trained: still write what ran
+      self._open(loop, self._waiting[-1][2] if self._waiting else {})
+    loop.flushes.remove(self._flush)
+    self._writer.close()
+
+
+class RunRecord(Callback):
+  """config.json: the run's configuration and its runtime's record, written at the
+  start of a fresh run and again after the first round (the engine actually used)."""
+
+  def __init__(self, config: Mapping[str, Any]):
+    self._config = config
+
+  def _write(self, loop: Loop) -> None:
+    config = dict(self._config, runtime_record=getattr(loop.runtime, 'record', None))
+    if 'resolved' in config and hasattr(loop.runtime, 'description'):
+      config['resolved'] = dict(config['resolved'], runtime=loop.runtime.description)
+    run_files.write_whole(loop.output_dir / 'config.json', json.dumps(config, indent=2, default=str))
+
+  def on_train_begin(self, loop: Loop) -> None:
+    if not loop.done:
+      self._write(loop)
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    if round_num == loop.done + 1:
+      self._write(loop)
+
+
+class Checkpointer(Callback):
+  """Saves the state every `every` rounds, at the last, at an early stop and when
+  interrupted (Ctrl-C, SIGTERM) after a finished round (`Checkpoints`)."""
+
+  def __init__(self, checkpoints: checkpoints_lib.Checkpoints, every: int):
+    self._checkpoints, self._every = checkpoints, every
+
+  def on_train_begin(self, loop: Loop) -> None:
+    loop.saved = loop.done
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    if round_num % self._every == 0 or round_num == loop.rounds:
+      loop.flush()
+      self._checkpoints.save(loop.state, round_num)
+      loop.saved = round_num
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    # The last round every callback saw (a stop during a round's callbacks may have
+    # left its row unwritten: that round is redone on resume).
+    if (completed or loop.interrupted) and loop.finished > loop.saved:
+      loop.flush()
+      self._checkpoints.save(loop.finished_state, loop.finished)
+      loop.saved = loop.finished
+    self._checkpoints.close()
+
+
+class FinalModel(Callback):
+  """final_model.npz: the trained model's weights after the last round (`save_model`;
+  `load_model` reads them back)."""
+
+  def on_train_end(self, loop: Loop, completed: bool) -> None:
+    if completed:
+      run_files.save_model(loop.output_dir / 'final_model.npz',
+                 loop.runtime.get_model_weights(loop.state))
+

@@ -1,0 +1,136 @@
+"""A run's checkpoints: `state_<round>.npz` files written in the background, the
+newest kept, a damaged one set aside."""
+
+import concurrent.futures
+import dataclasses
+import pathlib
+import os
+import shutil
+import time
+from typing import Any
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from tff_comp import settings
+
+
+class Checkpoints:
+  """The run's state every few rounds, in `output_dir/checkpoints`: round r's state as
+  `state_<r>.npz`, its leaves in `tf.nest.flatten` order, restored into the structure
+  of a fresh `initialize()`; the newest two are kept.
+
+  Why not TFF's `tff.program.FileProgramStateManager` (used before 0.3.0): it writes a
+  SavedModel, 50-80 ms a save on lasso, 1.5 ms a round at the default interval of 50
+  rounds, and CPU work a background thread does not hide on two cores. An .npz takes
+  about a millisecond. Each file is written to a temporary name, synced and renamed, so
+  a kill never leaves a half-written checkpoint under a checkpoint's name; temporary
+  files a killed run left are removed when the next run opens the directory. `save`
+  writes in the background and returns at once; the next call waits for it, as do
+  `wait` and `close` (raising what a save raised, e.g. a full disk).
+  """
+
+  _KEEP = 2
+
+  def __init__(self, output_dir: pathlib.Path):
+    self._root, self._damaged = output_dir / 'checkpoints', output_dir / 'checkpoints_damaged'
+    self._root.mkdir(parents=True, exist_ok=True)
+    for stale in self._root.glob('.state_*'):  # a killed save's temporary file
+      stale.unlink(missing_ok=True)
+    self._thread = concurrent.futures.ThreadPoolExecutor(1, 'checkpoints')
+    self._saving: concurrent.futures.Future | None = None
+
+  def wait(self) -> None:
+    """Waits for the save under way, if any (re-raising its error)."""
+    saving, self._saving = self._saving, None
+    if saving is not None:
+      saving.result()
+
+  def close(self) -> None:
+    try:
+      self.wait()
+    finally:
+      self._thread.shutdown()
+
+  def rounds(self) -> list[int]:
+    """The rounds saved, oldest first."""
+    self.wait()
+    return self._on_disk()
+
+  def _on_disk(self) -> list[int]:
+    found = (_round_of(path) for path in self._root.glob('state_*.npz'))
+    return sorted(r for r in found if r is not None)
+
+  def clear(self) -> None:
+    """Removes every checkpoint (a fresh run), those of earlier versions' format too."""
+    self.wait()
+    shutil.rmtree(self._root)
+    self._root.mkdir(parents=True)
+
+  def save(self, state, round_num: int) -> None:
+    """Starts saving `state` as round `round_num`'s checkpoint."""
+    self.wait()
+    leaves = {f'leaf_{i}': np.asarray(leaf) for i, leaf in enumerate(tf.nest.flatten(state))}
+    self._saving = self._thread.submit(self._write, leaves, round_num)
+
+  def _write(self, leaves: dict[str, np.ndarray], round_num: int) -> None:
+    path = self._root / f'state_{round_num}.npz'
+    temporary = self._root / f'.state_{round_num}.{os.getpid()}.npz'
+    with open(temporary, 'wb') as f:
+      np.savez(f, **leaves)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(temporary, path)
+    for old in self._on_disk()[:-self._KEEP]:
+      (self._root / f'state_{old}.npz').unlink(missing_ok=True)
+
+  def load_latest(self, template) -> tuple[Any, int]:
+    """(state, round) of the newest readable checkpoint, or (None, 0). A damaged one (cut
+    short, garbled, or of another structure than `template`) is moved to
+    `checkpoints_damaged/` under a name of its own, so the run saves that round afresh
+    when it gets there, and the one before it is tried."""
+    expected = [np.asarray(leaf) for leaf in tf.nest.flatten(template)]
+    for round_num in reversed(self.rounds()):
+      path = self._root / f'state_{round_num}.npz'
+      try:
+        with np.load(path, allow_pickle=False) as saved:
+          if len(saved.files) != len(expected):
+            raise ValueError(f'{len(saved.files)} values, expected {len(expected)}')
+          leaves = [saved[f'leaf_{i}'] for i in range(len(expected))]
+        # Shapes must match; dtypes are those saved, the running state's (a fresh
+        # state may hold a Python float where rounds hold float32).
+        for i, (leaf, like) in enumerate(zip(leaves, expected)):
+          if leaf.shape != like.shape:
+            raise ValueError(f'value {i} has shape {list(leaf.shape)}, expected'
+                             f' {list(like.shape)}')
+        return tf.nest.pack_sequence_as(template, leaves), round_num
+      except Exception as error:  # pylint: disable=broad-except  (any damage: set aside)
+        self._set_aside(path, error)
+    return None, 0
+
+  def _set_aside(self, path: pathlib.Path, error: Exception) -> None:
+    self._damaged.mkdir(parents=True, exist_ok=True)
+    aside = self._damaged / f'{path.stem}.{time.time_ns()}.npz'  # never over an earlier one
+    os.replace(path, aside)
+    logging.warning('checkpoint of round %d is damaged (%s: %s); moved to %s.',
+                    _round_of(path), type(error).__name__, error, aside)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+  """How often a run saves its state for `--resume`."""
+
+  checkpoint_every: int = settings.setting(
+      50, 'Save the process state every this many rounds (and at the last), for'
+      ' --resume.', lower=1, upper=settings.MAX_COUNT)
+
+  def __post_init__(self):
+    settings.check(self)
+
+
+def _round_of(path: pathlib.Path) -> int | None:
+  """The round of a checkpoint file `state_<round>.npz` (None: not one)."""
+  number = path.name[len('state_'):-len('.npz')]
+  return int(number) if number.isdigit() else None
+
