@@ -88,7 +88,7 @@ def _run_group(name: str, spec: experiments.Experiment, algorithm: str, seed: in
     start = time.monotonic()
     label = experiments.describe(spec, algorithm, config)
     try:
-      experiment_lib.train(
+      experiment_lib.train_runner(
           prepared, runner, show_progress=False, learning_rates=config[:2],
           client_hparams=client_hparams, output_dir=str(out), extra_config={
               'experiment': name, 'grid_algorithm': algorithm,

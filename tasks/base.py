@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import regularizers as regularizers_lib
 
 Metrics = dict[str, float]
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 from tff_comp.ops import local_loop
 from tff_comp.runtime import inprocess
 from tff_comp.tasks import base

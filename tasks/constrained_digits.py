@@ -29,7 +29,7 @@ from tff_comp.tasks import base
 from tff_comp.tasks import tff_files
 from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 CONSTRAINTS = {'l1_ball': 1, 'l2_ball': 2}
 DENSITY_CUTOFF = 1e-4

@@ -31,7 +31,7 @@ from tff_comp.tasks import base
 from tff_comp.tasks import keras_images
 from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 NUM_CLIENTS = 10
 

@@ -27,7 +27,7 @@ from tff_comp.tasks import base
 from tff_comp.tasks import linear_synthetic
 from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 DIM = 1024
 # dataset -> (support size, clients, examples per client)

@@ -23,7 +23,7 @@ from tff_comp.tasks import base
 from tff_comp.tasks import linear_synthetic
 from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 SIDE = 32
 # dataset -> (rank, clients, examples per client)

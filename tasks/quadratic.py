@@ -15,7 +15,7 @@ import tensorflow_federated as tff
 from tff_comp.tasks import array_data
 from tff_comp.tasks import base
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 
 def quadratic_model(dim: int) -> tff.learning.models.FunctionalModel:

@@ -19,7 +19,7 @@ from tff_comp.tasks import base
 from tff_comp.tasks import personalization
 from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 
 def generate(num_clients: int, shots: int, rng: np.random.Generator):

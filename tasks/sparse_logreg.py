@@ -22,7 +22,7 @@ from tff_comp.tasks import base
 from tff_comp.tasks import lasso
 from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 
 def _generate(dim, support, signal, num_clients, examples, validation_clients,

@@ -17,7 +17,7 @@ from tff_comp.tasks import array_data
 from tff_comp.tasks import base
 from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 DIM, CLASSES = 60, 10
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tff_comp import composer
 from tff_comp import models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 from tff_comp.tasks import array_data
 
 D, NUM_CLIENTS = 5, 5

@@ -145,7 +145,7 @@ def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_proces
   runner = experiment.build_runner(prepared)
   assert runner.runtime.name == 'inprocess'
   before = prepared.task.evaluate(tuple(model.initial_weights[0]), None)
-  final = experiment.train(prepared, runner, show_progress=False)
+  final = experiment.train_runner(prepared, runner, show_progress=False)
   assert final['eval/test_accuracy'] > 0.9 > before['test_accuracy']
   assert final['eval/train_loss'] < before['train_loss']
 
@@ -188,7 +188,7 @@ def test_emnist_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, only_dig
   assert task.model.initial_weights[0][-1].shape == (classes,)
   runner = experiment.build_runner(prepared)
   assert runner.runtime.name == 'inprocess'
-  final = experiment.train(prepared, runner, show_progress=False)
+  final = experiment.train_runner(prepared, runner, show_progress=False)
   assert np.isfinite(final['eval/test_loss']) and 0 <= final['eval/test_accuracy'] <= 1
 
 
@@ -242,7 +242,7 @@ def test_emnist_cnn_dropout_is_tffs_baseline_model_and_trains(tmp_path):
       output_dir=str(tmp_path / 'run')))
   runner = experiment.build_runner(prepared)
   assert runner.runtime.engine == 'mapped' and 'Dropout' in runner.runtime.why
-  final = experiment.train(prepared, runner, show_progress=False)
+  final = experiment.train_runner(prepared, runner, show_progress=False)
   assert np.isfinite(final['eval/test_loss'])
 
 
@@ -281,7 +281,7 @@ def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_pa
     np.testing.assert_array_equal(y, ty[0])
   runner = experiment.build_runner(prepared)
   assert runner.runtime.name == 'inprocess'
-  final = experiment.train(prepared, runner, show_progress=False)
+  final = experiment.train_runner(prepared, runner, show_progress=False)
   assert np.isfinite(final['eval/test_loss'])
 
 

@@ -8,7 +8,7 @@ import tensorflow_federated as tff
 
 from tests import numpy_reference as ref
 from tff_comp import models
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 from tff_comp.ops import composite
 from tff_comp.ops import messages
 from tff_comp.ops import sgd

@@ -8,7 +8,7 @@ import tensorflow_federated as tff
 from tff_comp import client_work
 from tff_comp import composer
 from tff_comp import models
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 from tff_comp import server_update
 from tff_comp.algorithms import common
 from tff_comp.algorithms import feddualavg
@@ -100,9 +100,10 @@ def test_set_model_weights_restarts_the_dual_state():
   np.testing.assert_allclose(process.get_model_weights(state).trainable[0], 0.5)
 
 
-def test_readme_composition_example_is_a_working_process(repo_root):
-  """The README's composition example runs, and equals the registered feddualavg."""
-  readme = (repo_root / 'README.md').read_text()
+def test_the_documented_composition_example_is_a_working_process(repo_root):
+  """docs/architecture.md's composition example runs, and equals the registered
+  feddualavg."""
+  readme = (repo_root / 'docs' / 'architecture.md').read_text()
   code = readme.split('```python\n')[1].split('```')[0]
   namespace = {}
   exec(code, namespace)  # pylint: disable=exec-used

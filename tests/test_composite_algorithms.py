@@ -8,7 +8,7 @@ import tensorflow as tf
 from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import models
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 from tff_comp.algorithms import fedavg
 from tff_comp.algorithms import feddualavg
 from tff_comp.algorithms import fedmid

@@ -23,9 +23,8 @@ def _config(tmp_path, algorithm='fedavg', **kwargs):
 
 
 def _documented_metrics() -> list[str]:
-  """The column names (fnmatch patterns) of README.md's metrics table."""
-  readme = (pathlib.Path(experiment.__file__).parent.parent / 'README.md').read_text()
-  section = readme.split('### Metrics', 1)[1].split('\n### ', 1)[0]
+  """The column names (fnmatch patterns) of docs/metrics.md's table."""
+  section = (pathlib.Path(experiment.__file__).parent.parent / 'docs' / 'metrics.md').read_text()
   names = [name for line in section.splitlines() if line.startswith('| `')
            for name in re.findall(r'`([^`]+)`', line.split(' | ')[0])]
   assert len(names) > 30, names
@@ -43,7 +42,7 @@ def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
   documented = _documented_metrics()
   undocumented = [c for c in rows[0].split(',')
                   if not any(fnmatch.fnmatchcase(c, p) for p in documented)]
-  assert not undocumented, f'columns missing from README.md\'s metrics table: {undocumented}'
+  assert not undocumented, f'columns missing from docs/metrics.md\'s table: {undocumented}'
   logged = {'feddualavg': 'server/elapsed', 'afl': 'server/client_weights/9',
             'tr_maml': 'server/lambda_learning_rate', 'fedavg': 'hparams/client_work/momentum'}
   if name in logged:  # what defines the method is logged every round
@@ -169,3 +168,26 @@ def test_config_json_records_every_option_in_force_and_the_environment(tmp_path)
   assert env['tff_comp'] and env['python']
   if (pathlib.Path(experiment.__file__).parent.parent / '.git').exists():
     assert len(env['git_commit']) == 40 and isinstance(env['git_dirty'], bool)
+
+
+def test_the_readme_python_example_trains(tmp_path, monkeypatch):
+  """README.md's Python example runs as written (writing under tmp_path) and trains."""
+  readme = (pathlib.Path(experiment.__file__).parent.parent / 'README.md').read_text()
+  code = readme.split('## In Python', 1)[1].split('```python\n', 1)[1].split('```', 1)[0]
+  assert len(code.splitlines()) <= 15, code
+  monkeypatch.chdir(tmp_path)
+  namespace = {}
+  exec(code, namespace)  # pylint: disable=exec-used
+  final = namespace['final']
+  assert final['eval/f1'] > 0.9, final
+  recorded = json.loads((tmp_path / 'runs' / 'feddualavg-example' / 'config.json').read_text())
+  assert recorded['task_options'] == {'dataset': 'II'}
+  assert recorded['participation']['sampling'] == 'poisson'
+
+
+def test_train_takes_options_by_their_flag_names_and_refuses_unknown_ones(tmp_path):
+  final = experiment.train('fedavg', task='quadratic', rounds=2, output_dir=str(tmp_path),
+                           show_progress=False)
+  assert final
+  with pytest.raises(experiment.ConfigError, match='unknown settings: mu'):
+    experiment.train('fedavg', task='quadratic', mu=0.1, output_dir=str(tmp_path / 'b'))

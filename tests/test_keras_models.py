@@ -10,7 +10,7 @@ import tensorflow_federated as tff
 from tff_comp.runtime import choice
 from tff_comp import keras_models
 from tff_comp import registry
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 from tff_comp.ops import vectorizable
 from tff_comp.runtime import engines
 

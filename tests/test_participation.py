@@ -198,7 +198,7 @@ def test_participation_flags_reach_config_json_and_bad_ones_are_one_line(tmp_pat
       algorithm='fedavg', task='quadratic', rounds=2, output_dir=str(tmp_path),
       sampling='poisson', dropout_rate=0.2, straggler_rate=0.1, straggler_work=0.25)
   prepared = experiment.prepare(config)
-  experiment.train(prepared, experiment.build_runner(prepared), show_progress=False)
+  experiment.train_runner(prepared, experiment.build_runner(prepared), show_progress=False)
   recorded = json.loads((tmp_path / 'config.json').read_text())
   assert [recorded['participation'][k] for k in ('sampling', 'dropout_rate', 'straggler_rate',
                                 'straggler_work')] == ['poisson', 0.2, 0.1, 0.25]

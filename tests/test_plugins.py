@@ -1,5 +1,5 @@
 """Plugins installed through entry points: future annotations, clashes, duplicates, and
-the README's complete plugin example."""
+docs/plugins.md's complete plugin example."""
 
 import csv
 import os
@@ -86,14 +86,14 @@ def test_a_clashing_option_is_one_line_naming_the_plugin(repo_root, tmp_path):
 
 
 def _readme_blocks(repo_root, language: str) -> list[str]:
-  """The README's ```language blocks of its complete plugin example."""
-  text = (repo_root / 'README.md').read_text()
+  """The ```language blocks of docs/plugins.md's complete plugin example."""
+  text = (repo_root / 'docs' / 'plugins.md').read_text()
   return re.findall(rf'```{language}\n(.*?)```', text[text.index('A complete plugin'):],
                     re.S)
 
 
 def test_the_readme_plugin_example_installs_and_runs(repo_root, tmp_path):
-  """The README's plugin, installed as pip would (package and dist-info with the
+  """docs/plugins.md's plugin, installed as pip would (package and dist-info with the
   entry points of its pyproject.toml), trains from run.py and explains its options."""
   (tmp_path / 'my_fl_plugin').mkdir()
   (tmp_path / 'my_fl_plugin' / '__init__.py').write_text(_readme_blocks(repo_root, 'python')[0])

@@ -8,7 +8,7 @@ import pytest
 
 from tests import algorithm_cases
 from tests import numpy_reference as ref
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 from tff_comp.runtime import inprocess
 
 DATA = algorithm_cases.DATA['unequal']

@@ -5,7 +5,7 @@ import pytest
 from scipy import optimize
 import tensorflow as tf
 
-from tff_comp import regularizers
+from tff_comp.ops import regularizers
 
 RNG = np.random.default_rng(0)
 

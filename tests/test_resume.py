@@ -72,7 +72,7 @@ def _train(path, interrupt_at=None, show=False, **kwargs):
         return process.next(state, ids, work)
 
     runner.runtime = Interrupted()
-  return experiment.train(prepared, runner, show_progress=show)
+  return experiment.train_runner(prepared, runner, show_progress=show)
 
 
 @pytest.fixture(scope='module')

@@ -62,7 +62,7 @@ def _train(traces, tmp_path, **settings) -> list[str]:
   prepared = experiment.prepare(experiment.ExperimentConfig.of(**{**config, **settings}))
   runner = experiment.build_runner(prepared)
   watched = runner.runtime = _Watched(runner.runtime, traces)
-  experiment.train(prepared, runner, show_progress=False)
+  experiment.train_runner(prepared, runner, show_progress=False)
   assert watched.rounds >= 3, watched.rounds
   return traces[watched.before_round_3:]
 
@@ -141,7 +141,7 @@ for rounds, resume in ((12, False), (24, True)):
       algorithm='fedavg', task='quadratic', rounds=rounds, clients_per_round=3,
       sampling='poisson', dropout_rate=0.3, engine='lanes', eval_period=5,
       checkpoint_every=6, output_dir=sys.argv[1], resume=resume))
-  experiment.train(prepared, experiment.build_runner(prepared), show_progress=False)
+  experiment.train_runner(prepared, experiment.build_runner(prepared), show_progress=False)
   print('run done', file=sys.stderr, flush=True)
 """
 

@@ -87,7 +87,7 @@ def test_a_plugin_learning_process_runs_on_tff(tmp_path, monkeypatch):
   runner = experiment.build_runner(prepared)
   assert runner.description.startswith('tff (not in-process: this process was composed')
   assert runner.algorithm is None
-  metrics = experiment.train(prepared, runner, show_progress=False)
+  metrics = experiment.train_runner(prepared, runner, show_progress=False)
   assert np.isfinite(metrics['eval/train_loss'] if 'eval/train_loss' in metrics
                      else metrics['train_loss'])
   with pytest.raises(experiment.ConfigError, match='--runtime=inprocess'):
@@ -187,5 +187,5 @@ def test_a_run_shuffles_local_data_by_default_and_records_it(tmp_path, shuffle):
   runner = experiment.build_runner(prepared)
   options = runner.algorithm.client_options
   assert (options.shuffle, options.seed) == (shuffle, 4)
-  experiment.train(prepared, runner, show_progress=False)
+  experiment.train_runner(prepared, runner, show_progress=False)
   assert json.loads((tmp_path / 'config.json').read_text())['shuffle'] is shuffle

@@ -80,7 +80,7 @@ def test_an_adaptive_server_takes_scheduled_and_grid_rates(tmp_path, runtime):
       tmp_path, server_optimizer='adam', server_learning_rate=0.1, runtime=runtime,
       client_lr_schedule='exponential', server_lr_schedule='inverse_sqrt'))
   runner = experiment.build_runner(prepared)
-  final = experiment.train(prepared, runner, show_progress=False,
+  final = experiment.train_runner(prepared, runner, show_progress=False,
                            learning_rates=(0.01, 0.2))
   assert final and all(np.isfinite(v) for v in final.values())
 

@@ -93,7 +93,7 @@ def test_a_run_over_its_budget_says_it_streams_and_records_it(tmp_path):
       data_memory_budget=0.0, output_dir=str(tmp_path)))
   runner = experiment.build_runner(prepared)
   assert 'streaming each cohort' in runner.description
-  experiment.train(prepared, runner, show_progress=False)
+  experiment.train_runner(prepared, runner, show_progress=False)
   assert '"data": "streaming"' in (tmp_path / 'config.json').read_text()
   with pytest.raises(experiment.ConfigError, match='data_memory_budget must be >= 0'):
     experiment.prepare(experiment.ExperimentConfig.of(

@@ -4,7 +4,8 @@ Two layers:
   math (pure TF, no TFF; `tff_comp.ops`): client rules and server rules by family
     (`sgd`, `composite`, `compositional`, `maml`, `per_client`, `scaffold`), one client's
     round (`client_round.run_client`), aggregation (`aggregation`), messages, and the
-    `algorithm.Algorithm` every runtime runs; regularizers (`tff_comp.regularizers`).
+    `algorithm.Algorithm` every runtime runs, and the regularizers psi (`ops.regularizers`,
+    also `tc.regularizers`).
   TFF (placement): `client_work.build_local_client_work`, `aggregators`,
     `server_update.build_server_update`, `composer.compose` -> a LearningProcess.
 Algorithms: `registry.get_algorithm(name).build(model, ...)` (an Algorithm) or
@@ -27,8 +28,10 @@ and the rule family it uses:
 import importlib
 
 # Submodules load on first use, so the math layer (`tff_comp.ops`) imports without TFF.
-_SUBMODULES = ('aggregators', 'client_work', 'composer', 'models', 'regularizers',
-               'registry', 'server_update', 'runtime', 'ops', 'algorithms', 'experiment')
+_SUBMODULES = ('aggregators', 'client_work', 'composer', 'models', 'registry',
+               'server_update', 'runtime', 'ops', 'algorithms', 'experiment')
+# Short names of submodules elsewhere.
+_ALIASES = {'regularizers': 'tff_comp.ops.regularizers'}
 # The public surface: name -> the module defining it.
 _EXPORTS = {
     'Algorithm': 'tff_comp.ops.algorithm',
@@ -54,9 +57,11 @@ _EXPORTS = {
 def __getattr__(name: str):
   if name in _SUBMODULES:
     return importlib.import_module(f'tff_comp.{name}')
+  if name in _ALIASES:
+    return importlib.import_module(_ALIASES[name])
   if name in _EXPORTS:
     return getattr(importlib.import_module(_EXPORTS[name]), name)
   raise AttributeError(f'module tff_comp has no attribute {name!r}')
 
 
-__all__ = [*_SUBMODULES, *_EXPORTS]
+__all__ = [*_SUBMODULES, *_ALIASES, *_EXPORTS]

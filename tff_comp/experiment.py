@@ -20,11 +20,12 @@ from tff_comp import paths
 from tff_comp import evaluation
 from tff_comp import privacy as privacy_lib
 from tff_comp import registry
-from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp import run_directory
 from tff_comp import settings
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp import run_config
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import choice
@@ -290,7 +291,7 @@ def prepare(config: ExperimentConfig) -> Prepared:
   builder_args = _builder_args(config, algorithm, task, home, settings)
   plan = _model_aggregator(config, algorithm, task, builder_args, settings)
   prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger)
-  if config.resume:  # refused before any runtime is built (checked again in `train`)
+  if config.resume:  # refused before any runtime is built (checked again in `train_runner`)
     run_directory.check_resumable(pathlib.Path(config.output_dir),
                     dict(dataclasses.asdict(config), resolved=resolved_options(prepared)))
   return prepared
@@ -370,7 +371,7 @@ def resolved_options(prepared: Prepared) -> dict[str, Any]:
                             prepared.config.task_options, COMMON_TASK_ARGS))
 
 
-def train(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
+def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
           learning_rates: tuple[float, float] | None = None,
           client_hparams: dict[str, float] | None = None,
           output_dir: str | None = None,
@@ -448,4 +449,30 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
 def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:
   """Builds the process, places it on the configured runtime and trains it; returns
   the final evaluation metrics."""
-  return train(prepared, build_runner(prepared), show_progress=show_progress)
+  return train_runner(prepared, build_runner(prepared), show_progress=show_progress)
+
+
+def train(algorithm: str, task: str | None = None, *, show_progress: bool = True,
+          **settings_: Any) -> dict[str, float]:
+  """Trains the registered `algorithm` on `task` (None: its home task); returns the final
+  evaluation metrics. Settings go by their flags' names: the run's and its records'
+  (`ExperimentConfig.of`: `rounds=50`, `sampling='poisson'`), the algorithm's options
+  (`mu=0.1`) and the task's (`lasso_dataset='II'`, as `--lasso_dataset`).
+
+  Raises:
+    registry.RegistryError: unknown algorithm or task.
+    ConfigError: an unknown setting, or any bad one.
+  """
+  entry = registry.get_algorithm(algorithm)
+  task_name = task or entry.home_task or DEFAULT_TASK
+  config_names = {f.name for f in dataclasses.fields(ExperimentConfig)} | set(run_config.OWNER)
+  own = {h.name for h in entry.hparams} - set(COMMON_ALGORITHM_ARGS)
+  task_own = {f'{task_name}_{h.name}': h.name for h in registry.get_task(task_name).hparams
+              if h.name not in COMMON_TASK_ARGS}
+  given = {k: v for k, v in settings_.items() if k in config_names or k not in own | set(task_own)}
+  config = ExperimentConfig.of(
+      algorithm=algorithm, task=task, **given,
+      algorithm_options={k: v for k, v in settings_.items() if k not in given and k in own},
+      task_options={task_own[k]: v for k, v in settings_.items()
+                    if k not in given and k in task_own})
+  return run_experiment(prepare(config), show_progress=show_progress)

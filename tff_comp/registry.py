@@ -165,7 +165,7 @@ class Entry:
 class Registry:
   """A name -> builder table for one kind of plugin."""
 
-  def __init__(self, kind: str, group: str, builtin_package: str):
+  def __init__(self, kind: str, group: str, builtin_package: str | None = None):
     self.kind = kind
     self.group = group
     self._builtin_package = builtin_package
@@ -206,7 +206,8 @@ class Registry:
     if self._plugins_loaded:
       return
     self._plugins_loaded = True
-    importlib.import_module(self._builtin_package)
+    if self._builtin_package is not None:
+      importlib.import_module(self._builtin_package)
     for ep in importlib.metadata.entry_points(group=self.group):
       obj = ep.load()
       registered = any(e.builder is obj for e in self._entries.values())
@@ -241,8 +242,9 @@ ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
 TASKS = Registry('task', TASKS_GROUP, 'tff_comp.tasks')
 RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
 # Reproduction grids (`tff_comp.binaries.experiments.Experiment`); an entry's builder takes
-# no argument and returns the grid.
-EXPERIMENTS = Registry('experiment', EXPERIMENTS_GROUP, 'tff_comp.binaries.experiments')
+# no argument and returns the grid. The binaries register the built-in grids when they
+# import them (the library does not depend on its binaries).
+EXPERIMENTS = Registry('experiment', EXPERIMENTS_GROUP)
 
 
 def register_algorithm(name: str, *, home_task: str | None = None,

@@ -6,7 +6,7 @@ from typing import Any
 
 from tff_comp import privacy as privacy_lib
 from tff_comp import registry
-from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp import schedules as schedules_lib
 from tff_comp import server_optimizers
 from tff_comp import settings

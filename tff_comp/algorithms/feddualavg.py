@@ -20,7 +20,7 @@ from tff_comp import aggregators
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops import composite
 
 

@@ -17,7 +17,7 @@ import collections
 
 import tensorflow as tf
 
-from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops import messages
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import server_steps

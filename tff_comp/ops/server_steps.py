@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tff_comp import regularizers as regularizers_lib
+from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops.model_ops import Weights
 
 
