@@ -31,6 +31,7 @@ def fedavg(
     client_learning_rate: float,
     server_learning_rate: float = 1.0,
     server_momentum: float = 0.0,
+    client_momentum: float = 0.0,
     batch_size: int = 10,
     local_epochs: int = 1,
     local_epochs_max: int = 0,
@@ -44,15 +45,19 @@ def fedavg(
   `local_epochs_max` > 0: epochs drawn per client per round (`ops.local_loop.plan`).
   Args:
     server_momentum: heavy-ball momentum of the server SGD (0: plain SGD).
+    client_momentum: heavy-ball momentum rho of the clients' local SGD, v <- rho v + g,
+      w <- w - eta_c v, the velocity reset every round (0: plain local SGD).
     local_epochs_max: if > 0, each client draws its epochs every round from
       [local_epochs, local_epochs_max] and takes floor(E n_i / B) steps (FedNova's
       heterogeneous setting).
   """
   common.check_positive(client_learning_rate=client_learning_rate)
+  common.check_nonnegative(client_momentum=client_momentum)
   options = client_round.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
                                    seed=seed, weighting=client_weighting)
   return common.fedavg_like(
-      model, sgd.SGD(model, learning_rate=client_learning_rate), options,
+      model, sgd.SGD(model, learning_rate=client_learning_rate, momentum=client_momentum),
+      options,
       server_learning_rate=server_learning_rate, server_momentum=server_momentum,
       server_optimizer=server_optimizer, model_aggregator=model_aggregator)
 
