@@ -9,6 +9,7 @@ import pytest
 
 from tff_comp import experiment
 from tff_comp import schedules
+from tff_comp import settings
 from tff_comp.runtime import run_files
 from tff_comp.runtime import sampling
 
@@ -21,6 +22,24 @@ def test_each_schedule_follows_its_closed_form():
   warmup = schedules.Schedule('inverse_sqrt', warmup_rounds=4)
   assert [warmup.factor(t) for t in (1, 2, 4, 16)] == [0.25, 0.5, 1.0, 0.5]
   assert schedules.Schedule().factor(1000) == 1.0
+  stairs = schedules.Schedule('exponential', decay_rate=0.5, decay_rounds=10, staircase=True)
+  assert [stairs.factor(t) for t in (1, 10, 11, 20, 21)] == [1.0, 1.0, 0.5, 0.5, 0.25]
+  assert exponential.factor(10) == pytest.approx(0.5 ** 0.9)  # continuous by default
+
+
+def test_lr_staircase_is_a_flag_recorded_in_config_json_that_steps_the_rate(tmp_path):
+  spec = next(s for s in settings.specs(schedules.ScheduleOptions) if s.flag == 'lr_staircase')
+  assert (spec.type, spec.default) == (bool, False)  # binaries/flags_lib.py: --lr_staircase
+  config = _config(tmp_path, client_lr_schedule='exponential', lr_decay_rate=0.5,
+                   lr_decay_rounds=2, lr_staircase=True)
+  experiment.run_experiment(experiment.prepare(config), show_progress=False)
+  rows = (tmp_path / 'metrics.csv').read_text().splitlines()
+  header = rows[0].split(',')
+  logged = [dict(zip(header, row.split(','))) for row in rows[2:]]
+  assert [float(r['hparams/client_work/learning_rate']) for r in logged] == pytest.approx(
+      [CLIENT_LR * 0.5 ** ((t - 1) // 2) for t in range(1, ROUNDS + 1)], rel=1e-6)
+  recorded = json.loads((tmp_path / 'config.json').read_text())
+  assert recorded['schedules']['lr_staircase'] is True
 
 
 def _client_rate(t):

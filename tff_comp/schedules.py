@@ -3,7 +3,8 @@ set through the process's hparams before the round, so one built process serves 
 schedule and a resumed run lands on the same rates:
 
     constant      1
-    exponential   decay_rate ** ((t - 1) / decay_rounds)
+    exponential   decay_rate ** ((t - 1) / decay_rounds), continuously
+                  (staircase: decay_rate ** floor((t - 1) / decay_rounds), in steps)
     inverse_sqrt  t / warmup_rounds up to warmup_rounds, then sqrt(warmup_rounds / t)
 """
 
@@ -23,6 +24,7 @@ class Schedule:
   decay_rate: float = 0.5
   decay_rounds: int = 100
   warmup_rounds: int = 10
+  staircase: bool = False
 
   def __post_init__(self):
     if self.name not in NAMES:
@@ -41,7 +43,8 @@ class Schedule:
 
   def factor(self, round_num: int) -> float:
     if self.name == 'exponential':
-      return self.decay_rate ** ((round_num - 1) / self.decay_rounds)
+      periods = (round_num - 1) / self.decay_rounds
+      return self.decay_rate ** (math.floor(periods) if self.staircase else periods)
     if self.name == 'inverse_sqrt':
       return min(round_num / self.warmup_rounds, math.sqrt(self.warmup_rounds / round_num))
     return 1.0
@@ -53,8 +56,9 @@ class ScheduleOptions:
 
   client_lr_schedule: str = settings.setting(
       'constant', 'The client learning rate over rounds: constant, exponential (times'
-      ' --lr_decay_rate every --lr_decay_rounds rounds) or inverse_sqrt (linear warmup'
-      ' over --lr_warmup_rounds, then sqrt(warmup / round)).', choices=NAMES)
+      ' --lr_decay_rate every --lr_decay_rounds rounds, continuously; --lr_staircase: in'
+      ' steps) or inverse_sqrt (linear warmup over --lr_warmup_rounds, then'
+      ' sqrt(warmup / round)).', choices=NAMES)
   server_lr_schedule: str = settings.setting(
       'constant', 'The server learning rate over rounds (as --client_lr_schedule).',
       choices=NAMES)
@@ -65,6 +69,9 @@ class ScheduleOptions:
       lower=1, upper=settings.MAX_COUNT)
   lr_warmup_rounds: int = settings.setting(
       10, 'Warmup rounds of an inverse_sqrt schedule.', lower=1, upper=settings.MAX_COUNT)
+  lr_staircase: bool = settings.setting(
+      False, 'Exponential schedules decay in steps, by --lr_decay_rate at the end of every'
+      ' --lr_decay_rounds rounds (default: continuously, a little every round).')
 
   def __post_init__(self):
     settings.check(self)
@@ -73,5 +80,5 @@ class ScheduleOptions:
   def pair(self) -> tuple[Schedule, Schedule]:
     """The (client, server) schedules."""
     return tuple(Schedule(name, self.lr_decay_rate, self.lr_decay_rounds,
-                          self.lr_warmup_rounds)
+                          self.lr_warmup_rounds, self.lr_staircase)
                  for name in (self.client_lr_schedule, self.server_lr_schedule))
