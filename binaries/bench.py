@@ -64,7 +64,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import csv
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,22 +71,19 @@ import time
 
 from absl import app
 from absl import flags
-import numpy as np
 import psutil  # installed with TFF (portpicker requires it)
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_comp.runtime import choice
-from tff_comp.tasks import emnist
-from tff_comp.tasks import generated
 from tff_comp.tasks import lasso
 from tff_comp.tasks import synthetic
-from tff_comp import keras_models
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import sampling
 from tff_comp.runtime import workers
+from tff_comp.binaries import bench_timing as timing
+from tff_comp.binaries import bench_workloads
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats; the median is reported.')
@@ -112,38 +108,6 @@ _FEDJAX_PYTHON = flags.DEFINE_string(
     ' builds .venv-fedjax); FedJAX\'s FedAvg is timed in the same run. None: not timed.')
 CLIENTS, BATCH, LR = 10, 10, 1e-3
 _HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _time(run_round, rounds: int, repeats: int, warmup: int = 3) -> float:
-  for r in range(warmup):  # warm-up: tracing and caches
-    run_round(r)
-  timings = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for r in range(rounds):
-      run_round(r)
-    timings.append((time.perf_counter() - start) / rounds)
-  return statistics.median(timings)
-
-
-def _selections(num_clients: int, per_round: int, total: int):
-  rng = np.random.default_rng(0)
-  return [rng.choice(num_clients, per_round, replace=False) for _ in range(total)]
-
-
-def _round_runner(process, ids, picks):
-  """run_round(r) for a process taking client ids (either runtime); a streaming
-  runtime reads the next round's clients meanwhile, as the simulation loop has it."""
-  state = [process.initialize()]
-  prefetch = getattr(process, 'prefetch', None)
-
-  def run_round(r):
-    if prefetch is not None and r + 1 < len(picks):
-      prefetch([ids[i] for i in picks[r + 1]])
-    state[0] = process.next(state[0], [ids[i] for i in picks[r]]).state
-    process.get_model_weights(state[0])  # waits for the round (a GPU runs async)
-
-  return run_round
 
 
 def _plain_round(model, arrays: inprocess.ClientArrays):
@@ -178,7 +142,7 @@ def _plain_round(model, arrays: inprocess.ClientArrays):
 def part1(rounds: int, repeats: int) -> None:
   task = lasso.build_lasso_task(dataset='I')
   ids = task.train_data.client_ids
-  picks = _selections(len(ids), CLIENTS, 3 + rounds * repeats + 10)
+  picks = timing.selections(len(ids), CLIENTS, 3 + rounds * repeats + 10)
   process = fedavg.build_fedavg(task.model, client_learning_rate=LR, batch_size=BATCH)
   fast = inprocess.build(process, task.train_data, engine='lanes')
   mapped = inprocess.build(process, task.train_data, engine='mapped')
@@ -195,11 +159,11 @@ def part1(rounds: int, repeats: int) -> None:
 
   plain = _plain_round(task.model, task.client_arrays())
   fedjax_before = _fedjax(rounds, repeats)
-  a = _time(_round_runner(fast, ids, picks), rounds, repeats)
-  a2 = _time(_round_runner(mapped, ids, picks), rounds, repeats)
-  b = _time(_round_runner(worker, ids, picks), rounds, repeats)
-  c = _time(builtin_round, rounds, repeats)
-  d = _time(lambda r: plain(picks[r]), rounds, repeats)
+  a = timing.time_rounds(timing.round_runner(fast, ids, picks), rounds, repeats)
+  a2 = timing.time_rounds(timing.round_runner(mapped, ids, picks), rounds, repeats)
+  b = timing.time_rounds(timing.round_runner(worker, ids, picks), rounds, repeats)
+  c = timing.time_rounds(builtin_round, rounds, repeats)
+  d = timing.time_rounds(lambda r: plain(picks[r]), rounds, repeats)
   e = e_resumed = None
   if _RUN_PY_ROUNDS.value:
     e, e_resumed = _run_py(_RUN_PY_ROUNDS.value)
@@ -278,16 +242,16 @@ def part2(sweep: list[int], population: int, rounds: int, repeats: int,
   print(f'Part 2: FedAvg on synthetic(1,1), {len(ids)} clients (sizes'
         f' {min(sizes)}-{max(sizes)}), batch {BATCH}, 1 epoch')
   for per_round in sweep:
-    picks = _selections(len(ids), per_round, 3 + rounds * repeats + 10)
-    a = _time(_round_runner(fast, ids, picks), rounds, repeats)
-    a2 = _time(_round_runner(mapped, ids, picks), rounds, repeats)
+    picks = timing.selections(len(ids), per_round, 3 + rounds * repeats + 10)
+    a = timing.time_rounds(timing.round_runner(fast, ids, picks), rounds, repeats)
+    a2 = timing.time_rounds(timing.round_runner(mapped, ids, picks), rounds, repeats)
     line = (f'  {per_round:5d} clients/round: lanes {a:.4f} s/round'
             f' ({1000 * a / per_round:.3f} ms/client); mapped {a2:.4f} s/round'
             f' ({1000 * a2 / per_round:.3f} ms/client)')
     if per_round <= tff_max:
       if worker is None:
         worker, _ = choice.runner_for(process, task.train_data, 'tff')
-      b = _time(_round_runner(worker, ids, picks), rounds, repeats)
+      b = timing.time_rounds(timing.round_runner(worker, ids, picks), rounds, repeats)
       line += (f'; TFF worker {b:.4f} s/round ({1000 * b / per_round:.3f} ms/client);'
                f' ratio {a / b:.3f}')
     print(line, flush=True)
@@ -296,14 +260,14 @@ def part2(sweep: list[int], population: int, rounds: int, repeats: int,
 def part3(num_workers: int, rounds: int, repeats: int) -> None:
   task = lasso.build_lasso_task(dataset='I')
   ids = task.train_data.client_ids
-  picks = _selections(len(ids), CLIENTS, 3 + rounds * repeats + 10)
+  picks = timing.selections(len(ids), CLIENTS, 3 + rounds * repeats + 10)
   process = fedavg.build_fedavg(task.model, client_learning_rate=LR, batch_size=BATCH)
   one, _ = choice.runner_for(process, task.train_data, 'tff')
-  b = _time(_round_runner(one, ids, picks), rounds, repeats)
+  b = timing.time_rounds(timing.round_runner(one, ids, picks), rounds, repeats)
   addresses, processes = workers.start_local_workers(num_workers)
   try:
     split, _ = choice.runner_for(process, task.train_data, 'tff', addresses)
-    e = _time(_round_runner(split, ids, picks), rounds, repeats)
+    e = timing.time_rounds(timing.round_runner(split, ids, picks), rounds, repeats)
   finally:
     for worker in processes:
       worker.kill()
@@ -316,8 +280,8 @@ def part4(rounds: int, per_round: int) -> None:
   task = synthetic.build_synthetic_task(num_clients=per_round)
   ids = task.train_data.client_ids
   process = fedavg.build_fedavg(task.model, client_learning_rate=0.01, batch_size=BATCH)
-  run_round = _round_runner(inprocess.build(process, task.train_data, engine='lanes'), ids,
-                            _selections(len(ids), per_round, rounds))
+  run_round = timing.round_runner(inprocess.build(process, task.train_data, engine='lanes'), ids,
+                            timing.selections(len(ids), per_round, rounds))
   me, rss, start = psutil.Process(), {}, time.perf_counter()
   for r in range(rounds):
     run_round(r)
@@ -401,154 +365,14 @@ def part5() -> None:
         f' {max(compiles, default=1) - 1} (target 0)')
 
 
-def _keras_floor(arrays: inprocess.ClientArrays, batch: int, lr: float):
-  """run_round(picks): one Keras model trained client by client over the same batches
-  (a tf.function SGD step), then the example-weighted mean of the clients' models."""
-  model, loss = emnist.cnn(62), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-  variables = model.trainable_variables
-  weights = [[v.numpy() for v in variables]]
-  offsets = np.concatenate([[0], np.cumsum(arrays.counts)])
-  x_all, y_all = arrays.examples
-
-  @tf.function
-  def step(x, y):
-    with tf.GradientTape() as tape:
-      value = loss(y, model(x, training=True))
-    for variable, gradient in zip(variables, tape.gradient(value, variables)):
-      variable.assign_sub(lr * gradient)
-
-  def run_round(picks_r):
-    total, summed = 0, [np.zeros_like(w) for w in weights[0]]
-    for i in picks_r:
-      for variable, w in zip(variables, weights[0]):
-        variable.assign(w)
-      x, y = x_all[offsets[i]:offsets[i + 1]], y_all[offsets[i]:offsets[i + 1]]
-      for start in range(0, len(y), batch):
-        step(x[start:start + batch], y[start:start + batch])
-      total += len(y)
-      summed = [s + len(y) * v.numpy() for s, v in zip(summed, variables)]
-    weights[0] = [s / total for s in summed]
-
-  return run_round
-
-
-def part6(rounds: int, repeats: int, per_round: int) -> None:
-  batch, lr, population = 20, 0.02, 2 * per_round
-  rng = np.random.default_rng(0)
-  clients = {}
-  for i in range(population):
-    n = int(rng.integers(180, 269))  # about 224 examples, as EMNIST's writers
-    clients[f'w{i}'] = (rng.random((n, 28, 28, 1), np.float32),
-                        rng.integers(0, 62, n).astype(np.int32))
-  data = tff.simulation.datasets.TestClientData(clients)
-  ids = list(data.client_ids)
-  picks = _selections(population, per_round, 1 + rounds * repeats + 10)
-  spec = (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32))
-  loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-  ours = fedavg.build_fedavg(keras_models.from_keras(emnist.cnn(62), loss, spec),
-                             client_learning_rate=lr, batch_size=batch)
-  fast, _ = choice.runner_for(ours, data, 'inprocess')
-  builtin = tff.learning.algorithms.build_weighted_fed_avg(
-      lambda: tff.learning.models.from_keras_model(emnist.cnn(62), loss, input_spec=spec),
-      tff.learning.optimizers.build_sgdm(lr), tff.learning.optimizers.build_sgdm(1.0))
-  builtin_state = [builtin.initialize()]
-
-  def builtin_round(r):
-    datasets = [data.create_tf_dataset_for_client(ids[i]).batch(batch) for i in picks[r]]
-    builtin_state[0] = builtin.next(builtin_state[0], datasets).state
-
-  floor = _keras_floor(inprocess.client_arrays(data), batch, lr)
-  a = _time(_round_runner(fast, ids, picks), rounds, repeats, warmup=1)
-  # Lanes (convolutions as per-tap matmuls under XLA) are slow on a CPU: a few rounds suffice.
-  lanes = inprocess.build(ours, data, engine='lanes')
-  lanes.reserve_cohort(per_round)
-  start = time.perf_counter()
-  run_lanes = _round_runner(lanes, ids, picks)
-  run_lanes(0)
-  first = time.perf_counter() - start
-  b = _time(run_lanes, min(rounds, 3), 1, warmup=0)
-  c = _time(builtin_round, rounds, repeats, warmup=1)
-  d = _time(lambda r: floor(picks[r]), rounds, repeats, warmup=1)
-  examples = np.mean([sum(len(clients[ids[i]][1]) for i in p) for p in picks])
-  print(f'Part 6: FedAvg round, EMNIST CNN ({per_round} clients x ~224 examples, batch'
-        f' {batch}, 1 epoch, synthetic data); median of {repeats} x {rounds} rounds')
-  for label, value in ((f'(a) tff_comp fedavg, in-process {fast.record["engine"]}', a),
-                       ('(b) tff_comp fedavg, in-process lanes', b),
-                       ('(c) TFF build_weighted_fed_avg (Keras)', c),
-                       ('(d) plain Keras loop, one model (the floor)', d)):
-    print(f'  {label:48s} {value:.3f} s/round  {examples / value:7.0f} examples/s')
-  print(f'  a/d = {a / d:.3f} (target <= 1)   a/c = {a / c:.3f} (target < 1)   b/a ='
-        f' {b / a:.2f}; lanes\' first round (compiling) {first:.1f} s')
-
-
-def _sentences(clients: int, seed: int = 0) -> tff.simulation.datasets.ClientData:
-  """StackOverflow-shaped clients: sentences of 20 token ids (vocabulary 1,000), the
-  next token as the label."""
-  def make(n, key):
-    tokens = tf.random.stateless_uniform([n, 21], key, 0, 1000, tf.int32)
-    return tf.cast(tokens[:, :20], tf.float32), tokens[:, 20]
-
-  return generated.client_data('so', generated.lognormal_sizes(clients, 397, seed, 1.0),
-                               seed, make)
-
-
-def _bag_of_words() -> tff.learning.models.FunctionalModel:
-  tf.keras.utils.set_random_seed(0)
-  model = tf.keras.Sequential([tf.keras.layers.InputLayer((20,)),
-                               tf.keras.layers.Embedding(1000, 16),
-                               tf.keras.layers.GlobalAveragePooling1D(),
-                               tf.keras.layers.Dense(1000)])
-  return keras_models.from_keras(
-      model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      (tf.TensorSpec([None, 20], tf.float32), tf.TensorSpec([None], tf.int32)))
-
-
-def part7(rounds: int, repeats: int) -> None:
-  per_round, process = 50, psutil.Process()
-  algorithm = fedavg.build_fedavg(_bag_of_words(), client_learning_rate=0.1, batch_size=16)
-  population = _sentences(342_477)
-  start = time.perf_counter()
-  streamed = inprocess.build(algorithm, population, data_memory_budget=512)
-  built = time.perf_counter() - start
-  ids = list(population.client_ids)
-  sampler = sampling.ClientSampler(ids, per_round, 0)
-  state, rss = streamed.initialize(), []
-  start = time.perf_counter()
-  for r in range(1, rounds + 1):
-    if r < rounds:
-      streamed.prefetch(sampler.sample(r + 1).reporting)
-    state = streamed.next(state, list(sampler.sample(r).reporting)).state
-    rss.append(process.memory_info().rss / 2**20)
-  seconds = (time.perf_counter() - start) / rounds
-  print(f'Part 7: streaming, StackOverflow-shaped population ({len(ids):,} clients, 20'
-        f' tokens a sentence), FedAvg, {per_round} clients per round, {rounds} rounds,'
-        f' local data shuffled: {streamed.algorithm.client_options.shuffle} (the default)')
-  print(f'  built in {built:.1f} s ({streamed.description})')
-  growth = (f'; growth from round 50 {100 * (rss[-1] / rss[49] - 1):+.1f}% (target < 2%)'
-            if rounds > 50 else '')
-  print(f'  {seconds:.3f} s/round; host RSS {rss[0]:,.0f} MB after round 1, max'
-        f' {max(rss):,.0f} MB, last {rss[-1]:,.0f} MB (target < 2,048){growth}')
-  small = _sentences(2_000)
-  small_ids = list(small.client_ids)
-  picks = _selections(len(small_ids), per_round, 1 + rounds * repeats + 10)
-  timings = {}
-  for label, budget in (('resident', None), ('streaming', 0.0)):
-    runtime = inprocess.build(algorithm, small, engine='mapped', data_memory_budget=budget)
-    timings[label] = _time(_round_runner(runtime, small_ids, picks), rounds, repeats,
-                           warmup=1)
-  print(f'  2,000 clients: resident {timings["resident"]:.3f} s/round, streaming'
-        f' {timings["streaming"]:.3f} s/round, ratio'
-        f' {timings["streaming"] / timings["resident"]:.2f} (target <= 1.2)')
-
-
 def main(argv):
   del argv
   runtime.install_local_runtime()
   if _WORKLOAD.value == 'emnist_cnn':
-    part6(_ROUNDS.value, _REPEATS.value, _EMNIST_CLIENTS.value)
+    bench_workloads.part6(_ROUNDS.value, _REPEATS.value, _EMNIST_CLIENTS.value)
     return
   if _WORKLOAD.value == 'streaming':
-    part7(_ROUNDS.value, _REPEATS.value)
+    bench_workloads.part7(_ROUNDS.value, _REPEATS.value)
     return
   part1(_ROUNDS.value, _REPEATS.value)
   if _SWEEP.value:

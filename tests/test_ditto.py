@@ -143,7 +143,7 @@ def test_experiment_scores_personal_models_or_refuses_the_task():
   prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='ditto', task='dominant_class'))
   process = inprocess.build(prepared.build(), prepared.task.train_data)
-  metrics = evaluation.evaluator(prepared, process)(process.initialize())
+  metrics = evaluation.evaluator(prepared.task, process)(process.initialize())
   # Every personal model starts at the global model.
   assert metrics['personal_loss'] == pytest.approx(metrics['loss_before'], rel=1e-5)
   assert metrics['personal_worst_accuracy'] == metrics['worst_accuracy_before']
@@ -152,5 +152,6 @@ def test_experiment_scores_personal_models_or_refuses_the_task():
       algorithm='ditto', task='sinewave', clients_per_round=5,
       task_options=dict(num_clients=5)))
   with pytest.raises(experiment.ConfigError, match='cannot evaluate them'):
-    evaluation.evaluator(prepared, inprocess.build(prepared.build(),
-                                                   prepared.task.train_data))
+    evaluation.evaluator(prepared.task, inprocess.build(prepared.build(),
+                                                        prepared.task.train_data),
+                         algorithm='ditto')

@@ -2,28 +2,26 @@
 runtime with personal models (Ditto), each client's own."""
 
 from collections.abc import Callable
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 from tff_comp.runtime import base as runtime_base
 from tff_comp.settings import ConfigError
 
-if TYPE_CHECKING:
-  from tff_comp.experiment import Prepared  # pylint: disable=g-bad-import-order
 
-def evaluator(prepared: 'Prepared', runtime: runtime_base.Runtime
+def evaluator(task, runtime: runtime_base.Runtime, *, regularizer=None, algorithm: str = ''
               ) -> Callable[[Any], dict[str, float]]:
   """(state -> the task's metrics): the global model's, and for a runtime with personal
-  models (Ditto) each client's own model's, with the run's regularizer.
+  models (Ditto) each client's own model's, with the run's `regularizer` (None: the
+  task's); `algorithm` names the algorithm in the error.
 
   Raises:
     ConfigError: the runtime has personal models and the task cannot score them.
   """
-  task = prepared.task
-  psi = prepared.builder_args.get('regularizer', task.regularizer)
+  psi = task.regularizer if regularizer is None else regularizer
   personalized = runtime.keeps_personal_models
   if personalized and task.evaluate_personal is None:
     raise ConfigError(
-        f'algorithm {prepared.config.algorithm!r} trains a personal model per client;'
+        f'algorithm {algorithm!r} trains a personal model per client;'
         f' task {task.name!r} cannot evaluate them (its evaluation clients are not its'
         ' training clients). Try --task=dominant_class.')
   client_ids = task.train_data.client_ids
@@ -39,12 +37,11 @@ def evaluator(prepared: 'Prepared', runtime: runtime_base.Runtime
   return evaluate
 
 
-def client_evaluator(prepared: 'Prepared', runtime: runtime_base.Runtime
+def client_evaluator(task, runtime: runtime_base.Runtime
                      ) -> Callable[[Any], list[dict]] | None:
   """state -> the task's per-client evaluation rows of the global model (with each
   client's own model's `personal_*` scores for a runtime with personal models), or None
   for a task without per-client evaluation data."""
-  task = prepared.task
   if task.evaluate_clients is None:
     return None
   personal = (task.evaluate_personal_clients if runtime.keeps_personal_models else None)

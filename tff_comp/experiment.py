@@ -351,8 +351,11 @@ def build_runner(prepared: Prepared) -> Runner:
   if config.participation.straggler_rate > 0 and not getattr(runtime, 'partial_work', False):
     raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
                       ' doing part of their local steps; use --runtime=inprocess.')
-  return Runner(runtime, evaluation.evaluator(prepared, runtime), description, algorithm,
-                evaluation.client_evaluator(prepared, runtime))
+  evaluate = evaluation.evaluator(
+      prepared.task, runtime, regularizer=prepared.builder_args.get('regularizer'),
+      algorithm=config.algorithm)
+  return Runner(runtime, evaluate, description, algorithm,
+                evaluation.client_evaluator(prepared.task, runtime))
 
 
 def resolved_options(prepared: Prepared) -> dict[str, Any]:

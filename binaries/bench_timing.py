@@ -1,0 +1,38 @@
+"""Timing helpers of `bench.py`: the median seconds a round, over repeats."""
+
+import statistics
+import time
+
+import numpy as np
+
+
+def time_rounds(run_round, rounds: int, repeats: int, warmup: int = 3) -> float:
+  for r in range(warmup):  # warm-up: tracing and caches
+    run_round(r)
+  timings = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    for r in range(rounds):
+      run_round(r)
+    timings.append((time.perf_counter() - start) / rounds)
+  return statistics.median(timings)
+
+
+def selections(num_clients: int, per_round: int, total: int):
+  rng = np.random.default_rng(0)
+  return [rng.choice(num_clients, per_round, replace=False) for _ in range(total)]
+
+
+def round_runner(process, ids, picks):
+  """run_round(r) for a process taking client ids (either runtime); a streaming
+  runtime reads the next round's clients meanwhile, as the simulation loop has it."""
+  state = [process.initialize()]
+  prefetch = getattr(process, 'prefetch', None)
+
+  def run_round(r):
+    if prefetch is not None and r + 1 < len(picks):
+      prefetch([ids[i] for i in picks[r + 1]])
+    state[0] = process.next(state[0], [ids[i] for i in picks[r]]).state
+    process.get_model_weights(state[0])  # waits for the round (a GPU runs async)
+
+  return run_round
