@@ -2,12 +2,19 @@
 
 import os
 import pathlib
+import signal
 import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault(
     'TFF_COMP_DATA_DIR', os.path.join(tempfile.gettempdir(), 'tff_comp_test_data')
 )
+
+# A suite started with Ctrl-C ignored (in the background of a non-interactive shell, under
+# nohup) would hand that on to every run it starts, and the tests that send a run SIGINT
+# would wait for nothing: the runs the tests start get Python's own Ctrl-C handling.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
