@@ -191,3 +191,14 @@ def test_train_takes_options_by_their_flag_names_and_refuses_unknown_ones(tmp_pa
   assert final
   with pytest.raises(experiment.ConfigError, match='unknown settings: mu'):
     experiment.train('fedavg', task='quadratic', mu=0.1, output_dir=str(tmp_path / 'b'))
+
+
+def test_of_keeps_a_record_given_whole_and_refuses_it_beside_its_flat_settings():
+  from tff_comp.runtime import sampling  # pylint: disable=g-import-not-at-top
+
+  whole = sampling.Participation(sampling='poisson', dropout_rate=0.2)
+  config = experiment.ExperimentConfig.of(algorithm='fedavg', participation=whole)
+  assert config.participation == whole
+  with pytest.raises(experiment.ConfigError, match='both set participation'):
+    experiment.ExperimentConfig.of(algorithm='fedavg', participation=whole,
+                                   sampling='uniform')

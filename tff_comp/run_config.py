@@ -102,6 +102,11 @@ class ExperimentConfig:
       raise ConfigError(f'unknown settings: {", ".join(sorted(unknown))}.')
     for group, record in GROUPS.items():
       fields = {k: v for k, v in values.items() if OWNER.get(k) == group}
+      if group in own:  # the record given whole
+        if fields:
+          raise ConfigError(f'{", ".join(sorted(fields))} and {group}= both set {group}:'
+                            ' give one.')
+        continue
       try:
         own[group] = record(**fields)
       except ValueError as e:
