@@ -266,7 +266,7 @@ def part3(num_workers: int, rounds: int, repeats: int) -> None:
   b = timing.time_rounds(timing.round_runner(one, ids, picks), rounds, repeats)
   addresses, processes = workers.start_local_workers(num_workers)
   try:
-    split, _ = choice.runner_for(process, task.train_data, 'tff', addresses)
+    split, _ = choice.runner_for(process, task.train_data, 'tff', workers=addresses)
     e = timing.time_rounds(timing.round_runner(split, ids, picks), rounds, repeats)
   finally:
     for worker in processes:

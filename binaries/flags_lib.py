@@ -21,6 +21,7 @@ from tff_comp import registry
 from tff_comp import run_config
 from tff_comp.binaries import flag_check
 from tff_comp import settings
+from tff_comp.runtime import choice
 
 _DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
            bool: flags.DEFINE_bool, str: flags.DEFINE_string}
@@ -125,9 +126,12 @@ def _define(h: registry.Hparam, flag: str, help_text: str, choices=()) -> None:
 
 
 def _common_specs() -> list[settings.Spec]:
-  """Every setting ExperimentConfig collects: its own, then each record's."""
+  """Every setting ExperimentConfig collects: its own, then each record's, then each
+  registered runtime's."""
+  runtimes = [type(record) for record in choice.runtime_options().values()]
   return [*settings.specs(experiment.ExperimentConfig),
-          *(spec for record in run_config.GROUPS.values() for spec in settings.specs(record))]
+          *(spec for record in [*run_config.GROUPS.values(), *runtimes]
+            for spec in settings.specs(record))]
 
 
 def define_common_flags() -> None:

@@ -97,7 +97,8 @@ def test_a_plugin_learning_process_runs_on_tff(tmp_path, monkeypatch):
 def test_a_third_runtime_is_one_registration(monkeypatch):
   """A runtime registered by name is reachable from the experiment's --runtime."""
 
-  def build_eager(program, client_data):
+  def build_eager(program, client_data, options, facts):
+    del options, facts
     return inprocess.build(program, client_data, engine='debug')
 
   monkeypatch.setitem(registry.RUNTIMES._entries, 'eager',  # pylint: disable=protected-access

@@ -92,3 +92,9 @@ def test_workers_do_not_go_with_the_in_process_runtime():
   with pytest.raises(experiment.ConfigError, match='--workers'):
     experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='fedavg', runtime='inprocess', workers=('localhost:1',)))
+  with pytest.raises(experiment.ConfigError, match=r'--engine \(inprocess\) and --workers'):
+    experiment.prepare(experiment.ExperimentConfig.of(
+        algorithm='fedavg', engine='lanes', workers=('localhost:1',)))
+  with pytest.raises(experiment.ConfigError, match='--engine: a setting of the inprocess'):
+    experiment.prepare(experiment.ExperimentConfig.of(
+        algorithm='fedavg', runtime='tff', engine='lanes'))

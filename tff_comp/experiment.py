@@ -113,13 +113,6 @@ def _check_finite(config: ExperimentConfig) -> None:
       raise ConfigError(f'--{name} must be a finite number, got {value}.')
 
 
-def _check_runtime(config: ExperimentConfig) -> None:
-  config.check()
-  if config.tff.workers and config.runtime not in ('auto', 'tff'):
-    raise ConfigError('--workers runs rounds on TFF\'s workers; it goes with'
-                      ' --runtime=tff or auto only.')
-
-
 def _with_names(config: ExperimentConfig,
                 algorithm: registry.Entry) -> tuple[ExperimentConfig, registry.Entry]:
   """(config with its task and output directory resolved, the task's entry)."""
@@ -280,7 +273,7 @@ def prepare(config: ExperimentConfig) -> Prepared:
     registry.RegistryError: unknown algorithm or task.
     ConfigError: any other bad setting.
   """
-  _check_runtime(config)
+  config.check()
   algorithm = registry.get_algorithm(config.algorithm)
   config, task_entry = _with_names(config, algorithm)
   # Settings and options that work for the (algorithm, home task) pair.
@@ -309,17 +302,15 @@ class Runner:
   evaluate_clients: Callable[[Any], list[dict]] | None = None  # per-client rows
 
 
-def _engine(config: ExperimentConfig) -> str:
-  """The configured engine; resuming with 'auto', the engine the run used (auto picks by
-  the run's length, and a resume may change --rounds: the same engine keeps the
-  resumed run bit for bit equal to an uninterrupted one)."""
-  if config.resume and config.inprocess.engine == 'auto':
-    try:
-      recorded = json.loads((pathlib.Path(config.output_dir) / 'config.json').read_text())
-      return (recorded.get('runtime_record') or {}).get('engine') or 'auto'
-    except (OSError, ValueError, AttributeError):
-      pass
-  return config.inprocess.engine
+def _resumed_runtime(config: ExperimentConfig) -> dict[str, Any] | None:
+  """The runtime record of the run being resumed (None: not resuming, or none recorded)."""
+  if not config.resume:
+    return None
+  try:
+    recorded = json.loads((pathlib.Path(config.output_dir) / 'config.json').read_text())
+    return recorded.get('runtime_record') or None
+  except (OSError, ValueError, AttributeError):
+    return None
 
 
 def build_runner(prepared: Prepared) -> Runner:
@@ -345,10 +336,11 @@ def build_runner(prepared: Prepared) -> Runner:
                       ' twice; use uniform or poisson sampling.')
   settings = prepared.settings
   runtime, description = choice.runner_for(
-      program, prepared.task.train_data, config.runtime, config.tff.workers, _engine(config),
-      settings['batch_size'], client_rounds=settings['rounds'] * settings['clients_per_round'],
-      data_memory_budget=config.inprocess.data_memory_budget)
-  if config.participation.straggler_rate > 0 and not getattr(runtime, 'partial_work', False):
+      program, prepared.task.train_data, config.runtime, options=config.runtime_options,
+      batch_size=settings['batch_size'],
+      client_rounds=settings['rounds'] * settings['clients_per_round'],
+      resumed=_resumed_runtime(config))
+  if config.participation.straggler_rate > 0 and not runtime.partial_work:
     raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
                       ' doing part of their local steps; use --runtime=inprocess.')
   evaluate = evaluation.evaluator(
@@ -468,7 +460,8 @@ def train(algorithm: str, task: str | None = None, *, show_progress: bool = True
   """
   entry = registry.get_algorithm(algorithm)
   task_name = task or entry.home_task or DEFAULT_TASK
-  config_names = {f.name for f in dataclasses.fields(ExperimentConfig)} | set(run_config.OWNER)
+  config_names = ({f.name for f in dataclasses.fields(ExperimentConfig)} | set(run_config.OWNER)
+                  | set(choice.setting_owners()))
   own = {h.name for h in entry.hparams} - set(COMMON_ALGORITHM_ARGS)
   task_own = {f'{task_name}_{h.name}': h.name for h in registry.get_task(task_name).hparams
               if h.name not in COMMON_TASK_ARGS}

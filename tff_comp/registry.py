@@ -100,6 +100,11 @@ class Entry:
   `home_settings`: run settings and options that work for that (algorithm, task) pair,
   applied over the task's defaults when the task is the home task.
   `divergence_hint` names the algorithm's likely cause of a diverged run.
+  A runtime may declare its settings record (`options`, a `tff_comp.settings` record
+  whose fields become flags and config.json entries), its place in 'auto''s order
+  (`auto_rank`, lowest first; None: only when named), a cheap `why_not(program,
+  options)` returning why it cannot run a program ('' when it can), and the `label` the
+  run's header calls it by.
   """
 
   name: str
@@ -108,6 +113,10 @@ class Entry:
   home_task: str | None = None
   home_settings: tuple[tuple[str, Any], ...] = ()
   divergence_hint: str = 'try a smaller --client_learning_rate'
+  options: type | None = None
+  auto_rank: int | None = None
+  why_not: Callable[[Any, Any], str] | None = None
+  label: str = ''
 
   @property
   def hparams(self) -> tuple[Hparam, ...]:
@@ -266,11 +275,18 @@ def register_task(name: str):
   return TASKS.register(name)
 
 
-def register_runtime(name: str):
-  """Registers a runtime builder `(program, client_data, *, options) -> Runtime`
-  (`tff_comp.runtime.base.Runtime`); `program` is an Algorithm or a LearningProcess, and
-  the builder raises `runtime.base.UnsupportedError` for what it cannot run."""
-  return RUNTIMES.register(name)
+def register_runtime(name: str, *, options: type | None = None,
+                     auto_rank: int | None = None,
+                     why_not: Callable[[Any, Any], str] | None = None, label: str = ''):
+  """Registers a runtime builder `(program, client_data, options, facts) -> Runtime`
+  (`tff_comp.runtime.base`: `Runtime`, `RunFacts`); `program` is an Algorithm or a
+  LearningProcess, `options` an instance of the runtime's own settings record `options`
+  (None without one). `auto_rank`: its place in 'auto''s order (None: only when named);
+  `why_not(program, options)`: why it cannot run `program` ('' when it can), asked
+  before building (the builder may still raise `runtime.base.UnsupportedError`);
+  `label`: its name in the run's header (default `name`)."""
+  return RUNTIMES.register(name, metadata=dict(
+      options=options, auto_rank=auto_rank, why_not=why_not, label=label or name))
 
 
 def register_experiment(name: str, experiment: Any) -> None:

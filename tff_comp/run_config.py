@@ -11,10 +11,9 @@ from tff_comp import schedules as schedules_lib
 from tff_comp import server_optimizers
 from tff_comp import settings
 from tff_comp.ops import client_round
-from tff_comp.runtime import inprocess as inprocess_lib
 from tff_comp.runtime import checkpoints as checkpoints_lib
+from tff_comp.runtime import choice
 from tff_comp.runtime import sampling as sampling_lib
-from tff_comp.runtime import workers as workers_lib
 from tff_comp.settings import ConfigError
 
 
@@ -83,10 +82,10 @@ class ExperimentConfig:
       default_factory=privacy_lib.PrivacyOptions)
   checkpoints: checkpoints_lib.CheckpointOptions = dataclasses.field(
       default_factory=checkpoints_lib.CheckpointOptions)
-  inprocess: inprocess_lib.InProcessOptions = dataclasses.field(
-      default_factory=inprocess_lib.InProcessOptions)
-  tff: workers_lib.WorkerOptions = dataclasses.field(
-      default_factory=workers_lib.WorkerOptions)
+  # {runtime: its settings record} for every registered runtime declaring one
+  # (`runtime.choice.runtime_options`): 'inprocess' (engine, memory budget), 'tff'
+  # (workers), a plugin's.
+  runtime_options: dict[str, Any] = dataclasses.field(default_factory=choice.runtime_options)
 
   @classmethod
   def of(cls, **values: Any) -> 'ExperimentConfig':
@@ -96,10 +95,17 @@ class ExperimentConfig:
     Raises:
       ConfigError: an unknown name, or a value its record refuses.
     """
-    own = {k: v for k, v in values.items() if k not in OWNER}
+    runtime_owner = choice.setting_owners()
+    own = {k: v for k, v in values.items() if k not in OWNER and k not in runtime_owner}
     unknown = set(own) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
       raise ConfigError(f'unknown settings: {", ".join(sorted(unknown))}.')
+    runtime_values = {k: v for k, v in values.items() if k in runtime_owner}
+    if 'runtime_options' in own and runtime_values:
+      raise ConfigError(f'{", ".join(sorted(runtime_values))} and runtime_options= both set'
+                        ' runtime settings: give one.')
+    own['runtime_options'] = choice.runtime_options(own.get('runtime_options'),
+                                                    **runtime_values)
     for group, record in GROUPS.items():
       fields = {k: v for k, v in values.items() if OWNER.get(k) == group}
       if group in own:  # the record given whole
@@ -121,6 +127,7 @@ class ExperimentConfig:
     values = {k: v for k, v in recorded.items() if k in names and k not in GROUPS}
     for group, record in GROUPS.items():
       values[group] = settings.from_dict(record, recorded.get(group, {}))
+    values['runtime_options'] = choice.runtime_options(recorded.get('runtime_options'))
     return cls(**values)
 
   def check(self) -> None:
@@ -130,6 +137,7 @@ class ExperimentConfig:
         settings.check(record)
       except ValueError as e:
         raise ConfigError(str(e)) from e
+    choice.check(self.runtime, self.runtime_options)
 
   @property
   def task_seed(self) -> int:

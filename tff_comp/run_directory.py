@@ -19,8 +19,9 @@ RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_
 # and where its rounds run (a run stopped by a dead worker resumes on others; an engine
 # that fell back records it).
 RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds',
-                     'checkpoints.checkpoint_every', 'tff.workers', 'runtime_record',
-                     'environment', 'inprocess.data_memory_budget')
+                     'checkpoints.checkpoint_every', 'runtime_options.tff.workers',
+                     'runtime_record', 'environment',
+                     'runtime_options.inprocess.data_memory_budget')
 _RESUMABLE_RESOLVED = ('rounds', 'runtime')
 
 

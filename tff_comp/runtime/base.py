@@ -2,18 +2,26 @@
 
 An algorithm (`ops.algorithm.Algorithm`) is runtime free; a runtime runs its rounds on
 a population of clients. Runtimes are registered by name (`registry.register_runtime`;
-built in: 'tff', TFF's own process on its C++ worker, `runtime.tff_process`; and
-'inprocess', the same math in this process, `runtime.inprocess`), so a third one is one
-module and a registration:
+built in: 'inprocess', the math in this process, `runtime.inprocess`; and 'tff', TFF's
+own process on its C++ worker, `runtime.tff_process`), so a third one is one module:
 
-    @registry.register_runtime('mine')
-    def build_mine(program, client_data, **options) -> Runtime:
-      ...  # raise UnsupportedError for what it cannot run
+    @dataclasses.dataclass(frozen=True)
+    class MineOptions:  # its settings: flags, defaults, checks (`tff_comp.settings`)
+      mine_threads: int = settings.setting(1, 'Threads of my runtime.', lower=1)
+
+    def why_not(program, options: MineOptions) -> str:
+      return '' if isinstance(program, Algorithm) else 'it runs Algorithms only'
+
+    @registry.register_runtime('mine', options=MineOptions, auto_rank=5, why_not=why_not)
+    def build_mine(program, client_data, options: MineOptions, facts: RunFacts) -> Runtime:
+      ...
 
 `program` is an `ops.algorithm.Algorithm` or a TFF `LearningProcess` (a plugin may
 register a builder returning a process; only TFF's runtime runs one); `client_data` a
-`tff.simulation.datasets.ClientData`. The simulation loop (`runtime.simulation`) and the
-experiment (`tff_comp.experiment`) use nothing but this interface.
+`tff.simulation.datasets.ClientData`. `runtime.choice` picks the runtime ('auto': the
+first by `auto_rank` whose `why_not` is empty) and routes each setting to the runtime
+owning it; the simulation loop (`runtime.simulation`) and the experiment
+(`tff_comp.experiment`) use nothing but this interface.
 """
 
 from collections.abc import Sequence
@@ -32,6 +40,14 @@ class RoundOutput(NamedTuple):
 
   state: State
   metrics: Any
+
+
+class RunFacts(NamedTuple):
+  """What a runtime's builder may know of the run besides its own options."""
+
+  batch_size: int | None = None  # examples per batch (for a process taking batches)
+  client_rounds: int | None = None  # rounds x clients per round, if known
+  resumed: dict[str, Any] | None = None  # the resumed run's runtime record (config.json)
 
 
 class UnsupportedError(ValueError):

@@ -393,7 +393,30 @@ def _state(weights, work: client_round.ClientWorkState, server_state,
       aggregator=aggregator, finalizer=server_state)
 
 
-@registry.register_runtime('inprocess')
+def why_not(program, options: InProcessOptions | None = None) -> str:
+  """Why the in-process runtime cannot run `program` ('' when it can): a process
+  composed from hand-built blocks (no Algorithm), a model aggregator that is a TFF
+  factory (compression, robust zeroing, a DP query of its own: those run on TFF's
+  runtime only; clipping and DP run here as an `ops.privacy.PrivateMean`), or a Keras
+  model converted by TFF. `options` are not consulted: every engine runs these."""
+  del options
+  program = _algorithm_of(program)
+  if not isinstance(program, algorithm_lib.Algorithm):
+    return 'this process was composed from hand-built blocks, not an Algorithm; run it on' \
+           ' the TFF runtime.'
+  if not isinstance(program.model_aggregator, (privacy.PrivateMean, type(None))):
+    return (f'its model_aggregator is a TFF factory'
+            f' ({type(program.model_aggregator).__name__}), which runs on the TFF runtime'
+            ' only; clipping and DP run in-process as ops.privacy.PrivateMean (--aggregator)')
+  return _runs_outside_tff(program.model)
+
+
+def _algorithm_of(program):
+  if isinstance(program, composer.ComposedLearningProcess) and program.algorithm:
+    return program.algorithm
+  return program
+
+
 def build(program, client_data, *, engine: str = 'auto', lanes: int | None = None,
           device: str | None = None, client_rounds: int | None = None,
           data_memory_budget: float | None = None) -> InProcessRuntime:
@@ -411,23 +434,19 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
       resident.
 
   Raises:
-    UnsupportedError: a process composed from hand-built blocks (no Algorithm), an
-      algorithm whose model aggregator is a TFF factory (compression, robust zeroing,
-      a DP query of its own: those run on TFF's runtime only; clipping and DP run here
-      as an `ops.privacy.PrivateMean`), or a Keras model converted by TFF.
+    UnsupportedError: what `why_not` names.
   """
-  if isinstance(program, composer.ComposedLearningProcess) and program.algorithm:
-    program = program.algorithm
-  if not isinstance(program, algorithm_lib.Algorithm):
-    raise UnsupportedError('this process was composed from hand-built blocks, not an'
-                           ' Algorithm; run it on the TFF runtime.')
-  if not isinstance(program.model_aggregator, (privacy.PrivateMean, type(None))):
-    raise UnsupportedError(
-        f'its model_aggregator is a TFF factory ({type(program.model_aggregator).__name__}),'
-        ' which runs on the TFF runtime only; clipping and DP run in-process as'
-        ' ops.privacy.PrivateMean (--aggregator)')
-  _check_runs_outside_tff(program.model)
-  options = dict(engine=engine, lanes=lanes, device=device, client_rounds=client_rounds)
+  reason = why_not(program)
+  if reason:
+    raise UnsupportedError(reason)
+  return _build(_algorithm_of(program), client_data, engine=engine, lanes=lanes,
+                device=device, client_rounds=client_rounds,
+                data_memory_budget=data_memory_budget)
+
+
+def _build(program: algorithm_lib.Algorithm, client_data, *, data_memory_budget: float | None,
+           device: str | None, **options) -> InProcessRuntime:
+  """`build` for a program `why_not` accepted."""
   if data_memory_budget is not None:
     resident = streaming.estimate_bytes(client_data) / 2**20
     if resident > data_memory_budget:
@@ -435,19 +454,34 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
              f' {resident:,.0f} MB, exceed --data_memory_budget={data_memory_budget:g} MB')
       data = streaming.StreamedData(client_data, device or choose_device(),
                                     with_keys=program.client_options.uses_client_key)
-      return InProcessRuntime(program, data, why_streaming=why, **options)
-  return InProcessRuntime(program, client_arrays(client_data), **options)
+      return InProcessRuntime(program, data, device=device, why_streaming=why, **options)
+  return InProcessRuntime(program, client_arrays(client_data), device=device, **options)
+
+
+@registry.register_runtime('inprocess', options=InProcessOptions, auto_rank=0,
+                           why_not=why_not, label='in-process')
+def build_from_settings(program, client_data, options: InProcessOptions,
+                        facts: base.RunFacts) -> InProcessRuntime:
+  """`build` with the run's settings; resuming with engine 'auto', the engine the run
+  used (auto picks by the run's length, and a resume may change --rounds: the same
+  engine keeps the resumed run bit for bit equal to an uninterrupted one)."""
+  engine = options.engine
+  if engine == 'auto' and (facts.resumed or {}).get('name') == 'inprocess':
+    engine = facts.resumed.get('engine') or 'auto'
+  return _build(_algorithm_of(program), client_data, engine=engine, lanes=None,
+                device=None, client_rounds=facts.client_rounds,
+                data_memory_budget=options.data_memory_budget)
 
 
 # Kept importable for one version (CHANGELOG.md, 0.2.0).
 InProcessProcess = InProcessRuntime
 
 
-def _check_runs_outside_tff(model) -> None:
-  """UnsupportedError for a model from `tff.learning.models.functional_model_from_keras`,
-  which raises when called from eager code (outside a TFF computation or a graph). TFF
-  does not export that error's class (KerasFunctionalModelError), so it is recognized
-  by name. The check traces once per model on purpose, so TensorFlow's warning about
+def _runs_outside_tff(model) -> str:
+  """Why not, for a model from `tff.learning.models.functional_model_from_keras`, which
+  raises when called from eager code (outside a TFF computation or a graph). TFF does
+  not export that error's class (KerasFunctionalModelError), so it is recognized by
+  name. The check traces once per model on purpose, so TensorFlow's warning about
   frequent retracing (after a few builds in one process) is silenced while it runs."""
   x_spec = model.input_spec[0]
   x = tf.zeros([1, *x_spec.shape[1:]], x_spec.dtype)
@@ -458,8 +492,9 @@ def _check_runs_outside_tff(model) -> None:
     tf.function(lambda: model.predict_on_batch(model.initial_weights, x), autograph=False)()
   except Exception as error:  # pylint: disable=broad-except
     if type(error).__name__ == 'KerasFunctionalModelError':
-      raise UnsupportedError('a Keras model converted by TFF runs inside TFF'
-                             ' computations only; run it on the TFF runtime.') from error
+      return 'a Keras model converted by TFF runs inside TFF computations only; run it on' \
+             ' the TFF runtime.'
     raise
   finally:
     logger.setLevel(level)
+  return ''

@@ -21,6 +21,7 @@ from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.runtime import base
 from tff_comp.runtime import local_worker
 from tff_comp.runtime import workers as workers_lib
+from tff_comp.settings import ConfigError
 
 
 def dataset_computation_for(process, client_data,
@@ -100,7 +101,6 @@ class TFFRuntime:
     return self.process.get_personal_weights(state)
 
 
-@registry.register_runtime('tff')
 def build_tff(program, client_data, *, workers: Sequence[str] = (),
               batch_size: int | None = None) -> TFFRuntime:
   """TFF's runtime for an Algorithm (composed here) or a LearningProcess.
@@ -118,3 +118,18 @@ def build_tff(program, client_data, *, workers: Sequence[str] = (),
   process = (composer.compose(program) if isinstance(program, algorithm_lib.Algorithm)
              else program)
   return TFFRuntime(process, client_data, workers=workers, batch_size=batch_size)
+
+
+@registry.register_runtime('tff', options=workers_lib.WorkerOptions, auto_rank=1)
+def build_from_settings(program, client_data, options: workers_lib.WorkerOptions,
+                        facts: base.RunFacts) -> TFFRuntime:
+  """`build_tff` with the run's settings.
+
+  Raises:
+    ConfigError: the rounds cannot be split across the workers, or one does not answer.
+  """
+  try:
+    return build_tff(program, client_data, workers=options.workers,
+                     batch_size=facts.batch_size)
+  except (workers_lib.NotMergeableError, workers_lib.WorkerError) as e:
+    raise ConfigError(f'--workers: {e}') from e
