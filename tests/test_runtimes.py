@@ -1,6 +1,7 @@
 """The runtime interface: the algorithm is the unit, runtimes are registered, the
 in-process engines sit behind one interface (lanes, mapped, debug)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,6 +15,9 @@ from tff_comp import composer
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp import run_config
+from tff_comp import settings
+from tff_comp.binaries import flags_lib
+from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import sgd
 from tff_comp.runtime import base
 from tff_comp.runtime import engines
@@ -94,21 +98,53 @@ def test_a_plugin_learning_process_runs_on_tff(tmp_path, monkeypatch):
     choice.runner_for(prepared.build(), DATA, 'inprocess')
 
 
+@dataclasses.dataclass(frozen=True)
+class _EagerOptions:
+  """A toy runtime's own setting."""
+
+  eager_lanes: int = settings.setting(4, 'Clients the eager runtime holds at once.', lower=1)
+
+
+def _eager_why_not(program, options: _EagerOptions) -> str:
+  del options
+  return '' if isinstance(program, algorithm_lib.Algorithm) else 'it runs Algorithms only'
+
+
+def _build_eager(program, client_data, options: _EagerOptions, facts: base.RunFacts):
+  del facts
+  return inprocess.build(program, client_data, engine='debug', lanes=options.eager_lanes)
+
+
 def test_a_third_runtime_is_one_registration(monkeypatch):
-  """A runtime registered by name is reachable from the experiment's --runtime."""
-
-  def build_eager(program, client_data, options, facts):
-    del options, facts
-    return inprocess.build(program, client_data, engine='debug')
-
+  """A runtime registered with its own settings, its `why_not` and its place in 'auto'
+  is reachable by name and by auto, and its setting is a flag, a setting of the run
+  and an entry of config.json, with no edit outside its module (here, this test)."""
   monkeypatch.setitem(registry.RUNTIMES._entries, 'eager',  # pylint: disable=protected-access
-                      registry.Entry('eager', build_eager))
+                      registry.Entry('eager', _build_eager, options=_EagerOptions,
+                                     auto_rank=-1, why_not=_eager_why_not))
   assert 'eager' in run_config.runtime_names()
-  runtime, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'eager')
+  runtime, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'eager', eager_lanes=2)
   reference, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'inprocess')
-  assert runtime.record['engine'] == 'debug'
+  assert runtime.record['engine'] == 'debug' and runtime.lanes == 2
   for a, b in zip(_rounds(runtime, 2), _rounds(reference, 2)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # 'auto' tries it first (its rank is lowest); its why_not passes a process over to TFF.
+  auto, _ = choice.runner_for(_algorithm('fedprox'), DATA)
+  assert auto.record['engine'] == 'debug' and auto.lanes == 4
+  _, description = choice.runner_for(composer.compose(_algorithm('fedprox')), DATA)
+  assert 'not eager: it runs Algorithms only' in description
+  # Its setting: a flag, a setting of the run, recorded in config.json and read back.
+  assert 'eager_lanes' in {spec.flag for spec in flags_lib._common_specs()}  # pylint: disable=protected-access
+  config = run_config.ExperimentConfig.of(algorithm='fedprox', eager_lanes=3)
+  assert config.runtime_options['eager'] == _EagerOptions(3)
+  recorded = json.loads(json.dumps(dataclasses.asdict(config)))
+  assert recorded['runtime_options']['eager'] == {'eager_lanes': 3}
+  assert run_config.ExperimentConfig.from_dict(recorded).runtime_options['eager'].eager_lanes == 3
+  with pytest.raises(settings.ConfigError, match='eager_lanes'):
+    run_config.ExperimentConfig.of(algorithm='fedprox', eager_lanes=0)
+  with pytest.raises(settings.ConfigError, match='--eager_lanes: a setting of the eager runtime'):
+    run_config.ExperimentConfig.of(algorithm='fedprox', runtime='inprocess',
+                                   eager_lanes=3).check()
 
 
 class _FailsOnNaN(sgd.SGD):
