@@ -13,7 +13,7 @@ from tff_comp import composer
 from tff_comp import models
 from tff_comp.algorithms import ditto
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import simulation
+from tff_comp.runtime import callbacks
 from tff_comp.tasks import array_data
 
 D, LR, PERSONAL_LR, LAM, BATCH = 4, 0.05, 0.1, 0.5, 4
@@ -69,7 +69,7 @@ def test_two_rounds_match_numpy(tmp_path, monkeypatch, tied):
   if tied:
     process, composed = _process(data, client_learning_rate=0.5, lam=LAM,
                                  personal_learning_rate=0.0)
-    state = simulation.set_learning_rates(composed, composed.initialize(), LR, 1.0)
+    state = callbacks.set_learning_rates(composed, composed.initialize(), LR, 1.0)
   else:
     process, composed = _process(data, lam=LAM, personal_learning_rate=PERSONAL_LR)
     state = composed.initialize()

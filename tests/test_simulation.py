@@ -6,6 +6,7 @@ import csv
 import numpy as np
 
 from tests import algorithm_cases
+from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import callbacks
@@ -75,3 +76,42 @@ def test_a_sink_sees_every_round_and_an_early_stop_ends_the_run_cleanly(tmp_path
   model = run_files.load_model(tmp_path / 'stop' / 'final_model.npz')
   assert [w.shape for w in model.trainable] == [(algorithm_cases.D,), ()]
   assert model.non_trainable == ()
+
+
+class _HalveRateFromRound(callbacks.Callback):
+  """Before each round from `start` on, halves the client learning rate in the state,
+  noting the clients each round runs on."""
+
+  def __init__(self, start):
+    self.start, self.cohorts = start, []
+
+  def before_round(self, loop, round_num, clients):
+    self.cohorts.append((round_num, tuple(clients.reporting)))
+    if round_num >= self.start:
+      rate = loop.hparams['hparams/client_work/learning_rate'] / 2
+      loop.state = callbacks.set_learning_rates(loop.runtime, loop.state, rate, 1.0)
+      loop.hparams['hparams/client_work/learning_rate'] = rate
+
+
+def test_before_round_sees_each_cohort_and_may_change_the_state(tmp_path):
+  plain, halved = _Sink(), _HalveRateFromRound(start=3)
+  _run(tmp_path / 'plain', [plain], rounds=4)
+  _run(tmp_path / 'halved', [halved], rounds=4)
+  assert [r for r, _ in halved.cohorts] == [1, 2, 3, 4]
+  assert all(len(ids) == 3 for _, ids in halved.cohorts)
+  with open(tmp_path / 'halved' / 'metrics.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  rates = [float(row['hparams/client_work/learning_rate']) for row in rows[1:]]
+  assert rates[2] == rates[1] / 2 and rates[3] == rates[1] / 4  # logged as set
+  with open(tmp_path / 'plain' / 'metrics.csv', newline='') as f:
+    plain_rows = list(csv.DictReader(f))
+  losses = [row['train/client_work/train_loss'] for row in rows[1:]]
+  assert losses[:2] == [row['train/client_work/train_loss'] for row in plain_rows[1:3]]
+  assert losses[3] != plain_rows[4]['train/client_work/train_loss']  # the rate took effect
+
+
+def test_train_from_code_takes_callbacks(tmp_path):
+  sink = _Sink()
+  experiment.train('fedavg', 'quadratic', rounds=3, clients_per_round=2, eval_period=3,
+                   output_dir=str(tmp_path), show_progress=False, callbacks=[sink])
+  assert [r for r, _ in sink.losses] == [1, 2, 3] and sink.ended

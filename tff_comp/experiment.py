@@ -7,7 +7,7 @@ process and trains it. Binaries (`binaries/run.py`, `binaries/reproduce.py`) are
 layers over these two functions.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 import dataclasses
 import inspect
 import json
@@ -28,6 +28,7 @@ from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp import run_config
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
+from tff_comp.runtime import callbacks as callbacks_lib
 from tff_comp.runtime import choice
 from tff_comp.runtime import run_files
 from tff_comp.runtime import simulation
@@ -367,14 +368,16 @@ def resolved_options(prepared: Prepared) -> dict[str, Any]:
 
 
 def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
-          learning_rates: tuple[float, float] | None = None,
-          client_hparams: dict[str, float] | None = None,
-          output_dir: str | None = None,
-          extra_config: dict[str, Any] | None = None) -> dict[str, float]:
+                 learning_rates: tuple[float, float] | None = None,
+                 client_hparams: dict[str, float] | None = None,
+                 output_dir: str | None = None,
+                 extra_config: dict[str, Any] | None = None,
+                 callbacks: Sequence[callbacks_lib.Callback] = ()) -> dict[str, float]:
   """Trains `runner` (built once, reusable: a grid sets `learning_rates`, and the client
   work's other hparams by name in `client_hparams`, through the process's hparams) into
   `output_dir` (default the config's); returns the final evaluation metrics.
-  `extra_config` is recorded in config.json beside the config."""
+  `extra_config` is recorded in config.json beside the config; `callbacks` join the
+  loop's (`simulation.run_simulation`: after the evaluator, before the metrics sink)."""
   prepared.settings['runtime'] = runner.description
   if show_progress:
     print(f'runtime: {runner.description}', flush=True)
@@ -393,7 +396,7 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
       # Checked again under the lock: a run started beside this one may have written.
       run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
       return _train_locked(prepared, runner, config, output_dir, show_progress,
-                           learning_rates, client_hparams)
+                           learning_rates, client_hparams, tuple(callbacks))
   except run_files.OutputDirInUse as e:
     raise ConfigError(str(e)) from e
 
@@ -401,7 +404,8 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
 def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
                   output_dir: str, show_progress: bool,
                   learning_rates: tuple[float, float] | None,
-                  client_hparams: dict[str, float]) -> dict[str, float]:
+                  client_hparams: dict[str, float],
+                  callbacks: tuple[callbacks_lib.Callback, ...]) -> dict[str, float]:
   if prepared.config.resume:
     run_directory.check_resumable(pathlib.Path(output_dir), config)
   if not prepared.config.schedules.pair()[1].constant:
@@ -435,19 +439,22 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       checkpoint_every=prepared.config.checkpoints.checkpoint_every,
       resume=prepared.config.resume,
       participation=prepared.config.participation,
-      callbacks=prepared.config.privacy.callbacks(
+      callbacks=(*prepared.config.privacy.callbacks(
           prepared.ledger, prepared.settings['rounds'], prepared.settings['eval_period'],
-          show_progress),
+          show_progress), *callbacks),
   )
 
 
-def run_experiment(prepared: Prepared, *, show_progress: bool = True) -> dict[str, float]:
-  """Builds the process, places it on the configured runtime and trains it; returns
-  the final evaluation metrics."""
-  return train_runner(prepared, build_runner(prepared), show_progress=show_progress)
+def run_experiment(prepared: Prepared, *, show_progress: bool = True,
+                   callbacks: Sequence[callbacks_lib.Callback] = ()) -> dict[str, float]:
+  """Builds the process, places it on the configured runtime and trains it (with
+  `callbacks` beside the loop's own); returns the final evaluation metrics."""
+  return train_runner(prepared, build_runner(prepared), show_progress=show_progress,
+                      callbacks=callbacks)
 
 
 def train(algorithm: str, task: str | None = None, *, show_progress: bool = True,
+          callbacks: Sequence[callbacks_lib.Callback] = (),
           **settings_: Any) -> dict[str, float]:
   """Trains the registered `algorithm` on `task` (None: its home task); returns the final
   evaluation metrics. Settings go by their flags' names: the run's and its records'
@@ -471,4 +478,4 @@ def train(algorithm: str, task: str | None = None, *, show_progress: bool = True
       algorithm_options={k: v for k, v in settings_.items() if k not in given and k in own},
       task_options={task_own[k]: v for k, v in settings_.items()
                     if k not in given and k in task_own})
-  return run_experiment(prepare(config), show_progress=show_progress)
+  return run_experiment(prepare(config), show_progress=show_progress, callbacks=callbacks)

@@ -68,10 +68,6 @@ class Runtime(Protocol):
     partial_work: `next` runs clients doing a fraction of their local steps
       (stragglers); a runtime without it raises UnsupportedError for `work` < 1.
 
-  Optional: `reserve_cohort(size)`, called by the loop before round 1 with the largest
-  cohort its sampler hands over, so a runtime that compiles per cohort shape compiles
-  once for every size up to it; `prefetch(client_ids)`, called before each round with
-  the next round's clients, so a runtime streaming client data reads them meanwhile.
   """
 
   name: str
@@ -88,6 +84,15 @@ class Runtime(Protocol):
     """One round on the clients `client_ids` (ids of the client data, at least one; an
     id given twice runs twice). `work`: per client, the fraction of its local steps it
     completes (a straggler: max(1, floor(work x steps)) steps); None: all of them."""
+
+  def reserve_cohort(self, size: int) -> None:
+    """Called before round 1 with the largest cohort the run's sampler hands over, so a
+    runtime compiling per cohort shape compiles once for every size up to it (else a
+    no-op)."""
+
+  def prefetch(self, client_ids: Sequence[str]) -> None:
+    """Called before each round with the next round's clients, so a runtime streaming
+    client data reads them meanwhile (else a no-op)."""
 
   def get_model_weights(self, state: State) -> Any:
     """The model to evaluate (ModelWeights of NumPy arrays)."""

@@ -25,12 +25,45 @@ class DivergenceError(RuntimeError):
 
 class StopTraining(Exception):
   """Raised by a callback's `after_round` to end the run cleanly after that round (an
-  early stop): the round's row is kept, the state checkpointed, the model saved."""
+  early stop): the round's row is kept, the state checkpointed, the model saved. With
+  `interrupt`, the run then ends as an interrupted one (KeyboardInterrupt: SIGTERM)."""
+
+  def __init__(self, *args, interrupt: bool = False):
+    super().__init__(*args)
+    self.interrupt = interrupt
 
 
 # Server-state tables up to this many entries are logged entry by entry (AFL's and
 # TR-MAML's client weights); larger ones (Ditto's personal models) are not.
 _MAX_LOGGED_TABLE = 100
+
+
+def set_learning_rates(process, state, client_learning_rate: float,
+                       server_learning_rate: float,
+                       client_hparams: Mapping[str, float] | None = None):
+  """Returns `state` with the client work's and server update's learning rates set, and
+  the client work's other hparams named in `client_hparams` (a grid's own axes).
+
+  A server update without a learning rate (q-FedAvg's ratio step) accepts only 1.
+  """
+  hparams = process.get_hparams(state)
+
+  def put(group: str, name: str, value: float) -> None:
+    # In the dtype the state holds (TFF's adaptive optimizers keep float64 hparams, and
+    # one float32 among them fails their update).
+    hparams[group][name] = np.asarray(value, np.asarray(hparams[group][name]).dtype)
+
+  for name, value in (client_hparams or {}).items():
+    if name not in hparams['client_work']:
+      raise ValueError(f'the client work has no hyperparameter {name!r}; it has'
+                       f' {sorted(hparams["client_work"])}.')
+    put('client_work', name, value)
+  put('client_work', 'learning_rate', client_learning_rate)
+  if 'learning_rate' in hparams['finalizer']:
+    put('finalizer', 'learning_rate', server_learning_rate)
+  elif server_learning_rate != 1.0:
+    raise ValueError('this process has no server learning rate to set.')
+  return process.set_hparams(state, hparams)
 
 
 def hparam_metrics(process, state) -> run_files.Metrics:
@@ -73,6 +106,8 @@ class Loop:
     self.interrupted = False  # stopped by Ctrl-C or SIGTERM
     self.kept_columns: list[str] = []
     self.kept_rows: list[dict[str, str]] = []
+    self.upcoming: Any = None  # the next round's clients (sampling.RoundClients), drawn
+    self.hparams: run_files.Metrics = {}  # the hyperparameters in force, logged each round
     self.initial_eval: run_files.Metrics = {}
     self.eval_metrics: run_files.Metrics = {}
     self.start = time.monotonic()
@@ -95,6 +130,9 @@ class Callback:
   each seeing what the ones before it added.
 
   on_train_begin(loop): the state is initialized, or restored (`loop.done` > 0).
+  before_round(loop, round_num, clients): before each round runs on `clients` (its
+    `sampling.RoundClients`; `loop.upcoming` is the next round's); may change
+    `loop.state` (the round's learning rates) and `loop.hparams`.
   after_round(loop, round_num, metrics): after each round; may add to `metrics` (the
     round's row), raise StopTraining to end the run cleanly after this round (the
     callbacks after it still see the round), or raise an error to stop it.
@@ -105,11 +143,48 @@ class Callback:
   def on_train_begin(self, loop: Loop) -> None:
     del loop
 
+  def before_round(self, loop: Loop, round_num: int, clients: Any) -> None:
+    del loop, round_num, clients
+
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
     del loop, round_num, metrics
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
     del loop, completed
+
+
+class CohortReader(Callback):
+  """Lets the runtime get ready for its cohorts: compile once for the largest
+  (`reserve_cohort(capacity)`) and read each round's clients while the round before it
+  runs (`prefetch`; the first while the run starts). First in the list."""
+
+  def __init__(self, capacity: int):
+    self._capacity = capacity
+
+  def on_train_begin(self, loop: Loop) -> None:
+    loop.runtime.reserve_cohort(self._capacity)
+    self.before_round(loop, loop.done, None)
+
+  def before_round(self, loop: Loop, round_num: int, clients: Any) -> None:
+    if loop.upcoming is not None:
+      loop.runtime.prefetch(loop.upcoming.reporting)
+
+
+class LearningRates(Callback):
+  """Sets each round's (client, server) learning rates before it runs: `rates(round)`
+  (a schedule's), logged as the round's hparams."""
+
+  def __init__(self, rates: Callable[[int], tuple[float, float]]):
+    self._rates = rates
+
+  def before_round(self, loop: Loop, round_num: int, clients: Any) -> None:
+    client_rate, server_rate = self._rates(round_num)
+    loop.state = set_learning_rates(loop.runtime, loop.state, client_rate, server_rate)
+    # The logged rates follow from the values just set (no second read of the state).
+    for key, rate in (('hparams/client_work/learning_rate', client_rate),
+                      ('hparams/finalizer/learning_rate', server_rate)):
+      if key in loop.hparams:
+        loop.hparams[key] = float(str(np.float32(rate)))
 
 
 class DivergenceGuard(Callback):

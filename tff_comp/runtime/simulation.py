@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 from absl import logging
-import numpy as np
 
 from tff_comp.runtime import callbacks as callbacks_lib
 from tff_comp.runtime import checkpoints as checkpoints_lib
@@ -55,32 +54,15 @@ def stop_on_sigterm() -> None:
   signal.signal(signal.SIGTERM, terminate)
 
 
-def set_learning_rates(process, state, client_learning_rate: float,
-                       server_learning_rate: float,
-                       client_hparams: Mapping[str, float] | None = None):
-  """Returns `state` with the client work's and server update's learning rates set, and
-  the client work's other hparams named in `client_hparams` (a grid's own axes).
+class SigtermStop(callbacks_lib.Callback):
+  """Ends the run after the round in which SIGTERM arrived (`stop_on_sigterm`), as an
+  interrupted run (its state saved). Last in the list."""
 
-  A server update without a learning rate (q-FedAvg's ratio step) accepts only 1.
-  """
-  hparams = process.get_hparams(state)
-
-  def put(group: str, name: str, value: float) -> None:
-    # In the dtype the state holds (TFF's adaptive optimizers keep float64 hparams, and
-    # one float32 among them fails their update).
-    hparams[group][name] = np.asarray(value, np.asarray(hparams[group][name]).dtype)
-
-  for name, value in (client_hparams or {}).items():
-    if name not in hparams['client_work']:
-      raise ValueError(f'the client work has no hyperparameter {name!r}; it has'
-                       f' {sorted(hparams["client_work"])}.')
-    put('client_work', name, value)
-  put('client_work', 'learning_rate', client_learning_rate)
-  if 'learning_rate' in hparams['finalizer']:
-    put('finalizer', 'learning_rate', server_learning_rate)
-  elif server_learning_rate != 1.0:
-    raise ValueError('this process has no server learning rate to set.')
-  return process.set_hparams(state, hparams)
+  def after_round(self, loop: callbacks_lib.Loop, round_num: int,
+                  metrics: run_files.Metrics) -> None:
+    if _SIGTERM_RECEIVED.is_set():
+      _SIGTERM_RECEIVED.clear()
+      raise callbacks_lib.StopTraining('SIGTERM', interrupt=True)
 
 
 def _start_fresh(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints) -> None:
@@ -105,45 +87,29 @@ def _restore(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints)
 
 
 def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
-             callbacks: list[callbacks_lib.Callback],
-             rates: Callable[[int], tuple[float, float]] | None = None) -> None:
+             callbacks: list[callbacks_lib.Callback]) -> None:
   """The loop: rounds `loop.done + 1 .. loop.rounds` on the sampler's clients, each
   round's metrics (`train/...`, `participation/...`, `hparams/...`, `server/...`,
-  `seconds_per_round`: the round's training, from sampling to its metrics on the host)
-  handed to the callbacks in order. A round where no sampled client reports leaves the
-  state as it was (logged; no train/ metrics). `rates`, if given, maps a round to its
-  (client, server) learning rates, set before it runs."""
-  reserve, prefetch = getattr(runtime, 'reserve_cohort', None), getattr(runtime, 'prefetch',
-                                                                         None)
-  if reserve is not None:
-    reserve(sampler.capacity)
-  # Each round is drawn once: the draw of round r + 1 is read ahead (prefetch) and used
-  # by round r + 1.
-  upcoming = sampler.sample(loop.done + 1) if loop.done < loop.rounds else None
-  if prefetch is not None and upcoming is not None:  # read while the run starts
-    prefetch(upcoming.reporting)
+  `seconds_per_round`: the round's training, from its `before_round` to its metrics on
+  the host) handed to the callbacks in order. A round where no sampled client reports
+  leaves the state as it was (logged; no train/ metrics)."""
+  # Each round is drawn once: the draw of round r + 1 is read ahead (`loop.upcoming`,
+  # which a callback may prefetch) and used by round r + 1.
+  loop.upcoming = sampler.sample(loop.done + 1) if loop.done < loop.rounds else None
+  # Set before the first round; read once, logged every round (on TFF's runtime reading
+  # them is a computation call); a callback changing them updates `loop.hparams`.
+  loop.hparams = callbacks_lib.hparam_metrics(runtime, loop.state)
   for callback in callbacks:
     callback.on_train_begin(loop)
-  # Set before the first round and unchanged after it: read once, logged every round
-  # (on TFF's runtime reading them is a computation call).
-  hparams = callbacks_lib.hparam_metrics(runtime, loop.state)
   completed, stop = False, None
   try:
     for round_num in range(loop.done + 1, loop.rounds + 1):
       start = time.perf_counter()
-      if rates is not None:
-        client_rate, server_rate = rates(round_num)
-        loop.state = set_learning_rates(runtime, loop.state, client_rate, server_rate)
-        # The logged rates follow from the values just set (no second read of the state).
-        for key, rate in (('hparams/client_work/learning_rate', client_rate),
-                          ('hparams/finalizer/learning_rate', server_rate)):
-          if key in hparams:
-            hparams[key] = float(str(np.float32(rate)))
-      clients = upcoming
-      upcoming = sampler.sample(round_num + 1) if round_num < loop.rounds else None
+      clients = loop.upcoming
+      loop.upcoming = sampler.sample(round_num + 1) if round_num < loop.rounds else None
+      for callback in callbacks:
+        callback.before_round(loop, round_num, clients)
       metrics = clients.metrics()
-      if prefetch is not None and upcoming is not None:  # read while this round runs
-        prefetch(upcoming.reporting)
       if clients.reporting:
         output = runtime.next(loop.state, list(clients.reporting), clients.work)
         loop.state = output.state
@@ -152,18 +118,17 @@ def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
         logging.warning('round %d: none of the %d sampled clients reported; the model is'
                         ' unchanged.', round_num, len(clients.sampled))
       loop.round_num = round_num
-      metrics.update(hparams)
+      metrics.update(loop.hparams)
       metrics.update(callbacks_lib.server_quantities(loop.state))
       metrics['seconds_per_round'] = time.perf_counter() - start
       for callback in callbacks:
         try:
           callback.after_round(loop, round_num, metrics)
-        except callbacks_lib.StopTraining as request:
-          stop = request  # the callbacks after it still see this round
+        except callbacks_lib.StopTraining as request:  # the callbacks after it still see this round
+          stop = request if stop is None or request.interrupt else stop
       loop.finished, loop.finished_state = round_num, loop.state
-      if _SIGTERM_RECEIVED.is_set():
-        _SIGTERM_RECEIVED.clear()
-        raise KeyboardInterrupt('SIGTERM')
+      if stop is not None and stop.interrupt:
+        raise KeyboardInterrupt(*stop.args)
       if stop is not None:
         break
     completed = True
@@ -235,16 +200,15 @@ def run_simulation(
   loop = callbacks_lib.Loop(process, output_dir, rounds)
   loop.state = process.initialize()
   if learning_rates is not None:
-    loop.state = set_learning_rates(process, loop.state, *learning_rates, client_hparams)
-  rates = None
+    loop.state = callbacks_lib.set_learning_rates(process, loop.state, *learning_rates,
+                                                  client_hparams)
+  scheduled = []
   if schedules is not None and not all(schedule.constant for schedule in schedules):
     hparams = process.get_hparams(loop.state)
     base = (float(hparams['client_work']['learning_rate']),
             float(hparams['finalizer'].get('learning_rate', 1.0)))
-
-    def rates(round_num: int) -> tuple[float, float]:
-      return tuple(rate * schedule.factor(round_num)
-                   for rate, schedule in zip(base, schedules))
+    scheduled = [callbacks_lib.LearningRates(lambda round_num: tuple(
+        rate * schedule.factor(round_num) for rate, schedule in zip(base, schedules)))]
   if resume and (output_dir / 'metrics.csv').exists():
     _restore(loop, checkpoints)
     if show_progress:
@@ -254,9 +218,12 @@ def run_simulation(
     _start_fresh(loop, checkpoints)
   try:
     run_loop(process, loop, sampler, [
-        callbacks_lib.DivergenceGuard(divergence_hint), callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients),
-        *callbacks, callbacks_lib.Progress(show_progress), callbacks_lib.MetricsSink(), callbacks_lib.RunRecord(config),
-        callbacks_lib.Checkpointer(checkpoints, checkpoint_every), callbacks_lib.FinalModel()], rates)
+        callbacks_lib.CohortReader(sampler.capacity), *scheduled,
+        callbacks_lib.DivergenceGuard(divergence_hint),
+        callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients), *callbacks,
+        callbacks_lib.Progress(show_progress), callbacks_lib.MetricsSink(),
+        callbacks_lib.RunRecord(config), callbacks_lib.Checkpointer(checkpoints, checkpoint_every),
+        callbacks_lib.FinalModel(), SigtermStop()])
   except KeyboardInterrupt as interrupt:
     raise Interrupted(loop.saved) from interrupt
   return loop.eval_metrics

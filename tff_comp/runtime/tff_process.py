@@ -86,6 +86,12 @@ class TFFRuntime:
     output = self._composed.next(state, list(client_ids))
     return base.RoundOutput(output.state, output.metrics)
 
+  def reserve_cohort(self, size: int) -> None:
+    """A no-op: TFF's computations take cohorts of any size."""
+
+  def prefetch(self, client_ids: Sequence[str]) -> None:
+    """A no-op: each client's dataset is built where it runs."""
+
   def get_model_weights(self, state: base.State) -> Any:
     return self._composed.get_model_weights(state)
 
