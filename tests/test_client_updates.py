@@ -27,9 +27,9 @@ HP = collections.OrderedDict(learning_rate=tf.constant(0.05))
 def _run(rule, payload, hparams=HP, batch_size=4):
   context = rule_lib.RoundContext.of()
   state = rule.initialize(payload, hparams, context)
-  schedule = local_loop.plan(len(X), 0, 0, batch_size=batch_size)
+  batches = local_loop.plan(len(X), 0, 0, batch_size=batch_size)
   state = local_loop.run_scheduled_steps(
-      lambda s, b: rule.step(s, b, payload, hparams, context), state, (X, Y), schedule,
+      lambda s, b: rule.step(s, b, payload, hparams, context), state, (X, Y), batches,
       batch_size=batch_size)
   return state, rule.finalize(state, payload, hparams, context)
 

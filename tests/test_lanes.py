@@ -73,11 +73,11 @@ def _cohort_args(rule, options, cohort):
   """(offsets, counts, plans) of `cohort`, as the in-process runtime makes them."""
   counts = tf.constant([SIZES[c] for c in cohort], tf.int32)
   offsets = tf.constant([int(np.sum(SIZES[:c])) for c in cohort], tf.int32)
-  schedule = client_round.plan_cohort(rule, options, counts, tf.zeros_like(counts, tf.int64), 0)
+  batches = client_round.plan_cohort(rule, options, counts, tf.zeros_like(counts, tf.int64), 0)
   m = len(cohort)
   context = rule_lib.RoundContext(tf.constant(cohort, tf.int32), tf.zeros([m]),
                                   tf.zeros([m]))
-  return offsets, counts, client_round.ClientPlan(context, schedule)
+  return offsets, counts, client_round.ClientPlan(context, batches)
 
 
 @pytest.mark.parametrize('width', [1, 3, 8])

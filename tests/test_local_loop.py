@@ -29,12 +29,12 @@ def test_batches_match_tf_data(n, batch_size, epochs, drop):
       row = tf.tensor_scatter_nd_update(seen, [[count]], labels[tf.newaxis])
       return count + 1, row
     # Drawn epochs drop the short batch; a one-value draw is `epochs` itself.
-    schedule = local_loop.plan(n, 0, 0, batch_size=batch_size, epochs=epochs,
+    batches = local_loop.plan(n, 0, 0, batch_size=batch_size, epochs=epochs,
                                epochs_max=epochs if drop else None)
     state = local_loop.run_scheduled_steps(
-        step, (0, -tf.ones([max_steps, batch_size], tf.int32)), examples, schedule,
+        step, (0, -tf.ones([max_steps, batch_size], tf.int32)), examples, batches,
         batch_size=batch_size)
-    return state, schedule.steps
+    return state, batches.steps
 
   (count, seen), steps = run()
   expected = list(dataset.repeat(epochs).batch(batch_size, drop_remainder=drop))
@@ -50,11 +50,11 @@ def test_batches_match_tf_data(n, batch_size, epochs, drop):
 
 def _sequence(n, batch_size, epochs, round_num, key, seed=0, shuffle=True):
   """The example indices a client visits in a round, in order."""
-  schedule = local_loop.plan(n, key, round_num, batch_size=batch_size, epochs=epochs,
+  batches = local_loop.plan(n, key, round_num, batch_size=batch_size, epochs=epochs,
                              seed=seed, shuffle=shuffle)
   return np.concatenate([
-      local_loop.batch_index(k, schedule, batch_size, n, shuffle).numpy()
-      for k in range(int(schedule.steps))])
+      local_loop.batch_index(k, batches, batch_size, n, shuffle).numpy()
+      for k in range(int(batches.steps))])
 
 
 def test_shuffled_epochs_are_permutations_that_change_every_round_and_epoch():

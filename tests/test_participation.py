@@ -92,14 +92,14 @@ def test_bad_participation_is_refused(bad, match):
 
 
 def test_limit_keeps_a_prefix_of_at_least_one_step():
-  schedule = local_loop.Schedule(tf.constant([4, 4, 0, 1, 0]), tf.constant([2, 0, 3, 0, 0]),
+  batches = local_loop.BatchPlan(tf.constant([4, 4, 0, 1, 0]), tf.constant([2, 0, 3, 0, 0]),
                                  tf.zeros([5], tf.int64))
-  cut = local_loop.limit(schedule, tf.constant([0.5, 0.5, 0.2, 1.0, 0.9]))
+  cut = local_loop.limit(batches, tf.constant([0.5, 0.5, 0.2, 1.0, 0.9]))
   # 5 steps (4 full + short) -> 2; 4 -> 2; 1 short -> at least 1; whole; none stays none.
   assert cut.full.numpy().tolist() == [2, 2, 0, 1, 0]
   assert cut.remainder.numpy().tolist() == [0, 0, 3, 0, 0]
-  whole = local_loop.limit(schedule, tf.ones([5]))
-  assert whole.steps.numpy().tolist() == schedule.steps.numpy().tolist()
+  whole = local_loop.limit(batches, tf.ones([5]))
+  assert whole.steps.numpy().tolist() == batches.steps.numpy().tolist()
 
 
 def _numpy_fednova(w, b, clients, steps, *, lr, batch_size):

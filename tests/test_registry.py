@@ -1,5 +1,6 @@
 """Registry: duplicates, unknown names with suggestions, entry-point plugins."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -110,3 +111,17 @@ def test_args_sections_parse():
   assert registry.arg_docs(doc) == {'alpha': 'the first option, on two lines.',
                                     'beta': 'the second.'}
   assert registry.arg_docs('No sections.') == {} == registry.arg_docs(None)
+
+
+@pytest.mark.parametrize('module, old, new', [
+    ('tff_comp.ops.sgd', 'QFFL', 'FairnessWeightedSGD'),
+    ('tff_comp.ops.compositional', 'SCGDM', 'TrackedMomentum'),
+    ('tff_comp.ops.local_loop', 'Schedule', 'BatchPlan'),
+    ('tff_comp.ops.messages', 'AFLPayload', 'ClientWeightsPayload'),
+])
+def test_a_renamed_name_still_imports_and_warns(module, old, new):
+  loaded = importlib.import_module(module)
+  with pytest.warns(DeprecationWarning, match=f'{old} is renamed .*{new}'):
+    assert getattr(loaded, old) is getattr(loaded, new)
+  with pytest.raises(AttributeError):
+    getattr(loaded, 'NoSuchName')

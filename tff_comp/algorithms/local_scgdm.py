@@ -65,7 +65,7 @@ def local_scgdm(
                         tracking_gamma=tracking_gamma)
   obj = objectives.make_objective(objective, gamma=gamma,
                                   inner_learning_rate=inner_learning_rate)
-  rule = compositional.SCGDM(model, learning_rate=client_learning_rate, objective=obj,
+  rule = compositional.TrackedMomentum(model, learning_rate=client_learning_rate, objective=obj,
                              momentum_rate=momentum_rate, beta=beta,
                              tracking_gamma=tracking_gamma)
   rule.check_hparams(rule.initial_hparams())

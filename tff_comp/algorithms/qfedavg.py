@@ -35,7 +35,7 @@ def qfedavg(
   """
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(q=q)
-  rule = sgd.QFFL(model, learning_rate=client_learning_rate, q=q)
+  rule = sgd.FairnessWeightedSGD(model, learning_rate=client_learning_rate, q=q)
   options = client_round.ClientOptions(batch_size, local_epochs, weighting='uniform')
   return common.algorithm(model, rule, sgd.RatioServer(model_ops.trainable_specs(model)),
                         options, model_aggregator=model_aggregator)

@@ -2,7 +2,7 @@
 
     run_client(rule, payload, examples, hparams, context, options, round, key)
         -> ClientOutput(update, weight, stats)
-     = client_context (start loss) + plan_cohort (batch schedule, `local_loop.plan`)
+     = client_context (start loss) + plan_cohort (batch plan, `local_loop.plan`)
        -> rule.initialize -> rule.step per batch -> finish_client (weight, stats,
        rule.finalize)
 
@@ -110,10 +110,10 @@ class ClientOutput(NamedTuple):
 
 class ClientPlan(NamedTuple):
   """A client's round before its local steps (fields stacked to [m] for a cohort):
-  the context (start loss filled in) and the batch schedule."""
+  the context (start loss filled in) and the batch plan."""
 
   context: rule_lib.RoundContext
-  schedule: local_loop.Schedule
+  batches: local_loop.BatchPlan
 
 
 def step_batch_size(rule: rule_lib.ClientRule, options: ClientOptions) -> int:
@@ -122,8 +122,8 @@ def step_batch_size(rule: rule_lib.ClientRule, options: ClientOptions) -> int:
 
 
 def plan_cohort(rule: rule_lib.ClientRule, options: ClientOptions, counts, keys,
-                round_num) -> local_loop.Schedule:
-  """The batch schedule of clients with `counts` examples and `keys`
+                round_num) -> local_loop.BatchPlan:
+  """The batch plan of clients with `counts` examples and `keys`
   (`local_loop.client_key`) in round `round_num`, one client or a cohort ([m])."""
   return local_loop.plan(
       counts, keys, round_num, batch_size=step_batch_size(rule, options),
@@ -160,10 +160,10 @@ def run_planned(rule: rule_lib.ClientRule, payload, examples, hparams, plan: Cli
   """A client's round from its plan: the rule's local steps on `examples`."""
   state = local_loop.run_scheduled_steps(
       lambda s, batch: rule.step(s, batch, payload, hparams, plan.context),
-      rule.initialize(payload, hparams, plan.context), examples, plan.schedule,
+      rule.initialize(payload, hparams, plan.context), examples, plan.batches,
       batch_size=step_batch_size(rule, options), contiguous=options.single_pass,
       shuffle=options.shuffle)
-  return finish_client(rule, state, plan.schedule.steps, payload, hparams, plan.context,
+  return finish_client(rule, state, plan.batches.steps, payload, hparams, plan.context,
                        options, local_loop.num_examples(examples))
 
 
@@ -173,8 +173,8 @@ def run_client(rule: rule_lib.ClientRule, payload, examples, hparams,
   """One client's round: the rule's local steps on `examples` from `payload`."""
   key = (local_loop.client_key(examples) if options.uses_client_key
          else tf.constant(0, tf.int64))
-  schedule = plan_cohort(rule, options, local_loop.num_examples(examples), key, round_num)
-  plan = ClientPlan(client_context(rule, payload, examples, hparams, context), schedule)
+  batches = plan_cohort(rule, options, local_loop.num_examples(examples), key, round_num)
+  plan = ClientPlan(client_context(rule, payload, examples, hparams, context), batches)
   return run_planned(rule, payload, examples, hparams, plan, options)
 
 

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tff_comp.ops import renamed
 from tff_comp.ops import messages
 from tff_comp.ops import model_ops
 from tff_comp.ops import objectives as objectives_lib
@@ -90,7 +91,7 @@ class TrackerExtras(NamedTuple):
   started: tf.Tensor
 
 
-class SCGDM(ObjectiveRule):
+class TrackedMomentum(ObjectiveRule):
   """Local-SCGDM's client (see the module docstring). t = 0 is the very first step of
   training (`started` = 0 in the payload); later rounds start from the server's
   averaged u and m, re-expressed in this round's reference (DRFL). `tracking_gamma` is
@@ -197,3 +198,6 @@ class TrackerServer(rule_lib.ServerRule):
   def reset(self, state, weights):
     del weights
     return collections.OrderedDict(optimizer=state['optimizer'], **self._fresh())
+
+
+__getattr__ = renamed.module_getattr(__name__, {'SCGDM': 'TrackedMomentum'})  # 0.3.0

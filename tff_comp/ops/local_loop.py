@@ -7,7 +7,7 @@ and 0.012 s when each client's examples are materialized once and the steps run 
 one `tf.while_loop` over slices (measured on the project's 2-core machines). Client
 datasets in federated simulations are small, so holding one in memory is cheap.
 
-`plan` is the one source of a client's batch schedule (`Schedule`): TFF's client work,
+`plan` is the one source of a client's batch plan (`BatchPlan`): TFF's client work,
 the lanes and the mapped engines all take their batches from it. Batches follow
 `dataset.repeat(epochs).batch(batch_size)`: batches may straddle epoch boundaries, and
 the last batch may be short unless epochs are drawn (then `floor(epochs * n /
@@ -20,6 +20,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import tensorflow as tf
+
+from tff_comp.ops import renamed
 
 _MAX_EXAMPLES = 2**31 - 1
 
@@ -112,7 +114,7 @@ def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   return i
 
 
-class Schedule(NamedTuple):
+class BatchPlan(NamedTuple):
   """A client's batches in a round (fields stacked to [m] for a cohort): `full`
   batches of the step's batch size B, then one short batch of `remainder` examples
   when it is not 0. Batch k covers positions [k B, k B + B) of the client's example
@@ -132,8 +134,8 @@ class Schedule(NamedTuple):
 
 def plan(counts: tf.Tensor, keys: tf.Tensor, round_num: tf.Tensor, *, batch_size: int,
          epochs: int = 1, epochs_max: int | None = None, steps: int | None = None,
-         seed: int = 0, shuffle: bool = False) -> Schedule:
-  """The schedule of clients with `counts` examples and `keys` (`client_key`) in round
+         seed: int = 0, shuffle: bool = False) -> BatchPlan:
+  """The batches of clients with `counts` examples and `keys` (`client_key`) in round
   `round_num`: the one place batches are derived, for every runtime.
 
   epochs: passes over the examples; with `epochs_max`, drawn per client and round from
@@ -149,29 +151,29 @@ def plan(counts: tf.Tensor, keys: tf.Tensor, round_num: tf.Tensor, *, batch_size
     order_seed = _mix(_mix(tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64))
                       + tf.cast(keys, tf.int64)) + tf.zeros_like(n, tf.int64)
   if steps is not None:
-    return Schedule(tf.where(n > 0, steps, 0), tf.zeros_like(n), order_seed)
+    return BatchPlan(tf.where(n > 0, steps, 0), tf.zeros_like(n), order_seed)
   if epochs_max is not None:
     total = draw_epochs(keys, seed, round_num, epochs, epochs_max) * n
-    return Schedule(total // batch_size, tf.zeros_like(n), order_seed)
+    return BatchPlan(total // batch_size, tf.zeros_like(n), order_seed)
   total = epochs * n
-  return Schedule(total // batch_size, total % batch_size, order_seed)
+  return BatchPlan(total // batch_size, total % batch_size, order_seed)
 
 
-def limit(schedule: Schedule, work: tf.Tensor) -> Schedule:
-  """A straggler's schedule: the first max(1, floor(work x steps)) of its steps (its
+def limit(batches: BatchPlan, work: tf.Tensor) -> BatchPlan:
+  """A straggler's batches: the first max(1, floor(work x steps)) of its steps (its
   batch sequence cut short; none stays none); `work` >= 1 keeps every step.
   Elementwise over [m]."""
-  steps = schedule.steps
+  steps = batches.steps
   kept = tf.cast(tf.floor(tf.cast(work, tf.float32) * tf.cast(steps, tf.float32)), tf.int32)
   kept = tf.where(work >= 1, steps, tf.clip_by_value(kept, tf.minimum(steps, 1), steps))
-  return Schedule(tf.minimum(schedule.full, kept),
-                  tf.where(kept > schedule.full, schedule.remainder, 0), schedule.seed)
+  return BatchPlan(tf.minimum(batches.full, kept),
+                   tf.where(kept > batches.full, batches.remainder, 0), batches.seed)
 
 
 def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = None
               ) -> tf.Tensor:
   """Examples of the batch of `size` starting at sequence position `first`: position p
-  is example p mod n, permuted per epoch p // n when `seed` (a Schedule's) is given.
+  is example p mod n, permuted per epoch p // n when `seed` (a BatchPlan's) is given.
   Broadcasts over leading dimensions of `first`, `n` and `seed` (lanes, cohorts)."""
   n = tf.maximum(n, 1)
   p = first + tf.range(size)
@@ -181,35 +183,35 @@ def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = Non
   return tf.cast(shuffle_index(p % n, n, epoch_seed), tf.int32)
 
 
-def batch_index(k, schedule: Schedule, batch_size: int, n: tf.Tensor, shuffle: bool = False
+def batch_index(k, batches: BatchPlan, batch_size: int, n: tf.Tensor, shuffle: bool = False
                 ) -> tf.Tensor:
-  """Examples of local step k of one client's `schedule` (k < steps): full batch k, or
+  """Examples of local step k of one client's `batches` (k < steps): full batch k, or
   the short batch at k = full."""
-  seed = schedule.seed if shuffle else None
-  return tf.cond(k < schedule.full,
+  seed = batches.seed if shuffle else None
+  return tf.cond(k < batches.full,
                  lambda: positions(k * batch_size, batch_size, n, seed),
-                 lambda: positions(schedule.full * batch_size, schedule.remainder, n, seed))
+                 lambda: positions(batches.full * batch_size, batches.remainder, n, seed))
 
 
 def run_scheduled_steps(
     step_fn: Callable[[Any, Any], Any],
     initial_state: Any,
     examples: Any,
-    schedule: Schedule,
+    batches: BatchPlan,
     *,
     batch_size: int,
     contiguous: bool = False,
     shuffle: bool = False,
 ) -> Any:
-  """`state = step_fn(state, batch)` over the batches of `schedule` (one client).
+  """`state = step_fn(state, batch)` over the batches `batches` plans (one client).
   `contiguous`: no full batch wraps around the examples (one epoch in stored order),
-  so batches are slices. `shuffle`: each epoch in the schedule's permutation."""
+  so batches are slices. `shuffle`: each epoch in the plan's permutation."""
   n = num_examples(examples)
   if shuffle:
     # Every position of the round at once: one permutation computation per client,
     # not one per local step (op dispatch dominates outside XLA).
-    order = positions(0, schedule.full * batch_size + schedule.remainder, n,
-                      schedule.seed)
+    order = positions(0, batches.full * batch_size + batches.remainder, n,
+                      batches.seed)
 
   def batch(first, size):
     if shuffle:
@@ -223,9 +225,12 @@ def run_scheduled_steps(
   def body(k, state):
     return k + 1, step_fn(state, batch(k * batch_size, batch_size))
 
-  _, state = tf.while_loop(lambda k, _: k < schedule.full, body,
+  _, state = tf.while_loop(lambda k, _: k < batches.full, body,
                            (tf.constant(0), initial_state))
-  return tf.cond(schedule.remainder > 0,
-                 lambda: step_fn(state, batch(schedule.full * batch_size,
-                                              schedule.remainder)),
+  return tf.cond(batches.remainder > 0,
+                 lambda: step_fn(state, batch(batches.full * batch_size,
+                                              batches.remainder)),
                  lambda: state)
+
+
+__getattr__ = renamed.module_getattr(__name__, {'Schedule': 'BatchPlan'})  # 0.3.0

@@ -9,10 +9,10 @@ tensors; `weights` fields hold a ModelWeights-like (trainable, non_trainable) pa
 """
 
 from typing import Any, NamedTuple
-import warnings
 
 import tensorflow as tf
 
+from tff_comp.ops import renamed
 from tff_comp.ops.model_ops import Weights
 
 
@@ -105,9 +105,4 @@ def reports_client_state(update: Any) -> bool:
 _RENAMED = {'AFLPayload': 'ClientWeightsPayload', 'AFLUpdate': 'SlotLossUpdate'}  # 0.2.0
 
 
-def __getattr__(name: str):
-  if name in _RENAMED:
-    warnings.warn(f'messages.{name} is renamed messages.{_RENAMED[name]}.',
-                  DeprecationWarning, stacklevel=2)
-    return globals()[_RENAMED[name]]
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+__getattr__ = renamed.module_getattr(__name__, _RENAMED)

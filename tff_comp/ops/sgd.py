@@ -13,10 +13,10 @@ regularizer the naive composite baseline of Yuan et al. (2021).
 
 import collections
 from typing import NamedTuple
-import warnings
 
 import tensorflow as tf
 
+from tff_comp.ops import renamed
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops import messages
 from tff_comp.ops import rule as rule_lib
@@ -104,7 +104,7 @@ class NormalizedSGD(rule_lib.RuleWrapper):
                                      self.inner.gradient_weight_norm(state.steps, hparams))
 
 
-class QFFL(SGD):
+class FairnessWeightedSGD(SGD):
   """q-FedAvg's client (Li, Sanjabi, Beirami, Smith, ICLR 2020).
 
   Local SGD from w gives w_local; with L = 1/eta_c, Dw = L (w - w_local) and F = the
@@ -163,9 +163,5 @@ class RatioServer(rule_lib.ServerRule):
     return state, rule_lib.with_trainable(weights, trainable)
 
 
-def __getattr__(name: str):
-  if name == 'Normalized':  # renamed in 0.2.0 (CHANGELOG.md)
-    warnings.warn('sgd.Normalized is renamed sgd.NormalizedSGD.', DeprecationWarning,
-                  stacklevel=2)
-    return NormalizedSGD
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+__getattr__ = renamed.module_getattr(__name__, {'Normalized': 'NormalizedSGD',  # 0.2.0
+                                                'QFFL': 'FairnessWeightedSGD'})  # 0.3.0

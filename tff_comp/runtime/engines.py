@@ -6,7 +6,7 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
     engine.run(cohort) -> ClientOutput([m] updates, [m] weights, [m] stats)
 
 `cohort` (a `Cohort`) holds the payload, hyperparameters and the cohort's plans
-(`ops.client_round.ClientPlan`: context and batch schedule, from the one schedule
+(`ops.client_round.ClientPlan`: context and batch plan, from the one batch plan
 `ops.local_loop.plan`), and where each client's examples lie in the resident data.
 
 * `lanes`: lockstep lanes compiled once by XLA (`runtime.lanes`); the fast path for many
@@ -266,16 +266,16 @@ class DebugEngine:
       stage = 'initialize'
       try:
         state = rule.initialize(cohort.payload, cohort.hparams, plan.context)
-        for k in range(int(plan.schedule.steps)):
+        for k in range(int(plan.batches.steps)):
           stage = f'local step {k}'
           batch = tf.nest.map_structure(
               lambda t, k=k: tf.gather(t, local_loop.batch_index(
-                  k, plan.schedule, size, n, options.shuffle)),
+                  k, plan.batches, size, n, options.shuffle)),
               examples)
           state = rule.step(state, batch, cohort.payload, cohort.hparams, plan.context)
         stage = 'finalize'
         outputs.append(client_round.finish_client(
-            rule, state, plan.schedule.steps, cohort.payload, cohort.hparams, plan.context,
+            rule, state, plan.batches.steps, cohort.payload, cohort.hparams, plan.context,
             options, n))
       except Exception as error:  # pylint: disable=broad-except  (re-raised, named)
         raise ClientError(

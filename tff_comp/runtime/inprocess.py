@@ -6,7 +6,7 @@ runtime runs the same math layer (`ops.client_round`, `ops.aggregation`, server 
 as one `tf.function` per round, never building a TFF computation:
 
 * client data stay resident on the device in variables (`engines.ResidentData`);
-* the cohort's plans come from the one batch schedule (`ops.client_round.plan_cohort`);
+* the cohort's plans come from the one batch plan (`ops.client_round.plan_cohort`);
 * an engine (`runtime.engines`: lanes, mapped, debug) runs the cohort's client work;
 * aggregation (with clipping or DP noise for a `privacy.PrivateMean` model
   aggregator, its state in the state's `aggregator` field), the server step and the
@@ -146,10 +146,10 @@ class InProcessRuntime:
     self.data = data if self.streaming else engines_lib.ResidentData(
         data.examples, data.counts, data.client_ids, self.device,
         with_keys=options.uses_client_key)
-    # Whether any client's round ends with a short batch: the schedule's remainder does
+    # Whether any client's round ends with a short batch: the batches's remainder does
     # not depend on the round (fixed epochs; drawn epochs and fixed steps have none).
-    schedule = client_round.plan_cohort(rule, options, self.data.counts, self.data.keys, 0)
-    short_batches = bool(np.any(schedule.remainder.numpy() > 0))
+    batches = client_round.plan_cohort(rule, options, self.data.counts, self.data.keys, 0)
+    short_batches = bool(np.any(batches.remainder.numpy() > 0))
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
     self._engines = {
@@ -176,7 +176,7 @@ class InProcessRuntime:
         self.engine, self._fallback = 'mapped', False
     if self._fallback:
       run_steps = (None if client_rounds is None else
-                   int(client_rounds * np.mean(schedule.steps.numpy())))
+                   int(client_rounds * np.mean(batches.steps.numpy())))
       state = self.initialize()
       self.why = engines_lib.LanesEngine.why_not(
           algorithm, self.data.examples, self.device,
@@ -336,12 +336,12 @@ class InProcessRuntime:
     if rule.uses_start_loss:
       context = context._replace(start_loss=self.data.map_clients(
           lambda _, __, examples: rule.start_loss(payload, examples, hparams), positions))
-    schedule = local_loop.limit(
+    batches = local_loop.limit(
         client_round.plan_cohort(rule, options, counts, tf.gather(self.data.keys, positions),
                                  work_state.round), work)
     cohort = engines_lib.Cohort(payload, hparams, positions,
                                 tf.gather(self.data.offsets, positions), counts,
-                                client_round.ClientPlan(context, schedule), capacity)
+                                client_round.ClientPlan(context, batches), capacity)
     outputs = self._engines[self.engine].run(cohort)
     kind, measured = algorithm.aggregation, collections.OrderedDict()
     if self._private is None:

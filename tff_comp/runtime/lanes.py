@@ -19,7 +19,7 @@ costs as much again in masking. Here the cohort's full batches run in `L` lanes:
 nothing in the program depends on which clients a round holds, so it compiles once
 (`tests/test_lanes.py` counts XLA's compiles). `finish_cohort` gives each client its
 output (`client_round.finish_client`). Every
-client sees exactly the batches of `ops.local_loop.schedule`, the same batches the TFF
+client sees exactly the batches of `ops.local_loop.batches`, the same batches the TFF
 client work and the mapped runtime take, so the results are the same. Client data are
 one resident array of every client's examples (no padding), read through each client's
 offset and count.
@@ -75,7 +75,7 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
   size = client_round.step_batch_size(rule, options)
   m = int(offsets.shape[0])
   width = min(lanes, m)
-  full = plans.schedule.full
+  full = plans.batches.full
   order = tf.argsort(full, direction='DESCENDING', stable=True)
 
   def context(c):
@@ -119,7 +119,7 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
     clients = tf.maximum(lane_client, 0)
     positions = tf.gather(offsets, clients)[:, None] + local_loop.positions(
         lane_k[:, None] * size, size, tf.gather(counts, clients)[:, None],
-        tf.gather(plans.schedule.seed, clients)[:, None] if options.shuffle else None)
+        tf.gather(plans.batches.seed, clients)[:, None] if options.shuffle else None)
     # No silent per-lane while loop for an op without a vectorization rule: the
     # kernel fails to build instead, and the runtime falls back to mapped clients.
     stepped = _vectorized_map(
@@ -147,15 +147,15 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
   cost 86 us a client on `synthetic`). Ops without a vectorization rule loop.
   """
   size = client_round.step_batch_size(rule, options)
-  remainder = plans.schedule.remainder
+  remainder = plans.batches.remainder
   sizes, _ = tf.unique(tf.boolean_mask(remainder, remainder > 0))
 
   def one_size(k, stepped_states):
     members = tf.cast(tf.where(tf.equal(remainder, sizes[k]))[:, 0], tf.int32)
     positions = tf.gather(offsets, members)[:, None] + local_loop.positions(
-        tf.gather(plans.schedule.full, members)[:, None] * size, sizes[k],
+        tf.gather(plans.batches.full, members)[:, None] * size, sizes[k],
         tf.gather(counts, members)[:, None],
-        tf.gather(plans.schedule.seed, members)[:, None] if options.shuffle else None)
+        tf.gather(plans.batches.seed, members)[:, None] if options.shuffle else None)
     stepped = _vectorized_map(
         lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
         (_rows(states, members), _rows(examples, positions),
@@ -176,7 +176,7 @@ def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
                   states: rule_lib.LocalState) -> client_round.ClientOutput:
   """Each client's `ClientOutput` from its state after `run_full_batches`, stacked in
   cohort order."""
-  steps = plans.schedule.steps
+  steps = plans.batches.steps
   # Once per client, so a per-client loop where an op does not vectorize (the slot
   # tables' scatter of AFL, TR-MAML, Ditto) costs little.
   return _vectorized_map(

@@ -19,6 +19,7 @@ from typing import Any
 
 from absl import logging
 
+from tff_comp.runtime import base
 from tff_comp.runtime import callbacks as callbacks_lib
 from tff_comp.runtime import checkpoints as checkpoints_lib
 from tff_comp.runtime import run_files
@@ -141,7 +142,7 @@ def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
 
 
 def run_simulation(
-    process: Any,
+    runtime: base.Runtime,
     *,
     client_ids: list[str],
     evaluate: Callable[[Any], run_files.Metrics],
@@ -163,17 +164,15 @@ def run_simulation(
     participation: sampling.Participation = sampling.Participation(),
     sampler: Any = None,
 ) -> run_files.Metrics:
-  """Trains the runtime `process` for `rounds` rounds; returns the last evaluation.
-
-  `process` is a `runtime.base.Runtime` (`choice.runner_for`). Each round's
-  clients are drawn as `participation` says (`ClientSampler`, seeded by `seed`), or by
+  """Trains `runtime` (`choice.runner_for` builds one) for `rounds` rounds; returns
+  the last evaluation. Each round's clients are drawn as `participation` says (`ClientSampler`, seeded by `seed`), or by
   `sampler`, any object with `sample(round_num) -> sampling.RoundClients` and a `capacity`.
   `evaluate` maps the state to metrics (`evaluation.evaluator` builds it for a task).
   `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
   sets (client, server) learning rates through the hparams, and `client_hparams` the
   client work's other hparams by name, so one built runtime serves a whole grid.
   `schedules` (client, server) are `schedules.Schedule`s scaling those rates (or the
-  process's own) round by round. A run already in `output_dir` is replaced
+  runtime's own) round by round. A run already in `output_dir` is replaced
   (`run_directory.check_output_dir` refuses that unless asked), or with `resume`
   continued from its last checkpoint: the state is saved every `checkpoint_every`
   rounds and at the last one, sampling depends on the round only, and the rows after the
@@ -197,18 +196,18 @@ def run_simulation(
       stale.unlink(missing_ok=True)
   checkpoints = checkpoints_lib.Checkpoints(output_dir)
   sampler = sampler or sampling.ClientSampler(client_ids, clients_per_round, seed, participation)
-  loop = callbacks_lib.Loop(process, output_dir, rounds)
-  loop.state = process.initialize()
+  loop = callbacks_lib.Loop(runtime, output_dir, rounds)
+  loop.state = runtime.initialize()
   if learning_rates is not None:
-    loop.state = callbacks_lib.set_learning_rates(process, loop.state, *learning_rates,
+    loop.state = callbacks_lib.set_learning_rates(runtime, loop.state, *learning_rates,
                                                   client_hparams)
   scheduled = []
   if schedules is not None and not all(schedule.constant for schedule in schedules):
-    hparams = process.get_hparams(loop.state)
-    base = (float(hparams['client_work']['learning_rate']),
-            float(hparams['finalizer'].get('learning_rate', 1.0)))
+    hparams = runtime.get_hparams(loop.state)
+    initial = (float(hparams['client_work']['learning_rate']),
+               float(hparams['finalizer'].get('learning_rate', 1.0)))
     scheduled = [callbacks_lib.LearningRates(lambda round_num: tuple(
-        rate * schedule.factor(round_num) for rate, schedule in zip(base, schedules)))]
+        rate * schedule.factor(round_num) for rate, schedule in zip(initial, schedules)))]
   if resume and (output_dir / 'metrics.csv').exists():
     _restore(loop, checkpoints)
     if show_progress:
@@ -217,7 +216,7 @@ def run_simulation(
   else:
     _start_fresh(loop, checkpoints)
   try:
-    run_loop(process, loop, sampler, [
+    run_loop(runtime, loop, sampler, [
         callbacks_lib.CohortReader(sampler.capacity), *scheduled,
         callbacks_lib.DivergenceGuard(divergence_hint),
         callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients), *callbacks,
