@@ -1,5 +1,5 @@
 """The grid runner of the reproductions: every (algorithm, configuration, seed) of an
-`experiments.Experiment`, trained through the library's run path (`experiment.prepare`,
+`reproductions.Reproduction`, trained through the library's run path (`experiment.prepare`,
 `build_runner` once per algorithm, seed and build option, `train` per configuration),
 and the curves read back from each run's metrics.csv."""
 
@@ -10,7 +10,7 @@ import pathlib
 import time
 
 from tff_comp import experiment as experiment_lib
-from tff_comp.binaries import experiments
+from tff_comp.binaries import reproductions
 from tff_comp.runtime import callbacks
 
 
@@ -30,13 +30,13 @@ def read_curves(path: pathlib.Path, metrics, sources) -> dict[str, dict[int, flo
           for m in metrics}
 
 
-def plotted(spec: experiments.Experiment) -> tuple[str, ...]:
+def plotted(spec: reproductions.Reproduction) -> tuple[str, ...]:
   return spec.plot_metrics or (spec.metric,)
 
 
-def recorded(spec: experiments.Experiment) -> tuple[str, ...]:
+def recorded(spec: reproductions.Reproduction) -> tuple[str, ...]:
   """The metrics read back from each run: those plotted, reported and selected on."""
-  return tuple(dict.fromkeys(plotted(spec) + (spec.metric, experiments.selection(spec)[0])))
+  return tuple(dict.fromkeys(plotted(spec) + (spec.metric, reproductions.selection(spec)[0])))
 
 
 def run_dir(root, algorithm, config, seed, seeds, names=()) -> pathlib.Path:
@@ -48,7 +48,7 @@ def run_dir(root, algorithm, config, seed, seeds, names=()) -> pathlib.Path:
   return out / f'seed_{seed}' if len(seeds) > 1 else out
 
 
-def _prepare(spec: experiments.Experiment, algorithm: str, seed: int, rounds: int,
+def _prepare(spec: reproductions.Reproduction, algorithm: str, seed: int, rounds: int,
              root: pathlib.Path, options: dict, algorithm_options: dict):
   # output_dir: the algorithm's folder of per-configuration runs, so preparing never
   # looks at run.py's default runs/<algo>-<task> (a `make run` there must not stop a grid).
@@ -62,31 +62,31 @@ def _prepare(spec: experiments.Experiment, algorithm: str, seed: int, rounds: in
   return prepared, experiment_lib.build_runner(prepared)
 
 
-def _run_group(name: str, spec: experiments.Experiment, algorithm: str, seed: int, rounds: int,
+def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed: int, rounds: int,
                seeds, root: pathlib.Path, options: dict) -> dict:
   """Trains one algorithm with one seed over its grid. The learning rates and the client
   work's own hparams are set through the hparams of one build; other tuned options get
   a build per value. Returns {configuration: {metric: curve}}."""
-  names = list(experiments.axes(spec, algorithm))
+  names = list(reproductions.axes(spec, algorithm))
   metrics = recorded(spec)
   base = _prepare(spec, algorithm, seed, rounds, root, options, {})
   rule = base[1].algorithm.client_rule if base[1].algorithm is not None else None
   hparams = set(rule.initial_hparams()) if rule is not None else set()
   built = {(): base}
   curves = {}
-  for config in experiments.configurations(spec, algorithm):
+  for config in reproductions.configurations(spec, algorithm):
     values = dict(zip(names, config))
     client_hparams = {k: v for k, v in values.items()
-                      if k not in experiments.LEARNING_RATES and k in hparams}
+                      if k not in reproductions.LEARNING_RATES and k in hparams}
     build_options = {k: v for k, v in values.items()
-                     if k not in experiments.LEARNING_RATES and k not in hparams}
+                     if k not in reproductions.LEARNING_RATES and k not in hparams}
     key = tuple(sorted(build_options.items()))
     if key not in built:
       built[key] = _prepare(spec, algorithm, seed, rounds, root, options, build_options)
     prepared, runner = built[key]
     out = run_dir(root, algorithm, config, seed, seeds, names)
     start = time.monotonic()
-    label = experiments.describe(spec, algorithm, config)
+    label = reproductions.describe(spec, algorithm, config)
     try:
       experiment_lib.train_runner(
           prepared, runner, show_progress=False, learning_rates=config[:2],
@@ -106,7 +106,7 @@ def _run_group(name: str, spec: experiments.Experiment, algorithm: str, seed: in
   return curves
 
 
-def run_grid(name: str, spec: experiments.Experiment, rounds: int, seeds, root: pathlib.Path,
+def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, root: pathlib.Path,
              runtime: str = 'auto', *, engine: str = 'auto', data_seed: int | None = None,
              overwrite: bool = False, resume: bool = False, checkpoint_every: int = 100,
              parallel: int = 1):
@@ -116,7 +116,7 @@ def run_grid(name: str, spec: experiments.Experiment, rounds: int, seeds, root: 
   many processes.
 
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
-  being the values of `experiments.axes` in order: (eta_c, eta_s, own values...).
+  being the values of `reproductions.axes` in order: (eta_c, eta_s, own values...).
   """
   options = dict(data_seed=data_seed, overwrite=overwrite, resume=resume,
                  checkpoint_every=checkpoint_every, runtime=runtime, engine=engine)
@@ -130,7 +130,7 @@ def run_grid(name: str, spec: experiments.Experiment, rounds: int, seeds, root: 
   else:
     results = [_run_group(*a) for a in args]
   curves: dict[str, dict[tuple[float, ...], list]] = {
-      a: {config: [] for config in experiments.configurations(spec, a)}
+      a: {config: [] for config in reproductions.configurations(spec, a)}
       for a in spec.algorithms}
   for (algorithm, _), result in zip(groups, results):
     for config, curve in result.items():
@@ -146,12 +146,12 @@ def diverged_at(run) -> int:
 
 
 
-def read_grid(spec: experiments.Experiment, seeds, root: pathlib.Path):
+def read_grid(spec: reproductions.Reproduction, seeds, root: pathlib.Path):
   """The curves of a grid's saved runs (as `run_grid` returns them), without training."""
   metrics = recorded(spec)
   return {a: {config: [read_curves(run_dir(root, a, config, seed, seeds,
-                                           list(experiments.axes(spec, a))),
+                                           list(reproductions.axes(spec, a))),
                                    metrics, spec.metric_sources.get(a, {}))
                        for seed in seeds]
-              for config in experiments.configurations(spec, a)}
+              for config in reproductions.configurations(spec, a)}
           for a in spec.algorithms}

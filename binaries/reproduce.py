@@ -18,7 +18,7 @@ writes `results.md` (each algorithm at the configuration selected on validation 
 its reported metrics at the checkpoint rounds, and every configuration's score) and
 `<experiment>.png` (the plotted metrics against rounds at the selected configurations).
 The grids are data
-(`binaries/experiments.py`, `registry.register_experiment` for a plugin's own); the grid
+(`binaries/reproductions.py`, `registry.register_reproduction` for a plugin's own); the grid
 runner is `binaries/grid.py`, the tables and plots `binaries/summary.py`.
 """
 
@@ -47,7 +47,7 @@ from absl import flags
 from tff_comp import experiment as experiment_lib
 from tff_comp import registry
 from tff_comp import run_config
-from tff_comp.binaries import experiments
+from tff_comp.binaries import reproductions
 from tff_comp.binaries import flags_lib
 from tff_comp.binaries import grid
 from tff_comp.binaries import summary
@@ -56,8 +56,8 @@ from tff_comp.runtime import simulation
 
 
 _EXPERIMENT = flags.DEFINE_enum(
-    'experiment', 'fco_lasso', registry.EXPERIMENTS.names(),
-    'Which comparison (built-in: binaries/experiments.py; plugins register their own).')
+    'experiment', 'fco_lasso', registry.REPRODUCTIONS.names(),
+    'Which comparison (built-in: binaries/reproductions.py; plugins register their own).')
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Override the experiment\'s rounds.')
 _SEED = flags.DEFINE_integer(
     'seed', 0, 'Run seed (client sampling) of experiments without their own seeds.')
@@ -95,7 +95,7 @@ _SUMMARIZE_ONLY = flags.DEFINE_bool(
     'summarize_only', False, 'Rebuild results.md and the plot from runs already saved.')
 
 
-def _steered(spec: experiments.Experiment) -> experiments.Experiment:
+def _steered(spec: reproductions.Reproduction) -> reproductions.Reproduction:
   """`spec` with the grid and evaluation period the command line overrides."""
   changes = {}
   for flag, field in ((_CLIENT_LRS, 'client_learning_rates'),
@@ -124,7 +124,7 @@ def main(argv):
   flags_lib.quiet_logs()
   name = _EXPERIMENT.value
   try:
-    spec = _steered(registry.EXPERIMENTS.get(name).build())
+    spec = _steered(registry.REPRODUCTIONS.get(name).build())
   except ValueError as e:
     flags_lib.fail(str(e))
   rounds = _ROUNDS.value or spec.rounds

@@ -15,7 +15,7 @@ import tensorflow as tf
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from tff_comp.binaries import experiments  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_comp.binaries import reproductions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_comp.binaries import grid  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -70,7 +70,7 @@ def _score(runs, metric: str) -> float:
 def _select(spec, by_config, seeds: int, rounds: int):
   """(best configuration, {configuration: score}): only configurations every seed ran to
   the end compete (one divergence disqualifies); if none did, the longest-running."""
-  select, higher = experiments.selection(spec)
+  select, higher = reproductions.selection(spec)
   pick = max if higher else min
   scored = {config: _score(runs, select) for config, runs in by_config.items()
             if len(runs) == seeds and all(r[select] for r in runs)}
@@ -84,10 +84,10 @@ def grid_edges(spec, algorithm: str, config: tuple[float, ...]) -> list[str]:
   """The axes on which `config` takes the smallest or largest value tried (of axes
   with several values): where a wider grid might have found better."""
   edges = []
-  for (axis, values), value in zip(experiments.axes(spec, algorithm).items(), config):
+  for (axis, values), value in zip(reproductions.axes(spec, algorithm).items(), config):
     if len(values) > 1 and value in (min(values), max(values)):
       side = 'largest' if value == max(values) else 'smallest'
-      edges.append(f'{experiments.SHORT_NAMES.get(axis, axis)}={value:g} ({side} tried)')
+      edges.append(f'{reproductions.SHORT_NAMES.get(axis, axis)}={value:g} ({side} tried)')
   return edges
 
 
@@ -96,11 +96,11 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
   """Writes results.md and the PNG; returns the markdown. `provenance`: how long the
   grid took and on what machine (a line under the command).
 
-  Each algorithm's configuration is selected once, on `experiments.selection(spec)`
+  Each algorithm's configuration is selected once, on `reproductions.selection(spec)`
   (validation data where the task has it), and its reported metrics are read at that
   configuration; values are means over seeds (± standard deviation).
   """
-  select, higher = experiments.selection(spec)
+  select, higher = reproductions.selection(spec)
   # A shortened run tables the checkpoints it reached, and always its last round.
   checkpoints = sorted({c for c in spec.checkpoints if c < rounds} | {rounds})
   plotted = grid.plotted(spec)
@@ -131,7 +131,7 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
   for algorithm, by_config in curves.items():
     best, complete = _select(spec, by_config, seeds, rounds)
     runs = by_config[best]
-    label = experiments.describe(spec, algorithm, best)
+    label = reproductions.describe(spec, algorithm, best)
     cells = [_cell(runs, m, c, seeds) for m in reported for c in checkpoints]
     lines.append(f'| {algorithm} | {label} | ' + ' | '.join(cells) + ' |')
     if edges := grid_edges(spec, algorithm, best):
@@ -139,7 +139,7 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
     for config, config_runs in by_config.items():
       score = (f'{_score(config_runs, select):.4g}' if config in complete else
                _cell(config_runs, select, rounds, seeds))
-      every.append(f'| {algorithm} | {experiments.describe(spec, algorithm, config)} |'
+      every.append(f'| {algorithm} | {reproductions.describe(spec, algorithm, config)} |'
                    f' {score} | {_cell(config_runs, spec.metric, rounds, seeds)} |'
                    + (' **selected** |' if config == best else ' |'))
     sources = spec.metric_sources.get(algorithm, {})
@@ -160,8 +160,8 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
               + '; '.join(at_edges) + '.']
   lines += ['', '## Grids', '']
   lines += [f'- {algorithm} ({sizes[algorithm]}): ' + '; '.join(
-      f'{experiments.SHORT_NAMES.get(axis, axis)} in {{{", ".join(f"{v:g}" for v in values)}}}'
-      for axis, values in experiments.axes(spec, algorithm).items())
+      f'{reproductions.SHORT_NAMES.get(axis, axis)} in {{{", ".join(f"{v:g}" for v in values)}}}'
+      for axis, values in reproductions.axes(spec, algorithm).items())
             for algorithm in curves]
   lines += ['', '## Every configuration', '',
             f'Selection score: mean over seeds of `{select}` averaged over all'

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from tff_comp.binaries import experiments
+from tff_comp.binaries import reproductions
 from tff_comp.binaries import grid
 from tff_comp.binaries import summary
 
 
 def test_reproduce_writes_table_and_plot(tmp_path):
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='quadratic', algorithms=('fedavg', 'fednova'), client_learning_rates=(0.01,),
       server_learning_rates=(1.0, 2.0), rounds=4, checkpoints=(2, 4),
       metric='distance_to_optimum', higher_is_better=False, eval_period=2,
@@ -41,18 +41,18 @@ def test_every_built_in_comparison_tunes_each_method_alike():
   (validation data, or the objective the optimization papers minimize)."""
   from tff_comp import registry  # pylint: disable=g-import-not-at-top
 
-  for name in registry.EXPERIMENTS.names():
-    spec = registry.EXPERIMENTS.get(name).build()
-    sizes = {a: len(experiments.configurations(spec, a)) for a in spec.algorithms}
+  for name in registry.REPRODUCTIONS.names():
+    spec = registry.REPRODUCTIONS.get(name).build()
+    sizes = {a: len(reproductions.configurations(spec, a)) for a in spec.algorithms}
     assert len(set(sizes.values())) == 1, (name, sizes)
     assert len(spec.seeds) >= 3, name
-    assert experiments.selection(spec)[0] != spec.metric, name
+    assert reproductions.selection(spec)[0] != spec.metric, name
 
 
 def test_own_axes_are_set_through_hparams_or_as_build_options(tmp_path):
   """q-FedAvg's q is a client hparam (one build); FedProx's mu an option (a build each):
   each run records and uses its configuration's value."""
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='quadratic', algorithms=('qfedavg', 'fedprox'), client_learning_rates=(0.01,),
       server_learning_rates=(1.0,), rounds=2, checkpoints=(2,),
       metric='distance_to_optimum', higher_is_better=False, eval_period=1,
@@ -77,7 +77,7 @@ def test_own_axes_are_set_through_hparams_or_as_build_options(tmp_path):
 def test_the_selected_configuration_is_chosen_on_validation_data(tmp_path):
   """Where the reported metric and its validation counterpart disagree, the table
   reports the configuration validation data chose, not the best reported number."""
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='quadratic', algorithms=('fedavg',), client_learning_rates=(0.1, 0.2),
       server_learning_rates=(1.0,), rounds=2, checkpoints=(2,), metric='accuracy',
       select_on='validation_accuracy')
@@ -90,8 +90,8 @@ def test_the_selected_configuration_is_chosen_on_validation_data(tmp_path):
   assert 'edge of its grid (a wider grid might find better): fedavg: eta_c=0.2 (largest' in table
 
 
-def _tiny(lr: float, rounds: int = 100) -> 'experiments.Experiment':
-  return experiments.Experiment(
+def _tiny(lr: float, rounds: int = 100) -> 'reproductions.Reproduction':
+  return reproductions.Reproduction(
       task='quadratic', algorithms=('fedavg',), client_learning_rates=(lr,),
       server_learning_rates=(1.0,), rounds=rounds, checkpoints=(50, 100),
       metric='distance_to_optimum', higher_is_better=False, eval_period=1)

@@ -120,7 +120,7 @@ def test_the_readme_plugin_example_installs_and_runs(repo_root, tmp_path):
 
 SWEEP_PLUGIN = '''
 from tff_comp.algorithms import fedprox
-from tff_comp.binaries import experiments
+from tff_comp.binaries import reproductions
 
 
 def sharp(model, *, client_learning_rate: float, batch_size: int = 10):
@@ -130,7 +130,7 @@ def sharp(model, *, client_learning_rate: float, batch_size: int = 10):
 
 
 def sharp_sweep():
-  return experiments.Experiment(
+  return reproductions.Reproduction(
       task='lasso', algorithms=('sharp', 'fedavg'), client_learning_rates=(1e-3, 3e-3),
       server_learning_rates=(1.0,), rounds=3, checkpoints=(3,), metric='f1',
       eval_period=3)

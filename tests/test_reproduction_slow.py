@@ -4,7 +4,7 @@ data), one seed each (minutes; `make test-slow`)."""
 
 import pytest
 
-from tff_comp.binaries import experiments
+from tff_comp.binaries import reproductions
 from tff_comp.binaries import grid
 
 pytestmark = pytest.mark.slow
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_feddualavg_recovers_lasso_support_where_fedmid_does_not(tmp_path):
   """Yuan et al. Fig. 3: FedDualAvg recovers the support (F1 near 1 by round 200);
   FedMiD and FedMiD-OSP, averaging primal iterates, stay far below."""
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='lasso', algorithms=('fedmid', 'fedmid_osp', 'feddualavg'),
       client_learning_rates=(3e-4,), server_learning_rates=(10.0,),
       rounds=200, checkpoints=(200,), metric='f1', eval_period=50,
@@ -27,7 +27,7 @@ def test_feddualavg_recovers_lasso_support_where_fedmid_does_not(tmp_path):
 
 def test_feddualavg_recovers_the_nuclear_rank_and_fedmid_does_not(tmp_path):
   """Yuan et al. Fig. 4: FedDualAvg finds the exact rank; FedMiD's iterates stay denser."""
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='nuclear', algorithms=('fedmid', 'feddualavg'), client_learning_rates=(1e-3,),
       server_learning_rates=(10.0,), rounds=100, checkpoints=(100,),
       metric='frobenius_error', higher_is_better=False, eval_period=20,
@@ -42,7 +42,7 @@ def test_per_fedavg_and_local_scgdm_adapt_better_than_fedavg_on_sinewave(tmp_pat
   """Fallah et al.: after the same rounds, Per-FedAvg's post-adaptation loss on held-out
   sine tasks is well below FedAvg's; Local-SCGDM on the MAML objective (Gao et al.) is
   lower still (results/maml_sinewave, each at its selected configuration)."""
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='sinewave', algorithms=('fedavg', 'per_fedavg', 'local_scgdm'),
       client_learning_rates=(0.03,), server_learning_rates=(1.0,), rounds=200,
       checkpoints=(200,), metric='loss_after', higher_is_better=False, eval_period=100,
@@ -62,7 +62,7 @@ def test_ditto_personal_models_beat_the_global_model_under_heterogeneity(tmp_pat
   """Li et al. (Ditto): with strongly heterogeneous clients (rho = 0.8 of each client's
   data from one class), the personal models fit each client's test part better than the
   global model, before and after a step of adaptation, and lift the worst client."""
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='dominant_class', algorithms=('ditto',), client_learning_rates=(0.1,),
       server_learning_rates=(1.0,), rounds=60, checkpoints=(60,), metric='personal_loss',
       higher_is_better=False, eval_period=20, task_options=dict(rho=0.8),
@@ -79,7 +79,7 @@ def test_fednova_beats_fedavg_and_fedprox_under_heterogeneous_local_work(tmp_pat
   """Wang et al. (FedNova): with local epochs ~ U(2, 5) on Synthetic(1, 1), FedNova's
   normalized averaging reaches a lower training loss and a higher test accuracy than
   FedAvg and FedProx (each at its selected configuration of fednova_synthetic)."""
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='synthetic', algorithms=('fedavg', 'fedprox', 'fednova'),
       client_learning_rates=(0.1,), server_learning_rates=(2.0,), rounds=200,
       checkpoints=(200,), metric='test_accuracy', eval_period=50,
@@ -102,7 +102,7 @@ def test_drfl_methods_lift_the_worst_client_but_afl_does_more(tmp_path):
   ComFedL and Local-SCGDM lift the worst client well above example-weighted FedAvg,
   as the paper reports; AFL, which the paper ranks below them, is ahead of both here
   (results/drfl_imbalanced_classes, each at its selected configuration)."""
-  spec = experiments.Experiment(
+  spec = reproductions.Reproduction(
       task='imbalanced_digits', algorithms=('fedavg', 'afl', 'comfedl', 'local_scgdm'),
       client_learning_rates=(1.0,), server_learning_rates=(1.0,), rounds=100,
       checkpoints=(100,), metric='worst_accuracy', eval_period=50,

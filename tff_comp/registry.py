@@ -35,6 +35,8 @@ import typing
 from typing import Any
 import warnings
 
+from tff_comp.ops import renamed
+
 ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
 RUNTIMES_GROUP = 'tff_comp.runtimes'
@@ -250,10 +252,10 @@ class Registry:
 ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
 TASKS = Registry('task', TASKS_GROUP, 'tff_comp.tasks')
 RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
-# Reproduction grids (`tff_comp.binaries.experiments.Experiment`); an entry's builder takes
+# Reproduction grids (`tff_comp.binaries.reproductions.Reproduction`); an entry's builder takes
 # no argument and returns the grid. The binaries register the built-in grids when they
 # import them (the library does not depend on its binaries).
-EXPERIMENTS = Registry('experiment', EXPERIMENTS_GROUP)
+REPRODUCTIONS = Registry('reproduction', EXPERIMENTS_GROUP)
 
 
 def register_algorithm(name: str, *, home_task: str | None = None,
@@ -289,12 +291,12 @@ def register_runtime(name: str, *, options: type | None = None,
       options=options, auto_rank=auto_rank, why_not=why_not, label=label or name))
 
 
-def register_experiment(name: str, experiment: Any) -> None:
-  """Registers a reproduction grid (`tff_comp.binaries.experiments.Experiment`) under
+def register_reproduction(name: str, reproduction: Any) -> None:
+  """Registers a reproduction grid (`tff_comp.binaries.reproductions.Reproduction`) under
   `name`, so `reproduce.py --experiment=name` sweeps it (a plugin's own algorithms
   included). An entry point in the group `tff_comp.experiments` names a function
   returning one."""
-  EXPERIMENTS.add(name, lambda: experiment)
+  REPRODUCTIONS.add(name, lambda: reproduction)
 
 
 def get_runtime(name: str) -> Entry:
@@ -307,3 +309,7 @@ def get_algorithm(name: str) -> Entry:
 
 def get_task(name: str) -> Entry:
   return TASKS.get(name)
+
+
+__getattr__ = renamed.module_getattr(__name__, {  # 0.3.0
+    'EXPERIMENTS': 'REPRODUCTIONS', 'register_experiment': 'register_reproduction'})

@@ -1,9 +1,9 @@
-"""Reproduction grids as data: `Experiment` records, registered by name.
+"""Reproduction grids as data: `Reproduction` records, registered by name.
 
 The built-in grids reproduce the seed papers' comparisons (`binaries/reproduce.py
 --experiment=NAME`). A plugin adds its own, to sweep its own algorithm, with
-`registry.register_experiment(name, experiment)` or an entry point in the group
-`tff_comp.experiments` naming a function that returns an `Experiment`:
+`registry.register_reproduction(name, experiment)` or an entry point in the group
+`tff_comp.experiments` naming a function that returns an `Reproduction`:
 
     [options.entry_points]
     tff_comp.experiments =
@@ -21,7 +21,7 @@ SHORT_NAMES = {'client_learning_rate': 'eta_c', 'server_learning_rate': 'eta_s'}
 
 
 @dataclasses.dataclass(frozen=True)
-class Experiment:
+class Reproduction:
   """A grid comparison: every algorithm over its grid (`axes`), each configuration
   trained with every seed; `metric` is reported (`higher_is_better` orients it),
   `select_on` picks each algorithm's configuration; `plot_metrics` are drawn side by
@@ -58,13 +58,13 @@ class Experiment:
   select_higher_is_better: bool | None = None
 
 
-def selection(spec: Experiment) -> tuple[str, bool]:
+def selection(spec: Reproduction) -> tuple[str, bool]:
   """(metric configurations are selected on, whether higher is better)."""
   higher = spec.select_higher_is_better
   return spec.select_on or spec.metric, spec.higher_is_better if higher is None else higher
 
 
-def axes(spec: Experiment, algorithm: str) -> dict[str, tuple[float, ...]]:
+def axes(spec: Reproduction, algorithm: str) -> dict[str, tuple[float, ...]]:
   """The grid axes of `algorithm` (a label of `spec`): the two learning rates first."""
   own = spec.tuning.get(algorithm, {})
   return {'client_learning_rate': tuple(own.get('client_learning_rate',
@@ -74,13 +74,13 @@ def axes(spec: Experiment, algorithm: str) -> dict[str, tuple[float, ...]]:
           **{k: tuple(v) for k, v in own.items() if k not in LEARNING_RATES}}
 
 
-def configurations(spec: Experiment, algorithm: str) -> list[tuple[float, ...]]:
+def configurations(spec: Reproduction, algorithm: str) -> list[tuple[float, ...]]:
   """Every configuration of `algorithm`'s grid, values in `axes` order: (eta_c, eta_s,
   then its own hyperparameters)."""
   return list(itertools.product(*axes(spec, algorithm).values()))
 
 
-def describe(spec: Experiment, algorithm: str, config: tuple[float, ...]) -> str:
+def describe(spec: Reproduction, algorithm: str, config: tuple[float, ...]) -> str:
   """A configuration as 'eta_c=0.01, eta_s=1, q=0.2'."""
   return ', '.join(f'{SHORT_NAMES.get(name, name)}={value:g}'
                    for name, value in zip(axes(spec, algorithm), config))
@@ -97,7 +97,7 @@ _SCGDM_RATE = dict(client_learning_rate=(1.0,))
 _BUILT_IN = {
     # Yuan, Zaheer, Reddi (ICML 2021), Fig. 3: federated LASSO, dataset I. The methods
     # share their hyperparameters (eta_c, eta_s): 16 configurations each.
-    'fco_lasso': Experiment(
+    'fco_lasso': Reproduction(
         task='lasso', algorithms=FCO_ALGORITHMS,
         client_learning_rates=(1e-4, 3e-4, 1e-3, 3e-3),
         server_learning_rates=(1.0, 3.0, 10.0, 30.0),
@@ -105,7 +105,7 @@ _BUILT_IN = {
         select_on='train_objective', select_higher_is_better=False,
         plot_metrics=('f1', 'train_objective'), seeds=SEEDS),
     # Fig. 4: nuclear-norm matrix estimation, dataset I (rank 16); 9 configurations each.
-    'fco_nuclear': Experiment(
+    'fco_nuclear': Reproduction(
         task='nuclear', algorithms=FCO_ALGORITHMS,
         client_learning_rates=(3e-4, 1e-3, 3e-3),
         server_learning_rates=(1.0, 10.0, 30.0),
@@ -114,7 +114,7 @@ _BUILT_IN = {
         plot_metrics=('frobenius_error', 'rank'), seeds=SEEDS),
     # Wang et al. (NeurIPS 2020), Synthetic(1, 1) with local epochs ~ U(2, 5); 12 each:
     # FedAvg and FedNova over (eta_c, eta_s), FedProx over (eta_c, mu).
-    'fednova_synthetic': Experiment(
+    'fednova_synthetic': Reproduction(
         task='synthetic', algorithms=('fedavg', 'fedprox', 'fednova'),
         client_learning_rates=(0.01, 0.03, 0.1, 0.3), server_learning_rates=(0.5, 1.0, 2.0),
         rounds=200, checkpoints=(50, 100, 200), metric='test_accuracy',
@@ -127,7 +127,7 @@ _BUILT_IN = {
         tuning=dict(fedprox=dict(server_learning_rate=(1.0,), mu=(0.001, 0.01, 0.1))),
         plot_metrics=('train_loss', 'test_accuracy'), seeds=SEEDS),
     # Huang and Li (ComFedL), DRFL: one big client, nine with 20 examples; 24 each.
-    'drfl_imbalanced': Experiment(
+    'drfl_imbalanced': Reproduction(
         task='imbalanced_digits',
         algorithms=('fedavg', 'qfedavg', 'afl', 'comfedl', 'local_scgdm'),
         client_learning_rates=(0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
@@ -154,7 +154,7 @@ _MAML_RATES = (0.001, 0.003, 0.01, 0.03)
 # beta eta spans 0.01-0.03 (the others' selected rates); 0.003 was never competitive.
 _SCGDM_MAML = dict(_SCGDM_RATE, momentum_rate=(0.2, 1.0), beta=(0.01, 0.03),
                    tracking_gamma=(0.2, 1.0))
-_BUILT_IN['maml_sinewave'] = Experiment(
+_BUILT_IN['maml_sinewave'] = Reproduction(
     task='sinewave',
     algorithms=('fedavg', 'per_fedavg_fo', 'per_fedavg_exact', 'comfedl_maml',
                 'local_scgdm_maml'),
@@ -179,7 +179,7 @@ _BUILT_IN['maml_sinewave'] = Experiment(
 # The Local-SCGDM slides' figure: train and held-out MAML loss on sinewave against
 # Local-BSGD (biased local SGD on the compositional objective: ComFedL with a large inner
 # batch, each client's whole data) and FedAvg; 8 each.
-_BUILT_IN['scgdm_sinewave'] = Experiment(
+_BUILT_IN['scgdm_sinewave'] = Reproduction(
     task='sinewave', algorithms=('local_scgdm', 'local_bsgd', 'fedavg'),
     aliases=dict(local_bsgd='comfedl'),
     client_learning_rates=_MAML_RATES, server_learning_rates=(1.0,),
@@ -196,7 +196,7 @@ _BUILT_IN['scgdm_sinewave'] = Experiment(
 # Huang and Li (ComFedL), DA-MAML setup: client i holds a fraction 0.28 of class i;
 # inner (adaptation) lr 0.05, gamma 0.5, tau 5; baselines FedAvg, FedMAML (Per-FedAvg),
 # TR-MAML, Ditto (scored with its personal models); 8 each.
-_BUILT_IN['damaml_dominant_class'] = Experiment(
+_BUILT_IN['damaml_dominant_class'] = Reproduction(
     task='dominant_class',
     algorithms=('fedavg', 'per_fedavg', 'tr_maml', 'ditto', 'comfedl_damaml',
                 'local_scgdm_damaml'),
@@ -225,4 +225,4 @@ _BUILT_IN['damaml_dominant_class'] = Experiment(
     plot_metrics=('accuracy_after', 'worst_accuracy_after'), seeds=SEEDS)
 
 for _name, _spec in _BUILT_IN.items():
-  registry.register_experiment(_name, _spec)
+  registry.register_reproduction(_name, _spec)
