@@ -183,14 +183,37 @@ def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = Non
   return tf.cast(shuffle_index(p % n, n, epoch_seed), tf.int32)
 
 
+def full_batch(batches: BatchPlan, k, batch_size: int, n: tf.Tensor, shuffle: bool = False
+               ) -> tf.Tensor:
+  """Examples of full batch k (k < full) of the clients `batches` plans: positions
+  [k B, (k + 1) B) of their example sequences. Elementwise over the plan's shape (one
+  client, or lanes: `take`), with a trailing batch axis. Every engine takes its batches
+  from this function and `short_batch`."""
+  return positions(k * batch_size, batch_size, n, batches.seed if shuffle else None)
+
+
+def short_batch(batches: BatchPlan, batch_size: int, n: tf.Tensor, shuffle: bool = False,
+                size=None) -> tf.Tensor:
+  """Examples of the short last batch: positions [full B, full B + remainder). `size`:
+  its length when every client of the call has the same remainder (the lanes engine
+  groups clients by it), else the plan's remainder (one client)."""
+  return positions(batches.full * batch_size, batches.remainder if size is None else size,
+                   n, batches.seed if shuffle else None)
+
+
+def take(batches: BatchPlan, clients: tf.Tensor) -> BatchPlan:
+  """The plans of `clients` (indices into a cohort's plan), each field [len, 1]: the
+  shape `full_batch` and `short_batch` broadcast over for a group of clients."""
+  return BatchPlan(*(tf.gather(field, clients)[:, None] for field in batches))
+
+
 def batch_index(k, batches: BatchPlan, batch_size: int, n: tf.Tensor, shuffle: bool = False
                 ) -> tf.Tensor:
   """Examples of local step k of one client's `batches` (k < steps): full batch k, or
   the short batch at k = full."""
-  seed = batches.seed if shuffle else None
   return tf.cond(k < batches.full,
-                 lambda: positions(k * batch_size, batch_size, n, seed),
-                 lambda: positions(batches.full * batch_size, batches.remainder, n, seed))
+                 lambda: full_batch(batches, k, batch_size, n, shuffle),
+                 lambda: short_batch(batches, batch_size, n, shuffle))
 
 
 def run_scheduled_steps(
@@ -209,28 +232,30 @@ def run_scheduled_steps(
   n = num_examples(examples)
   if shuffle:
     # Every position of the round at once: one permutation computation per client,
-    # not one per local step (op dispatch dominates outside XLA).
-    order = positions(0, batches.full * batch_size + batches.remainder, n,
-                      batches.seed)
+    # not one per local step (op dispatch dominates outside XLA); step k's batch is
+    # then a slice of it, at full_batch's positions.
+    order = positions(0, batches.full * batch_size + batches.remainder, n, batches.seed)
 
-  def batch(first, size):
+  def gather(index):
+    return tf.nest.map_structure(lambda t: tf.gather(t, index), examples)
+
+  def full(k):
     if shuffle:
-      return tf.nest.map_structure(lambda t: tf.gather(t, order[first:first + size]),
-                                   examples)
+      return gather(order[k * batch_size:(k + 1) * batch_size])
     if contiguous:
-      return tf.nest.map_structure(lambda t: t[first:first + size], examples)
-    return tf.nest.map_structure(lambda t: tf.gather(t, positions(first, size, n)),
-                                 examples)
+      return tf.nest.map_structure(lambda t: t[k * batch_size:(k + 1) * batch_size], examples)
+    return gather(full_batch(batches, k, batch_size, n))
+
+  def short():
+    if shuffle:
+      return gather(order[batches.full * batch_size:])
+    return gather(short_batch(batches, batch_size, n))
 
   def body(k, state):
-    return k + 1, step_fn(state, batch(k * batch_size, batch_size))
+    return k + 1, step_fn(state, full(k))
 
   _, state = tf.while_loop(lambda k, _: k < batches.full, body,
                            (tf.constant(0), initial_state))
-  return tf.cond(batches.remainder > 0,
-                 lambda: step_fn(state, batch(batches.full * batch_size,
-                                              batches.remainder)),
-                 lambda: state)
-
+  return tf.cond(batches.remainder > 0, lambda: step_fn(state, short()), lambda: state)
 
 __getattr__ = renamed.module_getattr(__name__, {'Schedule': 'BatchPlan'})  # 0.3.0

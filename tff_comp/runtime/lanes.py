@@ -117,9 +117,9 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
   def step_lanes(lane_client, lane_k, lane_state, states, taken):
     busy = lane_client >= 0
     clients = tf.maximum(lane_client, 0)
-    positions = tf.gather(offsets, clients)[:, None] + local_loop.positions(
-        lane_k[:, None] * size, size, tf.gather(counts, clients)[:, None],
-        tf.gather(plans.batches.seed, clients)[:, None] if options.shuffle else None)
+    positions = tf.gather(offsets, clients)[:, None] + local_loop.full_batch(
+        local_loop.take(plans.batches, clients), lane_k[:, None], size,
+        tf.gather(counts, clients)[:, None], options.shuffle)
     # No silent per-lane while loop for an op without a vectorization rule: the
     # kernel fails to build instead, and the runtime falls back to mapped clients.
     stepped = _vectorized_map(
@@ -152,10 +152,9 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
 
   def one_size(k, stepped_states):
     members = tf.cast(tf.where(tf.equal(remainder, sizes[k]))[:, 0], tf.int32)
-    positions = tf.gather(offsets, members)[:, None] + local_loop.positions(
-        tf.gather(plans.batches.full, members)[:, None] * size, sizes[k],
-        tf.gather(counts, members)[:, None],
-        tf.gather(plans.batches.seed, members)[:, None] if options.shuffle else None)
+    positions = tf.gather(offsets, members)[:, None] + local_loop.short_batch(
+        local_loop.take(plans.batches, members), size, tf.gather(counts, members)[:, None],
+        options.shuffle, size=sizes[k])
     stepped = _vectorized_map(
         lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
         (_rows(states, members), _rows(examples, positions),
