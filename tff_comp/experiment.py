@@ -25,6 +25,7 @@ from tff_comp import run_directory
 from tff_comp import settings
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import rule as rule_lib
 from tff_comp import run_config
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
@@ -410,7 +411,7 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
     run_directory.check_resumable(pathlib.Path(output_dir), config)
   if not prepared.config.schedules.pair()[1].constant:
     runtime = runner.runtime
-    if 'learning_rate' not in runtime.get_hparams(runtime.initialize())['finalizer']:
+    if rule_lib.LEARNING_RATE not in runtime.get_hparams(runtime.initialize())['finalizer']:
       raise ConfigError(f'--server_lr_schedule: algorithm {prepared.config.algorithm!r}'
                         ' has no server learning rate to schedule.')
   if learning_rates is not None and runner.algorithm is not None:

@@ -10,6 +10,9 @@ give the same results. A round, for the cohort S:
     U   = aggregation(U_i, weights_i)                                ops.aggregation
     (S_server, W) = server_rule.step(S_server, W, U)
 
+Built, it checks its contract (`ops.contract`: the payload against the client rule's
+start, the update against the aggregation kind and the server rule), so a mismatch is
+one line at construction on every runtime, not an error deep inside a round.
 `tff_comp.composer.compose(algorithm)` places it in a genuine TFF LearningProcess.
 """
 
@@ -18,6 +21,7 @@ from typing import Any
 
 from tff_comp.ops import aggregation as aggregation_lib
 from tff_comp.ops import client_round
+from tff_comp.ops import contract
 from tff_comp.ops import privacy
 from tff_comp.ops import rule as rule_lib
 
@@ -45,8 +49,10 @@ class Algorithm:
         self, client_options=dataclasses.replace(self.client_options, **changes))
 
   def __post_init__(self):
+    """Raises ValueError (`contract.ContractError` for blocks that do not fit)."""
     if self.aggregation not in aggregation_lib.KINDS:
       raise ValueError(f'aggregation={self.aggregation!r} is unknown; choose one of'
                        f' {aggregation_lib.KINDS}.')
     if isinstance(self.model_aggregator, privacy.PrivateMean) and self.model_aggregator.private:
       privacy.check_uniform(self)
+    contract.check(self)

@@ -47,12 +47,12 @@ class ProximalSGD(CompositeRule):
 
   def local_step(self, weights, lr_sum, batch, hparams, payload, context):
     del context
-    lr = hparams['learning_rate']
+    lr = hparams[rule_lib.LEARNING_RATE]
     loss, grads = self.loss_and_gradient(weights, batch, payload)
     weights = tuple(w - lr * g for w, g in zip(weights, grads))
     if self._client_prox:
       weights = self._regularizer.prox(weights, lr)
-    return loss, weights, lr_sum + lr
+    return rule_lib.StepResult(loss, weights, lr_sum + lr)
 
 
 class DualAveraging(CompositeRule):
@@ -71,10 +71,10 @@ class DualAveraging(CompositeRule):
 
   def local_step(self, dual, lr_sum, batch, hparams, payload, context):
     del context
-    lr = hparams['learning_rate']
+    lr = hparams[rule_lib.LEARNING_RATE]
     primal = self.primal(dual, payload.elapsed + lr_sum)
     loss, grads = self.loss_and_gradient(primal, batch, payload)
-    return loss, tuple(z - lr * g for z, g in zip(dual, grads)), lr_sum + lr
+    return rule_lib.StepResult(loss, tuple(z - lr * g for z, g in zip(dual, grads)), lr_sum + lr)
 
 
 class _CompositeServer(rule_lib.ServerRule):
@@ -97,8 +97,8 @@ class MirrorDescentServer(_CompositeServer):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
     trainable = server_steps.mirror_descent_server_step(
         trainable, self.regularizer, self.learning_rate(opt_state), update.lr_sum)
-    return collections.OrderedDict(optimizer=opt_state), rule_lib.with_trainable(
-        weights, trainable)
+    return rule_lib.ServerStepResult(collections.OrderedDict(optimizer=opt_state),
+                                     rule_lib.with_trainable(weights, trainable))
 
 
 class DualAveragingServer(_CompositeServer):
@@ -118,7 +118,7 @@ class DualAveragingServer(_CompositeServer):
         dual, state['elapsed'], self.regularizer, self.learning_rate(opt_state),
         update.lr_sum)
     new_state = collections.OrderedDict(optimizer=opt_state, dual=dual, elapsed=elapsed)
-    return new_state, rule_lib.with_trainable(weights, trainable)
+    return rule_lib.ServerStepResult(new_state, rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
     return messages.DualPayload(dual=rule_lib.with_trainable(weights, state['dual']),

@@ -77,9 +77,9 @@ class CompositionalSGD(ObjectiveRule):
     g, inner_value, direction = objectives_lib.compositional_gradient(
         self.objective, self.model, weights, non_trainable, inner_batch, outer_batch,
         hparams, context.reference_loss)
-    lr = hparams['learning_rate']
+    lr = hparams[rule_lib.LEARNING_RATE]
     loss = self.objective.reported_loss(self.model, inner_value, outer_batch, g, hparams)
-    return loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras
+    return rule_lib.StepResult(loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras)
 
 
 class TrackerExtras(NamedTuple):
@@ -105,12 +105,13 @@ class TrackedMomentum(ObjectiveRule):
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
-    hparams.update(momentum_rate=self._momentum_rate, beta=self._beta, tracking_gamma=self._tracking_gamma)
+    hparams.update(momentum_rate=self._momentum_rate, beta=self._beta,
+                   tracking_gamma=self._tracking_gamma)
     return hparams
 
   def check_hparams(self, hparams):
     for name in ('momentum_rate', 'tracking_gamma'):
-      rate = float(hparams[name]) * float(hparams['learning_rate'])
+      rate = float(hparams[name]) * float(hparams[rule_lib.LEARNING_RATE])
       if rate > 1:
         raise ValueError(f'{name} x client_learning_rate must be <= 1 (a convex'
                          f' combination), got {rate:g}.')
@@ -130,7 +131,7 @@ class TrackedMomentum(ObjectiveRule):
     u, m, started = extras.u, extras.m, extras.started
     _, non_trainable, _ = self.start(payload)
     inner_batch, outer_batch = self.inner_and_outer_batches(batch)
-    eta = hparams['learning_rate']
+    eta = hparams[rule_lib.LEARNING_RATE]
     reference = context.reference_loss
     with tf.GradientTape() as tape:
       tape.watch(weights)
@@ -151,7 +152,7 @@ class TrackedMomentum(ObjectiveRule):
     loss = self.objective.reported_loss(
         self.model, value, outer_batch,
         self.objective.outer(self.model, value, outer_batch, hparams, reference), hparams)
-    return loss, new_weights, TrackerExtras(u, m, tf.constant(1.0))
+    return rule_lib.StepResult(loss, new_weights, TrackerExtras(u, m, tf.constant(1.0)))
 
   def update(self, start, state, hparams, context):
     return messages.TrackerUpdate(super().update(start, state, hparams, context),
@@ -188,7 +189,7 @@ class TrackerServer(rule_lib.ServerRule):
     new_state = collections.OrderedDict(
         optimizer=opt_state, u=update.u, m=tuple(update.m),
         reference_loss=update.reference_loss, started=tf.constant(1.0))
-    return new_state, rule_lib.with_trainable(weights, trainable)
+    return rule_lib.ServerStepResult(new_state, rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
     return messages.TrackerPayload(weights=weights, u=state['u'], m=state['m'],

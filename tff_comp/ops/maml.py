@@ -83,5 +83,5 @@ class PerFedAvg(rule_lib.ClientRule):
     _, non_trainable, _ = self.start(payload)
     loss, direction = self.meta_gradient(
         weights, compositional.split_batches(batch, 3), hparams, non_trainable)
-    lr = hparams['learning_rate']
-    return loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras
+    lr = hparams[rule_lib.LEARNING_RATE]
+    return rule_lib.StepResult(loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras)

@@ -105,11 +105,11 @@ class Ditto(PerClientRule):
     loss, weights, inner_extras = super().local_step(
         weights, inner_extras, batch, hparams, payload, context)
     _, grads = self.loss_and_gradient(personal, batch, payload)
-    lr = hparams.get('personal_learning_rate', hparams['learning_rate'])
+    lr = hparams.get('personal_learning_rate', hparams[rule_lib.LEARNING_RATE])
     lam = hparams['lam']
     personal = tuple(v - lr * (g + lam * (v - w0))
                      for v, g, w0 in zip(personal, grads, payload.weights.trainable))
-    return loss, weights, DittoExtras(inner_extras, personal)
+    return rule_lib.StepResult(loss, weights, DittoExtras(inner_extras, personal))
 
   def update(self, start, state, hparams, context):
     personal = state.extras.personal
@@ -170,7 +170,7 @@ class AgnosticServer(rule_lib.ServerRule):
       lam = server_steps.exponentiated_gradient_step(
           state['client_weights'], update.losses, rate)
     new_state = collections.OrderedDict(state, optimizer=opt_state, client_weights=lam)
-    return new_state, rule_lib.with_trainable(weights, trainable)
+    return rule_lib.ServerStepResult(new_state, rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
     return messages.ClientWeightsPayload(weights=weights, client_weights=state['client_weights'])
@@ -214,8 +214,9 @@ class PersonalModelsServer(rule_lib.ServerRule):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
     personal = server_steps.replace_rows(tuple(state['personal']), tuple(update.personal),
                                          update.visited)
-    return (collections.OrderedDict(optimizer=opt_state, personal=personal),
-            rule_lib.with_trainable(weights, trainable))
+    return rule_lib.ServerStepResult(
+        collections.OrderedDict(optimizer=opt_state, personal=personal),
+        rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
     return messages.DittoPayload(weights=weights, personal=state['personal'])

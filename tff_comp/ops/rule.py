@@ -85,6 +85,21 @@ class RoundContext(NamedTuple):
                tf.cast(start_loss, tf.float32))
 
 
+class StepResult(NamedTuple):
+  """What a client rule's `local_step` returns."""
+
+  loss: tf.Tensor  # the batch's mean loss at the weights before the step
+  weights: Weights  # the trained weights after it
+  extras: Any  # the rule's extras after it
+
+
+class ServerStepResult(NamedTuple):
+  """What a server rule's `step` returns."""
+
+  state: collections.OrderedDict  # the server rule's new state
+  weights: Any  # the new model weights (ModelWeights-like)
+
+
 class LocalState(NamedTuple):
   """Loop state of every client rule: the iterate, rule extras, loss bookkeeping."""
 
@@ -139,8 +154,8 @@ class ClientRule(abc.ABC):
 
   @abc.abstractmethod
   def local_step(self, weights: Weights, extras: Any, batch: Any, hparams, payload,
-                 context: RoundContext) -> tuple[tf.Tensor, Weights, Any]:
-    """One step on `batch`: returns (batch loss, new weights, new extras)."""
+                 context: RoundContext) -> StepResult:
+    """One step on `batch`: (batch loss, new weights, new extras)."""
 
   def loss_and_gradient(self, weights: Weights, batch: Any, payload):
     """The model's loss on `batch` at `weights` and its gradient."""
@@ -273,7 +288,7 @@ class ServerRule(abc.ABC):
     return state
 
   @abc.abstractmethod
-  def step(self, state, weights, update) -> tuple[collections.OrderedDict, Any]:
+  def step(self, state, weights, update) -> ServerStepResult:
     """(new state, new weights) from the aggregated `update`."""
 
   def optimizer_step(self, state, trainable: Weights, gradient) -> tuple[Any, Weights]:

@@ -78,14 +78,15 @@ class ScaffoldClient(rule_lib.ClientRule):
   def local_step(self, weights, extras, batch, hparams, payload, context):
     del context
     loss, grads = self.loss_and_gradient(weights, batch, payload)
-    lr = hparams['learning_rate']
-    return loss, tuple(w - lr * (g + d) for w, g, d in zip(weights, grads, extras.correction)
-                       ), extras
+    lr = hparams[rule_lib.LEARNING_RATE]
+    return rule_lib.StepResult(
+        loss, tuple(w - lr * (g + d) for w, g, d in zip(weights, grads, extras.correction)),
+        extras)
 
   def update(self, start, state, hparams, context):
     delta = super().update(start, state, hparams, context)
     scale = tf.math.divide_no_nan(1.0, tf.cast(state.steps, tf.float32)
-                                  * hparams['learning_rate'])
+                                  * hparams[rule_lib.LEARNING_RATE])
     moved = state.steps > 0
     # c_i+ = c_i - c + (x - y_K) / (K eta_l) = (x - y_K) / (K eta_l) - correction.
     own = tuple(tf.where(moved, scale * x - d, ci)
@@ -126,8 +127,9 @@ class ControlVariateServer(rule_lib.ServerRule):
     new = server_steps.replace_rows(old, tuple(update.controls), update.visited)
     control = tuple(c + tf.reduce_sum(n - o, axis=0) / self.num_clients
                     for c, n, o in zip(state['control'], new, old))
-    return (collections.OrderedDict(optimizer=opt_state, control=control, controls=new),
-            rule_lib.with_trainable(weights, trainable))
+    return rule_lib.ServerStepResult(
+        collections.OrderedDict(optimizer=opt_state, control=control, controls=new),
+        rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
     return ControlPayload(weights=weights, control=state['control'],

@@ -63,9 +63,9 @@ class SGD(rule_lib.ClientRule):
     if self._subgradient_of is not None:
       grads = tuple(g + s for g, s in zip(grads, self._subgradient_of.subgradient(weights)))
     velocity = tuple(hparams['momentum'] * v + g for v, g in zip(velocity, grads))
-    lr = hparams['learning_rate']
-    return loss, tuple(w - lr * v for w, v in zip(weights, velocity)), SGDExtras(
-        start, velocity)
+    lr = hparams[rule_lib.LEARNING_RATE]
+    return rule_lib.StepResult(loss, tuple(w - lr * v for w, v in zip(weights, velocity)),
+                               SGDExtras(start, velocity))
 
   def gradient_weight_norm(self, steps: tf.Tensor, hparams) -> tf.Tensor:
     """||a||_1 with Delta = -eta G a over `steps` local steps (FedNova, Wang et al.
@@ -77,7 +77,7 @@ class SGD(rule_lib.ClientRule):
     rho, mu = hparams['momentum'], hparams['proximal_strength']
     with_momentum = tf.math.divide_no_nan(
         tau - rho * tf.math.divide_no_nan(1 - rho**tau, 1 - rho), 1 - rho)
-    decay = 1 - hparams['learning_rate'] * mu
+    decay = 1 - hparams[rule_lib.LEARNING_RATE] * mu
     with_prox = tf.math.divide_no_nan(1 - decay**tau, 1 - decay)
     return tf.where(rho > 0, with_momentum, tf.where(mu > 0, with_prox, tau))
 
@@ -128,7 +128,7 @@ class FairnessWeightedSGD(SGD):
     return hparams
 
   def update(self, start, state, hparams, context):
-    lipschitz = 1.0 / hparams['learning_rate']
+    lipschitz = 1.0 / hparams[rule_lib.LEARNING_RATE]
     dw = tuple(lipschitz * d for d in super().update(start, state, hparams, context))
     f, q = context.start_loss, hparams['q']
     norm_sq = tf.add_n([tf.reduce_sum(tf.square(d)) for d in dw])
@@ -146,8 +146,8 @@ class OptimizerServer(rule_lib.ServerRule):
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update)
-    return collections.OrderedDict(optimizer=opt_state), rule_lib.with_trainable(
-        weights, trainable)
+    return rule_lib.ServerStepResult(collections.OrderedDict(optimizer=opt_state),
+                                     rule_lib.with_trainable(weights, trainable))
 
 
 class RatioServer(rule_lib.ServerRule):
@@ -160,7 +160,7 @@ class RatioServer(rule_lib.ServerRule):
   def step(self, state, weights, update):
     trainable = tuple(w - tf.math.divide_no_nan(d, update.h)
                       for w, d in zip(weights.trainable, update.delta))
-    return state, rule_lib.with_trainable(weights, trainable)
+    return rule_lib.ServerStepResult(state, rule_lib.with_trainable(weights, trainable))
 
 
 __getattr__ = renamed.module_getattr(__name__, {'Normalized': 'NormalizedSGD',  # 0.2.0

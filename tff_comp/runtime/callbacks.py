@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 import tqdm
 
+from tff_comp.ops.rule import LEARNING_RATE
 from tff_comp.runtime import base
 from tff_comp.runtime import checkpoints as checkpoints_lib
 from tff_comp.runtime import run_files
@@ -58,9 +59,9 @@ def set_learning_rates(process, state, client_learning_rate: float,
       raise ValueError(f'the client work has no hyperparameter {name!r}; it has'
                        f' {sorted(hparams["client_work"])}.')
     put('client_work', name, value)
-  put('client_work', 'learning_rate', client_learning_rate)
-  if 'learning_rate' in hparams['finalizer']:
-    put('finalizer', 'learning_rate', server_learning_rate)
+  put('client_work', LEARNING_RATE, client_learning_rate)
+  if LEARNING_RATE in hparams['finalizer']:
+    put('finalizer', LEARNING_RATE, server_learning_rate)
   elif server_learning_rate != 1.0:
     raise ValueError('this process has no server learning rate to set.')
   return process.set_hparams(state, hparams)
@@ -181,8 +182,8 @@ class LearningRates(Callback):
     client_rate, server_rate = self._rates(round_num)
     loop.state = set_learning_rates(loop.runtime, loop.state, client_rate, server_rate)
     # The logged rates follow from the values just set (no second read of the state).
-    for key, rate in (('hparams/client_work/learning_rate', client_rate),
-                      ('hparams/finalizer/learning_rate', server_rate)):
+    for key, rate in ((f'hparams/client_work/{LEARNING_RATE}', client_rate),
+                      (f'hparams/finalizer/{LEARNING_RATE}', server_rate)):
       if key in loop.hparams:
         loop.hparams[key] = float(str(np.float32(rate)))
 

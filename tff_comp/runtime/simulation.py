@@ -19,6 +19,7 @@ from typing import Any
 
 from absl import logging
 
+from tff_comp.ops.rule import LEARNING_RATE
 from tff_comp.runtime import base
 from tff_comp.runtime import callbacks as callbacks_lib
 from tff_comp.runtime import checkpoints as checkpoints_lib
@@ -204,8 +205,8 @@ def run_simulation(
   scheduled = []
   if schedules is not None and not all(schedule.constant for schedule in schedules):
     hparams = runtime.get_hparams(loop.state)
-    initial = (float(hparams['client_work']['learning_rate']),
-               float(hparams['finalizer'].get('learning_rate', 1.0)))
+    initial = (float(hparams['client_work'][LEARNING_RATE]),
+               float(hparams['finalizer'].get(LEARNING_RATE, 1.0)))
     scheduled = [callbacks_lib.LearningRates(lambda round_num: tuple(
         rate * schedule.factor(round_num) for rate, schedule in zip(initial, schedules)))]
   if resume and (output_dir / 'metrics.csv').exists():
