@@ -12,8 +12,9 @@ Implement two hooks; override the optional ones only where the math needs it:
     initial_hparams() / check_hparams(hparams)                        learning_rate; checks
     start_loss / reference_value(payload, examples, hparams)         with the flags below
 
-`extras` is the rule's own per-client loop state: a NamedTuple of tensors with fixed
-shapes (e.g. `sgd.SGDExtras(start, velocity)`), never a positional tuple.
+`extras` is the rule's own per-client loop state: a named structure of tensors with
+fixed shapes (a NamedTuple, or local SGD's transform states by name:
+`ops.gradient_transforms`), never a positional tuple.
 `initialize`, `step` and `finalize` are what runtimes call (`ops.client_round`); a rule
 does not override them unless it adds loop state from the payload (Ditto's personal
 model). Capability flags are class attributes (`CAPABILITIES`); a rule whose flags depend

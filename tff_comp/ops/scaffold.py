@@ -20,9 +20,11 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from tff_comp.ops import gradient_transforms
 from tff_comp.ops import per_client
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import server_steps
+from tff_comp.ops import sgd
 from tff_comp.ops.model_ops import Weights
 
 
@@ -44,44 +46,25 @@ class ControlUpdate(NamedTuple):
   reports_client_state = True
 
 
-class ControlExtras(NamedTuple):
-  """The client's loop state besides its iterate: its own control c_i and the step's
-  correction c - c_i."""
-
-  own: Weights
-  correction: Weights
-
-
-class ScaffoldClient(rule_lib.ClientRule):
-  """SCAFFOLD's client (see the module docstring). Payload: ControlPayload; update:
-  ControlUpdate."""
+class ScaffoldClient(sgd.SGD):
+  """SCAFFOLD's client (see the module docstring): local SGD whose one transform is the
+  control variate (`gradient_transforms.ControlVariate`). Payload: ControlPayload;
+  update: ControlUpdate."""
 
   uses_client_index = True
 
   def __init__(self, model, *, learning_rate: float, num_clients: int):
-    super().__init__(model, learning_rate=learning_rate)
+    super().__init__(model, learning_rate=learning_rate,
+                     transforms=(gradient_transforms.ControlVariate(),))
     self.num_clients = num_clients
 
-  def start(self, payload):
-    weights = payload.weights
-    zeros = tuple(tf.zeros_like(c) for c in payload.control)
-    return tuple(weights.trainable), tuple(weights.non_trainable), ControlExtras(zeros, zeros)
+  def weights_of(self, payload):
+    return payload.weights
 
   def initialize(self, payload, hparams, context):
     state = super().initialize(payload, hparams, context)
-    # tf.gather, not table[i]: XLA (the lanes engine) would compile a slice at a tensor
-    # index as a constant, once per client.
-    own = tuple(tf.gather(table, context.client_index) for table in payload.controls)
-    correction = tuple(c - ci for c, ci in zip(payload.control, own))
-    return state._replace(extras=ControlExtras(own, correction))
-
-  def local_step(self, weights, extras, batch, hparams, payload, context):
-    del context
-    loss, grads = self.loss_and_gradient(weights, batch, payload)
-    lr = hparams[rule_lib.LEARNING_RATE]
-    return rule_lib.StepResult(
-        loss, tuple(w - lr * (g + d) for w, g, d in zip(weights, grads, extras.correction)),
-        extras)
+    correction = gradient_transforms.ControlVariate.correct(payload, context.client_index)
+    return state._replace(extras=collections.OrderedDict(control_variate=correction))
 
   def update(self, start, state, hparams, context):
     delta = super().update(start, state, hparams, context)
@@ -89,8 +72,9 @@ class ScaffoldClient(rule_lib.ClientRule):
                                   * hparams[rule_lib.LEARNING_RATE])
     moved = state.steps > 0
     # c_i+ = c_i - c + (x - y_K) / (K eta_l) = (x - y_K) / (K eta_l) - correction.
+    control = state.extras['control_variate']
     own = tuple(tf.where(moved, scale * x - d, ci)
-                for ci, d, x in zip(state.extras.own, state.extras.correction, delta))
+                for ci, d, x in zip(control.own, control.correction, delta))
     return ControlUpdate(delta, tuple(per_client.slot(c, context, self.num_clients)
                                       for c in own),
                          tf.one_hot(context.client_index, self.num_clients))

@@ -12,60 +12,61 @@ regularizer the naive composite baseline of Yuan et al. (2021).
 """
 
 import collections
-from typing import NamedTuple
 
 import tensorflow as tf
 
+from tff_comp.ops import gradient_transforms
 from tff_comp.ops import renamed
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops import messages
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops.model_ops import Weights
-
-
-class SGDExtras(NamedTuple):
-  """SGD's loop state besides the iterate: the round's start point (proximal term)
-  and the velocity (momentum)."""
-
-  start: Weights
-  velocity: Weights
 
 
 class SGD(rule_lib.ClientRule):
-  """Local SGD with optional momentum rho, proximal term mu, regularizer subgradient
-  (see the module docstring). Payload: the broadcast ModelWeights. Both rho and mu
-  are hyperparameters (settable after building; 0 disables the term)."""
+  """Local SGD, w_{k+1} = w_k - eta_c d_k, the direction d_k the gradient through the
+  rule's `transforms` (`ops.gradient_transforms`): by default the proximal term mu,
+  the regularizer's subgradient when given, and momentum rho (see the module
+  docstring); SCAFFOLD's client is this step with a control variate. Payload: the
+  broadcast ModelWeights (`weights_of`). The transforms' hyperparameters (mu, rho) are
+  the rule's, settable after building (0 disables a term)."""
 
   def __init__(self, model, *, learning_rate: float, proximal_strength: float = 0.0,
                momentum: float = 0.0,
-               subgradient_of: regularizers_lib.Regularizer | None = None):
+               subgradient_of: regularizers_lib.Regularizer | None = None,
+               transforms: tuple[gradient_transforms.Transform, ...] | None = None):
     super().__init__(model, learning_rate=learning_rate)
-    self._mu = float(proximal_strength)
-    self._rho = float(momentum)
     self._subgradient_of = subgradient_of
+    if transforms is None:
+      subgradient = () if subgradient_of is None else (
+          gradient_transforms.Subgradient(subgradient_of),)
+      transforms = (gradient_transforms.Proximal(proximal_strength), *subgradient,
+                    gradient_transforms.Momentum(momentum))
+    self.transforms = tuple(transforms)
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
-    hparams.update(proximal_strength=self._mu, momentum=self._rho)
+    for transform in self.transforms:
+      hparams.update(transform.hparams)
     return hparams
 
+  def weights_of(self, payload):
+    """The model weights the round starts from, in the payload."""
+    return payload
+
   def start(self, payload):
-    trainable = tuple(payload.trainable)
-    return trainable, tuple(payload.non_trainable), SGDExtras(
-        trainable, tuple(tf.zeros_like(w) for w in trainable))
+    weights = self.weights_of(payload)
+    trainable = tuple(weights.trainable)
+    return trainable, tuple(weights.non_trainable), gradient_transforms.init(
+        self.transforms, trainable, payload)
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
     del context
-    start, velocity = extras.start, extras.velocity
     loss, grads = self.loss_and_gradient(weights, batch, payload)
-    mu = hparams['proximal_strength']
-    grads = tuple(g + mu * (w - w0) for g, w, w0 in zip(grads, weights, start))
-    if self._subgradient_of is not None:
-      grads = tuple(g + s for g, s in zip(grads, self._subgradient_of.subgradient(weights)))
-    velocity = tuple(hparams['momentum'] * v + g for v, g in zip(velocity, grads))
+    direction, extras = gradient_transforms.chain(self.transforms, grads, weights, extras,
+                                                  hparams)
     lr = hparams[rule_lib.LEARNING_RATE]
-    return rule_lib.StepResult(loss, tuple(w - lr * v for w, v in zip(weights, velocity)),
-                               SGDExtras(start, velocity))
+    return rule_lib.StepResult(loss, tuple(w - lr * d for w, d in zip(weights, direction)),
+                               extras)
 
   def gradient_weight_norm(self, steps: tf.Tensor, hparams) -> tf.Tensor:
     """||a||_1 with Delta = -eta G a over `steps` local steps (FedNova, Wang et al.
