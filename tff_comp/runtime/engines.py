@@ -19,6 +19,7 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
 
 import contextlib
 import re
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -30,6 +31,39 @@ from tff_comp.ops import local_loop
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import vectorizable
 from tff_comp.runtime import lanes as lanes_lib
+
+
+def choose_device(logical_devices: Sequence[Any] | None = None) -> str:
+  """The device name rounds run on: the first logical GPU, else the first CPU."""
+  devices = (tf.config.list_logical_devices() if logical_devices is None
+             else logical_devices)
+  for kind in ('GPU', 'CPU'):
+    for device in devices:
+      if device.device_type == kind:
+        return device.name
+  raise RuntimeError('TensorFlow sees no CPU or GPU device.')
+
+
+class ClientArrays(NamedTuple):
+  """Every client's examples concatenated in client order (a structure of [total, ...]
+  arrays; no padding, so heavy-tailed client sizes cost no memory), with the number of
+  examples of each client."""
+
+  examples: Any
+  counts: np.ndarray
+  client_ids: tuple[str, ...]
+
+
+def client_arrays(client_data) -> ClientArrays:
+  """All clients of a `tff.simulation.datasets.ClientData` as NumPy arrays."""
+  ids = tuple(client_data.client_ids)
+  per_client = []
+  for cid in ids:  # each client's examples as one batch (iterating them is far slower)
+    whole = local_loop.materialize(client_data.create_tf_dataset_for_client(cid))
+    per_client.append(tf.nest.map_structure(np.asarray, whole))
+  counts = np.array([len(tf.nest.flatten(c)[0]) for c in per_client], np.int32)
+  examples = tf.nest.map_structure(lambda *a: np.concatenate(a), *per_client)
+  return ClientArrays(examples, counts, ids)
 
 
 class ResidentData:
@@ -88,14 +122,24 @@ class Cohort(NamedTuple):
 
 
 class Engine(Protocol):
-  """Runs a cohort's client work (see the module docstring).
+  """Runs a cohort's client work (see the module docstring). Built as
+  `Engine(algorithm, data, lanes=..., short_batches=...)`.
 
   `in_graph`: `run` is traced into the round's `tf.function` (else the round runs
-  eagerly).
+  eagerly). `compiles_per_capacity`: `run` compiles for the cohort's `capacity` and
+  the data's shape (so it needs resident data); other engines get capacity 0.
+  `why_not(algorithm, examples, device, payload, hparams, run_steps)`: why 'auto'
+  should not choose it here ('' when it may).
   """
 
   name: str
   in_graph: bool
+  compiles_per_capacity: bool
+
+  @staticmethod
+  def why_not(algorithm, examples, device: str, payload, hparams,
+              run_steps: int | None = None) -> str:
+    """Why this engine would be slow or fail here, or ''."""
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
     """Every cohort client's ClientOutput, stacked in cohort order."""
@@ -105,13 +149,23 @@ def _row(structure, i):
   return tf.nest.map_structure(lambda t: t[i], structure)
 
 
+def _always(*args, **kwargs) -> str:
+  """An engine that runs every rule: no reason not to choose it."""
+  del args, kwargs
+  return ''
+
+
 class MappedEngine:
   """Clients one by one with `tf.map_fn` (`client_round.run_planned` each)."""
 
   name = 'mapped'
   in_graph = True
+  compiles_per_capacity = False
+  why_not = staticmethod(_always)
 
-  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData):
+  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
+               lanes: int = 0, short_batches: bool = True):
+    del lanes, short_batches  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
@@ -179,9 +233,10 @@ class LanesEngine:
 
   name = 'lanes'
   in_graph = True
+  compiles_per_capacity = True
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int, short_batches: bool):
+               lanes: int, short_batches: bool = True):
     self._algorithm, self._data, self.lanes = algorithm, data, lanes
     self._short_batches = short_batches
     self._kernel = tf.function(self._full_batches, jit_compile=True, autograph=False)
@@ -250,8 +305,12 @@ class DebugEngine:
 
   name = 'debug'
   in_graph = False
+  compiles_per_capacity = False
+  why_not = staticmethod(_always)
 
-  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData):
+  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
+               lanes: int = 0, short_batches: bool = True):
+    del lanes, short_batches  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
@@ -303,3 +362,10 @@ def failing_op(error: Exception) -> str:
     if found:
       return found[1]
   return ''
+
+
+# The engines by name (`--engine`), and the ones 'auto' tries in order: the first whose
+# `why_not` is empty (and that can read the data), the next when its first round fails;
+# the last runs every rule.
+ENGINES = {engine.name: engine for engine in (LanesEngine, MappedEngine, DebugEngine)}
+AUTO_ORDER = (LanesEngine, MappedEngine)

@@ -21,7 +21,7 @@ CPU (`choose_device`).
 import collections
 from collections.abc import Sequence
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 from absl import logging
 import numpy as np
@@ -43,42 +43,10 @@ from tff_comp.runtime import streaming
 
 UnsupportedError = base.UnsupportedError
 RoundOutput = base.RoundOutput
-
-
-def choose_device(logical_devices: Sequence[Any] | None = None) -> str:
-  """The device name rounds run on: the first logical GPU, else the first CPU."""
-  devices = (tf.config.list_logical_devices() if logical_devices is None
-             else logical_devices)
-  for kind in ('GPU', 'CPU'):
-    for device in devices:
-      if device.device_type == kind:
-        return device.name
-  raise RuntimeError('TensorFlow sees no CPU or GPU device.')
-
-
-class ClientArrays(NamedTuple):
-  """Every client's examples concatenated in client order (a structure of [total, ...]
-  arrays; no padding, so heavy-tailed client sizes cost no memory), with the number of
-  examples of each client."""
-
-  examples: Any
-  counts: np.ndarray
-  client_ids: tuple[str, ...]
-
-
-def client_arrays(client_data) -> ClientArrays:
-  """All clients of a `tff.simulation.datasets.ClientData` as NumPy arrays."""
-  ids = tuple(client_data.client_ids)
-  per_client = []
-  for cid in ids:  # each client's examples as one batch (iterating them is far slower)
-    whole = local_loop.materialize(client_data.create_tf_dataset_for_client(cid))
-    per_client.append(tf.nest.map_structure(np.asarray, whole))
-  counts = np.array([len(tf.nest.flatten(c)[0]) for c in per_client], np.int32)
-  examples = tf.nest.map_structure(lambda *a: np.concatenate(a), *per_client)
-  return ClientArrays(examples, counts, ids)
-
-
-ENGINES = ('auto', 'lanes', 'mapped', 'debug')
+# Where the clients' examples and rounds live; defined beside the engines reading them.
+ClientArrays, client_arrays = engines_lib.ClientArrays, engines_lib.client_arrays
+choose_device = engines_lib.choose_device
+ENGINES = ('auto', *engines_lib.ENGINES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,11 +120,9 @@ class InProcessRuntime:
     short_batches = bool(np.any(batches.remainder.numpy() > 0))
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
-    self._engines = {
-        'lanes': engines_lib.LanesEngine(algorithm, self.data, lanes=self.lanes,
-                                         short_batches=short_batches),
-        'mapped': engines_lib.MappedEngine(algorithm, self.data),
-        'debug': engines_lib.DebugEngine(algorithm, self.data)}
+    self._engines = {name: engine_(algorithm, self.data, lanes=self.lanes,
+                                   short_batches=short_batches)
+                     for name, engine_ in engines_lib.ENGINES.items()}
     # Traced once for cohorts of any size (see `next`); without AutoGraph, which
     # tff_comp's math does not need and which tripled the time of the first round.
     self._round_fns = {name: tf.function(self._round, autograph=False)
@@ -164,26 +130,39 @@ class InProcessRuntime:
                        for name, engine_ in self._engines.items()}
     self._traced: set[tuple[str, int]] = set()
     self._metric_specs: Any = None  # the round's metrics' structure (`_pack`)
-    self.engine = 'lanes' if engine == 'auto' else engine
-    self._fallback = engine == 'auto'
-    self.why = ''  # why the engine is not lanes, when auto chose otherwise
-    if self.streaming:  # the lanes kernel's shapes would change with every cohort
-      self.why = why_streaming or 'streaming each cohort\'s data'
-      if engine == 'lanes':
-        raise UnsupportedError('the lanes engine needs resident data (it compiles for the'
-                               ' data\'s shape); streamed data run mapped.')
-      if engine == 'auto':
-        self.engine, self._fallback = 'mapped', False
-    if self._fallback:
-      run_steps = (None if client_rounds is None else
-                   int(client_rounds * np.mean(batches.steps.numpy())))
-      state = self.initialize()
-      self.why = engines_lib.LanesEngine.why_not(
-          algorithm, self.data.examples, self.device,
-          algorithm.server_rule.payload(state.finalizer, state.global_model_weights),
-          state.client_work.hparams, run_steps)
-      if self.why:
-        self.engine, self._fallback = 'mapped', False
+    self._fallbacks: list[str] = []  # the engines 'auto' falls back to if a round fails
+    # Why the engine is not auto's first choice (or the data are streamed).
+    self.why = (why_streaming or 'streaming each cohort\'s data') if self.streaming else ''
+    if engine != 'auto':
+      if self.streaming and self._engines[engine].compiles_per_capacity:
+        raise UnsupportedError(f'the {engine} engine needs resident data (it compiles for'
+                               ' the data\'s shape); stream with another engine.')
+      self.engine = engine
+    else:
+      self.engine = self._choose(batches, client_rounds)
+    logging.info('in-process runtime: %s', self.description)
+
+  def _choose(self, batches: local_loop.BatchPlan, client_rounds: int | None) -> str:
+    """'auto''s engine: the first of `engines.AUTO_ORDER` that can read the data and
+    whose `why_not` is empty; the reason for passing over the first in `why`."""
+    algorithm, reasons = self.algorithm, []
+    state = self.initialize()
+    payload = algorithm.server_rule.payload(state.finalizer, state.global_model_weights)
+    run_steps = (None if client_rounds is None else
+                 int(client_rounds * np.mean(batches.steps.numpy())))
+    for i, engine in enumerate(engines_lib.AUTO_ORDER):
+      if self.streaming and engine.compiles_per_capacity:
+        reasons.append(self.why)
+        continue
+      reason = engine.why_not(algorithm, self.data.examples, self.device, payload,
+                              state.client_work.hparams, run_steps)
+      if not reason:
+        self.why = reasons[0] if reasons else ''
+        self._fallbacks = [e.name for e in engines_lib.AUTO_ORDER[i + 1:]]
+        return engine.name
+      reasons.append(reason)
+    raise AssertionError('unreachable: the last engine of AUTO_ORDER runs every rule')
+
     logging.info('in-process runtime: %s', self.description)
 
   @property
@@ -264,10 +243,10 @@ class InProcessRuntime:
     indices = tf.constant([self._population_index[cid] for cid in client_ids], tf.int32)
     work = tf.constant(np.ones(len(client_ids)) if work is None else work, tf.float32)
     if len(client_ids) > self.capacity:
-      if self.capacity and self.engine == 'lanes':
-        logging.info('in-process runtime: a cohort of %d clients exceeds the lanes'
-                     ' kernel\'s %d; compiling it for %d.', len(client_ids), self.capacity,
-                     len(client_ids))
+      if self.capacity and self._engines[self.engine].compiles_per_capacity:
+        logging.info('in-process runtime: a cohort of %d clients exceeds the %s'
+                     ' kernel\'s %d; compiling it for %d.', len(client_ids), self.engine,
+                     self.capacity, len(client_ids))
       self.capacity = len(client_ids)
     # Tensors throughout: a Python float (a TFF optimizer's initial learning rate) would
     # make the round function trace again for the tensor it returns, and NumPy values
@@ -283,23 +262,24 @@ class InProcessRuntime:
         weights, server_state, aggregator, metrics = self._run_round(
             args, positions, indices, work)
       except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as error:
-        if not self._fallback:
+        if not self._fallbacks:
           raise
         # A rule XLA or vectorization cannot run (the round is pure: nothing to undo).
         self._fall_back(error)
         weights, server_state, aggregator, metrics = self._run_round(
             args, positions, indices, work)
-    self._fallback = False  # a later failure is the algorithm's own, not the engine's
+    self._fallbacks = []  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
     return base.RoundOutput(_state(weights, work, server_state, aggregator),
                             self._unpack(metrics))
 
   def _run_round(self, args, positions: tf.Tensor, indices: tf.Tensor, work: tf.Tensor):
-    # Only the lanes kernel has a compiled cohort shape: the other engines take 0, so a
-    # larger cohort does not trace their round again.
-    capacity = self.capacity if self.engine == 'lanes' else 0
+    # Only an engine compiling per capacity (lanes) has a compiled cohort shape: the
+    # others take 0, so a larger cohort does not trace their round again.
+    engine = self._engines[self.engine]
+    capacity = self.capacity if engine.compiles_per_capacity else 0
     round_fn, key = self._round_fns[self.engine], (self.engine, capacity)
-    if self.engine != 'debug' and key not in self._traced:
+    if engine.in_graph and key not in self._traced:
       # One trace for cohorts of every size: later calls match its [None] shapes.
       any_size = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
                   tf.TensorSpec([None], tf.float32))
@@ -310,11 +290,11 @@ class InProcessRuntime:
   def _fall_back(self, error: Exception) -> None:
     op = engines_lib.failing_op(error)
     rule = type(self.algorithm.client_rule).__name__
-    self.engine, self._fallback = 'mapped', False
-    self.why = (f'lanes cannot run {rule}\'s local step'
+    failed, self.engine = self.engine, self._fallbacks.pop(0)
+    self.why = (f'{failed} cannot run {rule}\'s local step'
                 + (f' (op {op} does not vectorize or compile)' if op else
                    f' ({type(error).__name__})'))
-    logging.warning('in-process runtime: %s; clients run mapped.', self.why)
+    logging.warning('in-process runtime: %s; clients run %s.', self.why, self.engine)
 
   def _round(self, weights, server_state, work_state, aggregator, positions, indices, work,
              capacity: int):
