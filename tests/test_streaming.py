@@ -99,3 +99,10 @@ def test_a_run_over_its_budget_says_it_streams_and_records_it(tmp_path):
     experiment.prepare(experiment.ExperimentConfig.of(
         algorithm='fedavg', task='quadratic', data_memory_budget=-1.0,
         output_dir=str(tmp_path / 'b')))
+
+
+def test_an_engine_compiling_for_the_data_shape_is_refused_on_streamed_data():
+  with pytest.raises(inprocess.UnsupportedError, match='lanes engine needs resident data'):
+    inprocess.build(_algorithm('fedavg'), DATA, engine='lanes', data_memory_budget=0)
+  streamed = inprocess.build(_algorithm('fedavg'), DATA, data_memory_budget=0)
+  assert streamed.record['engine'] == 'mapped' and 'streaming' in streamed.why
