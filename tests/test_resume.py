@@ -327,3 +327,55 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(repo_root, tmp
   assert _events(tmp_path / 'run') == _csv_losses(tmp_path / 'run')
   for a, b in zip(_model(tmp_path / 'run'), _model(tmp_path / 'whole'), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+def _lines(path) -> list[str]:
+  return (path / 'metrics.csv').read_text().splitlines(keepends=True)
+
+
+def _rewrite(path, lines) -> None:
+  (path / 'metrics.csv').write_text(''.join(lines))
+
+
+# metrics.csv damaged after a run saved rounds 6 and 7 (rows 0-7): each way leaves no
+# whole rows up to either checkpoint. Line 0 is the header, line r + 1 round r's row.
+_LOST = {
+    'header only': (lambda path: _rewrite(path, _lines(path)[:1]), 'without a whole row'),
+    'emptied': (lambda path: _rewrite(path, []), r'without a whole row \(its header'),
+    'deleted': (lambda path: (path / 'metrics.csv').unlink(), r'missing'),
+    'row 3 garbled': (lambda path: _rewrite(path, [*_lines(path)[:4], '3x,#!\n',
+                                                  *_lines(path)[5:]]),
+                      r'whole up to round 2 only \(the row of round 3 \(line 5\) is damaged'),
+    'row 5 gone': (lambda path: _rewrite(path, [*_lines(path)[:6], *_lines(path)[7:]]),
+                   r'whole up to round 4 only \(no row for round 5\)'),
+}
+
+
+@pytest.mark.parametrize('how', list(_LOST))
+def test_a_resume_refuses_when_metrics_csv_lost_the_saved_rounds(tmp_path, how):
+  """metrics.csv cut, emptied, deleted or damaged before the checkpoints' rounds: the
+  resume refuses in one line naming the file, and deletes no checkpoint."""
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=8)  # rows 0-7, checkpoints at 6 and 7
+  damage, reason = _LOST[how]
+  damage(tmp_path)
+  with pytest.raises(experiment.ConfigError,
+                     match=f'--resume: .*metrics.csv is {reason}.*saved rounds \\(6, 7\\)'
+                           '.*--overwrite'):
+    _train(tmp_path, resume=True)
+  assert _saved_rounds(tmp_path) == [6, 7]
+
+
+def test_a_cut_last_row_runs_again_from_the_checkpoint_before_it(tmp_path, uninterrupted,
+                                                                 caplog):
+  """Round 7's row cut in half: rows 0-6 are whole, so the run resumes from round 6's
+  checkpoint and ends as an uninterrupted one."""
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=8)
+  lines = _lines(tmp_path)
+  _rewrite(tmp_path, [*lines[:-1], lines[-1][:len(lines[-1]) // 2]])
+  _train(tmp_path, resume=True)
+  assert 'whole up to round 6 only' in caplog.text
+  assert _rows(tmp_path) == _rows(uninterrupted)
+  for a, b in zip(_model(tmp_path), _model(uninterrupted), strict=True):
+    np.testing.assert_array_equal(a, b)

@@ -85,13 +85,16 @@ class Checkpoints:
     for old in self._on_disk()[:-self._KEEP]:
       (self._root / f'state_{old}.npz').unlink(missing_ok=True)
 
-  def load_latest(self, template) -> tuple[Any, int]:
-    """(state, round) of the newest readable checkpoint, or (None, 0). A damaged one (cut
-    short, garbled, or of another structure than `template`) is moved to
-    `checkpoints_damaged/` under a name of its own, so the run saves that round afresh
-    when it gets there, and the one before it is tried."""
+  def load_latest(self, template, up_to: int | None = None) -> tuple[Any, int]:
+    """(state, round) of the newest readable checkpoint (of a round <= `up_to`, if
+    given; later ones are left alone), or (None, 0). A damaged one (cut short, garbled,
+    or of another structure than `template`) is moved to `checkpoints_damaged/` under a
+    name of its own, so the run saves that round afresh when it gets there, and the one
+    before it is tried."""
     expected = [np.asarray(leaf) for leaf in tf.nest.flatten(template)]
     for round_num in reversed(self.rounds()):
+      if up_to is not None and round_num > up_to:
+        continue
       path = self._root / f'state_{round_num}.npz'
       try:
         with np.load(path, allow_pickle=False) as saved:

@@ -191,12 +191,32 @@ def write_client_rows(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
     writer.writerows(rows)
 
 
-def read_rows(path: pathlib.Path, up_to: int) -> tuple[list[str], list[dict[str, str]]]:
-  """(metric columns, rows of rounds <= up_to) of a metrics.csv."""
+def whole_rows(path: pathlib.Path) -> tuple[list[str], list[dict[str, str]], str]:
+  """(metric columns, the rows of rounds 0, 1, 2, ... as long as each is whole, what
+  ends them: '' at the file's end, else the first missing or damaged row). A row is
+  whole when it has every column and its round and seconds are numbers."""
   with open(path, newline='') as f:
     reader = csv.DictReader(f)
-    rows = [r for r in reader if r.get('round', '').isdigit() and int(r['round']) <= up_to]
-    return [c for c in reader.fieldnames or [] if c not in ('round', 'seconds')], rows
+    fields = reader.fieldnames or []
+    columns = [c for c in fields if c not in ('round', 'seconds')]
+    if 'round' not in fields or 'seconds' not in fields:
+      return columns, [], 'its header is missing'
+    rows: list[dict[str, str]] = []
+    for row in reader:
+      expected = len(rows)
+      number = row.get('round') or ''
+      if number.isdigit() and int(number) > expected:
+        return columns, rows, f'no row for round {expected}'
+      whole = None not in row and None not in row.values() and number == str(expected)
+      try:
+        float(row['seconds'] or 'nan')
+      except (TypeError, ValueError):
+        whole = False
+      if not whole:
+        return columns, rows, (f'the row of round {expected} (line {reader.line_num}) is'
+                               ' damaged')
+      rows.append(row)
+    return columns, rows, ''
 
 
 def save_model(path: pathlib.Path, weights) -> None:

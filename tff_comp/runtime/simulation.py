@@ -20,6 +20,7 @@ from typing import Any
 from absl import logging
 
 from tff_comp.ops.rule import LEARNING_RATE
+from tff_comp.settings import ConfigError
 from tff_comp.runtime import base
 from tff_comp.runtime import callbacks as callbacks_lib
 from tff_comp.runtime import checkpoints as checkpoints_lib
@@ -76,16 +77,40 @@ def _start_fresh(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoi
 
 
 def _restore(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints) -> None:
-  """Continues the run in `loop.output_dir` from its newest readable checkpoint: the
-  state and the metrics rows up to it (the sampler draws by round). Nothing saved: a
-  fresh run."""
-  saved, done = checkpoints.load_latest(loop.state)
-  if saved is None:
+  """Continues the run in `loop.output_dir` from its newest readable checkpoint whose
+  round's metrics.csv rows are whole (rows 0 to it): the state and those rows (the
+  sampler draws by round); the rounds after it are run again. Nothing saved: a fresh
+  run.
+
+  Raises:
+    ConfigError: checkpoints are saved but metrics.csv lost the rows up to every one of
+      them (deleted, cut, damaged): never resumed without them, nothing deleted.
+  """
+  saved_rounds = checkpoints.rounds()
+  if not saved_rounds:
     _start_fresh(loop, checkpoints)
     return
-  loop.state, loop.done = saved, done
-  loop.kept_columns, loop.kept_rows = run_files.read_rows(loop.output_dir / 'metrics.csv', done)
-  loop.start -= float(loop.kept_rows[-1]['seconds']) if loop.kept_rows else 0.0
+  path = loop.output_dir / 'metrics.csv'
+  columns, rows, problem = run_files.whole_rows(path) if path.exists() else ([], [], '')
+  state, done = checkpoints.load_latest(loop.state, up_to=len(rows) - 1)
+  if state is None and checkpoints.rounds():
+    what = ('is missing' if not path.exists() else
+            f'is whole up to round {len(rows) - 1} only ({problem})' if rows else
+            f'is without a whole row ({problem or "no row"})')
+    raise ConfigError(
+        f'--resume: {path} {what}: the metrics of the saved rounds'
+        f' ({", ".join(map(str, checkpoints.rounds()))}) are lost. Restore the file, or'
+        ' start the run over with --overwrite.')
+  if state is None:  # every checkpoint was damaged (set aside)
+    _start_fresh(loop, checkpoints)
+    return
+  if done < saved_rounds[-1]:
+    logging.warning('%s is whole up to round %d only (%s); resuming from the checkpoint of'
+                    ' round %d, the rounds after it run again.', path, len(rows) - 1,
+                    problem or 'it ends there', done)
+  loop.state, loop.done = state, done
+  loop.kept_columns, loop.kept_rows = columns, rows[:done + 1]
+  loop.start -= float(loop.kept_rows[-1]['seconds'] or 0.0)
 
 
 def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
@@ -209,7 +234,7 @@ def run_simulation(
                float(hparams['finalizer'].get(LEARNING_RATE, 1.0)))
     scheduled = [callbacks_lib.LearningRates(lambda round_num: tuple(
         rate * schedule.factor(round_num) for rate, schedule in zip(initial, schedules)))]
-  if resume and (output_dir / 'metrics.csv').exists():
+  if resume:
     _restore(loop, checkpoints)
     if show_progress:
       print(f'resuming from round {loop.done}' if loop.done else
