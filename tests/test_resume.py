@@ -379,3 +379,17 @@ def test_a_cut_last_row_runs_again_from_the_checkpoint_before_it(tmp_path, unint
   assert _rows(tmp_path) == _rows(uninterrupted)
   for a, b in zip(_model(tmp_path), _model(uninterrupted), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_run_without_its_config_json_resumes_only_when_forced(tmp_path, uninterrupted):
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=5)
+  (tmp_path / 'config.json').unlink()
+  with pytest.raises(experiment.ConfigError, match='not its config.json.*--force_resume'):
+    _train(tmp_path, resume=True, seed=1)
+  assert _saved_rounds(tmp_path) == [3, 4]
+  _train(tmp_path, resume=True, force_resume=True)
+  assert _rows(tmp_path) == _rows(uninterrupted)
+  assert json.loads((tmp_path / 'config.json').read_text())['force_resume'] is True
+  with pytest.raises(experiment.ConfigError, match='--force_resume goes with --resume'):
+    experiment.prepare(experiment.ExperimentConfig.of(algorithm='fedavg', force_resume=True))

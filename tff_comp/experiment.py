@@ -287,8 +287,10 @@ def prepare(config: ExperimentConfig) -> Prepared:
   plan = _model_aggregator(config, algorithm, task, builder_args, settings)
   prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger)
   if config.resume:  # refused before any runtime is built (checked again in `train_runner`)
-    run_directory.check_resumable(pathlib.Path(config.output_dir),
-                    dict(dataclasses.asdict(config), resolved=resolved_options(prepared)))
+    run_directory.check_resumable(
+        pathlib.Path(config.output_dir),
+        dict(dataclasses.asdict(config), resolved=resolved_options(prepared)),
+        force=config.force_resume)
   return prepared
 
 
@@ -408,7 +410,8 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
                   client_hparams: dict[str, float],
                   callbacks: tuple[callbacks_lib.Callback, ...]) -> dict[str, float]:
   if prepared.config.resume:
-    run_directory.check_resumable(pathlib.Path(output_dir), config)
+    run_directory.check_resumable(pathlib.Path(output_dir), config,
+                                  force=prepared.config.force_resume)
   if not prepared.config.schedules.pair()[1].constant:
     runtime = runner.runtime
     if rule_lib.LEARNING_RATE not in runtime.get_hparams(runtime.initialize())['finalizer']:

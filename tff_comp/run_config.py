@@ -68,6 +68,9 @@ class ExperimentConfig:
   resume: bool = settings.setting(
       False, 'Continue the run in --output_dir from its last checkpoint (its'
       ' configuration must match; --rounds may grow).')
+  force_resume: bool = settings.setting(
+      False, 'With --resume: continue a run whose config.json is gone, with these'
+      ' settings (they cannot be checked against the run\'s).')
   runtime: str = settings.setting(
       'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
       ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or auto (inprocess where'
@@ -138,6 +141,8 @@ class ExperimentConfig:
       except ValueError as e:
         raise ConfigError(str(e)) from e
     choice.check(self.runtime, self.runtime_options)
+    if self.force_resume and not self.resume:
+      raise ConfigError('--force_resume goes with --resume.')
 
   @property
   def task_seed(self) -> int:

@@ -18,7 +18,7 @@ RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_
 # Settings a resumed run may change: where it writes, how long it runs, how it saves,
 # and where its rounds run (a run stopped by a dead worker resumes on others; an engine
 # that fell back records it).
-RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'rounds',
+RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'force_resume', 'rounds',
                      'checkpoints.checkpoint_every', 'runtime_options.tff.workers',
                      'runtime_record', 'environment',
                      'runtime_options.inprocess.data_memory_budget')
@@ -49,13 +49,20 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
     raise ConfigError(f'--output_dir={path}: {existing} is not writable.')
 
 
-def check_resumable(output_dir: pathlib.Path, config: dict[str, Any]) -> None:
+def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
+                    force: bool = False) -> None:
   """Raises ConfigError if the run recorded in `output_dir` was configured otherwise
-  than `config` (besides `RESUMABLE_CHANGES`). No recorded run: nothing to check."""
+  than `config` (besides `RESUMABLE_CHANGES`), or holds a run (metrics, checkpoints)
+  whose config.json is gone, unless `force`. Nothing there: nothing to check."""
   try:
     recorded = json.loads((output_dir / 'config.json').read_text())
   except FileNotFoundError:
-    return
+    if force or not ((output_dir / 'metrics.csv').exists()
+                     or any((output_dir / 'checkpoints').glob('state_*.npz'))):
+      return
+    raise ConfigError(f'--resume: {output_dir} holds a run but not its config.json, so'
+                      ' its settings cannot be checked against these; --force_resume'
+                      ' continues it with these settings all the same.') from None
   except ValueError as e:
     raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
 
