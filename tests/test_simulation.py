@@ -4,6 +4,7 @@ callback, not an edit of the loop."""
 import csv
 
 import numpy as np
+import pytest
 
 from tests import algorithm_cases
 from tff_comp import experiment
@@ -115,3 +116,26 @@ def test_train_from_code_takes_callbacks(tmp_path):
   experiment.train('fedavg', 'quadratic', rounds=3, clients_per_round=2, eval_period=3,
                    output_dir=str(tmp_path), show_progress=False, callbacks=[sink])
   assert [r for r, _ in sink.losses] == [1, 2, 3] and sink.ended
+
+
+def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
+  """The divergence guard reads the evaluation too: a model whose evaluated loss is
+  infinite at round 10 is neither written nor checkpointed."""
+  algorithm = registry.get_algorithm('fedavg').build(
+      algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {}))
+  runtime = inprocess.build(algorithm, DATA)
+  calls = []
+
+  def evaluate(state):
+    del state
+    calls.append(1)
+    return {'test_loss': float('inf') if len(calls) == 3 else 1.0}  # round 0, 5, 10
+
+  with pytest.raises(callbacks.DivergenceError, match='round 10: eval/test_loss inf'):
+    simulation.run_simulation(
+        runtime, client_ids=list(DATA.client_ids), evaluate=evaluate, rounds=20,
+        clients_per_round=3, seed=0, eval_period=5, output_dir=tmp_path, config={},
+        show_progress=False, checkpoint_every=5)
+  assert checkpoints.Checkpoints(tmp_path).rounds() == [5]
+  with open(tmp_path / 'metrics.csv', newline='') as f:
+    assert [int(row['round']) for row in csv.DictReader(f)][-1] < 10

@@ -189,17 +189,22 @@ class LearningRates(Callback):
 
 
 class DivergenceGuard(Callback):
-  """Stops the run with DivergenceError when the round's training loss is not finite;
-  `hint` names the algorithm's likely cause."""
+  """Stops the run with DivergenceError when the round's training loss, or a loss or
+  objective its evaluation scored (`eval/...`), is not finite, before the round is
+  written or checkpointed; `hint` names the algorithm's likely cause. After the
+  evaluator in the list."""
 
   def __init__(self, hint: str):
     self._hint = hint
 
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
-    loss = metrics.get('train/client_work/train_loss', 0.0)
-    if not math.isfinite(loss):
-      raise DivergenceError(
-          f'training diverged at round {round_num}: train loss {loss}; {self._hint}.')
+    watched = {'train loss': metrics.get('train/client_work/train_loss', 0.0)}
+    watched.update((name, value) for name, value in metrics.items()
+                   if name.startswith('eval/') and ('loss' in name or 'objective' in name))
+    for name, value in watched.items():
+      if not math.isfinite(value):
+        raise DivergenceError(
+            f'training diverged at round {round_num}: {name} {value}; {self._hint}.')
 
 
 class Evaluator(Callback):

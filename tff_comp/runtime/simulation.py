@@ -244,8 +244,8 @@ def run_simulation(
   try:
     run_loop(runtime, loop, sampler, [
         callbacks_lib.CohortReader(sampler.capacity), *scheduled,
-        callbacks_lib.DivergenceGuard(divergence_hint),
-        callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients), *callbacks,
+        callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients),
+        callbacks_lib.DivergenceGuard(divergence_hint), *callbacks,
         callbacks_lib.Progress(show_progress), callbacks_lib.MetricsSink(),
         callbacks_lib.RunRecord(config), callbacks_lib.Checkpointer(checkpoints, checkpoint_every),
         callbacks_lib.FinalModel(), SigtermStop()])
