@@ -47,12 +47,12 @@ from absl import flags
 from tff_comp import experiment as experiment_lib
 from tff_comp import registry
 from tff_comp import run_config
+from tff_comp import signals
 from tff_comp.binaries import reproductions
 from tff_comp.binaries import flags_lib
 from tff_comp.binaries import grid
 from tff_comp.binaries import summary
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import simulation
 
 
 _EXPERIMENT = flags.DEFINE_enum(
@@ -118,9 +118,15 @@ def _steered(spec: reproductions.Reproduction) -> reproductions.Reproduction:
 
 @flags_lib.closing_stdout_quietly
 def main(argv):
+  """Ctrl-C or SIGTERM stop the running configuration at the end of its round
+  (`tff_comp.signals`)."""
+  with signals.stop_at_round_end():
+    _reproduce(argv)
+
+
+def _reproduce(argv):
   if len(argv) > 1:
     flags_lib.fail(f'unexpected arguments: {" ".join(argv[1:])}')
-  simulation.stop_on_sigterm()
   flags_lib.quiet_logs()
   name = _EXPERIMENT.value
   try:
@@ -160,7 +166,7 @@ def main(argv):
                              parallel=_PARALLEL.value)
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (simulation.stop_on_sigterm)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (tff_comp.signals)
       sigterm = 'SIGTERM' in getattr(e.__cause__, 'args', ())
       print(f'reproduce.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; the'
             ' running configuration saved its last finished round; rerun with --resume'

@@ -16,6 +16,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import sys
 
+if __name__ == '__main__':  # Ctrl-C from here on stops at the end of a round (below)
+  from tff_comp import signals
+  signals.install('run.py')
+
 from tff_comp.binaries import flag_check
 
 # A bad flag is reported before TensorFlow loads (when an earlier start recorded the
@@ -29,6 +33,7 @@ from absl import flags
 from tff_comp.binaries import flags_lib
 from tff_comp import experiment
 from tff_comp import registry
+from tff_comp import signals
 from tff_comp.runtime import callbacks
 from tff_comp.runtime import simulation
 from tff_comp.runtime import workers
@@ -46,10 +51,21 @@ _fail = flags_lib.fail
 
 @flags_lib.closing_stdout_quietly
 def main(argv: list[str]) -> None:
+  """Ctrl-C or SIGTERM stop the run at the end of its round (a second one at once), with
+  one line on stderr (`tff_comp.signals`)."""
+  with signals.stop_at_round_end():
+    try:
+      _run(argv)
+    except KeyboardInterrupt as e:  # a second signal before the run started
+      name = e.args[0] if e.args else 'SIGINT'
+      print(signals.stopped_before_training('run.py', name), file=sys.stderr)
+      sys.exit(signals.exit_code(name))
+
+
+def _run(argv: list[str]) -> None:
   flags_lib.quiet_logs()
   if len(argv) > 1:
     _fail(f'unexpected arguments: {" ".join(argv[1:])}')
-  simulation.stop_on_sigterm()
   try:
     config = flags_lib.config_from_flags(FLAGS, _ALGO_FLAGS, _TASK_FLAGS)
     prepared = experiment.prepare(config)
@@ -82,7 +98,7 @@ def main(argv: list[str]) -> None:
     print(f'run.py: {e} The metrics written so far are in {config.output_dir};'
           ' continue with --resume.', file=sys.stderr)
     sys.exit(1)
-  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (simulation.stop_on_sigterm)
+  except simulation.Interrupted as e:  # Ctrl-C or SIGTERM, at the end of a round
     sigterm = 'SIGTERM' in getattr(e.__cause__, 'args', ())
     saved = getattr(e, 'saved_round', 0)
     print(f'run.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; '

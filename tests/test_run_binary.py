@@ -258,6 +258,30 @@ def test_ctrl_c_is_one_line_and_keeps_the_metrics(repo_root, tmp_path):
   assert len(rows) >= 4 and rows[-1].split(',')[0] == str(len(rows) - 2)  # whole rows
 
 
+@pytest.mark.parametrize('presses', [1, 2])
+def test_ctrl_c_during_startup_is_one_line_never_a_traceback(repo_root, tmp_path, presses):
+  """Ctrl-C while the run starts (TensorFlow loading, the task being built): once, the
+  run stops at the end of its first round and saves it; twice, it stops at once. Either
+  way one line, exit 130 (it printed a traceback, or was swallowed and trained on)."""
+  proc = _start(repo_root, '--algo=fedavg', '--rounds=100000', f'--output_dir={tmp_path}',
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  try:
+    time.sleep(1.0)
+    for _ in range(presses):
+      proc.send_signal(signal.SIGINT)
+      time.sleep(0.2)
+    _, stderr = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 130, stderr
+  assert 'Traceback' not in stderr and 'Exception ignored' not in stderr, stderr
+  line = stderr.strip().splitlines()[-1]
+  if presses == 1:
+    assert line.startswith('run.py: interrupted; saved the state of round 1,'), line
+  else:
+    assert line == 'run.py: interrupted before training; nothing was saved.', line
+
+
 def test_a_closed_stdout_is_not_an_error(repo_root, tmp_path):
   """`run.py ... | head -1`: the reader leaves after the header; training completes."""
   proc = _start(repo_root, '--algo=fedavg', '--rounds=3', f'--output_dir={tmp_path}',

@@ -189,18 +189,20 @@ class LearningRates(Callback):
 
 
 class DivergenceGuard(Callback):
-  """Stops the run with DivergenceError when the round's training loss, or a loss or
-  objective its evaluation scored (`eval/...`), is not finite, before the round is
-  written or checkpointed; `hint` names the algorithm's likely cause. After the
-  evaluator in the list."""
+  """Stops the run with DivergenceError when the round's training loss is not finite
+  (before the evaluator: a diverged model is not evaluated) or, with `evaluated`, a
+  loss or objective its evaluation scored (`eval/...`; after the evaluator), before
+  the round is written or checkpointed; `hint` names the algorithm's likely cause."""
 
-  def __init__(self, hint: str):
-    self._hint = hint
+  def __init__(self, hint: str, evaluated: bool = False):
+    self._hint, self._evaluated = hint, evaluated
 
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
-    watched = {'train loss': metrics.get('train/client_work/train_loss', 0.0)}
-    watched.update((name, value) for name, value in metrics.items()
-                   if name.startswith('eval/') and ('loss' in name or 'objective' in name))
+    if self._evaluated:
+      watched = {name: value for name, value in metrics.items() if name.startswith('eval/')
+                 and ('loss' in name or 'objective' in name)}
+    else:
+      watched = {'train loss': metrics.get('train/client_work/train_loss', 0.0)}
     for name, value in watched.items():
       if not math.isfinite(value):
         raise DivergenceError(

@@ -12,13 +12,13 @@ to plot and to cut back on resume.
 from collections.abc import Callable, Mapping
 import pathlib
 import shutil
-import signal
-import threading
 import time
+import warnings
 from typing import Any
 
 from absl import logging
 
+from tff_comp import signals
 from tff_comp.ops.rule import LEARNING_RATE
 from tff_comp.settings import ConfigError
 from tff_comp.runtime import base
@@ -37,35 +37,22 @@ class Interrupted(KeyboardInterrupt):
     self.saved_round = saved_round
 
 
-# Set by SIGTERM (`stop_on_sigterm`); the loop stops at the end of the round it is in.
-_SIGTERM_RECEIVED = threading.Event()
-
-
-def stop_on_sigterm() -> None:
-  """SIGTERM (a scheduler's preemption notice) stops a run as Ctrl-C does: the last
-  finished round is saved (`Interrupted`). The loop stops when the round it is in has
-  finished (raising at once could land inside TensorFlow's C code, which turned the
-  interrupt into a TypeError about the eager context, seen once in the tests); a
-  second SIGTERM stops at once."""
-
-  def terminate(signum, frame):
-    del signum, frame
-    if _SIGTERM_RECEIVED.is_set():
-      raise KeyboardInterrupt('SIGTERM')
-    _SIGTERM_RECEIVED.set()
-
-  signal.signal(signal.SIGTERM, terminate)
-
-
-class SigtermStop(callbacks_lib.Callback):
-  """Ends the run after the round in which SIGTERM arrived (`stop_on_sigterm`), as an
-  interrupted run (its state saved). Last in the list."""
+class SignalStop(callbacks_lib.Callback):
+  """Ends the run after the round in which Ctrl-C or SIGTERM arrived (`tff_comp.signals`),
+  as an interrupted run (its state saved). Last in the list."""
 
   def after_round(self, loop: callbacks_lib.Loop, round_num: int,
                   metrics: run_files.Metrics) -> None:
-    if _SIGTERM_RECEIVED.is_set():
-      _SIGTERM_RECEIVED.clear()
-      raise callbacks_lib.StopTraining('SIGTERM', interrupt=True)
+    name = signals.take_request()
+    if name:
+      raise callbacks_lib.StopTraining(name, interrupt=True)
+
+
+def stop_on_sigterm() -> None:
+  """Kept for one version: `tff_comp.signals.install()` (Ctrl-C too)."""
+  warnings.warn('simulation.stop_on_sigterm() is tff_comp.signals.install() (Ctrl-C'
+                ' stops at the end of the round too).', DeprecationWarning, stacklevel=2)
+  signals.install()
 
 
 def _start_fresh(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints) -> None:
@@ -213,8 +200,8 @@ def run_simulation(
 
   Raises:
     callbacks_lib.DivergenceError: the training loss became non-finite.
-    Interrupted: Ctrl-C (or SIGTERM, with `stop_on_sigterm`); the last finished round
-      is saved first.
+    Interrupted: Ctrl-C or SIGTERM (at the end of the round with `tff_comp.signals`);
+      the last finished round is saved first.
   """
   output_dir.mkdir(parents=True, exist_ok=True)
   for prefix in run_files.TEMPORARY_PREFIXES:  # what a killed run was writing (this run holds the lock)
@@ -244,11 +231,12 @@ def run_simulation(
   try:
     run_loop(runtime, loop, sampler, [
         callbacks_lib.CohortReader(sampler.capacity), *scheduled,
+        callbacks_lib.DivergenceGuard(divergence_hint),
         callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients),
-        callbacks_lib.DivergenceGuard(divergence_hint), *callbacks,
+        callbacks_lib.DivergenceGuard(divergence_hint, evaluated=True), *callbacks,
         callbacks_lib.Progress(show_progress), callbacks_lib.MetricsSink(),
         callbacks_lib.RunRecord(config), callbacks_lib.Checkpointer(checkpoints, checkpoint_every),
-        callbacks_lib.FinalModel(), SigtermStop()])
+        callbacks_lib.FinalModel(), SignalStop()])
   except KeyboardInterrupt as interrupt:
     raise Interrupted(loop.saved) from interrupt
   return loop.eval_metrics

@@ -1,0 +1,77 @@
+"""Ctrl-C (SIGINT) and SIGTERM (a scheduler's preemption notice) stop a run at the end of
+the round they arrive in, as an interrupted run: the last finished round is saved. A
+second signal stops at once (KeyboardInterrupt).
+
+Why not at once: raising where the signal lands could be inside TensorFlow's C code
+(an interrupt turned into a TypeError about the eager context, seen once in the tests)
+or in a garbage-collection callback, where Python ignores it (Ctrl-C during a run's
+startup was swallowed and the run trained on). Light on purpose (no TensorFlow): a
+binary installs it before its slow imports.
+"""
+
+from collections.abc import Iterator
+import contextlib
+import signal
+import sys
+import threading
+
+_HANDLED = (signal.SIGINT, signal.SIGTERM)
+_requested: list[str] = []  # the first signal's name, until `take_request` reads it
+_starting: list[str] = []  # the program installing at its start, until its run begins
+
+
+def exit_code(name: str) -> int:
+  """A shell's exit status for a run stopped by signal `name`: 130 or 143."""
+  return 143 if name == 'SIGTERM' else 130
+
+
+def stopped_before_training(program: str, name: str) -> str:
+  """The one line of a run stopped by a second signal before it trained."""
+  how = 'terminated (SIGTERM)' if name == 'SIGTERM' else 'interrupted'
+  return f'{program}: {how} before training; nothing was saved.'
+
+
+def _request(signum, frame) -> None:
+  del frame
+  name = signal.Signals(signum).name
+  if not _requested:
+    _requested.append(name)
+    return
+  if _starting:  # still importing: one line, no traceback, nothing to save
+    print(stopped_before_training(_starting[0], name), file=sys.stderr)
+    raise SystemExit(exit_code(name))
+  raise KeyboardInterrupt(name)
+
+
+def install(program: str = '') -> None:
+  """From now on in this process (a binary's `__main__`, before its slow imports),
+  signals stop the run at the end of its round; a second one before the run begins
+  (`stop_at_round_end`) exits with one line naming `program`."""
+  if program:
+    _starting[:] = [program]
+  for sig in _HANDLED:
+    signal.signal(sig, _request)
+
+
+@contextlib.contextmanager
+def stop_at_round_end() -> Iterator[None]:
+  """`install` while the context runs (the main thread only), the earlier handlers
+  restored after, and a request not taken forgotten."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  earlier = {sig: signal.getsignal(sig) for sig in _HANDLED}
+  _starting.clear()
+  install()
+  try:
+    yield
+  finally:
+    for sig, handler in earlier.items():
+      if handler is not None:
+        signal.signal(sig, handler)
+    _requested.clear()
+
+
+def take_request() -> str | None:
+  """The signal asking the run to stop ('SIGINT', 'SIGTERM'), once; None if none."""
+  return _requested.pop() if _requested else None
