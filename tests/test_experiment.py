@@ -1,6 +1,7 @@
 """Every registered algorithm end to end through run.py's path (experiment.prepare and
 run_experiment), on its home task with that pair's defaults; seeds; divergence hints."""
 
+import configparser
 import csv
 import fnmatch
 import json
@@ -166,6 +167,11 @@ def test_config_json_records_every_option_in_force_and_the_environment(tmp_path)
   env = recorded['environment']
   assert env['tensorflow'] == tf.__version__ and env['tensorflow_federated'] == '0.87.0'
   assert env['tff_comp'] and env['python']
+  # The version recorded is the one being built (it said 0.2.0 with 0.3.0's features in).
+  setup = configparser.ConfigParser()
+  setup.read(pathlib.Path(experiment.__file__).parent.parent / 'setup.cfg')
+  if setup.has_option('metadata', 'version'):  # a checkout, not an installed wheel
+    assert env['tff_comp'] == setup['metadata']['version']
   if (pathlib.Path(experiment.__file__).parent.parent / '.git').exists():
     assert len(env['git_commit']) == 40 and isinstance(env['git_dirty'], bool)
 

@@ -393,3 +393,19 @@ def test_a_run_without_its_config_json_resumes_only_when_forced(tmp_path, uninte
   assert json.loads((tmp_path / 'config.json').read_text())['force_resume'] is True
   with pytest.raises(experiment.ConfigError, match='--force_resume goes with --resume'):
     experiment.prepare(experiment.ExperimentConfig.of(algorithm='fedavg', force_resume=True))
+
+
+def test_a_lock_that_is_a_directory_is_one_line(tmp_path):
+  (tmp_path / '.lock').mkdir()
+  with pytest.raises(experiment.ConfigError, match=r'lock file .*\.lock cannot be opened'
+                                                   r' \(Is a directory\)'):
+    _train(tmp_path)
+
+
+def test_the_run_files_take_the_umask_mode_not_a_temporary_files(tmp_path):
+  """metrics.csv and config.json were 0600 (written through temporary files) beside
+  0644 files."""
+  _train(tmp_path, rounds=1)
+  expected = 0o666 & ~run_files._UMASK  # pylint: disable=protected-access
+  for name in ('metrics.csv', 'config.json'):
+    assert (tmp_path / name).stat().st_mode & 0o777 == expected, name

@@ -178,7 +178,19 @@ def write_whole(path: pathlib.Path, text: str) -> None:
     new.write(text)
     new.flush()
     os.fsync(new.fileno())
+    # A temporary file is private (0600); the run's files get the mode `open` gives,
+    # as the directory's other files (0644 under the usual umask).
+    os.chmod(new.fileno(), 0o666 & ~_UMASK)
   os.replace(new.name, path)
+
+
+def _read_umask() -> int:
+  current = os.umask(0)  # the only way to read it; set back at once, at import (before
+  os.umask(current)      # the run's threads, which would create files meanwhile)
+  return current
+
+
+_UMASK = _read_umask()
 
 
 def write_client_rows(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
@@ -241,7 +253,8 @@ def load_model(path: str | os.PathLike) -> Any:
 
 
 class OutputDirInUse(RuntimeError):
-  """Another process runs in this output directory; the message names its pid."""
+  """The output directory cannot be locked: another process runs there (the message
+  names its pid), or its lock file cannot be opened."""
 
 
 @contextlib.contextmanager
@@ -250,7 +263,12 @@ def output_lock(output_dir: pathlib.Path):
   context runs, so two runs or resumes never write one directory; raises OutputDirInUse
   when another process holds it. The OS releases it when the holder dies."""
   output_dir.mkdir(parents=True, exist_ok=True)
-  lock = open(output_dir / '.lock', 'a+')  # pylint: disable=consider-using-with
+  try:
+    lock = open(output_dir / '.lock', 'a+')  # pylint: disable=consider-using-with
+  except OSError as e:  # a directory, or unreadable, in its place
+    raise OutputDirInUse(f'--output_dir={output_dir}: its lock file {output_dir / ".lock"}'
+                         f' cannot be opened ({e.strerror}); remove it if no run uses the'
+                         ' directory.') from None
   try:
     try:
       fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
