@@ -111,9 +111,53 @@ def fail(message) -> None:
   sys.exit(2)
 
 
+_MAX_FLAG_NAME = 200  # longer names are no flag (absl's suggestions recursed on them)
+
+
+def _flagfiles(args: list[str]) -> list[str]:
+  """The files named by --flagfile (or -flagfile) in `args`."""
+  files = []
+  for i, arg in enumerate(args):
+    name, has_value, value = arg.lstrip('-').partition('=')
+    if arg.startswith('-') and name == 'flagfile':
+      if has_value:
+        files.append(value)
+      elif i + 1 < len(args):
+        files.append(args[i + 1])
+  return files
+
+
+def check_shape(argv: list[str]) -> None:
+  """Exits 2 with one line (`fail`) for what absl handles badly: a flag name too long to
+  be one (absl's suggestions raised RecursionError) and a flagfile that includes itself,
+  directly or through others (absl warned and ran on)."""
+  for arg in argv[1:]:
+    name = arg.lstrip('-').split('=')[0]
+    if arg.startswith('-') and len(name) > _MAX_FLAG_NAME:
+      fail(f'unknown flag --{name[:40]}... (a name of {len(name)} characters).')
+
+  def visit(path: str, chain: tuple[str, ...]) -> None:
+    resolved = os.path.realpath(os.path.expanduser(path))
+    if resolved in chain:
+      through = ' -> '.join(os.path.basename(p) for p in (*chain, resolved))
+      fail(f'--flagfile={path} includes itself ({through}).')
+    try:
+      lines = [line.strip() for line in pathlib.Path(resolved).read_text().splitlines()]
+    except (OSError, UnicodeDecodeError):
+      return  # absl reports what it cannot read
+    flag_lines = [line for line in lines if not line.startswith(('#', '//'))]
+    for included in _flagfiles(flag_lines):  # as absl reads them: relative to the cwd
+      visit(included, (*chain, resolved))
+
+  for path in _flagfiles(argv[1:]):
+    visit(path, ())
+
+
 def check(argv: list[str], binary: str) -> None:
   """Parses `argv` against the binary's manifest, if a current one exists; a bad flag,
-  value or flagfile exits 2 with one line (`fail`)."""
+  value or flagfile exits 2 with one line (`fail`). `check_shape` first, manifest or
+  not."""
+  check_shape(argv)
   try:
     described = json.loads(_manifest(binary).read_text())
   except (OSError, ValueError):
