@@ -92,6 +92,8 @@ BAD_INPUT = [
     (['--flagfile={binary}'], 'flagfile'),
     (['--output_dir={file}'], 'is a file, not a directory'),
     (['--output_dir={file}/run'], 'which is a file'),
+    (['--output_dir=' + 'n' * 300], 'n... has 300 bytes; a name here holds at most 255'),
+    (['--output_dir=' + '/'.join(['d' * 200] * 20)], 'bytes; with the run\'s files under it'),
     (['--output_dir={run}'], 'holds another run (metrics.csv); choose another'
                              ' directory, pass --resume to continue it or --overwrite'),
     (['--algo=nope'], 'Known algorithms: afl, comfedl, ditto, fedavg, fedavg_subgrad,'),

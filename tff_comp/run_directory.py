@@ -25,6 +25,30 @@ RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'force_resume', 'round
 _RESUMABLE_RESOLVED = ('rounds', 'runtime')
 
 
+# Room for the longest name a run writes under its directory (TensorBoard's event files
+# name the host and pid; checkpoints and temporary files their round and pid).
+_ROOM_FOR_FILES = 128
+
+
+def _check_length(path: pathlib.Path) -> None:
+  """ConfigError for a path the file system cannot hold (a component over NAME_MAX, or
+  no room under PATH_MAX for the run's files): it failed with `OSError: [Errno 36]` after
+  the run had started."""
+  try:
+    name_max, path_max = os.pathconf('/', 'PC_NAME_MAX'), os.pathconf('/', 'PC_PATH_MAX')
+  except (OSError, ValueError):
+    name_max, path_max = 255, 4096
+  absolute = path.absolute()
+  longest = max(absolute.parts, key=len)
+  if len(longest.encode()) > name_max:
+    raise ConfigError(f'--output_dir: the name {longest[:40]}... has {len(longest.encode())}'
+                      f' bytes; a name here holds at most {name_max}.')
+  if len(str(absolute).encode()) + _ROOM_FOR_FILES > path_max:
+    raise ConfigError(f'--output_dir: the path has {len(str(absolute).encode())} bytes;'
+                      f' with the run\'s files under it, it must stay under'
+                      f' {path_max - _ROOM_FOR_FILES}.')
+
+
 def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
                      resume: bool = False) -> None:
   """Raises ConfigError unless a run can write to `output_dir` without touching
@@ -32,6 +56,7 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
   refused unless `overwrite` or `resume` (`check_resumable` then compares the
   configurations)."""
   path = pathlib.Path(output_dir)
+  _check_length(path)
   if path.exists() and not path.is_dir():
     raise ConfigError(f'--output_dir={path} is a file, not a directory.')
   if path.is_dir():
