@@ -32,6 +32,7 @@ from absl import flags
 
 from tff_comp.binaries import flags_lib
 from tff_comp import experiment
+from tff_comp import privacy
 from tff_comp import registry
 from tff_comp import signals
 from tff_comp.runtime import callbacks
@@ -62,15 +63,10 @@ def main(argv: list[str]) -> None:
       sys.exit(signals.exit_code(name))
 
 
-def _run(argv: list[str]) -> None:
-  flags_lib.quiet_logs()
-  if len(argv) > 1:
-    _fail(f'unexpected arguments: {" ".join(argv[1:])}')
-  try:
-    config = flags_lib.config_from_flags(FLAGS, _ALGO_FLAGS, _TASK_FLAGS)
-    prepared = experiment.prepare(config)
-  except (registry.RegistryError, experiment.ConfigError) as e:
-    _fail(str(e))
+def _header(prepared: experiment.Prepared) -> str:
+  """One line saying what runs: the algorithm, task, rounds and cohort, how clients are
+  drawn, the rates, local work, regularizer, aggregation, server optimizer and
+  schedules (those at their defaults left out), and where the output goes."""
   s, config = prepared.settings, prepared.config
   if prepared.algorithm.accepts('local_steps'):  # a fixed number of steps, not epochs
     steps = prepared.builder_args.get('local_steps', next(
@@ -84,12 +80,37 @@ def _run(argv: list[str]) -> None:
   own = next((h.default for h in prepared.algorithm.hparams if h.name == 'batch_size'), None)
   if config.batch_size is None and own is not None and own != s['batch_size']:
     batch += f' (task {config.task}\'s; {config.algorithm} alone uses {own})'
-  print(
-      f'{config.algorithm} on {config.task}: {s["rounds"]} rounds,'
-      f' {s["clients_per_round"]} clients/round, eta_c={s["client_learning_rate"]},'
-      f' eta_s={s["server_learning_rate"]}, {batch}, {local},'
-      f' regularizer={s["regularizer"]} ({s["regularizer_strength"]});'
-      f' output: {config.output_dir}', flush=True)
+  drawn = config.participation
+  cohort = f'{s["clients_per_round"]} clients/round ({drawn.sampling}'
+  cohort += ''.join(f', {label} {rate:g}' for label, rate in (
+      ('dropout', drawn.dropout_rate), ('stragglers', drawn.straggler_rate)) if rate)
+  parts = [f'{s["rounds"]} rounds', cohort + ')', f'eta_c={s["client_learning_rate"]}',
+           f'eta_s={s["server_learning_rate"]}', batch, local,
+           (f'regularizer {s["regularizer"]} ({s["regularizer_strength"]:g})'
+            if s['regularizer'] else 'no regularizer')]
+  if config.privacy.aggregator != privacy.MEAN:
+    parts.append(f'aggregator {config.privacy.aggregator}')
+  if config.server.server_optimizer:
+    parts.append(f'server optimizer {config.server.server_optimizer}')
+  for side, schedule in (('client', config.schedules.client_lr_schedule),
+                         ('server', config.schedules.server_lr_schedule)):
+    if schedule != 'constant':
+      parts.append(f'{side} rate {schedule}')
+  return (f'{config.algorithm} on {config.task}: {", ".join(parts)}; output:'
+          f' {config.output_dir}')
+
+
+def _run(argv: list[str]) -> None:
+  flags_lib.quiet_logs()
+  if len(argv) > 1:
+    _fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  try:
+    config = flags_lib.config_from_flags(FLAGS, _ALGO_FLAGS, _TASK_FLAGS)
+    prepared = experiment.prepare(config)
+  except (registry.RegistryError, experiment.ConfigError) as e:
+    _fail(str(e))
+  config = prepared.config  # its task and output directory resolved
+  print(_header(prepared), flush=True)
   try:
     final = experiment.run_experiment(prepared)
   except (experiment.ConfigError, callbacks.DivergenceError) as e:
@@ -106,13 +127,14 @@ def _run(argv: list[str]) -> None:
              if saved else 'no round was saved')
           + f'; the metrics written so far are in {config.output_dir}', file=sys.stderr)
     sys.exit(143 if sigterm else 130)
-  print('final evaluation:')
-  for key, value in final.items():
-    print(f'  {key.removeprefix("eval/"):>12s} {value:.6g}')
+  tables = {'final evaluation': {k.removeprefix('eval/'): v for k, v in final.items()}}
   if prepared.task.reference is not None and FLAGS.show_reference:
-    print('centralized reference:')
-    for key, value in prepared.task.reference().items():
-      print(f'  {key:>12s} {value:.6g}')
+    tables['centralized reference'] = prepared.task.reference()
+  width = max(len(key) for table in tables.values() for key in table)
+  for title, table in tables.items():  # one width for both: the values line up
+    print(f'{title}:')
+    for key, value in table.items():
+      print(f'  {key:>{width}s} {value:.6g}')
 
 
 flags.DEFINE_bool('show_reference', True,

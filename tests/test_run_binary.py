@@ -180,6 +180,14 @@ def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
   returncode, stdout, stderr = results[' '.join(GOOD_INPUT[1])]
   assert returncode == 0, stderr
   assert 'per_fedavg on sinewave:' in stdout and ', 10 local steps,' in stdout
+  assert re.search(r'\d+ clients/round \(uniform\)', stdout) and 'None (None)' not in stdout
+  # The final evaluation and the centralized reference line up (the labels were cut to
+  # 12 columns): every value starts in one column.
+  _, lasso_out, _ = results[' '.join(GOOD_INPUT[0])]
+  table = lasso_out[lasso_out.index('final evaluation:'):].splitlines()
+  rows = [line for line in table if line.startswith('  ')]
+  assert 'centralized reference:' in table and len(rows) > 4
+  assert len({len(line.split()[0]) + len(line) - len(line.lstrip()) for line in rows}) == 1
   header = (paths['per_fedavg'] / 'metrics.csv').read_text().splitlines()[0].split(',')
   assert {'hparams/client_work/learning_rate', 'hparams/client_work/alpha',
           'hparams/finalizer/learning_rate', 'seconds_per_round'} <= set(header)
