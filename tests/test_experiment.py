@@ -208,3 +208,22 @@ def test_of_keeps_a_record_given_whole_and_refuses_it_beside_its_flat_settings()
   with pytest.raises(experiment.ConfigError, match='both set participation'):
     experiment.ExperimentConfig.of(algorithm='fedavg', participation=whole,
                                    sampling='uniform')
+
+
+def test_config_json_records_the_client_hyperparameters_in_force(tmp_path):
+  """A grid sets a client hyperparameter by the rule's name (FedProx's option `mu` is
+  its rule's `proximal_strength`): config.json records the value in force, not only
+  the option's default."""
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
+      algorithm='fedprox', task='quadratic', rounds=1, output_dir=str(tmp_path)))
+  runner = experiment.build_runner(prepared)
+  experiment.train_runner(prepared, runner, show_progress=False, learning_rates=(0.05, 1.0),
+                          client_hparams={'proximal_strength': 0.3})
+  resolved = json.loads((tmp_path / 'config.json').read_text())['resolved']
+  assert resolved['client_hparams']['proximal_strength'] == pytest.approx(0.3)
+  assert resolved['client_hparams']['learning_rate'] == pytest.approx(0.05)
+  # Resuming compares what the values came from, not the values resolved at training.
+  resumed = experiment.prepare(experiment.ExperimentConfig.of(
+      algorithm='fedprox', task='quadratic', rounds=2, output_dir=str(tmp_path),
+      resume=True))
+  assert resumed.config.resume

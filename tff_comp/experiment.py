@@ -390,6 +390,12 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
   resolved = resolved_options(prepared)
   resolved['algorithm_options'].update(  # the values in force, not the build's
       {k: v for k, v in client_hparams.items() if k in resolved['algorithm_options']})
+  if runner.algorithm is not None:  # the client rule's hyperparameters in force, by the
+    # rule's names (a grid sets them so: FedProx's `proximal_strength` is its option `mu`)
+    in_force = dict(runner.algorithm.client_rule.initial_hparams(), **client_hparams)
+    if learning_rates is not None:
+      in_force[rule_lib.LEARNING_RATE] = learning_rates[0]
+    resolved['client_hparams'] = {k: float(v) for k, v in in_force.items()}
   config = dict(dataclasses.asdict(prepared.config), resolved=resolved,
                 environment=run_directory.environment(), **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir

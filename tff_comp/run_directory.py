@@ -22,7 +22,9 @@ RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'force_resume', 'round
                      'checkpoints.checkpoint_every', 'runtime_options.tff.workers',
                      'runtime_record', 'environment',
                      'runtime_options.inprocess.data_memory_budget')
-_RESUMABLE_RESOLVED = ('rounds', 'runtime')
+# Resolved at training time from what is compared already (`client_hparams`: from the
+# algorithm options, learning rates and a grid's configuration).
+_RESUMABLE_RESOLVED = ('rounds', 'runtime', 'client_hparams')
 
 
 # Room for the longest name a run writes under its directory (TensorBoard's event files
@@ -100,10 +102,13 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
 
   def comparable(c):  # (settings, resolved settings), flat, less what may change
     c = flat(json.loads(json.dumps(c, default=str)))
-    kept = {k: v for k, v in c.items() if not k.startswith('resolved.')
-            and not any(k == n or k.startswith(f'{n}.') for n in RESUMABLE_CHANGES)}
+    def free(key, names):  # `key` is one of `names` or inside one
+      return any(key == n or key.startswith(f'{n}.') for n in names)
+
+    kept = {k: v for k, v in c.items()
+            if not k.startswith('resolved.') and not free(k, RESUMABLE_CHANGES)}
     resolved = {k[len('resolved.'):]: v for k, v in c.items() if k.startswith('resolved.')}
-    return kept, {k: v for k, v in resolved.items() if k not in _RESUMABLE_RESOLVED}
+    return kept, {k: v for k, v in resolved.items() if not free(k, _RESUMABLE_RESOLVED)}
 
   (old, old_resolved), (new, new_resolved) = comparable(recorded), comparable(config)
   differ = {}  # name -> (recorded, now); a resolved value over the flag it came from
