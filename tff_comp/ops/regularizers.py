@@ -171,22 +171,39 @@ class Nuclear(Regularizer):
 
 
 @dataclasses.dataclass(frozen=True)
-class L2Ball(Regularizer):
-  """Indicator of {||w||_2 <= rho} (rho = strength), per tensor; prox projects."""
-
-  name: ClassVar[str] = 'l2_ball'
+class _Ball(Regularizer):
+  """Indicator of {norm(w) <= rho} (rho = strength), per tensor: 0 inside (to a relative
+  1e-5), infinite outside; its prox is the projection `project`, whatever the step."""
 
   @property
   def is_constraint(self):
     return True
 
+  def norm(self, w: tf.Tensor) -> tf.Tensor:
+    raise NotImplementedError
+
+  def project(self, z: tf.Tensor) -> tf.Tensor:
+    raise NotImplementedError
+
   def tensor_value(self, w):
-    return tf.where(tf.norm(w) <= self.strength * (1 + 1e-5), 0.0, float('inf'))
+    return tf.where(self.norm(w) <= self.strength * (1 + 1e-5), 0.0, float('inf'))
 
   def tensor_prox(self, z, step):
     del step  # A projection does not depend on the step size.
-    norm = tf.norm(z)
-    return z * tf.minimum(1.0, self.strength / tf.maximum(norm, 1e-30))
+    return self.project(z)
+
+
+@dataclasses.dataclass(frozen=True)
+class L2Ball(_Ball):
+  """Indicator of {||w||_2 <= rho}, per tensor; prox projects."""
+
+  name: ClassVar[str] = 'l2_ball'
+
+  def norm(self, w):
+    return tf.norm(w)
+
+  def project(self, z):
+    return z * tf.minimum(1.0, self.strength / tf.maximum(tf.norm(z), 1e-30))
 
 
 def simplex_threshold(v: tf.Tensor, total) -> tf.Tensor:
@@ -211,21 +228,15 @@ def project_l1_ball(z: tf.Tensor, radius: float) -> tf.Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class L1Ball(Regularizer):
-  """Indicator of {||w||_1 <= rho} (rho = strength), per tensor; prox projects."""
+class L1Ball(_Ball):
+  """Indicator of {||w||_1 <= rho}, per tensor; prox projects (`project_l1_ball`)."""
 
   name: ClassVar[str] = 'l1_ball'
 
-  @property
-  def is_constraint(self):
-    return True
+  def norm(self, w):
+    return tf.reduce_sum(tf.abs(w))
 
-  def tensor_value(self, w):
-    inside = tf.reduce_sum(tf.abs(w)) <= self.strength * (1 + 1e-5)
-    return tf.where(inside, 0.0, float('inf'))
-
-  def tensor_prox(self, z, step):
-    del step  # A projection does not depend on the step size.
+  def project(self, z):
     return project_l1_ball(z, self.strength)
 
 
