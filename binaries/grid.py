@@ -90,6 +90,7 @@ def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed
     try:
       experiment_lib.train_runner(
           prepared, runner, show_progress=False, learning_rates=config[:2],
+          callbacks=experiment_lib.default_callbacks(prepared, runner, show_progress=False),
           client_hparams=client_hparams, output_dir=str(out), extra_config={
               'experiment': name, 'grid_algorithm': algorithm,
               'client_learning_rate': config[0], 'server_learning_rate': config[1],

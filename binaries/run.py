@@ -112,7 +112,9 @@ def _run(argv: list[str]) -> None:
   config = prepared.config  # its task and output directory resolved
   print(_header(prepared), flush=True)
   try:
-    final = experiment.run_experiment(prepared)
+    runner = experiment.build_runner(prepared)
+    final = experiment.train_runner(
+        prepared, runner, callbacks=experiment.default_callbacks(prepared, runner))
   except (experiment.ConfigError, callbacks.DivergenceError) as e:
     _fail(str(e))
   except workers.WorkerError as e:  # a worker died during the run

@@ -177,8 +177,10 @@ def test_a_round_nobody_reports_leaves_the_model_unchanged_and_is_logged(tmp_pat
                           state, ids, work))
   simulation.run_simulation(
       runner.runtime, client_ids=prepared.task.train_data.client_ids,
-      evaluate=runner.evaluate, rounds=4, clients_per_round=6, seed=0, eval_period=1,
-      output_dir=tmp_path, config={}, show_progress=False,
+      rounds=4, clients_per_round=6, seed=0, output_dir=tmp_path, config={},
+      callbacks=simulation.standard_callbacks(runner.evaluate, eval_period=1,
+                                              show_progress=False),
+      show_progress=False,
       sampler=_NobodyOnRoundsOneAndTwo(prepared.task.train_data.client_ids, 6, 0))
   assert len(seen) == 2  # rounds 3 and 4 only
   assert 'round 1: none of the' in caplog.text and 'round 2: none of the' in caplog.text

@@ -124,9 +124,11 @@ def test_no_retrace_with_a_keras_model(traces, tmp_path):
     runtime, _ = choice.runner_for(algorithm, data, 'inprocess', engine=engine)
     watched = _Watched(runtime, traces)
     simulation.run_simulation(
-        watched, client_ids=list(data.client_ids), evaluate=lambda _: {}, rounds=ROUNDS,
-        clients_per_round=3, seed=1, eval_period=5, output_dir=tmp_path / engine,
-        config={}, show_progress=False,
+        watched, client_ids=list(data.client_ids), rounds=ROUNDS,
+        clients_per_round=3, seed=1, output_dir=tmp_path / engine, config={},
+        callbacks=simulation.standard_callbacks(lambda _: {}, eval_period=5,
+                                                show_progress=False),
+        show_progress=False,
         participation=sampling.Participation('poisson', dropout_rate=0.2))
     assert traces[watched.before_round_3:] == [], engine
 

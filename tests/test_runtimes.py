@@ -203,9 +203,10 @@ def test_auto_falls_back_to_mapped_naming_the_op_and_the_rule(tmp_path, caplog):
   assert len(lines) == 1 and '\n' not in lines[0]
   # A run records the engine actually used, not the one it started with.
   simulation.run_simulation(
-      inprocess.build(algorithm, DATA), client_ids=IDS, evaluate=lambda _: {'x': 0.0},
-      rounds=2, clients_per_round=3, seed=0, eval_period=1, output_dir=tmp_path,
-      config={'resolved': {}}, show_progress=False)
+      inprocess.build(algorithm, DATA), client_ids=IDS, rounds=2, clients_per_round=3,
+      seed=0, output_dir=tmp_path, config={'resolved': {}}, show_progress=False,
+      callbacks=simulation.standard_callbacks(lambda _: {'x': 0.0}, eval_period=1,
+                                              show_progress=False))
   recorded = json.loads((tmp_path / 'config.json').read_text())
   assert recorded['runtime_record']['engine'] == 'mapped'
   assert recorded['resolved']['runtime'].startswith('inprocess on')

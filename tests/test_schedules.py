@@ -1,6 +1,7 @@
 """Learning-rate schedules over rounds: the closed forms, and a scheduled in-process run
 against TFF's own process with the same rates set by hand before each round."""
 
+import dataclasses
 import json
 import math
 
@@ -105,3 +106,22 @@ def test_a_bad_schedule_is_one_line(tmp_path, fields, says):
     experiment.run_experiment(experiment.prepare(_config(tmp_path, **fields)),
                               show_progress=False)
   assert says in str(error.value) and '\n' not in str(error.value)
+
+
+def test_a_resumed_scheduled_run_scales_the_first_rates_not_the_saved_ones(tmp_path):
+  """The checkpoint holds round 4's scheduled rate; a resume scales the run's first."""
+  fields = dict(client_lr_schedule='exponential', lr_decay_rate=0.5, lr_decay_rounds=2)
+  whole = tmp_path / 'whole'
+  experiment.run_experiment(experiment.prepare(_config(whole, **fields)), show_progress=False)
+  cut = tmp_path / 'cut'
+  config = _config(cut, **fields)
+  config.rounds, config.checkpoints = 4, dataclasses.replace(config.checkpoints,
+                                                             checkpoint_every=2)
+  experiment.run_experiment(experiment.prepare(config), show_progress=False)
+  config = _config(cut, resume=True, **fields)
+  experiment.run_experiment(experiment.prepare(config), show_progress=False)
+  rates = [[float(row['hparams/client_work/learning_rate'])
+            for row in run_files.whole_rows(path / 'metrics.csv')[1][1:]]
+           for path in (whole, cut)]
+  assert rates[1] == pytest.approx([_client_rate(t) for t in range(1, ROUNDS + 1)], rel=1e-6)
+  assert rates[0] == rates[1]

@@ -47,9 +47,10 @@ def _run(tmp_path, callbacks, rounds=30):
       algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {}))
   runtime = inprocess.build(algorithm, DATA)
   return simulation.run_simulation(
-      runtime, client_ids=list(DATA.client_ids), evaluate=lambda _: {'x': 1.0},
-      rounds=rounds, clients_per_round=3, seed=0, eval_period=5, output_dir=tmp_path,
-      config={}, show_progress=False, checkpoint_every=50, callbacks=tuple(callbacks))
+      runtime, client_ids=list(DATA.client_ids), rounds=rounds, clients_per_round=3,
+      seed=0, output_dir=tmp_path, config={}, show_progress=False, checkpoint_every=50,
+      callbacks=simulation.standard_callbacks(lambda _: {'x': 1.0}, eval_period=5,
+                                              show_progress=False, extra=callbacks))
 
 
 def test_a_sink_sees_every_round_and_an_early_stop_ends_the_run_cleanly(tmp_path):
@@ -118,6 +119,23 @@ def test_train_from_code_takes_callbacks(tmp_path):
   assert [r for r, _ in sink.losses] == [1, 2, 3] and sink.ended
 
 
+def test_a_run_is_the_callbacks_its_caller_composes(tmp_path):
+  """The binaries compose `default_callbacks`; a list without the evaluator evaluates
+  nothing, and the run directory's own callbacks still write every row."""
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
+      algorithm='fedavg', task='quadratic', rounds=3, clients_per_round=2, eval_period=1,
+      output_dir=str(tmp_path), client_lr_schedule='exponential'))
+  runner = experiment.build_runner(prepared)
+  composed = experiment.default_callbacks(prepared, runner, show_progress=False)
+  assert [type(c).__name__ for c in composed] == [
+      'Schedules', 'DivergenceGuard', 'Evaluator', 'DivergenceGuard', 'Progress']
+  kept = [c for c in composed if not isinstance(c, callbacks.Evaluator)]
+  assert experiment.train_runner(prepared, runner, show_progress=False, callbacks=kept) == {}
+  columns, rows, _ = run_files.whole_rows(tmp_path / 'metrics.csv')
+  assert [row['round'] for row in rows] == ['0', '1', '2', '3']
+  assert not [c for c in columns if c.startswith('eval/')]
+
+
 def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
   """The divergence guard reads the evaluation too: a model whose evaluated loss is
   infinite at round 10 is neither written nor checkpointed."""
@@ -133,9 +151,10 @@ def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
 
   with pytest.raises(callbacks.DivergenceError, match='round 10: eval/test_loss inf'):
     simulation.run_simulation(
-        runtime, client_ids=list(DATA.client_ids), evaluate=evaluate, rounds=20,
-        clients_per_round=3, seed=0, eval_period=5, output_dir=tmp_path, config={},
-        show_progress=False, checkpoint_every=5)
+        runtime, client_ids=list(DATA.client_ids), rounds=20, clients_per_round=3,
+        seed=0, output_dir=tmp_path, config={}, show_progress=False, checkpoint_every=5,
+        callbacks=simulation.standard_callbacks(evaluate, eval_period=5,
+                                                show_progress=False))
   assert checkpoints.Checkpoints(tmp_path).rounds() == [5]
   with open(tmp_path / 'metrics.csv', newline='') as f:
     assert [int(row['round']) for row in csv.DictReader(f)][-1] < 10

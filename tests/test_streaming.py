@@ -69,10 +69,9 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
              for d in map(sampler.sample, range(2, 7))) >= 2
   for runtime in (resident, streamed):
     simulation.run_simulation(
-        runtime, client_ids=list(DATA.client_ids), evaluate=lambda _: {},
-        rounds=6, clients_per_round=3, seed=4, eval_period=100,
+        runtime, client_ids=list(DATA.client_ids), rounds=6, clients_per_round=3, seed=4,
         output_dir=tmp_path / runtime.record['data'], config={}, show_progress=False,
-        callbacks=(Watch(),),
+        callbacks=[Watch()],
         participation=sampling.Participation('poisson', dropout_rate=0.2))
     # The whole server state: per-client rows too, not only the model.
     finals.append(checkpoints.Checkpoints(tmp_path / runtime.record['data']).load_latest(

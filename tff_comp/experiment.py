@@ -370,17 +370,36 @@ def resolved_options(prepared: Prepared) -> dict[str, Any]:
                             prepared.config.task_options, COMMON_TASK_ARGS))
 
 
+def default_callbacks(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
+                      extra: Sequence[callbacks_lib.Callback] = ()
+                      ) -> list[callbacks_lib.Callback]:
+  """The callbacks of a run as configured (`simulation.standard_callbacks`: schedules,
+  divergence guards, the evaluator, progress), with the privacy ledger's (epsilon spent,
+  the end of the budget) and `extra` before the progress line. The binaries compose
+  their runs from this list; a researcher may add, drop or reorder."""
+  config, settings_ = prepared.config, prepared.settings
+  return simulation.standard_callbacks(
+      runner.evaluate, eval_period=settings_['eval_period'],
+      evaluate_clients=runner.evaluate_clients,
+      divergence_hint=prepared.algorithm.divergence_hint,
+      schedules=config.schedules.pair(), show_progress=show_progress,
+      extra=(*config.privacy.callbacks(prepared.ledger, settings_['rounds'],
+                                       settings_['eval_period'], show_progress), *extra))
+
+
 def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
                  learning_rates: tuple[float, float] | None = None,
                  client_hparams: dict[str, float] | None = None,
                  output_dir: str | None = None,
                  extra_config: dict[str, Any] | None = None,
-                 callbacks: Sequence[callbacks_lib.Callback] = ()) -> dict[str, float]:
+                 callbacks: Sequence[callbacks_lib.Callback] | None = None
+                 ) -> dict[str, float]:
   """Trains `runner` (built once, reusable: a grid sets `learning_rates`, and the client
   work's other hparams by name in `client_hparams`, through the process's hparams) into
   `output_dir` (default the config's); returns the final evaluation metrics.
-  `extra_config` is recorded in config.json beside the config; `callbacks` join the
-  loop's (`simulation.run_simulation`: after the evaluator, before the metrics sink)."""
+  `extra_config` is recorded in config.json beside the config. `callbacks` are the
+  run's (None: `default_callbacks`); the loop adds the run directory's own
+  (`simulation.run_simulation`)."""
   prepared.settings['runtime'] = runner.description
   if show_progress:
     print(f'runtime: {runner.description}', flush=True)
@@ -404,6 +423,8 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
     with run_files.output_lock(pathlib.Path(output_dir)):
       # Checked again under the lock: a run started beside this one may have written.
       run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
+      if callbacks is None:
+        callbacks = default_callbacks(prepared, runner, show_progress=show_progress)
       return _train_locked(prepared, runner, config, output_dir, show_progress,
                            learning_rates, client_hparams, tuple(callbacks))
   except run_files.OutputDirInUse as e:
@@ -433,34 +454,31 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
   return simulation.run_simulation(
       runner.runtime,
       client_ids=prepared.task.train_data.client_ids,
-      evaluate=runner.evaluate,
-      evaluate_clients=runner.evaluate_clients,
       rounds=prepared.settings['rounds'],
       clients_per_round=prepared.settings['clients_per_round'],
       seed=prepared.config.seed,
-      eval_period=prepared.settings['eval_period'],
       output_dir=pathlib.Path(output_dir),
       config=config,
+      callbacks=callbacks,
       show_progress=show_progress,
       learning_rates=learning_rates,
       client_hparams=client_hparams,
-      schedules=prepared.config.schedules.pair(),
-      divergence_hint=prepared.algorithm.divergence_hint,
       checkpoint_every=prepared.config.checkpoints.checkpoint_every,
       resume=prepared.config.resume,
       participation=prepared.config.participation,
-      callbacks=(*prepared.config.privacy.callbacks(
-          prepared.ledger, prepared.settings['rounds'], prepared.settings['eval_period'],
-          show_progress), *callbacks),
   )
 
 
 def run_experiment(prepared: Prepared, *, show_progress: bool = True,
                    callbacks: Sequence[callbacks_lib.Callback] = ()) -> dict[str, float]:
-  """Builds the process, places it on the configured runtime and trains it (with
-  `callbacks` beside the loop's own); returns the final evaluation metrics."""
-  return train_runner(prepared, build_runner(prepared), show_progress=show_progress,
-                      callbacks=callbacks)
+  """Builds the process, places it on the configured runtime and trains it with
+  `default_callbacks` and `callbacks` (before the progress line); returns the final
+  evaluation metrics."""
+  runner = build_runner(prepared)
+  return train_runner(prepared, runner, show_progress=show_progress,
+                      callbacks=default_callbacks(prepared, runner,
+                                                  show_progress=show_progress,
+                                                  extra=callbacks))
 
 
 def train(algorithm: str, task: str | None = None, *, show_progress: bool = True,
@@ -469,7 +487,8 @@ def train(algorithm: str, task: str | None = None, *, show_progress: bool = True
   """Trains the registered `algorithm` on `task` (None: its home task); returns the final
   evaluation metrics. Settings go by their flags' names: the run's and its records'
   (`ExperimentConfig.of`: `rounds=50`, `sampling='poisson'`), the algorithm's options
-  (`mu=0.1`) and the task's (`lasso_dataset='II'`, as `--lasso_dataset`).
+  (`mu=0.1`) and the task's (`lasso_dataset='II'`, as `--lasso_dataset`). `callbacks`
+  join `default_callbacks` before the progress line.
 
   Raises:
     registry.RegistryError: unknown algorithm or task.

@@ -99,6 +99,7 @@ class Loop:
   def __init__(self, runtime, output_dir: pathlib.Path, rounds: int):
     self.runtime, self.output_dir, self.rounds = runtime, output_dir, rounds
     self.state: Any = None
+    self.initial_state: Any = None  # the state before any restore (its first hyperparameters)
     self.done = 0
     self.round_num = 0  # the last round run (its state is `state`)
     self.finished = 0  # the last round every callback has seen
@@ -186,6 +187,25 @@ class LearningRates(Callback):
                       (f'hparams/finalizer/{LEARNING_RATE}', server_rate)):
       if key in loop.hparams:
         loop.hparams[key] = float(str(np.float32(rate)))
+
+
+class Schedules(LearningRates):
+  """Scales the run's first (client, server) learning rates round by round by the
+  factors of `schedules.Schedule`s (read from `loop.initial_state`, so a resumed run
+  scales the same rates)."""
+
+  def __init__(self, client: Any, server: Any):
+    super().__init__(self._scaled)
+    self._schedules, self._initial = (client, server), (1.0, 1.0)
+
+  def on_train_begin(self, loop: Loop) -> None:
+    hparams = loop.runtime.get_hparams(loop.initial_state)
+    self._initial = (float(hparams['client_work'][LEARNING_RATE]),
+                     float(hparams['finalizer'].get(LEARNING_RATE, 1.0)))
+
+  def _scaled(self, round_num: int) -> tuple[float, float]:
+    return tuple(rate * schedule.factor(round_num)
+                 for rate, schedule in zip(self._initial, self._schedules))
 
 
 class DivergenceGuard(Callback):

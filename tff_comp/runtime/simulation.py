@@ -9,7 +9,7 @@ write one value tree per call; one merged train/eval row per round is simpler to
 to plot and to cut back on resume.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 import pathlib
 import shutil
 import time
@@ -19,7 +19,6 @@ from typing import Any
 from absl import logging
 
 from tff_comp import signals
-from tff_comp.ops.rule import LEARNING_RATE
 from tff_comp.settings import ConfigError
 from tff_comp.runtime import base
 from tff_comp.runtime import callbacks as callbacks_lib
@@ -154,49 +153,68 @@ def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
       callback.on_train_end(loop, completed)
 
 
+def standard_callbacks(
+    evaluate: Callable[[Any], run_files.Metrics],
+    *,
+    eval_period: int,
+    evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
+    divergence_hint: str = 'try a smaller learning rate',
+    schedules: tuple[Any, Any] | None = None,
+    show_progress: bool = True,
+    extra: Sequence[callbacks_lib.Callback] = (),
+) -> list[callbacks_lib.Callback]:
+  """The callbacks of a standard run, in order: the learning-rate `schedules` (client,
+  server; `schedules.Schedule`s, left out when both are constant), a divergence guard on
+  the training loss (its message ending with `divergence_hint`), the evaluator
+  (`evaluate` maps the state to metrics at the start, every `eval_period` rounds and at
+  the last; `evaluate_clients` to one row per client), a guard on the evaluation's loss,
+  `extra`, and the progress line. `run_simulation` adds the run directory's own."""
+  scheduled = ([] if schedules is None or all(s.constant for s in schedules)
+               else [callbacks_lib.Schedules(*schedules)])
+  return [*scheduled, callbacks_lib.DivergenceGuard(divergence_hint),
+          callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients),
+          callbacks_lib.DivergenceGuard(divergence_hint, evaluated=True), *extra,
+          callbacks_lib.Progress(show_progress)]
+
+
 def run_simulation(
     runtime: base.Runtime,
     *,
     client_ids: list[str],
-    evaluate: Callable[[Any], run_files.Metrics],
     rounds: int,
     clients_per_round: int,
     seed: int,
-    eval_period: int,
     output_dir: pathlib.Path,
     config: Mapping[str, Any],
+    callbacks: Sequence[callbacks_lib.Callback],
     show_progress: bool = True,
     learning_rates: tuple[float, float] | None = None,
     client_hparams: Mapping[str, float] | None = None,
-    schedules: tuple[Any, Any] | None = None,
-    divergence_hint: str = 'try a smaller learning rate',
     checkpoint_every: int = 50,
     resume: bool = False,
-    evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
-    callbacks: tuple[callbacks_lib.Callback, ...] = (),
     participation: sampling.Participation = sampling.Participation(),
     sampler: Any = None,
 ) -> run_files.Metrics:
-  """Trains `runtime` (`choice.runner_for` builds one) for `rounds` rounds; returns
-  the last evaluation. Each round's clients are drawn as `participation` says (`ClientSampler`, seeded by `seed`), or by
-  `sampler`, any object with `sample(round_num) -> sampling.RoundClients` and a `capacity`.
-  `evaluate` maps the state to metrics (`evaluation.evaluator` builds it for a task).
-  `config` is written to `config.json` beside the metrics. `learning_rates`, if given,
-  sets (client, server) learning rates through the hparams, and `client_hparams` the
-  client work's other hparams by name, so one built runtime serves a whole grid.
-  `schedules` (client, server) are `schedules.Schedule`s scaling those rates (or the
-  runtime's own) round by round. A run already in `output_dir` is replaced
+  """Trains `runtime` (`choice.runner_for` builds one) for `rounds` rounds with
+  `callbacks` (composed by the caller: `standard_callbacks` gives a standard run's);
+  returns the last evaluation (an `Evaluator`'s; {} without one). Each round's clients
+  are drawn as `participation` says (`ClientSampler`, seeded by `seed`), or by
+  `sampler`, any object with `sample(round_num) -> sampling.RoundClients` and a
+  `capacity`. `config` is written to `config.json` beside the metrics.
+  `learning_rates`, if given, sets (client, server) learning rates through the hparams,
+  and `client_hparams` the client work's other hparams by name, so one built runtime
+  serves a whole grid. A run already in `output_dir` is replaced
   (`run_directory.check_output_dir` refuses that unless asked), or with `resume`
   continued from its last checkpoint: the state is saved every `checkpoint_every`
   rounds and at the last one, sampling depends on the round only, and the rows after the
   checkpoint are dropped, so a resumed run ends exactly as an uninterrupted one (its
   caller checks that the configuration matches). The final model's trainable weights
-  go to `final_model.npz`. `divergence_hint` ends the divergence message (the likely
-  cause for the algorithm). `evaluate_clients`, if given, maps the state to one row
-  per client, written at every evaluation to `clients/eval_round_<r>.csv`.
-  `callbacks` run after the divergence guard and the evaluator and before the
-  progress line, the metrics sink (so what they add to a round's metrics is written),
-  the run record, checkpoints and the final model.
+  go to `final_model.npz`.
+
+  The run directory's guarantees are the loop's own callbacks, around the caller's:
+  the cohort reader first; then the metrics sink (what the callbacks add to a round's
+  metrics is written), the run record, checkpoints, the final model, and the
+  Ctrl-C/SIGTERM stop last.
 
   Raises:
     callbacks_lib.DivergenceError: the training loss became non-finite.
@@ -214,13 +232,7 @@ def run_simulation(
   if learning_rates is not None:
     loop.state = callbacks_lib.set_learning_rates(runtime, loop.state, *learning_rates,
                                                   client_hparams)
-  scheduled = []
-  if schedules is not None and not all(schedule.constant for schedule in schedules):
-    hparams = runtime.get_hparams(loop.state)
-    initial = (float(hparams['client_work'][LEARNING_RATE]),
-               float(hparams['finalizer'].get(LEARNING_RATE, 1.0)))
-    scheduled = [callbacks_lib.LearningRates(lambda round_num: tuple(
-        rate * schedule.factor(round_num) for rate, schedule in zip(initial, schedules)))]
+  loop.initial_state = loop.state
   if resume:
     _restore(loop, checkpoints)
     if show_progress:
@@ -230,14 +242,10 @@ def run_simulation(
     _start_fresh(loop, checkpoints)
   try:
     run_loop(runtime, loop, sampler, [
-        callbacks_lib.CohortReader(sampler.capacity), *scheduled,
-        callbacks_lib.DivergenceGuard(divergence_hint),
-        callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients),
-        callbacks_lib.DivergenceGuard(divergence_hint, evaluated=True), *callbacks,
-        callbacks_lib.Progress(show_progress), callbacks_lib.MetricsSink(),
-        callbacks_lib.RunRecord(config), callbacks_lib.Checkpointer(checkpoints, checkpoint_every),
+        callbacks_lib.CohortReader(sampler.capacity), *callbacks,
+        callbacks_lib.MetricsSink(), callbacks_lib.RunRecord(config),
+        callbacks_lib.Checkpointer(checkpoints, checkpoint_every),
         callbacks_lib.FinalModel(), SignalStop()])
   except KeyboardInterrupt as interrupt:
     raise Interrupted(loop.saved) from interrupt
   return loop.eval_metrics
-
