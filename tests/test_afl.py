@@ -64,7 +64,7 @@ def test_two_rounds_match_numpy(tmp_path, monkeypatch):
   got = process.get_model_weights(state).trainable
   np.testing.assert_allclose(got[0], w, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got[1], b, rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(state.finalizer['client_weights'], lam, atol=1e-5)
+  np.testing.assert_allclose(state.finalizer.client_weights, lam, atol=1e-5)
   assert lam.max() > 0.5  # lambda moved toward the worst client
 
 
@@ -90,6 +90,6 @@ def test_tr_maml_task_weights_follow_exponentiated_gradient(tmp_path, monkeypatc
     adapted = tuple(w - 0.02 * g for w, g in zip(zero, grads))
     losses.append(float(model_ops.batch_loss(model, adapted, (), batch)))
   want = np.exp(0.3 * np.array(losses)) / np.exp(0.3 * np.array(losses)).sum()
-  np.testing.assert_allclose(state.finalizer['client_weights'], want, rtol=1e-5)
+  np.testing.assert_allclose(state.finalizer.client_weights, want, rtol=1e-5)
   # The hardest task gains weight from the uniform start.
-  assert state.finalizer['client_weights'][np.argmax(losses)] > 1 / 3
+  assert state.finalizer.client_weights[np.argmax(losses)] > 1 / 3

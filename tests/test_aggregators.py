@@ -64,7 +64,7 @@ def test_feddualavg_elapsed_coefficient_is_unchanged_by_a_robust_aggregator():
     for r in range(3):
       state = runner.next(state, data.client_ids[r:r + 3]).state
     states.append(state)
-  plain, robust = (s.finalizer['elapsed'] for s in states)
+  plain, robust = (s.finalizer.elapsed for s in states)
   assert float(plain) > 0 and float(robust) == pytest.approx(float(plain), rel=1e-6)
   moved = [np.asarray(s.global_model_weights.trainable[0]) for s in states]
   assert not np.allclose(*moved)  # the robust aggregator did change the model update

@@ -95,8 +95,8 @@ def test_set_model_weights_restarts_the_dual_state():
   new = tff.learning.models.ModelWeights(
       (np.full([D], 0.5, np.float32), np.float32(0.25)), ())
   state = process.set_model_weights(state, new)
-  np.testing.assert_allclose(state.finalizer['dual'][0], 0.5)
-  assert state.finalizer['elapsed'] == 0.0
+  np.testing.assert_allclose(state.finalizer.dual[0], 0.5)
+  assert state.finalizer.elapsed == 0.0
   np.testing.assert_allclose(process.get_model_weights(state).trainable[0], 0.5)
 
 

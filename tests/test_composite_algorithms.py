@@ -73,8 +73,8 @@ def test_feddualavg_matches_reference(client_prox):
         client_prox=client_prox)
   np.testing.assert_allclose(w, rw, atol=2e-5)
   np.testing.assert_allclose(b, rb, atol=2e-5)
-  np.testing.assert_allclose(state.finalizer['dual'][0], z, atol=2e-5)
-  assert state.finalizer['elapsed'] == pytest.approx(elapsed, rel=1e-5)
+  np.testing.assert_allclose(state.finalizer.dual[0], z, atol=2e-5)
+  assert state.finalizer.elapsed == pytest.approx(elapsed, rel=1e-5)
   assert 0 < np.count_nonzero(rw) < D
 
 

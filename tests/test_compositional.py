@@ -144,9 +144,9 @@ def test_local_scgdm_matches_numpy_reference():
   got_w, got_b = process.get_model_weights(state).trainable
   np.testing.assert_allclose(got_w, w, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got_b, b, rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(state.finalizer['u'], u, rtol=1e-4)
-  np.testing.assert_allclose(state.finalizer['m'][0], m_w, rtol=1e-4, atol=1e-6)
-  assert state.finalizer['started'] == 1.0
+  np.testing.assert_allclose(state.finalizer.u, u, rtol=1e-4)
+  np.testing.assert_allclose(state.finalizer.m[0], m_w, rtol=1e-4, atol=1e-6)
+  assert state.finalizer.started == 1.0
 
 
 def test_imbalanced_task_sizes_and_mnist_loader_offline(tmp_path):

@@ -101,7 +101,7 @@ def test_tr_maml_model_and_task_weight_updates():
   w = _weights(process, states[0])
   lam = np.full(5, 0.2)
   for r, ids in enumerate(ROUNDS):
-    np.testing.assert_allclose(states[r].finalizer['client_weights'], lam, rtol=1e-5)
+    np.testing.assert_allclose(states[r].finalizer.client_weights, lam, rtol=1e-5)
     losses = np.zeros(5)
     for cid in ids:  # the post-adaptation loss on all the client's examples at w_r
       x, y = _client(cid)
@@ -114,7 +114,7 @@ def test_tr_maml_model_and_task_weight_updates():
     lam = lam * np.exp(eg_rate * losses)
     lam /= lam.sum()
   _close(_weights(process, states[-1]), w)
-  np.testing.assert_allclose(states[-1].finalizer['client_weights'], lam, rtol=1e-5)
+  np.testing.assert_allclose(states[-1].finalizer.client_weights, lam, rtol=1e-5)
 
 
 @pytest.mark.parametrize('objective', ['maml', 'da_maml'])
@@ -228,4 +228,4 @@ def test_local_scgdm_with_meta_learning_objectives(objective):
       return tuple(np.mean([e[j][k] for e in ends], 0) for k in range(2))
     w, u, m, c_old, started = mean(0), mean(1), mean(2), c, True
   _close(_weights(process, states[-1]), w)
-  np.testing.assert_allclose(states[-1].finalizer['m'][0], m[0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(states[-1].finalizer.m[0], m[0], rtol=1e-4, atol=1e-5)

@@ -409,3 +409,22 @@ def test_the_run_files_take_the_umask_mode_not_a_temporary_files(tmp_path):
   expected = 0o666 & ~run_files._UMASK  # pylint: disable=protected-access
   for name in ('metrics.csv', 'config.json'):
     assert (tmp_path / name).stat().st_mode & 0o777 == expected, name
+
+
+@pytest.mark.parametrize('how', ['earlier version', 'another layout'])
+def test_a_checkpoint_of_another_layout_is_refused_not_set_aside(tmp_path, how):
+  """Leaves of the same shapes in another order (the server state as an OrderedDict,
+  sorted by key, before 0.3.0's NamedTuples) would resume silently wrong."""
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7
+  path = tmp_path / 'checkpoints' / 'state_7.npz'
+  with np.load(path) as saved:
+    values = dict(saved)
+  layout = list(values.pop('layout'))
+  if how == 'another layout':
+    values['layout'] = np.array([p.replace('finalizer/elapsed', 'finalizer/dual_')
+                                 for p in layout])
+  np.savez(path, **values)
+  with pytest.raises(experiment.ConfigError, match=f'{how}.*--overwrite'):
+    _train(tmp_path, resume=True)
+  assert path.exists() and not (tmp_path / 'checkpoints_damaged').exists()

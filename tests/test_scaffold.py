@@ -59,20 +59,20 @@ def test_two_rounds_with_partial_participation_match_numpy(tmp_path, monkeypatch
   for sampled in ROUNDS:
     state = run.next(state, sampled).state
     if controls_after_round_1 is None:
-      controls_after_round_1 = [np.array(t) for t in state.finalizer['controls']]
+      controls_after_round_1 = [np.array(t) for t in state.finalizer.controls]
 
   x, c, ci = _numpy_scaffold(clients)
   got = run.get_model_weights(state).trainable
   np.testing.assert_allclose(got[0], x[0], rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got[1], x[1], rtol=1e-4, atol=1e-5)
   server = state.finalizer
-  np.testing.assert_allclose(server['control'][0], c[0], rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(server['control'][1], c[1], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(server.control[0], c[0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(server.control[1], c[1], rtol=1e-4, atol=1e-5)
   for i in range(3):
-    np.testing.assert_allclose(server['controls'][0][i], ci[i][0], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(server['controls'][1][i], ci[i][1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(server.controls[0][i], ci[i][0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(server.controls[1][i], ci[i][1], rtol=1e-4, atol=1e-5)
   # Client 'a' was not sampled in round 2: its control variate is unchanged.
-  np.testing.assert_array_equal(np.asarray(server['controls'][0][0]),
+  np.testing.assert_array_equal(np.asarray(server.controls[0][0]),
                                 controls_after_round_1[0][0])
   assert np.abs(controls_after_round_1[0][0]).max() > 1e-3  # it had moved in round 1
   assert np.abs(c[0]).max() > 1e-3  # the comparison is not between zero controls

@@ -13,7 +13,7 @@ Clients report `ElapsedUpdate(start - end, sum eta_c)`; "eta_c K" of the paper i
 generalized to the clients' mean sum of eta_c, so unequal step counts stay exact.
 """
 
-import collections
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -97,8 +97,16 @@ class MirrorDescentServer(_CompositeServer):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
     trainable = server_steps.mirror_descent_server_step(
         trainable, self.regularizer, self.learning_rate(opt_state), update.lr_sum)
-    return rule_lib.ServerStepResult(collections.OrderedDict(optimizer=opt_state),
+    return rule_lib.ServerStepResult(rule_lib.OptimizerState(opt_state),
                                      rule_lib.with_trainable(weights, trainable))
+
+
+class DualState(NamedTuple):
+  """FedDualAvg's server state."""
+
+  optimizer: Any  # the optimizer's state (its step is the dual step)
+  dual: Any  # z, the dual state (a tuple like the trainable weights)
+  elapsed: Any  # c, the elapsed coefficient (float32 scalar)
 
 
 class DualAveragingServer(_CompositeServer):
@@ -108,22 +116,19 @@ class DualAveragingServer(_CompositeServer):
   it returns is the primal w."""
 
   def initialize(self):
-    state = super().initialize()
-    state.update(dual=self.zeros(), elapsed=tf.constant(0.0))
-    return state
+    return DualState(self.optimizer_state(), self.zeros(), tf.constant(0.0))
 
   def step(self, state, weights, update):
-    opt_state, dual = self.optimizer_step(state, state['dual'], update.delta)
+    opt_state, dual = self.optimizer_step(state, state.dual, update.delta)
     trainable, elapsed = server_steps.dual_averaging_server_step(
-        dual, state['elapsed'], self.regularizer, self.learning_rate(opt_state),
+        dual, state.elapsed, self.regularizer, self.learning_rate(opt_state),
         update.lr_sum)
-    new_state = collections.OrderedDict(optimizer=opt_state, dual=dual, elapsed=elapsed)
-    return rule_lib.ServerStepResult(new_state, rule_lib.with_trainable(weights, trainable))
+    return rule_lib.ServerStepResult(DualState(opt_state, dual, elapsed),
+                                     rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
-    return messages.DualPayload(dual=rule_lib.with_trainable(weights, state['dual']),
-                                elapsed=state['elapsed'])
+    return messages.DualPayload(dual=rule_lib.with_trainable(weights, state.dual),
+                                elapsed=state.elapsed)
 
   def reset(self, state, weights):
-    return collections.OrderedDict(optimizer=state['optimizer'],
-                                   dual=tuple(weights.trainable), elapsed=tf.constant(0.0))
+    return DualState(state.optimizer, tuple(weights.trainable), tf.constant(0.0))

@@ -14,7 +14,6 @@ server (`TrackerServer`): averages x (through the optimizer), u and m, keeps the
 broadcasts them back. Objectives (DRFL, MAML, DA-MAML) are in `ops.objectives`.
 """
 
-import collections
 from typing import Any, NamedTuple
 
 import tensorflow as tf
@@ -159,6 +158,16 @@ class TrackedMomentum(ObjectiveRule):
                                   state.extras.u, state.extras.m, context.reference_loss)
 
 
+class TrackerState(NamedTuple):
+  """Local-SCGDM's server state."""
+
+  optimizer: Any  # the optimizer's state (its step on x)
+  u: Any  # the tracker of the inner value (the objective's structure)
+  m: Any  # the momentum (a tuple like the trainable weights)
+  reference_loss: Any  # the reference loss m is expressed in (float32 scalar)
+  started: Any  # 0.0 until the first round, then 1.0
+
+
 class TrackerServer(rule_lib.ServerRule):
   """Local-SCGDM's server: x_{r+1} = optimizer step from x_r with the mean
   pseudo-gradient (SGD of rate 1: the mean of client models), u_{r+1} = mean_i u_i,
@@ -170,15 +179,14 @@ class TrackerServer(rule_lib.ServerRule):
     super().__init__(specs, optimizer)
     self.tracker_spec = tracker_spec
 
-  def _fresh(self):
-    return collections.OrderedDict(
+  def _fresh(self, optimizer_state) -> TrackerState:
+    return TrackerState(
+        optimizer_state,
         u=tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), self.tracker_spec),
         m=self.zeros(), reference_loss=tf.constant(0.0), started=tf.constant(0.0))
 
   def initialize(self):
-    state = super().initialize()
-    state.update(self._fresh())
-    return state
+    return self._fresh(self.optimizer_state())
 
   def update_spec(self):
     return messages.TrackerUpdate(delta=self.specs, u=self.tracker_spec, m=self.specs,
@@ -186,19 +194,18 @@ class TrackerServer(rule_lib.ServerRule):
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
-    new_state = collections.OrderedDict(
-        optimizer=opt_state, u=update.u, m=tuple(update.m),
-        reference_loss=update.reference_loss, started=tf.constant(1.0))
+    new_state = TrackerState(opt_state, u=update.u, m=tuple(update.m),
+                             reference_loss=update.reference_loss, started=tf.constant(1.0))
     return rule_lib.ServerStepResult(new_state, rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
-    return messages.TrackerPayload(weights=weights, u=state['u'], m=state['m'],
-                                   reference_loss=state['reference_loss'],
-                                   started=state['started'])
+    return messages.TrackerPayload(weights=weights, u=state.u, m=state.m,
+                                   reference_loss=state.reference_loss,
+                                   started=state.started)
 
   def reset(self, state, weights):
     del weights
-    return collections.OrderedDict(optimizer=state['optimizer'], **self._fresh())
+    return self._fresh(state.optimizer)
 
 
 __getattr__ = renamed.module_getattr(__name__, {'SCGDM': 'TrackedMomentum'})  # 0.3.0

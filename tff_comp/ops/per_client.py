@@ -120,6 +120,14 @@ class Ditto(PerClientRule):
         tf.one_hot(context.client_index, self.num_clients))
 
 
+class AgnosticState(NamedTuple):
+  """AFL's and TR-MAML's server state."""
+
+  optimizer: Any  # the model optimizer's state
+  client_weights: Any  # lambda, one weight per client (float32 [num_clients])
+  lambda_learning_rate: Any  # its step size, a hyperparameter (float32 scalar)
+
+
 class AgnosticServer(rule_lib.ServerRule):
   """AFL's (projected) and TR-MAML's (exponentiated) server; see the module docstring.
   State adds the client weights lambda (uniform at the start) and their learning rate,
@@ -140,22 +148,18 @@ class AgnosticServer(rule_lib.ServerRule):
     return tf.fill([self.num_clients], 1.0 / self.num_clients)
 
   def initialize(self):
-    state = super().initialize()
-    state['client_weights'] = self._uniform()
-    state['lambda_learning_rate'] = tf.constant(self.lambda_learning_rate, tf.float32)
-    return state
+    return AgnosticState(self.optimizer_state(), self._uniform(),
+                         tf.constant(self.lambda_learning_rate, tf.float32))
 
   def get_hparams(self, state):
     hparams = super().get_hparams(state)
-    hparams['lambda_learning_rate'] = state['lambda_learning_rate']
+    hparams['lambda_learning_rate'] = state.lambda_learning_rate
     return hparams
 
   def set_hparams(self, state, hparams):
     hparams = collections.OrderedDict(hparams)
-    new_state = collections.OrderedDict(state)
-    new_state['lambda_learning_rate'] = tf.cast(hparams.pop('lambda_learning_rate'),
-                                                tf.float32)
-    return super().set_hparams(new_state, hparams)
+    rate = tf.cast(hparams.pop('lambda_learning_rate'), tf.float32)
+    return super().set_hparams(state._replace(lambda_learning_rate=rate), hparams)
 
   def update_spec(self):
     return messages.SlotLossUpdate(delta=self.specs,
@@ -163,21 +167,28 @@ class AgnosticServer(rule_lib.ServerRule):
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
-    rate = state['lambda_learning_rate']
+    rate = state.lambda_learning_rate
     if self.ascent == 'projected':
-      lam = server_steps.project_simplex(state['client_weights'] + rate * update.losses)
+      lam = server_steps.project_simplex(state.client_weights + rate * update.losses)
     else:
-      lam = server_steps.exponentiated_gradient_step(
-          state['client_weights'], update.losses, rate)
-    new_state = collections.OrderedDict(state, optimizer=opt_state, client_weights=lam)
+      lam = server_steps.exponentiated_gradient_step(state.client_weights, update.losses,
+                                                     rate)
+    new_state = state._replace(optimizer=opt_state, client_weights=lam)
     return rule_lib.ServerStepResult(new_state, rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
-    return messages.ClientWeightsPayload(weights=weights, client_weights=state['client_weights'])
+    return messages.ClientWeightsPayload(weights=weights, client_weights=state.client_weights)
 
   def reset(self, state, weights):
     del weights
-    return collections.OrderedDict(state, client_weights=self._uniform())
+    return state._replace(client_weights=self._uniform())
+
+
+class PersonalState(NamedTuple):
+  """Ditto's server state."""
+
+  optimizer: Any  # the global model optimizer's state
+  personal: Any  # the personal models: one table [num_clients, ...] per weight
 
 
 class PersonalModelsServer(rule_lib.ServerRule):
@@ -199,9 +210,7 @@ class PersonalModelsServer(rule_lib.ServerRule):
                  for w in trainable)
 
   def initialize(self):
-    state = super().initialize()
-    state['personal'] = self._tile(self.zeros())
-    return state
+    return PersonalState(self.optimizer_state(), self._tile(self.zeros()))
 
   def update_spec(self):
     return messages.DittoUpdate(
@@ -212,18 +221,16 @@ class PersonalModelsServer(rule_lib.ServerRule):
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
-    personal = server_steps.replace_rows(tuple(state['personal']), tuple(update.personal),
+    personal = server_steps.replace_rows(tuple(state.personal), tuple(update.personal),
                                          update.visited)
-    return rule_lib.ServerStepResult(
-        collections.OrderedDict(optimizer=opt_state, personal=personal),
-        rule_lib.with_trainable(weights, trainable))
+    return rule_lib.ServerStepResult(PersonalState(opt_state, personal),
+                                     rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
-    return messages.DittoPayload(weights=weights, personal=state['personal'])
+    return messages.DittoPayload(weights=weights, personal=state.personal)
 
   def reset(self, state, weights):
-    return collections.OrderedDict(optimizer=state['optimizer'],
-                                   personal=self._tile(tuple(weights.trainable)))
+    return PersonalState(state.optimizer, self._tile(tuple(weights.trainable)))
 
   def personal_weights(self, state):
-    return state['personal']
+    return state.personal

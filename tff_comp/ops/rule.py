@@ -43,7 +43,10 @@ A server rule holds the server state S and says what clients receive; implement
     S  = rule.initialize()              S' = rule.reset(S, W)   (restart at weights W)
     P  = rule.payload(S, W)             (S', W') = rule.step(S, W, U)
 
-U being the aggregated client update. `hparams` are OrderedDicts of float tensors the
+S is a NamedTuple of the rule's own (`OptimizerState` when the optimizer's state is all
+it keeps), its first field the optimizer's state: a reader finds `state.dual`, not a
+string key, and the state's structure (what TFF types and checkpoints store) is the
+class. U being the aggregated client update. `hparams` are OrderedDicts of float tensors the
 runtime keeps in its state (so learning rates can be read and set between rounds);
 `context` is a `RoundContext`: per-round facts that are not hyperparameters. Updates
 follow TFF's sign convention: a client reports the pseudo-gradient `start - end`
@@ -94,10 +97,16 @@ class StepResult(NamedTuple):
   extras: Any  # the rule's extras after it
 
 
+class OptimizerState(NamedTuple):
+  """The state of a server rule that keeps only its optimizer's (FedAvg's)."""
+
+  optimizer: Any = ()  # the server optimizer's state; () for a rule without one
+
+
 class ServerStepResult(NamedTuple):
   """What a server rule's `step` returns."""
 
-  state: collections.OrderedDict  # the server rule's new state
+  state: Any  # the server rule's new state (its NamedTuple)
   weights: Any  # the new model weights (ModelWeights-like)
 
 
@@ -267,12 +276,14 @@ class ServerRule(abc.ABC):
   def zeros(self) -> Weights:
     return tuple(tf.zeros(s.shape, s.dtype) for s in self.specs)
 
-  def initialize(self) -> collections.OrderedDict:
-    """The initial state (before `reset` at the initial weights)."""
-    state = collections.OrderedDict()
-    if self.optimizer is not None:
-      state['optimizer'] = self.optimizer.initialize(self.specs)
-    return state
+  def initialize(self) -> Any:
+    """The initial state (before `reset` at the initial weights); override with the
+    rule's own NamedTuple (its first field `optimizer_state()`)."""
+    return OptimizerState(self.optimizer_state())
+
+  def optimizer_state(self) -> Any:
+    """The optimizer's initial state (() without an optimizer)."""
+    return () if self.optimizer is None else self.optimizer.initialize(self.specs)
 
   @abc.abstractmethod
   def update_spec(self) -> Any:
@@ -283,7 +294,7 @@ class ServerRule(abc.ABC):
     del state
     return weights
 
-  def reset(self, state, weights) -> collections.OrderedDict:
+  def reset(self, state, weights) -> Any:
     """The state restarted at `weights`; default: unchanged."""
     del weights
     return state
@@ -295,7 +306,7 @@ class ServerRule(abc.ABC):
   def optimizer_step(self, state, trainable: Weights, gradient) -> tuple[Any, Weights]:
     """(new optimizer state, trainable after the optimizer's step along `gradient`)."""
     opt_state, trainable = self.optimizer.next(
-        state['optimizer'], tuple(trainable), tuple(gradient))
+        state.optimizer, tuple(trainable), tuple(gradient))
     return opt_state, tuple(trainable)
 
   def learning_rate(self, optimizer_state) -> tf.Tensor:
@@ -309,14 +320,12 @@ class ServerRule(abc.ABC):
   def get_hparams(self, state) -> collections.OrderedDict:
     if self.optimizer is None:
       return collections.OrderedDict()
-    return collections.OrderedDict(self.optimizer.get_hparams(state['optimizer']))
+    return collections.OrderedDict(self.optimizer.get_hparams(state.optimizer))
 
-  def set_hparams(self, state, hparams) -> collections.OrderedDict:
+  def set_hparams(self, state, hparams) -> Any:
     if self.optimizer is None:
       return state
-    new_state = collections.OrderedDict(state)
-    new_state['optimizer'] = self.optimizer.set_hparams(state['optimizer'], hparams)
-    return new_state
+    return state._replace(optimizer=self.optimizer.set_hparams(state.optimizer, hparams))
 
   def personal_weights(self, state) -> Weights | None:
     """Per-client personal models (Ditto), or None."""

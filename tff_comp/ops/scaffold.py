@@ -16,7 +16,7 @@ reads its own row. A client with no examples takes no step and keeps its c_i.
 """
 
 import collections
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -80,6 +80,14 @@ class ScaffoldClient(sgd.SGD):
                          tf.one_hot(context.client_index, self.num_clients))
 
 
+class ControlState(NamedTuple):
+  """SCAFFOLD's server state."""
+
+  optimizer: Any  # the optimizer's state (its step on x)
+  control: Any  # c, the server control (a tuple like the trainable weights)
+  controls: Any  # the c_i: one table [num_clients, ...] per weight
+
+
 class ControlVariateServer(rule_lib.ServerRule):
   """SCAFFOLD's server (see the module docstring): the optimizer's step on x, the
   control c and the table of client controls c_i (zeros at the start). Broadcasts
@@ -93,10 +101,7 @@ class ControlVariateServer(rule_lib.ServerRule):
     return tuple(tf.zeros([self.num_clients, *s.shape], s.dtype) for s in self.specs)
 
   def initialize(self):
-    state = super().initialize()
-    state['control'] = self.zeros()
-    state['controls'] = self._tables()
-    return state
+    return ControlState(self.optimizer_state(), self.zeros(), self._tables())
 
   def update_spec(self):
     return ControlUpdate(
@@ -107,14 +112,12 @@ class ControlVariateServer(rule_lib.ServerRule):
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
-    old = tuple(state['controls'])
+    old = tuple(state.controls)
     new = server_steps.replace_rows(old, tuple(update.controls), update.visited)
     control = tuple(c + tf.reduce_sum(n - o, axis=0) / self.num_clients
-                    for c, n, o in zip(state['control'], new, old))
-    return rule_lib.ServerStepResult(
-        collections.OrderedDict(optimizer=opt_state, control=control, controls=new),
-        rule_lib.with_trainable(weights, trainable))
+                    for c, n, o in zip(state.control, new, old))
+    return rule_lib.ServerStepResult(ControlState(opt_state, control, new),
+                                     rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
-    return ControlPayload(weights=weights, control=state['control'],
-                          controls=state['controls'])
+    return ControlPayload(weights=weights, control=state.control, controls=state.controls)

@@ -11,7 +11,6 @@ FedProx's (Li et al. 2020); rho > 0 heavy-ball momentum (reset every round); a
 regularizer the naive composite baseline of Yuan et al. (2021).
 """
 
-import collections
 
 import tensorflow as tf
 
@@ -147,7 +146,7 @@ class OptimizerServer(rule_lib.ServerRule):
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update)
-    return rule_lib.ServerStepResult(collections.OrderedDict(optimizer=opt_state),
+    return rule_lib.ServerStepResult(rule_lib.OptimizerState(opt_state),
                                      rule_lib.with_trainable(weights, trainable))
 
 

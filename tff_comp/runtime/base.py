@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 # The state of a round on every runtime is TFF's `LearningAlgorithmState`, a structure
 # with named fields: global_model_weights (ModelWeights), distributor, client_work
 # (`ops.client_round.ClientWorkState` for tff_comp's algorithms), aggregator, finalizer
-# (the server rule's state, an OrderedDict). Checkpoints save it as NumPy values.
+# (the server rule's state, its NamedTuple). Checkpoints save it as NumPy values.
 State = Any
 
 

@@ -79,8 +79,10 @@ def server_quantities(state) -> run_files.Metrics:
   coefficient, AFL's client weights), the optimizer's state aside: what defines the
   method at this round, for plots."""
   quantities = {}
-  finalizer = base.server_state(state)
-  for name, value in (finalizer.items() if isinstance(finalizer, Mapping) else ()):
+  finalizer = base.server_state(state)  # a server rule's NamedTuple (a plugin's mapping)
+  fields = (finalizer._asdict() if hasattr(finalizer, '_asdict') else
+            finalizer if isinstance(finalizer, Mapping) else {})
+  for name, value in fields.items():
     if name == 'optimizer' or tf.nest.is_nested(value):
       continue
     value = np.asarray(value)

@@ -1,6 +1,7 @@
 """A run's checkpoints: `state_<round>.npz` files written in the background, the
 newest kept, a damaged one set aside."""
 
+from collections.abc import Iterator, Mapping
 import concurrent.futures
 import dataclasses
 import pathlib
@@ -16,10 +17,34 @@ import tensorflow as tf
 from tff_comp import settings
 
 
+class OtherLayout(ValueError):
+  """A readable checkpoint of a state laid out otherwise than this run's (saved by
+  another version of tff_comp, or for another algorithm): not damage, not resumable."""
+
+
+def layout(state: Any) -> Iterator[str]:
+  """The paths of `state`'s leaves ('finalizer/dual/0'), in `tf.nest.flatten`'s order.
+  tf.nest has no public path flattening; this walks the containers a state holds
+  (NamedTuples by field, mappings by sorted key, sequences by index)."""
+  def walk(tree: Any, path: str) -> Iterator[str]:
+    if isinstance(tree, Mapping):
+      items = ((str(k), tree[k]) for k in sorted(tree))
+    elif hasattr(tree, '_fields'):
+      items = zip(tree._fields, tree)
+    elif isinstance(tree, (list, tuple)):
+      items = ((str(i), v) for i, v in enumerate(tree))
+    else:
+      yield path
+      return
+    for name, value in items:
+      yield from walk(value, f'{path}/{name}' if path else name)
+  return walk(state, '')
+
+
 class Checkpoints:
   """The run's state every few rounds, in `output_dir/checkpoints`: round r's state as
-  `state_<r>.npz`, its leaves in `tf.nest.flatten` order, restored into the structure
-  of a fresh `initialize()`; the newest two are kept.
+  `state_<r>.npz`, its leaves in `tf.nest.flatten` order beside their paths (`layout`),
+  restored into the structure of a fresh `initialize()`; the newest two are kept.
 
   Why not TFF's `tff.program.FileProgramStateManager` (used before 0.3.0): it writes a
   SavedModel, 50-80 ms a save on lasso, 1.5 ms a round at the default interval of 50
@@ -72,6 +97,7 @@ class Checkpoints:
     """Starts saving `state` as round `round_num`'s checkpoint."""
     self.wait()
     leaves = {f'leaf_{i}': np.asarray(leaf) for i, leaf in enumerate(tf.nest.flatten(state))}
+    leaves['layout'] = np.array(list(layout(state)), dtype=str)
     self._saving = self._thread.submit(self._write, leaves, round_num)
 
   def _write(self, leaves: dict[str, np.ndarray], round_num: int) -> None:
@@ -90,16 +116,33 @@ class Checkpoints:
     given; later ones are left alone), or (None, 0). A damaged one (cut short, garbled,
     or of another structure than `template`) is moved to `checkpoints_damaged/` under a
     name of its own, so the run saves that round afresh when it gets there, and the one
-    before it is tried."""
+    before it is tried.
+
+    Raises:
+      OtherLayout: a readable checkpoint whose leaves are not `template`'s (another
+        version's or algorithm's state): none is resumed, none set aside.
+    """
     expected = [np.asarray(leaf) for leaf in tf.nest.flatten(template)]
+    paths = list(layout(template))
     for round_num in reversed(self.rounds()):
       if up_to is not None and round_num > up_to:
         continue
       path = self._root / f'state_{round_num}.npz'
       try:
         with np.load(path, allow_pickle=False) as saved:
-          if len(saved.files) != len(expected):
-            raise ValueError(f'{len(saved.files)} values, expected {len(expected)}')
+          if 'layout' not in saved.files:
+            raise OtherLayout(f'{path} was saved by an earlier version of tff_comp'
+                              ' (without its layout)')
+          saved_paths = list(saved['layout'])
+          if saved_paths != paths:
+            first = next((f'saved {a!r}, this run has {b!r}' for a, b in
+                          zip(saved_paths, paths) if a != b),
+                         f'{len(saved_paths)} values saved, this run has {len(paths)}')
+            raise OtherLayout(f'{path} holds another layout of the state ({first}):'
+                              ' saved by another version of tff_comp or for another'
+                              ' algorithm')
+          if len(saved.files) != len(expected) + 1:
+            raise ValueError(f'{len(saved.files) - 1} values, expected {len(expected)}')
           leaves = [saved[f'leaf_{i}'] for i in range(len(expected))]
         # Shapes must match; dtypes are those saved, the running state's (a fresh
         # state may hold a Python float where rounds hold float32).
@@ -108,6 +151,8 @@ class Checkpoints:
             raise ValueError(f'value {i} has shape {list(leaf.shape)}, expected'
                              f' {list(like.shape)}')
         return tf.nest.pack_sequence_as(template, leaves), round_num
+      except OtherLayout:
+        raise
       except Exception as error:  # pylint: disable=broad-except  (any damage: set aside)
         self._set_aside(path, error)
     return None, 0

@@ -70,7 +70,8 @@ def _restore(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints)
 
   Raises:
     ConfigError: checkpoints are saved but metrics.csv lost the rows up to every one of
-      them (deleted, cut, damaged): never resumed without them, nothing deleted.
+      them (deleted, cut, damaged): never resumed without them, nothing deleted; or
+      the newest is of another layout of the state (`checkpoints.OtherLayout`).
   """
   saved_rounds = checkpoints.rounds()
   if not saved_rounds:
@@ -78,7 +79,11 @@ def _restore(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints)
     return
   path = loop.output_dir / 'metrics.csv'
   columns, rows, problem = run_files.whole_rows(path) if path.exists() else ([], [], '')
-  state, done = checkpoints.load_latest(loop.state, up_to=len(rows) - 1)
+  try:
+    state, done = checkpoints.load_latest(loop.state, up_to=len(rows) - 1)
+  except checkpoints_lib.OtherLayout as e:
+    raise ConfigError(f'--resume: {e}; it cannot be resumed. Start the run over with'
+                      ' --overwrite.') from e
   if state is None and checkpoints.rounds():
     what = ('is missing' if not path.exists() else
             f'is whole up to round {len(rows) - 1} only ({problem})' if rows else
