@@ -122,13 +122,15 @@ def step_batch_size(rule: rule_lib.ClientRule, options: ClientOptions) -> int:
 
 
 def plan_cohort(rule: rule_lib.ClientRule, options: ClientOptions, counts, keys,
-                round_num) -> local_loop.BatchPlan:
+                round_num, seed=None) -> local_loop.BatchPlan:
   """The batch plan of clients with `counts` examples and `keys`
-  (`local_loop.client_key`) in round `round_num`, one client or a cohort ([m])."""
+  (`local_loop.client_key`) in round `round_num`, one client or a cohort ([m]);
+  `seed` (per client, for batched trials) in place of `options.seed`."""
   return local_loop.plan(
       counts, keys, round_num, batch_size=step_batch_size(rule, options),
       epochs=options.local_epochs, epochs_max=options.local_epochs_max,
-      steps=options.local_steps, seed=options.seed, shuffle=options.shuffle)
+      steps=options.local_steps, seed=options.seed if seed is None else seed,
+      shuffle=options.shuffle)
 
 
 def client_context(rule: rule_lib.ClientRule, payload, examples, hparams,

@@ -63,11 +63,12 @@ def draw_epochs(key: tf.Tensor, seed: int, round_num: tf.Tensor, low: int,
   (`client_key`)): different across clients and rounds, the same across runs.
   Elementwise over a vector of keys."""
   key = tf.convert_to_tensor(key, tf.int64)
-  mixed = tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64)
+  mixed = tf.broadcast_to(tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64),
+                          tf.shape(key))  # seed and round: one, or one per key
   draws = tf.map_fn(
-      lambda k: tf.random.stateless_uniform([], tf.stack([mixed, k]), minval=low,
-                                            maxval=high + 1, dtype=tf.int32),
-      tf.reshape(key, [-1]), fn_output_signature=tf.int32)
+      lambda mk: tf.random.stateless_uniform([], tf.stack(mk), minval=low,
+                                             maxval=high + 1, dtype=tf.int32),
+      (tf.reshape(mixed, [-1]), tf.reshape(key, [-1])), fn_output_signature=tf.int32)
   return tf.reshape(draws, tf.shape(key))
 
 

@@ -110,7 +110,9 @@ class ResidentData:
 
 
 class Cohort(NamedTuple):
-  """One round's cohort as an engine receives it (per-client fields stacked to [m])."""
+  """One round's cohort as an engine receives it (per-client fields stacked to [m]).
+  With `trial` (batched trials, `runtime.trial_group`), `payload` and `hparams` are
+  stacked per trial and client i reads row `trial[i]` of each."""
 
   payload: Any
   hparams: Any
@@ -119,6 +121,11 @@ class Cohort(NamedTuple):
   counts: tf.Tensor
   plans: client_round.ClientPlan
   capacity: int  # clients the lanes kernel holds (its compiled shape); 0 on other engines
+  trial: tf.Tensor | None = None  # [m] int32: each client's trial (None: one run)
+
+  def received(self, position) -> tuple[Any, Any]:
+    """(payload, hparams) of the client at `position` (a scalar or [k] positions)."""
+    return lanes_lib.received(self.payload, self.hparams, self.trial, position)
 
 
 class Engine(Protocol):
@@ -172,8 +179,9 @@ class MappedEngine:
     algorithm = self._algorithm
     return self._data.map_clients(
         lambda position, _, examples: client_round.run_planned(
-            algorithm.client_rule, cohort.payload, examples, cohort.hparams,
-            _row(cohort.plans, position), algorithm.client_options),
+            algorithm.client_rule, cohort.received(position)[0], examples,
+            cohort.received(position)[1], _row(cohort.plans, position),
+            algorithm.client_options),
         cohort.indices)
 
 
@@ -271,11 +279,11 @@ class LanesEngine:
               ' lanes kernel')
     return ''
 
-  def _full_batches(self, payload, hparams, offsets, counts, plans):
+  def _full_batches(self, payload, hparams, offsets, counts, plans, trial):
     algorithm = self._algorithm
     return lanes_lib.run_full_batches(
         algorithm.client_rule, payload, hparams, algorithm.client_options,
-        self._data.examples, offsets, counts, plans, lanes=self.lanes)
+        self._data.examples, offsets, counts, plans, lanes=self.lanes, trial=trial)
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
@@ -284,15 +292,18 @@ class LanesEngine:
     m, size = tf.shape(cohort.offsets)[0], cohort.capacity
     padded = tf.nest.map_structure(
         lambda t: tf.scatter_nd(tf.range(m)[:, None], t, [size, *t.shape[1:]]),
-        (cohort.offsets, cohort.counts, cohort.plans))
+        (cohort.offsets, cohort.counts, cohort.plans,
+         *([] if cohort.trial is None else [cohort.trial])))
+    if cohort.trial is None:
+      padded = (*padded, None)
     states = tf.nest.map_structure(
         lambda t: t[:m], self._kernel(cohort.payload, cohort.hparams, *padded))
     if self._short_batches:
       states = lanes_lib.run_short_batches(
           rule, cohort.payload, cohort.hparams, options, self._data.examples,
-          cohort.offsets, cohort.counts, cohort.plans, states)
+          cohort.offsets, cohort.counts, cohort.plans, states, trial=cohort.trial)
     return lanes_lib.finish_cohort(rule, cohort.payload, cohort.hparams, options,
-                                   cohort.counts, cohort.plans, states)
+                                   cohort.counts, cohort.plans, states, trial=cohort.trial)
 
 
 class ClientError(RuntimeError):
@@ -323,19 +334,19 @@ class DebugEngine:
       examples = self._data.client_examples(int(index))
       n = local_loop.num_examples(examples)
       stage = 'initialize'
+      payload, hparams = cohort.received(position)
       try:
-        state = rule.initialize(cohort.payload, cohort.hparams, plan.context)
+        state = rule.initialize(payload, hparams, plan.context)
         for k in range(int(plan.batches.steps)):
           stage = f'local step {k}'
           batch = tf.nest.map_structure(
               lambda t, k=k: tf.gather(t, local_loop.batch_index(
                   k, plan.batches, size, n, options.shuffle)),
               examples)
-          state = rule.step(state, batch, cohort.payload, cohort.hparams, plan.context)
+          state = rule.step(state, batch, payload, hparams, plan.context)
         stage = 'finalize'
         outputs.append(client_round.finish_client(
-            rule, state, plan.batches.steps, cohort.payload, cohort.hparams, plan.context,
-            options, n))
+            rule, state, plan.batches.steps, payload, hparams, plan.context, options, n))
       except Exception as error:  # pylint: disable=broad-except  (re-raised, named)
         raise ClientError(
             f'client {self._data.client_ids[client]!r} (index {client}) failed in'

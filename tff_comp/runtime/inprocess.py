@@ -105,7 +105,7 @@ class InProcessRuntime:
     # A client's index in the population (RoundContext.client_index: its row of
     # per-client server state), apart from its position in the data on the device,
     # which differs when the data are streamed.
-    self._population_index = {cid: i for i, cid in enumerate(data.client_ids)}
+    self.population_index = {cid: i for i, cid in enumerate(data.client_ids)}
     self.device = device or choose_device()
     self.keeps_personal_models = algorithm.server_rule.keeps_personal_models
     self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
@@ -129,7 +129,7 @@ class InProcessRuntime:
                        if engine_.in_graph else self._round
                        for name, engine_ in self._engines.items()}
     self._traced: set[tuple[str, int]] = set()
-    self._metric_specs: Any = None  # the round's metrics' structure (`_pack`)
+    self._metric_specs: Any = None  # the round's metrics' structure (`pack_metrics`)
     self._fallbacks: list[str] = []  # the engines 'auto' falls back to if a round fails
     # Why the engine is not auto's first choice (or the data are streamed).
     self.why = (why_streaming or 'streaming each cohort\'s data') if self.streaming else ''
@@ -163,8 +163,6 @@ class InProcessRuntime:
       reasons.append(reason)
     raise AssertionError('unreachable: the last engine of AUTO_ORDER runs every rule')
 
-    logging.info('in-process runtime: %s', self.description)
-
   @property
   def description(self) -> str:
     why = f' ({self.why})' if self.why else ''
@@ -189,7 +187,7 @@ class InProcessRuntime:
           (k, tf.constant(v, tf.float32))
           for k, v in algorithm.client_rule.initial_hparams().items())
       aggregator = self._private.initial_state() if self._private else ()
-    return _state(weights, client_round.ClientWorkState(hparams, tf.constant(0)),
+    return learning_state(weights, client_round.ClientWorkState(hparams, tf.constant(0)),
                   server_state, aggregator)
 
   # Readers return NumPy values, as TFF's computations do.
@@ -197,7 +195,7 @@ class InProcessRuntime:
     return tf.nest.map_structure(np.asarray, state.global_model_weights)
 
   def set_model_weights(self, state: base.State, weights) -> base.State:
-    return _state(weights, state.client_work,
+    return learning_state(weights, state.client_work,
                   self.algorithm.server_rule.reset(state.finalizer, weights), state.aggregator)
 
   def get_hparams(self, state: base.State) -> collections.OrderedDict:
@@ -211,7 +209,7 @@ class InProcessRuntime:
         collections.OrderedDict(
             (k, tf.constant(v, tf.float32)) for k, v in hparams['client_work'].items()),
         state.client_work.round)
-    return _state(state.global_model_weights, work, self.algorithm.server_rule.set_hparams(
+    return learning_state(state.global_model_weights, work, self.algorithm.server_rule.set_hparams(
         state.finalizer, hparams['finalizer']), state.aggregator)
 
   def get_personal_weights(self, state: base.State):
@@ -240,21 +238,15 @@ class InProcessRuntime:
     if self.streaming:
       self.data.load(client_ids)
     positions = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
-    indices = tf.constant([self._population_index[cid] for cid in client_ids], tf.int32)
+    indices = tf.constant([self.population_index[cid] for cid in client_ids], tf.int32)
     work = tf.constant(np.ones(len(client_ids)) if work is None else work, tf.float32)
     if len(client_ids) > self.capacity:
-      if self.capacity and self._engines[self.engine].compiles_per_capacity:
+      if self.capacity and self.engine_impl.compiles_per_capacity:
         logging.info('in-process runtime: a cohort of %d clients exceeds the %s'
                      ' kernel\'s %d; compiling it for %d.', len(client_ids), self.engine,
                      self.capacity, len(client_ids))
       self.capacity = len(client_ids)
-    # Tensors throughout: a Python float (a TFF optimizer's initial learning rate) would
-    # make the round function trace again for the tensor it returns, and NumPy values
-    # (a restored checkpoint) would count the round in NumPy (int32 + 1 gave int64),
-    # which traced the round again in a resumed run's second round.
-    state = tf.nest.map_structure(
-        lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else tf.constant(v),
-        state)
+    state = as_tensors(state)
     args = (state.global_model_weights, state.finalizer,
             client_round.ClientWorkState(*state.client_work), state.aggregator)
     with tf.device(self.device):
@@ -270,13 +262,13 @@ class InProcessRuntime:
             args, positions, indices, work)
     self._fallbacks = []  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
-    return base.RoundOutput(_state(weights, work, server_state, aggregator),
-                            self._unpack(metrics))
+    return base.RoundOutput(learning_state(weights, work, server_state, aggregator),
+                            self.unpack_metrics(metrics))
 
   def _run_round(self, args, positions: tf.Tensor, indices: tf.Tensor, work: tf.Tensor):
     # Only an engine compiling per capacity (lanes) has a compiled cohort shape: the
     # others take 0, so a larger cohort does not trace their round again.
-    engine = self._engines[self.engine]
+    engine = self.engine_impl
     capacity = self.capacity if engine.compiles_per_capacity else 0
     round_fn, key = self._round_fns[self.engine], (self.engine, capacity)
     if engine.in_graph and key not in self._traced:
@@ -322,7 +314,7 @@ class InProcessRuntime:
     cohort = engines_lib.Cohort(payload, hparams, positions,
                                 tf.gather(self.data.offsets, positions), counts,
                                 client_round.ClientPlan(context, batches), capacity)
-    outputs = self._engines[self.engine].run(cohort)
+    outputs = self.engine_impl.run(cohort)
     kind, measured = algorithm.aggregation, collections.OrderedDict()
     if self._private is None:
       update = aggregation.aggregate(kind, outputs.update, outputs.weight)
@@ -341,23 +333,31 @@ class InProcessRuntime:
     metrics = collections.OrderedDict(
         distributor=(), client_work=client_round.train_metrics(stats, reference),
         aggregator=measured or (), finalizer=())
-    return weights, server_state, aggregator, self._pack(metrics)
+    return weights, server_state, aggregator, self.pack_metrics(metrics)
 
-  def _pack(self, metrics) -> tf.Tensor:
-    """The round's metrics as one float64 vector, so they reach the host in one transfer
-    (a GPU would wait once, not once per metric); `_unpack` restores them. Notes their
-    structure, when traced."""
+  @property
+  def engine_impl(self) -> Any:
+    """The engine object running the cohorts (`runtime.engines`)."""
+    return self._engines[self.engine]
+
+  def pack_metrics(self, metrics, leading: int | None = None) -> tf.Tensor:
+    """A round's metrics as one float64 vector, so they reach the host in one transfer
+    (a GPU would wait once, not once per metric); `unpack_metrics` restores them. With
+    `leading`, metrics stacked per trial, packed to [leading, k]. Notes their structure,
+    when traced."""
+    lead = [] if leading is None else [leading]
     self._metric_specs = tf.nest.map_structure(
-        lambda t: tf.TensorSpec(t.shape, t.dtype), metrics)
+        lambda t: tf.TensorSpec(t.shape[len(lead):], t.dtype), metrics)
     for spec in tf.nest.flatten(self._metric_specs):
       if not spec.shape.is_fully_defined():
         raise ValueError(f'a round metric has the unknown shape {spec.shape}.')
-    leaves = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(metrics)]
-    return tf.concat(leaves, 0) if leaves else tf.zeros([0], tf.float64)
+    leaves = [tf.reshape(tf.cast(t, tf.float64), [*lead, -1]) for t in tf.nest.flatten(metrics)]
+    return (tf.concat(leaves, len(lead)) if leaves else tf.zeros([*lead, 0], tf.float64))
 
-  def _unpack(self, packed: tf.Tensor):
-    """`_pack`'s metrics as NumPy values, in their structure and dtypes."""
-    values, leaves, start = packed.numpy(), [], 0
+  def unpack_metrics(self, packed: tf.Tensor):
+    """`pack_metrics`'s metrics (of one trial) as NumPy values, in their structure and
+    dtypes."""
+    values, leaves, start = np.asarray(packed), [], 0
     for spec in tf.nest.flatten(self._metric_specs):
       size = spec.shape.num_elements()
       leaves.append(values[start:start + size].reshape(spec.shape).astype(
@@ -366,7 +366,17 @@ class InProcessRuntime:
     return tf.nest.pack_sequence_as(self._metric_specs, leaves)
 
 
-def _state(weights, work: client_round.ClientWorkState, server_state,
+def as_tensors(state: base.State) -> base.State:
+  """`state` in tensors throughout: a Python float (a TFF optimizer's initial learning
+  rate) would make a round function trace again for the tensor it returns, and NumPy
+  values (a restored checkpoint) would count the round in NumPy (int32 + 1 gave int64),
+  which traced the round again in a resumed run's second round."""
+  return tf.nest.map_structure(
+      lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else tf.constant(v),
+      state)
+
+
+def learning_state(weights, work: client_round.ClientWorkState, server_state,
            aggregator) -> base.State:
   return tff.learning.templates.LearningAlgorithmState(
       global_model_weights=weights, distributor=(), client_work=work,

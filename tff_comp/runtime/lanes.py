@@ -25,6 +25,8 @@ one resident array of every client's examples (no padding), read through each cl
 offset and count.
 """
 
+from typing import Any
+
 import tensorflow as tf
 
 from tff_comp.ops import local_loop
@@ -52,6 +54,28 @@ def _put(buffers, row, values):
       lambda b, v: tf.tensor_scatter_nd_update(b, [[row]], v[None]), buffers, values)
 
 
+def received(payload, hparams, trial: tf.Tensor | None, clients) -> tuple[Any, Any]:
+  """(payload, hparams) of `clients` (a scalar or [k] positions): the cohort's, or with
+  `trial` (batched trials) the rows of each client's trial of the stacked ones."""
+  if trial is None:
+    return payload, hparams
+  return _rows((payload, hparams), tf.gather(trial, clients))
+
+
+def _step_all(rule: rule_lib.ClientRule, payload, hparams, trial, clients, states, batches,
+              contexts, **options):
+  """`rule.step` of every client of `clients` ([k]) at once (vectorized): a shared
+  payload stays out of the map, per-trial ones go in by row."""
+  if trial is None:
+    return _vectorized_map(
+        lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
+        (states, batches, contexts), **options)
+  own = received(payload, hparams, trial, clients)
+  return _vectorized_map(
+      lambda args: rule.step(args[0], args[1], args[3][0], args[3][1], args[2]),
+      (states, batches, contexts, own), **options)
+
+
 def _select(mask, new, old):
   """Per lane (leading axis): `new` where mask, else `old`."""
   return tf.nest.map_structure(
@@ -62,7 +86,7 @@ def _select(mask, new, old):
 def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
                      options: client_round.ClientOptions, examples, offsets: tf.Tensor,
                      counts: tf.Tensor, plans: client_round.ClientPlan, *,
-                     lanes: int) -> rule_lib.LocalState:
+                     lanes: int, trial: tf.Tensor | None = None) -> rule_lib.LocalState:
   """Every cohort client's LocalState after its full batches, stacked in cohort order.
 
   Args:
@@ -71,6 +95,7 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
     offsets, counts: [m] int32, where each cohort client's examples start, how many.
     plans: the cohort's `ClientPlan`s, each field stacked to [m].
     lanes: how many clients step together.
+    trial: [m] each client's trial (batched trials: payload and hparams per trial).
   """
   size = client_round.step_batch_size(rule, options)
   m = int(offsets.shape[0])
@@ -81,7 +106,7 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
   def context(c):
     return _rows(plans.context, c)
 
-  template = rule.initialize(payload, hparams, context(0))
+  template = rule.initialize(*received(payload, hparams, trial, 0), context(0))
   lane_state = tf.nest.map_structure(
       lambda t: tf.repeat(t[None], width, axis=0), template)
   states = tf.nest.map_structure(lambda t: tf.zeros([m + 1, *t.shape], t.dtype), template)
@@ -102,7 +127,8 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
       states = _put(states, tf.where(c >= 0, c, m), _rows(lane_state, lane))
       following = tf.where(taken < m, tf.gather(order, tf.minimum(taken, m - 1)), -1)
       this_lane = tf.equal(tf.range(width), lane)
-      started = rule.initialize(payload, hparams, context(tf.maximum(following, 0)))
+      started = rule.initialize(*received(payload, hparams, trial, tf.maximum(following, 0)),
+                                context(tf.maximum(following, 0)))
       lane_state = _select(this_lane, tf.nest.map_structure(
           lambda s, v: tf.broadcast_to(v, s.shape), lane_state, started), lane_state)
       return (tf.where(this_lane, following, lane_client),
@@ -122,10 +148,9 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
         tf.gather(counts, clients)[:, None], options.shuffle)
     # No silent per-lane while loop for an op without a vectorization rule: the
     # kernel fails to build instead, and the runtime falls back to mapped clients.
-    stepped = _vectorized_map(
-        lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
-        (lane_state, _rows(examples, positions), _rows(plans.context, clients)),
-        fallback_to_while_loop=False)
+    stepped = _step_all(rule, payload, hparams, trial, clients, lane_state,
+                        _rows(examples, positions), _rows(plans.context, clients),
+                        fallback_to_while_loop=False)
     lane_state = _select(busy, stepped, lane_state)
     return serve(lane_client, lane_k + tf.cast(busy, tf.int32), lane_state, states, taken)
 
@@ -139,7 +164,8 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
 def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
                       options: client_round.ClientOptions, examples, offsets: tf.Tensor,
                       counts: tf.Tensor, plans: client_round.ClientPlan,
-                      states: rule_lib.LocalState) -> rule_lib.LocalState:
+                      states: rule_lib.LocalState, *,
+                      trial: tf.Tensor | None = None) -> rule_lib.LocalState:
   """The clients' short last batches from the states of `run_full_batches`.
 
   In plain TF (batch shapes vary), one vectorized step per distinct short-batch size in
@@ -155,10 +181,8 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
     positions = tf.gather(offsets, members)[:, None] + local_loop.short_batch(
         local_loop.take(plans.batches, members), size, tf.gather(counts, members)[:, None],
         options.shuffle, size=sizes[k])
-    stepped = _vectorized_map(
-        lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
-        (_rows(states, members), _rows(examples, positions),
-         _rows(plans.context, members)))
+    stepped = _step_all(rule, payload, hparams, trial, members, _rows(states, members),
+                        _rows(examples, positions), _rows(plans.context, members))
     return k + 1, tf.nest.map_structure(
         lambda b, v: tf.tensor_scatter_nd_update(b, members[:, None], v), stepped_states,
         stepped)
@@ -172,13 +196,20 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
 def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
                   options: client_round.ClientOptions, counts: tf.Tensor,
                   plans: client_round.ClientPlan,
-                  states: rule_lib.LocalState) -> client_round.ClientOutput:
+                  states: rule_lib.LocalState, *,
+                  trial: tf.Tensor | None = None) -> client_round.ClientOutput:
   """Each client's `ClientOutput` from its state after `run_full_batches`, stacked in
   cohort order."""
   steps = plans.batches.steps
   # Once per client, so a per-client loop where an op does not vectorize (the slot
   # tables' scatter of AFL, TR-MAML, Ditto) costs little.
+  if trial is None:
+    return _vectorized_map(
+        lambda args: client_round.finish_client(rule, args[0], args[1], payload, hparams,
+                                                args[2], options, args[3]),
+        (states, steps, plans.context, counts))
+  own = received(payload, hparams, trial, tf.range(tf.shape(counts)[0]))
   return _vectorized_map(
-      lambda args: client_round.finish_client(rule, args[0], args[1], payload, hparams,
-                                          args[2], options, args[3]),
-      (states, steps, plans.context, counts))
+      lambda args: client_round.finish_client(rule, args[0], args[1], *args[4], args[2],
+                                              options, args[3]),
+      (states, steps, plans.context, counts, own))
