@@ -1,6 +1,7 @@
 """The grid runner of the reproductions: every (algorithm, configuration, seed) of an
 `reproductions.Reproduction`, trained through the library's run path (`experiment.prepare`,
-`build_runner` once per algorithm, seed and build option, `train` per configuration),
+`build_runner` once per algorithm, seed and build option, `train` per configuration; or
+all of an algorithm's configurations and seeds as batched trials, `tff_comp.trials`),
 and the curves read back from each run's metrics.csv."""
 
 import concurrent.futures
@@ -8,8 +9,11 @@ import csv
 import multiprocessing
 import pathlib
 import time
+from typing import Any
 
 from tff_comp import experiment as experiment_lib
+from tff_comp import registry
+from tff_comp import trials as trials_lib
 from tff_comp.binaries import reproductions
 from tff_comp.runtime import callbacks
 
@@ -48,18 +52,87 @@ def run_dir(root, algorithm, config, seed, seeds, names=()) -> pathlib.Path:
   return out / f'seed_{seed}' if len(seeds) > 1 else out
 
 
+def _config(spec: reproductions.Reproduction, algorithm: str, seed: int, rounds: int,
+            root: pathlib.Path, options: dict, algorithm_options: dict,
+            **run: Any) -> experiment_lib.ExperimentConfig:
+  # output_dir (unless `run` gives one): the algorithm's folder of per-configuration
+  # runs, so preparing never looks at run.py's default runs/<algo>-<task> (a `make run`
+  # there must not stop a grid).
+  return experiment_lib.ExperimentConfig.of(**{
+      'output_dir': str(root / algorithm), **run,
+      'algorithm': spec.aliases.get(algorithm, algorithm), 'task': spec.task,
+      'rounds': rounds, 'seed': seed, 'eval_period': spec.eval_period,
+      'task_options': dict(spec.task_options),
+      'algorithm_options': {**spec.algorithm_options.get(algorithm, {}),
+                            **algorithm_options},
+      **options, **spec.settings, **spec.algorithm_settings.get(algorithm, {})})
+
+
 def _prepare(spec: reproductions.Reproduction, algorithm: str, seed: int, rounds: int,
              root: pathlib.Path, options: dict, algorithm_options: dict):
-  # output_dir: the algorithm's folder of per-configuration runs, so preparing never
-  # looks at run.py's default runs/<algo>-<task> (a `make run` there must not stop a grid).
-  config = experiment_lib.ExperimentConfig.of(
-      algorithm=spec.aliases.get(algorithm, algorithm), task=spec.task, rounds=rounds,
-      output_dir=str(root / algorithm),
-      seed=seed, eval_period=spec.eval_period, task_options=dict(spec.task_options),
-      algorithm_options={**spec.algorithm_options.get(algorithm, {}), **algorithm_options},
-      **options, **spec.settings, **spec.algorithm_settings.get(algorithm, {}))
-  prepared = experiment_lib.prepare(config)
+  prepared = experiment_lib.prepare(
+      _config(spec, algorithm, seed, rounds, root, options, algorithm_options))
   return prepared, experiment_lib.build_runner(prepared)
+
+
+def _split(values: dict[str, float], hparams: set[str]) -> tuple[dict, dict]:
+  """A configuration's (client rule hparams, build options): the learning rates and the
+  rule's own hyperparameters are set through the hparams; other options need a build."""
+  own = {k: v for k, v in values.items() if k not in reproductions.LEARNING_RATES}
+  return ({k: v for k, v in own.items() if k in hparams},
+          {k: v for k, v in own.items() if k not in hparams})
+
+
+def _outcome(spec: reproductions.Reproduction, curve: dict, rounds: int) -> str:
+  final = curve[spec.metric]
+  last = max(final)
+  return (f'{spec.metric}={final[last]:.4g} at round {last}' if last >= rounds
+          else f'diverged at round {diverged_at(curve)}')
+
+
+def _run_batched(name: str, spec: reproductions.Reproduction, algorithm: str, rounds: int,
+                 seeds, root: pathlib.Path, options: dict) -> list[dict]:
+  """Trains one algorithm over its grid and seeds as batched trials (`tff_comp.trials`:
+  those sharing a build run as one program). Returns per seed {configuration: {metric:
+  curve}}."""
+  names, metrics = list(reproductions.axes(spec, algorithm)), recorded(spec)
+  program = experiment_lib.prepare(
+      _config(spec, algorithm, seeds[0], rounds, root, options, {})).build()
+  hparams = set(program.client_rule.initial_hparams()) if hasattr(program, 'client_rule') else set()
+  accepts_server_rate = registry.get_algorithm(
+      spec.aliases.get(algorithm, algorithm)).accepts('server_learning_rate')
+  entries = []
+  for seed in seeds:
+    for config in reproductions.configurations(spec, algorithm):
+      values = dict(zip(names, config))
+      client_hparams, build_options = _split(values, hparams)
+      out = run_dir(root, algorithm, config, seed, seeds, names)
+      rates = dict(client_learning_rate=config[0], server_learning_rate=config[1])
+      if not accepts_server_rate:  # q-FedAvg's ratio step: its grid's server rate is 1
+        del rates['server_learning_rate']
+      entries.append((seed, config, out, trials_lib.Trial(
+          _config(spec, algorithm, seed, rounds, root, options, build_options,
+                  output_dir=str(out), **rates),
+          client_hparams, extra_config={
+              'experiment': name, 'grid_algorithm': algorithm,
+              'client_learning_rate': config[0], 'server_learning_rate': config[1],
+              'grid_configuration': values})))
+  start = time.monotonic()
+  results = trials_lib.run_trials([entry[3] for entry in entries],
+                                  say=lambda line: print(line, flush=True))
+  took = time.monotonic() - start
+  curves: list[dict] = [{} for _ in seeds]
+  for (seed, config, out, _), result in zip(entries, results):
+    label = reproductions.describe(spec, algorithm, config)
+    if isinstance(result, callbacks.DivergenceError):
+      print(f'{algorithm} {label} seed {seed}: {result}')
+    elif isinstance(result, Exception):
+      raise result
+    curve = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
+    curves[list(seeds).index(seed)][config] = curve
+    print(f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curve, rounds)}'
+          f' ({took:.0f}s, the group\'s)', flush=True)
+  return curves
 
 
 def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed: int, rounds: int,
@@ -76,10 +149,7 @@ def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed
   curves = {}
   for config in reproductions.configurations(spec, algorithm):
     values = dict(zip(names, config))
-    client_hparams = {k: v for k, v in values.items()
-                      if k not in reproductions.LEARNING_RATES and k in hparams}
-    build_options = {k: v for k, v in values.items()
-                     if k not in reproductions.LEARNING_RATES and k not in hparams}
+    client_hparams, build_options = _split(values, hparams)
     key = tuple(sorted(build_options.items()))
     if key not in built:
       built[key] = _prepare(spec, algorithm, seed, rounds, root, options, build_options)
@@ -98,11 +168,7 @@ def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed
     except callbacks.DivergenceError as e:
       print(f'{algorithm} {label} seed {seed}: {e}')
     curves[config] = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
-    final = curves[config][spec.metric]
-    last = max(final)
-    outcome = (f'{spec.metric}={final[last]:.4g} at round {last}' if last >= rounds
-               else f'diverged at round {diverged_at(curves[config])}')
-    print(f'{algorithm:15s} {label} seed={seed} {outcome}'
+    print(f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curves[config], rounds)}'
           f' ({time.monotonic() - start:.0f}s)', flush=True)
   return curves
 
@@ -110,32 +176,41 @@ def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed
 def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, root: pathlib.Path,
              runtime: str = 'auto', *, engine: str = 'auto', data_seed: int | None = None,
              overwrite: bool = False, resume: bool = False, checkpoint_every: int = 100,
-             parallel: int = 1):
+             parallel: int = 1, batch_trials: bool = True):
   """Trains every (algorithm, configuration, seed); `data_seed` None: each run's data
   seed is its seed. `resume`: finished configurations are read back, an interrupted one
-  continues from its checkpoint. `parallel` > 1: (algorithm, seed) groups run in that
-  many processes.
+  continues from its checkpoint. `batch_trials`: each algorithm's configurations and
+  seeds run as batched trials (`tff_comp.trials`), else one after another per (algorithm,
+  seed). `parallel` > 1: those units (algorithms, or (algorithm, seed) groups) run in
+  that many processes.
 
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
   being the values of `reproductions.axes` in order: (eta_c, eta_s, own values...).
   """
   options = dict(data_seed=data_seed, overwrite=overwrite, resume=resume,
                  checkpoint_every=checkpoint_every, runtime=runtime, engine=engine)
-  groups = [(a, seed) for a in spec.algorithms for seed in seeds]
-  args = [(name, spec, a, seed, rounds, seeds, root, options) for a, seed in groups]
+  if batch_trials:
+    units = [(a, None) for a in spec.algorithms]
+    run, args = _run_batched, [(name, spec, a, rounds, seeds, root, options)
+                               for a in spec.algorithms]
+  else:
+    units = [(a, seed) for a in spec.algorithms for seed in seeds]
+    run, args = _run_group, [(name, spec, a, seed, rounds, seeds, root, options)
+                             for a, seed in units]
   if parallel > 1:
     # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
     with concurrent.futures.ProcessPoolExecutor(
         parallel, mp_context=multiprocessing.get_context('spawn')) as pool:
-      results = list(pool.map(_run_group, *zip(*args)))
+      results = list(pool.map(run, *zip(*args)))
   else:
-    results = [_run_group(*a) for a in args]
+    results = [run(*a) for a in args]
   curves: dict[str, dict[tuple[float, ...], list]] = {
       a: {config: [] for config in reproductions.configurations(spec, a)}
       for a in spec.algorithms}
-  for (algorithm, _), result in zip(groups, results):
-    for config, curve in result.items():
-      curves[algorithm][config].append(curve)
+  for (algorithm, seed), result in zip(units, results):
+    for per_seed in (result if seed is None else [result]):
+      for config, curve in per_seed.items():
+        curves[algorithm][config].append(curve)
   return curves
 
 

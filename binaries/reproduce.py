@@ -73,7 +73,12 @@ _RESUME = flags.DEFINE_bool(
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
     'checkpoint_every', 100, 'Rounds between saved states of each run (for --resume).')
 _PARALLEL = flags.DEFINE_integer(
-    'parallel', 1, 'Run (algorithm, seed) groups in this many processes.')
+    'parallel', 1, 'Run algorithms (with --batch_trials; else (algorithm, seed) groups)'
+    ' in this many processes.')
+_BATCH_TRIALS = flags.DEFINE_bool(
+    'batch_trials', True, 'Run each algorithm\'s configurations and seeds as batched'
+    ' trials: those sharing a build in one compiled program (tff_comp.trials), each'
+    ' writing and equal to its own run; --nobatch_trials: one run after another.')
 _RUNTIME = flags.DEFINE_enum('runtime', 'auto', run_config.runtime_names(),
                              'Where rounds run (see run.py --helpfull).')
 _ENGINE = flags.DEFINE_enum('engine', 'auto', list(inprocess.ENGINES),
@@ -163,7 +168,7 @@ def _reproduce(argv):
                              engine=_ENGINE.value, data_seed=_DATA_SEED.value,
                              overwrite=_OVERWRITE.value, resume=_RESUME.value,
                              checkpoint_every=_CHECKPOINT_EVERY.value,
-                             parallel=_PARALLEL.value)
+                             parallel=_PARALLEL.value, batch_trials=_BATCH_TRIALS.value)
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (tff_comp.signals)
@@ -174,7 +179,8 @@ def _reproduce(argv):
       sys.exit(143 if sigterm else 130)
     minutes, seconds = divmod(round(time.monotonic() - start), 60)
     provenance = (f'Took {minutes} min {seconds} s on {summary.machine()},'
-                  f' {datetime.date.today()} (--parallel={_PARALLEL.value}).')
+                  f' {datetime.date.today()} (--parallel={_PARALLEL.value},'
+                  f' --{"" if _BATCH_TRIALS.value else "no"}batch_trials).')
   print(summary.summarize(name, spec, curves, rounds, root, command, provenance))
 
 

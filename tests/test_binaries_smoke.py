@@ -130,7 +130,7 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in table
   # How long it took and on what machine.
   assert re.search(r'Took \d+ min \d+ s on \d+ CPUs \(.+\), (no GPU|\d+ GPU\(s\)),'
-                   r' \d{4}-\d\d-\d\d \(--parallel=1\)\.', table), table
+                   r' \d{4}-\d\d-\d\d \(--parallel=1, --batch_trials\)\.', table), table
   assert '| feddualavg | eta_c=0.001, eta_s=10 |' in table and 'f1 @ 2' in table
   runs = list((tmp_path / 'fco_lasso').glob('*/lr_*'))
   assert [r.name for r in runs] == ['lr_0.001_10']

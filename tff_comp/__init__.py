@@ -29,7 +29,7 @@ import importlib
 
 # Submodules load on first use, so the math layer (`tff_comp.ops`) imports without TFF.
 _SUBMODULES = ('aggregators', 'client_work', 'composer', 'models', 'registry',
-               'server_update', 'runtime', 'ops', 'algorithms', 'experiment')
+               'server_update', 'runtime', 'ops', 'algorithms', 'experiment', 'trials')
 # Short names of submodules elsewhere.
 _ALIASES = {'regularizers': 'tff_comp.ops.regularizers'}
 # The public surface: name -> the module defining it.
@@ -51,6 +51,8 @@ _EXPORTS = {
     'register_algorithm': 'tff_comp.registry',
     'register_task': 'tff_comp.registry',
     'register_runtime': 'tff_comp.registry',
+    'Trial': 'tff_comp.trials',
+    'run_trials': 'tff_comp.trials',
 }
 
 

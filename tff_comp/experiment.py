@@ -286,11 +286,12 @@ def prepare(config: ExperimentConfig) -> Prepared:
   builder_args = _builder_args(config, algorithm, task, home, settings)
   plan = _model_aggregator(config, algorithm, task, builder_args, settings)
   prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger)
-  if config.resume:  # refused before any runtime is built (checked again in `train_runner`)
+  if config.resume:  # refused before any runtime is built (checked again in `train_runner`,
+    # with what its caller adds to config.json)
     run_directory.check_resumable(
         pathlib.Path(config.output_dir),
         dict(dataclasses.asdict(config), resolved=resolved_options(prepared)),
-        force=config.force_resume)
+        force=config.force_resume, extra_later=True)
   return prepared
 
 

@@ -77,10 +77,12 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
 
 
 def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
-                    force: bool = False) -> None:
+                    force: bool = False, extra_later: bool = False) -> None:
   """Raises ConfigError if the run recorded in `output_dir` was configured otherwise
   than `config` (besides `RESUMABLE_CHANGES`), or holds a run (metrics, checkpoints)
-  whose config.json is gone, unless `force`. Nothing there: nothing to check."""
+  whose config.json is gone, unless `force`. Nothing there: nothing to check.
+  `extra_later`: records the caller adds to config.json later (a grid's) are checked
+  then, not now: recorded top-level entries `config` lacks are left aside."""
   try:
     recorded = json.loads((output_dir / 'config.json').read_text())
   except FileNotFoundError:
@@ -110,6 +112,8 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
     resolved = {k[len('resolved.'):]: v for k, v in c.items() if k.startswith('resolved.')}
     return kept, {k: v for k, v in resolved.items() if not free(k, _RESUMABLE_RESOLVED)}
 
+  if extra_later:
+    recorded = {k: v for k, v in recorded.items() if k in config}
   (old, old_resolved), (new, new_resolved) = comparable(recorded), comparable(config)
   differ = {}  # name -> (recorded, now); a resolved value over the flag it came from
   for before, after in ((old, new), (old_resolved, new_resolved)):

@@ -16,7 +16,7 @@ import sys
 import threading
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
-_requested: list[str] = []  # the first signal's name, until `take_request` reads it
+_requested: list[str] = []  # the first signal's name, until `stop_at_round_end` ends
 _starting: list[str] = []  # the program installing at its start, until its run begins
 
 
@@ -72,6 +72,8 @@ def stop_at_round_end() -> Iterator[None]:
     _requested.clear()
 
 
-def take_request() -> str | None:
-  """The signal asking the run to stop ('SIGINT', 'SIGTERM'), once; None if none."""
-  return _requested.pop() if _requested else None
+def requested() -> str | None:
+  """The signal asking the runs to stop ('SIGINT', 'SIGTERM'), None if none: every run
+  of the process sees it (the trials of a batched grid each stop at their round's end),
+  until `stop_at_round_end` ends."""
+  return _requested[0] if _requested else None

@@ -42,7 +42,7 @@ class SignalStop(callbacks_lib.Callback):
 
   def after_round(self, loop: callbacks_lib.Loop, round_num: int,
                   metrics: run_files.Metrics) -> None:
-    name = signals.take_request()
+    name = signals.requested()
     if name:
       raise callbacks_lib.StopTraining(name, interrupt=True)
 

@@ -1,0 +1,166 @@
+"""Batched trials: every trial of a group equals its separate run (weights, the whole
+server state and each round's metrics), for every registered algorithm that runs
+in-process, with its own learning rates, hyperparameters, seed, sampler stream (Poisson
+with dropout) and shuffled local data."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import algorithm_cases
+from tff_comp import registry
+from tff_comp import trials
+from tff_comp.run_config import ExperimentConfig
+from tff_comp.runtime import callbacks
+from tff_comp.runtime import inprocess
+from tff_comp.runtime import run_files
+from tff_comp.runtime import sampling
+from tff_comp.runtime import trial_group
+
+DATA = algorithm_cases.DATA['unequal']
+IDS = list(DATA.client_ids)
+ROUNDS = 3
+# Per trial: (seed, client rate, server rate, factor on the rule's other hparams).
+TRIALS = ((3, 0.02, 1.0, 1.0), (4, 0.05, 0.5, 1.5), (5, 0.01, 1.2, 0.5))
+
+
+def _algorithms() -> list[str]:
+  return [name for name in registry.ALGORITHMS.names()
+          if not inprocess.why_not(algorithm_cases.algorithm(name, {}))]
+
+
+def _start(runtime, algorithm, trial):
+  _, client_rate, server_rate, factor = trial
+  others = {k: v * factor for k, v in algorithm.client_rule.initial_hparams().items()
+            if k != 'learning_rate'}
+  state = runtime.initialize()
+  if 'learning_rate' not in runtime.get_hparams(state)['finalizer']:
+    server_rate = 1.0  # a server step without a rate (q-FedAvg's ratio)
+  return callbacks.set_learning_rates(runtime, state, client_rate, server_rate, others)
+
+
+def _rounds(runtime, state, seed):
+  """ROUNDS rounds on Poisson cohorts with dropout drawn by `seed`'s sampler."""
+  sampler = sampling.ClientSampler(IDS, 3, seed, sampling.Participation(
+      'poisson', dropout_rate=0.2))
+  metrics = []
+  for round_num in range(1, ROUNDS + 1):
+    clients = sampler.sample(round_num)
+    if clients.reporting:
+      output = runtime.next(state, list(clients.reporting), clients.work)
+      state = output.state
+      metrics.append(output.metrics)
+  return state, metrics
+
+
+def _separate(name, engine):
+  results = []
+  for trial in TRIALS:
+    algorithm = algorithm_cases.algorithm(name, {}, shuffle=True).with_client_options(
+        seed=trial[0])
+    runtime = inprocess.build(algorithm, DATA, engine=engine)
+    results.append(_rounds(runtime, _start(runtime, algorithm, trial), trial[0]))
+  return results
+
+
+def _batched(name, engine, seeds=None):
+  algorithm = algorithm_cases.algorithm(name, {}, shuffle=True)
+  group = trial_group.TrialGroup(inprocess.build(algorithm, DATA, engine=engine),
+                                 seeds or [t[0] for t in TRIALS])
+  results = [None] * len(TRIALS)
+
+  def run(t):
+    member = group.member(t)
+    try:
+      member.reserve_cohort(len(IDS))
+      results[t] = _rounds(member, _start(member, algorithm, TRIALS[t]), TRIALS[t][0])
+    finally:
+      member.leave()
+
+  threads = [threading.Thread(target=run, args=(t,)) for t in range(len(TRIALS))]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  return results, group
+
+
+def _assert_equal(batched, separate, label):
+  for t, ((state, metrics), (want_state, want_metrics)) in enumerate(zip(batched, separate)):
+    for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(want_state), strict=True):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6,
+                                 err_msg=f'{label}, trial {t}: state')
+    assert len(metrics) == len(want_metrics), label
+    for a, b in zip(tf.nest.flatten(metrics), tf.nest.flatten(want_metrics), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6,
+                                 err_msg=f'{label}, trial {t}: metrics')
+
+
+@pytest.mark.parametrize('name', _algorithms())
+def test_each_trial_equals_its_separate_run(name):
+  batched, group = _batched(name, 'mapped')
+  assert group.rounds_run <= ROUNDS  # the trials' rounds ran together
+  _assert_equal(batched, _separate(name, 'mapped'), name)
+
+
+@pytest.mark.parametrize('name', ['fedavg', 'feddualavg', 'scaffold'])
+def test_each_trial_equals_its_separate_run_on_lanes(name):
+  batched, _ = _batched(name, 'lanes')
+  _assert_equal(batched, _separate(name, 'lanes'), name)
+
+
+def test_trials_sharing_one_seed_are_caught():
+  """The mutation check: trials given one seed share shuffles, and differ from their runs."""
+  batched, _ = _batched('fedavg', 'mapped', seeds=[3, 3, 3])
+  with pytest.raises(AssertionError):
+    _assert_equal(batched, _separate('fedavg', 'mapped'), 'fedavg')
+
+
+def _files(path):
+  """metrics.csv without its clock columns, and the final model."""
+  columns, rows, _ = run_files.whole_rows(path / 'metrics.csv')
+  kept = [c for c in columns if 'seconds' not in c]
+  return [[row[c] for c in kept] for row in rows], run_files.load_model(path / 'final_model.npz')
+
+
+def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
+  """Three FedProx runs of their own rates, mu (through the hparams), seeds and
+  participation, batched, against the same three run one after another."""
+  def grid(root):
+    return [trials.Trial(ExperimentConfig.of(
+        algorithm='fedprox', task='quadratic', rounds=4, clients_per_round=cohort,
+        eval_period=2, sampling='poisson', dropout_rate=0.2, seed=seed,
+        client_learning_rate=rate, output_dir=str(root / f'trial_{seed}')),
+        {'proximal_strength': mu})
+        for seed, rate, mu, cohort in ((1, 0.02, 0.1, 3), (2, 0.05, 0.0, 4), (3, 0.01, 1.0, 2))]
+  said = []
+  batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
+  assert 'fedprox on quadratic: 3 trials batched into one program' in said[0]
+  separate = trials.run_trials(grid(tmp_path / 'separate'), batch=False, say=said.append)
+  assert '3 trial(s) one after another (batching off)' in said[1]
+  assert batched == separate
+  for seed in (1, 2, 3):
+    (rows, model), (want_rows, want_model) = (
+        _files(tmp_path / kind / f'trial_{seed}') for kind in ('batched', 'separate'))
+    assert rows == want_rows
+    for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    recorded = json.loads((tmp_path / 'batched' / f'trial_{seed}' / 'config.json').read_text())
+    assert recorded['runtime_record']['trials'] == 3
+    assert recorded['resolved']['client_hparams']['proximal_strength'] in (0.1, 0.0, 1.0)
+
+
+def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):
+  configs = [ExperimentConfig.of(
+      algorithm='fedavg', task='quadratic', rounds=5, clients_per_round=3, eval_period=5,
+      client_learning_rate=rate, output_dir=str(tmp_path / str(rate)))
+      for rate in (0.02, 1e6, 0.05)]
+  results = trials.run_trials([trials.Trial(c) for c in configs], say=lambda _: None)
+  assert isinstance(results[1], callbacks.DivergenceError)
+  for rate, result in ((0.02, results[0]), (0.05, results[2])):
+    assert not isinstance(result, Exception)
+    rows = run_files.whole_rows(tmp_path / str(rate) / 'metrics.csv')[1]
+    assert [row['round'] for row in rows] == ['0', '1', '2', '3', '4', '5']

@@ -1,0 +1,267 @@
+"""Trials batched into one program: runs of one algorithm on one task that differ only in
+values that keep every shape (learning rates and the client rule's other hyperparameters,
+server-optimizer settings, `--seed`) run their rounds together, as one `tf.function`
+on the in-process runtime.
+
+Each trial is a run of its own, with its own loop, sampler, callbacks, checkpoints and
+output directory (`tff_comp.trials.run_trials` starts each on a thread); its runtime is
+a `TrialRuntime` whose `next` hands the round to the group and waits. When every trial
+still running has handed over its next round, the last to arrive runs them all at once:
+
+    the states stacked on a trial axis [T]; the cohorts concatenated, each client
+      tagged with its trial t(i)
+    P_t = server_rule.payload(S_t, W_t)                       (vectorized over trials)
+    client i's round on the engine, from P_t(i) and the hparams of trial t(i), its
+      batches shuffled by trial t(i)'s seed and round
+    U_t = the aggregation of trial t's clients alone          (`aggregation.Groups`)
+    (S_t', W_t') = server_rule.step(S_t, W_t, U_t)            (vectorized over trials)
+
+so every trial's numbers are those of its separate run (`tests/test_trials.py`, every
+registered algorithm). A trial that ends (its rounds done, diverged, stopped) leaves
+the group; the others go on, its slot kept with no clients. Why threads: a trial's loop,
+callbacks and run directory are the single run's code, unchanged; only its rounds meet.
+"""
+
+from collections.abc import Sequence
+import collections
+import threading
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tff_comp.ops import aggregation
+from tff_comp.ops import client_round
+from tff_comp.ops import local_loop
+from tff_comp.ops import rule as rule_lib
+from tff_comp.runtime import base
+from tff_comp.runtime import engines as engines_lib
+from tff_comp.runtime import inprocess
+
+
+def _host(value: Any) -> np.ndarray:
+  """A state's leaf in NumPy, in the dtype `inprocess.as_tensors` gives it (a Python
+  float as float32, an int as int32), so the round is traced once."""
+  if isinstance(value, float):
+    return np.float32(value)
+  if isinstance(value, int) and not isinstance(value, bool):
+    return np.int32(value)
+  return np.asarray(value)
+
+
+def _row(structure: Any, t: int) -> Any:
+  return tf.nest.map_structure(lambda leaf: leaf[t], structure)
+
+
+class TrialGroup:
+  """`size` trials of `runtime`'s algorithm on its data (see the module docstring);
+  `seeds[t]`: trial t's seed of shuffling and epoch draws (its `--seed`).
+
+  Raises:
+    base.UnsupportedError: what a batch of trials cannot hold yet (a private
+      aggregator, streamed data); the caller runs those trials one by one.
+  """
+
+  def __init__(self, runtime: inprocess.InProcessRuntime, seeds: Sequence[int]):
+    self.check(runtime)
+    self.runtime, self.size = runtime, len(seeds)
+    self._seeds = tf.constant(seeds, tf.int64)
+    self._round_fn = tf.function(self._round, autograph=False)
+    self._traced: set[int] = set()
+    self._reserved = [0] * self.size  # each trial's largest cohort
+    self._capacity = 0  # clients of the compiled round (the trials' cohorts together)
+    self._lock = threading.Condition()
+    self._active = set(range(self.size))
+    self._waiting: dict[int, tuple[base.State, list[str], Any]] = {}
+    self._results: dict[int, Any] = {}
+    self._last: dict[int, base.State] = {}  # each trial's latest state (an empty slot's)
+    self.rounds_run = 0  # batched rounds
+
+  @staticmethod
+  def check(runtime: inprocess.InProcessRuntime) -> None:
+    """Raises UnsupportedError for what a group cannot hold yet."""
+    if runtime.algorithm.model_aggregator is not None:
+      raise base.UnsupportedError('a private (DP) aggregator runs one trial at a time')
+    if runtime.streaming:
+      raise base.UnsupportedError('streamed client data run one trial at a time')
+    if not runtime.engine_impl.in_graph:
+      raise base.UnsupportedError(f'the {runtime.engine} engine runs one trial at a time')
+
+  def member(self, t: int) -> 'TrialRuntime':
+    """Trial `t`'s runtime."""
+    return TrialRuntime(self, t)
+
+  def reserve(self, t: int, size: int) -> None:
+    with self._lock:
+      self._reserved[t] = max(self._reserved[t], size)
+
+  def submit(self, t: int, state: base.State, client_ids: Sequence[str],
+             work: Sequence[float] | None) -> base.RoundOutput:
+    """Trial `t`'s round; returns when the group has run it."""
+    with self._lock:
+      self._waiting[t] = (state, list(client_ids), work)
+      self._last[t] = state
+      self._run_if_all_waiting()
+      self._lock.wait_for(lambda: t in self._results)
+      result = self._results.pop(t)
+    if isinstance(result, BaseException):
+      raise result
+    return result
+
+  def leave(self, t: int) -> None:
+    """Trial `t` ended: the group no longer waits for it."""
+    with self._lock:
+      self._active.discard(t)
+      self._run_if_all_waiting()
+
+  def _run_if_all_waiting(self) -> None:
+    if not self._waiting or set(self._waiting) != self._active:
+      return
+    batch, self._waiting = self._waiting, {}
+    try:
+      outputs = self._run(batch)
+    except BaseException as error:  # pylint: disable=broad-except  (each trial raises it)
+      outputs = {t: error for t in batch}
+    self._results.update(outputs)
+    self._lock.notify_all()
+
+  def _run(self, batch: dict[int, tuple[base.State, list[str], Any]]) -> dict[int, Any]:
+    """The trials' rounds as one: states stacked and split on the host in NumPy (one
+    conversion a leaf, not one eager op a leaf and trial)."""
+    runtime = self.runtime
+    states, ids, work, trial = [], [], [], []
+    for t in range(self.size):
+      state, cohort, share = batch.get(t, (self._last.get(t), [], None))
+      if state is None:  # a trial that left before its first round: any state will do
+        state = next(iter(self._last.values()))
+      states.append(state)
+      ids += cohort
+      work += [1.0] * len(cohort) if share is None else list(share)
+      trial += [t] * len(cohort)
+    stacked = tf.nest.map_structure(lambda *leaves: np.stack([_host(v) for v in leaves]),
+                                    *states)
+    # Compiled for every trial's largest cohort together, so once (as a single run's).
+    self._capacity = max(self._capacity, sum(self._reserved), len(ids))
+    args = (stacked.global_model_weights, stacked.finalizer,
+            client_round.ClientWorkState(*stacked.client_work), self._seeds)
+    if self._capacity not in self._traced:  # one trace for cohorts of every size
+      any_size = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
+                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))
+      self._round_fn.get_concrete_function(*args, *any_size, self._capacity)
+      self._traced.add(self._capacity)
+    with tf.device(runtime.device):
+      new = self._round_fn(
+          *args, tf.constant([runtime.data.index[c] for c in ids], tf.int32),
+          tf.constant([runtime.population_index[c] for c in ids], tf.int32),
+          tf.constant(work, tf.float32), tf.constant(trial, tf.int32), self._capacity)
+    weights, server, aggregator, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
+    self.rounds_run += 1
+    outputs = {}
+    for t in batch:
+      work_state = client_round.ClientWorkState(
+          _row(stacked.client_work.hparams, t),
+          np.int32(stacked.client_work.round[t] + 1))
+      outputs[t] = base.RoundOutput(
+          inprocess.learning_state(_row(weights, t), work_state, _row(server, t),
+                                   _row(aggregator, t)),
+          runtime.unpack_metrics(packed[t]))
+    return outputs
+
+  def _round(self, weights, server_state, work_state, seeds, positions, indices, work,
+             trial, capacity: int):
+    """One round of every trial (stacked on axis 0); clients tagged by `trial`."""
+    runtime = self.runtime
+    algorithm, data, hparams = runtime.algorithm, runtime.data, work_state.hparams
+    rule, server_rule = algorithm.client_rule, algorithm.server_rule
+    groups = aggregation.Groups(trial, self.size)
+    payload = tf.vectorized_map(lambda a: server_rule.payload(*a), (server_state, weights))
+
+    def own(structure, position):  # a client's trial's row
+      return _row_at(structure, tf.gather(trial, position))
+
+    reference = None
+    if rule.uses_reference_loss:  # per trial, the largest of its clients' candidates
+      reference = tf.math.unsorted_segment_max(data.map_clients(
+          lambda p, _, examples: rule.reference_value(own(payload, p), examples,
+                                                      own(hparams, p)),
+          positions), trial, self.size)
+    counts = tf.gather(data.counts, positions)
+    m = tf.shape(indices)[:1]
+    context = rule_lib.RoundContext(
+        indices, tf.zeros(m) if reference is None else tf.gather(reference, trial),
+        tf.zeros(m))
+    if rule.uses_start_loss:
+      context = context._replace(start_loss=data.map_clients(
+          lambda p, _, examples: rule.start_loss(own(payload, p), examples, own(hparams, p)),
+          positions))
+    batches = local_loop.limit(client_round.plan_cohort(
+        rule, algorithm.client_options, counts, tf.gather(data.keys, positions),
+        tf.gather(work_state.round, trial), seed=tf.gather(seeds, trial)), work)
+    cohort = engines_lib.Cohort(payload, hparams, positions, tf.gather(data.offsets, positions),
+                                counts, client_round.ClientPlan(context, batches), capacity,
+                                trial)
+    outputs = runtime.engine_impl.run(cohort)
+    kind = algorithm.aggregation
+    update = aggregation.aggregate(kind, outputs.update, outputs.weight, groups)
+    server_state, weights = tf.vectorized_map(
+        lambda a: tuple(server_rule.step(*a)), (server_state, weights, update))
+    stats = aggregation.group_sum(outputs.stats, groups)
+    metrics = collections.OrderedDict(
+        distributor=(), client_work=client_round.train_metrics(stats, reference),
+        aggregator=aggregation.measurements(kind, outputs.update, outputs.weight, groups)
+        or (), finalizer=())
+    return weights, server_state, (), runtime.pack_metrics(metrics, leading=self.size)
+
+
+def _row_at(structure: Any, index: tf.Tensor) -> Any:
+  return tf.nest.map_structure(lambda leaf: tf.gather(leaf, index), structure)
+
+
+class TrialRuntime:
+  """One trial's runtime (`runtime.base.Runtime`): the group's in-process runtime for
+  everything but `next`, which runs in the group's batched round."""
+
+  def __init__(self, group: TrialGroup, t: int):
+    self._group, self._t, self._inner = group, t, group.runtime
+    self.name = self._inner.name
+    self.keeps_personal_models = self._inner.keeps_personal_models
+    self.partial_work = True
+
+  @property
+  def description(self) -> str:
+    return f'{self._inner.description}, {self._group.size} trials batched'
+
+  @property
+  def record(self) -> dict[str, Any]:
+    return dict(self._inner.record, trials=self._group.size)
+
+  def initialize(self) -> base.State:
+    return self._inner.initialize()
+
+  def next(self, state: base.State, client_ids: Sequence[str],
+           work: Sequence[float] | None = None) -> base.RoundOutput:
+    if not client_ids:
+      raise ValueError('a round needs at least one client.')
+    return self._group.submit(self._t, state, client_ids, work)
+
+  def reserve_cohort(self, size: int) -> None:
+    self._group.reserve(self._t, size)
+
+  def prefetch(self, client_ids: Sequence[str]) -> None:
+    del client_ids  # resident data only
+
+  def leave(self) -> None:
+    self._group.leave(self._t)
+
+  def get_model_weights(self, state: base.State) -> Any:
+    return self._inner.get_model_weights(state)
+
+  def get_hparams(self, state: base.State) -> Any:
+    return self._inner.get_hparams(state)
+
+  def set_hparams(self, state: base.State, hparams: Any) -> base.State:
+    return self._inner.set_hparams(state, hparams)
+
+  def get_personal_weights(self, state: base.State) -> Any:
+    return self._inner.get_personal_weights(state)
+
