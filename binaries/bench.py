@@ -46,6 +46,11 @@ batch 20, one epoch, the same clients and initial weights for every system):
       `tf.function` SGD step, then the example-weighted mean.
 A GPU, where lanes would fill the device with many small clients, is not available on
 these machines, so only CPU numbers are printed.
+`--workload=grid` runs part 8 instead (`bench_grid.part8`): a reproduction's whole grid
+(`--grid_experiment`, every method, configuration and seed, `--grid_rounds` rounds)
+through `reproduce.py`, batched trials against one run after another, both with
+`--grid_parallel` processes, in the same bench run: wall time, the ratio and whether
+the two results tables are identical.
 `--workload=streaming` runs part 7 instead: a StackOverflow-shaped synthetic population
 (342,477 clients, lognormal sizes around the real mean of 397 sentences, 20 token ids a
 sentence; generated on demand, never stored whole), FedAvg of a small bag-of-words
@@ -83,6 +88,7 @@ from tff_comp.algorithms import fedavg
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import workers
 from tff_comp.binaries import bench_timing as timing
+from tff_comp.binaries import bench_grid
 from tff_comp.binaries import bench_workloads
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.')
@@ -97,8 +103,15 @@ _TFF_WORKERS = flags.DEFINE_integer(
 _FIRST_ROUNDS = flags.DEFINE_bool('first_rounds', True, 'Part 5: time to the first round.')
 _MEMORY_ROUNDS = flags.DEFINE_integer(
     'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).')
-_WORKLOAD = flags.DEFINE_enum('workload', 'lasso', ['lasso', 'emnist_cnn', 'streaming'],
-                              'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7.')
+_WORKLOAD = flags.DEFINE_enum('workload', 'lasso',
+                              ['lasso', 'emnist_cnn', 'streaming', 'grid'],
+                              'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7;'
+                              ' grid: part 8.')
+_GRID_EXPERIMENT = flags.DEFINE_string('grid_experiment', 'fco_lasso',
+                                       'Part 8: the reproduction whose grid is timed.')
+_GRID_ROUNDS = flags.DEFINE_integer('grid_rounds', 500, 'Part 8: rounds of every run.')
+_GRID_PARALLEL = flags.DEFINE_integer(
+    'grid_parallel', 2, 'Part 8: reproduce.py --parallel, both ways.')
 _EMNIST_CLIENTS = flags.DEFINE_integer('emnist_clients', 10,
                                        'Part 6: clients per round.')
 _RUN_PY_ROUNDS = flags.DEFINE_integer(
@@ -373,6 +386,9 @@ def main(argv):
     return
   if _WORKLOAD.value == 'streaming':
     bench_workloads.part7(_ROUNDS.value, _REPEATS.value)
+    return
+  if _WORKLOAD.value == 'grid':
+    bench_grid.part8(_GRID_EXPERIMENT.value, _GRID_ROUNDS.value, _GRID_PARALLEL.value)
     return
   part1(_ROUNDS.value, _REPEATS.value)
   if _SWEEP.value:

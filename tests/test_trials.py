@@ -1,7 +1,7 @@
 """Batched trials: every trial of a group equals its separate run (weights, the whole
 server state and each round's metrics), for every registered algorithm that runs
 in-process, with its own learning rates, hyperparameters, seed, sampler stream (Poisson
-with dropout) and shuffled local data."""
+with dropout) and shuffled local data: equal to the bit."""
 
 import json
 import threading
@@ -13,6 +13,7 @@ import tensorflow as tf
 from tests import algorithm_cases
 from tff_comp import registry
 from tff_comp import trials
+from tff_comp.ops import privacy
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import callbacks
 from tff_comp.runtime import inprocess
@@ -56,18 +57,18 @@ def _rounds(runtime, state, seed):
   return state, metrics
 
 
-def _separate(name, engine):
+def _separate(name, engine, extra=None):
   results = []
   for trial in TRIALS:
-    algorithm = algorithm_cases.algorithm(name, {}, shuffle=True).with_client_options(
+    algorithm = algorithm_cases.algorithm(name, extra or {}, shuffle=True).with_client_options(
         seed=trial[0])
     runtime = inprocess.build(algorithm, DATA, engine=engine)
     results.append(_rounds(runtime, _start(runtime, algorithm, trial), trial[0]))
   return results
 
 
-def _batched(name, engine, seeds=None):
-  algorithm = algorithm_cases.algorithm(name, {}, shuffle=True)
+def _batched(name, engine, seeds=None, extra=None):
+  algorithm = algorithm_cases.algorithm(name, extra or {}, shuffle=True)
   group = trial_group.TrialGroup(inprocess.build(algorithm, DATA, engine=engine),
                                  seeds or [t[0] for t in TRIALS])
   results = [None] * len(TRIALS)
@@ -89,27 +90,40 @@ def _batched(name, engine, seeds=None):
 
 
 def _assert_equal(batched, separate, label):
+  """Equal to the bit: a trial runs its separate run's ops on its own shapes."""
   for t, ((state, metrics), (want_state, want_metrics)) in enumerate(zip(batched, separate)):
     for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(want_state), strict=True):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6,
-                                 err_msg=f'{label}, trial {t}: state')
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
+                                    err_msg=f'{label}, trial {t}: state')
     assert len(metrics) == len(want_metrics), label
     for a, b in zip(tf.nest.flatten(metrics), tf.nest.flatten(want_metrics), strict=True):
-      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6,
-                                 err_msg=f'{label}, trial {t}: metrics')
+      np.testing.assert_array_equal(a, b, err_msg=f'{label}, trial {t}: metrics')
 
 
 @pytest.mark.parametrize('name', _algorithms())
 def test_each_trial_equals_its_separate_run(name):
   batched, group = _batched(name, 'mapped')
   assert group.rounds_run <= ROUNDS  # the trials' rounds ran together
+  assert group.retraces == 0
   _assert_equal(batched, _separate(name, 'mapped'), name)
 
 
 @pytest.mark.parametrize('name', ['fedavg', 'feddualavg', 'scaffold'])
 def test_each_trial_equals_its_separate_run_on_lanes(name):
-  batched, _ = _batched(name, 'lanes')
+  batched, group = _batched(name, 'lanes')
+  assert group.retraces == 0  # the kernel compiled once
   _assert_equal(batched, _separate(name, 'lanes'), name)
+
+
+@pytest.mark.parametrize('spec', [
+    privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
+    privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5)],
+    ids=['dp', 'dp_adaptive'])
+def test_private_trials_each_draw_their_own_noise(spec):
+  """DP noise seeded by each trial's seed and round, adaptive clipping state per trial."""
+  extra = dict(model_aggregator=spec, client_weighting='uniform')
+  batched, _ = _batched('fedavg', 'mapped', extra=extra)
+  _assert_equal(batched, _separate('fedavg', 'mapped', extra), spec.kind)
 
 
 def test_trials_sharing_one_seed_are_caught():
@@ -147,7 +161,7 @@ def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
         _files(tmp_path / kind / f'trial_{seed}') for kind in ('batched', 'separate'))
     assert rows == want_rows
     for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
-      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+      np.testing.assert_array_equal(a, b)
     recorded = json.loads((tmp_path / 'batched' / f'trial_{seed}' / 'config.json').read_text())
     assert recorded['runtime_record']['trials'] == 3
     assert recorded['resolved']['client_hparams']['proximal_strength'] in (0.1, 0.0, 1.0)

@@ -266,10 +266,11 @@ def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
   return builder_args
 
 
-def prepare(config: ExperimentConfig) -> Prepared:
+def prepare(config: ExperimentConfig, *, task: Any = None) -> Prepared:
   """Validates `config` and builds the task; runs no TFF computation. Steps: the
   runtime settings, the algorithm and task names, their options, the task, the run
-  settings, the builder's arguments.
+  settings, the builder's arguments. `task`: one already built from the same task
+  settings (the trials of a grid share it), used instead of building it again.
 
   Raises:
     registry.RegistryError: unknown algorithm or task.
@@ -281,7 +282,7 @@ def prepare(config: ExperimentConfig) -> Prepared:
   # Settings and options that work for the (algorithm, home task) pair.
   home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
   _check_options(config, algorithm, task_entry)
-  task = _build_task(config, task_entry)
+  task = task if task is not None else _build_task(config, task_entry)
   settings = _run_settings(config, task, home)
   builder_args = _builder_args(config, algorithm, task, home, settings)
   plan = _model_aggregator(config, algorithm, task, builder_args, settings)

@@ -7,10 +7,11 @@ rounds, participation) and the client rule's hyperparameters set through its hpa
 (`client_hparams`, by the rule's names: FedProx's `proximal_strength`), as
 `experiment.train_runner` takes them. Trials whose configurations agree but for the
 learning rates, `seed`, rounds, evaluation period, cohort and participation, output
-directory and resume flags, and whose hparams differ, form a group; a group runs as one
-program when its runtime is in-process, else (a DP aggregator, TFF's runtime, streamed
-data) its trials run one after another, said in one line. Each trial writes what its
-separate run writes, and equals it.
+directory and resume flags, and whose hparams differ, form a group (private trials:
+of one rounds, cohort and participation, which calibrate their noise); a group runs as
+one program when its runtime is in-process, else (TFF's runtime, streamed data, the
+debug engine) its trials run one after another, said in one line. Each trial writes
+what its separate run writes, and equals it to the bit.
 """
 
 from collections.abc import Sequence
@@ -32,6 +33,9 @@ from tff_comp.runtime import trial_group
 _PER_TRIAL = ('client_learning_rate', 'server_learning_rate', 'seed', 'rounds',
               'eval_period', 'clients_per_round', 'participation', 'output_dir',
               'overwrite', 'resume', 'force_resume', 'checkpoints')
+# Of those, what a private aggregator is built from (its noise calibrated to the rounds,
+# the cohort and the sampling): private trials share a build only when they agree.
+_CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +50,13 @@ class Trial:
 
 def group_key(trial: Trial) -> str:
   """What a trial's group shares: its configuration but for `_PER_TRIAL` (the task's
-  seed kept: `--seed` seeds the data when `--data_seed` is None)."""
+  seed kept: `--seed` seeds the data when `--data_seed` is None; a private run's
+  `_CALIBRATE_PRIVACY` kept)."""
   shared = dataclasses.asdict(trial.config)
+  private = trial.config.privacy.private
   for name in _PER_TRIAL:
-    *records, field = name.split('.')
-    owner = shared
-    for record in records:
-      owner = owner[record]
-    owner.pop(field, None)
+    if not (private and name in _CALIBRATE_PRIVACY):
+      del shared[name]
   shared['task_seed'] = trial.config.task_seed
   return json.dumps(shared, sort_keys=True, default=str)
 
@@ -97,7 +100,9 @@ def run_trials(trials: Sequence[Trial], *, batch: bool = True,
   results: list[Any] = [None] * len(trials)
   for members in groups(trials):
     try:
-      prepared = [experiment.prepare(trials[i].config) for i in members]
+      first = experiment.prepare(trials[members[0]].config)
+      prepared = [first] + [experiment.prepare(trials[i].config, task=first.task)
+                            for i in members[1:]]  # a group shares its task settings
       # Built for the group's client rounds together: 'auto' weighs the lanes kernel's
       # compile against the whole group's local steps.
       settings = prepared[0].settings

@@ -39,6 +39,7 @@ from tff_comp.ops import privacy
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
+from tff_comp.runtime import lanes as lanes_lib
 from tff_comp.runtime import streaming
 
 UnsupportedError = base.UnsupportedError
@@ -293,36 +294,66 @@ class InProcessRuntime:
     """One round; `positions` locate the cohort's examples in `self.data`, `indices`
     are the clients' indices in the population."""
     algorithm, hparams = self.algorithm, work_state.hparams
-    rule, options = algorithm.client_rule, algorithm.client_options
     payload = algorithm.server_rule.payload(server_state, weights)
+    seed = algorithm.client_options.seed
+    plans, reference = self.client_plans(payload, hparams, positions, indices, work,
+                                         work_state.round, seed)
+    outputs = self.engine_impl.run(engines_lib.Cohort(
+        payload, hparams, positions, tf.gather(self.data.offsets, positions),
+        tf.gather(self.data.counts, positions), plans, capacity))
+    return self.finish(outputs, weights, server_state, aggregator, work_state.round, seed,
+                       reference)
+
+  def client_plans(self, payload, hparams, positions: tf.Tensor, indices: tf.Tensor,
+                   work: tf.Tensor, round_num, seed, *, trial: tf.Tensor | None = None,
+                   trials: int = 1) -> tuple[client_round.ClientPlan, Any]:
+    """The cohort's `ClientPlan`s and the round's reference loss (None unless the rule
+    uses one: the largest of the clients' candidates). With `trial` ([m], batched
+    trials: `runtime.trial_group`), `payload`, `hparams`, `round_num` and `seed` are
+    per trial, each client reads its trial's, and the reference is per trial ([trials])."""
+    rule, options = self.algorithm.client_rule, self.algorithm.client_options
+
+    def received(position):  # (payload, hparams) of the client at `position`
+      return lanes_lib.received(payload, hparams, trial, position)
+
+    def per_client(value):  # a per-trial value, for each client
+      return value if trial is None else tf.gather(value, trial)
+
     reference = None
-    if rule.uses_reference_loss:  # the largest of the clients' candidates
-      reference = tf.reduce_max(self.data.map_clients(
-          lambda _, __, examples: rule.reference_value(payload, examples, hparams),
-          positions))
-    counts = tf.gather(self.data.counts, positions)
+    if rule.uses_reference_loss:
+      candidates = self.data.map_clients(
+          lambda p, _, examples: rule.reference_value(received(p)[0], examples,
+                                                      received(p)[1]), positions)
+      reference = (tf.reduce_max(candidates) if trial is None else
+                   tf.math.unsorted_segment_max(candidates, trial, trials))
     m = tf.shape(indices)[:1]
     context = rule_lib.RoundContext(
-        indices, tf.fill(m, tf.cast(0.0 if reference is None else reference, tf.float32)),
-        tf.zeros(m))
+        indices, tf.zeros(m) if reference is None else tf.broadcast_to(
+            tf.cast(per_client(reference), tf.float32), m), tf.zeros(m))
     if rule.uses_start_loss:
       context = context._replace(start_loss=self.data.map_clients(
-          lambda _, __, examples: rule.start_loss(payload, examples, hparams), positions))
-    batches = local_loop.limit(
-        client_round.plan_cohort(rule, options, counts, tf.gather(self.data.keys, positions),
-                                 work_state.round), work)
-    cohort = engines_lib.Cohort(payload, hparams, positions,
-                                tf.gather(self.data.offsets, positions), counts,
-                                client_round.ClientPlan(context, batches), capacity)
-    outputs = self.engine_impl.run(cohort)
+          lambda p, _, examples: rule.start_loss(received(p)[0], examples, received(p)[1]),
+          positions))
+    counts = tf.gather(self.data.counts, positions)
+    batches = local_loop.limit(client_round.plan_cohort(
+        rule, options, counts, tf.gather(self.data.keys, positions), per_client(round_num),
+        seed=per_client(seed)), work)
+    return client_round.ClientPlan(context, batches), reference
+
+  def finish(self, outputs: client_round.ClientOutput, weights, server_state, aggregator,
+             round_num, seed, reference):
+    """The round after its clients' work: aggregation (with the private aggregator's
+    noise seeded by `seed` and the round), the server step and the round's metrics,
+    packed (`pack_metrics`). Returns (weights, server state, aggregator state, metrics)."""
+    algorithm = self.algorithm
     kind, measured = algorithm.aggregation, collections.OrderedDict()
     if self._private is None:
       update = aggregation.aggregate(kind, outputs.update, outputs.weight)
-    else:  # noise seeded by the run and the round
-      seed = tf.stack([tf.constant(algorithm.client_options.seed, tf.int64),
-                       tf.cast(work_state.round, tf.int64)])
+    else:
+      noise_seed = tf.stack([tf.cast(seed, tf.int64), tf.cast(round_num, tf.int64)])
       model_mean, aggregator, private = self._private.aggregate(
-          aggregator, aggregation.model_part(kind, outputs.update), outputs.weight, seed)
+          aggregator, aggregation.model_part(kind, outputs.update), outputs.weight,
+          noise_seed)
       # Nested as TFF's factories report them (under 'mean' beside side channels).
       measured.update(collections.OrderedDict(mean=private)
                       if hasattr(outputs.update, 'delta') else private)
@@ -340,19 +371,17 @@ class InProcessRuntime:
     """The engine object running the cohorts (`runtime.engines`)."""
     return self._engines[self.engine]
 
-  def pack_metrics(self, metrics, leading: int | None = None) -> tf.Tensor:
+  def pack_metrics(self, metrics) -> tf.Tensor:
     """A round's metrics as one float64 vector, so they reach the host in one transfer
-    (a GPU would wait once, not once per metric); `unpack_metrics` restores them. With
-    `leading`, metrics stacked per trial, packed to [leading, k]. Notes their structure,
-    when traced."""
-    lead = [] if leading is None else [leading]
+    (a GPU would wait once, not once per metric); `unpack_metrics` restores them. Notes
+    their structure, when traced."""
     self._metric_specs = tf.nest.map_structure(
-        lambda t: tf.TensorSpec(t.shape[len(lead):], t.dtype), metrics)
+        lambda t: tf.TensorSpec(t.shape, t.dtype), metrics)
     for spec in tf.nest.flatten(self._metric_specs):
       if not spec.shape.is_fully_defined():
         raise ValueError(f'a round metric has the unknown shape {spec.shape}.')
-    leaves = [tf.reshape(tf.cast(t, tf.float64), [*lead, -1]) for t in tf.nest.flatten(metrics)]
-    return (tf.concat(leaves, len(lead)) if leaves else tf.zeros([*lead, 0], tf.float64))
+    leaves = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(metrics)]
+    return tf.concat(leaves, 0) if leaves else tf.zeros([0], tf.float64)
 
   def unpack_metrics(self, packed: tf.Tensor):
     """`pack_metrics`'s metrics (of one trial) as NumPy values, in their structure and

@@ -10,30 +10,29 @@ still running has handed over its next round, the last to arrive runs them all a
 
     the states stacked on a trial axis [T]; the cohorts concatenated, each client
       tagged with its trial t(i)
-    P_t = server_rule.payload(S_t, W_t)                       (vectorized over trials)
+    P_t = server_rule.payload(S_t, W_t)                           (per trial)
     client i's round on the engine, from P_t(i) and the hparams of trial t(i), its
-      batches shuffled by trial t(i)'s seed and round
-    U_t = the aggregation of trial t's clients alone          (`aggregation.Groups`)
-    (S_t', W_t') = server_rule.step(S_t, W_t, U_t)            (vectorized over trials)
+      batches shuffled by trial t(i)'s seed and round               (batched)
+    (W_t', S_t', A_t', metrics_t) = the aggregation of trial t's clients (with a private
+      aggregator's state A_t and noise seeded by trial t's seed), the server step and
+      the metrics: `InProcessRuntime.finish`                      (per trial)
 
-so every trial's numbers are those of its separate run (`tests/test_trials.py`, every
-registered algorithm). A trial that ends (its rounds done, diverged, stopped) leaves
-the group; the others go on, its slot kept with no clients. Why threads: a trial's loop,
+"Per trial" runs a separate run's own ops on its own shapes in a loop over trials, and
+each client's work is its own whatever lane it runs in, so every trial's numbers are
+those of its separate run to the bit (`tests/test_trials.py`, every registered
+algorithm). A trial that ends (its rounds done, diverged, stopped) leaves the group;
+the others go on, its slot kept with no clients. Why threads: a trial's loop,
 callbacks and run directory are the single run's code, unchanged; only its rounds meet.
 """
 
 from collections.abc import Sequence
-import collections
 import threading
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.ops import aggregation
 from tff_comp.ops import client_round
-from tff_comp.ops import local_loop
-from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
 from tff_comp.runtime import inprocess
@@ -42,9 +41,10 @@ from tff_comp.runtime import inprocess
 def _host(value: Any) -> np.ndarray:
   """A state's leaf in NumPy, in the dtype `inprocess.as_tensors` gives it (a Python
   float as float32, an int as int32), so the round is traced once."""
-  if isinstance(value, float):
+  # Exact types: NumPy's float64 scalars (a state read back from a round) are floats too.
+  if type(value) is float:  # pylint: disable=unidiomatic-typecheck
     return np.float32(value)
-  if isinstance(value, int) and not isinstance(value, bool):
+  if type(value) is int:  # pylint: disable=unidiomatic-typecheck
     return np.int32(value)
   return np.asarray(value)
 
@@ -58,8 +58,8 @@ class TrialGroup:
   `seeds[t]`: trial t's seed of shuffling and epoch draws (its `--seed`).
 
   Raises:
-    base.UnsupportedError: what a batch of trials cannot hold yet (a private
-      aggregator, streamed data); the caller runs those trials one by one.
+    base.UnsupportedError: what a batch of trials cannot hold yet (streamed data, an
+      engine outside the graph); the caller runs those trials one by one.
   """
 
   def __init__(self, runtime: inprocess.InProcessRuntime, seeds: Sequence[int]):
@@ -68,6 +68,8 @@ class TrialGroup:
     self._seeds = tf.constant(seeds, tf.int64)
     self._round_fn = tf.function(self._round, autograph=False)
     self._traced: set[int] = set()
+    self._dtypes: Any = None  # (model, server, aggregator state) leaves' dtypes, as
+    # the round returns them
     self._reserved = [0] * self.size  # each trial's largest cohort
     self._capacity = 0  # clients of the compiled round (the trials' cohorts together)
     self._lock = threading.Condition()
@@ -76,12 +78,11 @@ class TrialGroup:
     self._results: dict[int, Any] = {}
     self._last: dict[int, base.State] = {}  # each trial's latest state (an empty slot's)
     self.rounds_run = 0  # batched rounds
+    self.retraces = 0  # rounds after the first that traced the round again (a bug)
 
   @staticmethod
   def check(runtime: inprocess.InProcessRuntime) -> None:
     """Raises UnsupportedError for what a group cannot hold yet."""
-    if runtime.algorithm.model_aggregator is not None:
-      raise base.UnsupportedError('a private (DP) aggregator runs one trial at a time')
     if runtime.streaming:
       raise base.UnsupportedError('streamed client data run one trial at a time')
     if not runtime.engine_impl.in_graph:
@@ -142,19 +143,20 @@ class TrialGroup:
                                     *states)
     # Compiled for every trial's largest cohort together, so once (as a single run's).
     self._capacity = max(self._capacity, sum(self._reserved), len(ids))
-    args = (stacked.global_model_weights, stacked.finalizer,
-            client_round.ClientWorkState(*stacked.client_work), self._seeds)
     if self._capacity not in self._traced:  # one trace for cohorts of every size
-      any_size = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
-                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))
-      self._round_fn.get_concrete_function(*args, *any_size, self._capacity)
+      self._trace(stacked)
       self._traced.add(self._capacity)
+    stacked = self._in_round_dtypes(stacked)
+    args = self._args(stacked)[:5]
+    traces = self._round_fn.experimental_get_tracing_count()
     with tf.device(runtime.device):
       new = self._round_fn(
           *args, tf.constant([runtime.data.index[c] for c in ids], tf.int32),
           tf.constant([runtime.population_index[c] for c in ids], tf.int32),
           tf.constant(work, tf.float32), tf.constant(trial, tf.int32), self._capacity)
     weights, server, aggregator, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
+    if self.rounds_run and self._round_fn.experimental_get_tracing_count() != traces:
+      self.retraces += 1
     self.rounds_run += 1
     outputs = {}
     for t in batch:
@@ -167,54 +169,68 @@ class TrialGroup:
           runtime.unpack_metrics(packed[t]))
     return outputs
 
-  def _round(self, weights, server_state, work_state, seeds, positions, indices, work,
-             trial, capacity: int):
-    """One round of every trial (stacked on axis 0); clients tagged by `trial`."""
+  def _args(self, stacked: base.State) -> tuple[Any, ...]:
+    """The round function's arguments for any cohort: the stacked states' parts, the
+    seeds and the shapes of the per-client inputs."""
+    return (stacked.global_model_weights, stacked.finalizer,
+            client_round.ClientWorkState(*stacked.client_work), stacked.aggregator,
+            self._seeds,
+            tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32),
+            self._capacity)
+
+  def _trace(self, stacked: base.State) -> None:
+    """Traces the round for the group's capacity, its model and server state in the
+    dtypes the round returns them (`_dtypes`): a trial's first state may hold a leaf in
+    another (a server rate set as float64, returned as float32), which would trace the
+    round again, and compile its kernel again, in round 2."""
+    returned = self._round_fn.get_concrete_function(*self._args(stacked)).structured_outputs
+    self._dtypes = tf.nest.map_structure(lambda t: t.dtype.as_numpy_dtype, returned[:3])
+    cast = self._in_round_dtypes(stacked)
+    if any(a.dtype != b.dtype for a, b in zip(tf.nest.flatten(stacked), tf.nest.flatten(cast))):
+      self._round_fn.get_concrete_function(*self._args(cast))
+
+  def _in_round_dtypes(self, stacked: base.State) -> base.State:
+    weights, server, aggregator = tf.nest.map_structure(
+        lambda v, dtype: v.astype(dtype, copy=False),
+        (stacked.global_model_weights, stacked.finalizer, stacked.aggregator), self._dtypes)
+    return stacked._replace(global_model_weights=weights, finalizer=server,
+                            aggregator=aggregator)
+
+  def _round(self, weights, server_state, work_state, aggregator, seeds, positions,
+             indices, work, trial, capacity: int):
+    """One round of every trial (states stacked on axis 0); clients tagged by `trial`.
+    What a trial's separate round computes from its own state runs per trial
+    (`tf.map_fn`), with the same ops on the same shapes, so its numbers are the same
+    to the bit; only the clients' work is batched."""
     runtime = self.runtime
-    algorithm, data, hparams = runtime.algorithm, runtime.data, work_state.hparams
-    rule, server_rule = algorithm.client_rule, algorithm.server_rule
-    groups = aggregation.Groups(trial, self.size)
-    payload = tf.vectorized_map(lambda a: server_rule.payload(*a), (server_state, weights))
+    server_rule, hparams = runtime.algorithm.server_rule, work_state.hparams
+    payload = _per_trial(server_rule.payload, server_state, weights)
+    plans, reference = runtime.client_plans(payload, hparams, positions, indices, work,
+                                            work_state.round, seeds, trial=trial,
+                                            trials=self.size)
+    outputs = runtime.engine_impl.run(engines_lib.Cohort(
+        payload, hparams, positions, tf.gather(runtime.data.offsets, positions),
+        tf.gather(runtime.data.counts, positions), plans, capacity, trial))
 
-    def own(structure, position):  # a client's trial's row
-      return _row_at(structure, tf.gather(trial, position))
+    def finish(t, weights, server_state, aggregator, round_num, seed, *reference):
+      own = tf.reshape(tf.where(tf.equal(trial, t)), [-1])  # trial t's clients, in order
+      return runtime.finish(tf.nest.map_structure(lambda x: tf.gather(x, own), outputs),
+                            weights, server_state, aggregator, round_num, seed,
+                            *(reference or [None]))
 
-    reference = None
-    if rule.uses_reference_loss:  # per trial, the largest of its clients' candidates
-      reference = tf.math.unsorted_segment_max(data.map_clients(
-          lambda p, _, examples: rule.reference_value(own(payload, p), examples,
-                                                      own(hparams, p)),
-          positions), trial, self.size)
-    counts = tf.gather(data.counts, positions)
-    m = tf.shape(indices)[:1]
-    context = rule_lib.RoundContext(
-        indices, tf.zeros(m) if reference is None else tf.gather(reference, trial),
-        tf.zeros(m))
-    if rule.uses_start_loss:
-      context = context._replace(start_loss=data.map_clients(
-          lambda p, _, examples: rule.start_loss(own(payload, p), examples, own(hparams, p)),
-          positions))
-    batches = local_loop.limit(client_round.plan_cohort(
-        rule, algorithm.client_options, counts, tf.gather(data.keys, positions),
-        tf.gather(work_state.round, trial), seed=tf.gather(seeds, trial)), work)
-    cohort = engines_lib.Cohort(payload, hparams, positions, tf.gather(data.offsets, positions),
-                                counts, client_round.ClientPlan(context, batches), capacity,
-                                trial)
-    outputs = runtime.engine_impl.run(cohort)
-    kind = algorithm.aggregation
-    update = aggregation.aggregate(kind, outputs.update, outputs.weight, groups)
-    server_state, weights = tf.vectorized_map(
-        lambda a: tuple(server_rule.step(*a)), (server_state, weights, update))
-    stats = aggregation.group_sum(outputs.stats, groups)
-    metrics = collections.OrderedDict(
-        distributor=(), client_work=client_round.train_metrics(stats, reference),
-        aggregator=aggregation.measurements(kind, outputs.update, outputs.weight, groups)
-        or (), finalizer=())
-    return weights, server_state, (), runtime.pack_metrics(metrics, leading=self.size)
+    return _per_trial(finish, tf.range(self.size), weights, server_state, aggregator,
+                      work_state.round, seeds, *([] if reference is None else [reference]))
 
 
-def _row_at(structure: Any, index: tf.Tensor) -> Any:
-  return tf.nest.map_structure(lambda leaf: tf.gather(leaf, index), structure)
+def _per_trial(fn, *stacked) -> Any:
+  """fn(row t of each of `stacked`) for every trial t, stacked: a loop (`tf.map_fn`),
+  not a vectorization, so each trial runs a separate run's ops on its shapes."""
+  spec = tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype),
+      tf.function(fn, autograph=False).get_concrete_function(*tf.nest.map_structure(
+          lambda t: tf.TensorSpec(t.shape[1:], t.dtype), stacked)).structured_outputs)
+  return tf.map_fn(lambda rows: fn(*rows), stacked, fn_output_signature=spec)
 
 
 class TrialRuntime:
