@@ -11,6 +11,8 @@ import pathlib
 import time
 from typing import Any
 
+import threadpoolctl
+
 from tff_comp import experiment as experiment_lib
 from tff_comp import registry
 from tff_comp import trials as trials_lib
@@ -26,12 +28,15 @@ def column(metric: str) -> str:
 
 def read_curves(path: pathlib.Path, metrics, sources) -> dict[str, dict[int, float]]:
   """{metric: {round: value}} from a run's metrics.csv (rows that have the metric),
-  reading metric m from column `sources[m]` when given."""
+  reading metric m from column `sources[m]` when given; and {'round': {r: r}} for every
+  row written (a run stopped between evaluations ends after its last row)."""
   with open(path / 'metrics.csv') as f:
     rows = list(csv.DictReader(f))
   columns = {m: column(sources.get(m, m)) for m in metrics}
-  return {m: {int(r['round']): float(r[columns[m]]) for r in rows if r.get(columns[m])}
-          for m in metrics}
+  curves = {m: {int(r['round']): float(r[columns[m]]) for r in rows if r.get(columns[m])}
+            for m in metrics}
+  curves['round'] = {int(r['round']): float(r['round']) for r in rows}
+  return curves
 
 
 def plotted(spec: reproductions.Reproduction) -> tuple[str, ...]:
@@ -91,7 +96,8 @@ def _outcome(spec: reproductions.Reproduction, curve: dict, rounds: int) -> str:
 
 
 def _run_batched(name: str, spec: reproductions.Reproduction, algorithm: str, rounds: int,
-                 seeds, root: pathlib.Path, options: dict) -> list[dict]:
+                 seeds, root: pathlib.Path, options: dict,
+                 memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET) -> list[dict]:
   """Trains one algorithm over its grid and seeds as batched trials (`tff_comp.trials`:
   those sharing a build run as one program). Returns per seed {configuration: {metric:
   curve}}."""
@@ -119,7 +125,8 @@ def _run_batched(name: str, spec: reproductions.Reproduction, algorithm: str, ro
               'grid_configuration': values})))
   start = time.monotonic()
   results = trials_lib.run_trials([entry[3] for entry in entries],
-                                  say=lambda line: print(line, flush=True))
+                                  say=lambda line: print(line, flush=True),
+                                  memory_budget=memory_budget)
   took = time.monotonic() - start
   curves: list[dict] = [{} for _ in seeds]
   for (seed, config, out, _), result in zip(entries, results):
@@ -176,12 +183,13 @@ def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed
 def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, root: pathlib.Path,
              runtime: str = 'auto', *, engine: str = 'auto', data_seed: int | None = None,
              overwrite: bool = False, resume: bool = False, checkpoint_every: int = 100,
-             parallel: int = 1, batch_trials: bool = True):
+             parallel: int = 1, batch_trials: bool = True,
+             batch_memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET):
   """Trains every (algorithm, configuration, seed); `data_seed` None: each run's data
   seed is its seed. `resume`: finished configurations are read back, an interrupted one
   continues from its checkpoint. `batch_trials`: each algorithm's configurations and
-  seeds run as batched trials (`tff_comp.trials`), else one after another per (algorithm,
-  seed). `parallel` > 1: those units (algorithms, or (algorithm, seed) groups) run in
+  seeds run as batched trials (`tff_comp.trials`, within `batch_memory_budget` MB a
+  program), else one after another per (algorithm, seed). `parallel` > 1: those units (algorithms, or (algorithm, seed) groups) run in
   that many processes.
 
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
@@ -191,8 +199,8 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
                  checkpoint_every=checkpoint_every, runtime=runtime, engine=engine)
   if batch_trials:
     units = [(a, None) for a in spec.algorithms]
-    run, args = _run_batched, [(name, spec, a, rounds, seeds, root, options)
-                               for a in spec.algorithms]
+    run, args = _run_batched, [(name, spec, a, rounds, seeds, root, options,
+                                batch_memory_budget) for a in spec.algorithms]
   else:
     units = [(a, seed) for a in spec.algorithms for seed in seeds]
     run, args = _run_group, [(name, spec, a, seed, rounds, seeds, root, options)
@@ -200,10 +208,12 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
   if parallel > 1:
     # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
     with concurrent.futures.ProcessPoolExecutor(
-        parallel, mp_context=multiprocessing.get_context('spawn')) as pool:
+        parallel, mp_context=multiprocessing.get_context('spawn'),
+        initializer=trials_lib.one_blas_thread) as pool:
       results = list(pool.map(run, *zip(*args)))
   else:
-    results = [run(*a) for a in args]
+    with threadpoolctl.threadpool_limits(limits=1, user_api='blas'):
+      results = [run(*a) for a in args]
   curves: dict[str, dict[tuple[float, ...], list]] = {
       a: {config: [] for config in reproductions.configurations(spec, a)}
       for a in spec.algorithms}
@@ -216,7 +226,7 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
 
 def diverged_at(run) -> int:
   """The round a stopped run diverged in: the loop writes no row for it, so the one
-  after its last row."""
+  after its last row (`read_curves`'s 'round')."""
   return max(max(curve, default=0) for curve in run.values()) + 1
 
 

@@ -48,6 +48,7 @@ from tff_comp import experiment as experiment_lib
 from tff_comp import registry
 from tff_comp import run_config
 from tff_comp import signals
+from tff_comp import trials as trials_lib
 from tff_comp.binaries import reproductions
 from tff_comp.binaries import flags_lib
 from tff_comp.binaries import grid
@@ -79,6 +80,10 @@ _BATCH_TRIALS = flags.DEFINE_bool(
     'batch_trials', True, 'Run each algorithm\'s configurations and seeds as batched'
     ' trials: those sharing a build in one compiled program (tff_comp.trials), each'
     ' writing and equal to its own run; --nobatch_trials: one run after another.')
+_BATCH_MEMORY_BUDGET = flags.DEFINE_float(
+    'batch_memory_budget', trials_lib.DEFAULT_MEMORY_BUDGET,
+    'MB a batched program\'s trials may take together (their states and cohorts); a'
+    ' larger group runs in several programs, said in one line.', lower_bound=1.0)
 _RUNTIME = flags.DEFINE_enum('runtime', 'auto', run_config.runtime_names(),
                              'Where rounds run (see run.py --helpfull).')
 _ENGINE = flags.DEFINE_enum('engine', 'auto', list(inprocess.ENGINES),
@@ -168,7 +173,8 @@ def _reproduce(argv):
                              engine=_ENGINE.value, data_seed=_DATA_SEED.value,
                              overwrite=_OVERWRITE.value, resume=_RESUME.value,
                              checkpoint_every=_CHECKPOINT_EVERY.value,
-                             parallel=_PARALLEL.value, batch_trials=_BATCH_TRIALS.value)
+                             parallel=_PARALLEL.value, batch_trials=_BATCH_TRIALS.value,
+                             batch_memory_budget=_BATCH_MEMORY_BUDGET.value)
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (tff_comp.signals)

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import dataclasses
 import os
 import re
 import subprocess
@@ -110,6 +111,16 @@ def test_a_diverged_configuration_says_when(tmp_path, capsys):
   assert 'diverged at round 1' in capsys.readouterr().out
   table = summary.summarize('diverges', _tiny(5.0), curves, 3, tmp_path, 'cmd')
   assert '| fedavg | eta_c=5, eta_s=1 | diverged at round 1 |' in table
+
+
+def test_a_run_diverging_between_evaluations_says_its_round(tmp_path, capsys):
+  # eta_c = 2.2 multiplies the error by 1.2 a step: inf in round 7, evaluated every 10.
+  spec = dataclasses.replace(_tiny(2.2, rounds=40), checkpoints=(20, 40), eval_period=10)
+  curves = grid.run_grid('late', spec, 40, (0,), tmp_path)
+  out = capsys.readouterr().out
+  assert 'training diverged at round 7' in out and 'seed=0 diverged at round 7' in out, out
+  table = summary.summarize('late', spec, curves, 40, tmp_path, 'cmd')
+  assert '| fedavg | eta_c=2.2, eta_s=1 | diverged at round 7 |' in table, table
 
 
 def _reproduce(repo_root, args):

@@ -167,6 +167,35 @@ def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
     assert recorded['resolved']['client_hparams']['proximal_strength'] in (0.1, 0.0, 1.0)
 
 
+@pytest.mark.parametrize('name', ['fedavg', 'scaffold'])
+def test_trials_on_several_data_seeds_share_a_program_in_chunks(tmp_path, monkeypatch, name):
+  """Trials whose tasks differ only in their seed (data and initial MLP: sinewave's)
+  run as one group on their tasks' clients together, each equal to its separate run
+  (SCAFFOLD: each client's row in its own trial's population); a memory budget of two
+  trials splits the three into programs of up to two."""
+  def grid(root):
+    return [trials.Trial(ExperimentConfig.of(
+        algorithm=name, task='sinewave', rounds=3, clients_per_round=3, eval_period=3,
+        seed=seed, data_seed=None, client_learning_rate=rate,
+        output_dir=str(root / f'trial_{seed}_{rate}')))
+        for seed, rate in ((1, 0.01), (2, 0.01), (1, 0.03))]
+  said = []
+  monkeypatch.setattr(trials, 'trial_bytes', lambda runtime, clients: 2**20)
+  batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append, memory_budget=2.5)
+  assert said == [
+      f'{name} on sinewave: 3 trials batched in 2 programs of up to 2 (about 1.0 MB a trial,'
+      ' --batch_memory_budget=2.5 MB), on 2 data seeds\' clients'
+      f' ({said[0].split(" clients (")[1]}'], said
+  separate = trials.run_trials(grid(tmp_path / 'separate'), batch=False, say=said.append)
+  assert batched == separate
+  for name in ('trial_1_0.01', 'trial_2_0.01', 'trial_1_0.03'):
+    (rows, model), (want_rows, want_model) = (
+        _files(tmp_path / kind / name) for kind in ('batched', 'separate'))
+    assert rows == want_rows, name
+    for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
+      np.testing.assert_array_equal(a, b)
+
+
 def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):
   configs = [ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', rounds=5, clients_per_round=3, eval_period=5,

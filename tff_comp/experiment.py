@@ -349,9 +349,20 @@ def build_runner(prepared: Prepared) -> Runner:
   if config.participation.straggler_rate > 0 and not runtime.partial_work:
     raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
                       ' doing part of their local steps; use --runtime=inprocess.')
+  return runner_on(prepared, runtime, description, algorithm)
+
+
+def runner_on(prepared: Prepared, runtime: runtime_base.Runtime, description: str,
+              algorithm: Any = None) -> Runner:
+  """A Runner of `runtime` scored by `prepared`'s task (the global model, personal models
+  and per-client rows where the task has them).
+
+  Raises:
+    ConfigError: the runtime has personal models the task cannot evaluate.
+  """
   evaluate = evaluation.evaluator(
       prepared.task, runtime, regularizer=prepared.builder_args.get('regularizer'),
-      algorithm=config.algorithm)
+      algorithm=prepared.config.algorithm)
   return Runner(runtime, evaluate, description, algorithm,
                 evaluation.client_evaluator(prepared.task, runtime))
 

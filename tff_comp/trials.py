@@ -6,26 +6,33 @@ A `Trial` is a run's `ExperimentConfig` (its output directory, seed, learning ra
 rounds, participation) and the client rule's hyperparameters set through its hparams
 (`client_hparams`, by the rule's names: FedProx's `proximal_strength`), as
 `experiment.train_runner` takes them. Trials whose configurations agree but for the
-learning rates, `seed`, rounds, evaluation period, cohort and participation, output
-directory and resume flags, and whose hparams differ, form a group (private trials:
-of one rounds, cohort and participation, which calibrate their noise); a group runs as
-one program when its runtime is in-process, else (TFF's runtime, streamed data, the
-debug engine) its trials run one after another, said in one line. Each trial writes
-what its separate run writes, and equals it to the bit.
+learning rates, `seed` and `data_seed`, rounds, evaluation period, cohort and
+participation, output directory and resume flags, and whose hparams differ, form a
+group (private trials: of one rounds, cohort and participation, which calibrate their
+noise). A group runs as one program on the in-process runtime; trials of different
+data seeds share it on their tasks' clients together, each sampling, indexing and
+evaluating its own, when the tasks' data agree in shape and fit in memory (else one
+program per data seed). TFF's runtime, streamed data and the debug engine run a group's
+trials one after another. Each says how in one line. Each trial writes what its
+separate run writes, and equals it to the bit.
 """
 
 from collections.abc import Sequence
 import dataclasses
 import json
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from absl import logging
+import numpy as np
+import tensorflow as tf
+import threadpoolctl
 
 from tff_comp import experiment
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import streaming
 from tff_comp.runtime import trial_group
 
 # The settings a group's trials may differ in (config.json's names): what the loop,
@@ -36,6 +43,9 @@ _PER_TRIAL = ('client_learning_rate', 'server_learning_rate', 'seed', 'rounds',
 # Of those, what a private aggregator is built from (its noise calibrated to the rounds,
 # the cohort and the sampling): private trials share a build only when they agree.
 _CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
+# MB a batched group's trials may take together (`trial_bytes`); larger groups run in
+# chunks.
+DEFAULT_MEMORY_BUDGET = 4096.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +59,14 @@ class Trial:
 
 
 def group_key(trial: Trial) -> str:
-  """What a trial's group shares: its configuration but for `_PER_TRIAL` (the task's
-  seed kept: `--seed` seeds the data when `--data_seed` is None; a private run's
-  `_CALIBRATE_PRIVACY` kept)."""
+  """What a trial's group shares: its configuration but for `_PER_TRIAL` and the task's
+  seed (a private run's `_CALIBRATE_PRIVACY` kept). The group's trials run as one
+  program where their tasks' data agree in shape (`_why_not_merged`)."""
   shared = dataclasses.asdict(trial.config)
   private = trial.config.privacy.private
-  for name in _PER_TRIAL:
+  for name in (*_PER_TRIAL, 'data_seed'):
     if not (private and name in _CALIBRATE_PRIVACY):
       del shared[name]
-  shared['task_seed'] = trial.config.task_seed
   return json.dumps(shared, sort_keys=True, default=str)
 
 
@@ -67,6 +76,97 @@ def groups(trials: Sequence[Trial]) -> list[list[int]]:
   for i, trial in enumerate(trials):
     by_key.setdefault(group_key(trial), []).append(i)
   return list(by_key.values())
+
+
+def _prepare(configs: Sequence[ExperimentConfig]) -> list[experiment.Prepared]:
+  """The configurations prepared, one task built per task seed."""
+  tasks: dict[int, Any] = {}
+  prepared = []
+  for config in configs:
+    prepared.append(experiment.prepare(config, task=tasks.get(config.task_seed)))
+    tasks.setdefault(config.task_seed, prepared[-1].task)
+  return prepared
+
+
+def _why_not_merged(tasks: Sequence[Any], budget_mb: float) -> str:
+  """Why the trials on `tasks` (one per task seed) cannot share one program ('' if
+  they can): their examples or models differ in shape, or their data together exceed
+  the in-process runtime's `--data_memory_budget`."""
+  first = tasks[0]
+  shapes = [tf.nest.map_structure(np.shape, t.model.initial_weights) for t in tasks]
+  if (any(t.train_data.element_type_structure != first.train_data.element_type_structure
+          for t in tasks) or any(s != shapes[0] for s in shapes)):
+    return 'their tasks\' data or models differ in shape'
+  megabytes = sum(streaming.estimate_bytes(t.train_data) for t in tasks) / 2**20
+  if megabytes > budget_mb:
+    return (f'their tasks\' data, about {megabytes:,.0f} MB together, exceed'
+            f' --data_memory_budget={budget_mb:g} MB')
+  return ''
+
+
+class _Program(NamedTuple):
+  """Trials sharing one build: their indices, their prepared runs, the runner, and
+  (trials on several tasks' data) where each one's clients are and its initial state."""
+
+  members: list[int]
+  prepared: list[experiment.Prepared]
+  runner: experiment.Runner
+  clients: list[trial_group.TrialClients] | None = None
+  initial: list[Any] | None = None
+
+
+def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
+  """One build for the trials `members` (their runs `prepared`), on their tasks' clients
+  together when they are several (`trial_group.merged_client_data`)."""
+  first = prepared[0]
+  # 'auto' weighs the lanes kernel's compile against the whole group's local steps.
+  settings = dict(first.settings, rounds=sum(p.settings['rounds'] for p in prepared))
+  tasks = list({id(p.task): p.task for p in prepared}.values())
+  if len(tasks) == 1:
+    return _Program(members, prepared, experiment.build_runner(
+        dataclasses.replace(first, settings=settings)))
+  prefixes = {id(task): f'{k}/' for k, task in enumerate(tasks)}
+  data = trial_group.merged_client_data(
+      [(prefixes[id(task)], task.train_data) for task in tasks])
+  runner = experiment.build_runner(dataclasses.replace(
+      first, settings=settings, task=dataclasses.replace(first.task, train_data=data)))
+  initial = {}
+  for p in prepared:  # each trial from its own task's model (the data seed's)
+    if id(p.task) not in initial:
+      try:
+        algorithm = p.build()
+      except ValueError as e:
+        raise experiment.ConfigError(f'algorithm {p.config.algorithm!r}: {e}') from e
+      initial[id(p.task)] = inprocess.initial_state(algorithm, runner.runtime.device)
+  return _Program(
+      members, prepared, runner,
+      [trial_group.TrialClients(prefixes[id(p.task)], {
+          cid: i for i, cid in enumerate(p.task.train_data.client_ids)}) for p in prepared],
+      [initial[id(p.task)] for p in prepared])
+
+
+def _programs(members: list[int], prepared: list[experiment.Prepared], batch: bool,
+              say: Any) -> list[_Program]:
+  """The builds a group's trials run on: one, over every task seed's data where they
+  can share it (else one per task seed, said in one line)."""
+  by_seed: dict[int, list[int]] = {}
+  for k, p in enumerate(prepared):
+    by_seed.setdefault(p.config.task_seed, []).append(k)
+  parts = [list(range(len(prepared)))]
+  if batch and len(by_seed) > 1:
+    budget = prepared[0].config.runtime_options['inprocess'].data_memory_budget
+    why = _why_not_merged([prepared[ks[0]].task for ks in by_seed.values()], budget)
+    if why:
+      say(f'{_label(prepared[0])}: one program per data seed ({why}).')
+      parts = list(by_seed.values())
+  elif len(by_seed) > 1:
+    parts = list(by_seed.values())
+  return [_build([members[k] for k in part], [prepared[k] for k in part])
+          for part in parts]
+
+
+def _label(prepared: experiment.Prepared) -> str:
+  return f'{prepared.config.algorithm} on {prepared.config.task}'
 
 
 def _rates(prepared: experiment.Prepared) -> tuple[float, float]:
@@ -86,69 +186,114 @@ def _train(prepared: experiment.Prepared, runner: experiment.Runner, trial: Tria
     return error
 
 
-def run_trials(trials: Sequence[Trial], *, batch: bool = True,
-               say: Any = print) -> list[Any]:
+def one_blas_thread() -> None:
+  """NumPy's BLAS (the tasks' evaluations) on one thread in this process. Its idle
+  threads spin (OpenBLAS's sched_yield) between calls, taking a core from the rounds:
+  in fco_lasso's feddualavg grid, 38 s of system time in 106 s of CPU one run after
+  another, 13 s in 47 s batched; 6 s each with one thread. A grid's processes and its
+  trials' threads fill the cores themselves."""
+  threadpoolctl.threadpool_limits(limits=1, user_api='blas')
+
+
+def trial_bytes(runtime: inprocess.InProcessRuntime, clients_per_round: int) -> int:
+  """A trial's memory in a batched round, estimated: its state four times (stacked in
+  and out, on the device and the host) and, per client of its cohort, eight copies of
+  the model (payload row, lane and stored local state, update, outputs)."""
+  def size(structure) -> int:
+    return sum(np.asarray(leaf).nbytes for leaf in tf.nest.flatten(structure))
+
+  state = runtime.initialize()
+  return 4 * size(state) + 8 * clients_per_round * size(state.global_model_weights)
+
+
+def run_trials(trials: Sequence[Trial], *, batch: bool = True, say: Any = print,
+               memory_budget: float = DEFAULT_MEMORY_BUDGET) -> list[Any]:
   """Runs every trial (see the module docstring); returns each one's final evaluation
   metrics, or the exception that ended it (a divergence, bad settings), in order.
-  `batch=False` runs them one after another (one build per group). `say` gets one line
-  per group saying how it runs.
+  `batch=False` runs them one after another (one build per group and data seed). `say`
+  gets one line per group saying how it runs. A group whose trials would take more than
+  `memory_budget` MB together (`trial_bytes`) runs in chunks, said in one line.
 
   Raises:
     KeyboardInterrupt: Ctrl-C or SIGTERM stopped the trials (`simulation.Interrupted`
       of the first; each saved its last finished round), after every trial stopped.
   """
   results: list[Any] = [None] * len(trials)
-  for members in groups(trials):
-    try:
-      first = experiment.prepare(trials[members[0]].config)
-      prepared = [first] + [experiment.prepare(trials[i].config, task=first.task)
-                            for i in members[1:]]  # a group shares its task settings
-      # Built for the group's client rounds together: 'auto' weighs the lanes kernel's
-      # compile against the whole group's local steps.
-      settings = prepared[0].settings
-      runner = experiment.build_runner(dataclasses.replace(prepared[0], settings=dict(
-          settings, rounds=sum(p.settings['rounds'] for p in prepared))))
-    except experiment.ConfigError as error:
-      for i in members:
-        results[i] = error
-      continue
-    label = f'{prepared[0].config.algorithm} on {prepared[0].config.task}'
-    why = _why_not_batched(runner, len(members), batch)
-    if why:
-      say(f'{label}: {len(members)} trial(s) one after another ({why}).')
-      for i, p in zip(members, prepared):
-        results[i] = _train(p, runner, trials[i])
-        if isinstance(results[i], KeyboardInterrupt):
-          raise results[i]
-      continue
-    group = trial_group.TrialGroup(runner.runtime, [p.config.seed for p in prepared])
-    say(f'{label}: {len(members)} trials batched into one program'
-        f' ({runner.runtime.description}).')
-    threads = []
-    for t, (i, p) in enumerate(zip(members, prepared)):
-      member = group.member(t)
-      trial_runner = dataclasses.replace(runner, runtime=member,
-                                         description=member.description)
-
-      def run(i=i, p=p, member=member, trial_runner=trial_runner):
-        try:
-          results[i] = _train(p, trial_runner, trials[i])
-        finally:
-          member.leave()
-
-      threads.append(threading.Thread(target=run, name=f'trial-{i}'))
-    for thread in threads:
-      thread.start()
-    for thread in threads:
-      thread.join()
-    stopped = [r for r in results if isinstance(r, KeyboardInterrupt)]
-    if stopped:
-      raise stopped[0]
+  with threadpoolctl.threadpool_limits(limits=1, user_api='blas'):  # `one_blas_thread`
+    for members in groups(trials):
+      try:
+        programs = _programs(members, _prepare([trials[i].config for i in members]),
+                             batch, say)
+      except experiment.ConfigError as error:
+        for i in members:
+          results[i] = error
+        continue
+      for program in programs:
+        _run_program(program, trials, results, batch, say, memory_budget)
   return results
 
 
+def _run_program(program: _Program, trials: Sequence[Trial], results: list[Any],
+                 batch: bool, say: Any, memory_budget: float) -> None:
+  """Runs one build's trials, batched (in chunks within `memory_budget`) or one after
+  another; their results into `results`."""
+  runner, label, size = program.runner, _label(program.prepared[0]), len(program.members)
+  why = _why_not_batched(runner, size, batch)
+  if why:
+    say(f'{label}: {size} trial(s) one after another ({why}).')
+    for i, p in zip(program.members, program.prepared):
+      results[i] = _train(p, runner, trials[i])
+      if isinstance(results[i], KeyboardInterrupt):
+        raise results[i]
+    return
+  per_trial = max(trial_bytes(runner.runtime, p.settings['clients_per_round'])
+                  for p in program.prepared) / 2**20
+  chunk = max(1, min(size, int(memory_budget // per_trial)))
+  seeds = len({id(p.task) for p in program.prepared})
+  on = f', on {seeds} data seeds\' clients' if seeds > 1 else ''
+  if chunk < size:
+    say(f'{label}: {size} trials batched in {-(-size // chunk)} programs of up to {chunk}'
+        f' (about {per_trial:,.1f} MB a trial, --batch_memory_budget={memory_budget:g}'
+        f' MB){on} ({runner.runtime.description}).')
+  else:
+    say(f'{label}: {size} trials batched into one program{on}'
+        f' ({runner.runtime.description}).')
+  for start in range(0, size, chunk):
+    _run_batched(program, range(start, min(size, start + chunk)), trials, results)
+
+
+def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
+                 results: list[Any]) -> None:
+  """The trials `part` of `program` (positions in it) as one group, each on a thread."""
+  group = trial_group.TrialGroup(
+      program.runner.runtime, [program.prepared[k].config.seed for k in part],
+      None if program.clients is None else [program.clients[k] for k in part])
+  threads = []
+  for t, k in enumerate(part):
+    i, p = program.members[k], program.prepared[k]
+    member = group.member(t, None if program.initial is None else program.initial[k])
+    trial_runner = experiment.runner_on(p, member, member.description,
+                                        program.runner.algorithm)
+
+    def run(i=i, p=p, member=member, trial_runner=trial_runner):
+      try:
+        results[i] = _train(p, trial_runner, trials[i])
+      finally:
+        member.leave()
+
+    threads.append(threading.Thread(target=run, name=f'trial-{i}'))
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  stopped = [results[program.members[k]] for k in part
+             if isinstance(results[program.members[k]], KeyboardInterrupt)]
+  if stopped:
+    raise stopped[0]
+
+
 def _why_not_batched(runner: experiment.Runner, size: int, batch: bool) -> str:
-  """Why a group runs its trials one by one ('' when batched)."""
+  """Why a build's trials run one by one ('' when batched)."""
   if not batch:
     return 'batching off'
   if size < 2:

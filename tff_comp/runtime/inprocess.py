@@ -177,19 +177,7 @@ class InProcessRuntime:
   # --- state -------------------------------------------------------------------------
 
   def initialize(self) -> base.State:
-    algorithm = self.algorithm
-    trainable, non_trainable = algorithm.model.initial_weights
-    with tf.device(self.device):
-      weights = tff.learning.models.ModelWeights(
-          tuple(tf.constant(w) for w in trainable),
-          tuple(tf.constant(w) for w in non_trainable))
-      server_state = algorithm.server_rule.reset(algorithm.server_rule.initialize(), weights)
-      hparams = collections.OrderedDict(
-          (k, tf.constant(v, tf.float32))
-          for k, v in algorithm.client_rule.initial_hparams().items())
-      aggregator = self._private.initial_state() if self._private else ()
-    return learning_state(weights, client_round.ClientWorkState(hparams, tf.constant(0)),
-                  server_state, aggregator)
+    return initial_state(self.algorithm, self.device)
 
   # Readers return NumPy values, as TFF's computations do.
   def get_model_weights(self, state: base.State):
@@ -393,6 +381,23 @@ class InProcessRuntime:
           spec.dtype.as_numpy_dtype))
       start += size
     return tf.nest.pack_sequence_as(self._metric_specs, leaves)
+
+
+def initial_state(algorithm: algorithm_lib.Algorithm, device: str) -> base.State:
+  """The state a run of `algorithm` starts from, on `device`."""
+  trainable, non_trainable = algorithm.model.initial_weights
+  private = algorithm.model_aggregator
+  with tf.device(device):
+    weights = tff.learning.models.ModelWeights(
+        tuple(tf.constant(w) for w in trainable),
+        tuple(tf.constant(w) for w in non_trainable))
+    server_state = algorithm.server_rule.reset(algorithm.server_rule.initialize(), weights)
+    hparams = collections.OrderedDict(
+        (k, tf.constant(v, tf.float32))
+        for k, v in algorithm.client_rule.initial_hparams().items())
+    aggregator = private.initial_state() if private else ()
+  return learning_state(weights, client_round.ClientWorkState(hparams, tf.constant(0)),
+                        server_state, aggregator)
 
 
 def as_tensors(state: base.State) -> base.State:

@@ -27,10 +27,11 @@ callbacks and run directory are the single run's code, unchanged; only its round
 
 from collections.abc import Sequence
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tff_comp.ops import client_round
 from tff_comp.runtime import base
@@ -53,18 +54,44 @@ def _row(structure: Any, t: int) -> Any:
   return tf.nest.map_structure(lambda leaf: leaf[t], structure)
 
 
+class TrialClients(NamedTuple):
+  """Where a trial's clients are in the group's data: under the ids `prefix` + the
+  trial's own, each one's row of per-client server state being its index in the
+  trial's own population (`population_index`)."""
+
+  prefix: str
+  population_index: dict[str, int]
+
+
+def merged_client_data(sources: Sequence[tuple[str, Any]]) -> Any:
+  """The clients of several `ClientData` ((prefix, data) pairs; prefixes end in '/')
+  as one, each under its prefix + its id: the data of trials whose tasks differ only
+  in their seed, run as one group. In-process only (its dataset function is Python)."""
+  by_prefix = dict(sources)
+  ids = [prefix + cid for prefix, data in sources for cid in data.client_ids]
+
+  def dataset(client_id: str):
+    prefix, _, own = client_id.partition('/')
+    return by_prefix[prefix + '/'].create_tf_dataset_for_client(own)
+
+  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids, dataset)
+
+
 class TrialGroup:
   """`size` trials of `runtime`'s algorithm on its data (see the module docstring);
-  `seeds[t]`: trial t's seed of shuffling and epoch draws (its `--seed`).
+  `seeds[t]`: trial t's seed of shuffling and epoch draws (its `--seed`); `clients[t]`:
+  where trial t's clients are (None: every trial's are the runtime's own clients).
 
   Raises:
     base.UnsupportedError: what a batch of trials cannot hold yet (streamed data, an
       engine outside the graph); the caller runs those trials one by one.
   """
 
-  def __init__(self, runtime: inprocess.InProcessRuntime, seeds: Sequence[int]):
+  def __init__(self, runtime: inprocess.InProcessRuntime, seeds: Sequence[int],
+               clients: Sequence[TrialClients] | None = None):
     self.check(runtime)
     self.runtime, self.size = runtime, len(seeds)
+    self._clients = clients or [TrialClients('', runtime.population_index)] * self.size
     self._seeds = tf.constant(seeds, tf.int64)
     self._round_fn = tf.function(self._round, autograph=False)
     self._traced: set[int] = set()
@@ -88,9 +115,10 @@ class TrialGroup:
     if not runtime.engine_impl.in_graph:
       raise base.UnsupportedError(f'the {runtime.engine} engine runs one trial at a time')
 
-  def member(self, t: int) -> 'TrialRuntime':
-    """Trial `t`'s runtime."""
-    return TrialRuntime(self, t)
+  def member(self, t: int, initial: base.State | None = None) -> 'TrialRuntime':
+    """Trial `t`'s runtime, starting from `initial` (None: the runtime's initial state;
+    a trial on its own task's data starts from its task's model)."""
+    return TrialRuntime(self, t, initial)
 
   def reserve(self, t: int, size: int) -> None:
     with self._lock:
@@ -130,19 +158,21 @@ class TrialGroup:
     """The trials' rounds as one: states stacked and split on the host in NumPy (one
     conversion a leaf, not one eager op a leaf and trial)."""
     runtime = self.runtime
-    states, ids, work, trial = [], [], [], []
+    states, positions, indices, work, trial = [], [], [], [], []
     for t in range(self.size):
       state, cohort, share = batch.get(t, (self._last.get(t), [], None))
       if state is None:  # a trial that left before its first round: any state will do
         state = next(iter(self._last.values()))
       states.append(state)
-      ids += cohort
+      prefix, population_index = self._clients[t]
+      positions += [runtime.data.index[prefix + c] for c in cohort]
+      indices += [population_index[c] for c in cohort]
       work += [1.0] * len(cohort) if share is None else list(share)
       trial += [t] * len(cohort)
     stacked = tf.nest.map_structure(lambda *leaves: np.stack([_host(v) for v in leaves]),
                                     *states)
     # Compiled for every trial's largest cohort together, so once (as a single run's).
-    self._capacity = max(self._capacity, sum(self._reserved), len(ids))
+    self._capacity = max(self._capacity, sum(self._reserved), len(positions))
     if self._capacity not in self._traced:  # one trace for cohorts of every size
       self._trace(stacked)
       self._traced.add(self._capacity)
@@ -151,8 +181,7 @@ class TrialGroup:
     traces = self._round_fn.experimental_get_tracing_count()
     with tf.device(runtime.device):
       new = self._round_fn(
-          *args, tf.constant([runtime.data.index[c] for c in ids], tf.int32),
-          tf.constant([runtime.population_index[c] for c in ids], tf.int32),
+          *args, tf.constant(positions, tf.int32), tf.constant(indices, tf.int32),
           tf.constant(work, tf.float32), tf.constant(trial, tf.int32), self._capacity)
     weights, server, aggregator, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
     if self.rounds_run and self._round_fn.experimental_get_tracing_count() != traces:
@@ -237,8 +266,8 @@ class TrialRuntime:
   """One trial's runtime (`runtime.base.Runtime`): the group's in-process runtime for
   everything but `next`, which runs in the group's batched round."""
 
-  def __init__(self, group: TrialGroup, t: int):
-    self._group, self._t, self._inner = group, t, group.runtime
+  def __init__(self, group: TrialGroup, t: int, initial: base.State | None = None):
+    self._group, self._t, self._inner, self._initial = group, t, group.runtime, initial
     self.name = self._inner.name
     self.keeps_personal_models = self._inner.keeps_personal_models
     self.partial_work = True
@@ -252,7 +281,7 @@ class TrialRuntime:
     return dict(self._inner.record, trials=self._group.size)
 
   def initialize(self) -> base.State:
-    return self._inner.initialize()
+    return self._inner.initialize() if self._initial is None else self._initial
 
   def next(self, state: base.State, client_ids: Sequence[str],
            work: Sequence[float] | None = None) -> base.RoundOutput:
