@@ -78,7 +78,7 @@ def _header(prepared: experiment.Prepared) -> str:
     local = f'{s["local_epochs"]} epoch(s)'
   batch = f'batch {s["batch_size"]}'
   own = next((h.default for h in prepared.algorithm.hparams if h.name == 'batch_size'), None)
-  if config.batch_size is None and own is not None and own != s['batch_size']:
+  if config.local_work.batch_size is None and own is not None and own != s['batch_size']:
     batch += f' (task {config.task}\'s; {config.algorithm} alone uses {own})'
   drawn = config.participation
   cohort = f'{s["clients_per_round"]} clients/round ({drawn.sampling}'

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable, Mapping
 import dataclasses
+import threading
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,7 @@ class ClassifierScorer:
                masked_labels: tuple[int, ...] = ()):
     self._model, self._masked = model, masked_labels
     self._session = None
+    self._building = threading.Lock()  # built once, whichever thread scores first
 
   def _build(self):
     trainable, non_trainable = self._model.initial_weights
@@ -133,8 +135,9 @@ class ClassifierScorer:
   CHUNK = 256
 
   def __call__(self, trainable, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    if self._session is None:
-      self._build()
+    with self._building:
+      if self._session is None:
+        self._build()
     feed = dict(zip(self._weights, trainable))
     loss, accuracy = 0.0, np.zeros(2)
     for start in range(0, len(y), self.CHUNK):

@@ -376,3 +376,31 @@ def test_the_scorer_leaves_masked_labels_out_of_the_accuracy_and_chunks_alike():
   logits = x @ kernel
   want = np.mean(np.log(np.exp(logits).sum(1)) - logits[np.arange(600), y])
   assert loss == pytest.approx(want, rel=1e-5)  # 600 examples: three chunks of 256
+
+
+def test_a_scorer_is_built_once_when_two_threads_score_first(monkeypatch):
+  """Batched trials score on threads: the first calls, together, build one graph (two
+  builds mixed tensors of two graphs)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from tff_comp import models  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import base  # pylint: disable=g-import-not-at-top
+  builds, build = [], base.ClassifierScorer._build
+
+  def slow_build(self):
+    builds.append(1)
+    time.sleep(0.05)
+    build(self)
+
+  monkeypatch.setattr(base.ClassifierScorer, '_build', slow_build)
+  scorer = base.ClassifierScorer(models.softmax_regression(3, 4))
+  weights = (np.eye(3, 4, dtype=np.float32), np.zeros(4, np.float32))
+  x, y = np.eye(3, dtype=np.float32), np.arange(3, dtype=np.int32)
+  scores = []
+  threads = [threading.Thread(target=lambda: scores.append(scorer(weights, x, y)))
+             for _ in range(2)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert len(builds) == 1 and len(scores) == 2 and scores[0] == scores[1]

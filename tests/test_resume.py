@@ -19,6 +19,7 @@ from tff_comp.runtime import run_files
 from tff_comp.runtime import simulation
 
 ARGS = dict(algorithm='feddualavg', task='quadratic', rounds=9, eval_period=3, checkpoint_every=3)
+ARGS_RATE = 0.02  # a client rate given explicitly (recorded as given)
 
 
 def _rows(path):
@@ -97,6 +98,25 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, unin
     np.testing.assert_array_equal(a, b)
   events = list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
   assert len(events) == 1  # rewritten from the kept rows, no stale file
+
+
+def test_a_run_recorded_in_the_earlier_flat_layout_resumes_and_reruns(tmp_path,
+                                                                     uninterrupted):
+  """0.3.0-dev recorded the client's settings at config.json's top level; they now live
+  in `local_work`. Such a run still resumes (and a changed one is still refused), and
+  its config.json still reruns with those settings."""
+  with pytest.raises(KeyboardInterrupt):
+    _train(tmp_path, interrupt_at=5, client_learning_rate=ARGS_RATE)
+  path = tmp_path / 'config.json'
+  config = json.loads(path.read_text())
+  config.update(config.pop('local_work'))  # the earlier layout
+  path.write_text(json.dumps(config))
+  rerun = experiment.ExperimentConfig.from_dict(config)
+  assert rerun.local_work.client_learning_rate == ARGS_RATE
+  with pytest.raises(experiment.ConfigError, match=r'local_work\.batch_size: recorded'):
+    _train(tmp_path, resume=True, client_learning_rate=ARGS_RATE, batch_size=3)
+  _train(tmp_path, resume=True, client_learning_rate=ARGS_RATE)
+  assert json.loads(path.read_text())['local_work']['client_learning_rate'] == ARGS_RATE
 
 
 # Part of the population each round (Poisson), a third dropping out, stragglers.

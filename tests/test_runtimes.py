@@ -226,4 +226,4 @@ def test_a_run_shuffles_local_data_by_default_and_records_it(tmp_path, shuffle):
   options = runner.algorithm.client_options
   assert (options.shuffle, options.seed) == (shuffle, 4)
   experiment.train_runner(prepared, runner, show_progress=False)
-  assert json.loads((tmp_path / 'config.json').read_text())['shuffle'] is shuffle
+  assert json.loads((tmp_path / 'config.json').read_text())['local_work']['shuffle'] is shuffle

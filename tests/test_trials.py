@@ -3,8 +3,11 @@ server state and each round's metrics), for every registered algorithm that runs
 in-process, with its own learning rates, hyperparameters, seed, sampler stream (Poisson
 with dropout) and shuffled local data: equal to the bit."""
 
+import dataclasses
+import inspect
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ import tensorflow as tf
 from tests import algorithm_cases
 from tff_comp import registry
 from tff_comp import trials
+from tff_comp.tasks import quadratic as tasks_quadratic
 from tff_comp.ops import privacy
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import callbacks
@@ -194,6 +198,33 @@ def test_trials_on_several_data_seeds_share_a_program_in_chunks(tmp_path, monkey
     assert rows == want_rows, name
     for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
       np.testing.assert_array_equal(a, b)
+
+
+def test_a_programs_trials_evaluate_one_at_a_time(tmp_path, monkeypatch):
+  """A task's evaluation was not written for threads (a lazily built scorer raced in
+  two trials): a program's trials evaluate one at a time."""
+  inside = threading.Lock()
+
+  def build(**options):
+    task = tasks_quadratic.build_quadratic_task(**options)
+
+    def evaluate(weights, psi):
+      assert inside.acquire(blocking=False), 'evaluated by two trials at once'
+      try:
+        time.sleep(0.02)
+        return task.evaluate(weights, psi)
+      finally:
+        inside.release()
+
+    return dataclasses.replace(task, evaluate=evaluate)
+
+  build.__signature__ = inspect.signature(tasks_quadratic.build_quadratic_task)
+  monkeypatch.setattr(registry.TASKS, '_entries', dict(registry.TASKS._entries))
+  registry.register_task('quadratic_alone')(build)
+  results = trials.run_trials([trials.Trial(ExperimentConfig.of(
+      algorithm='fedavg', task='quadratic_alone', rounds=2, eval_period=1, seed=seed,
+      output_dir=str(tmp_path / str(seed)))) for seed in range(3)], say=lambda _: None)
+  assert not [r for r in results if isinstance(r, BaseException)], results
 
 
 def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):

@@ -76,7 +76,7 @@ def _resolve(config: ExperimentConfig, defaults) -> dict[str, Any]:
                   batch_size=10, local_epochs=1, eval_period=10)
   settings = {}
   for key in SETTINGS:
-    value = getattr(config, key)
+    value = config.value(key)
     if value is None:
       value = defaults.get(key, fallback.get(key))
     settings[key] = value
@@ -205,38 +205,6 @@ def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
     raise ConfigError(str(e)) from e
 
 
-def _model_aggregator(config: ExperimentConfig, algorithm: registry.Entry, task,
-                      builder_args: dict[str, Any], settings_: dict[str, Any]
-                      ) -> privacy_lib.Plan:
-  """Puts the --aggregator's `ops.privacy.PrivateMean` into `builder_args` (and the
-  resolved noise multiplier and delta into `settings_`); returns its plan. Raises
-  ConfigError for settings that cannot apply."""
-  options = config.privacy
-  if options.aggregator == privacy_lib.MEAN:
-    return privacy_lib.Plan(None, None, {})
-  if not algorithm.accepts('model_aggregator'):
-    raise ConfigError(f'--aggregator: algorithm {config.algorithm!r} takes no model'
-                      ' aggregator (its aggregation is its own math).')
-  if options.private:
-    if config.client_weighting not in (None, 'uniform'):
-      raise ConfigError(f'--aggregator={options.aggregator} weighs every client alike'
-                        ' (TFF\'s DP semantics): drop --client_weighting or set it to'
-                        ' uniform.')
-    if algorithm.accepts('client_weighting'):
-      builder_args['client_weighting'] = settings_['client_weighting'] = 'uniform'
-  try:
-    plan = options.plan(
-        clients_per_round=settings_['clients_per_round'], population=task.num_clients,
-        rounds=settings_['rounds'], sampling=config.participation.sampling,
-        recorded_noise_multiplier=(privacy_lib.recorded_noise_multiplier(config.output_dir)
-                                   if config.resume else None))
-  except ValueError as e:
-    raise ConfigError(str(e)) from e
-  settings_.update(plan.resolved)
-  builder_args['model_aggregator'] = plan.mean
-  return plan
-
-
 def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
                   home: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
   """The algorithm builder's arguments: home options, given options, common settings,
@@ -246,13 +214,13 @@ def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
   for name in ('client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs'):
     if algorithm.accepts(name):
       builder_args[name] = settings[name]
-    elif getattr(config, name) is not None:
+    elif config.value(name) is not None:
       raise ConfigError(f'--{name} does not apply to algorithm {config.algorithm!r}.')
-  if config.client_weighting is not None:
+  if config.local_work.client_weighting is not None:
     if not algorithm.accepts('client_weighting'):
       raise ConfigError(f'--client_weighting does not apply to algorithm'
                         f' {config.algorithm!r}, whose math fixes the client weights.')
-    builder_args['client_weighting'] = config.client_weighting
+    builder_args['client_weighting'] = config.local_work.client_weighting
   if algorithm.accepts('seed'):
     builder_args['seed'] = config.seed
   if algorithm.accepts('num_clients'):
@@ -285,7 +253,11 @@ def prepare(config: ExperimentConfig, *, task: Any = None) -> Prepared:
   task = task if task is not None else _build_task(config, task_entry)
   settings = _run_settings(config, task, home)
   builder_args = _builder_args(config, algorithm, task, home, settings)
-  plan = _model_aggregator(config, algorithm, task, builder_args, settings)
+  plan = privacy_lib.configure(
+      config.privacy, algorithm, builder_args, settings,
+      client_weighting=config.local_work.client_weighting, population=task.num_clients,
+      sampling=config.participation.sampling,
+      resuming=config.output_dir if config.resume else None)
   prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger)
   if config.resume:  # refused before any runtime is built (checked again in `train_runner`,
     # with what its caller adds to config.json)
@@ -333,7 +305,8 @@ def build_runner(prepared: Prepared) -> Runner:
   except ValueError as e:
     raise ConfigError(f'algorithm {config.algorithm!r}: {e}') from e
   if isinstance(program, algorithm_lib.Algorithm):  # the run's seed and local order
-    program = program.with_client_options(seed=config.seed, shuffle=config.shuffle)
+    program = program.with_client_options(seed=config.seed,
+                                          shuffle=config.local_work.shuffle)
   algorithm = program if isinstance(program, algorithm_lib.Algorithm) else None
   if (config.participation.sampling == 'with_replacement' and algorithm is not None
       and algorithm.aggregation == aggregation.SLOTS):

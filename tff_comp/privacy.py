@@ -4,13 +4,15 @@ private, and the privacy it spends.
 `PrivacyOptions` is the record of these settings; `PrivacyOptions.plan` resolves them
 for a run (the clip, the noise multiplier given or calibrated to a target epsilon, the
 delta) into the `ops.privacy.PrivateMean` every runtime runs and the
-`accounting.Ledger` that counts epsilon. The math is in `ops.privacy`, the accounting
+`accounting.Ledger` that counts epsilon; `configure` puts that mean into an algorithm's
+arguments. The math is in `ops.privacy`, the accounting
 in `accounting`.
 """
 
 import dataclasses
 import json
 import pathlib
+from typing import Any
 
 from tff_comp import accounting
 from tff_comp import settings
@@ -139,6 +141,43 @@ class PrivacyOptions:
             + (f'; epsilon {budget} lasts {last} rounds' if budget else ''), flush=True)
     return (accounting.PrivacySpent(ledger, last, budget,
                                     every=1 if ledger.accountant == 'rdp' else eval_period),)
+
+
+def configure(options: PrivacyOptions, algorithm: Any, builder_args: dict[str, Any],
+              run_settings: dict[str, Any], *, client_weighting: str | None,
+              population: int, sampling: str, resuming: str | None) -> Plan:
+  """Puts the --aggregator's `ops.privacy.PrivateMean` into the builder's arguments
+  `builder_args` of the registered `algorithm` (a DP run weighs clients uniformly),
+  and the resolved noise multiplier and delta into `run_settings` (which hold the
+  run's `clients_per_round` and `rounds`); returns the plan. `resuming`: the output
+  directory of a run being resumed, whose recorded noise multiplier is kept.
+
+  Raises:
+    ConfigError: a setting that cannot apply.
+  """
+  if options.aggregator == MEAN:
+    return Plan(None, None, {})
+  if not algorithm.accepts('model_aggregator'):
+    raise settings.ConfigError(f'--aggregator: algorithm {algorithm.name!r} takes no model'
+                               ' aggregator (its aggregation is its own math).')
+  if options.private:
+    if client_weighting not in (None, 'uniform'):
+      raise settings.ConfigError(
+          f'--aggregator={options.aggregator} weighs every client alike (TFF\'s DP'
+          ' semantics): drop --client_weighting or set it to uniform.')
+    if algorithm.accepts('client_weighting'):
+      builder_args['client_weighting'] = run_settings['client_weighting'] = 'uniform'
+  try:
+    plan = options.plan(
+        clients_per_round=run_settings['clients_per_round'], population=population,
+        rounds=run_settings['rounds'], sampling=sampling,
+        recorded_noise_multiplier=(None if resuming is None
+                                   else recorded_noise_multiplier(resuming)))
+  except ValueError as e:
+    raise settings.ConfigError(str(e)) from e
+  run_settings.update(plan.resolved)
+  builder_args['model_aggregator'] = plan.mean
+  return plan
 
 
 def recorded_noise_multiplier(output_dir: str | pathlib.Path) -> float | None:

@@ -4,13 +4,13 @@ default) and the records of the modules that own the rest (`tff_comp.settings`).
 import dataclasses
 from typing import Any
 
+from tff_comp import local_work as local_work_lib
 from tff_comp import privacy as privacy_lib
 from tff_comp import registry
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp import schedules as schedules_lib
 from tff_comp import server_optimizers
 from tff_comp import settings
-from tff_comp.ops import client_round
 from tff_comp.runtime import checkpoints as checkpoints_lib
 from tff_comp.runtime import choice
 from tff_comp.runtime import sampling as sampling_lib
@@ -34,24 +34,12 @@ class ExperimentConfig:
       None, 'Training rounds (default: the task\'s).', upper=settings.MAX_COUNT)
   clients_per_round: int | None = settings.setting(
       None, 'Clients sampled per round.', upper=settings.MAX_COUNT)
-  client_learning_rate: float | None = settings.setting(None, 'Client learning rate eta_c.')
   server_learning_rate: float | None = settings.setting(None, 'Server learning rate eta_s.')
-  batch_size: int | None = settings.setting(None, 'Examples per local step.',
-                                            upper=settings.MAX_INT32)
-  local_epochs: int | None = settings.setting(
-      None, 'Local passes over client data per round.', upper=client_round.MAX_EPOCHS)
-  client_weighting: str | None = settings.setting(
-      None, 'Weigh clients by examples or uniformly (default: the algorithm\'s).',
-      choices=client_round.WEIGHTINGS)
   eval_period: int | None = settings.setting(
       None, 'Evaluate every this many rounds.', upper=settings.MAX_COUNT)
   seed: int = settings.setting(
       0, 'Seed of the run: client sampling and client-side draws.', lower=0,
       upper=settings.MAX_SEED)
-  shuffle: bool = settings.setting(
-      True, 'Each client visits its examples in a new order every round and epoch (a'
-      ' stateless permutation of seed, round, client and epoch); --noshuffle: stored'
-      ' order.')
   data_seed: int | None = settings.setting(
       0, 'Seed of the task: generated data, partition and initial model (None: --seed).',
       lower=0, upper=settings.MAX_SEED)
@@ -75,6 +63,8 @@ class ExperimentConfig:
       'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
       ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or auto (inprocess where'
       ' the algorithm supports it).', choices=runtime_names)
+  local_work: local_work_lib.LocalWorkOptions = dataclasses.field(
+      default_factory=local_work_lib.LocalWorkOptions)
   participation: sampling_lib.Participation = dataclasses.field(
       default_factory=sampling_lib.Participation)
   schedules: schedules_lib.ScheduleOptions = dataclasses.field(
@@ -126,6 +116,7 @@ class ExperimentConfig:
   def from_dict(cls, recorded: dict[str, Any]) -> 'ExperimentConfig':
     """The config a run recorded (config.json; its `resolved` and `environment` and
     other records left aside): rerunning it reproduces the run."""
+    recorded = upgrade(recorded)
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in recorded.items() if k in names and k not in GROUPS}
     for group, record in GROUPS.items():
@@ -144,9 +135,25 @@ class ExperimentConfig:
     if self.force_resume and not self.resume:
       raise ConfigError('--force_resume goes with --resume.')
 
+  def value(self, name: str) -> Any:
+    """A setting by its flag's name, from this config or the record owning it."""
+    return getattr(getattr(self, OWNER[name]) if name in OWNER else self, name)
+
   @property
   def task_seed(self) -> int:
     return self.seed if self.data_seed is None else self.data_seed
+
+
+def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
+  """A config.json of an earlier layout in today's: settings recorded at the top level
+  that a record now owns (0.3.0's client settings, now `local_work`) moved into it."""
+  moved = {k: v for k, v in recorded.items() if k in OWNER and OWNER[k] not in recorded}
+  if not moved:
+    return recorded
+  upgraded = {k: v for k, v in recorded.items() if k not in moved}
+  for name, value in moved.items():
+    upgraded.setdefault(OWNER[name], {})[name] = value
+  return upgraded
 
 
 # The records ExperimentConfig collects, by attribute, and which owns each setting.

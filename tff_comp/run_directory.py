@@ -12,6 +12,7 @@ import platform
 import subprocess
 from typing import Any
 
+from tff_comp import run_config
 from tff_comp.settings import ConfigError
 
 RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
@@ -94,6 +95,7 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
                       ' continues it with these settings all the same.') from None
   except ValueError as e:
     raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
+  recorded = run_config.upgrade(recorded)  # an earlier version's layout, today's
 
   def flat(values, prefix=''):  # {'algorithm_options': {'mu': 1}} -> algorithm_options.mu
     out = {}

@@ -37,7 +37,7 @@ from tff_comp.runtime import trial_group
 
 # The settings a group's trials may differ in (config.json's names): what the loop,
 # the sampler and the hparams hold, never the compiled program.
-_PER_TRIAL = ('client_learning_rate', 'server_learning_rate', 'seed', 'rounds',
+_PER_TRIAL = ('local_work.client_learning_rate', 'server_learning_rate', 'seed', 'rounds',
               'eval_period', 'clients_per_round', 'participation', 'output_dir',
               'overwrite', 'resume', 'force_resume', 'checkpoints')
 # Of those, what a private aggregator is built from (its noise calibrated to the rounds,
@@ -66,7 +66,11 @@ def group_key(trial: Trial) -> str:
   private = trial.config.privacy.private
   for name in (*_PER_TRIAL, 'data_seed'):
     if not (private and name in _CALIBRATE_PRIVACY):
-      del shared[name]
+      *records, field = name.split('.')
+      owner = shared
+      for record in records:
+        owner = owner[record]
+      del owner[field]
   return json.dumps(shared, sort_keys=True, default=str)
 
 
@@ -268,12 +272,18 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
   group = trial_group.TrialGroup(
       program.runner.runtime, [program.prepared[k].config.seed for k in part],
       None if program.clients is None else [program.clients[k] for k in part])
+  # A task's evaluation was not written for threads (tasks.base.Scorer built its graph
+  # lazily and raced in two trials): the program's trials evaluate one at a time.
+  evaluating = threading.Lock()
   threads = []
   for t, k in enumerate(part):
     i, p = program.members[k], program.prepared[k]
     member = group.member(t, None if program.initial is None else program.initial[k])
     trial_runner = experiment.runner_on(p, member, member.description,
                                         program.runner.algorithm)
+    trial_runner = dataclasses.replace(
+        trial_runner, evaluate=_holding(evaluating, trial_runner.evaluate),
+        evaluate_clients=_holding(evaluating, trial_runner.evaluate_clients))
 
     def run(i=i, p=p, member=member, trial_runner=trial_runner):
       try:
@@ -290,6 +300,18 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
              if isinstance(results[program.members[k]], KeyboardInterrupt)]
   if stopped:
     raise stopped[0]
+
+
+def _holding(lock: threading.Lock, fn: Any) -> Any:
+  """`fn` (None: None) called under `lock`."""
+  if fn is None:
+    return None
+
+  def held(*args):
+    with lock:
+      return fn(*args)
+
+  return held
 
 
 def _why_not_batched(runner: experiment.Runner, size: int, batch: bool) -> str:

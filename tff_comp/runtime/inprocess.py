@@ -31,15 +31,13 @@ import tensorflow_federated as tff
 from tff_comp import composer
 from tff_comp import registry
 from tff_comp import settings
-from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
 from tff_comp.ops import privacy
-from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
-from tff_comp.runtime import lanes as lanes_lib
+from tff_comp.runtime import round_stages
 from tff_comp.runtime import streaming
 
 UnsupportedError = base.UnsupportedError
@@ -109,7 +107,6 @@ class InProcessRuntime:
     self.population_index = {cid: i for i, cid in enumerate(data.client_ids)}
     self.device = device or choose_device()
     self.keeps_personal_models = algorithm.server_rule.keeps_personal_models
-    self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
     rule, options = algorithm.client_rule, algorithm.client_options
     self.streaming = isinstance(data, streaming.StreamedData)
     self.data = data if self.streaming else engines_lib.ResidentData(
@@ -119,6 +116,7 @@ class InProcessRuntime:
     # not depend on the round (fixed epochs; drawn epochs and fixed steps have none).
     batches = client_round.plan_cohort(rule, options, self.data.counts, self.data.keys, 0)
     short_batches = bool(np.any(batches.remainder.numpy() > 0))
+    self.stages = round_stages.RoundStages(algorithm, self.data)
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
     self._engines = {name: engine_(algorithm, self.data, lanes=self.lanes,
@@ -130,7 +128,6 @@ class InProcessRuntime:
                        if engine_.in_graph else self._round
                        for name, engine_ in self._engines.items()}
     self._traced: set[tuple[str, int]] = set()
-    self._metric_specs: Any = None  # the round's metrics' structure (`pack_metrics`)
     self._fallbacks: list[str] = []  # the engines 'auto' falls back to if a round fails
     # Why the engine is not auto's first choice (or the data are streamed).
     self.why = (why_streaming or 'streaming each cohort\'s data') if self.streaming else ''
@@ -252,7 +249,7 @@ class InProcessRuntime:
     self._fallbacks = []  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
     return base.RoundOutput(learning_state(weights, work, server_state, aggregator),
-                            self.unpack_metrics(metrics))
+                            self.stages.unpack_metrics(metrics))
 
   def _run_round(self, args, positions: tf.Tensor, indices: tf.Tensor, work: tf.Tensor):
     # Only an engine compiling per capacity (lanes) has a compiled cohort shape: the
@@ -284,103 +281,18 @@ class InProcessRuntime:
     algorithm, hparams = self.algorithm, work_state.hparams
     payload = algorithm.server_rule.payload(server_state, weights)
     seed = algorithm.client_options.seed
-    plans, reference = self.client_plans(payload, hparams, positions, indices, work,
-                                         work_state.round, seed)
+    plans, reference = self.stages.client_plans(payload, hparams, positions, indices,
+                                                work, work_state.round, seed)
     outputs = self.engine_impl.run(engines_lib.Cohort(
         payload, hparams, positions, tf.gather(self.data.offsets, positions),
         tf.gather(self.data.counts, positions), plans, capacity))
-    return self.finish(outputs, weights, server_state, aggregator, work_state.round, seed,
-                       reference)
-
-  def client_plans(self, payload, hparams, positions: tf.Tensor, indices: tf.Tensor,
-                   work: tf.Tensor, round_num, seed, *, trial: tf.Tensor | None = None,
-                   trials: int = 1) -> tuple[client_round.ClientPlan, Any]:
-    """The cohort's `ClientPlan`s and the round's reference loss (None unless the rule
-    uses one: the largest of the clients' candidates). With `trial` ([m], batched
-    trials: `runtime.trial_group`), `payload`, `hparams`, `round_num` and `seed` are
-    per trial, each client reads its trial's, and the reference is per trial ([trials])."""
-    rule, options = self.algorithm.client_rule, self.algorithm.client_options
-
-    def received(position):  # (payload, hparams) of the client at `position`
-      return lanes_lib.received(payload, hparams, trial, position)
-
-    def per_client(value):  # a per-trial value, for each client
-      return value if trial is None else tf.gather(value, trial)
-
-    reference = None
-    if rule.uses_reference_loss:
-      candidates = self.data.map_clients(
-          lambda p, _, examples: rule.reference_value(received(p)[0], examples,
-                                                      received(p)[1]), positions)
-      reference = (tf.reduce_max(candidates) if trial is None else
-                   tf.math.unsorted_segment_max(candidates, trial, trials))
-    m = tf.shape(indices)[:1]
-    context = rule_lib.RoundContext(
-        indices, tf.zeros(m) if reference is None else tf.broadcast_to(
-            tf.cast(per_client(reference), tf.float32), m), tf.zeros(m))
-    if rule.uses_start_loss:
-      context = context._replace(start_loss=self.data.map_clients(
-          lambda p, _, examples: rule.start_loss(received(p)[0], examples, received(p)[1]),
-          positions))
-    counts = tf.gather(self.data.counts, positions)
-    batches = local_loop.limit(client_round.plan_cohort(
-        rule, options, counts, tf.gather(self.data.keys, positions), per_client(round_num),
-        seed=per_client(seed)), work)
-    return client_round.ClientPlan(context, batches), reference
-
-  def finish(self, outputs: client_round.ClientOutput, weights, server_state, aggregator,
-             round_num, seed, reference):
-    """The round after its clients' work: aggregation (with the private aggregator's
-    noise seeded by `seed` and the round), the server step and the round's metrics,
-    packed (`pack_metrics`). Returns (weights, server state, aggregator state, metrics)."""
-    algorithm = self.algorithm
-    kind, measured = algorithm.aggregation, collections.OrderedDict()
-    if self._private is None:
-      update = aggregation.aggregate(kind, outputs.update, outputs.weight)
-    else:
-      noise_seed = tf.stack([tf.cast(seed, tf.int64), tf.cast(round_num, tf.int64)])
-      model_mean, aggregator, private = self._private.aggregate(
-          aggregator, aggregation.model_part(kind, outputs.update), outputs.weight,
-          noise_seed)
-      # Nested as TFF's factories report them (under 'mean' beside side channels).
-      measured.update(collections.OrderedDict(mean=private)
-                      if hasattr(outputs.update, 'delta') else private)
-      update = aggregation.combine(kind, model_mean, outputs.update, outputs.weight)
-    server_state, weights = algorithm.server_rule.step(server_state, weights, update)
-    stats = tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats)
-    measured.update(aggregation.measurements(kind, outputs.update, outputs.weight))
-    metrics = collections.OrderedDict(
-        distributor=(), client_work=client_round.train_metrics(stats, reference),
-        aggregator=measured or (), finalizer=())
-    return weights, server_state, aggregator, self.pack_metrics(metrics)
+    return self.stages.finish(outputs, weights, server_state, aggregator, work_state.round,
+                              seed, reference)
 
   @property
   def engine_impl(self) -> Any:
     """The engine object running the cohorts (`runtime.engines`)."""
     return self._engines[self.engine]
-
-  def pack_metrics(self, metrics) -> tf.Tensor:
-    """A round's metrics as one float64 vector, so they reach the host in one transfer
-    (a GPU would wait once, not once per metric); `unpack_metrics` restores them. Notes
-    their structure, when traced."""
-    self._metric_specs = tf.nest.map_structure(
-        lambda t: tf.TensorSpec(t.shape, t.dtype), metrics)
-    for spec in tf.nest.flatten(self._metric_specs):
-      if not spec.shape.is_fully_defined():
-        raise ValueError(f'a round metric has the unknown shape {spec.shape}.')
-    leaves = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(metrics)]
-    return tf.concat(leaves, 0) if leaves else tf.zeros([0], tf.float64)
-
-  def unpack_metrics(self, packed: tf.Tensor):
-    """`pack_metrics`'s metrics (of one trial) as NumPy values, in their structure and
-    dtypes."""
-    values, leaves, start = np.asarray(packed), [], 0
-    for spec in tf.nest.flatten(self._metric_specs):
-      size = spec.shape.num_elements()
-      leaves.append(values[start:start + size].reshape(spec.shape).astype(
-          spec.dtype.as_numpy_dtype))
-      start += size
-    return tf.nest.pack_sequence_as(self._metric_specs, leaves)
 
 
 def initial_state(algorithm: algorithm_lib.Algorithm, device: str) -> base.State:

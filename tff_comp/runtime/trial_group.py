@@ -15,7 +15,7 @@ still running has handed over its next round, the last to arrive runs them all a
       batches shuffled by trial t(i)'s seed and round               (batched)
     (W_t', S_t', A_t', metrics_t) = the aggregation of trial t's clients (with a private
       aggregator's state A_t and noise seeded by trial t's seed), the server step and
-      the metrics: `InProcessRuntime.finish`                      (per trial)
+      the metrics: `round_stages.RoundStages.finish`              (per trial)
 
 "Per trial" runs a separate run's own ops on its own shapes in a loop over trials, and
 each client's work is its own whatever lane it runs in, so every trial's numbers are
@@ -195,7 +195,7 @@ class TrialGroup:
       outputs[t] = base.RoundOutput(
           inprocess.learning_state(_row(weights, t), work_state, _row(server, t),
                                    _row(aggregator, t)),
-          runtime.unpack_metrics(packed[t]))
+          runtime.stages.unpack_metrics(packed[t]))
     return outputs
 
   def _args(self, stacked: base.State) -> tuple[Any, ...]:
@@ -235,18 +235,18 @@ class TrialGroup:
     runtime = self.runtime
     server_rule, hparams = runtime.algorithm.server_rule, work_state.hparams
     payload = _per_trial(server_rule.payload, server_state, weights)
-    plans, reference = runtime.client_plans(payload, hparams, positions, indices, work,
-                                            work_state.round, seeds, trial=trial,
-                                            trials=self.size)
+    plans, reference = runtime.stages.client_plans(payload, hparams, positions, indices,
+                                                   work, work_state.round, seeds, trial=trial,
+                                                   trials=self.size)
     outputs = runtime.engine_impl.run(engines_lib.Cohort(
         payload, hparams, positions, tf.gather(runtime.data.offsets, positions),
         tf.gather(runtime.data.counts, positions), plans, capacity, trial))
 
     def finish(t, weights, server_state, aggregator, round_num, seed, *reference):
       own = tf.reshape(tf.where(tf.equal(trial, t)), [-1])  # trial t's clients, in order
-      return runtime.finish(tf.nest.map_structure(lambda x: tf.gather(x, own), outputs),
-                            weights, server_state, aggregator, round_num, seed,
-                            *(reference or [None]))
+      return runtime.stages.finish(
+          tf.nest.map_structure(lambda x: tf.gather(x, own), outputs), weights,
+          server_state, aggregator, round_num, seed, *(reference or [None]))
 
     return _per_trial(finish, tf.range(self.size), weights, server_state, aggregator,
                       work_state.round, seeds, *([] if reference is None else [reference]))

@@ -1,0 +1,119 @@
+"""The in-process round in stages, shared by a run's round (`inprocess.InProcessRuntime`)
+and a batched group of trials' (`trial_group.TrialGroup`, which runs `finish` once per
+trial on that trial's clients):
+
+    client_plans    the cohort's batch plans and round context (the reference and start
+                    losses of rules that use them)
+    (an engine runs the clients' work: `runtime.engines`)
+    finish          the aggregation (with a private aggregator's noise seeded by the run
+                    and the round), the server step and the round's metrics, packed
+    unpack_metrics  those metrics on the host, in their structure
+"""
+
+import collections
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tff_comp.ops import aggregation
+from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round
+from tff_comp.ops import local_loop
+from tff_comp.ops import rule as rule_lib
+from tff_comp.runtime import lanes as lanes_lib
+
+
+class RoundStages:
+  """The stages of `algorithm`'s round on `data` (`engines.ResidentData` or streamed)."""
+
+  def __init__(self, algorithm: algorithm_lib.Algorithm, data: Any):
+    self.algorithm, self.data = algorithm, data
+    self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
+    self._metric_specs: Any = None  # the round's metrics' structure (`pack_metrics`)
+
+  def client_plans(self, payload, hparams, positions: tf.Tensor, indices: tf.Tensor,
+                   work: tf.Tensor, round_num, seed, *, trial: tf.Tensor | None = None,
+                   trials: int = 1) -> tuple[client_round.ClientPlan, Any]:
+    """The cohort's `ClientPlan`s and the round's reference loss (None unless the rule
+    uses one: the largest of the clients' candidates). With `trial` ([m], batched
+    trials: `runtime.trial_group`), `payload`, `hparams`, `round_num` and `seed` are
+    per trial, each client reads its trial's, and the reference is per trial ([trials])."""
+    rule, options = self.algorithm.client_rule, self.algorithm.client_options
+
+    def received(position):  # (payload, hparams) of the client at `position`
+      return lanes_lib.received(payload, hparams, trial, position)
+
+    def per_client(value):  # a per-trial value, for each client
+      return value if trial is None else tf.gather(value, trial)
+
+    reference = None
+    if rule.uses_reference_loss:
+      candidates = self.data.map_clients(
+          lambda p, _, examples: rule.reference_value(received(p)[0], examples,
+                                                      received(p)[1]), positions)
+      reference = (tf.reduce_max(candidates) if trial is None else
+                   tf.math.unsorted_segment_max(candidates, trial, trials))
+    m = tf.shape(indices)[:1]
+    context = rule_lib.RoundContext(
+        indices, tf.zeros(m) if reference is None else tf.broadcast_to(
+            tf.cast(per_client(reference), tf.float32), m), tf.zeros(m))
+    if rule.uses_start_loss:
+      context = context._replace(start_loss=self.data.map_clients(
+          lambda p, _, examples: rule.start_loss(received(p)[0], examples, received(p)[1]),
+          positions))
+    counts = tf.gather(self.data.counts, positions)
+    batches = local_loop.limit(client_round.plan_cohort(
+        rule, options, counts, tf.gather(self.data.keys, positions), per_client(round_num),
+        seed=per_client(seed)), work)
+    return client_round.ClientPlan(context, batches), reference
+
+  def finish(self, outputs: client_round.ClientOutput, weights, server_state, aggregator,
+             round_num, seed, reference):
+    """The round after its clients' work: aggregation (with the private aggregator's
+    noise seeded by `seed` and the round), the server step and the round's metrics,
+    packed (`pack_metrics`). Returns (weights, server state, aggregator state, metrics)."""
+    algorithm = self.algorithm
+    kind, measured = algorithm.aggregation, collections.OrderedDict()
+    if self._private is None:
+      update = aggregation.aggregate(kind, outputs.update, outputs.weight)
+    else:
+      noise_seed = tf.stack([tf.cast(seed, tf.int64), tf.cast(round_num, tf.int64)])
+      model_mean, aggregator, private = self._private.aggregate(
+          aggregator, aggregation.model_part(kind, outputs.update), outputs.weight,
+          noise_seed)
+      # Nested as TFF's factories report them (under 'mean' beside side channels).
+      measured.update(collections.OrderedDict(mean=private)
+                      if hasattr(outputs.update, 'delta') else private)
+      update = aggregation.combine(kind, model_mean, outputs.update, outputs.weight)
+    server_state, weights = algorithm.server_rule.step(server_state, weights, update)
+    stats = tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats)
+    measured.update(aggregation.measurements(kind, outputs.update, outputs.weight))
+    metrics = collections.OrderedDict(
+        distributor=(), client_work=client_round.train_metrics(stats, reference),
+        aggregator=measured or (), finalizer=())
+    return weights, server_state, aggregator, self.pack_metrics(metrics)
+
+
+  def pack_metrics(self, metrics) -> tf.Tensor:
+    """A round's metrics as one float64 vector, so they reach the host in one transfer
+    (a GPU would wait once, not once per metric); `unpack_metrics` restores them. Notes
+    their structure, when traced."""
+    self._metric_specs = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype), metrics)
+    for spec in tf.nest.flatten(self._metric_specs):
+      if not spec.shape.is_fully_defined():
+        raise ValueError(f'a round metric has the unknown shape {spec.shape}.')
+    leaves = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(metrics)]
+    return tf.concat(leaves, 0) if leaves else tf.zeros([0], tf.float64)
+
+  def unpack_metrics(self, packed: tf.Tensor):
+    """`pack_metrics`'s metrics (of one trial) as NumPy values, in their structure and
+    dtypes."""
+    values, leaves, start = np.asarray(packed), [], 0
+    for spec in tf.nest.flatten(self._metric_specs):
+      size = spec.shape.num_elements()
+      leaves.append(values[start:start + size].reshape(spec.shape).astype(
+          spec.dtype.as_numpy_dtype))
+      start += size
+    return tf.nest.pack_sequence_as(self._metric_specs, leaves)
