@@ -15,11 +15,14 @@ import tensorflow as tf
 
 from tests import algorithm_cases
 from tff_comp import registry
+from tff_comp import experiment
 from tff_comp import trials
+from tff_comp.ops import client_round
 from tff_comp.tasks import quadratic as tasks_quadratic
 from tff_comp.ops import privacy
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import callbacks
+from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import run_files
 from tff_comp.runtime import sampling
@@ -144,31 +147,82 @@ def _files(path):
   return [[row[c] for c in kept] for row in rows], run_files.load_model(path / 'final_model.npz')
 
 
+def _local_steps(algorithm: str, rounds: int) -> int:
+  """The local steps of a run of `rounds` on quadratic, 3 clients a round, as 'auto'
+  counts them."""
+  prepared = experiment.prepare(ExperimentConfig.of(
+      algorithm=algorithm, task='quadratic', rounds=rounds, clients_per_round=3,
+      engine='mapped', output_dir='unused'))
+  runtime = experiment.build_runner(prepared).runtime
+  plan = client_round.plan_cohort(
+      runtime.algorithm.client_rule, runtime.algorithm.client_options,
+      runtime.data.counts, runtime.data.keys, 0)
+  return int(rounds * 3 * np.mean(plan.steps.numpy()))
+
+
+def _alone(trial: trials.Trial):
+  """The trial as a run of its own: prepared, built and trained alone."""
+  prepared = experiment.prepare(trial.config)
+  runner = experiment.build_runner(prepared)
+  return experiment.train_runner(
+      prepared, runner, show_progress=False, client_hparams=trial.client_hparams,
+      learning_rates=(prepared.settings['client_learning_rate'],
+                      prepared.settings['server_learning_rate']))
+
+
 def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
   """Three FedProx runs of their own rates, mu (through the hparams), seeds and
   participation, batched, against the same three run one after another."""
   def grid(root):
     return [trials.Trial(ExperimentConfig.of(
         algorithm='fedprox', task='quadratic', rounds=4, clients_per_round=cohort,
-        eval_period=2, sampling='poisson', dropout_rate=0.2, seed=seed,
+        eval_period=2, sampling='poisson', dropout_rate=0.2, seed=seed, engine='mapped',
         client_learning_rate=rate, output_dir=str(root / f'trial_{seed}')),
         {'proximal_strength': mu})
         for seed, rate, mu, cohort in ((1, 0.02, 0.1, 3), (2, 0.05, 0.0, 4), (3, 0.01, 1.0, 2))]
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
   assert 'fedprox on quadratic: 3 trials batched into one program' in said[0]
-  separate = trials.run_trials(grid(tmp_path / 'separate'), batch=False, say=said.append)
-  assert '3 trial(s) one after another (batching off)' in said[1]
+  separate = [_alone(trial) for trial in grid(tmp_path / 'separate')]
   assert batched == separate
+  one_by_one = trials.run_trials(grid(tmp_path / 'one_by_one'), batch=False,
+                                 say=said.append)
+  assert '3 trial(s) one after another (batching off)' in said[1]
+  assert one_by_one == separate
   for seed in (1, 2, 3):
     (rows, model), (want_rows, want_model) = (
         _files(tmp_path / kind / f'trial_{seed}') for kind in ('batched', 'separate'))
     assert rows == want_rows
     for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
       np.testing.assert_array_equal(a, b)
-    recorded = json.loads((tmp_path / 'batched' / f'trial_{seed}' / 'config.json').read_text())
+    recorded, alone = (json.loads((tmp_path / kind / f'trial_{seed}' / 'config.json')
+                                  .read_text()) for kind in ('batched', 'separate'))
     assert recorded['runtime_record']['trials'] == 3
+    assert recorded['runtime_record']['engine'] == alone['runtime_record']['engine']
     assert recorded['resolved']['client_hparams']['proximal_strength'] in (0.1, 0.0, 1.0)
+
+
+def test_auto_takes_the_engine_each_trials_separate_run_takes(tmp_path, monkeypatch):
+  """'auto' picks the engine by a run's length: three 4-round trials batched run on the
+  engine a 4-round run takes (mapped here), not the one their 12 rounds together would
+  (lanes); and trials of other lengths form groups of their own."""
+  monkeypatch.setattr(engines, 'AUTO_LANES_MIN_STEPS', 2 * _local_steps('fedavg', 4))
+
+  def grid(root, rounds=(4, 4, 4)):
+    return [trials.Trial(ExperimentConfig.of(
+        algorithm='fedavg', task='quadratic', rounds=r, clients_per_round=3,
+        eval_period=2, seed=seed, output_dir=str(root / f'trial_{seed}')))
+        for seed, r in enumerate(rounds)]
+
+  said = []
+  batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
+  assert said[0].startswith('fedavg on quadratic: 3 trials batched into one program')
+  assert 'mapped engine' in said[0], said
+  assert batched == [_alone(trial) for trial in grid(tmp_path / 'separate')]
+  trials.run_trials(grid(tmp_path / 'lengths', rounds=(4, 4, 20)), say=said.append)
+  assert said[1:] == [said[1].split(': ')[0] + ': 2 trials batched into one program'
+                      + said[1].split('one program')[1],
+                      'fedavg on quadratic: 1 trial(s) one after another (a group of one).']
 
 
 @pytest.mark.parametrize('name', ['fedavg', 'scaffold'])

@@ -8,8 +8,9 @@ rounds, participation) and the client rule's hyperparameters set through its hpa
 `experiment.train_runner` takes them. Trials whose configurations agree but for the
 learning rates, `seed` and `data_seed`, rounds, evaluation period, cohort and
 participation, output directory and resume flags, and whose hparams differ, form a
-group (private trials: of one rounds, cohort and participation, which calibrate their
-noise). A group runs as one program on the in-process runtime; trials of different
+group (with `--engine=auto`, of one rounds and cohort size, by which their separate
+runs choose the engine; private trials: of one participation too, which calibrates
+their noise). A group runs as one program on the in-process runtime; trials of different
 data seeds share it on their tasks' clients together, each sampling, indexing and
 evaluating its own, when the tasks' data agree in shape and fit in memory (else one
 program per data seed). TFF's runtime, streamed data and the debug engine run a group's
@@ -64,7 +65,13 @@ def group_key(trial: Trial) -> str:
   program where their tasks' data agree in shape (`_why_not_merged`)."""
   shared = dataclasses.asdict(trial.config)
   private = trial.config.privacy.private
+  # 'auto' picks the in-process engine by the run's length (`engines.
+  # AUTO_LANES_MIN_STEPS`): trials share a program only with the engine each one's
+  # separate run takes, so of one length.
+  by_length = trial.config.runtime_options['inprocess'].engine == 'auto'
   for name in (*_PER_TRIAL, 'data_seed'):
+    if by_length and name in ('rounds', 'clients_per_round'):
+      continue
     if not (private and name in _CALIBRATE_PRIVACY):
       *records, field = name.split('.')
       owner = shared
@@ -122,18 +129,15 @@ class _Program(NamedTuple):
 def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
   """One build for the trials `members` (their runs `prepared`), on their tasks' clients
   together when they are several (`trial_group.merged_client_data`)."""
-  first = prepared[0]
-  # 'auto' weighs the lanes kernel's compile against the whole group's local steps.
-  settings = dict(first.settings, rounds=sum(p.settings['rounds'] for p in prepared))
+  first = prepared[0]  # built for one trial's run, as each trial's separate run is
   tasks = list({id(p.task): p.task for p in prepared}.values())
   if len(tasks) == 1:
-    return _Program(members, prepared, experiment.build_runner(
-        dataclasses.replace(first, settings=settings)))
+    return _Program(members, prepared, experiment.build_runner(first))
   prefixes = {id(task): f'{k}/' for k, task in enumerate(tasks)}
   data = trial_group.merged_client_data(
       [(prefixes[id(task)], task.train_data) for task in tasks])
   runner = experiment.build_runner(dataclasses.replace(
-      first, settings=settings, task=dataclasses.replace(first.task, train_data=data)))
+      first, task=dataclasses.replace(first.task, train_data=data)))
   initial = {}
   for p in prepared:  # each trial from its own task's model (the data seed's)
     if id(p.task) not in initial:
