@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): requirements/tff.txt requirements/dev.txt setup.cfg
+$(STAMP): requirements/tff.txt requirements/dev.txt requirements/ray.txt setup.cfg
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
 	  echo "error: $(PYTHON) not found. tff_comp needs Python 3.11 (TensorFlow Federated 0.87 supports 3.9-3.11)."; \
 	  echo "Install it (e.g. 'apt-get install python3.11 python3.11-venv' or 'pyenv install 3.11') or run 'make PYTHON=/path/to/python3.11'."; \
@@ -17,7 +17,8 @@ $(STAMP): requirements/tff.txt requirements/dev.txt setup.cfg
 	  echo "error: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'), need 3.11."; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet -r requirements/tff.txt -r requirements/dev.txt
+	$(PY) -m pip install --quiet -r requirements/tff.txt -r requirements/dev.txt \
+	  -r requirements/ray.txt
 	# TFF itself without its unsatisfiable jax/jaxlib 0.4.14 pins (BUILD_NOTES.md).
 	$(PY) -m pip install --quiet --no-deps tensorflow-federated==0.87.0
 	$(PY) -m pip install --quiet --no-deps -e .

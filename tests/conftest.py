@@ -1,4 +1,5 @@
-"""Test-wide setup: quiet TensorFlow, private data cache, and no leftover TFF worker."""
+"""Test-wide setup: quiet TensorFlow, private data cache, and no leftover TFF worker or
+Ray process."""
 
 import os
 import pathlib
@@ -32,6 +33,7 @@ _SESSION_START = {}
 def pytest_sessionstart(session):
   del session
   _SESSION_START['workers'] = set(workers.worker_pids())
+  _SESSION_START['ray'] = set(workers.ray_pids())
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -45,6 +47,11 @@ def pytest_sessionfinish(session, exitstatus):
   left = set(workers.wait_for_exit(exclude=_SESSION_START.get('workers', set())))
   if left:
     print(f'\nERROR: TFF worker process(es) left running: {sorted(left)}')
+    session.exitstatus = 1
+  left = set(workers.wait_for_exit(exclude=_SESSION_START.get('ray', set()), timeout=15.0,
+                                   find=workers.ray_pids))
+  if left:
+    print(f'\nERROR: Ray process(es) left running: {sorted(left)}')
     session.exitstatus = 1
 
 

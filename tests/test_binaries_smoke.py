@@ -161,13 +161,27 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
-def test_bench_runs(repo_root):
-  out = subprocess.run(
+def _bench(repo_root, *args):
+  return subprocess.run(
       [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1',
-       '--sweep=10', '--sweep_tff_max=10', '--population=20',
-       '--memory_rounds=2', '--run_py_rounds=4'],
-      capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+       *args], capture_output=True, text=True, timeout=600, cwd=repo_root,
+      stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+
+
+def test_bench_part_1_runs_and_prints_its_ratios(repo_root):
+  """Part 1 alone (the default suite; every part runs under `make test-slow`)."""
+  out = _bench(repo_root, '--sweep=', '--tff_workers=0', '--nofirst_rounds',
+               '--run_py_rounds=4')
+  assert out.returncode == 0, out.stderr
+  assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
+  assert '(e) run.py end to end, 4 rounds' in out.stdout and 'e/a =' in out.stdout
+  assert 'FedJAX: not timed (no --fedjax_python' in out.stdout
+
+
+@pytest.mark.slow
+def test_bench_runs(repo_root):
+  out = _bench(repo_root, '--sweep=10', '--sweep_tff_max=10', '--population=20',
+               '--memory_rounds=2', '--run_py_rounds=4')
   assert out.returncode == 0, out.stderr
   assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
   assert '(e) run.py end to end, 4 rounds' in out.stdout and 'e/a =' in out.stdout
@@ -180,17 +194,17 @@ def test_bench_runs(repo_root):
   assert 'the lanes kernel compiled 1 time(s), recompiles 0' in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('workload, says', [
     (['--workload=emnist_cnn', '--emnist_clients=2'], 'a/d = '),
     (['--workload=streaming'], 'ratio '),
+    (['--workload=grid', '--grid_experiment=fco_lasso', '--grid_rounds=2',
+      '--grid_parallel=1'], 'tables identical: yes'),
 ])
 def test_bench_workloads_run(repo_root, workload, says):
-  out = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1',
-       '--repeats=1', *workload], capture_output=True, text=True, timeout=600,
-      cwd=repo_root, stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  out = _bench(repo_root, *workload)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert says in out.stdout
+  assert says in out.stdout, out.stdout
 
 
 def test_plot_y_axis_fits_the_curves_after_the_first_checkpoint():

@@ -1,10 +1,25 @@
-"""Finding TFF worker processes (by their command line, from /proc)."""
+"""Finding TFF worker and Ray processes (by their command line, from /proc)."""
 
 import os
 import time
 
+# A command line containing any of these is one of Ray's processes (its GCS server,
+# raylet, and the workers running actors and tasks).
+_RAY = (b'gcs_server', b'raylet', b'ray/_private/workers/default_worker.py')
+
+
 def worker_pids() -> list[int]:
   """Pids of live (non-zombie) TFF worker_binary processes on this machine."""
+  return _pids(lambda cmdline: b'worker_binary' in cmdline
+               and b'tensorflow_federated' in cmdline)
+
+
+def ray_pids() -> list[int]:
+  """Pids of live (non-zombie) Ray processes on this machine."""
+  return _pids(lambda cmdline: any(name in cmdline for name in _RAY))
+
+
+def _pids(matches) -> list[int]:
   pids = []
   for entry in os.listdir('/proc'):
     if not entry.isdigit():
@@ -16,17 +31,17 @@ def worker_pids() -> list[int]:
         state = f.read().rsplit(b')', 1)[1].split()[0]
     except OSError:
       continue
-    is_worker = b'worker_binary' in cmdline and b'tensorflow_federated' in cmdline
-    if is_worker and state != b'Z':
+    if matches(cmdline) and state != b'Z':
       pids.append(int(entry))
   return pids
 
 
-def wait_for_exit(exclude=frozenset(), timeout: float = 5.0) -> list[int]:
-  """Workers (other than `exclude`) still alive after up to `timeout` seconds."""
+def wait_for_exit(exclude=frozenset(), timeout: float = 5.0, find=worker_pids) -> list[int]:
+  """Processes `find` finds (TFF workers by default; other than `exclude`) still alive
+  after up to `timeout` seconds."""
   deadline = time.monotonic() + timeout
   while True:
-    left = [p for p in worker_pids() if p not in exclude]
+    left = [p for p in find() if p not in exclude]
     if not left or time.monotonic() > deadline:
       return left
     time.sleep(0.1)

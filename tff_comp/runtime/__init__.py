@@ -1,14 +1,17 @@
 """Runtimes: what runs an algorithm's rounds, behind one interface (`base.Runtime`).
 
 Registered (`registry.RUNTIMES`): 'tff' (`tff_process`: TFF's process on its C++
-worker, or split across `workers`) and 'inprocess' (`inprocess`: the math layer run in
-this process, its cohorts by an engine of `engines`: XLA lanes (`lanes`), mapped, debug).
+worker, or split across `workers`), 'inprocess' (`inprocess`: the math layer run in
+this process, its cohorts by an engine of `engines`: XLA lanes (`lanes`), mapped, debug)
+and 'ray' (`ray_runtime`: the in-process math with each round's clients on Ray actors,
+across processes and hosts; `--ray_address`).
 `install_local_runtime` / `ensure_local_runtime`: TFF's C++ runtime with a local worker
 that never outlives its Python process (`local_worker`). `simulation`: the training
 loop over any runtime.
 """
 
 from tff_comp.runtime import inprocess  # registers 'inprocess'
+from tff_comp.runtime import ray_runtime  # registers 'ray' (Ray imported when used)
 from tff_comp.runtime import tff_process  # registers 'tff'
 from tff_comp.runtime.local_worker import ensure_local_runtime
 from tff_comp.runtime.local_worker import install_local_runtime

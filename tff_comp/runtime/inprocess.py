@@ -128,6 +128,13 @@ class InProcessRuntime:
                        if engine_.in_graph else self._round
                        for name, engine_ in self._engines.items()}
     self._traced: set[tuple[str, int]] = set()
+    # A round's clients alone (`client_outputs`), traced once per capacity.
+    self._clients_fn = tf.function(self._client_outputs, autograph=False)
+    self._traced_clients: set[int] = set()
+    self._candidates_fn = tf.function(
+        lambda payload, hparams, positions: self.stages.reference_candidates(
+            payload, hparams, positions), autograph=False,
+        reduce_retracing=True)
     self._fallbacks: list[str] = []  # the engines 'auto' falls back to if a round fails
     # Why the engine is not auto's first choice (or the data are streamed).
     self.why = (why_streaming or 'streaming each cohort\'s data') if self.streaming else ''
@@ -221,17 +228,8 @@ class InProcessRuntime:
       raise ValueError('a round needs at least one client.')
     if work is not None and len(work) != len(client_ids):
       raise ValueError(f'work has {len(work)} entries for {len(client_ids)} clients.')
-    if self.streaming:
-      self.data.load(client_ids)
-    positions = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
+    positions, work = self._cohort(client_ids, work)
     indices = tf.constant([self.population_index[cid] for cid in client_ids], tf.int32)
-    work = tf.constant(np.ones(len(client_ids)) if work is None else work, tf.float32)
-    if len(client_ids) > self.capacity:
-      if self.capacity and self.engine_impl.compiles_per_capacity:
-        logging.info('in-process runtime: a cohort of %d clients exceeds the %s'
-                     ' kernel\'s %d; compiling it for %d.', len(client_ids), self.engine,
-                     self.capacity, len(client_ids))
-      self.capacity = len(client_ids)
     state = as_tensors(state)
     args = (state.global_model_weights, state.finalizer,
             client_round.ClientWorkState(*state.client_work), state.aggregator)
@@ -250,6 +248,22 @@ class InProcessRuntime:
     work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
     return base.RoundOutput(learning_state(weights, work, server_state, aggregator),
                             self.stages.unpack_metrics(metrics))
+
+  def _cohort(self, client_ids: Sequence[str],
+              work: Sequence[float] | None) -> tuple[tf.Tensor, tf.Tensor]:
+    """(positions of the clients' examples in `self.data`, their work): their data
+    loaded where streamed, the lanes kernel's capacity grown to hold them."""
+    if self.streaming:
+      self.data.load(client_ids)
+    positions = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
+    work = tf.constant(np.ones(len(client_ids)) if work is None else work, tf.float32)
+    if len(client_ids) > self.capacity:
+      if self.capacity and self.engine_impl.compiles_per_capacity:
+        logging.info('in-process runtime: a cohort of %d clients exceeds the %s'
+                     ' kernel\'s %d; compiling it for %d.', len(client_ids), self.engine,
+                     self.capacity, len(client_ids))
+      self.capacity = len(client_ids)
+    return positions, work
 
   def _run_round(self, args, positions: tf.Tensor, indices: tf.Tensor, work: tf.Tensor):
     # Only an engine compiling per capacity (lanes) has a compiled cohort shape: the
@@ -281,13 +295,54 @@ class InProcessRuntime:
     algorithm, hparams = self.algorithm, work_state.hparams
     payload = algorithm.server_rule.payload(server_state, weights)
     seed = algorithm.client_options.seed
-    plans, reference = self.stages.client_plans(payload, hparams, positions, indices,
-                                                work, work_state.round, seed)
-    outputs = self.engine_impl.run(engines_lib.Cohort(
-        payload, hparams, positions, tf.gather(self.data.offsets, positions),
-        tf.gather(self.data.counts, positions), plans, capacity))
+    outputs, reference = self._client_outputs(payload, hparams, positions, indices, work,
+                                              work_state.round, None, capacity)
     return self.stages.finish(outputs, weights, server_state, aggregator, work_state.round,
                               seed, reference)
+
+  def _client_outputs(self, payload, hparams, positions, indices, work, round_num,
+                      reference, capacity: int):
+    """(the cohort's ClientOutput, the round's reference loss): its clients' work."""
+    plans, reference = self.stages.client_plans(
+        payload, hparams, positions, indices, work, round_num,
+        self.algorithm.client_options.seed, reference=reference)
+    return self.engine_impl.run(engines_lib.Cohort(
+        payload, hparams, positions, tf.gather(self.data.offsets, positions),
+        tf.gather(self.data.counts, positions), plans, capacity)), reference
+
+  # --- a round's clients alone (its aggregation elsewhere: `runtime.ray_runtime`) ----
+
+  def client_outputs(self, payload, hparams, client_ids: Sequence[str],
+                     work: Sequence[float], indices: Sequence[int], round_num: int,
+                     reference: float | None = None) -> client_round.ClientOutput:
+    """The clients' `ClientOutput`s in NumPy, stacked in the order of `client_ids`, from
+    the round's `payload` and `hparams`: a round's clients, whose aggregation runs
+    elsewhere. `indices`: their rows of per-client state (their index in the whole
+    population); `reference`: the whole cohort's reference loss (rules with
+    `uses_reference_loss`). Each client's numbers are those of the whole round's."""
+    positions, work_ = self._cohort(client_ids, work)
+    capacity = self.capacity if self.engine_impl.compiles_per_capacity else 0
+    if self.engine_impl.in_graph and capacity not in self._traced_clients:
+      any_size = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
+                  tf.TensorSpec([None], tf.float32))
+      self._clients_fn.get_concrete_function(
+          payload, hparams, *any_size, tf.constant(round_num),
+          tf.constant(0.0 if reference is None else reference, tf.float32), capacity)
+      self._traced_clients.add(capacity)
+    with tf.device(self.device):
+      outputs, _ = self._clients_fn(
+          payload, hparams, positions, tf.constant(indices, tf.int32), work_,
+          tf.constant(round_num), tf.constant(0.0 if reference is None else reference,
+                                              tf.float32), capacity)
+    return tf.nest.map_structure(np.asarray, outputs)
+
+  def reference_candidates(self, payload, hparams,
+                           client_ids: Sequence[str]) -> np.ndarray:
+    """The clients' candidates for the round's reference loss (its cohort split across
+    runtimes: the largest is the reference)."""
+    positions, _ = self._cohort(client_ids, None)
+    with tf.device(self.device):
+      return self._candidates_fn(payload, hparams, positions).numpy()
 
   @property
   def engine_impl(self) -> Any:
@@ -336,7 +391,7 @@ def why_not(program, options: InProcessOptions | None = None) -> str:
   runtime only; clipping and DP run here as an `ops.privacy.PrivateMean`), or a Keras
   model converted by TFF. `options` are not consulted: every engine runs these."""
   del options
-  program = _algorithm_of(program)
+  program = algorithm_of(program)
   if not isinstance(program, algorithm_lib.Algorithm):
     return 'this process was composed from hand-built blocks, not an Algorithm; run it on' \
            ' the TFF runtime.'
@@ -347,7 +402,8 @@ def why_not(program, options: InProcessOptions | None = None) -> str:
   return _runs_outside_tff(program.model)
 
 
-def _algorithm_of(program):
+def algorithm_of(program) -> algorithm_lib.Algorithm:
+  """The Algorithm of `program` (an Algorithm, or a process composed from one)."""
   if isinstance(program, composer.ComposedLearningProcess) and program.algorithm:
     return program.algorithm
   return program
@@ -375,7 +431,7 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
   reason = why_not(program)
   if reason:
     raise UnsupportedError(reason)
-  return _build(_algorithm_of(program), client_data, engine=engine, lanes=lanes,
+  return _build(algorithm_of(program), client_data, engine=engine, lanes=lanes,
                 device=device, client_rounds=client_rounds,
                 data_memory_budget=data_memory_budget)
 
@@ -404,7 +460,7 @@ def build_from_settings(program, client_data, options: InProcessOptions,
   engine = options.engine
   if engine == 'auto' and (facts.resumed or {}).get('name') == 'inprocess':
     engine = facts.resumed.get('engine') or 'auto'
-  return _build(_algorithm_of(program), client_data, engine=engine, lanes=None,
+  return _build(algorithm_of(program), client_data, engine=engine, lanes=None,
                 device=None, client_rounds=facts.client_rounds,
                 data_memory_budget=options.data_memory_budget)
 

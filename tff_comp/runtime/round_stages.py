@@ -32,13 +32,28 @@ class RoundStages:
     self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
     self._metric_specs: Any = None  # the round's metrics' structure (`pack_metrics`)
 
+  def reference_candidates(self, payload, hparams, positions: tf.Tensor, *,
+                           trial: tf.Tensor | None = None) -> tf.Tensor:
+    """Each client's candidate for the round's reference loss ([m]; rules with
+    `uses_reference_loss`)."""
+    rule = self.algorithm.client_rule
+
+    def received(position):  # (payload, hparams) of the client at `position`
+      return lanes_lib.received(payload, hparams, trial, position)
+
+    return self.data.map_clients(
+        lambda p, _, examples: rule.reference_value(received(p)[0], examples,
+                                                    received(p)[1]), positions)
+
   def client_plans(self, payload, hparams, positions: tf.Tensor, indices: tf.Tensor,
                    work: tf.Tensor, round_num, seed, *, trial: tf.Tensor | None = None,
-                   trials: int = 1) -> tuple[client_round.ClientPlan, Any]:
+                   trials: int = 1, reference=None) -> tuple[client_round.ClientPlan, Any]:
     """The cohort's `ClientPlan`s and the round's reference loss (None unless the rule
-    uses one: the largest of the clients' candidates). With `trial` ([m], batched
-    trials: `runtime.trial_group`), `payload`, `hparams`, `round_num` and `seed` are
-    per trial, each client reads its trial's, and the reference is per trial ([trials])."""
+    uses one: the largest of the clients' candidates; `reference` when given, the
+    whole cohort's where its clients run in several places). With `trial` ([m],
+    batched trials: `runtime.trial_group`), `payload`, `hparams`, `round_num` and
+    `seed` are per trial, each client reads its trial's, and the reference is per trial
+    ([trials])."""
     rule, options = self.algorithm.client_rule, self.algorithm.client_options
 
     def received(position):  # (payload, hparams) of the client at `position`
@@ -47,13 +62,12 @@ class RoundStages:
     def per_client(value):  # a per-trial value, for each client
       return value if trial is None else tf.gather(value, trial)
 
-    reference = None
-    if rule.uses_reference_loss:
-      candidates = self.data.map_clients(
-          lambda p, _, examples: rule.reference_value(received(p)[0], examples,
-                                                      received(p)[1]), positions)
+    if rule.uses_reference_loss and reference is None:
+      candidates = self.reference_candidates(payload, hparams, positions, trial=trial)
       reference = (tf.reduce_max(candidates) if trial is None else
                    tf.math.unsorted_segment_max(candidates, trial, trials))
+    if not rule.uses_reference_loss:
+      reference = None
     m = tf.shape(indices)[:1]
     context = rule_lib.RoundContext(
         indices, tf.zeros(m) if reference is None else tf.broadcast_to(

@@ -1,0 +1,146 @@
+"""The Ray runtime (`runtime.ray_runtime`): a run's clients on two actors of a local Ray
+cluster equal the single-process run to the bit, for every registered algorithm that
+runs in-process (Poisson cohorts with dropout, shuffled local data, DP); an actor killed
+in a run is restarted and the run is unchanged; a Ray run resumes as it would have run;
+an unreachable cluster is one line. The cluster is started once for the module and shut
+down after it (conftest fails the session on a Ray process left running)."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import algorithm_cases
+from tff_comp import experiment
+from tff_comp import registry
+from tff_comp.ops import privacy
+from tff_comp.runtime import inprocess
+from tff_comp.runtime import ray_runtime
+from tff_comp.runtime import run_files
+from tff_comp.runtime import sampling
+
+ray = pytest.importorskip('ray')
+
+DATA = algorithm_cases.DATA['unequal']
+IDS = list(DATA.client_ids)
+OPTIONS = ray_runtime.RayOptions(ray_address=ray_runtime.LOCAL, ray_actors=2)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def cluster():
+  ray_runtime.connect(ray_runtime.LOCAL)
+  yield
+  ray.shutdown()
+
+
+def _algorithms() -> list[str]:
+  return [name for name in registry.ALGORITHMS.names()
+          if not inprocess.why_not(algorithm_cases.algorithm(name, {}))]
+
+
+def _rounds(runtime, rounds: int = 3, kill=None):
+  """Rounds on Poisson cohorts (3 of the clients expected) with dropout; `kill(round)`
+  runs before each round."""
+  sampler = sampling.ClientSampler(IDS, 3, 7, sampling.Participation(
+      'poisson', dropout_rate=0.2))
+  state, metrics = runtime.initialize(), []
+  for round_num in range(1, rounds + 1):
+    if kill:
+      kill(round_num)
+    clients = sampler.sample(round_num)
+    if clients.reporting:
+      output = runtime.next(state, list(clients.reporting), clients.work)
+      state = output.state
+      metrics.append(output.metrics)
+  return state, metrics
+
+
+def _assert_same(got, want, label):
+  for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(want), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=label)
+
+
+def _both(name, engine, extra=None):
+  """(the single process's rounds, the same on two Ray actors)."""
+  def algorithm():  # one each: a run traces the algorithm's functions
+    return algorithm_cases.algorithm(name, extra or {}, shuffle=True)
+
+  single = _rounds(inprocess.build(algorithm(), DATA, engine=engine))
+  on_ray = ray_runtime.build(algorithm(), DATA, OPTIONS, engine=engine)
+  return single, _rounds(on_ray), on_ray
+
+
+@pytest.mark.parametrize('name', _algorithms())
+def test_two_actors_equal_the_single_process(name):
+  single, on_ray, runtime = _both(name, 'mapped')
+  assert runtime.record['actors'] == 2 and runtime.record['engine'] == 'mapped'
+  _assert_same(on_ray, single, name)
+
+
+@pytest.mark.parametrize('name', ['fedavg', 'scaffold'])
+def test_two_actors_equal_the_single_process_on_lanes(name):
+  single, on_ray, _ = _both(name, 'lanes')
+  _assert_same(on_ray, single, name)
+
+
+@pytest.mark.parametrize('spec', [
+    privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
+    privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5)],
+    ids=['dp', 'dp_adaptive'])
+def test_private_rounds_on_ray_add_the_noise_once_as_the_single_process(spec):
+  single, on_ray, _ = _both('fedavg', 'mapped',
+                            dict(model_aggregator=spec, client_weighting='uniform'))
+  _assert_same(on_ray, single, spec.kind)
+
+
+def test_an_actor_killed_in_a_run_is_restarted_and_the_run_is_unchanged(capsys):
+  single, _, runtime = _both('scaffold', 'mapped')
+  killed = []
+
+  def kill(round_num):
+    if round_num == 2:
+      pid = runtime.actor_pids()[0]
+      os.kill(pid, signal.SIGKILL)
+      killed.append(pid)
+
+  _assert_same(_rounds(runtime, kill=kill), single, 'scaffold, an actor killed')
+  assert 'ray: actor 0 died in round 2; its clients run again on its restarted actor.' \
+      in capsys.readouterr().out
+  assert killed and killed[0] not in runtime.actor_pids()  # a new process
+
+
+def _train(path, **settings):
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(**{
+      'algorithm': 'fedavg', 'task': 'quadratic', 'rounds': 6, 'eval_period': 3,
+      'checkpoint_every': 2, 'ray_address': ray_runtime.LOCAL, 'output_dir': str(path),
+      **settings}))
+  runner = experiment.build_runner(prepared)
+  assert runner.runtime.name == 'ray'
+  return experiment.train_runner(prepared, runner, show_progress=False)
+
+
+def test_a_ray_run_resumes_as_it_would_have_run(tmp_path):
+  whole = _train(tmp_path / 'whole')
+  _train(tmp_path / 'cut', rounds=3)
+  resumed = _train(tmp_path / 'cut', resume=True)
+  assert resumed == whole
+  (want, _), (got, _) = (run_files.whole_rows(tmp_path / kind / 'metrics.csv')[1:]
+                         for kind in ('whole', 'cut'))
+  columns = [c for c in want[0] if 'seconds' not in c]
+  assert [[r[c] for c in columns] for r in got] == [[r[c] for c in columns] for r in want]
+
+
+def test_an_unreachable_cluster_is_one_line_and_exit_2(repo_root, tmp_path):
+  out = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=fedavg',
+       '--task=quadratic', '--rounds=2', '--ray_address=127.0.0.1:9',
+       f'--output_dir={tmp_path}'], capture_output=True, text=True, timeout=300,
+      stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.returncode == 2, out.stderr[-2000:]
+  lines = [line for line in out.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and 'Ray cluster at --ray_address=127.0.0.1:9 cannot be' \
+      ' reached' in lines[0], out.stderr[-2000:]

@@ -1,0 +1,407 @@
+"""A run's cohorts across processes and hosts, on Ray: the in-process runtime's math with
+each round's clients run by Ray actors.
+
+    driver: the state, the payload P = server_rule.payload(S, W); for rules with a
+            reference loss, the largest of every actor's clients' candidates
+    actor k (holds the clients i with i mod K = k, resident or streamed as in-process):
+            its clients of the cohort, in cohort order: their work from P on the
+            in-process engine the whole run would take -> their ClientOutputs
+    driver: the outputs stacked in cohort order, then the round's end as in-process
+            (`round_stages.RoundStages.finish`: aggregation, DP noise once, the server
+            step, metrics), checkpoints and metrics as every run
+
+Each client's work is its own whatever runs it, and the round's end is the single
+process's on the same stacked outputs, so a run on K actors equals the in-process run
+to the bit (`tests/test_ray.py`). Per-client server state (SCAFFOLD's c_i, Ditto's
+personal models, AFL's weights) stays in the driver's state and reaches the actors in
+the payload, as in-process. The actors send their clients' outputs, not partial sums:
+K x the update's size a round (bench part 3 prints the bytes), the price of equality
+with the in-process run and of DP noise added once.
+
+An actor that dies in a round is restarted by Ray (`max_restarts`) and set up again on
+its shard, and its part of the round runs again there: the round is pure, the results
+unchanged; one line says so. A process's actors serve each of its runs in turn (their
+processes and TensorFlow imported once). The driver killed, `--resume` continues from the last checkpoint as for
+any run. Ray is an optional dependency (`pip install tff_comp[ray]`); it is imported
+when a run asks for it (`--ray_address`).
+"""
+
+import dataclasses
+import io
+import logging as py_logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from tff_comp import registry
+from tff_comp import settings
+from tff_comp.ops import client_round
+from tff_comp.runtime import base
+from tff_comp.runtime import inprocess
+
+LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
+# Times an actor's part of a round runs again after its actor died.
+RETRIES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class RayOptions:
+  """Where and how a run's clients run on Ray (`--ray_address` set: this runtime)."""
+
+  ray_address: str = settings.setting(
+      '', 'Run each round\'s clients on Ray actors: \'local\' (a Ray cluster of this'
+      ' machine, started by the run), \'auto\' (the cluster this machine joined with `ray'
+      ' start`), or a cluster\'s address (host:port). Default: no Ray.')
+  ray_actors: int = settings.setting(
+      2, 'Ray actors, each holding a share of the clients (one per GPU where hosts have'
+      ' several).', lower=1, upper=settings.MAX_COUNT)
+  ray_gpus_per_actor: float = settings.setting(
+      0.0, 'GPUs each Ray actor takes (Ray\'s num_gpus; 1 for one actor per GPU).',
+      lower=0.0)
+
+  def __post_init__(self):
+    settings.check(self)
+
+
+def _ray():
+  """The `ray` module, imported when a run uses it.
+
+  Raises:
+    base.UnsupportedError: Ray is not installed.
+  """
+  try:
+    import ray  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise base.UnsupportedError(
+        'Ray is not installed: pip install \'tff_comp[ray]\' (BUILD_NOTES.md)') from e
+  return ray
+
+
+def connect(address: str) -> Any:
+  """This process joined to the Ray cluster at `address` (`RayOptions.ray_address`),
+  started here for 'local'; returns the `ray` module. Joined once per process.
+
+  Raises:
+    base.UnsupportedError: Ray is missing, or the cluster cannot be reached.
+  """
+  ray = _ray()
+  if ray.is_initialized():
+    return ray
+  # No metrics agent (Ray's dashboard is off: its exporter would log an error), and
+  # Ray's own setting of the accelerator variables kept as it is (it warns otherwise).
+  os.environ.setdefault('RAY_enable_metrics_collection', '0')
+  os.environ.setdefault('RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO', '0')
+  quiet = dict(include_dashboard=False, log_to_driver=False,
+               logging_level=py_logging.ERROR)
+  if address not in (LOCAL, 'auto'):
+    _check_reachable(address)
+  try:
+    if address == LOCAL:
+      ray.init(num_cpus=os.cpu_count(), **quiet)
+    else:
+      ray.init(address=address, **quiet)
+  except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise base.UnsupportedError(
+        f'the Ray cluster at --ray_address={address} cannot be reached ({first})') from e
+  return ray
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+  """Raises UnsupportedError unless `address` (host:port, or ray://host:port) accepts a
+  connection within `timeout` seconds: Ray's own client waits minutes for a cluster
+  that is not there."""
+  host, _, port = address.removeprefix('ray://').rpartition(':')
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout):
+      pass
+  except (OSError, ValueError) as e:
+    raise base.UnsupportedError(
+        f'the Ray cluster at --ray_address={address} cannot be reached'
+        f' ({type(e).__name__}: {e or "no answer"}); give host:port of a running'
+        ' cluster\'s head (`ray start --head`), \'auto\' or \'local\'') from e
+
+
+class Shard:
+  """An actor's part of the clients: the in-process runtime of an algorithm on those
+  clients alone (`setup`), with the engine the whole run takes. Ray runs it as an actor
+  (`ray.remote(Shard)`), set up again for each run that uses it; a plain class, so it
+  runs and is tested in-process too."""
+
+  def __init__(self):
+    self.runtime: inprocess.InProcessRuntime | None = None
+
+  def setup(self, algorithm: bytes, client_data, engine: str, data_memory_budget: float,
+            capacity: int) -> None:
+    """`algorithm`: the Algorithm pickled (`build`)."""
+    self.runtime = inprocess.build(_ray().cloudpickle.loads(algorithm), client_data,
+                                   engine=engine, data_memory_budget=data_memory_budget)
+    self.runtime.reserve_cohort(capacity)
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def reserve_cohort(self, size: int) -> None:
+    self.runtime.reserve_cohort(size)
+
+  def client_outputs(self, payload, hparams, client_ids, work, indices, round_num,
+                     reference):
+    return self.runtime.client_outputs(payload, hparams, client_ids, work, indices,
+                                       round_num, reference)
+
+  def reference_candidates(self, payload, hparams, client_ids) -> np.ndarray:
+    return self.runtime.reference_candidates(payload, hparams, client_ids)
+
+
+# This process's actors, by (cluster, count, GPUs each): their processes (and the
+# TensorFlow each imported) serve every run after the first.
+_POOL: dict[tuple[str, int, float], list[Any]] = {}
+
+
+def _actor_pool(ray, count: int, gpus: float) -> list[Any]:
+  key = (ray.get_runtime_context().get_job_id(), count, gpus)
+  if key not in _POOL:
+    actor = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=RETRIES,
+                       max_task_retries=0)(Shard)
+    _POOL[key] = [actor.remote() for _ in range(count)]
+  return _POOL[key]
+
+
+def _function(python_function, input_signature, autograph: bool, jit_compile,
+              reduce_retracing: bool):
+  return tf.function(python_function, input_signature=input_signature,
+                     autograph=autograph, jit_compile=jit_compile,
+                     reduce_retracing=reduce_retracing)
+
+
+def _dumps(algorithm) -> bytes:
+  """`algorithm` pickled (Ray's cloudpickle) with each `tf.function` as its definition,
+  not its traces: a traced one (the task's model once a run used it) holds graphs that
+  do not pickle, and TensorFlow's own `Function.__getstate__` keeps them. The options
+  are read from the Function's attributes (TF 2.14 has no public accessor for them)."""
+  from tensorflow.python.eager.polymorphic_function import polymorphic_function  # pylint: disable=g-import-not-at-top
+
+  class Pickler(_ray().cloudpickle.CloudPickler):
+
+    def reducer_override(self, obj):
+      if isinstance(obj, polymorphic_function.Function):
+        # pylint: disable=protected-access
+        return _function, (obj.python_function, obj.input_signature, obj._autograph,
+                           obj._jit_compile, obj._reduce_retracing)
+      return super().reducer_override(obj)
+
+  buffer = io.BytesIO()
+  Pickler(buffer).dump(algorithm)
+  return buffer.getvalue()
+
+
+def _sub_data(client_data, client_ids: Sequence[str]):
+  """The clients `client_ids` of `client_data`, as a ClientData of their own."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+      list(client_ids), client_data.create_tf_dataset_for_client)
+
+
+class RayRuntime:
+  """Runs an algorithm with its clients on Ray actors (see the module docstring; `build`
+  makes one): `driver` is the in-process runtime of the algorithm on `client_data` that
+  holds the state, chooses the engine and runs each round's end; `shipped`, the
+  algorithm pickled before the driver traced it. Implements `base.Runtime`."""
+
+  name = 'ray'
+  partial_work = True
+
+  def __init__(self, driver: inprocess.InProcessRuntime, shipped: bytes, client_data,
+               options: RayOptions, data_memory_budget: float):
+    self._driver, self._options = driver, options
+    ray = connect(options.ray_address)
+    self._ray = ray
+    self.keeps_personal_models = driver.keeps_personal_models
+    ids = list(client_data.client_ids)
+    count = min(options.ray_actors, len(ids))
+    self._owner = {cid: i % count for i, cid in enumerate(ids)}  # client -> actor
+    self._actors = _actor_pool(ray, count, options.ray_gpus_per_actor)
+    # Each actor on its share (streamed where it exceeds the budget, as in-process),
+    # with the engine the whole run takes: a client's numbers depend on the engine.
+    self._setups = [(shipped, _sub_data(client_data, ids[k::count]),
+                     driver.engine, data_memory_budget, driver.capacity)
+                    for k in range(count)]
+    ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
+    algorithm = driver.algorithm
+    self._payload = tf.function(
+        lambda state: algorithm.server_rule.payload(state.finalizer,
+                                                    state.global_model_weights),
+        autograph=False)
+    self._finish = tf.function(driver.stages.finish, autograph=False)
+    self._finish_traced = False
+    logging.info('ray runtime: %s', self.description)
+
+  @property
+  def description(self) -> str:
+    return (f'ray ({self._options.ray_address}), {len(self._actors)} actors, each'
+            f' {self._driver.description}')
+
+  @property
+  def record(self) -> dict[str, Any]:
+    return dict(self._driver.record, name=self.name, address=self._options.ray_address,
+                actors=len(self._actors))
+
+  def actor_pids(self) -> list[int]:
+    """The actors' processes (as they run now)."""
+    return self._ray.get([a.pid.remote() for a in self._actors])
+
+  # --- state: the driver's -----------------------------------------------------------
+
+  def initialize(self) -> base.State:
+    return self._driver.initialize()
+
+  def get_model_weights(self, state: base.State):
+    return self._driver.get_model_weights(state)
+
+  def set_model_weights(self, state: base.State, weights) -> base.State:
+    return self._driver.set_model_weights(state, weights)
+
+  def get_hparams(self, state: base.State):
+    return self._driver.get_hparams(state)
+
+  def set_hparams(self, state: base.State, hparams) -> base.State:
+    return self._driver.set_hparams(state, hparams)
+
+  def get_personal_weights(self, state: base.State):
+    return self._driver.get_personal_weights(state)
+
+  def prefetch(self, client_ids: Sequence[str]) -> None:
+    del client_ids  # each actor reads its own clients when their round comes
+
+  def reserve_cohort(self, size: int) -> None:
+    """Each actor's lanes kernel holds `size` clients (a share of a cohort never has
+    more), compiled once."""
+    self._setups = [(*setup[:4], max(setup[4], size)) for setup in self._setups]
+    self._ray.get([a.reserve_cohort.remote(size) for a in self._actors])
+
+  # --- rounds --------------------------------------------------------------------------
+
+  def next(self, state: base.State, client_ids: Sequence[str],
+           work: Sequence[float] | None = None) -> base.RoundOutput:
+    """One round on `client_ids` (as `InProcessRuntime.next`), their work on the
+    actors holding them."""
+    if not client_ids:
+      raise ValueError('a round needs at least one client.')
+    work = [1.0] * len(client_ids) if work is None else list(work)
+    state = inprocess.as_tensors(state)
+    round_num = int(state.client_work.round)
+    payload = tf.nest.map_structure(np.asarray, self._payload(state))
+    hparams = tf.nest.map_structure(np.asarray, state.client_work.hparams)
+    parts = {}  # actor -> positions in the cohort
+    for position, cid in enumerate(client_ids):
+      parts.setdefault(self._owner[cid], []).append(position)
+    rule = self._driver.algorithm.client_rule
+    reference = None
+    if rule.uses_reference_loss:
+      reference = float(max(np.max(c) for c in self._call(
+          'reference_candidates', round_num, {k: (payload, hparams, [client_ids[p] for p in ps])
+                                              for k, ps in parts.items()}).values()))
+    results = self._call('client_outputs', round_num, {
+        k: (payload, hparams, [client_ids[p] for p in ps], [work[p] for p in ps],
+            [self._driver.population_index[client_ids[p]] for p in ps], round_num,
+            reference) for k, ps in parts.items()})
+    order = np.argsort(np.concatenate([parts[k] for k in results]), kind='stable')
+    outputs = tf.nest.map_structure(lambda *shares: np.concatenate(shares)[order],
+                                    *results.values())
+    args = (state.global_model_weights, state.finalizer, state.aggregator,
+            state.client_work.round, self._driver.algorithm.client_options.seed,
+            None if reference is None else tf.constant(reference, tf.float32))
+    if not self._finish_traced:  # one trace for cohorts of every size
+      self._finish.get_concrete_function(tf.nest.map_structure(
+          lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype), outputs), *args)
+      self._finish_traced = True
+    with tf.device(self._driver.device):
+      weights, server, aggregator, metrics = self._finish(outputs, *args)
+    work_state = client_round.ClientWorkState(state.client_work.hparams,
+                                              state.client_work.round + 1)
+    return base.RoundOutput(inprocess.learning_state(weights, work_state, server, aggregator),
+                            self._driver.stages.unpack_metrics(metrics))
+
+  def _call(self, method: str, round_num: int, args: dict[int, tuple]) -> dict[int, Any]:
+    """{actor: actors[actor].method(*args[actor])}, run together; an actor that died is
+    restarted by Ray and its call made again (up to `RETRIES` times), said in one line."""
+    ray = self._ray
+    pending = {k: getattr(self._actors[k], method).remote(*a) for k, a in args.items()}
+    results, attempts = {}, dict.fromkeys(args, 0)
+    while pending:
+      k, ref = next(iter(pending.items()))
+      try:
+        results[k] = ray.get(ref)
+        del pending[k]
+      except ray.exceptions.RayActorError:
+        attempts[k] += 1
+        if attempts[k] > RETRIES:
+          raise
+        print(f'ray: actor {k} died in round {round_num + 1}; its clients run again on'
+              ' its restarted actor.', flush=True)
+        self._set_up_again(k)
+        pending[k] = getattr(self._actors[k], method).remote(*args[k])
+    return dict(sorted(results.items()))
+
+  def _set_up_again(self, k: int, timeout: float = 120.0) -> None:
+    """Actor `k`, restarted by Ray after it died, set up on its shard again (waiting
+    while Ray says it is restarting)."""
+    ray, deadline = self._ray, time.monotonic() + timeout
+    while True:
+      try:
+        ray.get(self._actors[k].setup.remote(*self._setups[k]))
+        return
+      except ray.exceptions.ActorUnavailableError:
+        if time.monotonic() > deadline:
+          raise
+        time.sleep(0.2)
+
+
+def why_not(program, options: RayOptions | None) -> str:
+  """Why the Ray runtime cannot run `program` ('' when it can): what the in-process
+  runtime cannot run, or no `--ray_address`."""
+  if options is None or not options.ray_address:
+    return 'no --ray_address'
+  return inprocess.why_not(program)
+
+
+def build(program, client_data, options: RayOptions, *, engine: str = 'auto',
+          client_rounds: int | None = None,
+          data_memory_budget: float = inprocess.InProcessOptions.data_memory_budget
+          ) -> RayRuntime:
+  """The Ray runtime of an Algorithm (or a process composed from one) on `client_data`,
+  over the in-process runtime `inprocess.build` gives for `engine`, `client_rounds`
+  and `data_memory_budget` (the engine a run of that length takes alone).
+
+  Raises:
+    base.UnsupportedError: what `why_not` names; Ray missing or out of reach.
+  """
+  reason = why_not(program, options)
+  if reason:
+    raise base.UnsupportedError(reason)
+  algorithm = inprocess.algorithm_of(program)
+  try:
+    shipped = _dumps(algorithm)
+  except (TypeError, AttributeError) as e:
+    raise base.UnsupportedError(f'the algorithm cannot be sent to Ray actors ({e})') from e
+  driver = inprocess.build(algorithm, client_data, engine=engine,
+                           client_rounds=client_rounds,
+                           data_memory_budget=data_memory_budget)
+  return RayRuntime(driver, shipped, client_data, options, data_memory_budget)
+
+
+@registry.register_runtime('ray', options=RayOptions, auto_rank=None, why_not=why_not,
+                           label='ray')
+def build_from_settings(program, client_data, options: RayOptions,
+                        facts: base.RunFacts) -> RayRuntime:
+  """`build` with the run's settings: the engine the in-process runtime would take
+  (`inprocess.build_from_settings`; resumed, the one the run ran)."""
+  engine = (facts.resumed or {}).get('engine') or 'auto'
+  return build(program, client_data, options, engine=engine,
+               client_rounds=facts.client_rounds)
