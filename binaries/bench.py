@@ -25,6 +25,10 @@ Part 3, `--tff_workers=N`: part 1's (b) split across N local workers with TFF's
 mergeable context (`run.py --workers`) against one worker. On one 2-core machine
 no speedup is expected (one worker already uses both cores); across hosts it scales
 the clients each worker runs.
+Part 3, Ray lines, `--ray_actors=N` (`bench_ray.part3_ray`): part 1's lasso shape and
+the EMNIST CNN with each round's clients on N actors of a local Ray cluster against one
+process (no speedup is expected on one 2-core machine: it shows what Ray costs), with
+the bytes a round sends and receives and the driver's round end.
 Part 4, `--memory_rounds=R`: host memory (RSS of this process) over R rounds of FedAvg
 on `synthetic`, all `--population` clients every round (1,000), lanes engine; growth is measured from round
 50 (after warm-up) to round R.
@@ -68,6 +72,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import csv
+import importlib.util
 import re
 import subprocess
 import sys
@@ -101,6 +106,9 @@ _SWEEP_TFF_MAX = flags.DEFINE_integer(
 _TFF_WORKERS = flags.DEFINE_integer(
     'tff_workers', 2, 'Part 3: local TFF workers to split rounds across (0: skip).')
 _FIRST_ROUNDS = flags.DEFINE_bool('first_rounds', True, 'Part 5: time to the first round.')
+_RAY_ACTORS = flags.DEFINE_integer(
+    'ray_actors', 2, 'Part 3: Ray actors of a local cluster for the Ray lines (0: skip;'
+    ' skipped without Ray).')
 _MEMORY_ROUNDS = flags.DEFINE_integer(
     'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).')
 _WORKLOAD = flags.DEFINE_enum('workload', 'lasso',
@@ -396,6 +404,9 @@ def main(argv):
           _REPEATS.value, _SWEEP_TFF_MAX.value)
   if _TFF_WORKERS.value:
     part3(_TFF_WORKERS.value, _ROUNDS.value, _REPEATS.value)
+  if _RAY_ACTORS.value and importlib.util.find_spec('ray'):
+    from tff_comp.binaries import bench_ray  # pylint: disable=g-import-not-at-top
+    bench_ray.part3_ray(_RAY_ACTORS.value, _ROUNDS.value, _REPEATS.value)
   if _MEMORY_ROUNDS.value:
     part4(_MEMORY_ROUNDS.value, _POPULATION.value)
   if _FIRST_ROUNDS.value:

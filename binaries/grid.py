@@ -17,7 +17,9 @@ from tff_comp import experiment as experiment_lib
 from tff_comp import registry
 from tff_comp import trials as trials_lib
 from tff_comp.binaries import reproductions
+from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import callbacks
+from tff_comp.runtime import ray_runtime
 
 
 def column(metric: str) -> str:
@@ -184,13 +186,16 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
              runtime: str = 'auto', *, engine: str = 'auto', data_seed: int | None = None,
              overwrite: bool = False, resume: bool = False, checkpoint_every: int = 100,
              parallel: int = 1, batch_trials: bool = True,
-             batch_memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET):
+             batch_memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET,
+             ray_address: str = ''):
   """Trains every (algorithm, configuration, seed); `data_seed` None: each run's data
   seed is its seed. `resume`: finished configurations are read back, an interrupted one
   continues from its checkpoint. `batch_trials`: each algorithm's configurations and
   seeds run as batched trials (`tff_comp.trials`, within `batch_memory_budget` MB a
-  program), else one after another per (algorithm, seed). `parallel` > 1: those units (algorithms, or (algorithm, seed) groups) run in
-  that many processes.
+  program), else one after another per (algorithm, seed). `parallel` > 1: those units
+  (algorithms, or (algorithm, seed) groups) run in that many processes; `ray_address`:
+  as Ray tasks on that cluster (`ray_runtime.run_tasks`; a unit lost with its worker
+  runs again, resuming its runs from their checkpoints).
 
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
   being the values of `reproductions.axes` in order: (eta_c, eta_s, own values...).
@@ -205,7 +210,18 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
     units = [(a, seed) for a in spec.algorithms for seed in seeds]
     run, args = _run_group, [(name, spec, a, seed, rounds, seeds, root, options)
                              for a, seed in units]
-  if parallel > 1:
+  if ray_address:
+    try:
+      ray_runtime.connect(ray_address)
+    except runtime_base.UnsupportedError as e:
+      raise experiment_lib.ConfigError(str(e)) from e
+    labels = [a if seed is None else f'{a}, seed {seed}' for a, seed in units]
+    results = ray_runtime.run_tasks(
+        _on_ray, [(run, label, *a) for label, a in zip(labels, args)],
+        again=lambda call: tuple(dict(x, resume=True, overwrite=False) if x is options
+                                 else x for x in call),
+        label=lambda call: call[1])
+  elif parallel > 1:
     # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
     with concurrent.futures.ProcessPoolExecutor(
         parallel, mp_context=multiprocessing.get_context('spawn'),
@@ -222,6 +238,13 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
       for config, curve in per_seed.items():
         curves[algorithm][config].append(curve)
   return curves
+
+
+def _on_ray(run, label: str, *args):
+  """A grid's unit `run(*args)` in a Ray task (`label` names it to the driver)."""
+  del label
+  trials_lib.one_blas_thread()
+  return run(*args)
 
 
 def diverged_at(run) -> int:

@@ -80,6 +80,11 @@ _BATCH_TRIALS = flags.DEFINE_bool(
     'batch_trials', True, 'Run each algorithm\'s configurations and seeds as batched'
     ' trials: those sharing a build in one compiled program (tff_comp.trials), each'
     ' writing and equal to its own run; --nobatch_trials: one run after another.')
+_RAY_ADDRESS = flags.DEFINE_string(
+    'ray_address', '', 'Run the grid\'s units (each algorithm\'s batched trials, or each'
+    ' (algorithm, seed) group) as Ray tasks on this cluster: local, auto or host:port'
+    ' (BUILD_NOTES.md); a unit lost with its worker runs again, resumed. Default: no'
+    ' Ray (--parallel processes of this machine).')
 _BATCH_MEMORY_BUDGET = flags.DEFINE_float(
     'batch_memory_budget', trials_lib.DEFAULT_MEMORY_BUDGET,
     'MB a batched program\'s trials may take together (their states and cohorts); a'
@@ -143,6 +148,9 @@ def _reproduce(argv):
     spec = _steered(registry.REPRODUCTIONS.get(name).build())
   except ValueError as e:
     flags_lib.fail(str(e))
+  if _RAY_ADDRESS.value and _PARALLEL.value > 1:
+    flags_lib.fail('--parallel and --ray_address both choose where the grid\'s units run:'
+                   ' give one.')
   rounds = _ROUNDS.value or spec.rounds
   root = pathlib.Path(_OUTPUT.value) / name
   root.mkdir(parents=True, exist_ok=True)
@@ -174,7 +182,8 @@ def _reproduce(argv):
                              overwrite=_OVERWRITE.value, resume=_RESUME.value,
                              checkpoint_every=_CHECKPOINT_EVERY.value,
                              parallel=_PARALLEL.value, batch_trials=_BATCH_TRIALS.value,
-                             batch_memory_budget=_BATCH_MEMORY_BUDGET.value)
+                             batch_memory_budget=_BATCH_MEMORY_BUDGET.value,
+                             ray_address=_RAY_ADDRESS.value)
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (tff_comp.signals)
@@ -185,8 +194,10 @@ def _reproduce(argv):
       sys.exit(143 if sigterm else 130)
     minutes, seconds = divmod(round(time.monotonic() - start), 60)
     provenance = (f'Took {minutes} min {seconds} s on {summary.machine()},'
-                  f' {datetime.date.today()} (--parallel={_PARALLEL.value},'
-                  f' --{"" if _BATCH_TRIALS.value else "no"}batch_trials).')
+                  f' {datetime.date.today()} ('
+                  + (f'--ray_address={_RAY_ADDRESS.value}' if _RAY_ADDRESS.value
+                     else f'--parallel={_PARALLEL.value}')
+                  + f', --{"" if _BATCH_TRIALS.value else "no"}batch_trials).')
   print(summary.summarize(name, spec, curves, rounds, root, command, provenance))
 
 

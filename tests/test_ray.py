@@ -15,7 +15,10 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
+from tff_comp.binaries import grid
+from tff_comp.binaries import reproductions
 from tff_comp import experiment
+from tff_comp import keras_models
 from tff_comp import registry
 from tff_comp.ops import privacy
 from tff_comp.runtime import inprocess
@@ -24,6 +27,7 @@ from tff_comp.runtime import run_files
 from tff_comp.runtime import sampling
 
 ray = pytest.importorskip('ray')
+cloudpickle = ray.cloudpickle
 
 DATA = algorithm_cases.DATA['unequal']
 IDS = list(DATA.client_ids)
@@ -97,6 +101,28 @@ def test_private_rounds_on_ray_add_the_noise_once_as_the_single_process(spec):
   _assert_same(on_ray, single, spec.kind)
 
 
+def test_a_keras_cnn_on_ray_equals_the_single_process():
+  """A Keras model reaches the actors as its conversion (`keras_models._KerasModel`
+  pickles as `from_keras` of its Keras model): a copied function took no gradient."""
+  from tests import test_keras_models as k  # pylint: disable=g-import-not-at-top
+  data = k._data('cnn')  # pylint: disable=protected-access
+
+  def algorithm():
+    model = keras_models.from_keras(k._cnn(), k.LOSS, k._spec('cnn'))  # pylint: disable=protected-access
+    return registry.get_algorithm('fedavg').build(
+        model, client_learning_rate=0.1, batch_size=k.BATCH).with_client_options(
+            shuffle=True)
+
+  def rounds(runtime):
+    state = runtime.initialize()
+    for r in range(2):
+      state = runtime.next(state, k.IDS[r:r + 3]).state
+    return state
+
+  _assert_same(rounds(ray_runtime.build(algorithm(), data, OPTIONS, engine='mapped')),
+               rounds(inprocess.build(algorithm(), data, engine='mapped')), 'keras cnn')
+
+
 def test_an_actor_killed_in_a_run_is_restarted_and_the_run_is_unchanged(capsys):
   single, _, runtime = _both('scaffold', 'mapped')
   killed = []
@@ -144,3 +170,38 @@ def test_an_unreachable_cluster_is_one_line_and_exit_2(repo_root, tmp_path):
   lines = [line for line in out.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and 'Ray cluster at --ray_address=127.0.0.1:9 cannot be' \
       ' reached' in lines[0], out.stderr[-2000:]
+
+
+def _tiny_grid() -> reproductions.Reproduction:
+  return reproductions.Reproduction(
+      task='quadratic', algorithms=('fedavg', 'fedprox'), client_learning_rates=(0.01, 0.03),
+      server_learning_rates=(1.0,), rounds=4, checkpoints=(2, 4),
+      metric='distance_to_optimum', higher_is_better=False, eval_period=2)
+
+
+def test_a_grid_on_ray_tasks_equals_the_grid_run_here(tmp_path):
+  here = grid.run_grid('here', _tiny_grid(), 4, (0, 1), tmp_path / 'here')
+  on_ray = grid.run_grid('ray', _tiny_grid(), 4, (0, 1), tmp_path / 'ray',
+                         ray_address=ray_runtime.LOCAL)
+  assert on_ray == here
+
+
+def _crash_first(marker: str, value: int) -> int:
+  """value * 2, its worker process dying the first time it runs (`marker` absent)."""
+  if not os.path.exists(marker):
+    open(marker, 'w').close()  # pylint: disable=consider-using-with
+    os._exit(1)  # the worker process dies with the task
+  return value * 2
+
+
+def test_a_task_lost_with_its_worker_runs_again(tmp_path, capsys):
+  cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on the
+  try:                                                           # workers' path
+    results = ray_runtime.run_tasks(
+        _crash_first, [(str(tmp_path / 'crashed'), 21)],
+        again=lambda call: (call[0], call[1]), label=lambda call: 'the unit')
+  finally:
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+  assert results == [42]
+  assert 'ray: the task of the unit was lost with its worker; it runs again.' in \
+      capsys.readouterr().out

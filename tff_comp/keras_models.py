@@ -85,23 +85,39 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
   predict = traced_predict(())
   return _KerasModel(
       traced_predict(convolutions) if convolutions else predict,
-      initial_weights=initial, predict_on_batch_fn=predict,
+      (model, loss, input_spec), initial_weights=initial, predict_on_batch_fn=predict,
       loss_fn=tf.function(loss_fn, autograph=False), input_spec=input_spec)
 
 
 class _KerasModel(tff.learning.models.FunctionalModel):
   """A FunctionalModel whose `predict_on_batch`, traced for the lanes engine
   (`vectorizable.across_lanes`), calls a trace of its own: FunctionalModel's is one
-  `tf.function`, whose cached trace (with Conv2D) would be reused there."""
+  `tf.function`, whose cached trace (with Conv2D) would be reused there. It pickles as
+  `from_keras` of its Keras model, loss and input spec (`source`; Keras pickles the
+  model) from its initial weights: its substitution finds the layers' variables by
+  identity, which a copy of the function would not keep (a Ray actor's copy took no
+  gradient)."""
 
-  def __init__(self, predict_across_lanes, **kwargs):
+  def __init__(self, predict_across_lanes, source: tuple[Any, Any, Any], **kwargs):
     super().__init__(**kwargs)
-    self._predict_across_lanes = predict_across_lanes
+    self._predict_across_lanes, self._source = predict_across_lanes, source
+
+  def __reduce__(self):
+    return _converted_from, (*self._source, self.initial_weights)
 
   def predict_on_batch(self, model_weights, x, training=True):
     predict = (self._predict_across_lanes if vectorizable.tracing_across_lanes()
                else self._predict_on_batch_fn)
     return predict(model_weights, x, training)
+
+
+def _converted_from(model: tf.keras.Model, loss, input_spec, initial) -> '_KerasModel':
+  """`from_keras(model, loss, input_spec)` starting from `initial` (a pickled
+  `_KerasModel`'s initial weights, whatever the Keras variables held since)."""
+  for variable, value in zip([*model.trainable_weights, *model.non_trainable_weights],
+                             [*initial[0], *initial[1]]):
+    variable.assign(value)
+  return from_keras(model, loss, input_spec)
 
 
 def _check_layers(model: tf.keras.Model) -> None:

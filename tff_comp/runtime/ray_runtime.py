@@ -32,8 +32,8 @@ import logging as py_logging
 import os
 import socket
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from absl import logging
 import numpy as np
@@ -208,6 +208,21 @@ def _sub_data(client_data, client_ids: Sequence[str]):
       list(client_ids), client_data.create_tf_dataset_for_client)
 
 
+class RoundCosts(NamedTuple):
+  """What a round on Ray cost: bytes sent to the actors (the payload and hparams, to
+  each) and received (their clients' outputs), seconds from sending to the last answer,
+  and seconds of the driver's round end (aggregation, server step, metrics)."""
+
+  sent: int
+  received: int
+  clients_seconds: float
+  driver_seconds: float
+
+
+def _nbytes(structure) -> int:
+  return sum(np.asarray(leaf).nbytes for leaf in tf.nest.flatten(structure))
+
+
 class RayRuntime:
   """Runs an algorithm with its clients on Ray actors (see the module docstring; `build`
   makes one): `driver` is the in-process runtime of the algorithm on `client_data` that
@@ -240,6 +255,7 @@ class RayRuntime:
         autograph=False)
     self._finish = tf.function(driver.stages.finish, autograph=False)
     self._finish_traced = False
+    self.costs: RoundCosts | None = None  # the last round's
     logging.info('ray runtime: %s', self.description)
 
   @property
@@ -307,10 +323,12 @@ class RayRuntime:
       reference = float(max(np.max(c) for c in self._call(
           'reference_candidates', round_num, {k: (payload, hparams, [client_ids[p] for p in ps])
                                               for k, ps in parts.items()}).values()))
+    start = time.perf_counter()
     results = self._call('client_outputs', round_num, {
         k: (payload, hparams, [client_ids[p] for p in ps], [work[p] for p in ps],
             [self._driver.population_index[client_ids[p]] for p in ps], round_num,
             reference) for k, ps in parts.items()})
+    gathered = time.perf_counter()
     order = np.argsort(np.concatenate([parts[k] for k in results]), kind='stable')
     outputs = tf.nest.map_structure(lambda *shares: np.concatenate(shares)[order],
                                     *results.values())
@@ -325,8 +343,11 @@ class RayRuntime:
       weights, server, aggregator, metrics = self._finish(outputs, *args)
     work_state = client_round.ClientWorkState(state.client_work.hparams,
                                               state.client_work.round + 1)
-    return base.RoundOutput(inprocess.learning_state(weights, work_state, server, aggregator),
-                            self._driver.stages.unpack_metrics(metrics))
+    output = base.RoundOutput(inprocess.learning_state(weights, work_state, server, aggregator),
+                              self._driver.stages.unpack_metrics(metrics))
+    self.costs = RoundCosts(_nbytes((payload, hparams)) * len(parts), _nbytes(outputs),
+                            gathered - start, time.perf_counter() - gathered)
+    return output
 
   def _call(self, method: str, round_num: int, args: dict[int, tuple]) -> dict[int, Any]:
     """{actor: actors[actor].method(*args[actor])}, run together; an actor that died is
@@ -361,6 +382,35 @@ class RayRuntime:
         if time.monotonic() > deadline:
           raise
         time.sleep(0.2)
+
+
+def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple], *,
+              again: Callable[[tuple], tuple] = lambda args: args,
+              label: Callable[[tuple], str] = str) -> list[Any]:
+  """[fn(*args) for args in calls] as Ray tasks of one CPU each on the cluster this
+  process joined (`connect`), run together. A task lost with its worker (the worker
+  process died) runs again as fn(*again(args)) (up to `RETRIES` times), said in one
+  line naming `label(args)`; a task's own error is raised as itself."""
+  ray = _ray()
+  remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+  refs = [remote.remote(*args) for args in calls]
+  results, attempts = [None] * len(calls), [0] * len(calls)
+  pending = dict(enumerate(refs))
+  while pending:
+    i, ref = next(iter(pending.items()))
+    try:
+      results[i] = ray.get(ref)
+      del pending[i]
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError):
+      attempts[i] += 1
+      if attempts[i] > RETRIES:
+        raise
+      print(f'ray: the task of {label(calls[i])} was lost with its worker; it runs again.',
+            flush=True)
+      pending[i] = remote.remote(*again(calls[i]))
+    except ray.exceptions.RayTaskError as e:
+      raise e.as_instanceof_cause() from None
+  return results
 
 
 def why_not(program, options: RayOptions | None) -> str:
