@@ -180,16 +180,20 @@ _BUILT_IN['maml_sinewave'] = Reproduction(
 # Local-BSGD (biased local SGD on the compositional objective: ComFedL with a large inner
 # batch, each client's whole data) and FedAvg; 8 each.
 _BUILT_IN['scgdm_sinewave'] = Reproduction(
-    task='sinewave', algorithms=('local_scgdm', 'local_bsgd', 'fedavg'),
+    task='sinewave', algorithms=('local_scgdm', 'local_bsgd', 'local_moml', 'fedavg'),
     aliases=dict(local_bsgd='comfedl'),
     client_learning_rates=_MAML_RATES, server_learning_rates=(1.0,),
     rounds=300, checkpoints=(100, 200, 300), metric='loss_after', higher_is_better=False,
     select_on='validation_loss_after', eval_period=20,
     algorithm_options=dict(
         local_scgdm=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
-        local_bsgd=dict(objective='maml', inner_learning_rate=0.01, local_steps=10)),
+        local_bsgd=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
+        # The authors' sinewave code: second-order meta-gradient; its memory kept per
+        # client across rounds (the paper's method); alpha as the others' inner rate.
+        local_moml=dict(variant='exact', alpha=0.01, local_steps=10)),
     algorithm_settings=dict(local_bsgd=dict(batch_size=20)),
     tuning=dict(local_scgdm=_SCGDM_MAML, local_bsgd=dict(server_learning_rate=(1.0, 2.0)),
+                local_moml=dict(beta=(0.5, 0.9)),
                 fedavg=dict(server_learning_rate=(1.0, 2.0))),
     plot_metrics=('train_loss_after', 'loss_after'), seeds=SEEDS)
 

@@ -12,7 +12,9 @@ from tff_comp.runtime import inprocess
 # (algorithm, builder arguments of the built process, arguments set later besides every
 # positive float option x 1.5): every algorithm, plus the options whose math only runs
 # in a variant (an objective, a MAML variant) or from zero (FedNova's local solvers).
-CASES = [(name, {}, {}) for name in registry.ALGORITHMS.names()] + [
+# Local-MOML's beta lies in (0, 1]: from 0.5 (its 0.9 x 1.5 would leave it).
+_BASES = {'local_moml': dict(beta=0.5)}
+CASES = [(name, _BASES.get(name, {}), {}) for name in registry.ALGORITHMS.names()] + [
     ('fednova', {}, dict(mu=0.1)),
     ('fednova', {}, dict(client_momentum=0.5)),
     ('comfedl', dict(objective='maml'), {}),
@@ -47,10 +49,11 @@ def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
   changed = dict(base, **{k: v * 1.5 for k, v in _floats(name, base_args).items()},
                  **later)
   data = algorithm_cases.DATA['unequal']
-  built = inprocess.build(algorithm_cases.build(name, changed), data)
+  # Mapped: hyperparameters' semantics, not engines (lanes compiled a kernel a build).
+  built = inprocess.build(algorithm_cases.build(name, changed), data, engine='mapped')
   reference = built.initialize()
   target = built.get_hparams(reference)
-  process = inprocess.build(algorithm_cases.build(name, base), data)
+  process = inprocess.build(algorithm_cases.build(name, base), data, engine='mapped')
   state = process.initialize()
   assert not all(np.array_equal(a, b) for a, b in zip(
       tf.nest.flatten(target), tf.nest.flatten(process.get_hparams(state)), strict=True))

@@ -106,3 +106,23 @@ _RENAMED = {'AFLPayload': 'ClientWeightsPayload', 'AFLUpdate': 'SlotLossUpdate'}
 
 
 __getattr__ = renamed.module_getattr(__name__, _RENAMED)
+
+
+class MemoryPayload(NamedTuple):
+  """Local-MOML's broadcast (its memory kept across rounds): the model, every client's
+  memory and whether it holds one yet."""
+
+  weights: Any  # ModelWeights
+  memory: Weights  # per trainable tensor, [num_clients, *shape]
+  seen: tf.Tensor  # [num_clients]: 1 where the client's memory was set
+
+
+class MemoryUpdate(NamedTuple):
+  """A Local-MOML client's report (memory kept across rounds): pseudo-gradient of the
+  model, its memory in its own row of the table (zeros elsewhere) and a 1 in `visited`."""
+
+  delta: Weights
+  memory: Weights  # [num_clients, *shape]
+  visited: tf.Tensor  # [num_clients]
+  reports_client_state = True
+
