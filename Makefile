@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-slow bench bench-peers reproduce clean
+.PHONY: install run test test-slow test-ray bench bench-peers reproduce clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
+
+# The Ray runtime's tests, every one (the default suite runs a few).
+test-ray: install
+	$(PY) -m pytest -q -m "ray or not slow" tests/test_ray.py
 
 bench: install
 	$(PY) binaries/bench.py

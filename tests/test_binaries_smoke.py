@@ -168,8 +168,9 @@ def _bench(repo_root, *args):
       stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
 
 
+@pytest.mark.slow
 def test_bench_part_1_runs_and_prints_its_ratios(repo_root):
-  """Part 1 alone (the default suite; every part runs under `make test-slow`)."""
+  """Part 1 alone (its TFF paths take most of a minute: `make test-slow`)."""
   out = _bench(repo_root, '--sweep=', '--tff_workers=0', '--nofirst_rounds',
                '--run_py_rounds=4')
   assert out.returncode == 0, out.stderr

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+from tff_comp import registry
+
 PLUGIN = '''
 from __future__ import annotations
 
@@ -155,3 +157,13 @@ def test_a_plugin_registers_a_reproduction_grid_of_its_own_algorithm(repo_root, 
   assert out.returncode == 0, out.stderr
   table = (tmp_path / 'out' / 'sharp_sweep' / 'results.md').read_text()
   assert '| sharp |' in table and '| fedavg |' in table
+
+
+def test_a_run_records_the_versions_of_the_packages_registering_plugins(tmp_path,
+                                                                       monkeypatch):
+  _install(tmp_path, 'verplug', 'eta_z: int = 2', '''
+      [tff_comp.algorithms]
+      verplug = verplug:build_myplug
+      ''')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert registry.plugin_versions() == {'verplug': '0.1'}

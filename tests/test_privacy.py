@@ -12,6 +12,7 @@ from tests import algorithm_cases
 from tff_comp.runtime import choice
 from tff_comp import accounting
 from tff_comp import experiment
+from tff_comp import privacy as privacy_lib
 from tff_comp import registry
 from tff_comp.ops import privacy
 from tff_comp.runtime import checkpoints
@@ -260,3 +261,13 @@ def test_the_default_delta_is_population_to_the_minus_1_1_and_is_recorded(tmp_pa
       noise_multiplier=0.5, client_weighting='uniform', clients_per_round=2,
       output_dir=str(tmp_path)))
   assert prepared.settings['target_delta'] == pytest.approx(6 ** -1.1, rel=1e-12)
+
+
+def test_the_privacy_line_gives_the_delta_it_accounts_with():
+  """The run's `privacy:` line shows delta (the default was used silently); one of
+  1/population or more is refused."""
+  ledger = accounting.Ledger(1.0, 10, 64, 'poisson', 64 ** -1.1, 'rdp')
+  assert privacy_lib.privacy_line(ledger, 4.0, 100).startswith(
+      'privacy: noise multiplier 1; delta 0.0103; ')
+  with pytest.raises(ValueError, match='target_delta must be in'):
+    accounting.Ledger(1.0, 10, 64, 'poisson', 0.05, 'rdp')

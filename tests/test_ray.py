@@ -2,8 +2,10 @@
 cluster equal the single-process run to the bit, for every registered algorithm that
 runs in-process (Poisson cohorts with dropout, shuffled local data, DP); an actor killed
 in a run is restarted and the run is unchanged; a Ray run resumes as it would have run;
-an unreachable cluster is one line. The cluster is started once for the module and shut
-down after it (conftest fails the session on a Ray process left running)."""
+an unreachable cluster is one line; a grid's units run as Ray tasks. The cluster is
+started once for the module and shut down after it (conftest fails the session on a Ray
+process left running). Tests marked `ray` run under `make test-ray` (every one, with
+the rest), the others in the default suite."""
 
 import os
 import signal
@@ -78,19 +80,29 @@ def _both(name, engine, extra=None):
   return single, _rounds(on_ray), on_ray
 
 
-@pytest.mark.parametrize('name', _algorithms())
+# The default suite runs the three that exercise every path of a round on Ray (plain,
+# per-client state, a cohort-wide reference loss); `make test-ray` runs every algorithm
+# and the tests marked `ray` (the suite's time budget).
+_DEFAULT = ('fedavg', 'scaffold', 'qfedavg')
+
+
+@pytest.mark.parametrize('name', [
+    name if name in _DEFAULT else pytest.param(name, marks=pytest.mark.ray)
+    for name in _algorithms()])
 def test_two_actors_equal_the_single_process(name):
   single, on_ray, runtime = _both(name, 'mapped')
   assert runtime.record['actors'] == 2 and runtime.record['engine'] == 'mapped'
   _assert_same(on_ray, single, name)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize('name', ['fedavg', 'scaffold'])
 def test_two_actors_equal_the_single_process_on_lanes(name):
   single, on_ray, _ = _both(name, 'lanes')
   _assert_same(on_ray, single, name)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize('spec', [
     privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
     privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5)],
@@ -101,6 +113,7 @@ def test_private_rounds_on_ray_add_the_noise_once_as_the_single_process(spec):
   _assert_same(on_ray, single, spec.kind)
 
 
+@pytest.mark.ray
 def test_a_keras_cnn_on_ray_equals_the_single_process():
   """A Keras model reaches the actors as its conversion (`keras_models._KerasModel`
   pickles as `from_keras` of its Keras model): a copied function took no gradient."""
@@ -149,6 +162,7 @@ def _train(path, **settings):
   return experiment.train_runner(prepared, runner, show_progress=False)
 
 
+@pytest.mark.ray
 def test_a_ray_run_resumes_as_it_would_have_run(tmp_path):
   whole = _train(tmp_path / 'whole')
   _train(tmp_path / 'cut', rounds=3)

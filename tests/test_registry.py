@@ -125,3 +125,13 @@ def test_a_renamed_name_still_imports_and_warns(module, old, new):
     assert getattr(loaded, old) is getattr(loaded, new)
   with pytest.raises(AttributeError):
     getattr(loaded, 'NoSuchName')
+
+
+def test_a_summary_is_the_first_sentence_whole_past_abbreviations():
+  """`--helpfull` lists each task by its summary: 'Caldas et al. 2018' is not the end of
+  a sentence (it cut the descriptions there)."""
+  for name in registry.TASKS.names():
+    summary = registry.get_task(name).summary
+    assert not summary.endswith(('et al.', 'e.g.', 'i.e.')), (name, summary)
+  assert 'Caldas et al. 2018' in registry.get_task('emnist').summary
+  assert 'Reddi et al. 2021' in registry.get_task('cifar100').summary

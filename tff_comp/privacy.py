@@ -137,10 +137,18 @@ class PrivacyOptions:
     budget = self.target_epsilon
     last = rounds if budget is None else ledger.rounds_within(budget, rounds)
     if show_progress:
-      print(f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; {ledger.assumption}'
-            + (f'; epsilon {budget} lasts {last} rounds' if budget else ''), flush=True)
+      print(privacy_line(ledger, budget, last), flush=True)
     return (accounting.PrivacySpent(ledger, last, budget,
                                     every=1 if ledger.accountant == 'rdp' else eval_period),)
+
+
+def privacy_line(ledger: accounting.Ledger, budget: float | None, last: int) -> str:
+  """A DP run's `privacy:` line: the noise, the delta accounted with (under
+  1/population, `accounting.check`), what the accounting assumes, and how long the
+  epsilon budget lasts."""
+  return (f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; delta'
+          f' {ledger.delta:.3g}; {ledger.assumption}'
+          + (f'; epsilon {budget} lasts {last} rounds' if budget else ''))
 
 
 def configure(options: PrivacyOptions, algorithm: Any, builder_args: dict[str, Any],

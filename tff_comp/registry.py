@@ -150,7 +150,7 @@ class Entry:
     own = self.builder.__name__ in (base, f'build_{base}', f'build_{base}_task')
     doc = (module.__doc__ if own and module is not None else None) or self.builder.__doc__
     paragraph = ' '.join((doc or '').strip().split('\n\n')[0].split())
-    sentence = paragraph.split('. ')[0].rstrip('.:,') + '.' if paragraph else ''
+    sentence = _FULL_STOP.split(paragraph, maxsplit=1)[0].rstrip('.:,') + '.' if paragraph else ''
     fixed = ', '.join(f'{k}={v!r}' for k, v in self.fixed)
     return sentence + (f' [{fixed}]' if fixed else '')
 
@@ -171,6 +171,11 @@ class Entry:
 
     built = self.build(*args, **kwargs)
     return composer.compose(built) if isinstance(built, algorithm_lib.Algorithm) else built
+
+
+# A full stop ending a sentence: not an abbreviation's ("Reddi et al. 2021", "e.g."),
+# and followed by what starts a sentence.
+_FULL_STOP = re.compile(r'(?<!\bet al)(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)\.\s+(?=[A-Z`(\'"])')
 
 
 class Registry:
@@ -256,6 +261,17 @@ RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
 # no argument and returns the grid. The binaries register the built-in grids when they
 # import them (the library does not depend on its binaries).
 REPRODUCTIONS = Registry('reproduction', EXPERIMENTS_GROUP)
+
+
+def plugin_versions() -> dict[str, str]:
+  """{distribution: version} of the installed packages registering plugins (entry points
+  in tff_comp's groups): what a run used besides tff_comp itself, for its record."""
+  found = {}
+  for group in (ALGORITHMS_GROUP, TASKS_GROUP, RUNTIMES_GROUP, EXPERIMENTS_GROUP):
+    for ep in importlib.metadata.entry_points(group=group):
+      if ep.dist is not None:
+        found[ep.dist.name] = ep.dist.version
+  return dict(sorted(found.items()))
 
 
 def register_algorithm(name: str, *, home_task: str | None = None,

@@ -9,9 +9,12 @@ import json
 import os
 import pathlib
 import platform
+import shlex
 import subprocess
+import sys
 from typing import Any
 
+from tff_comp import registry
 from tff_comp import run_config
 from tff_comp.settings import ConfigError
 
@@ -130,15 +133,18 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
 
 
 def environment() -> dict[str, Any]:
-  """Versions of what ran (tff_comp, TensorFlow, TFF, NumPy, Python) and, run from a
-  git checkout, its commit and whether the tree had uncommitted changes."""
+  """Versions of what ran (tff_comp, TensorFlow, TFF, NumPy, Python, packages of
+  plugins), the command line of the process and, run from a git checkout, its commit
+  and whether the tree had uncommitted changes."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
   record = {'tff_comp': importlib.metadata.version('tff_comp'), 'tensorflow': tf.__version__,
             'tensorflow_federated': tff.__version__, 'numpy': np.__version__,
-            'python': platform.python_version()}
+            'python': platform.python_version(),
+            'plugins': registry.plugin_versions(),
+            'command': shlex.join([os.path.basename(sys.executable), *sys.argv])}
   checkout = pathlib.Path(__file__).resolve().parent.parent
   if (checkout / '.git').exists():
     def git(*args):

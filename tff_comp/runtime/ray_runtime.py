@@ -202,10 +202,13 @@ def _dumps(algorithm) -> bytes:
 
 
 def _sub_data(client_data, client_ids: Sequence[str]):
-  """The clients `client_ids` of `client_data`, as a ClientData of their own."""
+  """The clients `client_ids` of `client_data`, as a ClientData of their own. Built on
+  its dataset function alone, so what it carries to an actor is that function (a
+  ClientData may hold a TFF computation of its own once used on TFF's runtime, which
+  does not pickle)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      list(client_ids), client_data.create_tf_dataset_for_client)
+      list(client_ids), client_data.serializable_dataset_fn)
 
 
 class RoundCosts(NamedTuple):
