@@ -3,6 +3,7 @@ sizes (`DATA['unequal']`) and of equal sizes (`DATA['equal']`), and a builder ca
 that fits each algorithm (`build`)."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tff_comp import composer
@@ -66,3 +67,17 @@ def stored_order(algorithm):
   """The TFF process of `algorithm` with each client's data in stored order (local data
   are shuffled by default), as TFF's own algorithms and the NumPy references read it."""
   return composer.compose(algorithm.with_client_options(shuffle=False))
+
+
+# The default suite's algorithms where a test repeats for each one: one of each kind
+# (plain local SGD; control variates and personal models held per client; normalized
+# aggregation; a dual server state; a memory per client with second-order steps). The
+# others run under `make test-slow`.
+REPRESENTATIVE = ('fedavg', 'scaffold', 'ditto', 'fednova', 'feddualavg', 'local_moml')
+
+
+def each_algorithm(names=None) -> list:
+  """pytest params of `names` (default: every registered algorithm), those outside
+  `REPRESENTATIVE` marked slow."""
+  return [pytest.param(n, marks=() if n in REPRESENTATIVE else pytest.mark.slow, id=n)
+          for n in (registry.ALGORITHMS.names() if names is None else names)]

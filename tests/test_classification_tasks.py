@@ -285,7 +285,7 @@ def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_pa
   assert np.isfinite(final['eval/test_loss'])
 
 
-@pytest.mark.parametrize('model', ['cnn', 'resnet18'])
+@pytest.mark.parametrize('model', ['cnn', pytest.param('resnet18', marks=pytest.mark.slow)])
 def test_cifar100_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, model):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   splits = {'0': 'train', '1': 'train', '2': 'train', '3': 'test'}

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import algorithm_cases
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import callbacks
@@ -33,7 +34,7 @@ def _documented_metrics() -> list[str]:
   return names
 
 
-@pytest.mark.parametrize('name', registry.ALGORITHMS.names())
+@pytest.mark.parametrize('name', algorithm_cases.each_algorithm())
 def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
   prepared = experiment.prepare(_config(tmp_path, name, rounds=2, eval_period=1))
   assert prepared.config.task == registry.get_algorithm(name).home_task

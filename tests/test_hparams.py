@@ -41,9 +41,10 @@ def _run(process, state, rounds=2):
   return state
 
 
-@pytest.mark.parametrize('name,base,later', CASES,
-                         ids=['-'.join([c[0], *map(str, c[1].values()), *c[2]])
-                              for c in CASES])
+@pytest.mark.parametrize('name,base,later', [
+    pytest.param(*c, id='-'.join([c[0], *map(str, c[1].values()), *c[2]]),
+                 marks=() if c[0] in algorithm_cases.REPRESENTATIVE else pytest.mark.slow)
+    for c in CASES])
 def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
   base_args = algorithm_cases.arguments(name, base)
   changed = dict(base, **{k: v * 1.5 for k, v in _floats(name, base_args).items()},

@@ -25,8 +25,9 @@ from tff_comp.tasks import nuclear
 PER_ROUND = (3, 1, 4)  # cohort sizes of the rounds compared
 DATA, MODEL = algorithm_cases.DATA, algorithm_cases.MODEL
 
-# (registered name, extra builder arguments, data, engine). The variants whose math
-# differs (objectives, MAML variants, momentum, epoch draws) run in the slow suite.
+# (registered name, extra builder arguments, data, engine). Algorithms outside
+# algorithm_cases.REPRESENTATIVE and the variants whose math differs (objectives, MAML
+# variants, momentum, epoch draws) run in the slow suite.
 _SLOW = pytest.mark.slow
 _VARIANTS = [('comfedl', dict(objective='maml')), ('comfedl', dict(objective='da_maml')),
              ('local_scgdm', dict(objective='da_maml')),
@@ -36,7 +37,9 @@ _VARIANTS = [('comfedl', dict(objective='maml')), ('comfedl', dict(objective='da
              ('fedprox', dict(mu=0.5, local_epochs_max=2)),
              ('fedavg', dict(local_epochs=2))]
 CASES = (
-    [(name, {}, 'unequal', 'lanes') for name in registry.ALGORITHMS.names()]
+    [(name, {}, 'unequal', 'lanes') if name in algorithm_cases.REPRESENTATIVE else
+     pytest.param(name, {}, 'unequal', 'lanes', marks=_SLOW)
+     for name in registry.ALGORITHMS.names()]
     + [(name, {}, 'unequal', 'mapped') for name in ('fedavg', 'fednova', 'ditto')]
     + [(name, {}, 'equal', 'lanes') for name in ('feddualavg', 'comfedl')]
     + [pytest.param(name, extra, data, engine, marks=_SLOW)

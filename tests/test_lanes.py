@@ -128,6 +128,7 @@ for name in registry.ALGORITHMS.names():
 """
 
 
+@pytest.mark.slow
 def test_every_algorithm_compiles_once_for_every_cohort(repo_root):
   """Cohorts of changing members and sizes (up to the reserved capacity). XLA bakes a tensor used as a slice index (`t[i]`) into the program as a constant,
   so a kernel or rule indexing by client compiled again for every new cohort (seconds
@@ -177,6 +178,7 @@ for cohort in (['a', 'b', 'c'], ['d'], ['a', 'b', 'c', 'd'], ['c', 'a']):
 """
 
 
+@pytest.mark.slow
 def test_a_keras_cnn_compiles_once_for_every_cohort(repo_root):
   """Lanes vectorize a Keras CNN's convolutions as per-tap matmuls (`ops.vectorizable`), with
   static shapes: one compile for cohorts of 3, 1, 4 and 2 clients (parity:

@@ -66,6 +66,7 @@ def test_metrics_on_known_weights(task):
   assert m['precision'] == pytest.approx(256 / 257) and m['recall'] == 0.5
 
 
+@pytest.mark.slow  # about 20 s: ISTA on the pooled data, and the task's own solver
 def test_centralized_reference(task):
   ref = task.reference()
   # The pooled lasso optimum finds every true coordinate and a few false ones (see the

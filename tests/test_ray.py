@@ -193,6 +193,7 @@ def _tiny_grid() -> reproductions.Reproduction:
       metric='distance_to_optimum', higher_is_better=False, eval_period=2)
 
 
+@pytest.mark.ray
 def test_a_grid_on_ray_tasks_equals_the_grid_run_here(tmp_path):
   here = grid.run_grid('here', _tiny_grid(), 4, (0, 1), tmp_path / 'here')
   on_ray = grid.run_grid('ray', _tiny_grid(), 4, (0, 1), tmp_path / 'ray',

@@ -103,13 +103,14 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, unin
 def test_a_run_recorded_in_the_earlier_flat_layout_resumes_and_reruns(tmp_path,
                                                                      uninterrupted):
   """0.3.0-dev recorded the client's settings at config.json's top level; they now live
-  in `local_work`. Such a run still resumes (and a changed one is still refused), and
-  its config.json still reruns with those settings."""
+  in `local_work`, and it had no `devices` record. Such a run still resumes (and a
+  changed one is still refused), and its config.json still reruns with those settings."""
   with pytest.raises(KeyboardInterrupt):
     _train(tmp_path, interrupt_at=5, client_learning_rate=ARGS_RATE)
   path = tmp_path / 'config.json'
   config = json.loads(path.read_text())
   config.update(config.pop('local_work'))  # the earlier layout
+  del config['devices']
   path.write_text(json.dumps(config))
   rerun = experiment.ExperimentConfig.from_dict(config)
   assert rerun.local_work.client_learning_rate == ARGS_RATE
@@ -305,8 +306,10 @@ def _rows_until(path, rounds: int) -> int:
   raise AssertionError(f'{path} did not reach round {rounds}')
 
 
-@pytest.mark.parametrize('sig,code,says', [(signal.SIGINT, 130, 'interrupted'),
-                                           (signal.SIGTERM, 143, 'terminated (SIGTERM)')])
+# Ctrl-C's one-line stop is also test_run_binary.py's; its resume here is slow-suite.
+@pytest.mark.parametrize('sig,code,says', [
+    pytest.param(signal.SIGINT, 130, 'interrupted', marks=pytest.mark.slow),
+    (signal.SIGTERM, 143, 'terminated (SIGTERM)')])
 def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(repo_root, tmp_path, sig,
                                                                   code, says):
   """Ctrl-C and SIGTERM (a scheduler's preemption) save the last finished round;

@@ -85,6 +85,9 @@ SETTINGS = {
     'server-adam': dict(engine='mapped', server_optimizer='adam'),
     'feddualavg': dict(algorithm='feddualavg', engine='lanes'),
     'scaffold-streaming': dict(algorithm='scaffold', data_memory_budget=0.0),
+    # Cohorts of every size the deadline leaves, some clients doing part of their steps.
+    'device-deadline': dict(engine='lanes', device_model='lognormal', round_deadline=1.0,
+                            deadline_policy='partial', overselect=1.5),
 }
 
 

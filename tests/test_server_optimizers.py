@@ -18,7 +18,9 @@ ROUNDS = [['c0', 'c2', 'c4'], ['c1', 'c3', 'c4'], ['c0', 'c1', 'c3'], ['c2', 'c3
 B, LR, SERVER_LR = 3, 0.02, 0.5
 
 
-@pytest.mark.parametrize('name', server_optimizers.NAMES)
+@pytest.mark.parametrize('name', [
+    n if n in ('sgd', 'adam') else pytest.param(n, marks=pytest.mark.slow)
+    for n in server_optimizers.NAMES])
 def test_fedavg_with_each_server_optimizer_matches_tffs_builtin(name):
   ours = inprocess.build(fedavg.fedavg(
       algorithm_cases.MODEL, client_learning_rate=LR, batch_size=B,

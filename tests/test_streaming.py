@@ -36,7 +36,7 @@ def test_the_estimate_is_the_resident_copys_size():
   assert streaming.estimate_bytes(DATA, sample=4) == pytest.approx(exact, rel=0.5)
 
 
-@pytest.mark.parametrize('name', registry.ALGORITHMS.names())
+@pytest.mark.parametrize('name', algorithm_cases.each_algorithm())
 def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path, name):
   """Every algorithm, those with per-client server state included: a client's row of
   that state is its index in the population, not its position in the loaded cohort."""

@@ -31,7 +31,9 @@ from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import callbacks as callbacks_lib
 from tff_comp.runtime import choice
+from tff_comp.runtime import devices
 from tff_comp.runtime import run_files
+from tff_comp.runtime import sampling
 from tff_comp.runtime import simulation
 
 # Builder parameters that every run sets from the common flags.
@@ -319,9 +321,7 @@ def build_runner(prepared: Prepared) -> Runner:
       batch_size=settings['batch_size'],
       client_rounds=settings['rounds'] * settings['clients_per_round'],
       resumed=_resumed_runtime(config))
-  if config.participation.straggler_rate > 0 and not runtime.partial_work:
-    raise ConfigError(f'--straggler_rate: the {runtime.name} runtime cannot run clients'
-                      ' doing part of their local steps; use --runtime=inprocess.')
+  devices.check_run(config.devices, config.participation.straggler_rate, runtime)
   return runner_on(prepared, runtime, description, algorithm)
 
 
@@ -452,6 +452,10 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       checkpoint_every=prepared.config.checkpoints.checkpoint_every,
       resume=prepared.config.resume,
       participation=prepared.config.participation,
+      sampler=sampling.timed_sampler(
+          prepared.task.train_data, prepared.settings['clients_per_round'],
+          prepared.config.seed, prepared.config.participation, prepared.config.devices,
+          runner.algorithm),
   )
 
 

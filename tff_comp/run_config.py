@@ -13,6 +13,7 @@ from tff_comp import server_optimizers
 from tff_comp import settings
 from tff_comp.runtime import checkpoints as checkpoints_lib
 from tff_comp.runtime import choice
+from tff_comp.runtime import devices as devices_lib
 from tff_comp.runtime import sampling as sampling_lib
 from tff_comp.settings import ConfigError
 
@@ -67,6 +68,8 @@ class ExperimentConfig:
       default_factory=local_work_lib.LocalWorkOptions)
   participation: sampling_lib.Participation = dataclasses.field(
       default_factory=sampling_lib.Participation)
+  devices: devices_lib.DeviceOptions = dataclasses.field(
+      default_factory=devices_lib.DeviceOptions)
   schedules: schedules_lib.ScheduleOptions = dataclasses.field(
       default_factory=schedules_lib.ScheduleOptions)
   server: server_optimizers.ServerOptimizerOptions = dataclasses.field(
@@ -146,13 +149,15 @@ class ExperimentConfig:
 
 def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
   """A config.json of an earlier layout in today's: settings recorded at the top level
-  that a record now owns (0.3.0's client settings, now `local_work`) moved into it."""
+  that a record now owns (0.3.0's client settings, now `local_work`) moved into it, and
+  a record added since (`devices`) at its defaults, which that run ran with."""
   moved = {k: v for k, v in recorded.items() if k in OWNER and OWNER[k] not in recorded}
-  if not moved:
-    return recorded
   upgraded = {k: v for k, v in recorded.items() if k not in moved}
   for name, value in moved.items():
     upgraded.setdefault(OWNER[name], {})[name] = value
+  for group, record in GROUPS.items():
+    if group not in upgraded:
+      upgraded[group] = dataclasses.asdict(record())
   return upgraded
 
 

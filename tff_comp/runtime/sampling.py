@@ -1,5 +1,7 @@
 """Which clients a round trains: sampling (uniform, with replacement, Poisson) and
-availability (dropouts, stragglers), drawn from the run's seed and the round alone."""
+availability (dropouts, stragglers, and with a device model deadlines, over-selection
+and availability windows: `runtime.devices`), drawn from the run's seed and the round
+alone."""
 
 from collections.abc import Sequence
 import dataclasses
@@ -9,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tff_comp import settings
+from tff_comp.runtime import devices as devices_lib
 from tff_comp.runtime import run_files
 
 
@@ -52,17 +55,29 @@ class Participation:
 
 class RoundClients(NamedTuple):
   """A round's clients: those sampled, those reporting (in order; a runtime trains
-  these) and each reporting client's share of its local steps (None: all of them)."""
+  these) and each reporting client's share of its local steps (None: all of them).
+  With a device model: how many reported too late (or were over-selected away), the
+  round's simulated seconds and the simulated clock at its end."""
 
   sampled: tuple[str, ...]
   reporting: tuple[str, ...]
   work: tuple[float, ...] | None
+  late: int = 0
+  seconds: float | None = None
+  clock: float | None = None
 
   def metrics(self) -> run_files.Metrics:
-    """participation/sampled, /reporting, /straggling: clients counted per round."""
-    return {'participation/sampled': float(len(self.sampled)),
-            'participation/reporting': float(len(self.reporting)),
-            'participation/straggling': float(sum(w < 1 for w in self.work or ()))}
+    """participation/sampled, /reporting, /straggling: clients counted per round; with
+    a device model participation/late, time/round_seconds and time/simulated_seconds
+    (the clock at the round's end)."""
+    metrics = {'participation/sampled': float(len(self.sampled)),
+               'participation/reporting': float(len(self.reporting)),
+               'participation/straggling': float(sum(w < 1 for w in self.work or ()))}
+    if self.seconds is not None:
+      metrics.update({'participation/late': float(self.late),
+                      'time/round_seconds': self.seconds,
+                      'time/simulated_seconds': self.clock})
+    return metrics
 
 
 class ClientSampler:
@@ -70,32 +85,44 @@ class ClientSampler:
   (`Participation` says how) from a NumPy generator seeded by (seed, round), so any
   round's draw is the same in every run with `seed`, resumed or not.
 
+  With a `clock` (`devices.DeviceClock`), a round samples among the clients available
+  at the simulated time it starts (replayed from round 1, cached), ceil(overselect x
+  clients_per_round) of them, and keeps those the deadline and over-selection keep.
+
   A replacement is any object with `sample(round_num) -> RoundClients` and a
   `capacity` (the most reporting clients a round may have, a hint for runtimes that
   compile per cohort size).
   """
 
   def __init__(self, client_ids: Sequence[str], clients_per_round: int, seed: int,
-               participation: Participation = Participation()):
+               participation: Participation = Participation(),
+               clock: devices_lib.DeviceClock | None = None):
     self._ids, self._k, self._seed = list(client_ids), clients_per_round, seed
-    self.participation = participation
-    n = len(self._ids)
-    if participation.sampling == 'poisson':
-      # The cohort is Binomial(n, q): five standard deviations above its mean.
-      q = min(1.0, clients_per_round / n)
-      self.capacity = min(n, math.ceil(clients_per_round + 5 * math.sqrt(
-          clients_per_round * (1 - q)) + 1))
-    else:
-      self.capacity = clients_per_round
+    self.participation, self._clock = participation, clock
+    self._drawn = (clients_per_round if clock is None else
+                   min(len(self._ids), math.ceil(clock.options.overselect * clients_per_round)))
+    self.capacity = _capacity(self._drawn, len(self._ids), participation.sampling)
+    if clock is not None and clock.options.overselect > 1:
+      self.capacity = min(self.capacity, clients_per_round)
+    self._clocks = [0.0]  # the simulated clock at the end of rounds 0, 1, ...
 
   def sample(self, round_num: int) -> RoundClients:
+    if self._clock is None:
+      return self._draw(round_num, self._ids)
+    while len(self._clocks) < round_num:  # the clock at this round's start, replayed
+      self._timed(len(self._clocks))
+    return self._timed(round_num)
+
+  def _draw(self, round_num: int, ids: Sequence[str]) -> RoundClients:
     rng = np.random.default_rng([self._seed, round_num])
-    p, n = self.participation, len(self._ids)
+    p, n = self.participation, len(ids)
+    # Availability may leave fewer clients than a round draws.
+    k = self._drawn if self._clock is None else min(self._drawn, n)
     if p.sampling == 'poisson':
-      chosen = np.flatnonzero(rng.random(n) < min(1.0, self._k / n))
+      chosen = np.flatnonzero(rng.random(n) < min(1.0, self._drawn / max(n, 1)))
     else:
-      chosen = rng.choice(n, self._k, replace=p.sampling == 'with_replacement')
-    sampled = tuple(self._ids[i] for i in chosen)
+      chosen = rng.choice(n, k, replace=p.sampling == 'with_replacement')
+    sampled = tuple(ids[i] for i in chosen)
     reporting = tuple(c for c, u in zip(sampled, rng.random(len(sampled)), strict=True)
                       if u >= p.dropout_rate)
     straggling = rng.random(len(reporting)) < p.straggler_rate
@@ -103,3 +130,39 @@ class ClientSampler:
             if straggling.any() else None)
     return RoundClients(sampled, reporting, work)
 
+  def _timed(self, round_num: int) -> RoundClients:
+    """Round `round_num` on the devices, from the clock at its start."""
+    start = self._clocks[round_num - 1]
+    available = self._clock.available(self._ids, start)
+    if not available:
+      seconds = self._clock.next_window(start) - start
+      clients = RoundClients((), (), None, 0, seconds, start + seconds)
+    else:
+      drawn = self._draw(round_num, available)
+      keep = self._k if self._clock.options.overselect > 1 else None
+      timing = self._clock.time_round(drawn.reporting, keep)
+      clients = RoundClients(drawn.sampled, timing.kept, timing.work, timing.late,
+                             timing.seconds, start + timing.seconds)
+    if len(self._clocks) == round_num:
+      self._clocks.append(clients.clock)
+    return clients
+
+
+def _capacity(k: int, n: int, sampling: str) -> int:
+  """The most clients a round of `k` expected draws from `n` may report."""
+  if sampling != 'poisson':
+    return k
+  # The cohort is Binomial(n, q): five standard deviations above its mean.
+  q = min(1.0, k / n)
+  return min(n, math.ceil(k + 5 * math.sqrt(k * (1 - q)) + 1))
+
+
+
+def timed_sampler(client_data, clients_per_round: int, seed: int,
+                  participation: Participation, options: devices_lib.DeviceOptions,
+                  algorithm) -> ClientSampler | None:
+  """The run's sampler on its devices' clock (`devices.clock_for`; None without a
+  device model: the loop's own sampler)."""
+  clock = devices_lib.clock_for(options, client_data, algorithm, seed)
+  return clock and ClientSampler(client_data.client_ids, clients_per_round, seed,
+                                 participation, clock)
