@@ -206,9 +206,10 @@ class DAMAML(MAML):
 
 
 # Why a run of a compositional objective diverges, most often.
-DIVERGENCE_HINT = ('the DRFL and DA-MAML steps carry exp(loss / gamma), which overflows'
-                   ' when losses are large against --gamma: try a larger --gamma (e.g. 2)'
-                   ' before a smaller --client_learning_rate')
+DIVERGENCE_HINT = ('with --objective=drfl or da_maml the steps carry exp(loss / gamma),'
+                   ' which overflows when losses are large against --gamma: try a larger'
+                   ' --gamma (e.g. 2) before a smaller --client_learning_rate; with maml,'
+                   ' try a smaller --client_learning_rate or --server_learning_rate')
 
 # The objectives by name: the one list (builders annotate their option with it).
 ObjectiveName = Literal['drfl', 'maml', 'da_maml']
