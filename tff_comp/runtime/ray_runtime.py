@@ -44,6 +44,7 @@ from tff_comp import settings
 from tff_comp.ops import client_round
 from tff_comp.runtime import base
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import streaming
 
 LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
 # Times an actor's part of a round runs again after its actor died.
@@ -140,6 +141,8 @@ class Shard:
   def setup(self, algorithm: bytes, client_data, engine: str, data_memory_budget: float,
             capacity: int) -> None:
     """`algorithm`: the Algorithm pickled (`build`)."""
+    if isinstance(client_data, _Examples):
+      client_data = client_data.client_data()
     self.runtime = inprocess.build(_ray().cloudpickle.loads(algorithm), client_data,
                                    engine=engine, data_memory_budget=data_memory_budget)
     self.runtime.reserve_cohort(capacity)
@@ -201,14 +204,31 @@ def _dumps(algorithm) -> bytes:
   return buffer.getvalue()
 
 
+class _Examples(NamedTuple):
+  """A shard's clients' examples as NumPy arrays, for a ClientData whose dataset
+  function does not pickle; the actor builds its ClientData from them."""
+
+  examples: dict[str, Any]
+
+  def client_data(self):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    return tff.simulation.datasets.TestClientData(self.examples)
+
+
 def _sub_data(client_data, client_ids: Sequence[str]):
   """The clients `client_ids` of `client_data`, as a ClientData of their own. Built on
   its dataset function alone, so what it carries to an actor is that function (a
   ClientData may hold a TFF computation of its own once used on TFF's runtime, which
-  does not pickle)."""
+  does not pickle); where that function does not pickle either (TFF's TestClientData
+  holds its ClientData), the clients' examples as arrays (`_Examples`)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+  sub = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
       list(client_ids), client_data.serializable_dataset_fn)
+  try:
+    _ray().cloudpickle.dumps(sub)
+    return sub
+  except Exception:  # pylint: disable=broad-except  # Ray's pickler raises several kinds
+    return _Examples({c: streaming.read_client(client_data, c) for c in client_ids})
 
 
 class RoundCosts(NamedTuple):
@@ -250,6 +270,11 @@ class RayRuntime:
     self._setups = [(shipped, _sub_data(client_data, ids[k::count]),
                      driver.engine, data_memory_budget, driver.capacity)
                     for k in range(count)]
+    self._data = ('arrays' if isinstance(self._setups[0][1], _Examples) else
+                  'dataset function')
+    if self._data == 'arrays':
+      logging.info('ray runtime: the task\'s ClientData does not pickle; each actor'
+                   ' receives its clients\' examples as arrays (once, at setup)')
     ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
     algorithm = driver.algorithm
     self._payload = tf.function(
@@ -269,7 +294,7 @@ class RayRuntime:
   @property
   def record(self) -> dict[str, Any]:
     return dict(self._driver.record, name=self.name, address=self._options.ray_address,
-                actors=len(self._actors))
+                actors=len(self._actors), shipped_data=self._data)
 
   def actor_pids(self) -> list[int]:
     """The actors' processes (as they run now)."""
