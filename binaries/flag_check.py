@@ -25,6 +25,7 @@ from absl import flags
 
 from tff_comp import paths
 from tff_comp import registry  # stdlib only: the plugin groups' names
+from tff_comp import settings  # stdlib only
 
 _KINDS = {'bool': flags.DEFINE_bool, 'string': flags.DEFINE_string,
           'multi_string': flags.DEFINE_multi_string, 'list': flags.DEFINE_list}
@@ -76,13 +77,18 @@ def _describe(flag: flags.Flag) -> dict:
   return entry
 
 
-def record(flag_values: flags.FlagValues, binary: str) -> None:
-  """Writes the manifest of `flag_values` (every flag the binary defines), atomically;
+def record(flag_values: flags.FlagValues, binary: str,
+           bounds: dict[str, dict[str, float | None]] | None = None) -> None:
+  """Writes the manifest of `flag_values` (every flag the binary defines), with the
+  settings' `bounds` by flag (lower, upper, above: `settings.check_bounds`), atomically;
   a cache directory that cannot be written only costs the fast check."""
   target = _manifest(binary)
   if target.exists():
     return
   described = {name: _describe(flag_values[name]) for name in flag_values}
+  for name, limits in (bounds or {}).items():
+    if name in described:
+      described[name]['bounds'] = limits
   try:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile('w', dir=target.parent, delete=False) as f:
@@ -172,6 +178,13 @@ def check(argv: list[str], binary: str) -> None:
     fail(f'a --flagfile is not a text file of flags ({e}).')
   except (flags.Error, OSError) as e:
     fail(e)
+  for name, entry in described.items():
+    value = flag_values[name].value
+    if 'bounds' in entry and isinstance(value, (int, float)) and not isinstance(value, bool):
+      try:
+        settings.check_bounds(name, value, **entry['bounds'])
+      except ValueError as e:
+        fail(e)
 
 
 def program() -> str:

@@ -57,7 +57,10 @@ def quiet_logs() -> None:
 def parse_or_fail(argv: list[str]) -> list[str]:
   """absl's `flags_parser` for app.run: parses, and a bad flag, value or flagfile exits
   2 with one line (absl's own parser prints its usage text and exits 1)."""
-  flag_check.record(flags.FLAGS, flag_check.program())  # for the next start's check
+  flag_check.record(flags.FLAGS, flag_check.program(), bounds={  # for the next start's check
+      spec.flag: dict(lower=spec.lower, upper=spec.upper, above=spec.above)
+      for spec in _common_specs()
+      if spec.type in (int, float) and (spec.lower, spec.upper, spec.above) != (None,) * 3})
   flag_check.check_shape(argv)
   if any(arg.split('=')[0] in _HELP for arg in argv[1:]):
     _print_help()

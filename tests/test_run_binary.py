@@ -331,6 +331,8 @@ def flags_recorded(repo_root, tmp_path_factory):
     ('--local_epochs=20000', 'flag --local_epochs=20000: '),
     ('--seed=-1', 'flag --seed=-1: '),
     ('--server_optimizer=adamw', 'flag --server_optimizer=adamw: value should be one of'),
+    ('--round_deadline=-1', '--round_deadline must be > 0.0, got -1.0.'),
+    ('--dropout_rate=-0.5', '--dropout_rate must be >= 0.0, got -0.5.'),
 ])
 def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, flags_recorded,
                                                         bad, says):

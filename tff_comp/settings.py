@@ -95,16 +95,22 @@ def check(record: Any) -> None:
     if spec.choices and isinstance(value, str) and value not in spec.choices:
       raise ValueError(f'--{spec.flag}={value!r} is unknown; choose one of'
                        f' {", ".join(spec.choices)}.')
-    if not isinstance(value, (int, float)):
-      continue
-    if isinstance(value, float) and not math.isfinite(value):
-      raise ValueError(f'--{spec.flag} must be a finite number, got {value}.')
-    if spec.lower is not None and value < spec.lower:
-      raise ValueError(f'--{spec.flag} must be >= {spec.lower}, got {value}.')
-    if spec.upper is not None and value > spec.upper:
-      raise ValueError(f'--{spec.flag} must be <= {spec.upper}, got {value}.')
-    if spec.above is not None and not value > spec.above:
-      raise ValueError(f'--{spec.flag} must be > {spec.above}, got {value}.')
+    if isinstance(value, (int, float)):
+      check_bounds(spec.flag, value, spec.lower, spec.upper, spec.above)
+
+
+def check_bounds(flag: str, value: float, lower: float | None = None,
+                 upper: float | None = None, above: float | None = None) -> None:
+  """Raises ValueError ('--flag must be ...') for `value` outside the bounds or not
+  finite (also `binaries/flag_check`'s, before TensorFlow loads)."""
+  if isinstance(value, float) and not math.isfinite(value):
+    raise ValueError(f'--{flag} must be a finite number, got {value}.')
+  if lower is not None and value < lower:
+    raise ValueError(f'--{flag} must be >= {lower}, got {value}.')
+  if upper is not None and value > upper:
+    raise ValueError(f'--{flag} must be <= {upper}, got {value}.')
+  if above is not None and not value > above:
+    raise ValueError(f'--{flag} must be > {above}, got {value}.')
 
 
 def from_dict(record: type, values: dict[str, Any]) -> Any:
