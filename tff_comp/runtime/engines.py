@@ -66,6 +66,18 @@ def client_arrays(client_data) -> ClientArrays:
   return ClientArrays(examples, counts, ids)
 
 
+@tf.function(autograph=False, reduce_retracing=True)
+def _client_keys(examples: Any, counts: tf.Tensor) -> tf.Tensor:
+  """Each client's `local_loop.client_key`, its examples the `counts` concatenated in
+  `examples`. One function for every build (a function per build traced anew each
+  time, and TensorFlow warned of retracing after five builds in a process)."""
+  offsets = tf.cumsum(counts, exclusive=True)
+  return tf.map_fn(
+      lambda i: local_loop.client_key(tf.nest.map_structure(
+          lambda v: v[offsets[i]:offsets[i] + counts[i]], examples)),
+      tf.range(tf.shape(counts)[0]), fn_output_signature=tf.int64)
+
+
 class ResidentData:
   """Every client's examples resident on `device` in variables (never constants in a
   graph): concatenated in client order (no padding, so heavy-tailed client sizes cost
@@ -81,10 +93,8 @@ class ResidentData:
       self.counts = tf.Variable(counts, trainable=False)
       self.offsets = tf.Variable((np.cumsum(counts) - counts).astype(np.int32),
                                  trainable=False)
-      keys = (tf.function(lambda: tf.map_fn(
-          lambda i: local_loop.client_key(self.client_examples(i)),
-          tf.range(len(counts)), fn_output_signature=tf.int64), autograph=False)()
-              if with_keys and len(counts) else tf.zeros([len(counts)], tf.int64))
+      keys = (_client_keys(examples, counts) if with_keys and len(counts) else
+              tf.zeros([len(counts)], tf.int64))
       self.keys = tf.Variable(keys, trainable=False)
 
   def client_examples(self, index) -> Any:
