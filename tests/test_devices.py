@@ -93,6 +93,10 @@ def test_windows_decide_who_may_be_sampled_and_an_empty_round_waits(tmp_path):
   # From 10 nobody is available: the round waits for c's window at 100.
   assert clients.clock == pytest.approx(100.0) and clients.reporting == ()
   assert sampler.sample(r + 1).sampled == ('c',)
+  # After c's window (200) none opens: the run ends with one line, not a traceback.
+  with pytest.raises(ConfigError, match='windows have ended'):
+    for later in range(r + 2, r + 100):
+      sampler.sample(later)
 
 
 def test_lognormal_devices_come_from_the_seed_around_their_medians():
