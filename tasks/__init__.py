@@ -12,8 +12,9 @@ from tff_comp.tasks import shakespeare
 from tff_comp.tasks import sinewave
 from tff_comp.tasks import sparse_logreg
 from tff_comp.tasks import stackoverflow
+from tff_comp.tasks import stackoverflow_tag
 from tff_comp.tasks import synthetic
 from tff_comp.tasks.base import Task
 
 __all__ = ['Task', 'cifar100', 'constrained_digits', 'dominant_class', 'emnist', 'imbalanced_digits', 'lasso', 'nuclear', 'quadratic', 'shakespeare',
-           'sinewave', 'sparse_logreg', 'stackoverflow', 'synthetic']
+           'sinewave', 'sparse_logreg', 'stackoverflow', 'stackoverflow_tag', 'synthetic']

@@ -98,11 +98,16 @@ class ClassifierScorer:
   `tf.function` called eagerly, and this way every FunctionalModel scores alike.
   `masked_labels`: labels left out of the accuracy (a sequence model's pad token, as
   TFF's `MaskedCategoricalAccuracy`); the cross-entropy counts every position.
+  `also_masked`: further accuracies by name, each leaving out its labels besides
+  `masked_labels` (TFF's word-prediction baseline's `accuracy_no_oov`), computed in
+  the same pass (`scores`).
   """
 
   def __init__(self, model: tff.learning.models.FunctionalModel,
-               masked_labels: tuple[int, ...] = ()):
+               masked_labels: tuple[int, ...] = (),
+               also_masked: Mapping[str, tuple[int, ...]] | None = None):
     self._model, self._masked = model, masked_labels
+    self._also = dict(also_masked or {})
     self._session = None
     self._building = threading.Lock()  # built once, whichever thread scores first
 
@@ -121,13 +126,17 @@ class ClassifierScorer:
       labels = tf.cast(self._y, tf.int32)
       self._loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
           labels=labels, logits=logits))
-      counted = tf.ones_like(labels, tf.bool)
-      for label in self._masked:
-        counted &= tf.not_equal(labels, label)
-      correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels) & counted
-      # (correct, counted) positions, summed over chunks into the accuracy.
-      self._accuracy = tf.stack([tf.reduce_sum(tf.cast(correct, tf.float32)),
-                                 tf.reduce_sum(tf.cast(counted, tf.float32))])
+      hits = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
+
+      def accuracy(masked):  # (correct, counted) positions, summed over chunks
+        counted = tf.ones_like(labels, tf.bool)
+        for label in masked:
+          counted &= tf.not_equal(labels, label)
+        return tf.stack([tf.reduce_sum(tf.cast(hits & counted, tf.float32)),
+                         tf.reduce_sum(tf.cast(counted, tf.float32))])
+
+      self._accuracy = tf.stack([accuracy(self._masked)] + [
+          accuracy(self._masked + more) for more in self._also.values()])
     self._session = tf.compat.v1.Session(graph=graph)
 
   # Examples scored per session call: the logits of a large-vocabulary sequence model
@@ -135,17 +144,25 @@ class ClassifierScorer:
   CHUNK = 256
 
   def __call__(self, trainable, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy)."""
+    scores = self.scores(trainable, x, y)
+    return scores['loss'], scores['accuracy']
+
+  def scores(self, trainable, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """{'loss', 'accuracy', and each of `also_masked`'s accuracies by its name}."""
     with self._building:
       if self._session is None:
         self._build()
     feed = dict(zip(self._weights, trainable))
-    loss, accuracy = 0.0, np.zeros(2)
+    loss, accuracy = 0.0, np.zeros((1 + len(self._also), 2))
     for start in range(0, len(y), self.CHUNK):
       feed[self._x], feed[self._y] = x[start:start + self.CHUNK], y[start:start + self.CHUNK]
       chunk_loss, chunk_accuracy = self._session.run((self._loss, self._accuracy), feed)
       loss += len(feed[self._y]) * float(chunk_loss)
       accuracy += chunk_accuracy
-    return loss / max(len(y), 1), float(accuracy[0] / max(accuracy[1], 1.0))
+    accuracies = accuracy[:, 0] / np.maximum(accuracy[:, 1], 1.0)
+    return dict(loss=loss / max(len(y), 1), accuracy=float(accuracies[0]),
+                **{name: float(a) for name, a in zip(self._also, accuracies[1:])})
 
 
 def bundled_digits() -> tuple[np.ndarray, np.ndarray]:

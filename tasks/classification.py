@@ -8,7 +8,8 @@ features). Evaluation scores the global model's mean cross-entropy and accuracy 
 pooled test examples (`test_loss`, `test_accuracy`; at most `test_examples` of them if
 set) and on training examples (`train_loss`, `train_accuracy`; at most `eval_examples`
 of them), drawn once, whole clients at a time. `masked_labels` (a sequence model's pad
-token) are left out of the accuracies, as TFF's baselines mask them.
+token) are left out of the accuracies, as TFF's baselines mask them; `also_masked` adds
+named accuracies leaving out more (`test_<name>`, `train_<name>`).
 
 Register it under a name to run it from the experiment layer, e.g.
 
@@ -17,7 +18,7 @@ Register it under a name to run it from the experiment layer, e.g.
                                                               model))
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,39 +38,45 @@ def classification_task(name: str, train_data: tff.simulation.datasets.ClientDat
                         model: tff.learning.models.FunctionalModel, *,
                         defaults: Mapping[str, Any] | None = None,
                         eval_examples: int = 10_000, test_examples: int | None = None,
-                        masked_labels: tuple[int, ...] = (), seed: int = 0) -> base.Task:
+                        masked_labels: tuple[int, ...] = (),
+                        also_masked: Mapping[str, tuple[int, ...]] | None = None,
+                        seed: int = 0) -> base.Task:
   """The task; `defaults` override `DEFAULTS` (the run settings); `seed` draws the
   training examples scored (and the test examples, if `test_examples` caps them: None
   scores every test example)."""
-  score = base.ClassifierScorer(model, masked_labels)
+  scorer = base.ClassifierScorer(model, masked_labels, also_masked)
   x_test, y_test = (inprocess.client_arrays(test_data).examples if test_examples is None
-                    else _sample(test_data, test_examples, seed))
-  x_train, y_train = _sample(train_data, eval_examples, seed)
+                    else sample(test_data, test_examples, seed))
+  x_train, y_train = sample(train_data, eval_examples, seed)
 
   def evaluate(trainable, psi) -> dict[str, float]:
     del psi  # no regularizer of its own; the run's does not change these scores
-    train_loss, train_accuracy = score(trainable, x_train, y_train)
-    test_loss, test_accuracy = score(trainable, x_test, y_test)
-    return dict(train_loss=train_loss, train_accuracy=train_accuracy,
-                test_loss=test_loss, test_accuracy=test_accuracy)
+    return {f'{split}_{name}': value
+            for split, (x, y) in (('train', (x_train, y_train)), ('test', (x_test, y_test)))
+            for name, value in scorer.scores(trainable, x, y).items()}
 
   return base.Task(name=name, model=model, train_data=train_data,
                    regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
                    defaults={**DEFAULTS, **(defaults or {})})
 
 
-def _sample(data: tff.simulation.datasets.ClientData, most: int,
-            seed: int) -> tuple[np.ndarray, np.ndarray]:
-  """At most `most` examples of `data`: whole clients in an order drawn from `seed`
-  (only those are read, not the population)."""
+def sample_clients(data: tff.simulation.datasets.ClientData, most: int,
+                   seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Whole clients' (x, y) arrays in an order drawn from `seed`, until at least `most`
+  examples (only those clients are read, not the population)."""
   ids = list(data.client_ids)
-  parts, count = [], 0
+  count = 0
   for i in np.random.default_rng(seed).permutation(len(ids)):
     if count >= most:
-      break
+      return
     x, y = (np.asarray(t) for t in local_loop.materialize(
         data.create_tf_dataset_for_client(ids[i])))
-    parts.append((x, y))
     count += len(y)
-  x, y = (np.concatenate(t) for t in zip(*parts))
+    yield x, y
+
+
+def sample(data: tff.simulation.datasets.ClientData, most: int,
+           seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """At most `most` examples of `data`, from `sample_clients`."""
+  x, y = (np.concatenate(t) for t in zip(*sample_clients(data, most, seed)))
   return x[:most], y[:most]

@@ -22,13 +22,14 @@ def client_data(prefix: str, sizes: np.ndarray, seed: int,
                 ) -> tff.simulation.datasets.ClientData:
   """Clients `<prefix>_<i>` whose datasets are the slices of `make(n, key)` (tensors of
   n examples drawn with the stateless [2] `key`), n = sizes[i]."""
-  table = tf.constant(sizes)
   salt = sum(map(ord, prefix))
 
   def dataset_fn(client_id):
     index = tf.strings.to_number(tf.strings.split(client_id, '_')[-1], tf.int32)
     key = tf.stack([seed * 1000 + salt, index])
-    return tf.data.Dataset.from_tensor_slices(make(tf.gather(table, index), key))
+    # The sizes become a constant of whichever graph traces this (TFF's runtime
+    # serializes it; an eager tensor made once outside could not be captured there).
+    return tf.data.Dataset.from_tensor_slices(make(tf.gather(sizes, index), key))
 
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
       [f'{prefix}_{i}' for i in range(len(sizes))], dataset_fn)

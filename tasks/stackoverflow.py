@@ -20,7 +20,11 @@ dataset): one client per user, 342,477 training users and about 135 million sent
 Model: TFF's baseline (`word_prediction_models.create_recurrent_model`): Embedding 96
 (masking pad), LSTM `lstm_units` (670 in the baseline), Dense 96, Dense to the extended
 vocabulary, a Keras model (`keras_models.from_keras`). Accuracy leaves out pad
-positions (TFF's baseline's `accuracy_with_oov`); the cross-entropy counts them all.
+positions (TFF's baseline's `accuracy_with_oov`), `accuracy_no_oov` also the
+out-of-vocabulary id and `accuracy_no_oov_or_eos` also the end id, as TFF's baseline
+reports them (Reddi et al.'s names; TFF 0.87 calls them `accuracy_without_out_of_vocab`
+and `accuracy_without_out_of_vocab_or_end_of_sentence`); the cross-entropy counts every
+position.
 """
 
 import pathlib
@@ -43,19 +47,29 @@ SEQUENCE_LENGTH = 20
 USERS, MEAN_SENTENCES = 342_477, 397
 
 
-def vocabulary(data_dir: str, size: int) -> list[str]:
+def counts_file(data_dir: str, name: str, task: str) -> pathlib.Path:
+  """TFF's counts file `stackoverflow.<name>` (word_count, tag_count) in `data_dir`
+  (default ~/.tff) or its `datasets/` folder, where TFF's loaders unpack it.
+
+  Raises:
+    ValueError: (one line) it is in neither: where to fetch it, or `task`'s synthetic
+      source.
+  """
+  folder = pathlib.Path(data_dir or tff_files.default_dir())
+  for path in (folder / f'stackoverflow.{name}', folder / 'datasets' / f'stackoverflow.{name}'):
+    if path.is_file():
+      return path
+  raise ValueError(
+      f'{folder / f"stackoverflow.{name}"} not found: fetch'
+      f' https://storage.googleapis.com/tff-datasets-public/stackoverflow.{name}.tar.bz2'
+      f' and unpack it there (tar xjf), or run --{task}_source=synthetic.')
+
+
+def vocabulary(data_dir: str, size: int, task: str = 'stackoverflow_nwp') -> list[str]:
   """The `size` most frequent words of TFF's stackoverflow.word_count (one
   'word count' line each, most frequent first), read offline."""
-  folder = pathlib.Path(data_dir or tff_files.default_dir())
-  for path in (folder / 'stackoverflow.word_count',
-               folder / 'datasets' / 'stackoverflow.word_count'):
-    if path.is_file():
-      with open(path, encoding='utf-8') as f:
-        return [line.split()[0] for _, line in zip(range(size), f)]
-  raise ValueError(
-      f'{folder / "stackoverflow.word_count"} not found: fetch'
-      ' https://storage.googleapis.com/tff-datasets-public/stackoverflow.word_count.tar.bz2'
-      ' and unpack it there (tar xjf), or run --stackoverflow_nwp_source=synthetic.')
+  with open(counts_file(data_dir, 'word_count', task), encoding='utf-8') as f:
+    return [line.split()[0] for _, line in zip(range(size), f)]
 
 
 @registry.register_task('stackoverflow_nwp')
@@ -79,6 +93,7 @@ def build_stackoverflow_nwp_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     raise ValueError('vocab_size, lstm_units and eval_examples must be >= 1, max_clients'
                      ' >= 0.')
   extended = vocab_size + 4  # pad, one out-of-vocabulary id, begin, end
+  special = tff_preprocessing.get_special_tokens(vocab_size)
   if source == 'tff':
     to_ids = tff_preprocessing.build_to_ids_fn(vocabulary(data_dir, vocab_size),
                                                SEQUENCE_LENGTH)
@@ -117,6 +132,8 @@ def build_stackoverflow_nwp_task(*, source: Literal['tff', 'synthetic'] = 'tff',
   return classification.classification_task(
       'stackoverflow_nwp' if source == 'tff' else 'stackoverflow_nwp[synthetic]', train,
       test, model, seed=seed, eval_examples=eval_examples, test_examples=eval_examples,
-      masked_labels=(0,),
+      masked_labels=(special.padding,), also_masked=dict(
+          accuracy_no_oov=tuple(special.out_of_vocab),
+          accuracy_no_oov_or_eos=(*special.out_of_vocab, special.end_of_sentence)),
       defaults=dict(clients_per_round=50, batch_size=16, client_learning_rate=0.3,
                     rounds=1500, eval_period=100))

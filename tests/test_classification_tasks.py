@@ -352,6 +352,29 @@ def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_pat
       np.testing.assert_array_equal(y, ty[0])
   final = experiment.run_experiment(prepared, show_progress=False)
   assert np.isfinite(final['eval/test_loss'])
+  # The accuracies as TFF's baseline's metrics score them, for a model that always
+  # predicts the out-of-vocabulary id, then the end id (t1's labels: sort, oov, list,
+  # oov, end, then pad).
+  from tensorflow_federated.python.simulation.baselines import keras_metrics  # pylint: disable=g-import-not-at-top
+  special = tff_preprocessing.get_special_tokens(5)
+  (x, y), = tff_preprocessing.create_preprocess_fn(spec, vocab)(
+      tff.simulation.datasets.stackoverflow.load_data(cache_dir=str(tmp_path))[2]
+      .create_tf_dataset_for_client('t1')).as_numpy_iterator()
+  for always in (special.out_of_vocab[0], special.end_of_sentence):
+    trainable = [np.array(w) for w in task.model.initial_weights[0]]
+    trainable[-2][:] = 0  # the last Dense layer's kernel, then its bias
+    trainable[-1][:] = 0
+    trainable[-1][always] = 10
+    ours = task.evaluate(tuple(trainable), None)
+    for name, masked in (('accuracy', []), ('accuracy_no_oov', special.out_of_vocab),
+                         ('accuracy_no_oov_or_eos',
+                          special.out_of_vocab + [special.end_of_sentence])):
+      metric = keras_metrics.MaskedCategoricalAccuracy(
+          masked_tokens=[special.padding] + masked)
+      metric.update_state(y, task.model.predict_on_batch(
+          (tuple(trainable), ()), x, training=False))
+      assert ours[f'test_{name}'] == pytest.approx(float(metric.result()))
+    assert ours['test_accuracy'] > 0
   with pytest.raises(experiment.ConfigError, match='stackoverflow.word_count not found'):
     (tmp_path / 'stackoverflow.word_count').unlink()
     experiment.prepare(experiment.ExperimentConfig.of(
@@ -376,6 +399,14 @@ def test_the_scorer_leaves_masked_labels_out_of_the_accuracy_and_chunks_alike():
   logits = x @ kernel
   want = np.mean(np.log(np.exp(logits).sum(1)) - logits[np.arange(600), y])
   assert loss == pytest.approx(want, rel=1e-5)  # 600 examples: three chunks of 256
+  y[5::12] = 1  # where the model says 2: wrong unless 1 is masked too
+  scores = base.ClassifierScorer(model, (), dict(no_zero=(0,), no_zero_one=(0, 1)))
+  scores = scores.scores(weights, x, y)
+  right = np.argmax(x @ kernel, 1) == y
+  assert scores['accuracy'] == pytest.approx(right.mean())
+  assert scores['no_zero'] == pytest.approx(right[y != 0].mean()) and scores['no_zero'] < 1
+  assert scores['no_zero_one'] == pytest.approx(right[(y != 0) & (y != 1)].mean())
+  assert scores['no_zero_one'] == 1
 
 
 def test_a_scorer_is_built_once_when_two_threads_score_first(monkeypatch):
