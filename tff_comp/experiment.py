@@ -29,6 +29,7 @@ from tff_comp.ops import rule as rule_lib
 from tff_comp import run_config
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
+from tff_comp.runtime import buffered_async
 from tff_comp.runtime import callbacks as callbacks_lib
 from tff_comp.runtime import choice
 from tff_comp.runtime import devices
@@ -76,28 +77,20 @@ class Prepared:
 def _resolve(config: ExperimentConfig, defaults) -> dict[str, Any]:
   fallback = dict(rounds=100, clients_per_round=10, server_learning_rate=1.0,
                   batch_size=10, local_epochs=1, eval_period=10)
-  settings = {}
-  for key in SETTINGS:
-    value = config.value(key)
-    if value is None:
-      value = defaults.get(key, fallback.get(key))
-    settings[key] = value
-  return settings
+  return {key: defaults.get(key, fallback.get(key)) if config.value(key) is None
+          else config.value(key) for key in SETTINGS}
 
 
 def _regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
   chosen = config.regularizer is not None or config.regularizer_strength is not None
   if not algorithm.accepts('regularizer'):
     if chosen:
-      raise ConfigError(
-          f'--regularizer/--regularizer_strength do not apply to algorithm'
-          f' {config.algorithm!r}, which ignores regularizers.'
-      )
+      raise ConfigError(f'--regularizer/--regularizer_strength do not apply to algorithm'
+                        f' {config.algorithm!r}, which ignores regularizers.')
     return None
   name = config.regularizer or task.regularizer.name
-  strength = config.regularizer_strength
-  if strength is None:
-    strength = task.regularizer.strength
+  strength = (task.regularizer.strength if config.regularizer_strength is None
+              else config.regularizer_strength)
   if strength < 0:
     raise ConfigError(f'--regularizer_strength must be >= 0, got {strength}.')
   try:
@@ -322,6 +315,9 @@ def build_runner(prepared: Prepared) -> Runner:
       client_rounds=settings['rounds'] * settings['clients_per_round'],
       resumed=_resumed_runtime(config))
   devices.check_run(config.devices, config.participation.straggler_rate, runtime)
+  if config.asynchrony.mode == 'async':  # its description says what it runs on
+    runtime = buffered_async.for_run(config, runtime, prepared.task.train_data, algorithm)
+    description = runtime.description
   return runner_on(prepared, runtime, description, algorithm)
 
 
@@ -452,10 +448,10 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       checkpoint_every=prepared.config.checkpoints.checkpoint_every,
       resume=prepared.config.resume,
       participation=prepared.config.participation,
-      sampler=sampling.timed_sampler(
+      sampler=getattr(runner.runtime, 'sampler', None) or sampling.timed_sampler(
           prepared.task.train_data, prepared.settings['clients_per_round'],
           prepared.config.seed, prepared.config.participation, prepared.config.devices,
-          runner.algorithm),
+          runner.algorithm),  # an async runtime's own (`buffered_async`)
   )
 
 

@@ -11,6 +11,7 @@ from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp import schedules as schedules_lib
 from tff_comp import server_optimizers
 from tff_comp import settings
+from tff_comp.runtime import buffered_async
 from tff_comp.runtime import checkpoints as checkpoints_lib
 from tff_comp.runtime import choice
 from tff_comp.runtime import devices as devices_lib
@@ -70,6 +71,8 @@ class ExperimentConfig:
       default_factory=sampling_lib.Participation)
   devices: devices_lib.DeviceOptions = dataclasses.field(
       default_factory=devices_lib.DeviceOptions)
+  asynchrony: buffered_async.AsyncOptions = dataclasses.field(
+      default_factory=buffered_async.AsyncOptions)
   schedules: schedules_lib.ScheduleOptions = dataclasses.field(
       default_factory=schedules_lib.ScheduleOptions)
   server: server_optimizers.ServerOptimizerOptions = dataclasses.field(
@@ -150,7 +153,8 @@ class ExperimentConfig:
 def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
   """A config.json of an earlier layout in today's: settings recorded at the top level
   that a record now owns (0.3.0's client settings, now `local_work`) moved into it, and
-  a record added since (`devices`) at its defaults, which that run ran with."""
+  a record added since (`devices`, `asynchrony`) at its defaults, which that run ran
+  with."""
   moved = {k: v for k, v in recorded.items() if k in OWNER and OWNER[k] not in recorded}
   upgraded = {k: v for k, v in recorded.items() if k not in moved}
   for name, value in moved.items():

@@ -13,8 +13,8 @@ runs choose the engine; private trials: of one participation too, which calibrat
 their noise). A group runs as one program on the in-process runtime; trials of different
 data seeds share it on their tasks' clients together, each sampling, indexing and
 evaluating its own, when the tasks' data agree in shape and fit in memory (else one
-program per data seed). TFF's runtime, streamed data and the debug engine run a group's
-trials one after another. Each says how in one line. Each trial writes what its
+program per data seed). TFF's runtime, streamed data, the debug engine and
+asynchronous steps (`--mode=async`) run a group's trials one after another. Each says how in one line. Each trial writes what its
 separate run writes, and equals it to the bit.
 """
 
@@ -32,6 +32,7 @@ import threadpoolctl
 from tff_comp import experiment
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base
+from tff_comp.runtime import buffered_async
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import streaming
 from tff_comp.runtime import trial_group
@@ -161,7 +162,9 @@ def _programs(members: list[int], prepared: list[experiment.Prepared], batch: bo
   for k, p in enumerate(prepared):
     by_seed.setdefault(p.config.task_seed, []).append(k)
   parts = [list(range(len(prepared)))]
-  if batch and len(by_seed) > 1:
+  if prepared[0].config.asynchrony.mode == 'async':  # one at a time, each on its data
+    parts = list(by_seed.values())
+  elif batch and len(by_seed) > 1:
     budget = prepared[0].config.runtime_options['inprocess'].data_memory_budget
     why = _why_not_merged([prepared[ks[0]].task for ks in by_seed.values()], budget)
     if why:
@@ -250,7 +253,7 @@ def _run_program(program: _Program, trials: Sequence[Trial], results: list[Any],
   if why:
     say(f'{label}: {size} trial(s) one after another ({why}).')
     for i, p in zip(program.members, program.prepared):
-      results[i] = _train(p, runner, trials[i])
+      results[i] = _train(p, _own_schedule(runner, p), trials[i])
       if isinstance(results[i], KeyboardInterrupt):
         raise results[i]
     return
@@ -318,12 +321,24 @@ def _holding(lock: threading.Lock, fn: Any) -> Any:
   return held
 
 
+def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared
+                  ) -> experiment.Runner:
+  """`runner` for `prepared`'s trial: an async run's schedule is its seed's (the build
+  shared)."""
+  if not isinstance(runner.runtime, buffered_async.BufferedAsyncRuntime):
+    return runner
+  return dataclasses.replace(runner, runtime=buffered_async.for_run(
+      prepared.config, runner.runtime.driver, prepared.task.train_data, runner.algorithm))
+
+
 def _why_not_batched(runner: experiment.Runner, size: int, batch: bool) -> str:
   """Why a build's trials run one by one ('' when batched)."""
   if not batch:
     return 'batching off'
   if size < 2:
     return 'a group of one'
+  if isinstance(runner.runtime, buffered_async.BufferedAsyncRuntime):
+    return 'asynchronous steps run one trial at a time'
   if not isinstance(runner.runtime, inprocess.InProcessRuntime):
     return f'the {runner.runtime.name} runtime runs one trial at a time'
   try:

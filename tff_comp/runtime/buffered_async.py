@@ -1,0 +1,386 @@
+"""Buffered asynchronous aggregation (FedBuff; Nguyen et al., AISTATS 2022) on the
+in-process runtime, in simulated time.
+
+`--concurrency=C` clients train at once. A client starts from the server's model in
+force when it is dispatched and reports t_i simulated seconds later (its device time,
+`runtime.devices`; one second each without a device model). Each arrival enters the
+server's buffer; after `--buffer_size=K` arrivals the server steps:
+
+    x_{t+1} = server_rule(x_t, sum_{i in B} w_i s(tau_i) Delta_i / sum_{i in B} w_i)
+
+Delta_i is client i's update computed from x_{v_i}, the model it started with; its
+staleness tau_i = t - v_i; w_i its aggregation weight (examples); s the staleness
+weight, 1 (`--staleness=constant`) or 1 / sqrt(1 + tau) (`poly`, the paper's). An
+arrival staler than `--max_staleness` is dropped (counted, not in B). Each arrival
+frees a slot: a new client is dispatched at once, with the model in force after the
+arrivals of that instant (all arrivals at one instant enter the buffer, in dispatch
+order, before their replacements start). Clients are dispatched in the order of the
+run's uniform sampler's draws of K clients, round r's after round r - 1's
+(`--clients_per_round` is not used), so with C = K and equal device times every step
+is a synchronous round of K clients.
+
+The schedule (who arrives at which step, from which model, at what time) depends on
+the seed and the devices only, not on the model, and is replayed from the start
+(`Schedule`). A client's update depends only on the model it starts from, its data and
+its start version (its round number for shuffling), so the clients dispatched while
+x_t is in force run together, as one cohort on the runtime's engine, when step t + 1
+begins (`BufferedAsyncRuntime`); their updates wait for their arrival (at most C of
+them held, in host memory).
+
+Algorithms: those whose clients send a model delta averaged by the weighted mean with
+no per-client server state, no round-wide reference and no private aggregator
+(`why_not`); others are refused in one line. Every field of an arrival's update is
+weighted by s (FedDualAvg's step-size sum with its dual delta). The updates in flight
+are the aggregator's state (`InFlight`), so checkpoints hold them and `--resume`
+continues exactly.
+"""
+
+from collections.abc import Callable, Sequence
+import dataclasses
+import heapq
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from tff_comp import settings
+from tff_comp.settings import ConfigError
+from tff_comp.ops import aggregation
+from tff_comp.runtime import base
+from tff_comp.runtime import devices
+from tff_comp.runtime import inprocess
+from tff_comp.runtime import sampling
+
+MODES = ('sync', 'async')
+STALENESS = ('constant', 'poly')
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncOptions:
+  """Synchronous rounds or buffered asynchronous steps (module docstring)."""
+
+  mode: str = settings.setting(
+      'sync', 'sync: rounds of --clients_per_round clients; async: buffered asynchronous'
+      ' aggregation (FedBuff), a server step after every --buffer_size arrivals of'
+      ' --concurrency clients training at once (--rounds counts server steps).',
+      choices=MODES)
+  concurrency: int = settings.setting(
+      10, 'Async: clients training at once.', lower=1, upper=settings.MAX_COUNT)
+  buffer_size: int = settings.setting(
+      10, 'Async: arrivals per server step.', lower=1, upper=settings.MAX_COUNT)
+  staleness: str = settings.setting(
+      'poly', 'Async: the weight of an update s steps stale: constant (1) or poly'
+      ' (1/sqrt(1+s), as FedBuff).', choices=STALENESS)
+  max_staleness: int | None = settings.setting(
+      None, 'Async: drop updates more than this many steps stale (None: keep all).',
+      lower=0, upper=settings.MAX_COUNT)
+
+  def __post_init__(self):
+    settings.check(self)
+
+  def weight(self, staleness: int) -> float:
+    return 1.0 if self.staleness == 'constant' else 1.0 / math.sqrt(1.0 + staleness)
+
+
+class Arrival(NamedTuple):
+  """A client's report: its dispatch number, id, the version it started from."""
+
+  seq: int
+  client: str
+  version: int
+
+
+class StepPlan(NamedTuple):
+  """Server step t's events: the clients dispatched while x_{t-1} was in force (their
+  dispatch numbers and ids), the arrivals it aggregates (and the staleness of each),
+  the arrivals since the step before dropped as too stale, and the simulated clock at
+  the step."""
+
+  cohort: tuple[tuple[int, str], ...]
+  arrivals: tuple[Arrival, ...]
+  staleness: tuple[int, ...]
+  dropped: tuple[Arrival, ...]
+  clock: float
+
+
+class Schedule:
+  """The event simulation of the module docstring, independent of the model: `plan(t)`
+  for t = 1, 2, ..., computed in order and cached (a resumed or replayed run sees the
+  same plans).
+
+  Args:
+    draw: r -> the clients of the sampler's round r (dispatched in that order).
+    seconds: a client's device time.
+    options: concurrency, buffer size, staleness cut.
+  """
+
+  def __init__(self, draw: Callable[[int], Sequence[str]], seconds: Callable[[str], float],
+               options: AsyncOptions):
+    self._draw, self._seconds, self._options = draw, seconds, options
+    self._stream: list[str] = []  # clients drawn, not yet dispatched
+    self._blocks = 0
+    self._flight: list[tuple[float, int, str, int]] = []  # (arrival, seq, client, version)
+    self._seq, self._version, self._clock = 0, 0, 0.0
+    self._dispatched: list[tuple[int, str]] = []  # while the current version is in force
+    self._plans: list[StepPlan] = []
+    self._buffer: list[tuple[Arrival, int]] = []
+    self._dropped: list[Arrival] = []
+    for _ in range(options.concurrency):
+      self._dispatch()
+
+  def _dispatch(self) -> None:
+    while not self._stream:
+      self._blocks += 1
+      self._stream = list(self._draw(self._blocks))
+    client = self._stream.pop(0)
+    heapq.heappush(self._flight, (self._clock + self._seconds(client), self._seq, client,
+                                  self._version))
+    self._dispatched.append((self._seq, client))
+    self._seq += 1
+
+  def plan(self, step: int) -> StepPlan:
+    while len(self._plans) < step:
+      self._advance()
+    return self._plans[step - 1]
+
+  def _advance(self) -> None:
+    """Runs events until the next server step is planned."""
+    options, planned = self._options, len(self._plans)
+    while len(self._plans) == planned:
+      self._clock = self._flight[0][0]
+      arrived = []
+      while self._flight and self._flight[0][0] == self._clock:
+        _, seq, client, version = heapq.heappop(self._flight)
+        arrived.append(Arrival(seq, client, version))
+      for arrival in arrived:
+        staleness = self._version - arrival.version
+        if options.max_staleness is not None and staleness > options.max_staleness:
+          self._dropped.append(arrival)
+        else:
+          self._buffer.append((arrival, staleness))
+        if len(self._buffer) == options.buffer_size:
+          self._plans.append(StepPlan(
+              tuple(self._dispatched), tuple(a for a, _ in self._buffer),
+              tuple(s for _, s in self._buffer), tuple(self._dropped), self._clock))
+          self._buffer, self._dropped, self._dispatched = [], [], []
+          self._version += 1
+      for _ in arrived:
+        self._dispatch()
+
+
+def why_not(algorithm) -> str:
+  """Why buffered async cannot run `algorithm` ('' when it can)."""
+  if algorithm is None:
+    return 'the program is not a registered algorithm'
+  rule = algorithm.client_rule
+  if algorithm.aggregation != aggregation.MEAN:
+    return f'its updates are aggregated as {algorithm.aggregation!r}, not a weighted mean'
+  if algorithm.model_aggregator is not None:
+    return 'a private aggregator (clipping, DP) accounts rounds, not buffered steps'
+  if rule.uses_client_index or algorithm.server_rule.keeps_personal_models:
+    return 'it keeps per-client state on the server'
+  if rule.uses_reference_loss:
+    return 'its clients need a round-wide reference loss'
+  return ''
+
+
+class InFlight(NamedTuple):
+  """The buffered aggregator's state: the updates computed and not yet arrived, as
+  rows of fixed shape (at most C: `concurrency`), so a checkpoint holds them and a
+  resumed run continues exactly. `seq`: each row's dispatch number (-1: empty);
+  `outputs`: the clients' `ClientOutput`s stacked."""
+
+  seq: np.ndarray
+  outputs: Any
+
+
+class BufferedAsyncRuntime:
+  """Server steps of the module docstring on an in-process runtime (`driver`), one per
+  `next`, which takes the clients of `schedule.plan(t).cohort` (its `sampler` hands
+  them to the loop). The state is the driver's, with the updates in flight as its
+  aggregator state (`InFlight`)."""
+
+  name = 'inprocess'
+  partial_work = False
+
+  def __init__(self, driver: inprocess.InProcessRuntime, schedule: Schedule,
+               options: AsyncOptions):
+    self._driver, self.schedule, self.options = driver, schedule, options
+    self.algorithm = driver.algorithm
+    self.keeps_personal_models = False
+    self.sampler = AsyncSampler(schedule, options)  # the loop's
+    driver.reserve_cohort(self.sampler.capacity)
+    algorithm = driver.algorithm
+    self._payload = tf.function(
+        lambda state: algorithm.server_rule.payload(state.finalizer,
+                                                    state.global_model_weights),
+        autograph=False)
+    self._finish = tf.function(driver.stages.finish, autograph=False)
+    self._traced = False
+    self._empty: InFlight | None = None
+
+  @property
+  def driver(self) -> inprocess.InProcessRuntime:
+    """The in-process runtime running the clients."""
+    return self._driver
+
+  @property
+  def description(self) -> str:
+    o = self.options
+    return (f'buffered async (concurrency {o.concurrency}, buffer {o.buffer_size},'
+            f' {o.staleness} staleness) on {self._driver.description}')
+
+  @property
+  def record(self) -> dict[str, Any]:
+    return dict(self._driver.record, mode='async')
+
+  def initialize(self) -> base.State:
+    state = self._driver.initialize()
+    if self._empty is None:  # the rows' shapes: one client's output
+      client = self.schedule.plan(1).cohort[0][1]
+      one = self._run_clients(state, [client], 0)
+      self._empty = InFlight(np.full(self.options.concurrency, -1, np.int64),
+                             tf.nest.map_structure(lambda a: np.zeros(
+                                 (self.options.concurrency, *a.shape[1:]), a.dtype), one))
+    return self._with_flight(state, self._empty)
+
+  def _with_flight(self, state: base.State, flight: InFlight) -> base.State:
+    return inprocess.learning_state(state.global_model_weights, state.client_work,
+                                    state.finalizer, flight)
+
+  def get_model_weights(self, state: base.State):
+    return self._driver.get_model_weights(state)
+
+  def set_model_weights(self, state: base.State, weights) -> base.State:
+    return self._with_flight(self._driver.set_model_weights(state, weights), state.aggregator)
+
+  def get_hparams(self, state: base.State):
+    return self._driver.get_hparams(state)
+
+  def set_hparams(self, state: base.State, hparams) -> base.State:
+    return self._with_flight(self._driver.set_hparams(state, hparams), state.aggregator)
+
+  def get_personal_weights(self, state: base.State):
+    return self._driver.get_personal_weights(state)
+
+  def prefetch(self, client_ids: Sequence[str]) -> None:
+    self._driver.prefetch(client_ids)
+
+  def reserve_cohort(self, size: int) -> None:
+    self._driver.reserve_cohort(size)
+
+  def _run_clients(self, state: base.State, client_ids: Sequence[str], version: int):
+    """The clients' outputs (NumPy, stacked) from `state`'s model, as dispatched while
+    version `version` was in force (their round number: shuffling, client keys)."""
+    return self._driver.client_outputs(
+        tf.nest.map_structure(np.asarray, self._payload(state)),
+        tf.nest.map_structure(np.asarray, state.client_work.hparams), client_ids,
+        [1.0] * len(client_ids), [self._driver.population_index[c] for c in client_ids],
+        version)
+
+  def next(self, state: base.State, client_ids: Sequence[str],
+           work: Sequence[float] | None = None) -> base.RoundOutput:
+    """Server step t + 1 (t: the steps done): runs the clients dispatched from x_t
+    (`client_ids`, the plan's cohort), then aggregates the step's arrivals."""
+    state = inprocess.as_tensors(state)
+    step = int(state.client_work.round) + 1
+    plan = self.schedule.plan(step)
+    if list(client_ids) != [c for _, c in plan.cohort] or work is not None:
+      raise ValueError(f'step {step}: the clients given are not the schedule\'s cohort.')
+    flight = tf.nest.map_structure(np.asarray, state.aggregator)
+    waiting = {int(seq): tf.nest.map_structure(lambda a, i=i: a[i], flight.outputs)
+               for i, seq in enumerate(flight.seq) if seq >= 0}
+    outputs = self._run_clients(state, client_ids, step - 1)
+    for i, (seq, _) in enumerate(plan.cohort):
+      waiting[seq] = tf.nest.map_structure(lambda a, i=i: a[i], outputs)
+    arrived = [waiting.pop(a.seq) for a in plan.arrivals]
+    for late in plan.dropped:
+      del waiting[late.seq]
+    factors = np.array([self.options.weight(s) for s in plan.staleness], np.float32)
+    outputs = tf.nest.map_structure(lambda *a: np.stack(a), *arrived)
+    outputs = outputs._replace(update=tf.nest.map_structure(
+        lambda u: u * factors.reshape([-1] + [1] * (u.ndim - 1)), outputs.update))
+    args = (state.global_model_weights, state.finalizer, (), state.client_work.round,
+            self.algorithm.client_options.seed, None)
+    if not self._traced:  # one trace for buffers of every size
+      self._finish.get_concrete_function(tf.nest.map_structure(
+          lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype), outputs), *args)
+      self._traced = True
+    with tf.device(self._driver.device):
+      weights, server, _, metrics = self._finish(outputs, *args)
+    work_state = type(state.client_work)(state.client_work.hparams,
+                                         state.client_work.round + 1)
+    metrics = self._driver.stages.unpack_metrics(metrics)
+    staleness = np.array(plan.staleness, np.float64)
+    metrics['async'] = dict(arrivals=float(len(plan.arrivals)),
+                            dropped=float(len(plan.dropped)),
+                            staleness_mean=float(staleness.mean()),
+                            staleness_max=float(staleness.max()))
+    return base.RoundOutput(inprocess.learning_state(
+        weights, work_state, server, self._pack(waiting, flight)), metrics)
+
+  def _pack(self, waiting: dict[int, Any], like: InFlight) -> InFlight:
+    """`waiting` in `InFlight`'s fixed rows (`like`'s shapes)."""
+    seqs = sorted(waiting)
+    if len(seqs) > len(like.seq):
+      raise AssertionError(f'{len(seqs)} updates in flight exceed the concurrency')
+    seq = np.full_like(like.seq, -1)
+    seq[:len(seqs)] = seqs
+    outputs = tf.nest.map_structure(np.zeros_like, like.outputs)
+    for i, key in enumerate(seqs):
+      for row, value in zip(tf.nest.flatten(outputs), tf.nest.flatten(waiting[key])):
+        row[i] = value
+    return InFlight(seq, outputs)
+
+
+class AsyncSampler:
+  """The loop's sampler for buffered async: step t's "round" is the cohort dispatched
+  from x_{t-1}; its time is the step's simulated clock."""
+
+  def __init__(self, schedule: Schedule, options: AsyncOptions):
+    self._schedule = schedule
+    # The largest cohort: the first (C clients, then up to K - 1 replacements).
+    self.capacity = options.concurrency + options.buffer_size - 1
+
+  def sample(self, round_num: int) -> sampling.RoundClients:
+    plan = self._schedule.plan(round_num)
+    before = self._schedule.plan(round_num - 1).clock if round_num > 1 else 0.0
+    ids = tuple(c for _, c in plan.cohort)
+    return sampling.RoundClients(ids, ids, None, len(plan.dropped), plan.clock - before,
+                                 plan.clock)
+
+
+def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
+  """The async runtime (its `sampler` the loop's) over a run's in-process `runtime`;
+  `config`: the run's `run_config.ExperimentConfig` (seed, participation, devices,
+  asynchrony, resume).
+
+  Raises:
+    ConfigError: (one line) async with a runtime other than in-process, an algorithm
+      it cannot run (`why_not`), a sampling other than uniform, dropout or stragglers,
+      a deadline or over-selection, more clients at once than the task has.
+  """
+  if not isinstance(runtime, inprocess.InProcessRuntime):
+    raise ConfigError(f'--mode=async runs on the in-process runtime, not {runtime.name}.')
+  reason = why_not(algorithm)
+  if reason:
+    raise ConfigError(f'--mode=async cannot run this algorithm: {reason}.')
+  participation, options = config.participation, config.asynchrony
+  if (participation.sampling != 'uniform' or participation.dropout_rate
+      or participation.straggler_rate):
+    raise ConfigError('--mode=async draws clients uniformly (--sampling=uniform) and models'
+                      ' no dropout or stragglers: the device times decide who reports when.')
+  if config.devices.round_deadline is not None or config.devices.overselect > 1:
+    raise ConfigError('--round_deadline and --overselect are synchronous rounds\' settings;'
+                      ' with --mode=async use --max_staleness.')
+  clients = len(client_data.client_ids)
+  if max(options.concurrency, options.buffer_size) > clients:
+    raise ConfigError(f'--concurrency={options.concurrency} and --buffer_size='
+                      f'{options.buffer_size} may not exceed the task\'s {clients}'
+                      ' clients.')
+  clock = devices.clock_for(config.devices, client_data, algorithm, config.seed)
+  draws = sampling.ClientSampler(client_data.client_ids, options.buffer_size, config.seed)
+  schedule = Schedule(lambda r: draws.sample(r).sampled,
+                      (lambda c: 1.0) if clock is None else clock.seconds, options)
+  return BufferedAsyncRuntime(runtime, schedule, options)
