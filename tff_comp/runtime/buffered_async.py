@@ -50,6 +50,7 @@ from tff_comp.ops import aggregation
 from tff_comp.runtime import base
 from tff_comp.runtime import devices
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import round_stages
 from tff_comp.runtime import sampling
 
 MODES = ('sync', 'async')
@@ -211,13 +212,7 @@ class BufferedAsyncRuntime:
     self.keeps_personal_models = False
     self.sampler = AsyncSampler(schedule, options)  # the loop's
     driver.reserve_cohort(self.sampler.capacity)
-    algorithm = driver.algorithm
-    self._payload = tf.function(
-        lambda state: algorithm.server_rule.payload(state.finalizer,
-                                                    state.global_model_weights),
-        autograph=False)
-    self._finish = tf.function(driver.stages.finish, autograph=False)
-    self._traced = False
+    self._host = round_stages.HostFinish(driver.stages, driver.device)
     self._empty: InFlight | None = None
 
   @property
@@ -274,7 +269,7 @@ class BufferedAsyncRuntime:
     """The clients' outputs (NumPy, stacked) from `state`'s model, as dispatched while
     version `version` was in force (their round number: shuffling, client keys)."""
     return self._driver.client_outputs(
-        tf.nest.map_structure(np.asarray, self._payload(state)),
+        self._host.payload(state),
         tf.nest.map_structure(np.asarray, state.client_work.hparams), client_ids,
         [1.0] * len(client_ids), [self._driver.population_index[c] for c in client_ids],
         version)
@@ -301,14 +296,7 @@ class BufferedAsyncRuntime:
     outputs = tf.nest.map_structure(lambda *a: np.stack(a), *arrived)
     outputs = outputs._replace(update=tf.nest.map_structure(
         lambda u: u * factors.reshape([-1] + [1] * (u.ndim - 1)), outputs.update))
-    args = (state.global_model_weights, state.finalizer, (), state.client_work.round,
-            self.algorithm.client_options.seed, None)
-    if not self._traced:  # one trace for buffers of every size
-      self._finish.get_concrete_function(tf.nest.map_structure(
-          lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype), outputs), *args)
-      self._traced = True
-    with tf.device(self._driver.device):
-      weights, server, _, metrics = self._finish(outputs, *args)
+    weights, server, _, metrics = self._host(outputs, state, (), None)
     work_state = type(state.client_work)(state.client_work.hparams,
                                          state.client_work.round + 1)
     metrics = self._driver.stages.unpack_metrics(metrics)

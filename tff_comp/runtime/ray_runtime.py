@@ -44,6 +44,7 @@ from tff_comp import settings
 from tff_comp.ops import client_round
 from tff_comp.runtime import base
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import round_stages
 from tff_comp.runtime import streaming
 
 LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
@@ -276,13 +277,7 @@ class RayRuntime:
       logging.info('ray runtime: the task\'s ClientData does not pickle; each actor'
                    ' receives its clients\' examples as arrays (once, at setup)')
     ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
-    algorithm = driver.algorithm
-    self._payload = tf.function(
-        lambda state: algorithm.server_rule.payload(state.finalizer,
-                                                    state.global_model_weights),
-        autograph=False)
-    self._finish = tf.function(driver.stages.finish, autograph=False)
-    self._finish_traced = False
+    self._host = round_stages.HostFinish(driver.stages, driver.device)
     self.costs: RoundCosts | None = None  # the last round's
     logging.info('ray runtime: %s', self.description)
 
@@ -340,7 +335,7 @@ class RayRuntime:
     work = [1.0] * len(client_ids) if work is None else list(work)
     state = inprocess.as_tensors(state)
     round_num = int(state.client_work.round)
-    payload = tf.nest.map_structure(np.asarray, self._payload(state))
+    payload = self._host.payload(state)
     hparams = tf.nest.map_structure(np.asarray, state.client_work.hparams)
     parts = {}  # actor -> positions in the cohort
     for position, cid in enumerate(client_ids):
@@ -360,15 +355,8 @@ class RayRuntime:
     order = np.argsort(np.concatenate([parts[k] for k in results]), kind='stable')
     outputs = tf.nest.map_structure(lambda *shares: np.concatenate(shares)[order],
                                     *results.values())
-    args = (state.global_model_weights, state.finalizer, state.aggregator,
-            state.client_work.round, self._driver.algorithm.client_options.seed,
-            None if reference is None else tf.constant(reference, tf.float32))
-    if not self._finish_traced:  # one trace for cohorts of every size
-      self._finish.get_concrete_function(tf.nest.map_structure(
-          lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype), outputs), *args)
-      self._finish_traced = True
-    with tf.device(self._driver.device):
-      weights, server, aggregator, metrics = self._finish(outputs, *args)
+    weights, server, aggregator, metrics = self._host(outputs, state, state.aggregator,
+                                                      reference)
     work_state = client_round.ClientWorkState(state.client_work.hparams,
                                               state.client_work.round + 1)
     output = base.RoundOutput(inprocess.learning_state(weights, work_state, server, aggregator),

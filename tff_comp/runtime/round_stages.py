@@ -131,3 +131,40 @@ class RoundStages:
           spec.dtype.as_numpy_dtype))
       start += size
     return tf.nest.pack_sequence_as(self._metric_specs, leaves)
+
+
+
+class HostFinish:
+  """The server side of a round whose clients' outputs reach the host as NumPy (their
+  work elsewhere: Ray's actors, or buffered async's cohorts of earlier versions): the
+  payload they start from, and `RoundStages.finish` traced once for cohorts of every
+  size, run on `device`."""
+
+  def __init__(self, stages: RoundStages, device: str):
+    algorithm = stages.algorithm
+    self._seed, self._device = algorithm.client_options.seed, device
+    self._payload = tf.function(
+        lambda state: algorithm.server_rule.payload(state.finalizer,
+                                                    state.global_model_weights),
+        autograph=False)
+    self._finish = tf.function(stages.finish, autograph=False)
+    self._traced = False
+
+  def payload(self, state) -> Any:
+    """The payload clients receive from `state` (in tensors), in NumPy."""
+    return tf.nest.map_structure(np.asarray, self._payload(state))
+
+  def __call__(self, outputs: client_round.ClientOutput, state, aggregator,
+               reference: float | None):
+    """`RoundStages.finish` of the cohort's `outputs` (stacked NumPy) from `state` (in
+    tensors) with the aggregator state `aggregator`: (weights, server state,
+    aggregator state, packed metrics)."""
+    args = (state.global_model_weights, state.finalizer, aggregator,
+            state.client_work.round, self._seed,
+            None if reference is None else tf.constant(reference, tf.float32))
+    if not self._traced:  # one trace for cohorts of every size
+      self._finish.get_concrete_function(tf.nest.map_structure(
+          lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype), outputs), *args)
+      self._traced = True
+    with tf.device(self._device):
+      return self._finish(outputs, *args)
