@@ -47,7 +47,8 @@ def plotted(spec: reproductions.Reproduction) -> tuple[str, ...]:
 
 def recorded(spec: reproductions.Reproduction) -> tuple[str, ...]:
   """The metrics read back from each run: those plotted, reported and selected on."""
-  return tuple(dict.fromkeys(plotted(spec) + (spec.metric, reproductions.selection(spec)[0])))
+  return tuple(dict.fromkeys(plotted(spec) + (spec.metric, reproductions.selection(spec)[0])
+                             + ((spec.x_axis,) if spec.x_axis else ())))
 
 
 def run_dir(root, algorithm, config, seed, seeds, names=()) -> pathlib.Path:

@@ -35,6 +35,43 @@ def _cell(runs, metric: str, round_num: int, seeds: int) -> str:
   return f'{mean:.4g} ± {0.0 if std <= 1e-9 * max(1.0, abs(mean)) else std:.2g}'
 
 
+def _times(run, x_axis: str) -> dict[int, float]:
+  """Each round's value of the column `x_axis` (round 0, the start: 0)."""
+  return {0: 0.0, **run[x_axis]}
+
+
+def _reached(runs, spec, seeds: int) -> str:
+  """When each seed's `spec.metric` first reached `spec.target` (on the x-axis column):
+  mean ± standard deviation, or how many seeds never did."""
+  better = (lambda v: v >= spec.target) if spec.higher_is_better else (
+      lambda v: v <= spec.target)
+  times = []
+  for run in runs:
+    at = _times(run, spec.x_axis)
+    hits = [k for k, v in sorted(run[spec.metric].items()) if better(v)]
+    if hits:
+      times.append(at[hits[0]])
+  if len(times) < len(runs):
+    return (f'not reached by {len(runs) - len(times)} of {len(runs)} seeds'
+            + (f' (the others: {np.mean(times):.4g})' if times else ''))
+  if seeds == 1:
+    return f'{times[0]:.4g}'
+  return f'{np.mean(times):.4g} ± {np.std(times):.2g}'
+
+
+def _against(runs, metric: str, x_axis: str) -> tuple[np.ndarray, np.ndarray]:
+  """(x, [seed, x] values): each seed's `metric` at its evaluations, interpolated onto
+  100 points of the x-axis column up to where every seed's run reached."""
+  points = []
+  for run in runs:
+    at = _times(run, x_axis)
+    rounds = sorted(k for k in run[metric] if k in at)
+    points.append((np.array([at[k] for k in rounds]),
+                   np.array([run[metric][k] for k in rounds])))
+  grid_x = np.linspace(0.0, min(x[-1] for x, _ in points), 100)
+  return grid_x, np.array([np.interp(grid_x, x, v) for x, v in points])
+
+
 def machine() -> str:
   """What ran the grid: CPUs (with the model where Linux names it) and GPUs."""
   model = platform.processor() or platform.machine()
@@ -112,6 +149,8 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
             else 'grids of ' + ', '.join(f'{a}: {n}' for a, n in sizes.items()))
   on = f'`{select}`' + (' (validation data)' if select.startswith('validation_') else
                         f' (not `{spec.metric}`)' if select != spec.metric else '')
+  reach = (f'{spec.x_axis} to {spec.metric} {"≥" if spec.higher_is_better else "≤"}'
+           f' {spec.target:g}' if spec.x_axis and spec.target is not None else '')
   lines = [f'# {name}: each algorithm at its selected configuration{over}', '',
            f'Command: `{command}`', '', *([provenance, ''] if provenance else []),
            f'Tuning: every algorithm searched its own grid ({budget}; the grids are listed'
@@ -121,9 +160,12 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
            f' table reports that configuration\'s metrics (mean ± standard deviation{over});'
            f' the curves are in `{name}.png`.', '',
            '| algorithm | selected configuration | ' + ' | '.join(
-               f'{m} @ {c}' for m in reported for c in checkpoints) + ' |',
-           '|---|---|' + '---|' * (len(reported) * len(checkpoints))]
-  fig, axes = plt.subplots(1, len(plotted), figsize=(6.5 * len(plotted), 4.5), squeeze=False)
+               f'{m} @ {c}' for m in reported for c in checkpoints)
+           + (f' | {reach}' if reach else '') + ' |',
+           '|---|---|' + '---|' * (len(reported) * len(checkpoints) + bool(reach))]
+  rows = 2 if spec.x_axis else 1  # the curves against rounds, then against the x-axis
+  fig, axes = plt.subplots(rows, len(plotted), figsize=(6.5 * len(plotted), 4.5 * rows),
+                           squeeze=False)
   markers = {m: itertools.cycle('osD^vP*X') for m in plotted}  # no line hides another
   settled = {m: [] for m in plotted}  # values drawn from the first checkpoint on
   every = []  # the full table of configurations
@@ -133,6 +175,8 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
     runs = by_config[best]
     label = reproductions.describe(spec, algorithm, best)
     cells = [_cell(runs, m, c, seeds) for m in reported for c in checkpoints]
+    if reach:
+      cells.append(_reached(runs, spec, seeds))
     lines.append(f'| {algorithm} | {label} | ' + ' | '.join(cells) + ' |')
     if edges := grid_edges(spec, algorithm, best):
       at_edges.append(f'{algorithm}: {", ".join(edges)}')
@@ -155,6 +199,14 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
       if seeds > 1:  # the spread over seeds
         ax.fill_between(common, values.min(0), values.max(0), color=line.get_color(),
                         alpha=0.15, linewidth=0)
+      if spec.x_axis:
+        x, by_seed = _against(runs, metric, spec.x_axis)
+        below = axes[1][list(plotted).index(metric)]
+        below.plot(x, by_seed.mean(0), color=line.get_color(), marker=line.get_marker(),
+                   markevery=12, markersize=5, label=line.get_label())
+        if seeds > 1:
+          below.fill_between(x, by_seed.min(0), by_seed.max(0), color=line.get_color(),
+                             alpha=0.15, linewidth=0)
   if at_edges:
     lines += ['', 'Selected at the edge of its grid (a wider grid might find better): '
               + '; '.join(at_edges) + '.']
@@ -168,15 +220,17 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
             f' evaluations; `{spec.metric}` at round {rounds}.', '',
             f'| algorithm | configuration | score | {spec.metric} @ {rounds} | |',
             '|---|---|---|---|---|', *every]
-  for ax, metric in zip(axes[0], plotted):
+  for ax, metric in [*zip(axes[0], plotted), *(zip(axes[1], plotted) if rows > 1 else ())]:
     log = 'loss' in metric or 'error' in metric
     if log:
       ax.set_yscale('log')  # one unstable method must not flatten the others
     zoom(ax, settled[metric], log)
-    ax.set_xlabel('round')
+    ax.set_xlabel('round' if ax in axes[0] else spec.x_axis)
     ax.set_ylabel(metric)
     spread = f'mean over {seeds} seeds, band: min to max; ' if seeds > 1 else ''
-    ax.set_title(f'{metric} of each algorithm at its selected configuration\n'
+    what = ('of each algorithm at its selected configuration' if ax in axes[0] else
+            f'against {spec.x_axis} (seeds interpolated)')
+    ax.set_title(f'{metric} {what}\n'
                  f'{name} on {spec.task}\n'
                  f'{spread}y-axis fit to rounds >= {checkpoints[0]}', fontsize=10)
     ax.grid(alpha=0.3, which='both')

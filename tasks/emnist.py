@@ -7,11 +7,13 @@ characters, one client per writer.
   and 10 classes. Preprocessing as TFF's character-recognition baseline
   (`tff.simulation.baselines.emnist.emnist_preprocessing`): pixels (28, 28) in [0, 1]
   as (28, 28, 1), the label as int32.
-* source 'synthetic': data of the same shapes and population without the file:
-  uniform pixels and labels (nothing to learn), client sizes lognormal around TFF's
-  mean of about 198 (62 classes; 101 for digits) examples a writer, drawn from the
-  seed. For benchmarks; its outputs are labelled synthetic (config.json's
-  task_options, the task's name `emnist[synthetic]`).
+* source 'synthetic': data of the same shapes and population without the file, that a
+  model can learn: each class has a template image drawn from the seed, and an example
+  is half its class's template and half uniform noise, its label uniform; client sizes
+  lognormal around TFF's mean of about 198 (62 classes; 101 for digits) examples a
+  writer, drawn from the seed. For benchmarks and the simulated-time comparison
+  (`fedbuff_emnist`); its outputs are labelled synthetic (config.json's task_options,
+  the task's name `emnist[synthetic]`).
 
 Model 'cnn_dropout': the CNN of TFF's baseline (`emnist_models.create_conv_dropout_model`,
 Reddi et al. 2021): Conv 32 3x3, Conv 64 3x3, max pooling, Dropout 0.25, Dense 128,
@@ -59,14 +61,20 @@ def _to_examples(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return dataset.map(lambda e: (tf.expand_dims(e['pixels'], -1), tf.cast(e['label'], tf.int32)))
 
 
+_TEMPLATES = 0x7E3A  # the synthetic class templates' stream, apart from the examples'
+_SIGNAL = 0.12  # the template's share of a synthetic image
+
+
 def _synthetic(only_digits: bool, clients: int, seed: int):
   """(train, test) ClientData of EMNIST's shapes; each client generated on demand."""
   writers, train_examples, test_examples = POPULATION[only_digits]
   classes = 10 if only_digits else 62
 
   def make(n, key):
-    return (tf.random.stateless_uniform([n, 28, 28, 1], key),
-            tf.random.stateless_uniform([n], key + 1, 0, classes, tf.int32))
+    labels = tf.random.stateless_uniform([n], key + 1, 0, classes, tf.int32)
+    templates = tf.random.stateless_uniform([classes, 28, 28, 1], [seed, _TEMPLATES])
+    return (_SIGNAL * tf.gather(templates, labels)
+            + (1 - _SIGNAL) * tf.random.stateless_uniform([n, 28, 28, 1], key), labels)
 
   return tuple(generated.client_data(
       prefix, generated.lognormal_sizes(clients, total / writers, seed + salt), seed, make)

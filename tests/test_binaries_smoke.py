@@ -91,6 +91,31 @@ def test_the_selected_configuration_is_chosen_on_validation_data(tmp_path):
   assert 'edge of its grid (a wider grid might find better): fedavg: eta_c=0.2 (largest' in table
 
 
+def test_curves_against_simulated_time_and_the_time_to_a_target(tmp_path):
+  """With an x-axis column, the table gives the time each algorithm's metric first
+  reached the target (mean over seeds, or who never did), and the plot a second row."""
+  spec = reproductions.Reproduction(
+      task='quadratic', algorithms=('slow', 'fast'), client_learning_rates=(0.1,),
+      server_learning_rates=(1.0,), rounds=4, checkpoints=(4,), metric='accuracy',
+      select_on='train_accuracy', x_axis='time/simulated_seconds', target=0.5)
+
+  def run(accuracies, seconds_per_round):
+    rounds = range(0, 5, 2)
+    return {'accuracy': dict(zip(rounds, accuracies)),
+            'train_accuracy': dict(zip(rounds, accuracies)),
+            'time/simulated_seconds': {r: r * seconds_per_round for r in range(1, 5)}}
+
+  curves = {'slow': {(0.1, 1.0): [run((0.0, 0.6, 0.8), 10.0), run((0.0, 0.4, 0.7), 12.0)]},
+            'fast': {(0.1, 1.0): [run((0.0, 0.5, 0.9), 3.0), run((0.0, 0.3, 0.4), 3.0)]}}
+  table = summary.summarize('timed', spec, curves, 4, tmp_path, 'cmd')
+  assert 'time/simulated_seconds to accuracy ≥ 0.5 |' in table, table
+  # slow: round 2 at 10 s, round 4 at 48 s; fast: one seed at 6 s, the other never.
+  assert '| slow | eta_c=0.1, eta_s=1 | 0.75 ± 0.05 | 34 ± 14 |' in table, table
+  assert '| fast | eta_c=0.1, eta_s=1 | 0.65 ± 0.25 | not reached by 1 of 2 seeds' \
+      ' (the others: 6) |' in table, table
+  assert (tmp_path / 'timed.png').stat().st_size > 1000
+
+
 def _tiny(lr: float, rounds: int = 100) -> 'reproductions.Reproduction':
   return reproductions.Reproduction(
       task='quadratic', algorithms=('fedavg',), client_learning_rates=(lr,),
