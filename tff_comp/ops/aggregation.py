@@ -7,10 +7,13 @@ updates stacked along a leading client axis (the in-process runtime); the TFF la
                 (FedNova; p_i = w_i / sum_j w_j)
     SLOTS       the weighted mean of `delta`, the plain sum of every other field
                 (per-client tables: AFL/TR-MAML losses, Ditto's personal models)
+
+Every kind is computed from sums over the clients (`sums`, then `from_sums`), so shares
+of a cohort summed apart (Ray's actors) and added give the same update.
 """
 
 import collections
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -21,16 +24,6 @@ KINDS = (MEAN, NORMALIZED, SLOTS)
 def _per_client(values: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
   """[m] values shaped to broadcast against a [m, ...] stacked leaf."""
   return tf.reshape(values, [-1] + [1] * (like.shape.rank - 1))
-
-
-def weighted_mean(stacked: Any, weights: tf.Tensor) -> Any:
-  """sum_i w_i u_i / sum_i w_i for every leaf of a structure stacked on axis 0; 0 for a
-  cohort of total weight 0 (clients without examples), as TFF's
-  `MeanFactory(no_nan_division=True)`."""
-  total = tf.reduce_sum(weights)
-  return tf.nest.map_structure(
-      lambda u: tf.math.divide_no_nan(tf.reduce_sum(_per_client(weights, u) * u, axis=0),
-                                      total), stacked)
 
 
 def normalize(update) -> collections.OrderedDict:
@@ -66,32 +59,64 @@ def model_part(kind: str, stacked: Any) -> Any:
   return stacked.delta
 
 
-def combine(kind: str, model_mean: Any, stacked: Any, weights: tf.Tensor) -> Any:
-  """The server's update from the mean of `model_part` and the side channels, which are
-  aggregated exactly here (the weighted mean; SLOTS: the plain sum)."""
+class Sums(NamedTuple):
+  """A share of a cohort's contribution to its aggregate, added across shares (Ray's
+  actors) before `from_sums`: `update` is the update's structure holding sum_i w_i x_i
+  for each field (`model_part` for the model, each side channel; SLOTS' side channels
+  sum_i x_i), `weight` sum_i w_i."""
+
+  update: Any
+  weight: tf.Tensor
+
+
+def sums(kind: str, stacked: Any, weights: tf.Tensor) -> Sums:
+  """The cohort share's `Sums` (see above)."""
+  def weighted(tree):
+    return tf.nest.map_structure(
+        lambda u: tf.reduce_sum(_per_client(weights, u) * u, axis=0), tree)
+
+  model = weighted(model_part(kind, stacked))
   if not hasattr(stacked, 'delta'):
-    return model_mean
-  if kind == NORMALIZED:
-    return rescale(collections.OrderedDict(
-        normalized=model_mean, a_norm=weighted_mean(stacked.a_norm, weights)))
-  sides = {name: getattr(stacked, name) for name in slot_fields(stacked)}
-  if kind == SLOTS:
-    sides = tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sides)
+    update = model
+  elif kind == NORMALIZED:
+    update = type(stacked)(delta=model, a_norm=weighted(stacked.a_norm))
   else:
-    sides = weighted_mean(sides, weights)
-  return type(stacked)(delta=model_mean, **sides)
+    sides = {name: getattr(stacked, name) for name in slot_fields(stacked)}
+    sides = (tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sides)
+             if kind == SLOTS else weighted(sides))
+    update = type(stacked)(delta=model, **sides)
+  return Sums(update, tf.reduce_sum(weights))
 
 
-def aggregate(kind: str, stacked: Any, weights: tf.Tensor) -> Any:
-  """The server's update from a cohort's stacked updates and weights (see above)."""
-  if kind not in KINDS:
-    raise ValueError(f'aggregation {kind!r} is unknown; choose one of {KINDS}.')
-  return combine(kind, weighted_mean(model_part(kind, stacked), weights), stacked, weights)
+def from_sums(kind: str, total: Sums, model_mean: Any = None) -> Any:
+  """`aggregate`'s update from the cohort's `Sums` (every share's added); `model_mean`
+  in place of the model part's weighted mean (a private aggregator's)."""
+  def mean(tree):
+    return tf.nest.map_structure(lambda u: tf.math.divide_no_nan(u, total.weight), tree)
+
+  update = total.update
+  if not hasattr(update, 'delta'):
+    return mean(update) if model_mean is None else model_mean
+  model = mean(update.delta) if model_mean is None else model_mean
+  if kind == NORMALIZED:
+    return rescale(collections.OrderedDict(normalized=model, a_norm=mean(update.a_norm)))
+  sides = {name: getattr(update, name) for name in slot_fields(update)}
+  return type(update)(delta=model, **(sides if kind == SLOTS else mean(sides)))
 
 
-def measurements(kind: str, stacked: Any, weights: tf.Tensor) -> collections.OrderedDict:
+def measurements(kind: str, total: Sums) -> collections.OrderedDict:
   """What the aggregation reports besides the update: FedNova's effective steps
   tau_eff = sum_i p_i ||a_i||_1 (as TFF's aggregator reports it); else nothing."""
   if kind == NORMALIZED:
-    return collections.OrderedDict(tau_eff=weighted_mean(stacked.a_norm, weights))
+    return collections.OrderedDict(
+        tau_eff=tf.math.divide_no_nan(total.update.a_norm, total.weight))
   return collections.OrderedDict()
+
+
+def aggregate(kind: str, stacked: Any, weights: tf.Tensor) -> Any:
+  """The server's update from a cohort's stacked updates and weights (see above); 0 for
+  a cohort of total weight 0 (clients without examples), as TFF's
+  `MeanFactory(no_nan_division=True)`."""
+  if kind not in KINDS:
+    raise ValueError(f'aggregation {kind!r} is unknown; choose one of {KINDS}.')
+  return from_sums(kind, sums(kind, stacked, weights))

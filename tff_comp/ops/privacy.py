@@ -114,30 +114,46 @@ class PrivateMean:
     dp_query_metrics/clip (the next round's clip), as TFF's factories name them; also
     mean_update_norm (a simulation's diagnostic: the un-noised norms are not private).
     """
+    return self.from_sums(state, self.sums(state, deltas, weights), seed)
+
+  def sums(self, state, deltas: Any, weights: tf.Tensor) -> collections.OrderedDict:
+    """A share of the cohort's clipped updates, summed (weighted by `weights` for clip,
+    the Gaussian mechanisms' sum unweighted), with the counts the round needs: added
+    across shares (Ray's actors) before `from_sums`, which adds the noise once."""
     clip_norm = state['clip_norm']
     clipped, norms = clip(deltas, clip_norm)
     was_clipped = norms > clip_norm
-    measurements = collections.OrderedDict(
-        clipping_norm=clip_norm,
-        clipped_count=tf.reduce_sum(tf.cast(was_clipped, tf.int32)),
-        mean_update_norm=tf.reduce_mean(norms))
     if self.kind == CLIP:
-      total = tf.reduce_sum(weights)
-      mean = tf.nest.map_structure(
-          lambda u: tf.math.divide_no_nan(
-              tf.tensordot(weights, u, axes=1), total), clipped)
+      summed = tf.nest.map_structure(lambda u: tf.tensordot(weights, u, axes=1), clipped)
+    else:
+      summed = tf.nest.map_structure(lambda u: tf.reduce_sum(u, axis=0), clipped)
+    return collections.OrderedDict(
+        total=summed,
+        weight=tf.reduce_sum(weights), clients=tf.cast(tf.size(norms), tf.float32),
+        clipped_count=tf.reduce_sum(tf.cast(was_clipped, tf.int32)),
+        norm_sum=tf.reduce_sum(norms),
+        below=tf.reduce_sum(tf.cast(~was_clipped, tf.float32) - 0.5))
+
+  def from_sums(self, state, total: collections.OrderedDict, seed: tf.Tensor
+                ) -> tuple[Any, collections.OrderedDict, collections.OrderedDict]:
+    """`aggregate`'s (mean, new state, measurements) from the cohort's `sums`."""
+    clip_norm = state['clip_norm']
+    measurements = collections.OrderedDict(
+        clipping_norm=clip_norm, clipped_count=total['clipped_count'],
+        mean_update_norm=tf.math.divide_no_nan(total['norm_sum'], total['clients']))
+    if self.kind == CLIP:
+      mean = tf.nest.map_structure(lambda u: tf.math.divide_no_nan(u, total['weight']),
+                                   total['total'])
       return mean, state, measurements
     seeds = tf.random.experimental.stateless_split(
         tf.cast(seed, tf.int64) + tf.constant([_NOISE_SALT, 0], tf.int64), 2)
     stddev = clip_norm * self.value_noise_multiplier
     n = tf.constant(self.clients_per_round, tf.float32)
-    mean = tf.nest.map_structure(
-        lambda total, noise: (total + noise) / n,
-        tf.nest.map_structure(lambda u: tf.reduce_sum(u, axis=0), clipped),
-        gaussian(tf.nest.map_structure(lambda u: u[0], clipped), stddev, seeds[0]))
+    mean = tf.nest.map_structure(lambda summed, noise: (summed + noise) / n, total['total'],
+                                 gaussian(total['total'], stddev, seeds[0]))
     if self.kind == DP_ADAPTIVE:
-      below = tf.reduce_sum(tf.cast(~was_clipped, tf.float32) - 0.5)
-      below += tf.random.stateless_normal([], seeds[1], stddev=self.count_stddev)
+      below = total['below'] + tf.random.stateless_normal([], seeds[1],
+                                                          stddev=self.count_stddev)
       below = tf.clip_by_value(below / n + 0.5, 0.0, 1.0)
       new_clip = tf.maximum(
           clip_norm * tf.exp(-self.clip_learning_rate * (below - self.target_quantile)),

@@ -131,6 +131,7 @@ class InProcessRuntime:
     # A round's clients alone (`client_outputs`), traced once per capacity.
     self._clients_fn = tf.function(self._client_outputs, autograph=False)
     self._traced_clients: set[int] = set()
+    self._sums_fn = None  # their sums (`client_sums`), traced on first use
     self._candidates_fn = tf.function(
         lambda payload, hparams, positions: self.stages.reference_candidates(
             payload, hparams, positions), autograph=False,
@@ -335,6 +336,23 @@ class InProcessRuntime:
           tf.constant(round_num), tf.constant(0.0 if reference is None else reference,
                                               tf.float32), capacity)
     return tf.nest.map_structure(np.asarray, outputs)
+
+  def client_sums(self, payload, hparams, client_ids: Sequence[str], work: Sequence[float],
+                  indices: Sequence[int], round_num: int, reference: float | None,
+                  aggregator) -> round_stages.RoundSums:
+    """`client_outputs` summed for the round's end (`RoundStages.sums`, with the
+    private aggregator's state `aggregator`), in NumPy: what a share of a cohort sends,
+    whatever its number of clients."""
+    outputs = self.client_outputs(payload, hparams, client_ids, work, indices, round_num,
+                                  reference)
+    if self._sums_fn is None:  # one trace for shares of every size
+      self._sums_fn = tf.function(self.stages.sums, autograph=False).get_concrete_function(
+          tf.nest.map_structure(lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype),
+                                outputs),
+          tf.nest.map_structure(lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(
+              np.asarray(a).dtype)), aggregator))
+    with tf.device(self.device):
+      return tf.nest.map_structure(np.asarray, self._sums_fn(outputs, aggregator))
 
   def reference_candidates(self, payload, hparams,
                            client_ids: Sequence[str]) -> np.ndarray:

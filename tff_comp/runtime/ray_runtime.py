@@ -4,19 +4,22 @@ each round's clients run by Ray actors.
     driver: the state, the payload P = server_rule.payload(S, W); for rules with a
             reference loss, the largest of every actor's clients' candidates
     actor k (holds the clients i with i mod K = k, resident or streamed as in-process):
-            its clients of the cohort, in cohort order: their work from P on the
-            in-process engine the whole run would take -> their ClientOutputs
-    driver: the outputs stacked in cohort order, then the round's end as in-process
-            (`round_stages.RoundStages.finish`: aggregation, DP noise once, the server
-            step, metrics), checkpoints and metrics as every run
+            its clients of the cohort: their work from P on the in-process engine the
+            whole run would take -> their sums for the round's end
+            (`round_stages.RoundStages.sums`: sum_i w_i update_i, sum_i w_i, the
+            statistics; with a private aggregator each client clipped first, with the
+            clip the driver sends)
+    driver: the actors' sums added, then the round's end as in-process
+            (`RoundStages.finish_sums`: the means, DP noise once, the server step,
+            metrics), checkpoints and metrics as every run
 
 Each client's work is its own whatever runs it, and the round's end is the single
-process's on the same stacked outputs, so a run on K actors equals the in-process run
-to the bit (`tests/test_ray.py`). Per-client server state (SCAFFOLD's c_i, Ditto's
-personal models, AFL's weights) stays in the driver's state and reaches the actors in
-the payload, as in-process. The actors send their clients' outputs, not partial sums:
-K x the update's size a round (bench part 3 prints the bytes), the price of equality
-with the in-process run and of DP noise added once.
+process's on the same sums, added in another order: a run on K actors equals the
+in-process run to float rounding (1e-6, `tests/test_ray.py`). An actor sends one
+update's worth of sums whatever its number of clients (bench part 3 prints the bytes).
+Per-client server state (SCAFFOLD's c_i, Ditto's personal models, AFL's weights) stays
+in the driver's state and reaches the actors in the payload, as in-process (their sums
+are per-client tables, each client's row its own).
 
 An actor that dies in a round is restarted by Ray (`max_restarts`) and set up again on
 its shard, and its part of the round runs again there: the round is pure, the results
@@ -154,10 +157,10 @@ class Shard:
   def reserve_cohort(self, size: int) -> None:
     self.runtime.reserve_cohort(size)
 
-  def client_outputs(self, payload, hparams, client_ids, work, indices, round_num,
-                     reference):
-    return self.runtime.client_outputs(payload, hparams, client_ids, work, indices,
-                                       round_num, reference)
+  def client_sums(self, payload, hparams, client_ids, work, indices, round_num, reference,
+                  aggregator):
+    return self.runtime.client_sums(payload, hparams, client_ids, work, indices,
+                                    round_num, reference, aggregator)
 
   def reference_candidates(self, payload, hparams, client_ids) -> np.ndarray:
     return self.runtime.reference_candidates(payload, hparams, client_ids)
@@ -233,9 +236,10 @@ def _sub_data(client_data, client_ids: Sequence[str]):
 
 
 class RoundCosts(NamedTuple):
-  """What a round on Ray cost: bytes sent to the actors (the payload and hparams, to
-  each) and received (their clients' outputs), seconds from sending to the last answer,
-  and seconds of the driver's round end (aggregation, server step, metrics)."""
+  """What a round on Ray cost: bytes sent to the actors (the payload, hparams and the
+  private aggregator's state, to each) and received (each actor's sums, the size of one
+  update whatever its number of clients), seconds from sending to the last answer, and
+  seconds of the driver's round end (aggregation, noise, server step, metrics)."""
 
   sent: int
   received: int
@@ -347,21 +351,21 @@ class RayRuntime:
           'reference_candidates', round_num, {k: (payload, hparams, [client_ids[p] for p in ps])
                                               for k, ps in parts.items()}).values()))
     start = time.perf_counter()
-    results = self._call('client_outputs', round_num, {
+    private = tf.nest.map_structure(np.asarray, state.aggregator)  # the clip in force
+    results = self._call('client_sums', round_num, {
         k: (payload, hparams, [client_ids[p] for p in ps], [work[p] for p in ps],
             [self._driver.population_index[client_ids[p]] for p in ps], round_num,
-            reference) for k, ps in parts.items()})
+            reference, private) for k, ps in parts.items()})
     gathered = time.perf_counter()
-    order = np.argsort(np.concatenate([parts[k] for k in results]), kind='stable')
-    outputs = tf.nest.map_structure(lambda *shares: np.concatenate(shares)[order],
-                                    *results.values())
-    weights, server, aggregator, metrics = self._host(outputs, state, state.aggregator,
-                                                      reference)
+    total = round_stages.add_sums(list(results.values()))  # in actor order
+    weights, server, aggregator, metrics = self._host.from_sums(
+        total, state, state.aggregator, reference)
     work_state = client_round.ClientWorkState(state.client_work.hparams,
                                               state.client_work.round + 1)
     output = base.RoundOutput(inprocess.learning_state(weights, work_state, server, aggregator),
                               self._driver.stages.unpack_metrics(metrics))
-    self.costs = RoundCosts(_nbytes((payload, hparams)) * len(parts), _nbytes(outputs),
+    self.costs = RoundCosts(_nbytes((payload, hparams, private)) * len(parts),
+                            sum(_nbytes(share) for share in results.values()),
                             gathered - start, time.perf_counter() - gathered)
     return output
 

@@ -11,7 +11,9 @@ trial on that trial's clients):
 """
 
 import collections
-from typing import Any
+from collections.abc import Sequence
+import functools
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -22,6 +24,21 @@ from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import lanes as lanes_lib
+
+
+class RoundSums(NamedTuple):
+  """A cohort's (or a share's) clients summed for the round's end: the aggregation's
+  `aggregation.Sums`, the private aggregator's sums (`ops.privacy.PrivateMean.sums`;
+  () without one) and the clients' stats."""
+
+  update: aggregation.Sums
+  private: Any
+  stats: Any
+
+
+def add_sums(shares: Sequence[Any]) -> Any:
+  """The sum of the shares' `RoundSums` (NumPy), in the order given."""
+  return tf.nest.map_structure(lambda *parts: functools.reduce(np.add, parts), *shares)
 
 
 class RoundStages:
@@ -87,27 +104,40 @@ class RoundStages:
     """The round after its clients' work: aggregation (with the private aggregator's
     noise seeded by `seed` and the round), the server step and the round's metrics,
     packed (`pack_metrics`). Returns (weights, server state, aggregator state, metrics)."""
+    return self.finish_sums(self.sums(outputs, aggregator), weights, server_state,
+                            aggregator, round_num, seed, reference)
+
+  def sums(self, outputs: client_round.ClientOutput, aggregator) -> RoundSums:
+    """What the clients `outputs` (stacked) contribute to the round's end, as sums: a
+    share of the cohort's (one Ray actor's) adds to the others' (`add_sums`)."""
+    kind = self.algorithm.aggregation
+    private = () if self._private is None else self._private.sums(
+        aggregator, aggregation.model_part(kind, outputs.update), outputs.weight)
+    return RoundSums(aggregation.sums(kind, outputs.update, outputs.weight), private,
+                     tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0),
+                                           outputs.stats))
+
+  def finish_sums(self, total: 'RoundSums', weights, server_state, aggregator, round_num,
+                  seed, reference):
+    """`finish` from the whole cohort's `sums`."""
     algorithm = self.algorithm
     kind, measured = algorithm.aggregation, collections.OrderedDict()
     if self._private is None:
-      update = aggregation.aggregate(kind, outputs.update, outputs.weight)
+      update = aggregation.from_sums(kind, total.update)
     else:
       noise_seed = tf.stack([tf.cast(seed, tf.int64), tf.cast(round_num, tf.int64)])
-      model_mean, aggregator, private = self._private.aggregate(
-          aggregator, aggregation.model_part(kind, outputs.update), outputs.weight,
-          noise_seed)
+      model_mean, aggregator, private = self._private.from_sums(
+          aggregator, total.private, noise_seed)
       # Nested as TFF's factories report them (under 'mean' beside side channels).
       measured.update(collections.OrderedDict(mean=private)
-                      if hasattr(outputs.update, 'delta') else private)
-      update = aggregation.combine(kind, model_mean, outputs.update, outputs.weight)
+                      if hasattr(total.update.update, 'delta') else private)
+      update = aggregation.from_sums(kind, total.update, model_mean)
     server_state, weights = algorithm.server_rule.step(server_state, weights, update)
-    stats = tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats)
-    measured.update(aggregation.measurements(kind, outputs.update, outputs.weight))
+    measured.update(aggregation.measurements(kind, total.update))
     metrics = collections.OrderedDict(
-        distributor=(), client_work=client_round.train_metrics(stats, reference),
+        distributor=(), client_work=client_round.train_metrics(total.stats, reference),
         aggregator=measured or (), finalizer=())
     return weights, server_state, aggregator, self.pack_metrics(metrics)
-
 
   def pack_metrics(self, metrics) -> tf.Tensor:
     """A round's metrics as one float64 vector, so they reach the host in one transfer
@@ -135,10 +165,11 @@ class RoundStages:
 
 
 class HostFinish:
-  """The server side of a round whose clients' outputs reach the host as NumPy (their
-  work elsewhere: Ray's actors, or buffered async's cohorts of earlier versions): the
-  payload they start from, and `RoundStages.finish` traced once for cohorts of every
-  size, run on `device`."""
+  """The server side of a round whose clients ran elsewhere (Ray's actors, buffered
+  async's cohorts of earlier versions) and reach the host in NumPy, as their stacked
+  outputs or as the cohort's sums: the payload they start from, and
+  `RoundStages.finish` or `finish_sums`, each traced once for cohorts of every size and
+  run on `device`."""
 
   def __init__(self, stages: RoundStages, device: str):
     algorithm = stages.algorithm
@@ -147,8 +178,9 @@ class HostFinish:
         lambda state: algorithm.server_rule.payload(state.finalizer,
                                                     state.global_model_weights),
         autograph=False)
-    self._finish = tf.function(stages.finish, autograph=False)
-    self._traced = False
+    self._finish = {name: tf.function(fn, autograph=False) for name, fn in
+                    (('outputs', stages.finish), ('sums', stages.finish_sums))}
+    self._traced: set[str] = set()
 
   def payload(self, state) -> Any:
     """The payload clients receive from `state` (in tensors), in NumPy."""
@@ -159,12 +191,20 @@ class HostFinish:
     """`RoundStages.finish` of the cohort's `outputs` (stacked NumPy) from `state` (in
     tensors) with the aggregator state `aggregator`: (weights, server state,
     aggregator state, packed metrics)."""
+    return self._run('outputs', outputs, state, aggregator, reference)
+
+  def from_sums(self, total: RoundSums, state, aggregator, reference: float | None):
+    """As `__call__`, from the whole cohort's sums (`RoundStages.finish_sums`)."""
+    return self._run('sums', total, state, aggregator, reference)
+
+  def _run(self, kind: str, clients, state, aggregator, reference):
     args = (state.global_model_weights, state.finalizer, aggregator,
             state.client_work.round, self._seed,
             None if reference is None else tf.constant(reference, tf.float32))
-    if not self._traced:  # one trace for cohorts of every size
-      self._finish.get_concrete_function(tf.nest.map_structure(
-          lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype), outputs), *args)
-      self._traced = True
+    if kind not in self._traced:  # one trace for cohorts of every size
+      self._finish[kind].get_concrete_function(tf.nest.map_structure(
+          lambda o: tf.TensorSpec([None, *o.shape[1:]] if kind == 'outputs' else o.shape,
+                                  o.dtype), clients), *args)
+      self._traced.add(kind)
     with tf.device(self._device):
-      return self._finish(outputs, *args)
+      return self._finish[kind](clients, *args)
