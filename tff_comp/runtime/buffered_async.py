@@ -286,9 +286,10 @@ class BufferedAsyncRuntime:
     flight = tf.nest.map_structure(np.asarray, state.aggregator)
     waiting = {int(seq): tf.nest.map_structure(lambda a, i=i: a[i], flight.outputs)
                for i, seq in enumerate(flight.seq) if seq >= 0}
-    outputs = self._run_clients(state, client_ids, step - 1)
-    for i, (seq, _) in enumerate(plan.cohort):
-      waiting[seq] = tf.nest.map_structure(lambda a, i=i: a[i], outputs)
+    if plan.cohort:  # none when steps come at one instant: nobody started between
+      outputs = self._run_clients(state, client_ids, step - 1)
+      for i, (seq, _) in enumerate(plan.cohort):
+        waiting[seq] = tf.nest.map_structure(lambda a, i=i: a[i], outputs)
     arrived = [waiting.pop(a.seq) for a in plan.arrivals]
     for late in plan.dropped:
       del waiting[late.seq]
@@ -336,7 +337,7 @@ class AsyncSampler:
     before = self._schedule.plan(round_num - 1).clock if round_num > 1 else 0.0
     ids = tuple(c for _, c in plan.cohort)
     return sampling.RoundClients(ids, ids, None, len(plan.dropped), plan.clock - before,
-                                 plan.clock)
+                                 plan.clock, steps=True)
 
 
 def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:

@@ -57,7 +57,9 @@ class RoundClients(NamedTuple):
   """A round's clients: those sampled, those reporting (in order; a runtime trains
   these) and each reporting client's share of its local steps (None: all of them).
   With a device model: how many reported too late (or were over-selected away), the
-  round's simulated seconds and the simulated clock at its end."""
+  round's simulated seconds and the simulated clock at its end. `steps`: the round runs
+  even when no client reports (a buffered async step aggregates clients that started
+  earlier)."""
 
   sampled: tuple[str, ...]
   reporting: tuple[str, ...]
@@ -65,6 +67,7 @@ class RoundClients(NamedTuple):
   late: int = 0
   seconds: float | None = None
   clock: float | None = None
+  steps: bool = False
 
   def metrics(self) -> run_files.Metrics:
     """participation/sampled, /reporting, /straggling: clients counted per round; with

@@ -128,7 +128,7 @@ def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
       for callback in callbacks:
         callback.before_round(loop, round_num, clients)
       metrics = clients.metrics()
-      if clients.reporting:
+      if clients.reporting or clients.steps:
         output = runtime.next(loop.state, list(clients.reporting), clients.work)
         loop.state = output.state
         metrics.update({f'train/{k}': v for k, v in run_files.flatten_metrics(output.metrics).items()})
