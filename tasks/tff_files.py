@@ -8,9 +8,11 @@ comes from. Tests write small files in the same format
 (`tff.simulation.datasets.save_to_sql_client_data`).
 """
 
+import contextlib
 import dataclasses
 import os
 import pathlib
+import sqlite3
 from typing import Any, Callable
 
 import tensorflow_federated as tff
@@ -20,21 +22,26 @@ _URL = 'https://storage.googleapis.com/tff-datasets-public/{}.lzma'
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """One of TFF's datasets: the SQLite file its loader reads, and the loader."""
+  """One of TFF's datasets: the SQLite file its loader reads, the loader, and the
+  splits it reads (their `split_name`s in the file), by the loader's options."""
 
   filename: str
-  load: Callable[[str], Any]  # cache_dir -> TFF's load_data result
+  load: Callable[..., Any]  # (cache_dir, **options) -> TFF's load_data result
+  splits: Callable[..., tuple[str, ...]] = lambda: ('train', 'test')
 
 
 SOURCES = {
     'emnist': Source('emnist_all.sqlite', lambda d, only_digits=False:
-                     tff.simulation.datasets.emnist.load_data(only_digits, cache_dir=d)),
+                     tff.simulation.datasets.emnist.load_data(only_digits, cache_dir=d),
+                     lambda only_digits=False: ('digits_only_train', 'digits_only_test')
+                     if only_digits else ('all_train', 'all_test')),
     'shakespeare': Source('shakespeare.sqlite',
                           lambda d: tff.simulation.datasets.shakespeare.load_data(cache_dir=d)),
     'cifar100': Source('cifar100.sqlite',
                        lambda d: tff.simulation.datasets.cifar100.load_data(cache_dir=d)),
     'stackoverflow': Source('stackoverflow.sqlite', lambda d:
-                            tff.simulation.datasets.stackoverflow.load_data(cache_dir=d)),
+                            tff.simulation.datasets.stackoverflow.load_data(cache_dir=d),
+                            lambda: ('train', 'heldout', 'test')),
 }
 
 
@@ -64,9 +71,29 @@ def locate(name: str, data_dir: str = '', hint: str = '') -> pathlib.Path:
 
 def load(name: str, data_dir: str = '', hint: str = '', **options) -> Any:
   """TFF's `load_data` for dataset `name`, reading the file `locate` found (no
-  download)."""
+  download).
+
+  Raises:
+    ValueError: (one line) the file is not a TFF SQLite file, or lacks a split TFF's
+      loader reads (a file written by `save_to_sql_client_data` without its
+      `split_names_by_client_id`: TFF's loader fails with a StopIteration).
+  """
   path = locate(name, data_dir, hint)
-  return SOURCES[name].load(str(path.parent), **options)
+  source = SOURCES[name]
+  wanted = source.splits(**options)
+  try:
+    with contextlib.closing(sqlite3.connect(f'file:{path}?mode=ro', uri=True)) as db:
+      held = sorted(row[0] for row in db.execute(
+          'SELECT DISTINCT split_name FROM client_metadata'))
+  except sqlite3.Error as e:
+    raise ValueError(f'{path} is not a TFF SQLite file of client data ({e}).') from e
+  missing = [split for split in wanted if split not in held]
+  if missing:
+    raise ValueError(
+        f'{path} holds the splits {held} but TFF\'s {name} loader reads {list(wanted)}'
+        f' ({", ".join(missing)} missing): write it with save_to_sql_client_data\'s'
+        ' split_names_by_client_id naming those splits.')
+  return source.load(str(path.parent), **options)
 
 
 def first_clients(data: tff.simulation.datasets.ClientData, count: int

@@ -202,6 +202,27 @@ def test_a_missing_dataset_file_is_one_line_naming_it(tmp_path):
   assert 'emnist_all.sqlite.lzma' in message and '--emnist_source=synthetic' in message
 
 
+def test_a_dataset_file_without_tffs_split_names_is_one_line_naming_them(tmp_path):
+  """A file written by save_to_sql_client_data without split names (TFF's loader raised
+  a 37-line StopIteration), and a file that is not TFF's format."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  tff.simulation.datasets.save_to_sql_client_data(
+      ['w1', 'w2'], lambda c: tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+          label=np.zeros(3, np.int64), pixels=np.zeros((3, 28, 28), np.float32))),
+      str(tmp_path / 'emnist_all.sqlite'))
+  config = experiment.ExperimentConfig.of(
+      algorithm='fedavg', task='emnist', task_options=dict(data_dir=str(tmp_path)),
+      output_dir=str(tmp_path / 'run'))
+  with pytest.raises(experiment.ConfigError) as error:
+    experiment.prepare(config)
+  message = str(error.value)
+  assert '\n' not in message and "holds the splits ['default_split']" in message
+  assert "reads ['all_train', 'all_test']" in message, message
+  (tmp_path / 'emnist_all.sqlite').write_bytes(b'not a database at all' * 100)
+  with pytest.raises(experiment.ConfigError, match='is not a TFF SQLite file'):
+    experiment.prepare(config)
+
+
 def test_synthetic_emnist_has_the_shapes_and_is_labelled(tmp_path):
   prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='emnist', rounds=1, clients_per_round=2,

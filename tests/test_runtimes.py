@@ -18,6 +18,7 @@ from tff_comp import run_config
 from tff_comp import settings
 from tff_comp.binaries import flags_lib
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import local_loop
 from tff_comp.ops import sgd
 from tff_comp.runtime import base
 from tff_comp.runtime import engines
@@ -227,3 +228,22 @@ def test_a_run_shuffles_local_data_by_default_and_records_it(tmp_path, shuffle):
   assert (options.shuffle, options.seed) == (shuffle, 4)
   experiment.train_runner(prepared, runner, show_progress=False)
   assert json.loads((tmp_path / 'config.json').read_text())['local_work']['shuffle'] is shuffle
+
+
+def test_a_client_data_built_in_python_is_refused_on_tff_in_one_line():
+  """A dataset function looking its client up in a Python dict runs in-process, and on
+  TFF's runtime (which traces it with a client id tensor) is one line naming the cause
+  and the runtime that runs it (it was a bare `KeyError: <tf.Tensor 'arg:0'>`)."""
+  arrays = {c: tuple(np.asarray(t) for t in local_loop.materialize(
+      algorithm_cases.DATA['unequal'].create_tf_dataset_for_client(c)))
+            for c in algorithm_cases.DATA['unequal'].client_ids}
+  data = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+      list(arrays), lambda cid: tf.data.Dataset.from_tensor_slices(arrays[cid]))
+  algorithm = algorithm_cases.algorithm('fedavg', {})
+  runtime, _ = choice.runner_for(algorithm, data, 'inprocess')
+  runtime.next(runtime.initialize(), list(arrays)[:2])
+  with pytest.raises(settings.ConfigError) as error:
+    choice.runner_for(algorithm, data, 'tff')
+  message = str(error.value)
+  assert '\n' not in message and 'KeyError' in message
+  assert message.endswith('run it with --runtime=inprocess, which reads it in Python')

@@ -8,7 +8,7 @@ dataset is built where it runs, and run on the local worker that dies with Pytho
 Registered as the runtime 'tff' (`runtime.base.Runtime`).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -32,24 +32,39 @@ def dataset_computation_for(process, client_data,
   batched datasets (TFF's own algorithms).
 
   Raises:
-    UnsupportedError: the process takes batches and no `batch_size` is given.
+    UnsupportedError: the process takes batches and no `batch_size` is given, or the
+      ClientData's dataset function is not TF-serializable (`_traced`).
   """
   element = process.next.type_signature.parameter[1].member.element
   if getattr(element, 'python_container', None) is client_work.IndexedExample:
-    return client_work.indexed_dataset_computation(client_data)
+    return _traced(lambda: client_work.indexed_dataset_computation(client_data))
   wanted = tf.nest.flatten(tff.types.type_to_tf_tensor_specs(element))
   stored = tf.nest.flatten(client_data.element_type_structure)
   if [s.shape.rank for s in wanted] != [s.shape.rank + 1 for s in stored]:
-    return client_data.dataset_computation
+    return _traced(lambda: client_data.dataset_computation)
   if batch_size is None:
     raise base.UnsupportedError('this process takes batched datasets; give a batch size.')
   dataset_fn = client_data.serializable_dataset_fn
 
-  @tff.tensorflow.computation(tf.string)
-  def batched(client_id):
-    return dataset_fn(client_id).batch(batch_size)
+  def batched():
+    return tff.tensorflow.computation(lambda client_id: dataset_fn(client_id).batch(
+        batch_size), tf.string)
 
-  return batched
+  return _traced(batched)
+
+
+def _traced(build: Callable[[], tff.Computation]) -> tff.Computation:
+  """`build()`, whose tracing of a ClientData's dataset function with a client id
+  tensor fails where that function works in Python only (a dict looked up by the id:
+  TFF raised a bare `KeyError: <tf.Tensor 'arg:0'>`), said in one line."""
+  try:
+    return build()
+  except (KeyError, TypeError, AttributeError, NotImplementedError, RuntimeError) as e:
+    raise base.UnsupportedError(
+        'the task\'s ClientData builds its datasets with Python that a TF graph cannot'
+        f' trace ({type(e).__name__}: {str(e)[:80]}): TFF\'s runtime serializes its'
+        ' dataset function (ClientData.from_clients_and_tf_fn with TF ops on the client'
+        ' id); run it with --runtime=inprocess, which reads it in Python') from e
 
 
 class TFFRuntime:
