@@ -225,7 +225,8 @@ def test_the_run_stops_when_the_budget_is_spent_and_a_resume_stops_too(tmp_path)
           sampling='with_replacement'), 'poisson or uniform'),
     (dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0,
           client_weighting='examples'), 'weighs every client alike'),
-    (dict(aggregator='dp_adaptive', noise_multiplier=1.0), 'clipped_count_stddev'),
+    (dict(aggregator='dp_adaptive', noise_multiplier=1.0, clipped_count_stddev=0.4),
+     'clipped_count_stddev'),
     (dict(aggregator='dp', clip_norm=-1.0, noise_multiplier=1.0), 'clip_norm must be > 0'),
     (dict(aggregator='median'), 'unknown'),
 ])
@@ -275,3 +276,18 @@ def test_the_privacy_line_gives_the_delta_it_accounts_with():
       'privacy: noise multiplier 1; delta 0.0103; ')
   with pytest.raises(ValueError, match='target_delta must be in'):
     accounting.Ledger(1.0, 10, 64, 'poisson', 0.05, 'rdp')
+
+
+def test_adaptive_clipping_defaults_work_for_small_cohorts(tmp_path):
+  """TFF's default count noise (0.05 n = 0.5 for 10 clients) is at most z / 2 for a
+  calibrated z of about 1.7, which refused the run: the default then takes s = z, with
+  the update's noise z_v = (z^-2 - (2z)^-2)^-1/2 and the privacy of z."""
+  prepared = experiment.prepare(experiment.ExperimentConfig.of(
+      algorithm='fedavg', task='lasso', rounds=100, clients_per_round=10,
+      aggregator='dp_adaptive', target_epsilon=4.0, output_dir=str(tmp_path)))
+  spec = prepared.builder_args['model_aggregator']
+  z = spec.noise_multiplier
+  assert z > 1.0 and spec.count_stddev == z
+  assert spec.value_noise_multiplier == pytest.approx((z**-2 - (2 * z)**-2)**-0.5)
+  large = privacy.PrivateMean('dp_adaptive', 0.1, 1.0, 100.0)
+  assert large.count_stddev == 5.0  # TFF's 0.05 n where it suffices

@@ -65,7 +65,8 @@ class PrivacyOptions:
       0.2, 'dp_adaptive: the clip\'s geometric learning rate.')
   clipped_count_stddev: float | None = settings.setting(
       None, 'dp_adaptive: noise std of the clipped count (default 0.05 x'
-      ' --clients_per_round; must exceed half the noise multiplier).')
+      ' --clients_per_round, or the noise multiplier where that is at most half of it;'
+      ' must exceed half the noise multiplier).')
   accountant: str = settings.setting(
       'rdp', 'dp/dp_adaptive: the privacy accountant (dp_accounting): rdp (epsilon every'
       ' round; any sampling) or pld (tighter; Poisson sampling; epsilon at evaluations).',

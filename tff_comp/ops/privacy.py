@@ -42,7 +42,7 @@ class PrivateMean:
   the clipped-count query too, as TFF's; `value_noise_multiplier` is what the update
   gets). clients_per_round: n. target_quantile, clip_learning_rate,
   clipped_count_stddev: dp_adaptive's quantile estimate (TFF's defaults; stddev None:
-  0.05 n, 0 when z = 0).
+  `count_stddev`'s default).
   """
 
   kind: str
@@ -86,10 +86,14 @@ class PrivateMean:
 
   @property
   def count_stddev(self) -> float:
-    """s, the noise on dp_adaptive's clipped count (TFF's default 0.05 n; 0 for z = 0)."""
+    """s, the noise on dp_adaptive's clipped count: TFF's default 0.05 n, or z where that
+    is at most z / 2 (small cohorts: TFF's default would leave the update no noise
+    budget, z_v^-2 = z^-2 - (2 s)^-2 <= 0; with s = z, z_v = 1.15 z); 0 for z = 0. The
+    privacy spent is z's either way."""
     if self.clipped_count_stddev is not None:
       return self.clipped_count_stddev
-    return 0.05 * self.clients_per_round if self.noise_multiplier else 0.0
+    z, tffs = self.noise_multiplier, 0.05 * self.clients_per_round
+    return 0.0 if not z else tffs if tffs > z / 2 else z
 
   @property
   def value_noise_multiplier(self) -> float:
