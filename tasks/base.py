@@ -39,6 +39,8 @@ class Task:
       `clients/eval_round_<r>.csv` at every evaluation.
     evaluate_personal_clients: as `evaluate_personal`, one row per client
       ({'client': id, 'personal_<metric>': value}), merged into those rows.
+    data_files: {path: fingerprint} of the data files its build read
+      (`paths.recording_data_files`; the experiment layer fills it in).
   """
 
   name: str
@@ -53,6 +55,7 @@ class Task:
   evaluate_clients: Callable[[tuple[np.ndarray, ...]], list[dict[str, Any]]] | None = None
   evaluate_personal_clients: Callable[[Mapping[str, tuple[np.ndarray, ...]]],
                                       list[dict[str, Any]]] | None = None
+  data_files: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
   @property
   def num_clients(self) -> int:

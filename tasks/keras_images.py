@@ -6,8 +6,12 @@ through `tf.keras.datasets` (cached under ~/.keras). Images are flattened and sc
 [0, 1]; labels are int32.
 """
 
+import pathlib
+
 import numpy as np
 import tensorflow as tf
+
+from tff_comp import paths
 
 _KERAS = {'mnist': tf.keras.datasets.mnist, 'cifar10': tf.keras.datasets.cifar10}
 
@@ -17,6 +21,7 @@ def load_images(name: str, path: str = '') -> tuple[np.ndarray, np.ndarray]:
   if name not in _KERAS:
     raise ValueError(f'unknown image dataset {name!r}; choose one of {sorted(_KERAS)}.')
   if path:
+    paths.note_data_file(pathlib.Path(path))
     with np.load(path) as data:
       x, y = data['x_train'], data['y_train']
   else:

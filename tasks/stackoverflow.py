@@ -37,6 +37,7 @@ from tensorflow_federated.python.simulation.baselines.stackoverflow import (
     word_prediction_preprocessing as tff_preprocessing)
 
 from tff_comp import keras_models
+from tff_comp import paths
 from tff_comp import registry
 from tff_comp.tasks import base
 from tff_comp.tasks import classification
@@ -58,6 +59,7 @@ def counts_file(data_dir: str, name: str, task: str) -> pathlib.Path:
   folder = pathlib.Path(data_dir or tff_files.default_dir())
   for path in (folder / f'stackoverflow.{name}', folder / 'datasets' / f'stackoverflow.{name}'):
     if path.is_file():
+      paths.note_data_file(path)
       return path
   raise ValueError(
       f'{folder / f"stackoverflow.{name}"} not found: fetch'

@@ -8,14 +8,17 @@ comes from. Tests write small files in the same format
 (`tff.simulation.datasets.save_to_sql_client_data`).
 """
 
+from collections.abc import Callable
 import contextlib
 import dataclasses
 import os
 import pathlib
 import sqlite3
-from typing import Any, Callable
+from typing import Any
 
 import tensorflow_federated as tff
+
+from tff_comp import paths
 
 _URL = 'https://storage.googleapis.com/tff-datasets-public/{}.lzma'
 
@@ -93,6 +96,7 @@ def load(name: str, data_dir: str = '', hint: str = '', **options) -> Any:
         f'{path} holds the splits {held} but TFF\'s {name} loader reads {list(wanted)}'
         f' ({", ".join(missing)} missing): write it with save_to_sql_client_data\'s'
         ' split_names_by_client_id naming those splits.')
+  paths.note_data_file(path)
   return source.load(str(path.parent), **options)
 
 

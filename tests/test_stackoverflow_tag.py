@@ -3,6 +3,7 @@ multi-label metrics against Keras's, the synthetic source's shapes."""
 
 import collections
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -73,6 +74,13 @@ def test_reads_tffs_files_offline_into_tffs_preprocessing_and_trains(tmp_path):
   np.testing.assert_allclose(x, np.array([2, 2, 1, 1, 0]) / 6, rtol=1e-6)
   np.testing.assert_array_equal(y, [1, 0, 1])
   final = experiment.run_experiment(prepared, show_progress=False)
+  # config.json names every data file the task read, with its size and fingerprint.
+  files = json.loads((tmp_path / 'run' / 'config.json').read_text())['environment'][
+      'data_files']
+  assert sorted(pathlib.Path(p).name for p in files) == [
+      'stackoverflow.sqlite', 'stackoverflow.tag_count', 'stackoverflow.word_count']
+  tags = files[str(tmp_path / 'stackoverflow.tag_count')]
+  assert tags['bytes'] == len(json.dumps(TAG_COUNTS)) and len(tags['sha256_head_tail']) == 64
   for name in ('loss', 'recall_at_5', 'precision_at_5', 'precision'):
     assert np.isfinite(final[f'eval/test_{name}']) and np.isfinite(final[f'eval/train_{name}'])
   (tmp_path / 'stackoverflow.tag_count').unlink()

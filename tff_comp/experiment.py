@@ -151,7 +151,9 @@ def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
   if task_entry.accepts('seed'):
     task_args['seed'] = config.task_seed
   try:
-    return task_entry.builder(**task_args)
+    with paths.recording_data_files() as files:
+      task = task_entry.builder(**task_args)
+    return dataclasses.replace(task, data_files=files) if files else task
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e
   except MemoryError as e:  # NumPy's "Unable to allocate ..." for an absurd size option
@@ -398,7 +400,9 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
       in_force[rule_lib.LEARNING_RATE] = learning_rates[0]
     resolved['client_hparams'] = {k: float(v) for k, v in in_force.items()}
   config = dict(dataclasses.asdict(prepared.config), resolved=resolved,
-                environment=run_directory.environment(), **(extra_config or {}))
+                environment=dict(run_directory.environment(),
+                                 data_files=dict(prepared.task.data_files)),
+                **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir
   run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
   try:
