@@ -29,11 +29,13 @@ flag_check.check(sys.argv, flag_check.program())
 
 from absl import app
 from absl import flags
+import tensorflow as tf
 
 from tff_comp.binaries import flags_lib
 from tff_comp import experiment
 from tff_comp import privacy
 from tff_comp import registry
+from tff_comp import run_directory
 from tff_comp import signals
 from tff_comp.runtime import callbacks
 from tff_comp.runtime import simulation
@@ -120,6 +122,11 @@ def _run(argv: list[str]) -> None:
   except workers.WorkerError as e:  # a worker died during the run
     print(f'run.py: {e} The metrics written so far are in {config.output_dir};'
           ' continue with --resume.', file=sys.stderr)
+    sys.exit(1)
+  except (OSError, tf.errors.OpError) as e:  # a full disk, a quota, ulimit -f
+    if not (line := run_directory.out_of_space(e, config.output_dir)):
+      raise
+    print(f'run.py: {line}', file=sys.stderr)
     sys.exit(1)
   except simulation.Interrupted as e:  # Ctrl-C or SIGTERM, at the end of a round
     sigterm = 'SIGTERM' in getattr(e.__cause__, 'args', ())

@@ -368,3 +368,33 @@ def test_a_second_run_into_a_running_runs_directory_is_refused(repo_root, tmp_pa
   lines = second.stderr.strip().splitlines()
   assert second.returncode == 2 and len(lines) == 1, second.stderr
   assert f'is in use by another run (pid {proc.pid})' in lines[0], lines
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes(repo_root, tmp_path):
+  """A write that finds no room (here a file-size limit, as `ulimit -f`: the same
+  errors as a full disk) stops the run with one line naming the directory; what was
+  written stays, and --resume finishes the run."""
+  import resource  # pylint: disable=g-import-not-at-top
+
+  def limit():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (48 * 1024, 48 * 1024))
+
+  args = ['--algo=fedavg', '--task=quadratic', '--rounds=3000', '--eval_period=1',
+          f'--output_dir={tmp_path / "run"}']
+  _run(repo_root, '--algo=fedavg', '--task=quadratic', '--rounds=1',
+       f'--output_dir={tmp_path / "warm"}')  # the task's data cached before the limit
+  cut = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'run.py'), *args], capture_output=True,
+      text=True, timeout=300, env=ENV, cwd=repo_root, stdin=subprocess.DEVNULL,
+      preexec_fn=limit)
+  assert cut.returncode == 1, cut.stderr[-2000:]
+  assert 'Traceback' not in cut.stderr
+  last = cut.stderr.strip().splitlines()[-1]
+  assert last.startswith(f'run.py: cannot write to {tmp_path / "run"} (') and (
+      'continue with --resume' in last)
+  written = len((tmp_path / 'run' / 'metrics.csv').read_text().splitlines())
+  assert 10 < written < 150, written  # stopped early, its rows kept
+  resumed = _run(repo_root, *args[:2], '--rounds=200', *args[3:], '--resume')
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  rows = (tmp_path / 'run' / 'metrics.csv').read_text().splitlines()
+  assert len(rows) == 1 + 201 and rows[-1].startswith('200,')

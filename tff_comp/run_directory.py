@@ -4,12 +4,14 @@ resumed with these settings, and the environment config.json records.
 The files themselves are written by the training loop (`runtime.simulation`).
 """
 
+import errno
 import importlib.metadata
 import json
 import os
 import pathlib
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -153,3 +155,32 @@ def environment() -> dict[str, Any]:
     record['git_commit'] = git('rev-parse', 'HEAD')
     record['git_dirty'] = bool(git('status', '--porcelain', '--untracked-files=no'))
   return record
+
+
+# What a full disk, a quota or a file-size limit (ulimit -f) raise: OSError's errno, or
+# TensorFlow's writers' message (TensorBoard's events file).
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_NO_SPACE_MESSAGES = ('No space left on device', 'File too large', 'Disk quota exceeded')
+
+
+def out_of_space(error: BaseException, output_dir: str | os.PathLike) -> str:
+  """One line saying that `error` (or an error it was raised from) is a write that found
+  no room for `output_dir`, with the free space there; '' for any other error."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if ((isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS)
+        or any(m in str(error) for m in _NO_SPACE_MESSAGES)):
+      cause = next((m for m in _NO_SPACE_MESSAGES if m in str(error)),
+                   os.strerror(error.errno) if isinstance(error, OSError) and error.errno
+                   else type(error).__name__)
+      existing = next((p for p in (pathlib.Path(output_dir).absolute(),
+                                   *pathlib.Path(output_dir).absolute().parents)
+                       if p.exists()), pathlib.Path('/'))
+      usage = shutil.disk_usage(existing)
+      return (f'cannot write to {output_dir} ({cause}; {usage.free / 2**20:,.0f} MB free on'
+              ' its file system, or a file-size limit: ulimit -f): the rows and'
+              ' checkpoints written before are intact; make room and continue with'
+              ' --resume.')
+    error = error.__cause__ or error.__context__
+  return ''
