@@ -140,6 +140,9 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
   select, higher = reproductions.selection(spec)
   # A shortened run tables the checkpoints it reached, and always its last round.
   checkpoints = sorted({c for c in spec.checkpoints if c < rounds} | {rounds})
+  # The y-axes fit the curves from the first checkpoint on, or from mid-run when the
+  # last round is the only one (a shortened run): never the last point alone.
+  fit_from = checkpoints[0] if len(checkpoints) > 1 else rounds // 2
   plotted = grid.plotted(spec)
   reported = tuple(dict.fromkeys((spec.metric,) + plotted))
   seeds = max(len(runs) for by_config in curves.values() for runs in by_config.values())
@@ -192,7 +195,7 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
       values = np.array([[r[metric][x] for x in common] for r in runs])
       source = f' [{sources[metric]}]' if metric in sources else ''
       settled[metric] += [v for x, *drawn in zip(common, values.min(0), values.max(0))
-                          if x >= checkpoints[0] for v in drawn]  # bands included
+                          if x >= fit_from for v in drawn]  # bands included
       line, = ax.plot(common, values.mean(0), marker=next(markers[metric]),
                       markevery=max(1, len(common) // 8), markersize=5,
                       label=f'{algorithm}{source} ({label})')
@@ -232,10 +235,10 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
             f'against {spec.x_axis} (seeds interpolated)')
     ax.set_title(f'{metric} {what}\n'
                  f'{name} on {spec.task}\n'
-                 f'{spread}y-axis fit to rounds >= {checkpoints[0]}', fontsize=10)
+                 f'{spread}y-axis fit to rounds >= {fit_from}', fontsize=10)
     ax.grid(alpha=0.3, which='both')
     # Below the plot, where it hides no curve.
-    ax.legend(fontsize=8, loc='upper center', bbox_to_anchor=(0.5, -0.15), ncol=1)
+    ax.legend(fontsize=8, loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=1)
   fig.tight_layout()
   fig.savefig(root / f'{name}.png', dpi=120, bbox_inches='tight')
   table = '\n'.join(lines) + '\n'

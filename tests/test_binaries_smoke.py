@@ -244,3 +244,22 @@ def test_plot_y_axis_fits_the_curves_after_the_first_checkpoint():
   low, high = ax.get_ylim()
   assert 0.2 < low < 0.3 and 3.0 < high < 4.5
   summary.plt.close('all')
+
+
+def test_a_shortened_runs_plot_fits_its_second_half_not_its_last_point(tmp_path):
+  """With --rounds at the first checkpoint, the y-axis fit from that checkpoint held the
+  last point only (another algorithm's curve left the axes)."""
+  spec = reproductions.Reproduction(
+      task='quadratic', algorithms=('a', 'b'), client_learning_rates=(0.1,),
+      server_learning_rates=(1.0,), rounds=50, checkpoints=(50, 100), metric='loss',
+      higher_is_better=False, select_on='train_loss')
+  curve = lambda values: [{'loss': dict(zip((0, 30, 40, 50), values)),
+                           'train_loss': dict(zip((0, 30, 40, 50), values))}]
+  curves = {'a': {(0.1, 1.0): curve((9.0, 1.0, 0.8, 0.5))},
+            'b': {(0.1, 1.0): curve((9.0, 4.0, 3.0, 2.0))}}
+  summary.summarize('short', spec, curves, 50, tmp_path, 'cmd')
+  ax = summary.plt.gcf().axes[0]
+  low, high = ax.get_ylim()
+  assert 'rounds >= 25' in ax.get_title()
+  assert low < 0.5 and high > 4.0  # both curves from round 30 on, not round 50's alone
+  summary.plt.close('all')
