@@ -40,14 +40,15 @@ CLASSES, TRAIN_CLIENTS, TEST_CLIENTS, CLIENT_SIZE = 100, 500, 100, 100
 
 @registry.register_task('cifar100')
 def build_cifar100_task(*, source: Literal['tff', 'synthetic'] = 'tff', data_dir: str = '',
-                        model: Literal['resnet18', 'cnn'] = 'resnet18', crop: int = 24,
+                        model: str = 'resnet18', crop: int = 24,
                         max_clients: int = 0, seed: int = 0) -> base.Task:
   """Federated CIFAR-100 (see the module docstring).
 
   Args:
     source: 'tff' (TFF's cifar100.sqlite, offline) or 'synthetic' (same shapes).
     data_dir: the folder holding cifar100.sqlite (default ~/.tff).
-    model: 'resnet18' (TFF's, group norm) or 'cnn' (`models.small_cnn`).
+    model: 'resnet18' (TFF's, group norm), 'cnn' (`models.small_cnn`), or a model
+      plugin's name (`registry.register_model`).
     crop: the side of the centre crop (1 to 32).
     max_clients: train on the first this many clients only (0: all 500).
     seed: the synthetic data and the model's initial weights.
@@ -80,8 +81,10 @@ def build_cifar100_task(*, source: Literal['tff', 'synthetic'] = 'tff', data_dir
         resnet_models.create_resnet18(shape, CLASSES),
         tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         (tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int32)))
-  else:
+  elif model == 'cnn':
     network = models.reshaped_input(models.small_cnn(shape, CLASSES, seed=seed), shape)
+  else:
+    network = keras_models.registered_classifier(model, shape, CLASSES, seed)
   return classification.classification_task(
       'cifar100' if source == 'tff' else 'cifar100[synthetic]', train, test, network,
       seed=seed, defaults=dict(clients_per_round=10, batch_size=20, client_learning_rate=0.1,

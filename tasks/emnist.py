@@ -85,7 +85,7 @@ def _synthetic(only_digits: bool, clients: int, seed: int):
 @registry.register_task('emnist')
 def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
                       data_dir: str = '', only_digits: bool = False,
-                      model: Literal['cnn', 'cnn_dropout', 'softmax'] = 'cnn',
+                      model: str = 'cnn',
                       max_clients: int = 0,
                       seed: int = 0) -> base.Task:
   """Federated EMNIST (see the module docstring).
@@ -95,7 +95,7 @@ def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     data_dir: the folder holding emnist_all.sqlite (default ~/.tff).
     only_digits: the 10-class digits subset, else all 62 classes.
     model: 'cnn' (the baseline CNN without dropout, Keras), 'cnn_dropout' (with its
-      Dropout layers) or 'softmax'.
+      Dropout layers), 'softmax', or a model plugin's name (`registry.register_model`).
     max_clients: train on the first this many writers only (0: all of them); synthetic
       data generate this many (0: the real population's size).
     seed: the synthetic data and the model's initial weights.
@@ -111,15 +111,15 @@ def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     train, test = _synthetic(only_digits, max_clients or POPULATION[only_digits][0], seed)
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
-  if model not in ('cnn', 'cnn_dropout', 'softmax'):
-    raise ValueError(f"model={model!r} is unknown; choose 'cnn', 'cnn_dropout' or"
-                     " 'softmax'.")
-  network = (models.reshaped_input(models.softmax_regression(784, classes), (28, 28, 1))
-             if model == 'softmax' else keras_models.from_keras(
-                 cnn(classes, seed, dropout=model == 'cnn_dropout'),
-                 tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 (tf.TensorSpec([None, 28, 28, 1], tf.float32),
-                  tf.TensorSpec([None], tf.int32))))
+  if model == 'softmax':
+    network = models.reshaped_input(models.softmax_regression(784, classes), (28, 28, 1))
+  elif model in ('cnn', 'cnn_dropout'):
+    network = keras_models.from_keras(
+        cnn(classes, seed, dropout=model == 'cnn_dropout'),
+        tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32)))
+  else:
+    network = keras_models.registered_classifier(model, (28, 28, 1), classes, seed)
   name = 'emnist' if source == 'tff' else 'emnist[synthetic]'
   return classification.classification_task(
       name, train, test, network, seed=seed,

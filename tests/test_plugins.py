@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tff_comp import registry
 
 PLUGIN = '''
@@ -167,3 +169,32 @@ def test_a_run_records_the_versions_of_the_packages_registering_plugins(tmp_path
       ''')
   monkeypatch.syspath_prepend(str(tmp_path))
   assert registry.plugin_versions() == {'verplug': '0.1'}
+
+
+def test_a_model_plugin_replaces_an_image_tasks_model(tmp_path, monkeypatch):
+  """`registry.register_model` gives EMNIST (and CIFAR-100) a model by name: the run
+  trains the plugin's Keras model; an unknown name is one line listing the known."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tff_comp import experiment  # pylint: disable=g-import-not-at-top
+  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+
+  def tiny(input_shape, num_classes, seed):
+    del seed
+    return tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape), tf.keras.layers.Conv2D(4, 3, strides=2),
+        tf.keras.layers.Flatten(), tf.keras.layers.Dense(num_classes)])
+
+  monkeypatch.setitem(registry.MODELS._entries, 'tiny_cnn',  # pylint: disable=protected-access
+                      registry.Entry('tiny_cnn', tiny, ()))
+  config = lambda model: experiment.ExperimentConfig.of(
+      algorithm='fedavg', task='emnist', rounds=2, clients_per_round=2, eval_period=2,
+      task_options=dict(source='synthetic', max_clients=4, model=model),
+      output_dir=str(tmp_path / model))
+  prepared = experiment.prepare(config('tiny_cnn'))
+  shapes = [tuple(w.shape) for w in prepared.task.model.initial_weights[0]]
+  assert shapes == [(3, 3, 1, 4), (4,), (13 * 13 * 4, 62), (62,)]
+  final = experiment.run_experiment(prepared, show_progress=False)
+  assert np.isfinite(final['eval/test_loss'])
+  with pytest.raises(experiment.ConfigError, match="unknown model 'tiny_cn'.*tiny_cnn"):
+    experiment.prepare(config('tiny_cn'))

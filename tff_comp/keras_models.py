@@ -253,3 +253,26 @@ def _dense_gradient(weight: tf.Tensor):
   """The identity, with a dense gradient: an Embedding's lookup would otherwise give
   IndexedSlices, which the client rules' arithmetic on gradients does not take."""
   return tf.identity(weight), tf.convert_to_tensor
+
+
+def registered_classifier(name: str, input_shape: tuple[int, ...], num_classes: int,
+                          seed: int) -> tff.learning.models.FunctionalModel:
+  """The model plugin `name` (`registry.register_model`) built for images of
+  `input_shape` and `num_classes` labels (its initial weights from `seed`), trained on
+  the cross-entropy of its logits.
+
+  Raises:
+    ValueError: no model is registered under `name`, or its builder's model is not one
+      `from_keras` converts.
+  """
+  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+
+  try:
+    builder = registry.MODELS.get(name).builder
+  except registry.RegistryError as e:
+    raise ValueError(str(e)) from e
+  tf.keras.utils.set_random_seed(seed)
+  return from_keras(builder(input_shape, num_classes, seed),
+                    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    (tf.TensorSpec([None, *input_shape], tf.float32),
+                     tf.TensorSpec([None], tf.int32)))

@@ -39,6 +39,7 @@ from tff_comp.ops import renamed
 
 ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
+MODELS_GROUP = 'tff_comp.models'
 RUNTIMES_GROUP = 'tff_comp.runtimes'
 EXPERIMENTS_GROUP = 'tff_comp.experiments'
 _FLAG_TYPES = (float, int, bool, str)
@@ -254,6 +255,9 @@ class Registry:
     return self._entries[name]
 
 
+# Models a task may take in place of its own (`--emnist_model=<name>`): an entry's builder
+# is `(input_shape, num_classes, seed) -> tf.keras.Model` returning logits.
+MODELS = Registry('model', MODELS_GROUP)
 ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
 TASKS = Registry('task', TASKS_GROUP, 'tff_comp.tasks')
 RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
@@ -267,7 +271,8 @@ def plugin_versions() -> dict[str, str]:
   """{distribution: version} of the installed packages registering plugins (entry points
   in tff_comp's groups): what a run used besides tff_comp itself, for its record."""
   found = {}
-  for group in (ALGORITHMS_GROUP, TASKS_GROUP, RUNTIMES_GROUP, EXPERIMENTS_GROUP):
+  for group in (ALGORITHMS_GROUP, TASKS_GROUP, RUNTIMES_GROUP, EXPERIMENTS_GROUP,
+                MODELS_GROUP):
     for ep in importlib.metadata.entry_points(group=group):
       if ep.dist is not None:
         found[ep.dist.name] = ep.dist.version
@@ -291,6 +296,13 @@ def register_algorithm(name: str, *, home_task: str | None = None,
 def register_task(name: str):
   """Registers a task builder `(*, options) -> tasks.Task`."""
   return TASKS.register(name)
+
+
+def register_model(name: str):
+  """Registers a model builder `(input_shape, num_classes, seed) -> tf.keras.Model`
+  (built, returning logits) that the image classification tasks take by name
+  (`--emnist_model=name`, `--cifar100_model=name`)."""
+  return MODELS.register(name)
 
 
 def register_runtime(name: str, *, options: type | None = None,
