@@ -398,3 +398,17 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(repo_root, tmp_path):
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   rows = (tmp_path / 'run' / 'metrics.csv').read_text().splitlines()
   assert len(rows) == 1 + 201 and rows[-1].startswith('200,')
+
+
+def test_a_second_signal_at_startup_in_a_gc_callback_still_exits(repo_root):
+  """The race behind a flaky Ctrl-C test: the second press landing in a garbage-collection
+  callback (JAX registers one while TFF loads), where Python ignores a SystemExit with a
+  traceback and the program went on. Now it exits there, with the one line."""
+  code = ('import gc, signal\nfrom tff_comp import signals\nsignals.install("run.py")\n'
+          'signals._request(signal.SIGINT, None)\n'
+          'gc.callbacks.append(lambda *_: signals._request(signal.SIGINT, None))\n'
+          'gc.collect()\nprint("went on")\n')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       timeout=60, cwd=repo_root, env=ENV)
+  assert out.returncode == 130 and 'went on' not in out.stdout, out
+  assert out.stderr.strip() == 'run.py: interrupted before training; nothing was saved.'

@@ -11,6 +11,7 @@ binary installs it before its slow imports.
 
 from collections.abc import Iterator
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -38,8 +39,11 @@ def _request(signum, frame) -> None:
     _requested.append(name)
     return
   if _starting:  # still importing: one line, no traceback, nothing to save
-    print(stopped_before_training(_starting[0], name), file=sys.stderr)
-    raise SystemExit(exit_code(name))
+    print(stopped_before_training(_starting[0], name), file=sys.stderr, flush=True)
+    # Not SystemExit: raised in a garbage-collection callback (JAX's, while TFF loads)
+    # Python ignores it with a traceback and the run went on. Nothing is open yet that
+    # an exit must close (a TFF worker dies with its parent: `local_worker`).
+    os._exit(exit_code(name))  # pylint: disable=protected-access
   raise KeyboardInterrupt(name)
 
 
