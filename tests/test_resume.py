@@ -451,3 +451,54 @@ def test_a_checkpoint_of_another_layout_is_refused_not_set_aside(tmp_path, how):
   with pytest.raises(experiment.ConfigError, match=f'{how}.*--overwrite'):
     _train(tmp_path, resume=True)
   assert path.exists() and not (tmp_path / 'checkpoints_damaged').exists()
+
+
+def _damages():
+  """(name, how to damage a file): cut to half, garbled in the middle, emptied, removed."""
+  def cut(p):
+    p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2])
+
+  def garble(p):
+    data = bytearray(p.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 16] = b'\xff' * min(16, len(data) - middle)
+    p.write_bytes(bytes(data))
+
+  return [('cut', cut), ('garbled', garble), ('emptied', lambda p: p.write_bytes(b'')),
+          ('removed', lambda p: p.unlink())]
+
+
+@pytest.mark.slow
+def test_battery_every_file_of_a_run_damaged_in_turn(tmp_path, uninterrupted):
+  """Each file of a finished run directory damaged each way in turn, then --resume with
+  more rounds: either the run ends as an uninterrupted one (its model and rows equal to
+  the rounds both ran), or a one-line refusal that deleted nothing."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  longer = tmp_path / 'longer'
+  _train(longer, rounds=12)
+  finished = tmp_path / 'finished'
+  _train(finished)
+  files = sorted(p.relative_to(finished) for p in finished.rglob('*')
+                 if p.is_file() and p.name != '.lock')
+  assert {'metrics.csv', 'config.json', 'final_model.npz'} <= {str(f) for f in files}
+  outcomes = {}
+  for relative in files:
+    for how, damage in _damages():
+      run = tmp_path / f'{str(relative).replace("/", "_")}-{how}'
+      shutil.copytree(finished, run)
+      damage(run / relative)
+      before = sorted(str(p.relative_to(run)) for p in run.rglob('*') if p.is_file())
+      try:
+        _train(run, rounds=12, resume=True)
+      except experiment.ConfigError as error:
+        after = sorted(str(p.relative_to(run)) for p in run.rglob('*') if p.is_file())
+        assert '\n' not in str(error), (relative, how, str(error))
+        assert set(before) <= set(after), (relative, how, set(before) - set(after))
+        outcomes[(str(relative), how)] = 'refused'
+        continue
+      np.testing.assert_array_equal(_model(run)[0], _model(longer)[0],
+                                    err_msg=f'{relative} {how}')
+      assert _csv_losses(run) == _csv_losses(longer), (relative, how)
+      outcomes[(str(relative), how)] = 'resumed'
+  # The battery met both outcomes (a vacuous battery would resume everything).
+  assert set(outcomes.values()) == {'refused', 'resumed'}, outcomes

@@ -206,20 +206,22 @@ def write_client_rows(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
 def whole_rows(path: pathlib.Path) -> tuple[list[str], list[dict[str, str]], str]:
   """(metric columns, the rows of rounds 0, 1, 2, ... as long as each is whole, what
   ends them: '' at the file's end, else the first missing or damaged row). A row is
-  whole when it has every column and its round and seconds are numbers."""
-  with open(path, newline='') as f:
+  whole when it has every column, its round and seconds are numbers, and its bytes
+  decode (garbled ones read as U+FFFD)."""
+  with open(path, newline='', errors='replace') as f:
     reader = csv.DictReader(f)
     fields = reader.fieldnames or []
     columns = [c for c in fields if c not in ('round', 'seconds')]
-    if 'round' not in fields or 'seconds' not in fields:
-      return columns, [], 'its header is missing'
+    if 'round' not in fields or 'seconds' not in fields or any('\ufffd' in c for c in fields):
+      return columns, [], 'its header is missing or damaged'
     rows: list[dict[str, str]] = []
     for row in reader:
       expected = len(rows)
       number = row.get('round') or ''
       if number.isdigit() and int(number) > expected:
         return columns, rows, f'no row for round {expected}'
-      whole = None not in row and None not in row.values() and number == str(expected)
+      whole = (None not in row and None not in row.values() and number == str(expected)
+               and not any('\ufffd' in value for value in row.values()))
       try:
         float(row['seconds'] or 'nan')
       except (TypeError, ValueError):
