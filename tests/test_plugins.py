@@ -198,3 +198,17 @@ def test_a_model_plugin_replaces_an_image_tasks_model(tmp_path, monkeypatch):
   assert np.isfinite(final['eval/test_loss'])
   with pytest.raises(experiment.ConfigError, match="unknown model 'tiny_cn'.*tiny_cnn"):
     experiment.prepare(config('tiny_cn'))
+  # The common --model: the same for any task with a model option.
+  common = experiment.prepare(experiment.ExperimentConfig.of(
+      algorithm='fedavg', task='emnist', model='tiny_cnn', clients_per_round=2,
+      output_dir=str(tmp_path / 'c'),
+      task_options=dict(source='synthetic', max_clients=4)))
+  assert [tuple(w.shape) for w in common.task.model.initial_weights[0]] == shapes
+  with pytest.raises(experiment.ConfigError, match='task .lasso. has no model option'):
+    experiment.prepare(experiment.ExperimentConfig.of(
+        algorithm='fedavg', task='lasso', model='tiny_cnn', output_dir=str(tmp_path / 'l')))
+  with pytest.raises(experiment.ConfigError, match='disagree'):
+    experiment.prepare(experiment.ExperimentConfig.of(
+        algorithm='fedavg', task='emnist', model='tiny_cnn', clients_per_round=2,
+      output_dir=str(tmp_path / 'd'),
+        task_options=dict(source='synthetic', max_clients=4, model='softmax')))

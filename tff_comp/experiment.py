@@ -147,9 +147,7 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
 
 
 def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
-  task_args = dict(config.task_options)
-  if task_entry.accepts('seed'):
-    task_args['seed'] = config.task_seed
+  task_args = config.task_arguments(task_entry.accepts)
   try:
     with paths.recording_data_files() as files:
       task = task_entry.builder(**task_args)

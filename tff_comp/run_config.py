@@ -1,6 +1,7 @@
 """The settings of one run: `ExperimentConfig` collects the run's own (None: the task's
 default) and the records of the modules that own the rest (`tff_comp.settings`)."""
 
+from collections.abc import Callable
 import dataclasses
 from typing import Any
 
@@ -45,6 +46,10 @@ class ExperimentConfig:
   data_seed: int | None = settings.setting(
       0, 'Seed of the task: generated data, partition and initial model (None: --seed).',
       lower=0, upper=settings.MAX_SEED)
+  model: str | None = settings.setting(
+      None, 'The task\'s model by name, for tasks with a model option (emnist, cifar100:'
+      ' a built-in name or a model plugin\'s, registry.register_model); as'
+      ' --<task>_model.')
   regularizer: str | None = settings.setting(
       None, 'Regularizer psi (default: the task\'s).',
       choices=lambda: sorted(regularizers_lib.REGULARIZERS))
@@ -144,6 +149,26 @@ class ExperimentConfig:
   def value(self, name: str) -> Any:
     """A setting by its flag's name, from this config or the record owning it."""
     return getattr(getattr(self, OWNER[name]) if name in OWNER else self, name)
+
+  def task_arguments(self, accepts: Callable[[str], bool]) -> dict[str, Any]:
+    """The task builder's arguments (`accepts`: whether it takes a parameter): its
+    options, the task seed, and `model` for the builder's `model` option.
+
+    Raises:
+      ConfigError: `--model` for a task without a model option, or beside a different
+        `--<task>_model`.
+    """
+    args = dict(self.task_options)
+    if accepts('seed'):
+      args['seed'] = self.task_seed
+    if self.model is not None:
+      if not accepts('model'):
+        raise ConfigError(f'--model: task {self.task!r} has no model option.')
+      if args.get('model', self.model) != self.model:
+        raise ConfigError(f'--model={self.model} and --{self.task}_model={args["model"]}'
+                          ' disagree: give one.')
+      args['model'] = self.model
+    return args
 
   @property
   def task_seed(self) -> int:
