@@ -2,6 +2,8 @@
 runtime, against TFF's own `build_weighted_fed_avg` with the same server optimizer on
 the same inputs (an independent implementation of the whole round)."""
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -69,6 +71,9 @@ def test_a_run_takes_a_server_optimizer_by_name_and_records_it(tmp_path):
   experiment.run_experiment(prepared, show_progress=False)
   recorded = (tmp_path / 'config.json').read_text()
   assert '"server_optimizer": "yogi"' in recorded
+  # The betas given as defaults (null) are recorded in force: TFF's Yogi's own.
+  in_force = json.loads(recorded)['resolved']['server_hparams']
+  assert in_force['beta_1'] == pytest.approx(0.9) and in_force['beta_2'] == pytest.approx(0.99)
   header = (tmp_path / 'metrics.csv').read_text().splitlines()[0]
   assert 'hparams/finalizer/beta_2' in header  # Yogi's hyperparameters are the server's
 

@@ -397,6 +397,8 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
     if learning_rates is not None:
       in_force[rule_lib.LEARNING_RATE] = learning_rates[0]
     resolved['client_hparams'] = {k: float(v) for k, v in in_force.items()}
+    resolved['server_hparams'] = {k: float(v) for k, v in runner.algorithm.server_rule
+                                  .initial_hparams().items() if k != rule_lib.LEARNING_RATE}
   config = dict(dataclasses.asdict(prepared.config), resolved=resolved,
                 environment=dict(run_directory.environment(),
                                  data_files=dict(prepared.task.data_files)),

@@ -29,8 +29,9 @@ RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'force_resume', 'round
                      'runtime_record', 'environment',
                      'runtime_options.inprocess.data_memory_budget')
 # Resolved at training time from what is compared already (`client_hparams`: from the
-# algorithm options, learning rates and a grid's configuration).
-_RESUMABLE_RESOLVED = ('rounds', 'runtime', 'client_hparams')
+# algorithm options, learning rates and a grid's configuration; `server_hparams`: from
+# the server optimizer's settings, and absent from runs recorded before 0.3.0 had it).
+_RESUMABLE_RESOLVED = ('rounds', 'runtime', 'client_hparams', 'server_hparams')
 
 
 # Room for the longest name a run writes under its directory (TensorBoard's event files

@@ -317,6 +317,10 @@ class ServerRule(abc.ABC):
                        ' the proximal step size is server rate x client step sizes.')
     return tf.cast(hparams[LEARNING_RATE], tf.float32)
 
+  def initial_hparams(self) -> collections.OrderedDict:
+    """The hyperparameters a run starts with (Adam's betas and epsilon, its rate)."""
+    return self.get_hparams(self.initialize())
+
   def get_hparams(self, state) -> collections.OrderedDict:
     if self.optimizer is None:
       return collections.OrderedDict()
