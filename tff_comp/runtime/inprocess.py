@@ -321,6 +321,11 @@ class InProcessRuntime:
     elsewhere. `indices`: their rows of per-client state (their index in the whole
     population); `reference`: the whole cohort's reference loss (rules with
     `uses_reference_loss`). Each client's numbers are those of the whole round's."""
+    return tf.nest.map_structure(np.asarray, self._outputs(
+        payload, hparams, client_ids, work, indices, round_num, reference))
+
+  def _outputs(self, payload, hparams, client_ids, work, indices, round_num, reference):
+    """`client_outputs` as tensors on the device."""
     positions, work_ = self._cohort(client_ids, work)
     capacity = self.capacity if self.engine_impl.compiles_per_capacity else 0
     if self.engine_impl.in_graph and capacity not in self._traced_clients:
@@ -335,16 +340,16 @@ class InProcessRuntime:
           payload, hparams, positions, tf.constant(indices, tf.int32), work_,
           tf.constant(round_num), tf.constant(0.0 if reference is None else reference,
                                               tf.float32), capacity)
-    return tf.nest.map_structure(np.asarray, outputs)
+    return outputs
 
   def client_sums(self, payload, hparams, client_ids: Sequence[str], work: Sequence[float],
                   indices: Sequence[int], round_num: int, reference: float | None,
                   aggregator) -> round_stages.RoundSums:
     """`client_outputs` summed for the round's end (`RoundStages.sums`, with the
     private aggregator's state `aggregator`), in NumPy: what a share of a cohort sends,
-    whatever its number of clients."""
-    outputs = self.client_outputs(payload, hparams, client_ids, work, indices, round_num,
-                                  reference)
+    whatever its number of clients. The outputs stay on the device for the sums."""
+    outputs = self._outputs(payload, hparams, client_ids, work, indices, round_num,
+                            reference)
     if self._sums_fn is None:  # one trace for shares of every size
       self._sums_fn = tf.function(self.stages.sums, autograph=False).get_concrete_function(
           tf.nest.map_structure(lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype),
