@@ -39,6 +39,7 @@ from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
 from tff_comp.runtime import round_stages
 from tff_comp.runtime import streaming
+from tff_comp.runtime import traced
 
 UnsupportedError = base.UnsupportedError
 RoundOutput = base.RoundOutput
@@ -46,6 +47,9 @@ RoundOutput = base.RoundOutput
 ClientArrays, client_arrays = engines_lib.ClientArrays, engines_lib.client_arrays
 choose_device = engines_lib.choose_device
 ENGINES = ('auto', *engines_lib.ENGINES)
+# A cohort's positions, population indices and work, traced for cohorts of every size.
+_ANY_SIZE = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
+             tf.TensorSpec([None], tf.float32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +128,9 @@ class InProcessRuntime:
                      for name, engine_ in engines_lib.ENGINES.items()}
     # Traced once for cohorts of any size (see `next`); without AutoGraph, which
     # tff_comp's math does not need and which tripled the time of the first round.
-    self._round_fns = {name: tf.function(self._round, autograph=False)
-                       if engine_.in_graph else self._round
-                       for name, engine_ in self._engines.items()}
-    self._traced: set[tuple[str, int]] = set()
+    self._round_fn = traced.OnceTraced(self._round)
     # A round's clients alone (`client_outputs`), traced once per capacity.
-    self._clients_fn = tf.function(self._client_outputs, autograph=False)
-    self._traced_clients: set[int] = set()
+    self._clients_fn = traced.OnceTraced(self._client_outputs)
     self._sums_fn = None  # their sums (`client_sums`), traced on first use
     self._candidates_fn = tf.function(
         lambda payload, hparams, positions: self.stages.reference_candidates(
@@ -271,14 +271,13 @@ class InProcessRuntime:
     # others take 0, so a larger cohort does not trace their round again.
     engine = self.engine_impl
     capacity = self.capacity if engine.compiles_per_capacity else 0
-    round_fn, key = self._round_fns[self.engine], (self.engine, capacity)
-    if engine.in_graph and key not in self._traced:
-      # One trace for cohorts of every size: later calls match its [None] shapes.
-      any_size = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
-                  tf.TensorSpec([None], tf.float32))
-      round_fn.get_concrete_function(*args, *any_size, capacity)
-      self._traced.add(key)
-    return round_fn(*args, positions, indices, work, capacity)
+    if not engine.in_graph:
+      return self._round(*args, positions, indices, work, capacity)
+    key = (self.engine, capacity)
+    if not self._round_fn.traced(key):
+      # One trace for cohorts of every size: later calls bind to its [None] shapes.
+      self._round_fn.trace(key, *args, *_ANY_SIZE, capacity)
+    return self._round_fn(key, *args, positions, indices, work, capacity)
 
   def _fall_back(self, error: Exception) -> None:
     op = engines_lib.failing_op(error)
@@ -328,18 +327,15 @@ class InProcessRuntime:
     """`client_outputs` as tensors on the device."""
     positions, work_ = self._cohort(client_ids, work)
     capacity = self.capacity if self.engine_impl.compiles_per_capacity else 0
-    if self.engine_impl.in_graph and capacity not in self._traced_clients:
-      any_size = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
-                  tf.TensorSpec([None], tf.float32))
-      self._clients_fn.get_concrete_function(
-          payload, hparams, *any_size, tf.constant(round_num),
-          tf.constant(0.0 if reference is None else reference, tf.float32), capacity)
-      self._traced_clients.add(capacity)
+    reference = tf.constant(0.0 if reference is None else reference, tf.float32)
+    args = (tf.constant(indices, tf.int32), work_, tf.constant(round_num), reference,
+            capacity)
+    if not self.engine_impl.in_graph:
+      return self._client_outputs(payload, hparams, positions, *args)[0]
+    if not self._clients_fn.traced(capacity):
+      self._clients_fn.trace(capacity, payload, hparams, *_ANY_SIZE, *args[2:])
     with tf.device(self.device):
-      outputs, _ = self._clients_fn(
-          payload, hparams, positions, tf.constant(indices, tf.int32), work_,
-          tf.constant(round_num), tf.constant(0.0 if reference is None else reference,
-                                              tf.float32), capacity)
+      outputs, _ = self._clients_fn(capacity, payload, hparams, positions, *args)
     return outputs
 
   def client_sums(self, payload, hparams, client_ids: Sequence[str], work: Sequence[float],

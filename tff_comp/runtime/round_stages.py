@@ -24,6 +24,7 @@ from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import lanes as lanes_lib
+from tff_comp.runtime import traced
 
 
 class RoundSums(NamedTuple):
@@ -178,9 +179,8 @@ class HostFinish:
         lambda state: algorithm.server_rule.payload(state.finalizer,
                                                     state.global_model_weights),
         autograph=False)
-    self._finish = {name: tf.function(fn, autograph=False) for name, fn in
+    self._finish = {name: traced.OnceTraced(fn) for name, fn in
                     (('outputs', stages.finish), ('sums', stages.finish_sums))}
-    self._traced: set[str] = set()
 
   def payload(self, state) -> Any:
     """The payload clients receive from `state` (in tensors), in NumPy."""
@@ -201,10 +201,10 @@ class HostFinish:
     args = (state.global_model_weights, state.finalizer, aggregator,
             state.client_work.round, self._seed,
             None if reference is None else tf.constant(reference, tf.float32))
-    if kind not in self._traced:  # one trace for cohorts of every size
-      self._finish[kind].get_concrete_function(tf.nest.map_structure(
+    finish = self._finish[kind]
+    if not finish.traced(kind):  # one trace for cohorts of every size
+      finish.trace(kind, tf.nest.map_structure(
           lambda o: tf.TensorSpec([None, *o.shape[1:]] if kind == 'outputs' else o.shape,
                                   o.dtype), clients), *args)
-      self._traced.add(kind)
     with tf.device(self._device):
-      return self._finish[kind](clients, *args)
+      return finish(kind, clients, *args)

@@ -37,6 +37,7 @@ from tff_comp.ops import client_round
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import traced
 
 
 def _host(value: Any) -> np.ndarray:
@@ -93,8 +94,7 @@ class TrialGroup:
     self.runtime, self.size = runtime, len(seeds)
     self._clients = clients or [TrialClients('', runtime.population_index)] * self.size
     self._seeds = tf.constant(seeds, tf.int64)
-    self._round_fn = tf.function(self._round, autograph=False)
-    self._traced: set[int] = set()
+    self._round_fn = traced.OnceTraced(self._round)
     self._dtypes: Any = None  # (model, server, aggregator state) leaves' dtypes, as
     # the round returns them
     self._reserved = [0] * self.size  # each trial's largest cohort
@@ -173,18 +173,17 @@ class TrialGroup:
                                     *states)
     # Compiled for every trial's largest cohort together, so once (as a single run's).
     self._capacity = max(self._capacity, sum(self._reserved), len(positions))
-    if self._capacity not in self._traced:  # one trace for cohorts of every size
+    if not self._round_fn.traced(self._capacity):  # one trace for cohorts of every size
       self._trace(stacked)
-      self._traced.add(self._capacity)
     stacked = self._in_round_dtypes(stacked)
     args = self._args(stacked)[:5]
-    traces = self._round_fn.experimental_get_tracing_count()
+    traces = self._round_fn.function.experimental_get_tracing_count()
     with tf.device(runtime.device):
       new = self._round_fn(
-          *args, tf.constant(positions, tf.int32), tf.constant(indices, tf.int32),
+          self._capacity, *args, tf.constant(positions, tf.int32), tf.constant(indices, tf.int32),
           tf.constant(work, tf.float32), tf.constant(trial, tf.int32), self._capacity)
     weights, server, aggregator, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
-    if self.rounds_run and self._round_fn.experimental_get_tracing_count() != traces:
+    if self.rounds_run and self._round_fn.function.experimental_get_tracing_count() != traces:
       self.retraces += 1
     self.rounds_run += 1
     outputs = {}
@@ -213,11 +212,11 @@ class TrialGroup:
     dtypes the round returns them (`_dtypes`): a trial's first state may hold a leaf in
     another (a server rate set as float64, returned as float32), which would trace the
     round again, and compile its kernel again, in round 2."""
-    returned = self._round_fn.get_concrete_function(*self._args(stacked)).structured_outputs
+    returned = self._round_fn.trace(self._capacity, *self._args(stacked)).structured_outputs
     self._dtypes = tf.nest.map_structure(lambda t: t.dtype.as_numpy_dtype, returned[:3])
     cast = self._in_round_dtypes(stacked)
     if any(a.dtype != b.dtype for a, b in zip(tf.nest.flatten(stacked), tf.nest.flatten(cast))):
-      self._round_fn.get_concrete_function(*self._args(cast))
+      self._round_fn.trace(self._capacity, *self._args(cast))
 
   def _in_round_dtypes(self, stacked: base.State) -> base.State:
     weights, server, aggregator = tf.nest.map_structure(
