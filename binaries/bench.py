@@ -379,7 +379,7 @@ def part5() -> None:
         ' its flags were not yet recorded) (target < 1 s)')
   out = _child(_DROPOUT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0',
                                   TF_CPP_VMODULE='device_compilation_profiler=1'))
-  compiles = [int(n) for n in re.findall(r'Compiled __inference__full_batches_\d+ (\d+) times',
+  compiles = [int(n) for n in re.findall(r'Compiled __inference__local_steps_\d+ (\d+) times',
                                          out.stderr)]
   print(f'  20 rounds, 30% dropout, {out.stdout.strip()} cohort sizes: the lanes kernel'
         f' compiled {max(compiles, default=0)} time(s), recompiles'

@@ -162,4 +162,4 @@ def test_xla_compiles_the_lanes_kernel_once_per_process(tmp_path):
   assert len(runs) == 2, out.stderr[-3000:]
   for run in runs:  # the fresh run, then the resumed one: one compile each
     compiles = re.findall(r'Compiled (\S+) (\d+) times', run)
-    assert len(compiles) == 1 and 'full_batches' in compiles[0][0], compiles
+    assert len(compiles) == 1 and 'local_steps' in compiles[0][0], compiles

@@ -65,16 +65,15 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
 
   dropouts = [layer for layer in _layers(model) if isinstance(layer, tf.keras.layers.Dropout)]
 
-  def traced_predict(convolutions_across_lanes):
-    def predict_on_batch(weights, x, training=True):
-      values = [_dense_gradient(w) for w in (*weights[0], *weights[1])]
-      seed = _step_seed(weights[0], x) if dropouts else None
-      with _substituted(owners, variables, values, constants), _lanes_convolutions(
-          convolutions_across_lanes), _stateless_dropout(dropouts, seed):
-        return model(x, training=training)
-
-    # Traced without AutoGraph, as the in-process round (Keras's own call needs none).
-    return tf.function(predict_on_batch, autograph=False)
+  def predict_on_batch(weights, x, training=True):
+    values = [_dense_gradient(w) for w in (*weights[0], *weights[1])]
+    seed = _step_seed(weights[0], x) if dropouts else None
+    # Traced for the lanes engine (`vectorizable.across_lanes`, which traces this
+    # function inline: `ops.model_ops.batch_loss`), convolutions as per-tap matmuls.
+    across_lanes = convolutions if vectorizable.tracing_across_lanes() else ()
+    with _substituted(owners, variables, values, constants), _lanes_convolutions(
+        across_lanes), _stateless_dropout(dropouts, seed):
+      return model(x, training=training)
 
   def loss_fn(output, label, sample_weight=None):
     del sample_weight
@@ -82,33 +81,25 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
 
   initial = (tuple(np.array(v.numpy()) for v in trainable),
              tuple(np.array(v.numpy()) for v in non_trainable))
-  predict = traced_predict(())
+  # Traced without AutoGraph, as the in-process round (Keras's own call needs none).
   return _KerasModel(
-      traced_predict(convolutions) if convolutions else predict,
-      (model, loss, input_spec), initial_weights=initial, predict_on_batch_fn=predict,
+      (model, loss, input_spec), initial_weights=initial,
+      predict_on_batch_fn=tf.function(predict_on_batch, autograph=False),
       loss_fn=tf.function(loss_fn, autograph=False), input_spec=input_spec)
 
 
 class _KerasModel(tff.learning.models.FunctionalModel):
-  """A FunctionalModel whose `predict_on_batch`, traced for the lanes engine
-  (`vectorizable.across_lanes`), calls a trace of its own: FunctionalModel's is one
-  `tf.function`, whose cached trace (with Conv2D) would be reused there. It pickles as
-  `from_keras` of its Keras model, loss and input spec (`source`; Keras pickles the
-  model) from its initial weights: its substitution finds the layers' variables by
-  identity, which a copy of the function would not keep (a Ray actor's copy took no
-  gradient)."""
+  """A FunctionalModel that pickles as `from_keras` of its Keras model, loss and input
+  spec (`source`; Keras pickles the model) from its initial weights: its substitution
+  finds the layers' variables by identity, which a copy of the function would not keep
+  (a Ray actor's copy took no gradient)."""
 
-  def __init__(self, predict_across_lanes, source: tuple[Any, Any, Any], **kwargs):
+  def __init__(self, source: tuple[Any, Any, Any], **kwargs):
     super().__init__(**kwargs)
-    self._predict_across_lanes, self._source = predict_across_lanes, source
+    self._source = source
 
   def __reduce__(self):
     return _converted_from, (*self._source, self.initial_weights)
-
-  def predict_on_batch(self, model_weights, x, training=True):
-    predict = (self._predict_across_lanes if vectorizable.tracing_across_lanes()
-               else self._predict_on_batch_fn)
-    return predict(model_weights, x, training)
 
 
 def _converted_from(model: tf.keras.Model, loss, input_spec, initial) -> '_KerasModel':

@@ -59,8 +59,7 @@ def local_moml(
     alpha: inner (adaptation) step size.
     beta: the memory's weight in v (1: no memory, a MAML step).
     variant: 'fo' (the first-order gradient at v, the authors' CIFAR code) or 'exact'
-      (the gradient through v: a Hessian-vector product, their sinewave code; its
-      second-order autodiff runs on the mapped engine).
+      (the gradient through v: a Hessian-vector product, their sinewave code).
     memory: 'persistent' (kept across rounds, a row per client) or 'round' (re-set
       every round).
     local_steps: steps per round, two batches each.

@@ -4,6 +4,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tff_comp.ops import vectorizable
+
 # The trainable (or non-trainable) tensors of a model: the one alias every module uses.
 Weights = tuple[tf.Tensor, ...]
 
@@ -11,8 +13,22 @@ Weights = tuple[tf.Tensor, ...]
 def batch_loss(model, trainable: Weights, non_trainable: Weights, batch: Any) -> tf.Tensor:
   """Loss of `model` (a FunctionalModel) on `batch`."""
   x, y = (batch['x'], batch['y']) if isinstance(batch, dict) else batch
+  if vectorizable.tracing_across_lanes():
+    # The model's functions inline, at the batch's static shape: a FunctionalModel's
+    # tf.function traced before for batches of unknown size (a whole client's data)
+    # serves every batch, and that trace's gradient made XLA take the lanes kernel's
+    # inputs as compile-time constants (a compile per cohort; XLA's const_analysis log).
+    # TFF's FunctionalModel keeps them as `_predict_on_batch_fn` and `_loss_fn`.
+    output = _inline(model._predict_on_batch_fn)(  # pylint: disable=protected-access
+        (trainable, non_trainable), x, True)
+    return _inline(model._loss_fn)(output, y)  # pylint: disable=protected-access
   output = model.predict_on_batch((trainable, non_trainable), x, training=True)
   return model.loss(output=output, label=y)
+
+
+def _inline(fn):
+  """The Python function of a `tf.function` (`fn` itself otherwise)."""
+  return getattr(fn, 'python_function', fn)
 
 
 def batch_loss_and_gradient(

@@ -24,7 +24,7 @@ The fast engines run `local_step` in lockstep lanes (`tf.vectorized_map` under X
 `runtime.lanes`): keep it vectorizable, with static shapes; read a row of a table with
 `tf.gather(table, index)`, never `table[index]` at a tensor index (XLA compiles a slice
 at a tensor index as a constant, once per client); a step that runs a decomposition
-(SVD, QR, eig, solves) or differentiates a gradient runs on the mapped engine instead
+(SVD, QR, eig, solves) runs on the mapped engine instead
 (`runtime.inprocess` chooses and says why).
 
 The runtime's view

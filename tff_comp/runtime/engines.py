@@ -140,7 +140,7 @@ class Cohort(NamedTuple):
 
 class Engine(Protocol):
   """Runs a cohort's client work (see the module docstring). Built as
-  `Engine(algorithm, data, lanes=..., short_batches=...)`.
+  `Engine(algorithm, data, lanes=..., short_sizes=...)`.
 
   `in_graph`: `run` is traced into the round's `tf.function` (else the round runs
   eagerly). `compiles_per_capacity`: `run` compiles for the cohort's `capacity` and
@@ -181,8 +181,8 @@ class MappedEngine:
   why_not = staticmethod(_always)
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int = 0, short_batches: bool = True):
-    del lanes, short_batches  # the lanes engine's
+               lanes: int = 0, short_sizes: tuple[int, ...] = ()):
+    del lanes, short_sizes  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
@@ -197,10 +197,6 @@ class MappedEngine:
 
 # Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
 # (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
-# A step with second-order autodiff (Per-FedAvg's exact variant, the compositional MAML
-# objectives) also runs mapped: under `tf.vectorized_map` its gradient-of-gradient
-# shape computations made XLA take the cohort as a compile-time constant (XLA's
-# const_analysis log), about 1 s of compiling every round on sinewave.
 _SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve',
                                     'MatrixInverse', 'Cholesky'})
 # Ops `tf.vectorized_map` cannot vectorize when each lane has its own weights: a
@@ -246,18 +242,22 @@ def _step_nodes(algorithm: algorithm_lib.Algorithm, examples, payload, hparams,
 
 
 class LanesEngine:
-  """Lockstep lanes (`runtime.lanes`): full batches in one XLA kernel compiled once,
-  short last batches vectorized per size, outputs vectorized."""
+  """Lockstep lanes (`runtime.lanes`): every local step in one XLA kernel compiled once
+  (short last batches of more than `lanes.MAX_KERNEL_SHORT_SIZES` sizes vectorized per
+  size outside it), outputs vectorized. `short_sizes`: the distinct short-batch sizes
+  of the population's clients."""
 
   name = 'lanes'
   in_graph = True
   compiles_per_capacity = True
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int, short_batches: bool = True):
+               lanes: int, short_sizes: tuple[int, ...] = ()):
     self._algorithm, self._data, self.lanes = algorithm, data, lanes
-    self._short_batches = short_batches
-    self._kernel = tf.function(self._full_batches, jit_compile=True, autograph=False)
+    in_kernel = len(short_sizes) <= lanes_lib.MAX_KERNEL_SHORT_SIZES
+    self._kernel_sizes = tuple(short_sizes) if in_kernel else ()
+    self._short_outside = not in_kernel
+    self._kernel = tf.function(self._local_steps, jit_compile=True, autograph=False)
 
   @staticmethod
   def why_not(algorithm: algorithm_lib.Algorithm, examples, device: str, payload, hparams,
@@ -280,20 +280,17 @@ class LanesEngine:
     if on_cpu and convolutions:
       return (f'its local step convolves ({convolutions[0]}): on lanes,'
               f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[convolutions[0]]}')
-    # TensorFlow names the ops of a gradient of a gradient 'gradients/gradients/...'.
-    if any('gradients/gradients/' in name for name, _ in nodes):
-      return ('its local step differentiates a gradient (second-order autodiff), which'
-              ' makes XLA compile the lanes kernel again for every cohort')
     if run_steps is not None and run_steps < AUTO_LANES_MIN_STEPS:
       return (f'a run of about {run_steps} local steps is too short to repay compiling the'
               ' lanes kernel')
     return ''
 
-  def _full_batches(self, payload, hparams, offsets, counts, plans, trial):
+  def _local_steps(self, payload, hparams, offsets, counts, plans, trial):
     algorithm = self._algorithm
-    return lanes_lib.run_full_batches(
+    return lanes_lib.run_batches(
         algorithm.client_rule, payload, hparams, algorithm.client_options,
-        self._data.examples, offsets, counts, plans, lanes=self.lanes, trial=trial)
+        self._data.examples, offsets, counts, plans, lanes=self.lanes,
+        sizes=self._kernel_sizes, trial=trial)
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
@@ -308,7 +305,7 @@ class LanesEngine:
       padded = (*padded, None)
     states = tf.nest.map_structure(
         lambda t: t[:m], self._kernel(cohort.payload, cohort.hparams, *padded))
-    if self._short_batches:
+    if self._short_outside:
       states = lanes_lib.run_short_batches(
           rule, cohort.payload, cohort.hparams, options, self._data.examples,
           cohort.offsets, cohort.counts, cohort.plans, states, trial=cohort.trial)
@@ -330,8 +327,8 @@ class DebugEngine:
   why_not = staticmethod(_always)
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int = 0, short_batches: bool = True):
-    del lanes, short_batches  # the lanes engine's
+               lanes: int = 0, short_sizes: tuple[int, ...] = ()):
+    del lanes, short_sizes  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:

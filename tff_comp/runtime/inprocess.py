@@ -78,8 +78,8 @@ class InProcessRuntime:
     data: the clients' examples (`client_arrays`).
     device: where to place data and rounds (default `choose_device()`).
     engine: 'lanes', 'mapped', 'debug' (`runtime.engines`) or 'auto': lanes, unless the
-      algorithm's local step would be slow under XLA here (a decomposition on a CPU,
-      second-order autodiff) or fails to vectorize in the first round, then mapped; the
+      algorithm's local step would be slow under XLA here (a decomposition on a CPU)
+      or fails to vectorize in the first round, then mapped; the
       choice and its reason are logged in one line (`engine`, `why`, `record`).
     lanes: clients stepping together on the lanes engine (default 8 on a CPU, where
       wider lanes were no faster per step, 64 on a GPU).
@@ -116,15 +116,16 @@ class InProcessRuntime:
     self.data = data if self.streaming else engines_lib.ResidentData(
         data.examples, data.counts, data.client_ids, self.device,
         with_keys=options.uses_client_key)
-    # Whether any client's round ends with a short batch: the batches's remainder does
-    # not depend on the round (fixed epochs; drawn epochs and fixed steps have none).
+    # The short last batches' sizes: a client's remainder does not depend on the round
+    # (fixed epochs; drawn epochs and fixed steps have none).
     batches = client_round.plan_cohort(rule, options, self.data.counts, self.data.keys, 0)
-    short_batches = bool(np.any(batches.remainder.numpy() > 0))
+    remainders = batches.remainder.numpy()
+    short_sizes = tuple(int(s) for s in np.unique(remainders[remainders > 0]))
     self.stages = round_stages.RoundStages(algorithm, self.data)
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
     self._engines = {name: engine_(algorithm, self.data, lanes=self.lanes,
-                                   short_batches=short_batches)
+                                   short_sizes=short_sizes)
                      for name, engine_ in engines_lib.ENGINES.items()}
     # Traced once for cohorts of any size (see `next`); without AutoGraph, which
     # tff_comp's math does not need and which tripled the time of the first round.

@@ -10,15 +10,19 @@ costs as much again in masking. Here the cohort's full batches run in `L` lanes:
     one `tf.vectorized_map` of the rule's `step` (idle lanes are masked out);
     a lane whose client has run its full batches stores the client's state and starts
     the next client (`rule.initialize`);
-    then the clients' short last batches outside XLA (`run_short_batches`): one
-    vectorized step per distinct short-batch size, in plain TF where shapes may vary
-    (branching on the size inside XLA, or one vectorized step per size there, made
-    XLA compile again for every new cohort: measured, cause not found).
+    then the clients' short last batches: for each size the data can give (`sizes`,
+    known when the runtime is built), its clients `L` at a time, one vectorized step
+    each, in the same XLA program (`run_batches`); past `MAX_KERNEL_SHORT_SIZES` sizes
+    (each is one more step for XLA to compile) outside XLA (`run_short_batches`), one
+    vectorized step per distinct size in the cohort, in plain TF where shapes may vary.
 
-`run_full_batches` is built for XLA (`jit_compile=True`): every shape is static and
-nothing in the program depends on which clients a round holds, so it compiles once
-(`tests/test_lanes.py` counts XLA's compiles). `finish_cohort` gives each client its
-output (`client_round.finish_client`). Every
+`run_batches` is built for XLA (`jit_compile=True`): every shape is static and nothing
+in the program depends on which clients a round holds, so it compiles once
+(`tests/test_lanes.py` counts XLA's compiles). The model's functions are traced inline
+there (`ops.model_ops.batch_loss`): a model's `tf.function` traced before for batches
+of unknown size served the short batches, and that trace's gradient made XLA take the
+kernel's inputs as compile-time constants, compiling once per cohort.
+`finish_cohort` gives each client its output (`client_round.finish_client`). Every
 client sees exactly the batches of `ops.local_loop.batches`, the same batches the TFF
 client work and the mapped runtime take, so the results are the same. Client data are
 one resident array of every client's examples (no padding), read through each client's
@@ -83,11 +87,19 @@ def _select(mask, new, old):
       new, old)
 
 
-def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
-                     options: client_round.ClientOptions, examples, offsets: tf.Tensor,
-                     counts: tf.Tensor, plans: client_round.ClientPlan, *,
-                     lanes: int, trial: tf.Tensor | None = None) -> rule_lib.LocalState:
-  """Every cohort client's LocalState after its full batches, stacked in cohort order.
+# Short-batch sizes `run_batches` takes in its XLA program (each size is one more local
+# step for XLA to compile); a population with more runs them in plain TF.
+MAX_KERNEL_SHORT_SIZES = 8
+
+
+def run_batches(rule: rule_lib.ClientRule, payload, hparams,
+                options: client_round.ClientOptions, examples, offsets: tf.Tensor,
+                counts: tf.Tensor, plans: client_round.ClientPlan, *,
+                lanes: int, sizes: tuple[int, ...] = (), trial: tf.Tensor | None = None
+                ) -> rule_lib.LocalState:
+  """Every cohort client's LocalState after its full batches and its short last batch
+  when that has one of `sizes` (the others are left to `run_short_batches`), stacked
+  in cohort order.
 
   Args:
     rule, payload, hparams, options: the round's client rule and what it receives.
@@ -95,6 +107,7 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
     offsets, counts: [m] int32, where each cohort client's examples start, how many.
     plans: the cohort's `ClientPlan`s, each field stacked to [m].
     lanes: how many clients step together.
+    sizes: the short-batch sizes to run here (every size the population's data give).
     trial: [m] each client's trial (batched trials: payload and hparams per trial).
   """
   size = client_round.step_batch_size(rule, options)
@@ -158,6 +171,30 @@ def run_full_batches(rule: rule_lib.ClientRule, payload, hparams,
                     states, tf.constant(0))
   _, _, _, states, _ = tf.while_loop(
       lambda lane_client, *_: tf.reduce_any(lane_client >= 0), step_lanes, loop_vars)
+
+  # The short batches: clients ordered by their remainder, so each size's clients are
+  # one run of that order, stepped `width` at a time (extra lanes write row m).
+  by_size = tf.argsort(plans.batches.remainder, stable=True)
+  remainders = tf.gather(plans.batches.remainder, by_size)
+  for short in sizes:
+    end = tf.reduce_sum(tf.cast(remainders <= short, tf.int32))
+
+    def step_short(first, states, short=short, end=end):
+      slots = first + tf.range(width)
+      clients = tf.gather(by_size, tf.minimum(slots, m - 1))
+      positions = tf.gather(offsets, clients)[:, None] + local_loop.short_batch(
+          local_loop.take(plans.batches, clients), size, tf.gather(counts, clients)[:, None],
+          options.shuffle, size=short)
+      stepped = _step_all(rule, payload, hparams, trial, clients, _rows(states, clients),
+                          _rows(examples, positions), _rows(plans.context, clients),
+                          fallback_to_while_loop=False)
+      rows = tf.where(slots < end, clients, m)
+      return first + width, tf.nest.map_structure(
+          lambda b, v: tf.tensor_scatter_nd_update(b, rows[:, None], v), states, stepped)
+
+    first = tf.reduce_sum(tf.cast(remainders < short, tf.int32))
+    _, states = tf.while_loop(lambda first, _, end=end: first < end, step_short,
+                              (first, states))
   return tf.nest.map_structure(lambda t: t[:m], states)
 
 
@@ -166,7 +203,8 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
                       counts: tf.Tensor, plans: client_round.ClientPlan,
                       states: rule_lib.LocalState, *,
                       trial: tf.Tensor | None = None) -> rule_lib.LocalState:
-  """The clients' short last batches from the states of `run_full_batches`.
+  """The clients' short last batches from the states of `run_batches` (run without
+  `sizes`).
 
   In plain TF (batch shapes vary), one vectorized step per distinct short-batch size in
   the cohort: at most B - 1 steps a round whatever the cohort's size (client by client
@@ -198,7 +236,7 @@ def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
                   plans: client_round.ClientPlan,
                   states: rule_lib.LocalState, *,
                   trial: tf.Tensor | None = None) -> client_round.ClientOutput:
-  """Each client's `ClientOutput` from its state after `run_full_batches`, stacked in
+  """Each client's `ClientOutput` from its state after its batches, stacked in
   cohort order."""
   steps = plans.batches.steps
   # Once per client, so a per-client loop where an op does not vectorize (the slot
