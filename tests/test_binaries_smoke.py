@@ -155,6 +155,7 @@ def _reproduce(repo_root, args):
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
 
 
+@pytest.mark.slow  # three reproduce.py processes; test_reproduce_writes_table_and_plot runs by default
 def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tmp_path):
   args = ['--experiment=fco_lasso', '--rounds=2', '--algorithms=feddualavg',
           '--client_learning_rates=0.001', '--server_learning_rates=10', '--eval_period=1',

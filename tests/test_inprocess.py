@@ -41,7 +41,8 @@ CASES = (
      pytest.param(name, {}, 'unequal', 'lanes', marks=_SLOW)
      for name in registry.ALGORITHMS.names()]
     + [(name, {}, 'unequal', 'mapped') for name in ('fedavg', 'fednova', 'ditto')]
-    + [(name, {}, 'equal', 'lanes') for name in ('feddualavg', 'comfedl')]
+    + [('comfedl', {}, 'equal', 'lanes'), pytest.param('feddualavg', {}, 'equal', 'lanes',
+                                                       marks=_SLOW)]
     + [pytest.param(name, extra, data, engine, marks=_SLOW)
        for name, extra in _VARIANTS for data in DATA for engine in ('lanes', 'mapped')])
 

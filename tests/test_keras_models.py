@@ -92,7 +92,9 @@ def test_fedavg_with_a_keras_model_in_process_is_tffs_keras_fedavg(kind, engine)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('kind, engine', [('cnn', 'auto'), ('cnn', 'lanes'), ('lstm', 'auto')])
+# FedAvg's test runs the CNN on lanes by default; FedDualAvg's, in the slow suite.
+@pytest.mark.parametrize('kind, engine', [
+    ('cnn', 'auto'), pytest.param('cnn', 'lanes', marks=pytest.mark.slow), ('lstm', 'auto')])
 def test_feddualavg_with_a_keras_model_matches_tffs_conversion_on_tffs_runtime(kind, engine):
   make, _ = MAKERS[kind]
   extra = dict(regularizer=regularizers.L1(strength=0.01))

@@ -82,9 +82,18 @@ def _cohort_args(rule, options, cohort):
   return offsets, counts, client_round.ClientPlan(context, batches)
 
 
-@pytest.mark.parametrize('width', [1, 3, 8])
-@pytest.mark.parametrize('momentum,epochs', [(0.0, 1), (0.5, 2)])
-@pytest.mark.parametrize('in_kernel', [True, False])
+def _combinations():
+  """(width, momentum, epochs, in_kernel): four by default that cover each width, each
+  local-work shape and both places of the short batches, pairwise; the other eight in
+  the slow suite."""
+  default = {(8, 0.5, 2, True), (3, 0.5, 2, False), (1, 0.0, 1, True), (8, 0.0, 1, False)}
+  combinations = [(width, momentum, epochs, in_kernel) for width in (1, 3, 8)
+                  for momentum, epochs in ((0.0, 1), (0.5, 2)) for in_kernel in (True, False)]
+  return [pytest.param(*c, marks=() if c in default else pytest.mark.slow)
+          for c in combinations]
+
+
+@pytest.mark.parametrize('width,momentum,epochs,in_kernel', _combinations())
 def test_each_client_gets_run_clients_output(width, momentum, epochs, in_kernel):
   rule, options, payload, hparams = _setup(momentum, epochs)
   examples = _data()

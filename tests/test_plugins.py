@@ -141,6 +141,7 @@ def sharp_sweep():
 '''
 
 
+@pytest.mark.slow  # a reproduction in a subprocess; the README's plugin runs by default
 def test_a_plugin_registers_a_reproduction_grid_of_its_own_algorithm(repo_root, tmp_path):
   """reproduce.py sweeps a grid a plugin registers (entry point tff_comp.experiments),
   over the plugin's own algorithm beside a built-in one."""

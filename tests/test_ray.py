@@ -84,6 +84,7 @@ def _both(name, engine, extra=None, data=DATA):
   return single, _rounds(on_ray), on_ray
 
 
+@pytest.mark.ray
 def test_a_client_data_that_does_not_pickle_reaches_the_actors_as_arrays():
   """TFF's TestClientData's dataset function holds the ClientData, which Ray cannot
   pickle (bench part 3's EMNIST line failed on it): its clients go as arrays."""

@@ -352,6 +352,8 @@ def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, fla
   assert lines[0].startswith('run.py: error: ') and says in lines[0], lines
 
 
+# Two run.py processes; the lock under the running pid is test_resume.py's signal test's.
+@pytest.mark.slow
 def test_a_second_run_into_a_running_runs_directory_is_refused(repo_root, tmp_path):
   proc = _start(repo_root, '--algo=fedavg', '--task=quadratic', '--rounds=100000',
                 '--eval_period=100000', f'--output_dir={tmp_path}',

@@ -45,7 +45,8 @@ class _StopBelow(callbacks.Callback):
 def _run(tmp_path, callbacks, rounds=30):
   algorithm = registry.get_algorithm('fedavg').build(
       algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {}))
-  runtime = inprocess.build(algorithm, DATA)
+  # Mapped: the loop and its callbacks, not the engines (lanes would compile a kernel a run).
+  runtime = inprocess.build(algorithm, DATA, engine='mapped')
   return simulation.run_simulation(
       runtime, client_ids=list(DATA.client_ids), rounds=rounds, clients_per_round=3,
       seed=0, output_dir=tmp_path, config={}, show_progress=False, checkpoint_every=50,

@@ -231,6 +231,7 @@ def test_auto_takes_the_engine_each_trials_separate_run_takes(tmp_path, monkeypa
                       'fedavg on quadratic: 1 trial(s) one after another (a group of one).']
 
 
+@pytest.mark.slow  # data seeds' groups and chunks; each trial's parity runs by default
 @pytest.mark.parametrize('name', ['scaffold'])  # FedAvg's path, and per-client rows
 def test_trials_on_several_data_seeds_share_a_program_in_chunks(tmp_path, monkeypatch, name):
   """Trials whose tasks differ only in their seed (data and initial MLP: sinewave's)
