@@ -213,6 +213,19 @@ def test_an_unreachable_cluster_is_one_line_and_exit_2(repo_root, tmp_path):
       ' reached' in lines[0], out.stderr[-2000:]
 
 
+@pytest.mark.ray
+def test_a_ray_run_ends_without_a_traceback(repo_root, tmp_path):
+  """run.py on a local Ray cluster exits 0 with nothing on stderr: TFF's default
+  context used to print an "Exception ignored" traceback at the interpreter's exit."""
+  out = subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=fedavg',
+       '--task=quadratic', '--rounds=2', '--ray_address=local', '--ray_actors=1',
+       f'--output_dir={tmp_path}'], capture_output=True, text=True, timeout=300,
+      stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert 'Traceback' not in out.stderr and 'Exception ignored' not in out.stderr, out.stderr
+
+
 def _tiny_grid() -> reproductions.Reproduction:
   return reproductions.Reproduction(
       task='quadratic', algorithms=('fedavg', 'fedprox'), client_learning_rates=(0.01, 0.03),
