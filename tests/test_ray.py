@@ -107,6 +107,22 @@ def test_each_actor_sends_sums_of_one_updates_size_whatever_its_clients():
   assert len(IDS) > 4 and received[0] == received[1] < 2 * weights + 1024
 
 
+@pytest.mark.parametrize('name', ['scaffold', 'ditto'])
+def test_what_an_actor_sends_and_receives_does_not_grow_with_the_population(name):
+  """Per-client tables (SCAFFOLD's c_i, Ditto's personal models) travel as the actor's
+  clients' rows: one round of the same two clients costs the same bytes on a population
+  of 5 as on one of 10 (its first 5 clients the same), and the states agree."""
+  costs, states = [], []
+  for data, population in ((DATA, 5), (algorithm_cases.TEN, 10)):
+    runtime = ray_runtime.build(algorithm_cases.algorithm(name, dict(num_clients=population)),
+                                data, OPTIONS, engine='mapped')
+    output = runtime.next(runtime.initialize(), ['c0', 'c1'])
+    costs.append(runtime.costs[:2])
+    states.append(runtime.get_model_weights(output.state).trainable)
+  assert costs[0] == costs[1], costs
+  _assert_same(states[1], states[0], name)
+
+
 # The default suite runs the three that exercise every path of a round on Ray (plain,
 # per-client state, a cohort-wide reference loss); `make test-ray` runs every algorithm
 # and the tests marked `ray` (the suite's time budget).

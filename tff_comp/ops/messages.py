@@ -71,6 +71,9 @@ class ClientWeightsPayload(NamedTuple):
   weights: Any  # ModelWeights
   client_weights: tf.Tensor  # [num_clients]
 
+  # Per-client tables a client reads only at its own row (`runtime.client_rows`).
+  client_rows = ('client_weights',)
+
 
 class SlotLossUpdate(NamedTuple):
   """A per-client-weighted client's report: pseudo-gradient, and its loss in its own
@@ -85,6 +88,8 @@ class DittoPayload(NamedTuple):
 
   weights: Any  # ModelWeights
   personal: Weights  # per trainable tensor, [num_clients, *shape]
+
+  client_rows = ('personal',)  # read at the client's own row
 
 
 class DittoUpdate(NamedTuple):
@@ -115,6 +120,8 @@ class MemoryPayload(NamedTuple):
   weights: Any  # ModelWeights
   memory: Weights  # per trainable tensor, [num_clients, *shape]
   seen: tf.Tensor  # [num_clients]: 1 where the client's memory was set
+
+  client_rows = ('memory', 'seen')  # read at the client's own row
 
 
 class MemoryUpdate(NamedTuple):

@@ -35,6 +35,8 @@ class ControlPayload(NamedTuple):
   control: Weights
   controls: Weights  # per trainable tensor, [num_clients, *shape]
 
+  client_rows = ('controls',)  # read at the client's own row (`runtime.client_rows`)
+
 
 class ControlUpdate(NamedTuple):
   """A SCAFFOLD client's report: pseudo-gradient x - y_K, its new control c_i+ in its

@@ -16,10 +16,12 @@ each round's clients run by Ray actors.
 Each client's work is its own whatever runs it, and the round's end is the single
 process's on the same sums, added in another order: a run on K actors equals the
 in-process run to float rounding (1e-6, `tests/test_ray.py`). An actor sends one
-update's worth of sums whatever its number of clients (bench part 3 prints the bytes).
-Per-client server state (SCAFFOLD's c_i, Ditto's personal models, AFL's weights) stays
-in the driver's state and reaches the actors in the payload, as in-process (their sums
-are per-client tables, each client's row its own).
+update's worth of sums whatever its number of clients (bench part 3 prints the bytes),
+and the rows below.
+Per-client server state (SCAFFOLD's c_i, Ditto's personal models, Local-MOML's memory,
+AFL's weights) stays in the driver's state, whose server step reads it whole; an actor
+receives its clients' rows of those tables and returns their rows of the slot tables
+(`client_rows`), so its messages grow with its clients, not with the population.
 
 An actor that dies in a round is restarted by Ray (`max_restarts`) and set up again on
 its shard, and its part of the round runs again there: the round is pure, the results
@@ -47,6 +49,7 @@ from tff_comp import registry
 from tff_comp import settings
 from tff_comp.ops import client_round
 from tff_comp.runtime import base
+from tff_comp.runtime import client_rows
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import round_stages
 from tff_comp.runtime import streaming
@@ -172,11 +175,15 @@ class Shard:
 
   def client_sums(self, payload, hparams, client_ids, work, indices, round_num, reference,
                   aggregator):
-    return self.runtime.client_sums(payload, hparams, client_ids, work, indices,
-                                    round_num, reference, aggregator)
+    """The clients' sums from a payload holding their rows of the per-client tables,
+    with their rows of the slot tables alone (`client_rows`)."""
+    sums = self.runtime.client_sums(client_rows.expand(payload), hparams, client_ids, work,
+                                    indices, round_num, reference, aggregator)
+    return client_rows.select_sums(sums, self.runtime.algorithm.aggregation, indices)
 
   def reference_candidates(self, payload, hparams, client_ids) -> np.ndarray:
-    return self.runtime.reference_candidates(payload, hparams, client_ids)
+    return self.runtime.reference_candidates(client_rows.expand(payload), hparams,
+                                             client_ids)
 
 
 # This process's actors, by (cluster, count, GPUs each): their processes (and the
@@ -249,9 +256,10 @@ def _sub_data(client_data, client_ids: Sequence[str]):
 
 
 class RoundCosts(NamedTuple):
-  """What a round on Ray cost: bytes sent to the actors (the payload, hparams and the
-  private aggregator's state, to each) and received (each actor's sums, the size of one
-  update whatever its number of clients), seconds from sending to the last answer, and
+  """What a round on Ray cost: bytes sent to the actors (the payload with the actor's
+  clients' rows of the per-client tables, hparams and the private aggregator's state, to
+  each) and received (each actor's sums, the size of one update whatever its number of
+  clients, and those clients' rows), seconds from sending to the last answer, and
   seconds of the driver's round end (aggregation, noise, server step, metrics)."""
 
   sent: int
@@ -261,7 +269,8 @@ class RoundCosts(NamedTuple):
 
 
 def _nbytes(structure) -> int:
-  return sum(np.asarray(leaf).nbytes for leaf in tf.nest.flatten(structure))
+  return sum(leaf.nbytes if isinstance(leaf, client_rows.Rows) else np.asarray(leaf).nbytes
+             for leaf in tf.nest.flatten(structure))
 
 
 class RayRuntime:
@@ -357,27 +366,33 @@ class RayRuntime:
     parts = {}  # actor -> positions in the cohort
     for position, cid in enumerate(client_ids):
       parts.setdefault(self._owner[cid], []).append(position)
+    index = self._driver.population_index
+    # Each actor's payload holds its clients' rows of the per-client tables alone.
+    payloads = {k: client_rows.select_payload(payload, [index[client_ids[p]] for p in ps])
+                for k, ps in parts.items()}
     rule = self._driver.algorithm.client_rule
     reference = None
     if rule.uses_reference_loss:
       reference = float(max(np.max(c) for c in self._call(
-          'reference_candidates', round_num, {k: (payload, hparams, [client_ids[p] for p in ps])
-                                              for k, ps in parts.items()}).values()))
+          'reference_candidates', round_num, {
+              k: (payloads[k], hparams, [client_ids[p] for p in ps])
+              for k, ps in parts.items()}).values()))
     start = time.perf_counter()
     private = tf.nest.map_structure(np.asarray, state.aggregator)  # the clip in force
     results = self._call('client_sums', round_num, {
-        k: (payload, hparams, [client_ids[p] for p in ps], [work[p] for p in ps],
-            [self._driver.population_index[client_ids[p]] for p in ps], round_num,
-            reference, private) for k, ps in parts.items()})
+        k: (payloads[k], hparams, [client_ids[p] for p in ps], [work[p] for p in ps],
+            [index[client_ids[p]] for p in ps], round_num, reference, private)
+        for k, ps in parts.items()})
     gathered = time.perf_counter()
-    total = round_stages.add_sums(list(results.values()))  # in actor order
+    total = round_stages.add_sums(  # in actor order
+        [client_rows.expand(share) for share in results.values()])
     weights, server, aggregator, metrics = self._host.from_sums(
         total, state, state.aggregator, reference)
     work_state = client_round.ClientWorkState(state.client_work.hparams,
                                               state.client_work.round + 1)
     output = base.RoundOutput(inprocess.learning_state(weights, work_state, server, aggregator),
                               self._driver.stages.unpack_metrics(metrics))
-    self.costs = RoundCosts(_nbytes((payload, hparams, private)) * len(parts),
+    self.costs = RoundCosts(sum(_nbytes((p, hparams, private)) for p in payloads.values()),
                             sum(_nbytes(share) for share in results.values()),
                             gathered - start, time.perf_counter() - gathered)
     return output
