@@ -3,6 +3,7 @@ output, whatever the lane count, and every algorithm's kernel compiles once for 
 cohort."""
 
 import collections
+import logging
 import os
 import re
 import subprocess
@@ -12,11 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import algorithm_cases
 from tff_comp import models
 from tff_comp import registry
 from tff_comp.ops import client_round
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import sgd
+from tff_comp.runtime import inprocess
 from tff_comp.runtime import lanes
 
 D = 3
@@ -221,6 +224,21 @@ for name, options in [('per_fedavg', dict(variant='exact')), ('comfedl', dict(ob
   auto = inprocess.build(algorithm_cases.build(name, options), data, client_rounds=10**6)
   print(name, auto.engine)
 """
+
+
+def test_a_clients_row_of_per_client_tables_vectorizes_across_lanes(caplog):
+  """Ditto's (and AFL's, TR-MAML's, Local-MOML's) client writes its row of the [N]
+  tables with a select, which vectorizes across lanes: a scatter had no vectorized form
+  and ran as a loop over the cohort's clients, saying so in TensorFlow's log."""
+  logger = logging.getLogger('tensorflow')
+  logger.addHandler(caplog.handler)
+  try:
+    data = algorithm_cases.DATA['unequal']
+    process = inprocess.build(algorithm_cases.algorithm('ditto', {}), data, engine='lanes')
+    process.next(process.initialize(), list(data.client_ids))
+  finally:
+    logger.removeHandler(caplog.handler)
+  assert not [r for r in caplog.records if 'while_loop for converting' in r.getMessage()]
 
 
 def test_second_order_rules_compile_once_so_auto_keeps_them_on_lanes(repo_root):

@@ -30,9 +30,13 @@ from tff_comp.ops import server_steps
 
 
 def slot(value: tf.Tensor, context: rule_lib.RoundContext, num_clients: int) -> tf.Tensor:
-  """`value` in row `client_index` of a [num_clients, *value.shape] table of zeros."""
-  return tf.scatter_nd([[context.client_index]], value[tf.newaxis],
-                       [num_clients, *value.shape])
+  """`value` in row `client_index` of a [num_clients, *value.shape] table of zeros.
+
+  A select, not `tf.scatter_nd`: the lanes engine vectorizes it across clients, where
+  a scatter has no vectorized form (it ran as a loop over the cohort's clients)."""
+  row = tf.reshape(tf.equal(tf.range(num_clients), context.client_index),
+                   [num_clients] + [1] * value.shape.rank)
+  return tf.where(row, value[tf.newaxis], tf.zeros_like(value)[tf.newaxis])
 
 
 class PerClientRule(rule_lib.RuleWrapper):

@@ -239,8 +239,8 @@ def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
   """Each client's `ClientOutput` from its state after its batches, stacked in
   cohort order."""
   steps = plans.batches.steps
-  # Once per client, so a per-client loop where an op does not vectorize (the slot
-  # tables' scatter of AFL, TR-MAML, Ditto) costs little.
+  # Once per client, so a per-client loop where an op does not vectorize costs little
+  # (the per-client tables' rows are a select, which vectorizes: `ops.per_client.slot`).
   if trial is None:
     return _vectorized_map(
         lambda args: client_round.finish_client(rule, args[0], args[1], payload, hparams,
