@@ -367,9 +367,9 @@ class RayRuntime:
     for position, cid in enumerate(client_ids):
       parts.setdefault(self._owner[cid], []).append(position)
     index = self._driver.population_index
+    rows = {k: [index[client_ids[p]] for p in ps] for k, ps in parts.items()}
     # Each actor's payload holds its clients' rows of the per-client tables alone.
-    payloads = {k: client_rows.select_payload(payload, [index[client_ids[p]] for p in ps])
-                for k, ps in parts.items()}
+    payloads = {k: client_rows.select_payload(payload, rows[k]) for k in parts}
     rule = self._driver.algorithm.client_rule
     reference = None
     if rule.uses_reference_loss:
@@ -381,7 +381,7 @@ class RayRuntime:
     private = tf.nest.map_structure(np.asarray, state.aggregator)  # the clip in force
     results = self._call('client_sums', round_num, {
         k: (payloads[k], hparams, [client_ids[p] for p in ps], [work[p] for p in ps],
-            [index[client_ids[p]] for p in ps], round_num, reference, private)
+            rows[k], round_num, reference, private)
         for k, ps in parts.items()})
     gathered = time.perf_counter()
     total = round_stages.add_sums(  # in actor order
