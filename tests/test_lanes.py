@@ -19,6 +19,7 @@ from tff_comp import registry
 from tff_comp.ops import client_round
 from tff_comp.ops import rule as rule_lib
 from tff_comp.ops import sgd
+from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import lanes
 
@@ -117,6 +118,26 @@ def test_each_client_gets_run_clients_output(width, momentum, epochs, in_kernel)
   assert float(stacked.weight[1]) == 0.0
 
 
+def test_the_kernels_width_takes_the_fewest_lane_steps():
+  """Ten clients of 12 full batches: 8 lanes take two passes (24 steps, the second with
+  6 lanes idle), 10 lanes one (12 steps), so a kernel for 10 takes 10 lanes unless the
+  lanes are set; where one large client sets the makespan at any width, the fewer
+  lanes."""
+  assert (lanes.makespan(np.full(10, 12), 8), lanes.makespan(np.full(10, 12), 10)) == (24, 12)
+  assert lanes.makespan(np.array([100, *[5] * 9]), 8) == 100
+  assert lanes.lane_width(np.full(40, 12), 10, 8) == 10
+  assert lanes.lane_width(np.full(40, 12), 4, 8) == 4
+  assert lanes.lane_width(np.array([100] * 5 + [1] * 35), 10, 8) == 8
+  # 24 equal clients: 8 lanes (3 passes) and 12 (2 passes) tie; 16 would idle 8 lanes.
+  assert lanes.lane_width(np.full(40, 12), 24, 8) == 8
+  x = np.random.default_rng(0).normal(size=(10 * 48, D)).astype(np.float32)
+  data = engines.ResidentData((x, x[:, 0]), np.full(10, 48, np.int32),
+                              tuple(str(i) for i in range(10)), 'CPU', with_keys=False)
+  algorithm = algorithm_cases.algorithm('fedavg', {})
+  assert engines.LanesEngine(algorithm, data, lanes=8, widen=True).width(10) == 10
+  assert engines.LanesEngine(algorithm, data, lanes=8).width(10) == 8
+
+
 def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:
   """(stdout, [(kernel, compiles so far)] from XLA's log) of `script` in a fresh
   Python."""
@@ -135,6 +156,7 @@ _COMPILES = """
 import numpy as np
 from tests import algorithm_cases
 from tff_comp import registry
+from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 data = algorithm_cases.DATA['unequal']
 for name in registry.ALGORITHMS.names():
@@ -162,6 +184,7 @@ def test_every_algorithm_compiles_once_for_every_cohort(repo_root):
 _COHORT_SIZES = """
 import numpy as np
 from tests import algorithm_cases
+from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 data = algorithm_cases.TEN
 process = inprocess.build(algorithm_cases.algorithm('fedavg', {}, shuffle=True), data,
@@ -186,6 +209,7 @@ _CNN = """
 from tests import test_keras_models as k
 from tff_comp import keras_models
 from tff_comp.algorithms import fedavg
+from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 model = keras_models.from_keras(k._cnn(), k.LOSS, k._spec('cnn'))
 process = inprocess.build(fedavg.build_fedavg(model, client_learning_rate=0.1,
@@ -212,6 +236,7 @@ def test_a_keras_cnn_compiles_once_for_every_cohort(repo_root):
 _SECOND_ORDER = """
 import numpy as np
 from tests import algorithm_cases
+from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 data = algorithm_cases.DATA['unequal']
 for name, options in [('per_fedavg', dict(variant='exact')), ('comfedl', dict(objective='maml'))]:

@@ -140,7 +140,7 @@ class Cohort(NamedTuple):
 
 class Engine(Protocol):
   """Runs a cohort's client work (see the module docstring). Built as
-  `Engine(algorithm, data, lanes=..., short_sizes=...)`.
+  `Engine(algorithm, data, lanes=..., short_sizes=..., widen=...)`.
 
   `in_graph`: `run` is traced into the round's `tf.function` (else the round runs
   eagerly). `compiles_per_capacity`: `run` compiles for the cohort's `capacity` and
@@ -181,8 +181,8 @@ class MappedEngine:
   why_not = staticmethod(_always)
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int = 0, short_sizes: tuple[int, ...] = ()):
-    del lanes, short_sizes  # the lanes engine's
+               lanes: int = 0, short_sizes: tuple[int, ...] = (), widen: bool = False):
+    del lanes, short_sizes, widen  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
@@ -245,15 +245,20 @@ class LanesEngine:
   """Lockstep lanes (`runtime.lanes`): every local step in one XLA kernel compiled once
   (short last batches of more than `lanes.MAX_KERNEL_SHORT_SIZES` sizes vectorized per
   size outside it), outputs vectorized. `short_sizes`: the distinct short-batch sizes
-  of the population's clients."""
+  of the population's clients. `widen`: a kernel may run up to 2 x `lanes` clients
+  together where that takes fewer lane-steps (`lanes.lane_width`), else `lanes`."""
 
   name = 'lanes'
   in_graph = True
   compiles_per_capacity = True
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int, short_sizes: tuple[int, ...] = ()):
+               lanes: int, short_sizes: tuple[int, ...] = (), widen: bool = False):
     self._algorithm, self._data, self.lanes = algorithm, data, lanes
+    # Each population client's full batches in round 0 (the schedule `widen` weighs).
+    self._full = client_round.plan_cohort(
+        algorithm.client_rule, algorithm.client_options, data.counts, data.keys,
+        0).full.numpy() if widen else None
     in_kernel = len(short_sizes) <= lanes_lib.MAX_KERNEL_SHORT_SIZES
     self._kernel_sizes = tuple(short_sizes) if in_kernel else ()
     self._short_outside = not in_kernel
@@ -285,11 +290,18 @@ class LanesEngine:
               ' lanes kernel')
     return ''
 
+  def width(self, capacity: int) -> int:
+    """The lanes of the kernel for `capacity` clients."""
+    if self._full is None:
+      return min(self.lanes, capacity)
+    return lanes_lib.lane_width(self._full, capacity, self.lanes)
+
   def _local_steps(self, payload, hparams, offsets, counts, plans, trial):
     algorithm = self._algorithm
     return lanes_lib.run_batches(
         algorithm.client_rule, payload, hparams, algorithm.client_options,
-        self._data.examples, offsets, counts, plans, lanes=self.lanes,
+        self._data.examples, offsets, counts, plans,
+        lanes=self.width(int(offsets.shape[0])),
         sizes=self._kernel_sizes, trial=trial)
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
@@ -327,8 +339,8 @@ class DebugEngine:
   why_not = staticmethod(_always)
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int = 0, short_sizes: tuple[int, ...] = ()):
-    del lanes, short_sizes  # the lanes engine's
+               lanes: int = 0, short_sizes: tuple[int, ...] = (), widen: bool = False):
+    del lanes, short_sizes, widen  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:

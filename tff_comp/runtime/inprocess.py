@@ -82,7 +82,9 @@ class InProcessRuntime:
       or fails to vectorize in the first round, then mapped; the
       choice and its reason are logged in one line (`engine`, `why`, `record`).
     lanes: clients stepping together on the lanes engine (default 8 on a CPU, where
-      wider lanes were no faster per step, 64 on a GPU).
+      wider lanes were no faster per step, 64 on a GPU; by default a kernel may take up
+      to twice that where its cohort then runs in fewer lane-steps:
+      `lanes.lane_width`).
     client_rounds: the client rounds of the whole run (rounds x clients per round), if
       known; 'auto' takes the mapped engine when their local steps are too few to
       repay compiling the lanes kernel (`engines.AUTO_LANES_MIN_STEPS`).
@@ -125,7 +127,7 @@ class InProcessRuntime:
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
     self._engines = {name: engine_(algorithm, self.data, lanes=self.lanes,
-                                   short_sizes=short_sizes)
+                                   short_sizes=short_sizes, widen=lanes is None)
                      for name, engine_ in engines_lib.ENGINES.items()}
     # Traced once for cohorts of any size (see `next`); without AutoGraph, which
     # tff_comp's math does not need and which tripled the time of the first round.
@@ -237,17 +239,17 @@ class InProcessRuntime:
             client_round.ClientWorkState(*state.client_work), state.aggregator)
     with tf.device(self.device):
       try:
-        weights, server_state, aggregator, metrics = self._run_round(
+        weights, server_state, aggregator, metrics, round_num = self._run_round(
             args, positions, indices, work)
       except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as error:
         if not self._fallbacks:
           raise
         # A rule XLA or vectorization cannot run (the round is pure: nothing to undo).
         self._fall_back(error)
-        weights, server_state, aggregator, metrics = self._run_round(
+        weights, server_state, aggregator, metrics, round_num = self._run_round(
             args, positions, indices, work)
     self._fallbacks = []  # a later failure is the algorithm's own, not the engine's
-    work = client_round.ClientWorkState(state.client_work.hparams, state.client_work.round + 1)
+    work = client_round.ClientWorkState(state.client_work.hparams, round_num)
     return base.RoundOutput(learning_state(weights, work, server_state, aggregator),
                             self.stages.unpack_metrics(metrics))
 
@@ -292,14 +294,16 @@ class InProcessRuntime:
   def _round(self, weights, server_state, work_state, aggregator, positions, indices, work,
              capacity: int):
     """One round; `positions` locate the cohort's examples in `self.data`, `indices`
-    are the clients' indices in the population."""
+    are the clients' indices in the population. Returns (weights, server state,
+    aggregator state, packed metrics, the next round's number): the number counted
+    here, where an eager add would cost a round 20 us."""
     algorithm, hparams = self.algorithm, work_state.hparams
     payload = algorithm.server_rule.payload(server_state, weights)
     seed = algorithm.client_options.seed
     outputs, reference = self._client_outputs(payload, hparams, positions, indices, work,
                                               work_state.round, None, capacity)
-    return self.stages.finish(outputs, weights, server_state, aggregator, work_state.round,
-                              seed, reference)
+    return (*self.stages.finish(outputs, weights, server_state, aggregator,
+                                work_state.round, seed, reference), work_state.round + 1)
 
   def _client_outputs(self, payload, hparams, positions, indices, work, round_num,
                       reference, capacity: int):
@@ -392,6 +396,8 @@ def as_tensors(state: base.State) -> base.State:
   rate) would make a round function trace again for the tensor it returns, and NumPy
   values (a restored checkpoint) would count the round in NumPy (int32 + 1 gave int64),
   which traced the round again in a resumed run's second round."""
+  if all(isinstance(v, tf.Tensor) for v in tf.nest.flatten(state)):
+    return state  # every round after the first: rebuilding the state costs 55 us
   return tf.nest.map_structure(
       lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else tf.constant(v),
       state)
@@ -437,7 +443,7 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
 
   Args:
     engine: 'auto', 'lanes', 'mapped' or 'debug' (`runtime.engines`).
-    lanes: clients stepping together on the lanes engine.
+    lanes: clients stepping together on the lanes engine (default: `InProcessRuntime`'s).
     device: a TensorFlow device name (default: the first GPU, else the CPU).
     client_rounds: the run's rounds x clients per round, if known (`InProcessRuntime`).
     data_memory_budget: MB the clients' examples may take resident on the device; a

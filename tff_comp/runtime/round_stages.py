@@ -49,6 +49,9 @@ class RoundStages:
     self.algorithm, self.data = algorithm, data
     self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
     self._metric_specs: Any = None  # the round's metrics' structure (`pack_metrics`)
+    # Each leaf's (start, end, shape, dtype) in the packed vector, noted with the specs
+    # so that unpacking a round's metrics is a slice per leaf.
+    self._metric_layout: list[tuple[int, int, tuple[int, ...], Any]] = []
 
   def reference_candidates(self, payload, hparams, positions: tf.Tensor, *,
                            trial: tf.Tensor | None = None) -> tf.Tensor:
@@ -146,21 +149,23 @@ class RoundStages:
     their structure, when traced."""
     self._metric_specs = tf.nest.map_structure(
         lambda t: tf.TensorSpec(t.shape, t.dtype), metrics)
+    self._metric_layout, start = [], 0
     for spec in tf.nest.flatten(self._metric_specs):
       if not spec.shape.is_fully_defined():
         raise ValueError(f'a round metric has the unknown shape {spec.shape}.')
+      size = spec.shape.num_elements()
+      self._metric_layout.append((start, start + size, tuple(spec.shape),
+                                  spec.dtype.as_numpy_dtype))
+      start += size
     leaves = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(metrics)]
     return tf.concat(leaves, 0) if leaves else tf.zeros([0], tf.float64)
 
   def unpack_metrics(self, packed: tf.Tensor):
     """`pack_metrics`'s metrics (of one trial) as NumPy values, in their structure and
     dtypes."""
-    values, leaves, start = np.asarray(packed), [], 0
-    for spec in tf.nest.flatten(self._metric_specs):
-      size = spec.shape.num_elements()
-      leaves.append(values[start:start + size].reshape(spec.shape).astype(
-          spec.dtype.as_numpy_dtype))
-      start += size
+    values = np.asarray(packed)
+    leaves = [values[start:end].reshape(shape).astype(dtype)
+              for start, end, shape, dtype in self._metric_layout]
     return tf.nest.pack_sequence_as(self._metric_specs, leaves)
 
 
