@@ -47,10 +47,12 @@ def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
                   if not any(fnmatch.fnmatchcase(c, p) for p in documented)]
   assert not undocumented, f'columns missing from docs/metrics.md\'s table: {undocumented}'
   logged = {'feddualavg': 'server/elapsed', 'afl': 'server/client_weights/9',
-            'tr_maml': 'server/lambda_learning_rate', 'fedavg': 'hparams/client_work/momentum'}
+            'tr_maml': 'server/lambda_learning_rate', 'fedavg': 'hparams/client_work/momentum',
+            'local_moml': 'server/seen'}
   if name in logged:  # what defines the method is logged every round
     column = rows[0].split(',').index(logged[name])
     assert all(r.split(',')[column] for r in rows[2:]), rows
+  assert not [c for c in rows[0].split(',') if c.startswith('server/seen/')]  # one count
   if prepared.task.evaluate_clients is not None:  # one per-client CSV per evaluation
     files = sorted((tmp_path / 'clients').glob('eval_round_*.csv'))
     assert [f.name for f in files] == [f'eval_round_0000{r}.csv' for r in range(3)]

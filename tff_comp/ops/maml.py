@@ -213,6 +213,8 @@ class MemoryState(NamedTuple):
   memory: Any  # u_i: one table [num_clients, ...] per weight
   seen: Any  # [num_clients]: 1 where u_i was set
 
+  counted = ('seen',)  # logged as the number of clients with memory (`server/seen`)
+
 
 class MemoryServer(rule_lib.ServerRule):
   """Local-MOML's server with memory kept across rounds: FedAvg's optimizer step on w,

@@ -77,16 +77,21 @@ def hparam_metrics(process, state) -> run_files.Metrics:
 def server_quantities(state) -> run_files.Metrics:
   """The server state's scalars and small tables (`server/...`: FedDualAvg's elapsed
   coefficient, AFL's client weights), the optimizer's state aside: what defines the
-  method at this round, for plots."""
+  method at this round, for plots. A table of per-client flags that the state's type
+  names in `counted` is logged as its sum (Local-MOML's `seen`: the clients whose
+  memory is set)."""
   quantities = {}
   finalizer = base.server_state(state)  # a server rule's NamedTuple (a plugin's mapping)
   fields = (finalizer._asdict() if hasattr(finalizer, '_asdict') else
             finalizer if isinstance(finalizer, Mapping) else {})
+  counted = getattr(type(finalizer), 'counted', ())
   for name, value in fields.items():
     if name == 'optimizer' or tf.nest.is_nested(value):
       continue
     value = np.asarray(value)
-    if value.ndim == 0:
+    if name in counted:
+      quantities[f'server/{name}'] = float(value.sum())
+    elif value.ndim == 0:
       quantities[f'server/{name}'] = float(value)
     elif value.ndim == 1 and value.size <= _MAX_LOGGED_TABLE:
       quantities.update({f'server/{name}/{i}': float(v) for i, v in enumerate(value)})
