@@ -27,7 +27,7 @@ from tensorboard.compat.proto import summary_pb2
 from tensorboard.compat.proto import tensor_pb2
 from tensorboard.compat.proto import types_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
-from tensorboard.summary.writer import record_writer
+import tensorflow as tf
 
 
 Metrics = dict[str, float]
@@ -59,19 +59,41 @@ def _scalar_summary(metrics: Metrics) -> summary_pb2.Summary:
       for tag, value in metrics.items()])
 
 
-class _EventFile(record_writer.RecordWriter):
+class _EventFile:
   """A TensorBoard event file in `directory`, named and begun as TensorBoard's
-  `EventFileWriter` does, written in the calling thread: that writer's thread printed
-  a traceback of its own when the disk filled, besides the run's one line."""
+  `EventFileWriter` does, written in the calling thread by TensorFlow's record writer
+  (event files are TFRecord files): TensorBoard's own writer computes each record's
+  CRC32C in Python (87 us for a round's 1 kB of scalars, against 1.3 us), and its
+  `EventFileWriter`'s thread printed a traceback of its own when the disk filled,
+  besides the run's one line. Write errors raise OSError."""
 
   def __init__(self, directory: pathlib.Path):
     directory.mkdir(parents=True, exist_ok=True)
     name = f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}'
-    super().__init__(open(directory / name, 'wb'))  # pylint: disable=consider-using-with
+    with _as_os_error():
+      self._records = tf.io.TFRecordWriter(str(directory / name))
     self.write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
 
-  def write(self, event: event_pb2.Event) -> None:  # pylint: disable=arguments-renamed
-    super().write(event.SerializeToString())
+  def write(self, event: event_pb2.Event) -> None:
+    with _as_os_error():
+      self._records.write(event.SerializeToString())
+
+  def flush(self) -> None:
+    with _as_os_error():
+      self._records.flush()
+
+  def close(self) -> None:
+    with _as_os_error():
+      self._records.close()
+
+
+@contextlib.contextmanager
+def _as_os_error():
+  """TensorFlow's file errors (a full disk: 'No space left on device') as OSError."""
+  try:
+    yield
+  except tf.errors.OpError as e:
+    raise OSError(e.message) from e
 
 
 @contextlib.contextmanager
@@ -102,7 +124,7 @@ class MetricsWriter:
   path: rows are buffered and written together every `flush_seconds`, by `flush()` (the
   checkpointer calls it before it saves, so every row up to a checkpoint is on disk
   before the checkpoint is) and by `close()`. TensorBoard's events are written by
-  TensorBoard's record writer in this thread (`_EventFile`), each round's scalars as
+  TensorFlow's record writer in this thread (`_EventFile`), each round's scalars as
   `tf.summary.scalar` writes them (one eager `tf.summary.scalar` per metric cost about 9 ms a round; a
   `tf.function` writing them was traced for every run: 43 ms against 10 ms for a
   500-round run's writer, more in a grid whose trials' threads contend).
