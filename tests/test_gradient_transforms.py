@@ -19,7 +19,8 @@ def _steps(transforms, grads_of, steps=3, lr=0.1):
   weights = tuple(tf.constant(w) for w in W0)
   states = gt.init(transforms, weights, _Payload())
   for _ in range(steps):
-    direction, states = gt.chain(transforms, grads_of(weights), weights, states, HPARAMS)
+    direction, states = gt.chain(transforms, grads_of(weights), weights, states, HPARAMS,
+                                 tuple(tf.constant(w) for w in W0))
     weights = tuple(w - lr * d for w, d in zip(weights, direction))
   return [w.numpy() for w in weights]
 
@@ -47,7 +48,7 @@ def test_control_variate_adds_c_minus_own_row():
   np.testing.assert_allclose(state.correction[0], [0.1 - 0.5, 0.2 + 0.5], rtol=1e-6)
   np.testing.assert_allclose(state.correction[1], -0.4 - 1.0, rtol=1e-6)
   direction, _ = gt.chain((transform,), _grad(W0), W0,
-                          {'control_variate': state}, HPARAMS)
+                          {'control_variate': state}, HPARAMS, W0)
   np.testing.assert_allclose(direction[0], 2.0 * W0[0] + np.array([-0.4, 0.7]), rtol=1e-6)
 
 

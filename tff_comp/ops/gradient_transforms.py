@@ -8,10 +8,11 @@ transforms), so local SGD, FedProx, momentum and SCAFFOLD are one step:
     momentum        v <- rho v + d;  d <- v             heavy ball, reset every round
     w_{k+1} = w_k - eta_c d
 
-Each transform keeps its state for the round (the start point, the velocity, the
-correction) under its name in the rule's extras, and names the hyperparameters it
-reads (`hparams`: name -> initial value), so they are the rule's, settable between
-rounds. `chain` applies them in order.
+Each transform keeps its state for the round (the velocity, the correction) under its
+name in the rule's extras, reads the round's start point w_r from the payload (so the
+lanes engine keeps one copy for all its lanes, not a copy per lane), and names the
+hyperparameters it reads (`hparams`: name -> initial value), so they are the rule's,
+settable between rounds. `chain` applies them in order.
 """
 
 import collections
@@ -25,7 +26,8 @@ from tff_comp.ops.model_ops import Weights
 
 class Transform:
   """A term of the step's direction. `init(start, payload)`: its state at the round's
-  start point; `apply(direction, weights, state, hparams)`: (new direction, new state)."""
+  start point; `apply(direction, weights, state, hparams, start)`: (new direction, new
+  state), `start` the round's start point."""
 
   name: str = ''
   hparams: dict[str, float] = {}
@@ -34,8 +36,8 @@ class Transform:
     del start, payload
     return ()
 
-  def apply(self, direction: Weights, weights: Weights, state: Any,
-            hparams) -> tuple[Weights, Any]:
+  def apply(self, direction: Weights, weights: Weights, state: Any, hparams,
+            start: Weights) -> tuple[Weights, Any]:
     raise NotImplementedError
 
 
@@ -47,13 +49,9 @@ class Proximal(Transform):
   def __init__(self, strength: float = 0.0):
     self.hparams = {'proximal_strength': float(strength)}
 
-  def init(self, start, payload):
-    del payload
-    return start
-
-  def apply(self, direction, weights, state, hparams):
+  def apply(self, direction, weights, state, hparams, start):
     mu = hparams['proximal_strength']
-    return tuple(d + mu * (w - w0) for d, w, w0 in zip(direction, weights, state)), state
+    return tuple(d + mu * (w - w0) for d, w, w0 in zip(direction, weights, start)), state
 
 
 class Subgradient(Transform):
@@ -64,8 +62,8 @@ class Subgradient(Transform):
   def __init__(self, regularizer: regularizers_lib.Regularizer):
     self._regularizer = regularizer
 
-  def apply(self, direction, weights, state, hparams):
-    del hparams
+  def apply(self, direction, weights, state, hparams, start):
+    del hparams, start
     return tuple(d + s for d, s in zip(direction, self._regularizer.subgradient(weights))), state
 
 
@@ -94,8 +92,8 @@ class ControlVariate(Transform):
     own = tuple(tf.gather(table, client_index) for table in payload.controls)
     return Correction(own, tuple(c - ci for c, ci in zip(payload.control, own)))
 
-  def apply(self, direction, weights, state, hparams):
-    del weights, hparams
+  def apply(self, direction, weights, state, hparams, start):
+    del weights, hparams, start
     return tuple(d + c for d, c in zip(direction, state.correction)), state
 
 
@@ -111,8 +109,8 @@ class Momentum(Transform):
     del payload
     return tuple(tf.zeros_like(w) for w in start)
 
-  def apply(self, direction, weights, state, hparams):
-    del weights
+  def apply(self, direction, weights, state, hparams, start):
+    del weights, start
     velocity = tuple(hparams['momentum'] * v + d for v, d in zip(state, direction))
     return velocity, velocity
 
@@ -124,9 +122,11 @@ def init(transforms: tuple[Transform, ...], start: Weights,
 
 
 def chain(transforms: tuple[Transform, ...], gradient: Weights, weights: Weights,
-          states: collections.OrderedDict, hparams) -> tuple[Weights, collections.OrderedDict]:
-  """(the step's direction, the new states): `gradient` through each transform."""
+          states: collections.OrderedDict, hparams,
+          start: Weights) -> tuple[Weights, collections.OrderedDict]:
+  """(the step's direction, the new states): `gradient` through each transform, from
+  the round's start point `start`."""
   direction, new = gradient, collections.OrderedDict()
   for t in transforms:
-    direction, new[t.name] = t.apply(direction, weights, states[t.name], hparams)
+    direction, new[t.name] = t.apply(direction, weights, states[t.name], hparams, start)
   return direction, new

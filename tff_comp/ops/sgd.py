@@ -61,8 +61,9 @@ class SGD(rule_lib.ClientRule):
   def local_step(self, weights, extras, batch, hparams, payload, context):
     del context
     loss, grads = self.loss_and_gradient(weights, batch, payload)
-    direction, extras = gradient_transforms.chain(self.transforms, grads, weights, extras,
-                                                  hparams)
+    direction, extras = gradient_transforms.chain(
+        self.transforms, grads, weights, extras, hparams,
+        tuple(self.weights_of(payload).trainable))
     lr = hparams[rule_lib.LEARNING_RATE]
     return rule_lib.StepResult(loss, tuple(w - lr * d for w, d in zip(weights, direction)),
                                extras)
