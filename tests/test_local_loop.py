@@ -85,3 +85,29 @@ def test_shuffle_index_is_a_uniform_permutation():
                                     tf.range(20000, dtype=tf.int64)).numpy()
   counts = np.bincount(landed, minlength=10)
   assert counts.min() > 1800 and counts.max() < 2200, counts
+
+
+def _mix(x: int) -> int:
+  x &= 0xFFFFFFFF
+  for _ in range(2):
+    x ^= x >> 16
+    x = (x * 0x45D9F3B) & 0xFFFFFFFF
+  return x ^ (x >> 16)
+
+
+def _swap_or_not(i: int, n: int, seed: int) -> int:
+  """The swap-or-not shuffle as local_loop documents it, in Python integers."""
+  for r in range(12):
+    pivot = _mix(seed * 31 + r * 0x9E3779B1) % n
+    partner = (pivot - i) % n
+    if _mix(_mix(seed + r * 0x85EBCA6B) + max(i, partner)) & 1:
+      i = partner
+  return i
+
+
+def test_shuffle_index_is_the_documented_swap_or_not_shuffle():
+  """Every shuffled run's batches (and the stored reproductions' numbers) depend on
+  these exact orders: a faster formula must give the same permutation."""
+  for n, seed in ((1, 5), (7, 0), (128, 3), (1000, 2**31 + 7)):
+    got = local_loop.shuffle_index(tf.range(n), n, tf.constant(seed, tf.int64)).numpy()
+    np.testing.assert_array_equal(got, [_swap_or_not(i, n, seed) for i in range(n)])

@@ -103,7 +103,9 @@ def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   def swap_or_not(r, i):
     r = tf.cast(r, tf.int64)
     pivot = _mix(seed * 31 + r * 0x9E3779B1) % n
-    partner = (pivot - i) % n
+    # (pivot - i) mod n, for pivot and i in [0, n): a select, not a division per example.
+    partner = pivot - i
+    partner = tf.where(partner < 0, partner + n, partner)
     swap = tf.bitwise.bitwise_and(_mix(_mix(seed + r * 0x85EBCA6B) + tf.maximum(i, partner)),
                                   1)
     return r + 1, tf.where(swap > 0, partner, i)
