@@ -109,5 +109,8 @@ def test_shuffle_index_is_the_documented_swap_or_not_shuffle():
   """Every shuffled run's batches (and the stored reproductions' numbers) depend on
   these exact orders: a faster formula must give the same permutation."""
   for n, seed in ((1, 5), (7, 0), (128, 3), (1000, 2**31 + 7)):
-    got = local_loop.shuffle_index(tf.range(n), n, tf.constant(seed, tf.int64)).numpy()
-    np.testing.assert_array_equal(got, [_swap_or_not(i, n, seed) for i in range(n)])
+    want = [_swap_or_not(i, n, seed) for i in range(n)]
+    for compiled in (False, True):  # the plain TF and the XLA kernel's forms
+      got = local_loop.shuffle_index(tf.range(n), n, tf.constant(seed, tf.int64),
+                                     compiled=compiled).numpy()
+      np.testing.assert_array_equal(got, want, err_msg=f'compiled={compiled}')

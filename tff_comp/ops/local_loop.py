@@ -90,9 +90,14 @@ def _mix(x: tf.Tensor) -> tf.Tensor:
 _SHUFFLE_ROUNDS = 12
 
 
-def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor, *,
+                  compiled: bool = False) -> tf.Tensor:
   """Position i of a stateless pseudorandom permutation of [0, n) chosen by `seed`
   (elementwise; the swap-or-not shuffle of Hoang, Morris and Rogaway, 2012).
+  `compiled`: traced for XLA, where each round's (pivot - i) mod n is a select (an
+  int64 division per example cost the lanes kernel 7%); elsewhere it is one floormod
+  (each op's dispatch costs more there: the select slowed the mapped engine's round
+  by a fifth). Both give the same permutation.
 
   Why not `tf.random.experimental.index_shuffle`: TF 2.14 has no XLA kernel and no
   vectorization rule for it, and the lanes engine needs both.
@@ -103,9 +108,11 @@ def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   def swap_or_not(r, i):
     r = tf.cast(r, tf.int64)
     pivot = _mix(seed * 31 + r * 0x9E3779B1) % n
-    # (pivot - i) mod n, for pivot and i in [0, n): a select, not a division per example.
-    partner = pivot - i
-    partner = tf.where(partner < 0, partner + n, partner)
+    if compiled:  # (pivot - i) mod n for pivot and i in [0, n)
+      partner = pivot - i
+      partner = tf.where(partner < 0, partner + n, partner)
+    else:
+      partner = (pivot - i) % n
     swap = tf.bitwise.bitwise_and(_mix(_mix(seed + r * 0x85EBCA6B) + tf.maximum(i, partner)),
                                   1)
     return r + 1, tf.where(swap > 0, partner, i)
@@ -173,8 +180,8 @@ def limit(batches: BatchPlan, work: tf.Tensor) -> BatchPlan:
                    tf.where(kept > batches.full, batches.remainder, 0), batches.seed)
 
 
-def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = None
-              ) -> tf.Tensor:
+def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = None, *,
+              compiled: bool = False) -> tf.Tensor:
   """Examples of the batch of `size` starting at sequence position `first`: position p
   is example p mod n, permuted per epoch p // n when `seed` (a BatchPlan's) is given.
   Broadcasts over leading dimensions of `first`, `n` and `seed` (lanes, cohorts)."""
@@ -183,25 +190,26 @@ def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = Non
   if seed is None:
     return p % n
   epoch_seed = _mix(tf.cast(seed, tf.int64) + tf.cast(p // n, tf.int64) * 0x2545F491)
-  return tf.cast(shuffle_index(p % n, n, epoch_seed), tf.int32)
+  return tf.cast(shuffle_index(p % n, n, epoch_seed, compiled=compiled), tf.int32)
 
 
-def full_batch(batches: BatchPlan, k, batch_size: int, n: tf.Tensor, shuffle: bool = False
-               ) -> tf.Tensor:
+def full_batch(batches: BatchPlan, k, batch_size: int, n: tf.Tensor, shuffle: bool = False,
+               *, compiled: bool = False) -> tf.Tensor:
   """Examples of full batch k (k < full) of the clients `batches` plans: positions
   [k B, (k + 1) B) of their example sequences. Elementwise over the plan's shape (one
   client, or lanes: `take`), with a trailing batch axis. Every engine takes its batches
   from this function and `short_batch`."""
-  return positions(k * batch_size, batch_size, n, batches.seed if shuffle else None)
+  return positions(k * batch_size, batch_size, n, batches.seed if shuffle else None,
+                   compiled=compiled)
 
 
 def short_batch(batches: BatchPlan, batch_size: int, n: tf.Tensor, shuffle: bool = False,
-                size=None) -> tf.Tensor:
+                size=None, *, compiled: bool = False) -> tf.Tensor:
   """Examples of the short last batch: positions [full B, full B + remainder). `size`:
   its length when every client of the call has the same remainder (the lanes engine
   groups clients by it), else the plan's remainder (one client)."""
   return positions(batches.full * batch_size, batches.remainder if size is None else size,
-                   n, batches.seed if shuffle else None)
+                   n, batches.seed if shuffle else None, compiled=compiled)
 
 
 def take(batches: BatchPlan, clients: tf.Tensor) -> BatchPlan:

@@ -188,7 +188,7 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
     clients = tf.maximum(lane_client, 0)
     positions = tf.gather(offsets, clients)[:, None] + local_loop.full_batch(
         local_loop.take(plans.batches, clients), lane_k[:, None], size,
-        tf.gather(counts, clients)[:, None], options.shuffle)
+        tf.gather(counts, clients)[:, None], options.shuffle, compiled=True)
     # No silent per-lane while loop for an op without a vectorization rule: the
     # kernel fails to build instead, and the runtime falls back to mapped clients.
     stepped = _step_all(rule, payload, hparams, trial, clients, lane_state,
@@ -214,7 +214,7 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
       clients = tf.gather(by_size, tf.minimum(slots, m - 1))
       positions = tf.gather(offsets, clients)[:, None] + local_loop.short_batch(
           local_loop.take(plans.batches, clients), size, tf.gather(counts, clients)[:, None],
-          options.shuffle, size=short)
+          options.shuffle, size=short, compiled=True)
       stepped = _step_all(rule, payload, hparams, trial, clients, _rows(states, clients),
                           _rows(examples, positions), _rows(plans.context, clients),
                           fallback_to_while_loop=False)
