@@ -96,8 +96,8 @@ def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor, *,
   (elementwise; the swap-or-not shuffle of Hoang, Morris and Rogaway, 2012).
   `compiled`: traced for XLA, where each round's (pivot - i) mod n is a select (an
   int64 division per example cost the lanes kernel 7%); elsewhere it is one floormod
-  (each op's dispatch costs more there: the select slowed the mapped engine's round
-  by a fifth). Both give the same permutation.
+  (plain TF dispatches each op on its own, so fewer ops cost less). Both give the
+  same permutation.
 
   Why not `tf.random.experimental.index_shuffle`: TF 2.14 has no XLA kernel and no
   vectorization rule for it, and the lanes engine needs both.
