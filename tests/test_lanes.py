@@ -156,7 +156,6 @@ _COMPILES = """
 import numpy as np
 from tests import algorithm_cases
 from tff_comp import registry
-from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 data = algorithm_cases.DATA['unequal']
 for name in registry.ALGORITHMS.names():
@@ -184,7 +183,6 @@ def test_every_algorithm_compiles_once_for_every_cohort(repo_root):
 _COHORT_SIZES = """
 import numpy as np
 from tests import algorithm_cases
-from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 data = algorithm_cases.TEN
 process = inprocess.build(algorithm_cases.algorithm('fedavg', {}, shuffle=True), data,
@@ -209,7 +207,6 @@ _CNN = """
 from tests import test_keras_models as k
 from tff_comp import keras_models
 from tff_comp.algorithms import fedavg
-from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 model = keras_models.from_keras(k._cnn(), k.LOSS, k._spec('cnn'))
 process = inprocess.build(fedavg.build_fedavg(model, client_learning_rate=0.1,
@@ -236,7 +233,6 @@ def test_a_keras_cnn_compiles_once_for_every_cohort(repo_root):
 _SECOND_ORDER = """
 import numpy as np
 from tests import algorithm_cases
-from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
 data = algorithm_cases.DATA['unequal']
 for name, options in [('per_fedavg', dict(variant='exact')), ('comfedl', dict(objective='maml'))]:
