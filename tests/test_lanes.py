@@ -121,8 +121,8 @@ def test_each_client_gets_run_clients_output(width, momentum, epochs, in_kernel)
 def test_the_kernels_width_takes_the_fewest_lane_steps():
   """Ten clients of 12 full batches: 8 lanes take two passes (24 steps, the second with
   6 lanes idle), 10 lanes one (12 steps), so a kernel for 10 takes 10 lanes unless the
-  lanes are set; where one large client sets the makespan at any width, the fewer
-  lanes."""
+  lanes are set or its first cohort is smaller; where one large client sets the
+  makespan at any width, the fewer lanes."""
   assert (lanes.makespan(np.full(10, 12), 8), lanes.makespan(np.full(10, 12), 10)) == (24, 12)
   assert lanes.makespan(np.array([100, *[5] * 9]), 8) == 100
   assert lanes.lane_width(np.full(40, 12), 10, 8) == 10
@@ -134,8 +134,14 @@ def test_the_kernels_width_takes_the_fewest_lane_steps():
   data = engines.ResidentData((x, x[:, 0]), np.full(10, 48, np.int32),
                               tuple(str(i) for i in range(10)), 'CPU', with_keys=False)
   algorithm = algorithm_cases.algorithm('fedavg', {})
-  assert engines.LanesEngine(algorithm, data, lanes=8, widen=True).width(10) == 10
-  assert engines.LanesEngine(algorithm, data, lanes=8).width(10) == 8
+  assert engines.LanesEngine(algorithm, data, lanes=8).width(10) == 8  # lanes as given
+  full = engines.LanesEngine(algorithm, data, lanes=8, widen=True)
+  full.note_cohort(10)
+  assert full.width(10) == 10
+  # A first cohort of 7 (dropout) in a kernel for 10: most rounds would idle 2 more lanes.
+  dropped = engines.LanesEngine(algorithm, data, lanes=8, widen=True)
+  dropped.note_cohort(7)
+  assert dropped.width(10) == 8
 
 
 def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:

@@ -246,7 +246,9 @@ class LanesEngine:
   (short last batches of more than `lanes.MAX_KERNEL_SHORT_SIZES` sizes vectorized per
   size outside it), outputs vectorized. `short_sizes`: the distinct short-batch sizes
   of the population's clients. `widen`: a kernel may run up to 2 x `lanes` clients
-  together where that takes fewer lane-steps (`lanes.lane_width`), else `lanes`."""
+  together where that takes fewer lane-steps (`lanes.lane_width`), when the first
+  cohort it runs fills it (under dropout or Poisson sampling most cohorts would leave
+  the extra lanes idle); else `lanes`."""
 
   name = 'lanes'
   in_graph = True
@@ -259,6 +261,7 @@ class LanesEngine:
     self._full = client_round.plan_cohort(
         algorithm.client_rule, algorithm.client_options, data.counts, data.keys,
         0).full.numpy() if widen else None
+    self._first_cohort: int | None = None  # `note_cohort`
     in_kernel = len(short_sizes) <= lanes_lib.MAX_KERNEL_SHORT_SIZES
     self._kernel_sizes = tuple(short_sizes) if in_kernel else ()
     self._short_outside = not in_kernel
@@ -290,9 +293,14 @@ class LanesEngine:
               ' lanes kernel')
     return ''
 
+  def note_cohort(self, size: int) -> None:
+    """Notes the size of the first cohort, before the kernel is traced for it."""
+    if self._first_cohort is None:
+      self._first_cohort = size
+
   def width(self, capacity: int) -> int:
     """The lanes of the kernel for `capacity` clients."""
-    if self._full is None:
+    if self._full is None or (self._first_cohort or capacity) < capacity:
       return min(self.lanes, capacity)
     return lanes_lib.lane_width(self._full, capacity, self.lanes)
 

@@ -279,6 +279,7 @@ class InProcessRuntime:
     key = (self.engine, capacity)
     if not self._round_fn.traced(key):
       # One trace for cohorts of every size: later calls bind to its [None] shapes.
+      self.note_cohort(int(positions.shape[0]))
       self._round_fn.trace(key, *args, *_ANY_SIZE, capacity)
     return self._round_fn(key, *args, positions, indices, work, capacity)
 
@@ -338,6 +339,7 @@ class InProcessRuntime:
     if not self.engine_impl.in_graph:
       return self._client_outputs(payload, hparams, positions, *args)[0]
     if not self._clients_fn.traced(capacity):
+      self.note_cohort(len(client_ids))
       self._clients_fn.trace(capacity, payload, hparams, *_ANY_SIZE, *args[2:])
     with tf.device(self.device):
       outputs, _ = self._clients_fn(capacity, payload, hparams, positions, *args)
@@ -367,6 +369,12 @@ class InProcessRuntime:
     positions, _ = self._cohort(client_ids, None)
     with tf.device(self.device):
       return self._candidates_fn(payload, hparams, positions).numpy()
+
+  def note_cohort(self, size: int) -> None:
+    """Tells the lanes engine the size of the first cohort its kernel is traced for
+    (`engines.LanesEngine.width`)."""
+    if self.engine_impl.compiles_per_capacity:
+      self.engine_impl.note_cohort(size)
 
   @property
   def engine_impl(self) -> Any:

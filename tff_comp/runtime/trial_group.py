@@ -174,6 +174,7 @@ class TrialGroup:
     # Compiled for every trial's largest cohort together, so once (as a single run's).
     self._capacity = max(self._capacity, sum(self._reserved), len(positions))
     if not self._round_fn.traced(self._capacity):  # one trace for cohorts of every size
+      runtime.note_cohort(len(positions))
       self._trace(stacked)
     stacked = self._in_round_dtypes(stacked)
     args = self._args(stacked)[:5]
