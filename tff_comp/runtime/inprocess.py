@@ -83,8 +83,8 @@ class InProcessRuntime:
       choice and its reason are logged in one line (`engine`, `why`, `record`).
     lanes: clients stepping together on the lanes engine (default 8 on a CPU, where
       wider lanes were no faster per step, 64 on a GPU; by default a kernel may take up
-      to twice that where its cohort then runs in fewer lane-steps:
-      `lanes.lane_width`).
+      to twice that where its cohorts then run in fewer lane-steps and its first cohort
+      fills it: `engines.LanesEngine.width`).
     client_rounds: the client rounds of the whole run (rounds x clients per round), if
       known; 'auto' takes the mapped engine when their local steps are too few to
       repay compiling the lanes kernel (`engines.AUTO_LANES_MIN_STEPS`).
