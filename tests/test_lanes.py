@@ -135,11 +135,11 @@ def test_the_kernels_width_takes_the_fewest_lane_steps():
                               tuple(str(i) for i in range(10)), 'CPU', with_keys=False)
   algorithm = algorithm_cases.algorithm('fedavg', {})
   assert engines.LanesEngine(algorithm, data, lanes=8).width(10) == 8  # lanes as given
-  full = engines.LanesEngine(algorithm, data, lanes=8, widen=True)
+  full = engines.LanesEngine(algorithm, data, lanes=8, full_batches=np.full(10, 16))
   full.note_cohort(10)
   assert full.width(10) == 10
   # A first cohort of 7 (dropout) in a kernel for 10: most rounds would idle 2 more lanes.
-  dropped = engines.LanesEngine(algorithm, data, lanes=8, widen=True)
+  dropped = engines.LanesEngine(algorithm, data, lanes=8, full_batches=np.full(10, 16))
   dropped.note_cohort(7)
   assert dropped.width(10) == 8
 

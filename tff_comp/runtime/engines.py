@@ -140,7 +140,7 @@ class Cohort(NamedTuple):
 
 class Engine(Protocol):
   """Runs a cohort's client work (see the module docstring). Built as
-  `Engine(algorithm, data, lanes=..., short_sizes=..., widen=...)`.
+  `Engine(algorithm, data, lanes=..., short_sizes=..., full_batches=...)`.
 
   `in_graph`: `run` is traced into the round's `tf.function` (else the round runs
   eagerly). `compiles_per_capacity`: `run` compiles for the cohort's `capacity` and
@@ -181,8 +181,9 @@ class MappedEngine:
   why_not = staticmethod(_always)
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int = 0, short_sizes: tuple[int, ...] = (), widen: bool = False):
-    del lanes, short_sizes, widen  # the lanes engine's
+               lanes: int = 0, short_sizes: tuple[int, ...] = (),
+               full_batches: np.ndarray | None = None):
+    del lanes, short_sizes, full_batches  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
@@ -245,7 +246,8 @@ class LanesEngine:
   """Lockstep lanes (`runtime.lanes`): every local step in one XLA kernel compiled once
   (short last batches of more than `lanes.MAX_KERNEL_SHORT_SIZES` sizes vectorized per
   size outside it), outputs vectorized. `short_sizes`: the distinct short-batch sizes
-  of the population's clients. `widen`: a kernel may run up to 2 x `lanes` clients
+  of the population's clients. `full_batches`: each population client's full batches
+  (round 0's plan); given, a kernel may run up to 2 x `lanes` clients
   together where that takes fewer lane-steps (`lanes.lane_width`), when the first
   cohort it runs fills it (under dropout or Poisson sampling most cohorts would leave
   the extra lanes idle); else `lanes`."""
@@ -255,12 +257,10 @@ class LanesEngine:
   compiles_per_capacity = True
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int, short_sizes: tuple[int, ...] = (), widen: bool = False):
+               lanes: int, short_sizes: tuple[int, ...] = (),
+               full_batches: np.ndarray | None = None):
     self._algorithm, self._data, self.lanes = algorithm, data, lanes
-    # Each population client's full batches in round 0 (the schedule `widen` weighs).
-    self._full = client_round.plan_cohort(
-        algorithm.client_rule, algorithm.client_options, data.counts, data.keys,
-        0).full.numpy() if widen else None
+    self._full = full_batches
     self._first_cohort: int | None = None  # `note_cohort`
     in_kernel = len(short_sizes) <= lanes_lib.MAX_KERNEL_SHORT_SIZES
     self._kernel_sizes = tuple(short_sizes) if in_kernel else ()
@@ -347,8 +347,9 @@ class DebugEngine:
   why_not = staticmethod(_always)
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int = 0, short_sizes: tuple[int, ...] = (), widen: bool = False):
-    del lanes, short_sizes, widen  # the lanes engine's
+               lanes: int = 0, short_sizes: tuple[int, ...] = (),
+               full_batches: np.ndarray | None = None):
+    del lanes, short_sizes, full_batches  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:

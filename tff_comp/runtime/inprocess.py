@@ -127,7 +127,8 @@ class InProcessRuntime:
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
     self._engines = {name: engine_(algorithm, self.data, lanes=self.lanes,
-                                   short_sizes=short_sizes, widen=lanes is None)
+                                   short_sizes=short_sizes,
+                                   full_batches=None if lanes else batches.full.numpy())
                      for name, engine_ in engines_lib.ENGINES.items()}
     # Traced once for cohorts of any size (see `next`); without AutoGraph, which
     # tff_comp's math does not need and which tripled the time of the first round.
