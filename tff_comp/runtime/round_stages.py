@@ -24,6 +24,7 @@ from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import lanes as lanes_lib
+from tff_comp.runtime import nested
 from tff_comp.runtime import traced
 
 
@@ -48,9 +49,10 @@ class RoundStages:
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: Any):
     self.algorithm, self.data = algorithm, data
     self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
-    self._metric_specs: Any = None  # the round's metrics' structure (`pack_metrics`)
-    # Each leaf's (start, end, shape, dtype) in the packed vector, noted with the specs
-    # so that unpacking a round's metrics is a slice per leaf.
+    # The round's metrics' structure (`pack_metrics`) and each leaf's (start, end, shape,
+    # dtype) in the packed vector, noted when traced, so that unpacking a round's
+    # metrics is a slice per leaf and one `nested.Packer` call.
+    self._metric_packer: nested.Packer | None = None
     self._metric_layout: list[tuple[int, int, tuple[int, ...], Any]] = []
 
   def reference_candidates(self, payload, hparams, positions: tf.Tensor, *,
@@ -147,10 +149,10 @@ class RoundStages:
     """A round's metrics as one float64 vector, so they reach the host in one transfer
     (a GPU would wait once, not once per metric); `unpack_metrics` restores them. Notes
     their structure, when traced."""
-    self._metric_specs = tf.nest.map_structure(
-        lambda t: tf.TensorSpec(t.shape, t.dtype), metrics)
+    specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), metrics)
+    self._metric_packer = nested.Packer(specs)
     self._metric_layout, start = [], 0
-    for spec in tf.nest.flatten(self._metric_specs):
+    for spec in tf.nest.flatten(specs):
       if not spec.shape.is_fully_defined():
         raise ValueError(f'a round metric has the unknown shape {spec.shape}.')
       size = spec.shape.num_elements()
@@ -166,7 +168,7 @@ class RoundStages:
     values = np.asarray(packed)
     leaves = [values[start:end].reshape(shape).astype(dtype)
               for start, end, shape, dtype in self._metric_layout]
-    return tf.nest.pack_sequence_as(self._metric_specs, leaves)
+    return self._metric_packer.pack(leaves)
 
 
 

@@ -37,6 +37,7 @@ from tff_comp.ops import client_round
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import nested
 from tff_comp.runtime import traced
 
 
@@ -51,8 +52,15 @@ def _host(value: Any) -> np.ndarray:
   return np.asarray(value)
 
 
-def _row(structure: Any, t: int) -> Any:
-  return tf.nest.map_structure(lambda leaf: leaf[t], structure)
+class _Rows:
+  """A structure of stacked leaves ([T, ...]) split into each trial's row, packed by a
+  `nested.Packer` (a group splits every trial's state every round)."""
+
+  def __init__(self, packer: nested.Packer, stacked: Any):
+    self._packer, self._leaves = packer, tf.nest.flatten(stacked)
+
+  def __getitem__(self, t: int) -> Any:
+    return self._packer.pack([leaf[t] for leaf in self._leaves])
 
 
 class TrialClients(NamedTuple):
@@ -97,6 +105,8 @@ class TrialGroup:
     self._round_fn = traced.OnceTraced(self._round)
     self._dtypes: Any = None  # (model, server, aggregator state) leaves' dtypes, as
     # the round returns them
+    self._packers: dict[str, nested.Packer] = {}  # by part of the state, the first
+    # round's
     self._reserved = [0] * self.size  # each trial's largest cohort
     self._capacity = 0  # clients of the compiled round (the trials' cohorts together)
     self._lock = threading.Condition()
@@ -169,8 +179,7 @@ class TrialGroup:
       indices += [population_index[c] for c in cohort]
       work += [1.0] * len(cohort) if share is None else list(share)
       trial += [t] * len(cohort)
-    stacked = tf.nest.map_structure(lambda *leaves: np.stack([_host(v) for v in leaves]),
-                                    *states)
+    stacked = self._stack(states)
     # Compiled for every trial's largest cohort together, so once (as a single run's).
     self._capacity = max(self._capacity, sum(self._reserved), len(positions))
     if not self._round_fn.traced(self._capacity):  # one trace for cohorts of every size
@@ -183,20 +192,37 @@ class TrialGroup:
       new = self._round_fn(
           self._capacity, *args, tf.constant(positions, tf.int32), tf.constant(indices, tf.int32),
           tf.constant(work, tf.float32), tf.constant(trial, tf.int32), self._capacity)
-    weights, server, aggregator, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
+    *parts, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
+    weights, server, aggregator, hparams = (
+        _Rows(self._packer(name, part), part) for name, part in zip(
+            ('weights', 'server', 'aggregator', 'hparams'),
+            (*parts, stacked.client_work.hparams)))
     if self.rounds_run and self._round_fn.function.experimental_get_tracing_count() != traces:
       self.retraces += 1
     self.rounds_run += 1
     outputs = {}
     for t in batch:
       work_state = client_round.ClientWorkState(
-          _row(stacked.client_work.hparams, t),
-          np.int32(stacked.client_work.round[t] + 1))
+          hparams[t], np.int32(stacked.client_work.round[t] + 1))
       outputs[t] = base.RoundOutput(
-          inprocess.learning_state(_row(weights, t), work_state, _row(server, t),
-                                   _row(aggregator, t)),
+          inprocess.learning_state(weights[t], work_state, server[t], aggregator[t]),
           runtime.stages.unpack_metrics(packed[t]))
     return outputs
+
+  def _packer(self, name: str, structure: Any) -> nested.Packer:
+    """The packer of the state's part `name`, made from `structure` the first time."""
+    if name not in self._packers:
+      self._packers[name] = nested.Packer(structure)
+    return self._packers[name]
+
+  def _stack(self, states: list[base.State]) -> base.State:
+    """The trials' states stacked leaf by leaf (on the host, in NumPy: one conversion a
+    leaf, not one eager op a leaf and trial)."""
+    leaves = [tf.nest.flatten(state) for state in states]
+    packer = self._packer('state', states[0])
+    if any(len(own) != packer.size for own in leaves):
+      raise ValueError('the trials\' states differ in structure.')
+    return packer.pack([np.stack([_host(v) for v in leaf]) for leaf in zip(*leaves)])
 
   def _args(self, stacked: base.State) -> tuple[Any, ...]:
     """The round function's arguments for any cohort: the stacked states' parts, the
