@@ -1,6 +1,6 @@
 """The Task record every registered task builder returns."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import threading
 from typing import Any
@@ -41,6 +41,9 @@ class Task:
       ({'client': id, 'personal_<metric>': value}), merged into those rows.
     data_files: {path: fingerprint} of the data files its build read
       (`paths.recording_data_files`; the experiment layer fills it in).
+    evaluate_many: optionally, [(trainable weights, psi), ...] -> each one's `evaluate`
+      metrics, equal to the bit, computed together (a grid's batched trials evaluate
+      together, `tff_comp.trials`: the data read once for every model).
   """
 
   name: str
@@ -56,6 +59,9 @@ class Task:
   evaluate_personal_clients: Callable[[Mapping[str, tuple[np.ndarray, ...]]],
                                       list[dict[str, Any]]] | None = None
   data_files: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  evaluate_many: Callable[[Sequence[tuple[tuple[np.ndarray, ...],
+                                          regularizers_lib.Regularizer]]],
+                          list[Metrics]] | None = None
 
   @property
   def num_clients(self) -> int:

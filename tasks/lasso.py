@@ -25,6 +25,7 @@ import tensorflow as tf
 from tff_comp.tasks import array_data
 from tff_comp.tasks import base
 from tff_comp.tasks import linear_synthetic
+from tff_comp.tasks import many_models
 from tff_comp import models
 from tff_comp import registry
 from tff_comp.ops import regularizers
@@ -102,14 +103,24 @@ def build_lasso_task(
   y_heldout = np.concatenate([y for _, y in heldout])
   regularizer = regularizers.L1(strength=l1, targets=(0,))
 
+  def evaluate_many(models) -> list[base.Metrics]:
+    """Each (weights, psi)'s metrics: train_*: on the pooled training data;
+    heldout_loss: on 8 unseen clients. The data are read once for all the models
+    (`many_models.products`)."""
+    kernels = [np.asarray(kernel) for (kernel, _), _ in models]
+    train, heldout = (many_models.products(x, kernels) for x in (x_all, x_heldout))
+    metrics = []
+    for t, ((kernel, b), psi) in enumerate(models):
+      value = float(np.asarray(psi.value([tf.constant(kernel)])))
+      loss = 0.5 * float(np.mean((train[t] + b - y_all)**2))
+      metrics.append(dict(
+          train_loss=loss, train_objective=loss + value,
+          heldout_loss=0.5 * float(np.mean((heldout[t] + b - y_heldout)**2)),
+          **support_metrics(kernel, w_star)))
+    return metrics
+
   def evaluate(weights, psi=regularizer) -> base.Metrics:
-    """train_*: on the pooled training data; heldout_loss: on 8 unseen clients."""
-    kernel, b = weights
-    value = float(np.asarray(psi.value([tf.constant(kernel)])))
-    loss = 0.5 * float(np.mean((x_all @ kernel + b - y_all)**2))
-    return dict(train_loss=loss, train_objective=loss + value,
-                heldout_loss=0.5 * float(np.mean((x_heldout @ kernel + b - y_heldout)**2)),
-                **support_metrics(kernel, w_star))
+    return evaluate_many([(weights, psi)])[0]
 
   @functools.cache
   def reference() -> base.Metrics:
@@ -127,6 +138,7 @@ def build_lasso_task(
       train_data=train_data,
       regularizer=regularizer,
       evaluate=evaluate,
+      evaluate_many=evaluate_many,
       defaults=dict(
           client_learning_rate=1e-3,
           server_learning_rate=10.0,

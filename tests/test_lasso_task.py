@@ -2,11 +2,15 @@
 paper's headline (FedDualAvg recovers the support within 100 rounds)."""
 
 import hashlib
+from unittest import mock
 
 import numpy as np
 import pytest
+import threadpoolctl
 
 from tff_comp.tasks import lasso
+from tff_comp.tasks import many_models
+from tff_comp.ops import regularizers
 from tff_comp import experiment
 
 
@@ -64,6 +68,41 @@ def test_metrics_on_known_weights(task):
   half[600] = 1
   m = lasso.support_metrics(half, truth)
   assert m['precision'] == pytest.approx(256 / 257) and m['recall'] == 0.5
+
+
+def test_models_scored_together_equal_each_scored_alone(task):
+  """`evaluate_many` (a grid's trials, the data read once) gives each model what
+  `evaluate` and the losses computed on the whole pooled data give it, to the bit."""
+  _, clients, heldout = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  rng = np.random.default_rng(0)
+  models = [((rng.standard_normal(1024).astype(np.float32), np.float32(b)), psi)
+            for b, psi in ((0.5, task.regularizer), (-1.0, regularizers.NoRegularizer()),
+                           (2.0, regularizers.L1(strength=0.1, targets=(0,))))]
+  together = task.evaluate_many(models)
+  assert together == [task.evaluate(*model) for model in models]
+  for ((kernel, b), psi), metrics in zip(models, together):
+    for name, data in (('train_loss', clients), ('heldout_loss', heldout)):
+      x, y = (np.concatenate(part) for part in zip(*data))
+      assert metrics[name] == 0.5 * float(np.mean((x @ kernel + b - y)**2)), name
+    assert metrics['train_objective'] == metrics['train_loss'] + float(
+        psi.value([kernel]))
+
+
+@pytest.mark.parametrize('threads', [1, 2])
+def test_products_read_in_blocks_equal_the_whole_products(threads):
+  """Blocks of 64 and 320 rows (and one block) of a matrix of lasso's shape (its rows a
+  multiple of 64: two BLAS threads split a whole product of 1,001 rows at row 500,
+  which sums two rows otherwise), on one BLAS thread (a grid's) and two."""
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal((1024, 1024)).astype(np.float32)
+  kernels = [rng.standard_normal(1024).astype(np.float32) for _ in range(5)]
+  with threadpoolctl.threadpool_limits(threads, user_api='blas'):
+    for rows in (1, 350, 1024):  # rounded to 64, 320, 1024 rows a block
+      with mock.patch.object(many_models, 'BLOCK_BYTES', rows * x[:1].nbytes):
+        products = many_models.products(x, kernels)
+      assert products.shape == (5, 1024)
+      for row, kernel in zip(products, kernels):
+        np.testing.assert_array_equal(row, x @ kernel)
 
 
 @pytest.mark.slow  # about 20 s: ISTA on the pooled data, and the task's own solver

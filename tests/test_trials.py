@@ -18,6 +18,7 @@ from tff_comp import registry
 from tff_comp import experiment
 from tff_comp import trials
 from tff_comp.ops import client_round
+from tff_comp.tasks import lasso
 from tff_comp.tasks import quadratic as tasks_quadratic
 from tff_comp.ops import privacy
 from tff_comp.run_config import ExperimentConfig
@@ -286,6 +287,43 @@ def test_a_programs_trials_evaluate_one_at_a_time(tmp_path, monkeypatch):
       algorithm='fedavg', task='quadratic_alone', rounds=2, eval_period=1, seed=seed,
       output_dir=str(tmp_path / str(seed)))) for seed in range(3)], say=lambda _: None)
   assert not [r for r in results if isinstance(r, BaseException)], results
+
+
+def test_a_programs_trials_evaluate_their_models_together(tmp_path, monkeypatch):
+  """On a task that scores several models at once (lasso), a program's trials evaluate
+  together, each at its own evaluation rounds (eval_period 1 and 2), and each writes
+  the metrics its separate run writes."""
+  sizes = []
+
+  def build(**options):
+    task = lasso.build_lasso_task(**options)
+
+    def evaluate_many(models):
+      sizes.append(len(models))
+      return task.evaluate_many(models)
+
+    return dataclasses.replace(task, evaluate_many=evaluate_many)
+
+  build.__signature__ = inspect.signature(lasso.build_lasso_task)
+  monkeypatch.setattr(registry.TASKS, '_entries', dict(registry.TASKS._entries))
+  registry.register_task('lasso_counted')(build)
+
+  def grid(root):
+    return [trials.Trial(ExperimentConfig.of(
+        algorithm='fedmid', task='lasso_counted', rounds=2, clients_per_round=3,
+        eval_period=period, seed=seed, engine='mapped', client_learning_rate=rate,
+        output_dir=str(root / str(seed))))
+        for seed, rate, period in ((1, 1e-3, 1), (2, 3e-3, 1), (3, 1e-3, 2))]
+
+  batched = trials.run_trials(grid(tmp_path / 'batched'), say=lambda _: None)
+  assert sizes == [3, 2, 3]  # rounds 0 and 2 all three trials, round 1 the first two
+  sizes.clear()
+  separate = [_alone(trial) for trial in grid(tmp_path / 'separate')]
+  assert not sizes  # a run of its own scores through evaluate
+  assert batched == separate
+  for seed in (1, 2, 3):
+    assert _files(tmp_path / 'batched' / str(seed))[0] == _files(
+        tmp_path / 'separate' / str(seed))[0]
 
 
 def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):

@@ -1,40 +1,91 @@
 """What scores a run's states: the task's evaluation of the global model and, for a
 runtime with personal models (Ditto), each client's own."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tff_comp.runtime import base as runtime_base
 from tff_comp.settings import ConfigError
 
 
+class Evaluation:
+  """state -> the task's metrics: the global model's, and for a runtime with personal
+  models (Ditto) each client's own model's, with the run's `psi`. `evaluate_together`
+  scores several runs' states at once where their task can (`Task.evaluate_many`)."""
+
+  def __init__(self, task, runtime: runtime_base.Runtime, psi):
+    self.task, self.runtime, self.psi = task, runtime, psi
+    self._personalized = runtime.keeps_personal_models
+
+  def model(self, state) -> tuple[Any, Any]:
+    """(the global model's trainable weights, psi): what the task scores."""
+    return tuple(self.runtime.get_model_weights(state).trainable), self.psi
+
+  def personal(self, state, metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` with the personal models' scores of a runtime that keeps them."""
+    if self._personalized:
+      tables = self.runtime.get_personal_weights(state)
+      metrics.update(self.task.evaluate_personal(
+          {cid: tuple(t[i] for t in tables)
+           for i, cid in enumerate(self.task.train_data.client_ids)}))
+    return metrics
+
+  def __call__(self, state) -> dict[str, float]:
+    return self.personal(state, self.task.evaluate(*self.model(state)))
+
+
 def evaluator(task, runtime: runtime_base.Runtime, *, regularizer=None, algorithm: str = ''
-              ) -> Callable[[Any], dict[str, float]]:
-  """(state -> the task's metrics): the global model's, and for a runtime with personal
-  models (Ditto) each client's own model's, with the run's `regularizer` (None: the
-  task's); `algorithm` names the algorithm in the error.
+              ) -> Evaluation:
+  """The `Evaluation` of `runtime`'s states by `task`, with the run's `regularizer`
+  (None: the task's); `algorithm` names the algorithm in the error.
 
   Raises:
     ConfigError: the runtime has personal models and the task cannot score them.
   """
-  psi = task.regularizer if regularizer is None else regularizer
-  personalized = runtime.keeps_personal_models
-  if personalized and task.evaluate_personal is None:
+  if runtime.keeps_personal_models and task.evaluate_personal is None:
     raise ConfigError(
         f'algorithm {algorithm!r} trains a personal model per client;'
         f' task {task.name!r} cannot evaluate them (its evaluation clients are not its'
         ' training clients). Try --task=dominant_class.')
-  client_ids = task.train_data.client_ids
+  return Evaluation(task, runtime, task.regularizer if regularizer is None else regularizer)
 
-  def evaluate(state) -> dict[str, float]:
-    metrics = task.evaluate(tuple(runtime.get_model_weights(state).trainable), psi)
-    if personalized:
-      tables = runtime.get_personal_weights(state)
-      metrics.update(task.evaluate_personal(
-          {cid: tuple(t[i] for t in tables) for i, cid in enumerate(client_ids)}))
-    return metrics
 
-  return evaluate
+def evaluate_together(requests: Sequence[tuple[Callable[[Any], dict[str, float]], Any]]
+                      ) -> list[dict[str, float] | Exception]:
+  """Each (evaluate, state)'s `evaluate(state)`, those `Evaluation`s whose task scores
+  several models at once (`Task.evaluate_many`) together, each task's once: the same
+  metrics, the data read once (a grid's batched trials, `tff_comp.trials`). An
+  evaluation that fails gives its error in its place."""
+  results: list[Any] = [None] * len(requests)
+  together: dict[int, list[int]] = {}  # id(task.evaluate_many) -> requests
+  for i, (evaluate, _) in enumerate(requests):
+    many = getattr(getattr(evaluate, 'task', None), 'evaluate_many', None)
+    if isinstance(evaluate, Evaluation) and many is not None:
+      together.setdefault(id(many), []).append(i)
+    else:
+      results[i] = _alone(*requests[i])
+  for members in together.values():
+    evaluations = [requests[i][0] for i in members]
+    try:
+      scored = evaluations[0].task.evaluate_many(
+          [e.model(requests[i][1]) for e, i in zip(evaluations, members)])
+    except Exception:  # pylint: disable=broad-except  (each scored alone names its own)
+      scored = None
+    for k, i in enumerate(members):
+      results[i] = _alone(*requests[i]) if scored is None else _guarded(
+          lambda k=k, i=i: evaluations[k].personal(requests[i][1], scored[k]))
+  return results
+
+
+def _alone(evaluate: Callable[[Any], dict[str, float]], state) -> Any:
+  return _guarded(lambda: evaluate(state))
+
+
+def _guarded(fn: Callable[[], Any]) -> Any:
+  try:
+    return fn()
+  except Exception as error:  # pylint: disable=broad-except  (the caller's to raise)
+    return error
 
 
 def client_evaluator(task, runtime: runtime_base.Runtime

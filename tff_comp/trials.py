@@ -30,6 +30,7 @@ import tensorflow as tf
 import threadpoolctl
 
 from tff_comp import experiment
+from tff_comp import evaluation
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base
 from tff_comp.runtime import buffered_async
@@ -280,7 +281,9 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
       program.runner.runtime, [program.prepared[k].config.seed for k in part],
       None if program.clients is None else [program.clients[k] for k in part])
   # A task's evaluation was not written for threads (tasks.base.Scorer built its graph
-  # lazily and raced in two trials): the program's trials evaluate one at a time.
+  # lazily and raced in two trials): the program's trials evaluate one at a time, their
+  # models together when every trial waits (`_together`), the rows per client under
+  # a lock.
   evaluating = threading.Lock()
   threads = []
   for t, k in enumerate(part):
@@ -289,7 +292,7 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
     trial_runner = experiment.runner_on(p, member, member.description,
                                         program.runner.algorithm)
     trial_runner = dataclasses.replace(
-        trial_runner, evaluate=_holding(evaluating, trial_runner.evaluate),
+        trial_runner, evaluate=_together(member, trial_runner.evaluate),
         evaluate_clients=_holding(evaluating, trial_runner.evaluate_clients))
 
     def run(i=i, p=p, member=member, trial_runner=trial_runner):
@@ -307,6 +310,19 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
              if isinstance(results[program.members[k]], KeyboardInterrupt)]
   if stopped:
     raise stopped[0]
+
+
+def _together(member: trial_group.TrialRuntime, evaluate: Any) -> Any:
+  """`evaluate` of the trial `member`, run with the other trials' evaluations once every
+  trial of the group waits (`TrialGroup.together`): a task that scores several models
+  at once reads its data once for all (`evaluation.evaluate_together`). None: None."""
+  if evaluate is None:
+    return None
+
+  def asked(state):
+    return member.together((evaluate, state), evaluation.evaluate_together)
+
+  return asked
 
 
 def _holding(lock: threading.Lock, fn: Any) -> Any:

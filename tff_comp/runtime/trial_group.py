@@ -25,7 +25,7 @@ the others go on, its slot kept with no clients. Why threads: a trial's loop,
 callbacks and run directory are the single run's code, unchanged; only its rounds meet.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import threading
 from typing import Any, NamedTuple
 
@@ -112,6 +112,7 @@ class TrialGroup:
     self._lock = threading.Condition()
     self._active = set(range(self.size))
     self._waiting: dict[int, tuple[base.State, list[str], Any]] = {}
+    self._asking: dict[int, tuple[Any, Callable[[list[Any]], list[Any]]]] = {}  # `together`
     self._results: dict[int, Any] = {}
     self._last: dict[int, base.State] = {}  # each trial's latest state (an empty slot's)
     self.rounds_run = 0  # batched rounds
@@ -147,6 +148,20 @@ class TrialGroup:
       raise result
     return result
 
+  def together(self, t: int, item: Any, run: Callable[[list[Any]], list[Any]]) -> Any:
+    """Trial `t`'s share of `run(items)`, run once on the items of every trial asking
+    when each trial still running waits here or for its round (a grid's evaluations
+    together: `tff_comp.trials`). `run` gives a result per item, or the error to raise
+    in that item's trial; the first asker's `run` runs them."""
+    with self._lock:
+      self._asking[t] = (item, run)
+      self._run_if_all_waiting()
+      self._lock.wait_for(lambda: t in self._results)
+      result = self._results.pop(t)
+    if isinstance(result, BaseException):
+      raise result
+    return result
+
   def leave(self, t: int) -> None:
     """Trial `t` ended: the group no longer waits for it."""
     with self._lock:
@@ -154,7 +169,19 @@ class TrialGroup:
       self._run_if_all_waiting()
 
   def _run_if_all_waiting(self) -> None:
-    if not self._waiting or set(self._waiting) != self._active:
+    """Once every trial still running waits: what trials asked `together`, else their
+    round."""
+    if set(self._waiting) | set(self._asking) != self._active or not self._active:
+      return
+    if self._asking:
+      asked, self._asking = self._asking, {}
+      run = next(iter(asked.values()))[1]
+      try:
+        results = run([item for item, _ in asked.values()])
+      except BaseException as error:  # pylint: disable=broad-except  (each trial raises it)
+        results = [error] * len(asked)
+      self._results.update(zip(asked, results))
+      self._lock.notify_all()
       return
     batch, self._waiting = self._waiting, {}
     try:
@@ -317,6 +344,10 @@ class TrialRuntime:
 
   def reserve_cohort(self, size: int) -> None:
     self._group.reserve(self._t, size)
+
+  def together(self, item: Any, run: Callable[[list[Any]], list[Any]]) -> Any:
+    """`TrialGroup.together` for this trial."""
+    return self._group.together(self._t, item, run)
 
   def prefetch(self, client_ids: Sequence[str]) -> None:
     del client_ids  # resident data only
