@@ -141,12 +141,7 @@ class TrialGroup:
     with self._lock:
       self._waiting[t] = (state, list(client_ids), work)
       self._last[t] = state
-      self._run_if_all_waiting()
-      self._lock.wait_for(lambda: t in self._results)
-      result = self._results.pop(t)
-    if isinstance(result, BaseException):
-      raise result
-    return result
+      return self._result(t)
 
   def together(self, t: int, item: Any, run: Callable[[list[Any]], list[Any]]) -> Any:
     """Trial `t`'s share of `run(items)`, run once on the items of every trial asking
@@ -155,9 +150,14 @@ class TrialGroup:
     in that item's trial; the first asker's `run` runs them."""
     with self._lock:
       self._asking[t] = (item, run)
-      self._run_if_all_waiting()
-      self._lock.wait_for(lambda: t in self._results)
-      result = self._results.pop(t)
+      return self._result(t)
+
+  def _result(self, t: int) -> Any:
+    """Trial `t`'s result once the group has run what it waits for (raised if an
+    error). Called holding the lock."""
+    self._run_if_all_waiting()
+    self._lock.wait_for(lambda: t in self._results)
+    result = self._results.pop(t)
     if isinstance(result, BaseException):
       raise result
     return result
