@@ -326,6 +326,38 @@ def test_a_programs_trials_evaluate_their_models_together(tmp_path, monkeypatch)
         tmp_path / 'separate' / str(seed))[0]
 
 
+def test_the_trials_loops_take_turns_between_rounds():
+  """Between their rounds a group's trials run their loops one at a time (Python
+  threads woken together spent their time handing the GIL to one another), each its
+  whole loop, and a trial that ends gives up its turn."""
+  algorithm = algorithm_cases.algorithm('fedavg', {})
+  group = trial_group.TrialGroup(inprocess.build(algorithm, DATA, engine='mapped'), [1, 2, 3])
+  inside, overlaps = threading.Lock(), []
+
+  def run(t):
+    member = group.member(t)
+    try:
+      state = member.initialize()
+      for _ in range(3 + t):  # trials end one after another
+        state = member.next(state, IDS[:2]).state
+        if not inside.acquire(blocking=False):
+          overlaps.append(t)
+          continue
+        time.sleep(0.01)  # another trial's loop would run now
+        inside.release()
+    finally:
+      member.leave()
+
+  # Daemons: a deadlock fails the test instead of holding the suite.
+  threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(3)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(timeout=60)
+  assert not any(thread.is_alive() for thread in threads)
+  assert group.rounds_run == 5 and not overlaps
+
+
 def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):
   configs = [ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', rounds=5, clients_per_round=3, eval_period=5,
