@@ -358,6 +358,18 @@ def test_the_trials_loops_take_turns_between_rounds():
   assert group.rounds_run == 5 and not overlaps
 
 
+def test_a_groups_packers_follow_a_changed_structure():
+  """The group packs each trial's state by a recipe noted once; a state whose structure
+  changed (other hparams, as many) is packed by its own, not into the old names."""
+  group = trial_group.TrialGroup(inprocess.build(algorithm_cases.algorithm('fedavg', {}),
+                                                 DATA, engine='mapped'), [1])
+  before = {'learning_rate': 1.0, 'momentum': 2.0}
+  after = {'learning_rate': 1.0, 'proximal_strength': 2.0}
+  assert group._packer('hparams', before).pack([5, 6]) == {'learning_rate': 5, 'momentum': 6}
+  assert group._packer('hparams', after).pack([5, 6]) == {
+      'learning_rate': 5, 'proximal_strength': 6}
+
+
 def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):
   configs = [ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', rounds=5, clients_per_round=3, eval_period=5,

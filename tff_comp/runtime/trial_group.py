@@ -260,9 +260,16 @@ class TrialGroup:
     return outputs
 
   def _packer(self, name: str, structure: Any) -> nested.Packer:
-    """The packer of the state's part `name`, made from `structure` the first time."""
-    if name not in self._packers:
-      self._packers[name] = nested.Packer(structure)
+    """The packer of the state's part `name` for `structure` (made again if the part's
+    structure changed: hparams a callback added, say)."""
+    packer = self._packers.get(name)
+    try:
+      if packer is not None:
+        tf.nest.assert_same_structure(packer.structure, structure, check_types=True)
+        return packer
+    except (TypeError, ValueError):
+      pass
+    self._packers[name] = nested.Packer(structure)
     return self._packers[name]
 
   def _stack(self, states: list[base.State]) -> base.State:
