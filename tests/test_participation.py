@@ -39,6 +39,15 @@ def test_uniform_draws_distinct_clients_the_same_in_every_run():
   assert sampler.capacity == 10
 
 
+def test_a_rounds_draw_is_its_seeds_and_rounds_in_any_order():
+  """Rounds drawn ahead (`sampling.AHEAD` at a time) or alone, in any order: round r's
+  clients are NumPy's draw from the generator seeded by (seed, r)."""
+  sampler = _sampler()
+  for r in (40, 3, 1, 35, 2, 33, 100):
+    want = np.random.default_rng([4, r]).choice(len(IDS), 10, replace=False)
+    assert sampler.sample(r).sampled == tuple(IDS[i] for i in want), r
+
+
 def test_with_replacement_draws_some_client_twice():
   draws = [_sampler(k=30, sampling='with_replacement').sample(r) for r in range(1, 21)]
   assert all(len(d.sampled) == 30 for d in draws)

@@ -83,6 +83,10 @@ class RoundClients(NamedTuple):
     return metrics
 
 
+# Rounds `ClientSampler.sample` draws at once.
+AHEAD = 32
+
+
 class ClientSampler:
   """The loop's sampling hook: `sample(round_num)` draws round `round_num`'s clients
   (`Participation` says how) from a NumPy generator seeded by (seed, round), so any
@@ -108,10 +112,18 @@ class ClientSampler:
     if clock is not None and clock.options.overselect > 1:
       self.capacity = min(self.capacity, clients_per_round)
     self._clocks = [0.0]  # the simulated clock at the end of rounds 0, 1, ...
+    self._ahead: dict[int, RoundClients] = {}  # rounds drawn ahead (`sample`)
 
   def sample(self, round_num: int) -> RoundClients:
+    """Round `round_num`'s clients. Without a clock the rounds are drawn `AHEAD` at a
+    time: a draw alone, between rounds whose kernels had evicted NumPy's code and data
+    from the caches, took 149 us of CPU in a lasso run (20 us in a row). Each round's
+    draw depends on (seed, round) alone, so they are the same."""
     if self._clock is None:
-      return self._draw(round_num, self._ids)
+      if round_num not in self._ahead:
+        self._ahead = {r: self._draw(r, self._ids)
+                       for r in range(round_num, round_num + AHEAD)}
+      return self._ahead[round_num]
     while len(self._clocks) < round_num:  # the clock at this round's start, replayed
       self._timed(len(self._clocks))
     return self._timed(round_num)
