@@ -21,6 +21,7 @@ import tensorflow as tf
 from tff_comp.tasks import array_data
 from tff_comp.tasks import base
 from tff_comp.tasks import linear_synthetic
+from tff_comp.tasks import many_models
 from tff_comp import models
 from tff_comp import registry
 from tff_comp.ops import regularizers
@@ -104,17 +105,26 @@ def build_nuclear_task(
   y_val = np.concatenate([y for _, y in validation])
   regularizer = regularizers.Nuclear(strength=strength, targets=(0,))
 
+  def evaluate_many(models) -> list[base.Metrics]:
+    """Each (weights, psi)'s metrics, the data read once for all the models
+    (`many_models.products`)."""
+    kernels = [np.asarray(kernel).ravel() for (kernel, _), _ in models]
+    train, validation = (many_models.products(x, kernels) for x in (x_all, x_val))
+    metrics = []
+    for t, ((kernel, b), psi) in enumerate(models):
+      loss = 0.5 * float(np.mean((train[t] + b - y_all) ** 2))
+      penalty = float(np.asarray(psi.value([tf.constant(kernel)])))
+      metrics.append(dict(  # train_*: on the pooled training data; validation: unseen clients
+          train_loss=loss,
+          train_objective=loss + penalty,
+          validation_mse=float(np.mean((validation[t] + b - y_val) ** 2)),
+          rank=float(rank_of(kernel)),
+          frobenius_error=float(np.linalg.norm(kernel - w_star)),
+      ))
+    return metrics
+
   def evaluate(weights, psi=regularizer) -> base.Metrics:
-    kernel, b = weights
-    loss = 0.5 * float(np.mean((x_all @ kernel.ravel() + b - y_all) ** 2))
-    penalty = float(np.asarray(psi.value([tf.constant(kernel)])))
-    return dict(  # train_*: on the pooled training data; validation: unseen clients
-        train_loss=loss,
-        train_objective=loss + penalty,
-        validation_mse=float(np.mean((x_val @ kernel.ravel() + b - y_val) ** 2)),
-        rank=float(rank_of(kernel)),
-        frobenius_error=float(np.linalg.norm(kernel - w_star)),
-    )
+    return evaluate_many([(weights, psi)])[0]
 
   @functools.cache
   def reference() -> base.Metrics:
@@ -127,6 +137,7 @@ def build_nuclear_task(
       train_data=train_data,
       regularizer=regularizer,
       evaluate=evaluate,
+      evaluate_many=evaluate_many,
       defaults=dict(client_learning_rate=1e-3, server_learning_rate=10.0, rounds=200,
                     clients_per_round=10, batch_size=10, local_epochs=1, eval_period=10),
       reference=reference,

@@ -1,5 +1,6 @@
 """The nuclear-norm task: ground truth, centralized reference, FedDualAvg recovers the rank."""
 
+import numpy as np
 import pytest
 
 from tff_comp.tasks import nuclear
@@ -19,6 +20,25 @@ def test_centralized_reference_has_the_true_rank():
   ref = task.reference()
   assert ref['rank'] == 4
   assert ref['frobenius_error'] < 1.0  # the optimum is near W* (norm 2)
+
+
+def test_models_scored_together_equal_each_scored_alone():
+  """`evaluate_many` (a grid's trials) gives each model what `evaluate` and the losses
+  on the whole pooled data give it, to the bit."""
+  task = nuclear.build_nuclear_task(dataset='II')
+  _, clients, validation = nuclear._generate('II', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  rng = np.random.default_rng(0)
+  models = [((rng.standard_normal((32, 32)).astype(np.float32), np.float32(b)),
+             task.regularizer) for b in (0.5, -1.0)]
+  together = task.evaluate_many(models)
+  assert together == [task.evaluate(*model) for model in models]
+  for ((kernel, b), _), metrics in zip(models, together):
+    x, y = (np.concatenate(part) for part in zip(*clients))
+    assert metrics['train_loss'] == 0.5 * float(np.mean(
+        (x.reshape(len(x), -1) @ kernel.ravel() + b - y)**2))
+    x, y = (np.concatenate(part) for part in zip(*validation))
+    assert metrics['validation_mse'] == float(np.mean(
+        (x.reshape(len(x), -1) @ kernel.ravel() + b - y)**2))
 
 
 def test_feddualavg_recovers_the_rank_within_200_rounds(tmp_path):
