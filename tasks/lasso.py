@@ -108,15 +108,15 @@ def build_lasso_task(
     heldout_loss: on 8 unseen clients. The data are read once for all the models
     (`many_models.products`)."""
     kernels = [np.asarray(kernel) for (kernel, _), _ in models]
-    train, heldout = (many_models.products(x, kernels) for x in (x_all, x_heldout))
+    biases = [b for (_, b), _ in models]
+    train, heldout = (many_models.mean_squared_errors(x, y, kernels, biases)
+                      for x, y in ((x_all, y_all), (x_heldout, y_heldout)))
     metrics = []
-    for t, ((kernel, b), psi) in enumerate(models):
+    for t, ((kernel, _), psi) in enumerate(models):
       value = float(np.asarray(psi.value([tf.constant(kernel)])))
-      loss = 0.5 * float(np.mean((train[t] + b - y_all)**2))
       metrics.append(dict(
-          train_loss=loss, train_objective=loss + value,
-          heldout_loss=0.5 * float(np.mean((heldout[t] + b - y_heldout)**2)),
-          **support_metrics(kernel, w_star)))
+          train_loss=0.5 * train[t], train_objective=0.5 * train[t] + value,
+          heldout_loss=0.5 * heldout[t], **support_metrics(kernel, w_star)))
     return metrics
 
   def evaluate(weights, psi=regularizer) -> base.Metrics:

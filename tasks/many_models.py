@@ -29,3 +29,10 @@ def products(x: np.ndarray, kernels: Sequence[np.ndarray]) -> np.ndarray:
     for t, kernel in enumerate(kernels):
       np.matmul(block, kernel, out=out[t, start:start + rows])
   return out
+
+
+def mean_squared_errors(x: np.ndarray, y: np.ndarray, kernels: Sequence[np.ndarray],
+                        biases: Sequence[float]) -> list[float]:
+  """Each linear model's mean of (x @ kernel + bias - y)^2, `x` read once for all."""
+  return [float(np.mean((row + b - y)**2))
+          for row, b in zip(products(x, kernels), biases, strict=True)]

@@ -109,15 +109,17 @@ def build_nuclear_task(
     """Each (weights, psi)'s metrics, the data read once for all the models
     (`many_models.products`)."""
     kernels = [np.asarray(kernel).ravel() for (kernel, _), _ in models]
-    train, validation = (many_models.products(x, kernels) for x in (x_all, x_val))
+    biases = [b for (_, b), _ in models]
+    train, validation = (many_models.mean_squared_errors(x, y, kernels, biases)
+                         for x, y in ((x_all, y_all), (x_val, y_val)))
     metrics = []
-    for t, ((kernel, b), psi) in enumerate(models):
-      loss = 0.5 * float(np.mean((train[t] + b - y_all) ** 2))
+    for t, ((kernel, _), psi) in enumerate(models):
+      loss = 0.5 * train[t]
       penalty = float(np.asarray(psi.value([tf.constant(kernel)])))
       metrics.append(dict(  # train_*: on the pooled training data; validation: unseen clients
           train_loss=loss,
           train_objective=loss + penalty,
-          validation_mse=float(np.mean((validation[t] + b - y_val) ** 2)),
+          validation_mse=validation[t],
           rank=float(rank_of(kernel)),
           frobenius_error=float(np.linalg.norm(kernel - w_star)),
       ))

@@ -59,9 +59,8 @@ def evaluate_together(requests: Sequence[tuple[Callable[[Any], dict[str, float]]
   results: list[Any] = [None] * len(requests)
   together: dict[int, list[int]] = {}  # id(task.evaluate_many) -> requests
   for i, (evaluate, _) in enumerate(requests):
-    many = getattr(getattr(evaluate, 'task', None), 'evaluate_many', None)
-    if isinstance(evaluate, Evaluation) and many is not None:
-      together.setdefault(id(many), []).append(i)
+    if isinstance(evaluate, Evaluation) and evaluate.task.evaluate_many is not None:
+      together.setdefault(id(evaluate.task.evaluate_many), []).append(i)
     else:
       results[i] = _alone(*requests[i])
   for members in together.values():

@@ -106,8 +106,7 @@ class TrialGroup:
     self._round_fn = traced.OnceTraced(self._round)
     self._dtypes: Any = None  # (model, server, aggregator state) leaves' dtypes, as
     # the round returns them
-    self._packers: dict[str, nested.Packer] = {}  # by part of the state, the first
-    # round's
+    self._packers: dict[str, nested.Packer] = {}  # by part of the state (`_packer`)
     self._reserved = [0] * self.size  # each trial's largest cohort
     self._capacity = 0  # clients of the compiled round (the trials' cohorts together)
     self._lock = threading.Condition()
