@@ -25,6 +25,9 @@ from tff_comp import experiment
 from tff_comp import keras_models
 from tff_comp import registry
 from tff_comp.ops import privacy
+from tff_comp.runtime import base
+from tff_comp.runtime import callbacks
+from tff_comp.runtime import client_rows
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import ray_runtime
 from tff_comp.runtime import run_files
@@ -65,7 +68,7 @@ def _rounds(runtime, rounds: int = 3, kill=None):
       output = runtime.next(state, list(clients.reporting), clients.work)
       state = output.state
       metrics.append(output.metrics)
-  return state, metrics
+  return base.whole_state(runtime, state), metrics
 
 
 def _assert_same(got, want, label):
@@ -121,6 +124,57 @@ def test_what_an_actor_sends_and_receives_does_not_grow_with_the_population(name
     states.append(runtime.get_model_weights(output.state).trainable)
   assert costs[0] == costs[1], costs
   _assert_same(states[1], states[0], name)
+
+
+def _client_state_runs(name: str, rounds: int = 3):
+  """(the Ray runtime, its states after each round, the single process's)."""
+  def run(runtime):
+    sampler = sampling.ClientSampler(IDS, 3, 7)
+    states = [runtime.initialize()]
+    for round_num in range(1, rounds + 1):
+      states.append(runtime.next(states[-1], list(sampler.sample(round_num).reporting)).state)
+    return states[1:]
+
+  on_ray = ray_runtime.build(algorithm_cases.algorithm(name, {}), DATA, OPTIONS,
+                             engine='mapped')
+  return on_ray, run(on_ray), run(inprocess.build(algorithm_cases.algorithm(name, {}),
+                                                  DATA, engine='mapped'))
+
+
+@pytest.mark.parametrize('name', ['scaffold', 'local_moml', 'ditto'])
+def test_client_state_lives_with_the_actors(name):
+  """The driver's state holds a `Held` in each table's place of client state (SCAFFOLD's
+  c_i, Local-MOML's memory and `seen`, Ditto's personal models); the tables gathered
+  back equal the single process's after every round, the round before the last
+  included (an interrupted round's save), as do Ditto's personal models to evaluate,
+  and `server/seen` (a counted table's sum) is the same."""
+  runtime, states, single = _client_state_runs(name)
+  server = states[-1].finalizer
+  fields = client_rows.held_fields(server)
+  assert fields and all(isinstance(leaf, client_rows.Held) for field in fields
+                        for leaf in tf.nest.flatten(getattr(server, field)))
+  for got, want, label in ((states[-1], single[-1], 'last'), (states[-2], single[-2], 'before')):
+    _assert_same(runtime.whole_state(got), want, f'{name}, {label}')
+  assert callbacks.server_quantities(states[-1]) == callbacks.server_quantities(single[-1])
+  if runtime.keeps_personal_models:
+    _assert_same(runtime.get_personal_weights(states[-1]), single[-1].finalizer.personal,
+                 'personal models')
+  with pytest.raises(ValueError, match='earlier round than its actors hold'):
+    runtime.whole_state(states[-3])
+
+
+def test_a_whole_state_given_again_is_sent_to_the_actors():
+  """A whole state (the initial one, a restored checkpoint) handed to a Ray runtime that
+  holds later rows replaces them: its rounds are the single process's again; a held
+  state older than the actors' rows is refused in one line."""
+  runtime, states, single = _client_state_runs('scaffold', rounds=2)
+  with pytest.raises(ValueError, match='earlier round than its actors hold'):
+    runtime.next(states[0], IDS[:2])
+  again = runtime.next(runtime.initialize(), IDS[:3]).state
+  want = inprocess.build(algorithm_cases.algorithm('scaffold', {}), DATA, engine='mapped')
+  _assert_same(runtime.whole_state(again), want.next(want.initialize(), IDS[:3]).state,
+               'from the initial state again')
+  del single
 
 
 # The default suite runs the three that exercise every path of a round on Ray (plain,
@@ -205,11 +259,16 @@ def _train(path, **settings):
   return experiment.train_runner(prepared, runner, show_progress=False)
 
 
-@pytest.mark.ray
-def test_a_ray_run_resumes_as_it_would_have_run(tmp_path):
-  whole = _train(tmp_path / 'whole')
-  _train(tmp_path / 'cut', rounds=3)
-  resumed = _train(tmp_path / 'cut', resume=True)
+@pytest.mark.parametrize('name', [pytest.param('fedavg', marks=pytest.mark.ray), 'scaffold'])
+def test_a_ray_run_resumes_as_it_would_have_run(tmp_path, name):
+  """SCAFFOLD's: its checkpoints hold the c_i the actors held (`whole_state`)."""
+  whole = _train(tmp_path / 'whole', algorithm=name)
+  _train(tmp_path / 'cut', rounds=3, algorithm=name)
+  # Round 3's checkpoint is readable (a table left with the actors would be an object
+  # that resuming sets aside, starting from round 0 and ending the same).
+  with np.load(tmp_path / 'cut' / 'checkpoints' / 'state_3.npz', allow_pickle=False) as saved:
+    assert all(saved[leaf].dtype != object for leaf in saved.files)
+  resumed = _train(tmp_path / 'cut', resume=True, algorithm=name)
   assert resumed == whole
   (want, _), (got, _) = (run_files.whole_rows(tmp_path / kind / 'metrics.csv')[1:]
                          for kind in ('whole', 'cut'))

@@ -214,6 +214,7 @@ class MemoryState(NamedTuple):
   seen: Any  # [num_clients]: 1 where u_i was set
 
   counted = ('seen',)  # logged as the number of clients with memory (`server/seen`)
+  client_state = ('memory', 'seen')  # per-client tables (`ops.rule`)
 
 
 class MemoryServer(rule_lib.ServerRule):

@@ -194,6 +194,8 @@ class PersonalState(NamedTuple):
   optimizer: Any  # the global model optimizer's state
   personal: Any  # the personal models: one table [num_clients, ...] per weight
 
+  client_state = ('personal',)  # per-client tables (`ops.rule`)
+
 
 class PersonalModelsServer(rule_lib.ServerRule):
   """Ditto's server: FedAvg's optimizer step on w and the table of personal models

@@ -51,7 +51,19 @@ runtime keeps in its state (so learning rates can be read and set between rounds
 `context` is a `RoundContext`: per-round facts that are not hyperparameters. Updates
 follow TFF's sign convention: a client reports the pseudo-gradient `start - end`
 (= -Delta, Delta being the model change the papers write), so a server optimizer applies
-it as a gradient. Nothing here imports TFF: weights are any NamedTuple with `trainable`
+it as a gradient.
+
+Per-client tables (SCAFFOLD's c_i, Ditto's personal models, Local-MOML's memory) are
+fields of S, [num_clients, ...] each, that S's type names in `client_state`; the
+payload passes each on in its field of the same name, where client i reads row i only
+(`client_rows` on the payload's type). `step` must give the same results when those
+tables and the update's per-client slots hold only the round's clients' rows, in any
+order: it reads and writes a table only at the rows the slots mark visited (the others
+pass through, or add exact zeros). A runtime that keeps the tables with the clients
+(`runtime.ray_runtime`) then runs `step` on the round's rows alone. Weights on a simplex
+(AFL's lambda) are projected whole: server state, not client state.
+
+Nothing here imports TFF: weights are any NamedTuple with `trainable`
 and `non_trainable` (TFF's ModelWeights in the TFF layer), optimizers anything with
 TFF's functional-optimizer interface (`initialize`, `next`, `get_hparams`, `set_hparams`).
 """

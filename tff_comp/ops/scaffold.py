@@ -89,6 +89,8 @@ class ControlState(NamedTuple):
   control: Any  # c, the server control (a tuple like the trainable weights)
   controls: Any  # the c_i: one table [num_clients, ...] per weight
 
+  client_state = ('controls',)  # per-client tables (`ops.rule`)
+
 
 class ControlVariateServer(rule_lib.ServerRule):
   """SCAFFOLD's server (see the module docstring): the optimizer's step on x, the

@@ -108,6 +108,15 @@ class Runtime(Protocol):
     """Per-client personal models (tuple of [num_clients, ...] arrays), or None."""
 
 
+def whole_state(runtime: Runtime, state: State) -> State:
+  """`state` with whatever its runtime keeps elsewhere brought in: what a checkpoint
+  saves. A runtime holding parts of its states away from them (the Ray runtime's
+  actors hold client state: `ray_runtime.RayRuntime.whole_state`) defines
+  `whole_state(state)`; for the others a state is whole."""
+  whole = getattr(runtime, 'whole_state', None)
+  return state if whole is None else whole(state)
+
+
 def server_state(state: State) -> Any:
   """The server rule's state (what defines the method at this round)."""
   return state.finalizer

@@ -17,6 +17,7 @@ import tqdm
 from tff_comp.ops.rule import LEARNING_RATE
 from tff_comp.runtime import base
 from tff_comp.runtime import checkpoints as checkpoints_lib
+from tff_comp.runtime import client_rows
 from tff_comp.runtime import run_files
 
 
@@ -88,6 +89,10 @@ def server_quantities(state) -> run_files.Metrics:
   for name, value in fields.items():
     if name == 'optimizer' or tf.nest.is_nested(value):
       continue
+    if isinstance(value, client_rows.Held):  # client state held elsewhere: its sum
+      if name in counted:
+        quantities[f'server/{name}'] = value.total
+      continue
     value = np.asarray(value)
     if name in counted:
       quantities[f'server/{name}'] = float(value.sum())
@@ -106,7 +111,9 @@ class Loop:
   def __init__(self, runtime, output_dir: pathlib.Path, rounds: int):
     self.runtime, self.output_dir, self.rounds = runtime, output_dir, rounds
     self.state: Any = None
-    self.initial_state: Any = None  # the state before any restore (its first hyperparameters)
+    # The hyperparameters of the state before any restore (`Runtime.get_hparams`; not that
+    # state, whose per-client tables may be large and held elsewhere once the run starts).
+    self.initial_hparams: Any = None
     self.done = 0
     self.round_num = 0  # the last round run (its state is `state`)
     self.finished = 0  # the last round every callback has seen
@@ -198,7 +205,7 @@ class LearningRates(Callback):
 
 class Schedules(LearningRates):
   """Scales the run's first (client, server) learning rates round by round by the
-  factors of `schedules.Schedule`s (read from `loop.initial_state`, so a resumed run
+  factors of `schedules.Schedule`s (read from `loop.initial_hparams`, so a resumed run
   scales the same rates)."""
 
   def __init__(self, client: Any, server: Any):
@@ -206,7 +213,7 @@ class Schedules(LearningRates):
     self._schedules, self._initial = (client, server), (1.0, 1.0)
 
   def on_train_begin(self, loop: Loop) -> None:
-    hparams = loop.runtime.get_hparams(loop.initial_state)
+    hparams = loop.initial_hparams
     self._initial = (float(hparams['client_work'][LEARNING_RATE]),
                      float(hparams['finalizer'].get(LEARNING_RATE, 1.0)))
 
@@ -372,7 +379,7 @@ class Checkpointer(Callback):
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
     if round_num % self._every == 0 or round_num == loop.rounds:
       loop.flush()
-      self._checkpoints.save(loop.state, round_num)
+      self._checkpoints.save(base.whole_state(loop.runtime, loop.state), round_num)
       loop.saved = round_num
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
@@ -380,7 +387,8 @@ class Checkpointer(Callback):
     # left its row unwritten: that round is redone on resume).
     if (completed or loop.interrupted) and loop.finished > loop.saved:
       loop.flush()
-      self._checkpoints.save(loop.finished_state, loop.finished)
+      self._checkpoints.save(base.whole_state(loop.runtime, loop.finished_state),
+                             loop.finished)
       loop.saved = loop.finished
     self._checkpoints.close()
 

@@ -10,9 +10,14 @@ memory, AFL's weights), so a share's messages need only its clients' rows:
              is zero outside the share's rows: it goes as those rows and is added back.
 
 What a share sends and receives grows with its clients, not with the population (as
-`tff.federated_select` sends each TFF client its own row). The whole tables stay in the
-runtime's state: the server step reads them (SCAFFOLD's c moves by the sum of the rows'
-changes; AFL's weights are projected together) and checkpoints hold them.
+`tff.federated_select` sends each TFF client its own row).
+
+Client state (the tables a server state's type names in `client_state`: SCAFFOLD's c_i,
+Ditto's personal models, Local-MOML's memory; `ops.rule`) does not stay in the state at
+all: each share's holder keeps its clients' rows (`ShardRows`), the state holds a `Held`
+in each table's place, and a payload's such field goes as `Rows` without values, filled
+where the rows are. The server step then runs on the round's rows alone. AFL's weights
+on the simplex are projected together: server state, sent as rows above.
 """
 
 import dataclasses
@@ -32,12 +37,12 @@ class Rows:
   `tf.nest` structures."""
 
   indices: np.ndarray
-  values: np.ndarray
+  values: np.ndarray | None  # None: the rows of a table the receiver holds
   total: int
 
   @property
   def nbytes(self) -> int:
-    return self.indices.nbytes + self.values.nbytes + 8
+    return self.indices.nbytes + (0 if self.values is None else self.values.nbytes) + 8
 
   def table(self) -> np.ndarray:
     table = np.zeros((self.total, *self.values.shape[1:]), self.values.dtype)
@@ -45,31 +50,118 @@ class Rows:
     return table
 
 
+def held_fields(server_state: Any) -> tuple[str, ...]:
+  """The client state of a server state: the per-client tables its type names in
+  `client_state` (`ops.rule`)."""
+  return tuple(getattr(type(server_state), 'client_state', ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+  """A per-client table's place in a state whose rows are held elsewhere (the Ray
+  runtime's actors): its shape and dtype, the sum of its entries (what a `counted`
+  table logs), the holder (`id` of the runtime) and the version of its rows (the
+  holder's count of changes). A leaf of `tf.nest` structures."""
+
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  total: float
+  holder: int
+  version: int
+
+  def empty(self) -> np.ndarray:
+    """A table of no rows: what the state gives the server rule in its place."""
+    return np.zeros((0, *self.shape[1:]), self.dtype)
+
+
+def is_held(structure: Any) -> bool:
+  return any(isinstance(leaf, Held) for leaf in tf.nest.flatten(structure))
+
+
+class ShardRows:
+  """A holder's rows of the per-client tables: {field: its structure of [n, ...] arrays},
+  row j being population index `indices[j]`. Pure NumPy."""
+
+  def __init__(self):
+    self.indices = np.zeros([0], np.int64)
+    self.tables: dict[str, Any] = {}
+    self._local: dict[int, int] = {}
+
+  def load(self, shard: tuple[np.ndarray, dict[str, Any]]) -> None:
+    """Sets the rows: (population indices, {field: tables of their rows}); copied, as
+    what Ray hands over is read-only."""
+    indices, tables = shard
+    self.indices = np.asarray(indices, np.int64)
+    self._local = {int(i): j for j, i in enumerate(self.indices)}
+    self.tables = tf.nest.map_structure(np.array, tables)
+
+  def commit(self, change: tuple[np.ndarray, dict[str, Any]]) -> None:
+    """Writes rows: (population indices, {field: tables of their new rows})."""
+    indices, rows = change
+    at = self._at(indices)
+
+    def write(table, new):
+      table[at] = new
+
+    tf.nest.map_structure(write, self.tables, rows)
+
+  def take(self, indices: np.ndarray) -> dict[str, Any]:
+    """{field: tables of the rows of `indices`} ({} holding none)."""
+    if not self.tables:
+      return {}
+    at = self._at(indices)
+    return tf.nest.map_structure(lambda table: table[at], self.tables)
+
+  def fill(self, payload: Any) -> Any:
+    """`payload` with each of its `Rows` without values (a held table's) given these
+    rows."""
+    def own(name, value):
+      if name not in self.tables:
+        return value
+      return tf.nest.map_structure(
+          lambda r, table: Rows(r.indices, table[self._at(r.indices)], r.total)
+          if isinstance(r, Rows) and r.values is None else r, value, self.tables[name])
+
+    return _map_rows(payload, own)
+
+  def _at(self, indices) -> np.ndarray:
+    return np.array([self._local[int(i)] for i in indices], np.int64)
+
+
 def _rows(table, indices: np.ndarray) -> Rows:
   table = np.asarray(table)
   return Rows(indices, table[indices], table.shape[0])
 
 
-def _select(structure: Any, indices: np.ndarray) -> Any:
-  """`structure` with the leaves of each named tuple's `client_rows` fields (at any
-  depth) as their `Rows` of `indices`."""
+def _map_rows(structure: Any, fn) -> Any:
+  """`structure` with each named tuple's `client_rows` field (at any depth) as
+  fn(field name, value)."""
   if hasattr(structure, '_fields'):
     chosen = getattr(type(structure), 'client_rows', ())
     return structure._replace(**{
-        name: (tf.nest.map_structure(lambda t: _rows(t, indices), value) if name in chosen
-               else _select(value, indices))
+        name: fn(name, value) if name in chosen else _map_rows(value, fn)
         for name, value in zip(structure._fields, structure)})
   if isinstance(structure, dict):
-    return type(structure)((k, _select(v, indices)) for k, v in structure.items())
+    return type(structure)((k, _map_rows(v, fn)) for k, v in structure.items())
   if isinstance(structure, (tuple, list)):
-    return type(structure)(_select(v, indices) for v in structure)
+    return type(structure)(_map_rows(v, fn) for v in structure)
   return structure
 
 
-def select_payload(payload: Any, indices: Sequence[int]) -> Any:
+def select_payload(payload: Any, indices: Sequence[int], held: Sequence[str] = (),
+                   population: int = 0) -> Any:
   """`payload` with each per-client table (its types' `client_rows`) as the `Rows` of
-  `indices`, the population indices of a share's clients."""
-  return _select(payload, np.unique(np.asarray(indices, np.int64)))
+  `indices`, the population indices of a share's clients; a table of client state
+  (a field in `held`, of `population` rows) as `Rows` without values, filled by the
+  share's holder (`ShardRows.fill`)."""
+  indices = np.unique(np.asarray(indices, np.int64))
+
+  def rows(name, value):
+    if name in held:
+      return tf.nest.map_structure(lambda _: Rows(indices, None, population), value)
+    return tf.nest.map_structure(lambda t: _rows(t, indices), value)
+
+  return _map_rows(payload, rows)
 
 
 def expand(structure: Any) -> Any:

@@ -18,13 +18,22 @@ process's on the same sums, added in another order: a run on K actors equals the
 in-process run to float rounding (1e-6, `tests/test_ray.py`). An actor sends one
 update's worth of sums whatever its number of clients (bench part 3 prints the bytes),
 and the rows below.
-Per-client server state (SCAFFOLD's c_i, Ditto's personal models, Local-MOML's memory,
-AFL's weights) stays in the driver's state, whose server step reads it whole; an actor
-receives its clients' rows of those tables and returns their rows of the slot tables
-(`client_rows`), so its messages grow with its clients, not with the population.
+Per-client tables travel as the actor's clients' rows (`client_rows`), so its messages
+grow with its clients, not with the population. Client state (SCAFFOLD's c_i, Ditto's
+personal models, Local-MOML's memory: a server state's `client_state`) lives with the
+actors: each holds its clients' rows, the driver's state a `client_rows.Held` in each
+table's place. In a round an actor fills its clients' rows into their payload and
+returns their rows as they were; the driver runs the server step on the round's rows
+alone (`ops.rule` says why a rule's step allows it) and sends each actor its clients'
+new rows. The whole tables come to the driver only for a checkpoint, personal models
+and an interrupted round's save (`whole_state`); a whole state handed to `next` (the
+initial state, a restored checkpoint) is sent to the actors. AFL's weights on the
+simplex, projected whole, stay in the driver's state.
 
 An actor that dies in a round is restarted by Ray (`max_restarts`) and set up again on
-its shard, and its part of the round runs again there: the round is pure, the results
+its shard, its rows of client state restored (from the last snapshot of them and the
+rows sent since, which the driver keeps as references into Ray's object store, not in
+its memory), and its part of the round runs again there: the round is pure, the results
 unchanged; one line says so. A process's actors serve each of its runs in turn (their
 processes and TensorFlow imported once). The driver killed, `--resume` continues from the last checkpoint as for
 any run. Ray is an optional dependency (`pip install tff_comp[ray]`); it is imported
@@ -47,6 +56,7 @@ import tensorflow as tf
 
 from tff_comp import registry
 from tff_comp import settings
+from tff_comp.ops import aggregation
 from tff_comp.ops import client_round
 from tff_comp.runtime import base
 from tff_comp.runtime import client_rows
@@ -157,6 +167,7 @@ class Shard:
 
   def __init__(self):
     self.runtime: inprocess.InProcessRuntime | None = None
+    self.rows = client_rows.ShardRows()  # its clients' rows of client state
 
   def setup(self, algorithm: bytes, client_data, engine: str, data_memory_budget: float,
             capacity: int) -> None:
@@ -166,6 +177,22 @@ class Shard:
     self.runtime = inprocess.build(_ray().cloudpickle.loads(algorithm), client_data,
                                    engine=engine, data_memory_budget=data_memory_budget)
     self.runtime.reserve_cohort(capacity)
+    self.rows = client_rows.ShardRows()
+
+  def restore(self, shard, *changes) -> None:
+    """Its rows of client state: `shard` (population indices, {field: their rows}),
+    then each of `changes` (rows of some of them) in order."""
+    self.rows.load(shard)
+    for change in changes:
+      self.rows.commit(change)
+
+  def commit(self, change) -> None:
+    """Writes the new rows of its clients of a round (`ShardRows.commit`)."""
+    self.rows.commit(change)
+
+  def snapshot(self) -> tuple[np.ndarray, dict[str, Any]]:
+    """Its rows of client state (as `restore` takes them)."""
+    return self.rows.indices, self.rows.tables
 
   def pid(self) -> int:
     return os.getpid()
@@ -175,15 +202,19 @@ class Shard:
 
   def client_sums(self, payload, hparams, client_ids, work, indices, round_num, reference,
                   aggregator):
-    """The clients' sums from a payload holding their rows of the per-client tables,
-    with their rows of the slot tables alone (`client_rows`)."""
-    sums = self.runtime.client_sums(client_rows.expand(payload), hparams, client_ids, work,
+    """(the clients' sums, with their rows of the slot tables alone; their rows of
+    client state as the round found them) from a payload holding their rows of the
+    per-client tables (`client_rows`: a held table's filled here)."""
+    sums = self.runtime.client_sums(self._payload(payload), hparams, client_ids, work,
                                     indices, round_num, reference, aggregator)
-    return client_rows.select_sums(sums, self.runtime.algorithm.aggregation, indices)
+    return (client_rows.select_sums(sums, self.runtime.algorithm.aggregation, indices),
+            self.rows.take(np.unique(np.asarray(indices, np.int64))))
 
   def reference_candidates(self, payload, hparams, client_ids) -> np.ndarray:
-    return self.runtime.reference_candidates(client_rows.expand(payload), hparams,
-                                             client_ids)
+    return self.runtime.reference_candidates(self._payload(payload), hparams, client_ids)
+
+  def _payload(self, payload):
+    return client_rows.expand(self.rows.fill(payload))
 
 
 # This process's actors, by (cluster, count, GPUs each): their processes (and the
@@ -258,9 +289,10 @@ def _sub_data(client_data, client_ids: Sequence[str]):
 class RoundCosts(NamedTuple):
   """What a round on Ray cost: bytes sent to the actors (the payload with the actor's
   clients' rows of the per-client tables, hparams and the private aggregator's state, to
-  each) and received (each actor's sums, the size of one update whatever its number of
-  clients, and those clients' rows), seconds from sending to the last answer, and
-  seconds of the driver's round end (aggregation, noise, server step, metrics)."""
+  each; their new rows of client state) and received (each actor's sums, the size of one
+  update whatever its number of clients, and those clients' rows; their rows of client
+  state as found), seconds from sending to the last answer, and seconds of the driver's
+  round end (aggregation, noise, server step, metrics)."""
 
   sent: int
   received: int
@@ -291,6 +323,17 @@ class RayRuntime:
     ids = list(client_data.client_ids)
     count = min(options.ray_actors, len(ids))
     self._owner = {cid: i % count for i, cid in enumerate(ids)}  # client -> actor
+    # Client state (`client_rows.held_fields`): actor k holds the rows of its clients'
+    # population indices `_shards[k]`; `_journal[k]` restores them (references to the
+    # last snapshot, then to the rows sent since: `_journal_rows[k]` of them);
+    # `_version` counts the changes; `_undo` (the version before the last round, each
+    # actor's rows as the round found them) rebuilds that version's tables.
+    self._shards = [np.array([driver.population_index[c] for c in ids[k::count]], np.int64)
+                    for k in range(count)]
+    self._journal: list[list[Any]] = [[] for _ in range(count)]
+    self._journal_rows = [0] * count
+    self._version = 0
+    self._undo: tuple[int, dict[int, tuple[np.ndarray, Any]]] | None = None
     self._actors = _actor_pool(ray, count, options.ray_gpus_per_actor)
     # Each actor on its share (streamed where it exceeds the budget, as in-process),
     # with the engine the whole run takes: a client's numbers depend on the engine.
@@ -330,7 +373,7 @@ class RayRuntime:
     return self._driver.get_model_weights(state)
 
   def set_model_weights(self, state: base.State, weights) -> base.State:
-    return self._driver.set_model_weights(state, weights)
+    return self._driver.set_model_weights(self.whole_state(state), weights)
 
   def get_hparams(self, state: base.State):
     return self._driver.get_hparams(state)
@@ -339,7 +382,27 @@ class RayRuntime:
     return self._driver.set_hparams(state, hparams)
 
   def get_personal_weights(self, state: base.State):
-    return self._driver.get_personal_weights(state)
+    return self._driver.get_personal_weights(self.whole_state(state))
+
+  def whole_state(self, state: base.State) -> base.State:
+    """`state` with its client state's tables whole, gathered from the actors (what a
+    checkpoint saves); a state of the last round or the one before it (an interrupted
+    round's save: `_undo`).
+
+    Raises:
+      ValueError: the state's tables are another run's, or older.
+    """
+    tables = self._tables(state)
+    if not client_rows.is_held(tables):
+      return state
+    version = self._check_held(tables, (self._version, self._undo and self._undo[0]))
+    whole = tf.nest.map_structure(lambda held: np.zeros(held.shape, held.dtype), tables)
+    shards = self._ray.get([a.snapshot.remote() for a in self._actors])
+    undone = self._undo[1].values() if version != self._version else ()
+    for indices, rows in (*shards, *undone):
+      tf.nest.map_structure(lambda table, part, at=indices: table.__setitem__(at, part),
+                            whole, rows)
+    return _with_tables(state, whole)
 
   def prefetch(self, client_ids: Sequence[str]) -> None:
     del client_ids  # each actor reads its own clients when their round comes
@@ -359,6 +422,12 @@ class RayRuntime:
     if not client_ids:
       raise ValueError('a round needs at least one client.')
     work = [1.0] * len(client_ids) if work is None else list(work)
+    held = client_rows.held_fields(state.finalizer)
+    if held:
+      state = self._hold(state)
+      tables = self._tables(state)
+      state = _with_tables(state, tf.nest.map_structure(  # the server rule sees no rows
+          lambda table: table.empty(), tables))
     state = inprocess.as_tensors(state)
     round_num = int(state.client_work.round)
     payload = self._host.payload(state)
@@ -369,7 +438,8 @@ class RayRuntime:
     index = self._driver.population_index
     rows = {k: [index[client_ids[p]] for p in ps] for k, ps in parts.items()}
     # Each actor's payload holds its clients' rows of the per-client tables alone.
-    payloads = {k: client_rows.select_payload(payload, rows[k]) for k in parts}
+    payloads = {k: client_rows.select_payload(payload, rows[k], held, len(index))
+                for k in parts}
     rule = self._driver.algorithm.client_rule
     reference = None
     if rule.uses_reference_loss:
@@ -384,18 +454,106 @@ class RayRuntime:
             rows[k], round_num, reference, private)
         for k, ps in parts.items()})
     gathered = time.perf_counter()
-    total = round_stages.add_sums(  # in actor order
-        [client_rows.expand(share) for share in results.values()])
-    weights, server, aggregator, metrics = self._host.from_sums(
-        total, state, state.aggregator, reference)
+    shares = [share for share, _ in results.values()]  # in actor order
+    committed = 0
+    if held:
+      total, found = _round_rows(shares, [old for _, old in results.values()])
+      weights, server, aggregator, metrics = self._host.from_sums(
+          total, state._replace(finalizer=state.finalizer._replace(**found)),
+          state.aggregator, reference, rows=True)
+      server, committed = self._commit(server, tables, found, {  # in actor order
+          k: np.unique(np.asarray(rows[k], np.int64)) for k in results})
+    else:
+      total = round_stages.add_sums([client_rows.expand(share) for share in shares])
+      weights, server, aggregator, metrics = self._host.from_sums(
+          total, state, state.aggregator, reference)
     work_state = client_round.ClientWorkState(state.client_work.hparams,
                                               state.client_work.round + 1)
     output = base.RoundOutput(inprocess.learning_state(weights, work_state, server, aggregator),
                               self._driver.stages.unpack_metrics(metrics))
-    self.costs = RoundCosts(sum(_nbytes((p, hparams, private)) for p in payloads.values()),
-                            sum(_nbytes(share) for share in results.values()),
-                            gathered - start, time.perf_counter() - gathered)
+    self.costs = RoundCosts(
+        sum(_nbytes((p, hparams, private)) for p in payloads.values()) + committed,
+        sum(_nbytes(result) for result in results.values()),
+        gathered - start, time.perf_counter() - gathered)
     return output
+
+  # --- client state: held by the actors ----------------------------------------------
+
+  @staticmethod
+  def _tables(state: base.State) -> dict[str, Any]:
+    """{field: table} of the state's client state."""
+    server = state.finalizer
+    return {name: getattr(server, name) for name in client_rows.held_fields(server)}
+
+  def _check_held(self, tables: dict[str, Any], versions: Sequence[int | None]) -> int:
+    """The version of held `tables`, one of `versions` of this runtime's.
+
+    Raises:
+      ValueError: a table is not held, or another run's, or of another version.
+    """
+    leaves = tf.nest.flatten(tables)
+    version = leaves[0].version if isinstance(leaves[0], client_rows.Held) else None
+    if version is None or version not in versions or any(
+        not isinstance(leaf, client_rows.Held) or leaf.holder != id(self)
+        or leaf.version != version for leaf in leaves):
+      raise ValueError(
+          'this state\'s per-client tables are held by another Ray run, or are of an'
+          ' earlier round than its actors hold; continue from the latest state (or from'
+          ' `whole_state` of an earlier one, taken at its round).')
+    return version
+
+  def _hold(self, state: base.State) -> base.State:
+    """`state` with its client state held by the actors: whole tables (the initial
+    state, a restored checkpoint) are sent to them; held ones are checked to be the
+    latest."""
+    tables = self._tables(state)
+    if client_rows.is_held(tables):
+      self._check_held(tables, (self._version,))
+      return state
+    if self._driver.algorithm.aggregation != aggregation.SLOTS:
+      raise base.UnsupportedError('client state on Ray needs the slots aggregation'
+                                  ' (ops.aggregation.SLOTS), whose slots carry its rows')
+    whole = tf.nest.map_structure(np.asarray, tables)
+    done = []
+    for k, actor in enumerate(self._actors):
+      ref = self._ray.put((self._shards[k], tf.nest.map_structure(
+          lambda table, at=self._shards[k]: table[at], whole)))
+      done.append(actor.restore.remote(ref))
+      self._journal[k], self._journal_rows[k] = [ref], 0
+    self._ray.get(done)
+    self._version, self._undo = self._version + 1, None
+    return _with_tables(state, tf.nest.map_structure(
+        lambda table: client_rows.Held(table.shape, table.dtype,
+                                       float(table.sum(dtype=np.float64)), id(self),
+                                       self._version), whole))
+
+  def _commit(self, server, tables: dict[str, Any], found: dict[str, Any],
+              indices: dict[int, np.ndarray]) -> tuple[Any, int]:
+    """Sends each actor its clients' new rows of client state (the server step's
+    `server` tables, the round's rows in actor order, as `found` was), notes them in
+    its journal (a snapshot instead, once the rows since the last reach its shard's),
+    and returns (`server` with the tables held, the bytes sent)."""
+    new = {name: tf.nest.map_structure(np.asarray, getattr(server, name)) for name in tables}
+    undo, start, sent = {}, 0, 0
+    for k, at in indices.items():
+      part = slice(start, start + len(at))
+      start += len(at)
+      change = (at, tf.nest.map_structure(lambda rows, p=part: rows[p], new))
+      undo[k] = (at, tf.nest.map_structure(lambda rows, p=part: rows[p], found))
+      ref = self._ray.put(change)
+      self._actors[k].commit.remote(ref)
+      sent += _nbytes(change)
+      self._journal[k].append(ref)
+      self._journal_rows[k] += len(at)
+      if self._journal_rows[k] >= len(self._shards[k]):
+        self._journal[k], self._journal_rows[k] = [self._actors[k].snapshot.remote()], 0
+    self._undo, self._version = (self._version, undo), self._version + 1
+    held = tf.nest.map_structure(
+        lambda h, now, was: client_rows.Held(
+            h.shape, h.dtype, h.total + float(now.sum(dtype=np.float64)
+                                               - was.sum(dtype=np.float64)),
+            id(self), self._version), tables, new, found)
+    return _with_tables(server, held, server_state=True), sent
 
   def _call(self, method: str, round_num: int, args: dict[int, tuple]) -> dict[int, Any]:
     """{actor: actors[actor].method(*args[actor])}, run together; an actor that died is
@@ -425,11 +583,41 @@ class RayRuntime:
     while True:
       try:
         ray.get(self._actors[k].setup.remote(*self._setups[k]))
+        if self._journal[k]:  # its rows of client state
+          ray.get(self._actors[k].restore.remote(*self._journal[k]))
         return
       except ray.exceptions.ActorUnavailableError:
         if time.monotonic() > deadline:
           raise
         time.sleep(0.2)
+
+
+def _with_tables(state, tables: dict[str, Any], server_state: bool = False):
+  """`state` (or a server state) with the fields `tables` of its server state replaced."""
+  if server_state:
+    return state._replace(**tables)
+  return state._replace(finalizer=state.finalizer._replace(**tables))
+
+
+def _round_rows(shares: Sequence[round_stages.RoundSums],
+                found: Sequence[dict[str, Any]]) -> tuple[round_stages.RoundSums, dict]:
+  """(the round's sums: the shares' added, their slots' rows (`client_rows.Rows`)
+  concatenated instead; the tables of client state as the round found them, the same
+  rows in the same order), from the actors' answers in actor order."""
+  update = shares[0].update.update
+  slots = aggregation.slot_fields(update)
+
+  def rows_of(parts):
+    return tf.nest.map_structure(
+        lambda *rs: np.concatenate([r.values if isinstance(r, client_rows.Rows) else r
+                                    for r in rs]), *parts)
+
+  without = [s._replace(update=s.update._replace(
+      update=s.update.update._replace(**dict.fromkeys(slots, ())))) for s in shares]
+  total = round_stages.add_sums(without)
+  total = total._replace(update=total.update._replace(update=total.update.update._replace(
+      **{name: rows_of([getattr(s.update.update, name) for s in shares]) for name in slots})))
+  return total, {name: rows_of([f[name] for f in found]) for name in found[0]}
 
 
 def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple], *,

@@ -23,6 +23,7 @@ from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round
 from tff_comp.ops import local_loop
 from tff_comp.ops import rule as rule_lib
+from tff_comp.runtime import client_rows
 from tff_comp.runtime import lanes as lanes_lib
 from tff_comp.runtime import nested
 from tff_comp.runtime import traced
@@ -177,7 +178,9 @@ class HostFinish:
   async's cohorts of earlier versions) and reach the host in NumPy, as their stacked
   outputs or as the cohort's sums: the payload they start from, and
   `RoundStages.finish` or `finish_sums`, each traced once for cohorts of every size and
-  run on `device`."""
+  run on `device`. With `rows`, the per-client tables of the server state and the
+  update's slots hold the round's clients' rows alone (`client_rows`: client state
+  held elsewhere), as many as the round has."""
 
   def __init__(self, stages: RoundStages, device: str):
     algorithm = stages.algorithm
@@ -187,7 +190,8 @@ class HostFinish:
                                                     state.global_model_weights),
         autograph=False)
     self._finish = {name: traced.OnceTraced(fn) for name, fn in
-                    (('outputs', stages.finish), ('sums', stages.finish_sums))}
+                    (('outputs', stages.finish), ('sums', stages.finish_sums),
+                     ('rows', stages.finish_sums))}
 
   def payload(self, state) -> Any:
     """The payload clients receive from `state` (in tensors), in NumPy."""
@@ -200,9 +204,11 @@ class HostFinish:
     aggregator state, packed metrics)."""
     return self._run('outputs', outputs, state, aggregator, reference)
 
-  def from_sums(self, total: RoundSums, state, aggregator, reference: float | None):
-    """As `__call__`, from the whole cohort's sums (`RoundStages.finish_sums`)."""
-    return self._run('sums', total, state, aggregator, reference)
+  def from_sums(self, total: RoundSums, state, aggregator, reference: float | None, *,
+                rows: bool = False):
+    """As `__call__`, from the whole cohort's sums (`RoundStages.finish_sums`); `rows`:
+    the tables and slots of the round's rows alone (see the class docstring)."""
+    return self._run('rows' if rows else 'sums', total, state, aggregator, reference)
 
   def _run(self, kind: str, clients, state, aggregator, reference):
     args = (state.global_model_weights, state.finalizer, aggregator,
@@ -210,8 +216,30 @@ class HostFinish:
             None if reference is None else tf.constant(reference, tf.float32))
     finish = self._finish[kind]
     if not finish.traced(kind):  # one trace for cohorts of every size
-      finish.trace(kind, tf.nest.map_structure(
+      specs = tf.nest.map_structure(
           lambda o: tf.TensorSpec([None, *o.shape[1:]] if kind == 'outputs' else o.shape,
-                                  o.dtype), clients), *args)
+                                  o.dtype), clients)
+      traced_args = args
+      if kind == 'rows':
+        specs, server = _any_rows(specs), state.finalizer
+        traced_args = (args[0], server._replace(**{
+            name: _any_rows(getattr(server, name))
+            for name in client_rows.held_fields(server)}), *args[2:])
+      finish.trace(kind, specs, *traced_args)
     with tf.device(self._device):
       return finish(kind, clients, *args)
+
+
+def _any_rows(structure: Any) -> Any:
+  """TensorSpecs of `structure`'s per-client parts with any number of rows: a server
+  state's tables, or the update slots of `RoundSums` (others keep their shapes)."""
+  def free(leaf):
+    return tf.TensorSpec([None, *leaf.shape[1:]], leaf.dtype)
+
+  if isinstance(structure, RoundSums):
+    update = structure.update.update
+    slots = {name: tf.nest.map_structure(free, getattr(update, name))
+             for name in aggregation.slot_fields(update)}
+    return structure._replace(update=structure.update._replace(
+        update=update._replace(**slots)))
+  return tf.nest.map_structure(free, structure)

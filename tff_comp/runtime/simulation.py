@@ -237,7 +237,7 @@ def run_simulation(
   if learning_rates is not None:
     loop.state = callbacks_lib.set_learning_rates(runtime, loop.state, *learning_rates,
                                                   client_hparams)
-  loop.initial_state = loop.state
+  loop.initial_hparams = runtime.get_hparams(loop.state)
   if resume:
     _restore(loop, checkpoints)
     if show_progress:
