@@ -6,6 +6,7 @@ with dropout) and shuffled local data: equal to the bit."""
 import dataclasses
 import inspect
 import json
+import re
 import threading
 import time
 
@@ -37,6 +38,11 @@ TRIALS = ((3, 0.02, 1.0, 1.0), (4, 0.05, 0.5, 1.5), (5, 0.01, 1.2, 0.5))
 # Builder arguments that keep every trial's scaled hparams valid (beta <= 1).
 ARGUMENTS = {'local_moml': {'beta': 0.5}}
 
+
+
+def _plans(said: list[str]) -> list[str]:
+  """The lines `run_trials` said of its plans (not of a group's time)."""
+  return [line for line in said if 'batched rounds in' not in line]
 
 def _algorithms() -> list[str]:
   return [name for name in registry.ALGORITHMS.names()
@@ -190,11 +196,13 @@ def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
   assert 'fedprox on quadratic: 3 trials batched into one program' in said[0]
+  assert re.fullmatch(r'fedprox on quadratic: 3 trials, \d batched rounds in [\d.]+ s; the'
+                      r' compiled round [\d.]+ s of them \(rounds 2 on\)\.', said[1]), said
   separate = [_alone(trial) for trial in grid(tmp_path / 'separate')]
   assert batched == separate
   one_by_one = trials.run_trials(grid(tmp_path / 'one_by_one'), batch=False,
                                  say=said.append)
-  assert '3 trial(s) one after another (batching off)' in said[1]
+  assert '3 trial(s) one after another (batching off)' in said[2]
   assert one_by_one == separate
   for seed in (1, 2, 3):
     (rows, model), (want_rows, want_model) = (
@@ -227,6 +235,7 @@ def test_auto_takes_the_engine_each_trials_separate_run_takes(tmp_path, monkeypa
   assert 'mapped engine' in said[0], said
   assert batched == [_alone(trial) for trial in grid(tmp_path / 'separate')]
   trials.run_trials(grid(tmp_path / 'lengths', rounds=(4, 4, 20)), say=said.append)
+  said = _plans(said)
   assert said[1:] == [said[1].split(': ')[0] + ': 2 trials batched into one program'
                       + said[1].split('one program')[1],
                       'fedavg on quadratic: 1 trial(s) one after another (a group of one).']
@@ -248,6 +257,7 @@ def test_trials_on_several_data_seeds_share_a_program_in_chunks(tmp_path, monkey
   said = []
   monkeypatch.setattr(trials, 'trial_bytes', lambda runtime, clients: 2**20)
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append, memory_budget=2.5)
+  said = _plans(said)
   assert said == [
       f'{name} on sinewave: 3 trials batched in 2 programs of up to 2 (about 1.0 MB a trial,'
       ' --batch_memory_budget=2.5 MB), on 2 data seeds\' clients'

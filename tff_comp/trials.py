@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import dataclasses
 import json
 import threading
+import time
 from typing import Any, NamedTuple
 
 from absl import logging
@@ -271,12 +272,14 @@ def _run_program(program: _Program, trials: Sequence[Trial], results: list[Any],
     say(f'{label}: {size} trials batched into one program{on}'
         f' ({runner.runtime.description}).')
   for start in range(0, size, chunk):
-    _run_batched(program, range(start, min(size, start + chunk)), trials, results)
+    _run_batched(program, range(start, min(size, start + chunk)), trials, results, say)
 
 
 def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
-                 results: list[Any]) -> None:
-  """The trials `part` of `program` (positions in it) as one group, each on a thread."""
+                 results: list[Any], say: Any) -> None:
+  """The trials `part` of `program` (positions in it) as one group, each on a thread;
+  says how long its rounds took, and how much of it the compiled round."""
+  started = time.monotonic()
   group = trial_group.TrialGroup(
       program.runner.runtime, [program.prepared[k].config.seed for k in part],
       None if program.clients is None else [program.clients[k] for k in part])
@@ -306,6 +309,9 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
     thread.start()
   for thread in threads:
     thread.join()
+  say(f'{_label(program.prepared[0])}: {len(part)} trials, {group.rounds_run} batched rounds'
+      f' in {time.monotonic() - started:.1f} s; the compiled round {group.round_seconds:.1f}'
+      f' s of them (rounds 2 on).')
   stopped = [results[program.members[k]] for k in part
              if isinstance(results[program.members[k]], KeyboardInterrupt)]
   if stopped:

@@ -28,6 +28,7 @@ its evaluations, `together`) meet, and between rounds the loops take turns.
 
 from collections.abc import Callable, Sequence
 import threading
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -118,6 +119,9 @@ class TrialGroup:
     self._turn_of: int | None = None
     self._last: dict[int, base.State] = {}  # each trial's latest state (an empty slot's)
     self.rounds_run = 0  # batched rounds
+    # Seconds in the compiled round function, its outputs on the host, in the rounds
+    # after the first (which compiles it): the floor of the group's time.
+    self.round_seconds = 0.0
     self.retraces = 0  # rounds after the first that traced the round again (a bug)
 
   @staticmethod
@@ -237,11 +241,14 @@ class TrialGroup:
     stacked = self._in_round_dtypes(stacked)
     args = self._args(stacked)[:5]
     traces = self._round_fn.function.experimental_get_tracing_count()
+    started = time.perf_counter()
     with tf.device(runtime.device):
       new = self._round_fn(
           self._capacity, *args, tf.constant(positions, tf.int32), tf.constant(indices, tf.int32),
           tf.constant(work, tf.float32), tf.constant(trial, tf.int32), self._capacity)
     *parts, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
+    if self.rounds_run:
+      self.round_seconds += time.perf_counter() - started
     weights, server, aggregator, hparams = (
         _Rows(self._packer(name, part), part) for name, part in zip(
             ('weights', 'server', 'aggregator', 'hparams'),
