@@ -177,6 +177,24 @@ def test_a_whole_state_given_again_is_sent_to_the_actors():
   del single
 
 
+def test_two_ray_runs_of_one_process_take_turns_on_its_actors():
+  """A process's actors serve one run at a time: a run built later (Ditto) sets them up
+  for itself, and the earlier run (SCAFFOLD) takes them back, its rows of client state
+  restored; each equals its single-process run."""
+  def runtimes(build):
+    return [build(algorithm_cases.algorithm(name, {}), DATA) for name in ('scaffold', 'ditto')]
+
+  on_ray = runtimes(lambda a, d: ray_runtime.build(a, d, OPTIONS, engine='mapped'))
+  single = runtimes(lambda a, d: inprocess.build(a, d, engine='mapped'))
+  states = [[r.initialize() for r in on_ray], [r.initialize() for r in single]]
+  for cohort in (IDS[:3], IDS[1:4], IDS[2:]):
+    for kind, runs in enumerate((on_ray, single)):
+      for i, runtime in enumerate(runs):
+        states[kind][i] = runtime.next(states[kind][i], cohort).state
+  for runtime, got, want in zip(on_ray, states[0], states[1]):
+    _assert_same(runtime.whole_state(got), want, runtime.description)
+
+
 # The default suite runs the three that exercise every path of a round on Ray (plain,
 # per-client state, a cohort-wide reference loss); `make test-ray` runs every algorithm
 # and the tests marked `ray` (the suite's time budget).

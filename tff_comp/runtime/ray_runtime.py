@@ -35,8 +35,9 @@ its shard, its rows of client state restored (from the last snapshot of them and
 rows sent since, which the driver keeps as references into Ray's object store, not in
 its memory), and its part of the round runs again there: the round is pure, the results
 unchanged; one line says so. A process's actors serve each of its runs in turn (their
-processes and TensorFlow imported once). The driver killed, `--resume` continues from the last checkpoint as for
-any run. Ray is an optional dependency (`pip install tff_comp[ray]`); it is imported
+processes and TensorFlow imported once): a run whose actors another run took since sets
+them up for itself again, its rows of client state restored. The driver killed,
+`--resume` continues from the last checkpoint as for any run. Ray is an optional dependency (`pip install tff_comp[ray]`); it is imported
 when a run asks for it (`--ray_address`).
 """
 
@@ -220,10 +221,16 @@ class Shard:
 # This process's actors, by (cluster, count, GPUs each): their processes (and the
 # TensorFlow each imported) serve every run after the first.
 _POOL: dict[tuple[str, int, float], list[Any]] = {}
+# The runtime each pool's actors are set up for (`RayRuntime._take_actors`).
+_SERVING: dict[tuple[str, int, float], int] = {}
+
+
+def _pool_key(ray, count: int, gpus: float) -> tuple[str, int, float]:
+  return (ray.get_runtime_context().get_job_id(), count, gpus)
 
 
 def _actor_pool(ray, count: int, gpus: float) -> list[Any]:
-  key = (ray.get_runtime_context().get_job_id(), count, gpus)
+  key = _pool_key(ray, count, gpus)
   if key not in _POOL:
     actor = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=RETRIES,
                        max_task_retries=0)(Shard)
@@ -345,7 +352,9 @@ class RayRuntime:
     if self._data == 'arrays':
       logging.info('ray runtime: the task\'s ClientData does not pickle; each actor'
                    ' receives its clients\' examples as arrays (once, at setup)')
+    self._pool = _pool_key(ray, count, options.ray_gpus_per_actor)
     ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
+    _SERVING[self._pool] = id(self)
     self._host = round_stages.HostFinish(driver.stages, driver.device)
     self.costs: RoundCosts | None = None  # the last round's
     logging.info('ray runtime: %s', self.description)
@@ -396,6 +405,7 @@ class RayRuntime:
     if not client_rows.is_held(tables):
       return state
     version = self._check_held(tables, (self._version, self._undo and self._undo[0]))
+    self._take_actors()
     whole = tf.nest.map_structure(lambda held: np.zeros(held.shape, held.dtype), tables)
     shards = self._ray.get([a.snapshot.remote() for a in self._actors])
     undone = self._undo[1].values() if version != self._version else ()
@@ -411,6 +421,7 @@ class RayRuntime:
     """Each actor's lanes kernel holds `size` clients (a share of a cohort never has
     more), compiled once."""
     self._setups = [(*setup[:4], max(setup[4], size)) for setup in self._setups]
+    self._take_actors()
     self._ray.get([a.reserve_cohort.remote(size) for a in self._actors])
 
   # --- rounds --------------------------------------------------------------------------
@@ -421,6 +432,7 @@ class RayRuntime:
     actors holding them."""
     if not client_ids:
       raise ValueError('a round needs at least one client.')
+    self._take_actors()
     work = [1.0] * len(client_ids) if work is None else list(work)
     held = client_rows.held_fields(state.finalizer)
     if held:
@@ -575,6 +587,19 @@ class RayRuntime:
         self._set_up_again(k)
         pending[k] = getattr(self._actors[k], method).remote(*args[k])
     return dict(sorted(results.items()))
+
+  def _take_actors(self) -> None:
+    """The pool's actors set up for this runtime again (its algorithm, shards and rows
+    of client state), if another runtime of this process took them since."""
+    if _SERVING.get(self._pool) == id(self):
+      return
+    logging.info('ray runtime: the actors served another run; setting them up for this'
+                 ' one again')
+    ray = self._ray
+    ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
+    ray.get([a.restore.remote(*journal) for a, journal in zip(self._actors, self._journal)
+             if journal])
+    _SERVING[self._pool] = id(self)
 
   def _set_up_again(self, k: int, timeout: float = 120.0) -> None:
     """Actor `k`, restarted by Ray after it died, set up on its shard again (waiting
