@@ -12,7 +12,8 @@ still running has handed over its next round, the last to arrive runs them all a
       tagged with its trial t(i)
     P_t = server_rule.payload(S_t, W_t)                           (per trial)
     client i's round on the engine, from P_t(i) and the hparams of trial t(i), its
-      batches shuffled by trial t(i)'s seed and round               (batched)
+      batches shuffled by trial t(i)'s seed and round; the cohort ordered by client,
+      so the trials sampling a client step on it in lanes side by side (batched)
     (W_t', S_t', A_t', metrics_t) = the aggregation of trial t's clients (with a private
       aggregator's state A_t and noise seeded by trial t's seed), the server step and
       the metrics: `round_stages.RoundStages.finish`              (per trial)
@@ -241,11 +242,19 @@ class TrialGroup:
     stacked = self._in_round_dtypes(stacked)
     args = self._args(stacked)[:5]
     traces = self._round_fn.function.experimental_get_tracing_count()
+    # The clients in the kernel by their position in the data (the trials sampling a
+    # client side by side, so their lanes read its batches together), their outputs
+    # back in trial order (`restore`) for each trial's aggregation.
+    order = np.lexsort((np.arange(len(positions)), positions))
+    restore = np.argsort(order)
+    positions, indices, work, trial_in_kernel = (
+        np.asarray(v)[order] for v in (positions, indices, work, trial))
     started = time.perf_counter()
     with tf.device(runtime.device):
       new = self._round_fn(
           self._capacity, *args, tf.constant(positions, tf.int32), tf.constant(indices, tf.int32),
-          tf.constant(work, tf.float32), tf.constant(trial, tf.int32), self._capacity)
+          tf.constant(work, tf.float32), tf.constant(trial_in_kernel, tf.int32),
+          tf.constant(restore, tf.int32), tf.constant(trial, tf.int32), self._capacity)
     *parts, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
     if self.rounds_run:
       self.round_seconds += time.perf_counter() - started
@@ -295,6 +304,7 @@ class TrialGroup:
             self._seeds,
             tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
             tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
             self._capacity)
 
   def _trace(self, stacked: base.State) -> None:
@@ -316,7 +326,7 @@ class TrialGroup:
                             aggregator=aggregator)
 
   def _round(self, weights, server_state, work_state, aggregator, seeds, positions,
-             indices, work, trial, capacity: int):
+             indices, work, trial, restore, trial_order, capacity: int):
     """One round of every trial (states stacked on axis 0); clients tagged by `trial`.
     What a trial's separate round computes from its own state runs per trial
     (`tf.map_fn`), with the same ops on the same shapes, so its numbers are the same
@@ -330,6 +340,8 @@ class TrialGroup:
     outputs = runtime.engine_impl.run(engines_lib.Cohort(
         payload, hparams, positions, tf.gather(runtime.data.offsets, positions),
         tf.gather(runtime.data.counts, positions), plans, capacity, trial))
+    outputs = tf.nest.map_structure(lambda x: tf.gather(x, restore), outputs)
+    trial = trial_order
 
     def finish(t, weights, server_state, aggregator, round_num, seed, *reference):
       own = tf.reshape(tf.where(tf.equal(trial, t)), [-1])  # trial t's clients, in order
