@@ -54,11 +54,16 @@ def _algorithms() -> list[str]:
           if not inprocess.why_not(algorithm_cases.algorithm(name, {}))]
 
 
+def _sampler() -> sampling.ClientSampler:
+  """Poisson cohorts (3 of the clients expected) with dropout."""
+  return sampling.ClientSampler(IDS, 3, 7, sampling.Participation('poisson',
+                                                                   dropout_rate=0.2))
+
+
 def _rounds(runtime, rounds: int = 3, kill=None):
-  """Rounds on Poisson cohorts (3 of the clients expected) with dropout; `kill(round)`
-  runs before each round."""
-  sampler = sampling.ClientSampler(IDS, 3, 7, sampling.Participation(
-      'poisson', dropout_rate=0.2))
+  """Rounds on `_sampler`'s cohorts; `kill(round)` runs before each round, and as
+  `kill(rounds + 1)` before the state is gathered whole."""
+  sampler = _sampler()
   state, metrics = runtime.initialize(), []
   for round_num in range(1, rounds + 1):
     if kill:
@@ -68,6 +73,8 @@ def _rounds(runtime, rounds: int = 3, kill=None):
       output = runtime.next(state, list(clients.reporting), clients.work)
       state = output.state
       metrics.append(output.metrics)
+  if kill:
+    kill(rounds + 1)
   return base.whole_state(runtime, state), metrics
 
 
@@ -251,20 +258,52 @@ def test_a_keras_cnn_on_ray_equals_the_single_process():
                rounds(inprocess.build(algorithm(), data, engine='mapped')), 'keras cnn')
 
 
+class _KillingRay:
+  """Ray's module for a runtime, which kills the process `armed` (then disarmed) at the
+  first `get` after it is armed: in a round, once its clients' work was sent."""
+
+  def __init__(self, ray_module):
+    self._ray, self.armed = ray_module, None
+
+  def __getattr__(self, name):
+    return getattr(self._ray, name)
+
+  def get(self, *args, **kwargs):
+    if self.armed:
+      os.kill(self.armed, signal.SIGKILL)
+      self.armed = None
+    return self._ray.get(*args, **kwargs)
+
+
 def test_an_actor_killed_in_a_run_is_restarted_and_the_run_is_unchanged(capsys):
+  """SCAFFOLD (each actor holds its clients' c_i): an actor killed between rounds 1 and
+  2, one of round 3's killed while its clients run, and one before the tables are
+  gathered (`whole_state`, a checkpoint's); each is restarted with its rows, and the
+  run is the single process's."""
   single, _, runtime = _both('scaffold', 'mapped')
+  runtime._ray = killing = _KillingRay(runtime._ray)  # pylint: disable=protected-access
+  in_round_3 = IDS.index(_sampler().sample(3).reporting[0]) % 2  # an actor of round 3
   killed = []
 
   def kill(round_num):
     if round_num == 2:
-      pid = runtime.actor_pids()[0]
-      os.kill(pid, signal.SIGKILL)
-      killed.append(pid)
+      killed.append(runtime.actor_pids()[0])
+      os.kill(killed[-1], signal.SIGKILL)
+    if round_num == 3:
+      killed.append(runtime.actor_pids()[in_round_3])
+      killing.armed = killed[-1]  # once the round's clients were sent
+    if round_num == 4:
+      killed.append(runtime.actor_pids()[1])
+      os.kill(killed[-1], signal.SIGKILL)
 
-  _assert_same(_rounds(runtime, kill=kill), single, 'scaffold, an actor killed')
-  assert 'ray: actor 0 died in round 2; its clients run again on its restarted actor.' \
-      in capsys.readouterr().out
-  assert killed and killed[0] not in runtime.actor_pids()  # a new process
+  _assert_same(_rounds(runtime, kill=kill), single, 'scaffold, actors killed')
+  out = capsys.readouterr().out
+  for line in ('ray: actor 0 died in round 2; its clients run again on its restarted actor.',
+               f'ray: actor {in_round_3} died in round 3; its clients run again on its'
+               ' restarted actor.',
+               'ray: actor 1 died; it is restarted with its rows of client state.'):
+    assert line in out, out
+  assert len(killed) == 3 and not set(killed) & set(runtime.actor_pids())  # new processes
 
 
 def _train(path, **settings):

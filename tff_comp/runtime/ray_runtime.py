@@ -407,7 +407,7 @@ class RayRuntime:
     version = self._check_held(tables, (self._version, self._undo and self._undo[0]))
     self._take_actors()
     whole = tf.nest.map_structure(lambda held: np.zeros(held.shape, held.dtype), tables)
-    shards = self._ray.get([a.snapshot.remote() for a in self._actors])
+    shards = self._call('snapshot', None, dict.fromkeys(range(len(self._actors)), ())).values()
     undone = self._undo[1].values() if version != self._version else ()
     for indices, rows in (*shards, *undone):
       tf.nest.map_structure(lambda table, part, at=indices: table.__setitem__(at, part),
@@ -422,7 +422,7 @@ class RayRuntime:
     more), compiled once."""
     self._setups = [(*setup[:4], max(setup[4], size)) for setup in self._setups]
     self._take_actors()
-    self._ray.get([a.reserve_cohort.remote(size) for a in self._actors])
+    self._call('reserve_cohort', None, dict.fromkeys(range(len(self._actors)), (size,)))
 
   # --- rounds --------------------------------------------------------------------------
 
@@ -526,13 +526,11 @@ class RayRuntime:
       raise base.UnsupportedError('client state on Ray needs the slots aggregation'
                                   ' (ops.aggregation.SLOTS), whose slots carry its rows')
     whole = tf.nest.map_structure(np.asarray, tables)
-    done = []
-    for k, actor in enumerate(self._actors):
-      ref = self._ray.put((self._shards[k], tf.nest.map_structure(
-          lambda table, at=self._shards[k]: table[at], whole)))
-      done.append(actor.restore.remote(ref))
-      self._journal[k], self._journal_rows[k] = [ref], 0
-    self._ray.get(done)
+    for k in range(len(self._actors)):
+      self._journal[k] = [self._ray.put((self._shards[k], tf.nest.map_structure(
+          lambda table, at=self._shards[k]: table[at], whole)))]
+      self._journal_rows[k] = 0
+    self._call('restore', None, {k: tuple(journal) for k, journal in enumerate(self._journal)})
     self._version, self._undo = self._version + 1, None
     return _with_tables(state, tf.nest.map_structure(
         lambda table: client_rows.Held(table.shape, table.dtype,
@@ -567,9 +565,11 @@ class RayRuntime:
             id(self), self._version), tables, new, found)
     return _with_tables(server, held, server_state=True), sent
 
-  def _call(self, method: str, round_num: int, args: dict[int, tuple]) -> dict[int, Any]:
+  def _call(self, method: str, round_num: int | None,
+            args: dict[int, tuple]) -> dict[int, Any]:
     """{actor: actors[actor].method(*args[actor])}, run together; an actor that died is
-    restarted by Ray and its call made again (up to `RETRIES` times), said in one line."""
+    restarted by Ray, set up again with its rows of client state, and its call made
+    again (up to `RETRIES` times), said in one line (naming the round, if in one)."""
     ray = self._ray
     pending = {k: getattr(self._actors[k], method).remote(*a) for k, a in args.items()}
     results, attempts = {}, dict.fromkeys(args, 0)
@@ -583,7 +583,9 @@ class RayRuntime:
         if attempts[k] > RETRIES:
           raise
         print(f'ray: actor {k} died in round {round_num + 1}; its clients run again on'
-              ' its restarted actor.', flush=True)
+              ' its restarted actor.' if round_num is not None else
+              f'ray: actor {k} died; it is restarted with its rows of client state.',
+              flush=True)
         self._set_up_again(k)
         pending[k] = getattr(self._actors[k], method).remote(*args[k])
     return dict(sorted(results.items()))
