@@ -5,6 +5,7 @@ import csv
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests import algorithm_cases
 from tff_comp import experiment
@@ -159,3 +160,33 @@ def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
   assert checkpoints.Checkpoints(tmp_path).rounds() == [5]
   with open(tmp_path / 'metrics.csv', newline='') as f:
     assert [int(row['round']) for row in csv.DictReader(f)][-1] < 10
+
+
+def test_tensorboard_events_hold_what_tf_summary_scalar_writes(tmp_path):
+  """A round's metrics in TensorBoard's events as TensorFlow's own `tf.summary.scalar`
+  writes them: the same tags, metadata and float32 tensors at the round's step (read back
+  by TensorFlow's summary iterator)."""
+  metrics = {'train/client_work/train_loss': 0.25, 'eval/accuracy': 0.5}
+  (tmp_path / 'ours').mkdir()
+  writer = run_files.MetricsWriter(tmp_path / 'ours', sorted(metrics))
+  for round_num in (1, 2):
+    writer.write(round_num, 0.1, {k: v * round_num for k, v in metrics.items()})
+  writer.close()
+  with tf.summary.create_file_writer(str(tmp_path / 'tf')).as_default() as tf_writer:
+    for round_num in (1, 2):
+      for tag, value in metrics.items():
+        tf.summary.scalar(tag, value * round_num, step=round_num)
+    tf_writer.flush()
+
+  def scalars(directory):
+    found = {}
+    for file in directory.rglob('events.out.tfevents.*'):
+      for event in tf.compat.v1.train.summary_iterator(str(file)):
+        for value in event.summary.value:
+          found[event.step, value.tag] = (value.metadata.SerializeToString(),
+                                          value.tensor.dtype,
+                                          tf.make_ndarray(value.tensor).tolist())
+    return found
+
+  ours = scalars(tmp_path / 'ours')
+  assert len(ours) == 4 and ours == scalars(tmp_path / 'tf')

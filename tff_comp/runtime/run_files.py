@@ -9,6 +9,7 @@ call) is simpler to read, to plot and to cut back on resume.
 from collections.abc import Mapping
 import contextlib
 import csv
+import functools
 import fcntl
 import io
 import pathlib
@@ -49,14 +50,24 @@ _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None,
                                                            description=None)
 
 
-def _scalar_summary(metrics: Metrics) -> summary_pb2.Summary:
-  """A Summary of one round's metrics, each value as `tf.summary.scalar` writes it (a
-  float32 tensor marked as a scalar). Built in Python: 20 eager `tf.summary.scalar`
-  calls cost about 9 ms, this about 60 us."""
-  return summary_pb2.Summary(value=[
-      summary_pb2.Summary.Value(tag=tag, metadata=_SCALAR_METADATA, tensor=tensor_pb2.TensorProto(
-          dtype=types_pb2.DT_FLOAT, float_val=[value]))
-      for tag, value in metrics.items()])
+@functools.lru_cache(maxsize=4096)
+def _scalar_value(tag: str) -> summary_pb2.Summary.Value:
+  """A scalar's summary value without its number, as `tf.summary.scalar` writes it (a
+  float32 tensor marked as a scalar); copied for each round (never changed)."""
+  return summary_pb2.Summary.Value(tag=tag, metadata=_SCALAR_METADATA,
+                                   tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT))
+
+
+def _scalar_event(step: int, metrics: Metrics) -> event_pb2.Event:
+  """An event of one round's metrics, each value as `tf.summary.scalar` writes it. Built
+  in Python from a value per tag made once: 20 eager `tf.summary.scalar` calls cost
+  about 9 ms, building each value anew 49 us, copying made ones 22 us."""
+  event = event_pb2.Event(wall_time=time.time(), step=step)
+  for tag, value in metrics.items():
+    made = event.summary.value.add()
+    made.CopyFrom(_scalar_value(tag))
+    made.tensor.float_val.append(value)
+  return event
 
 
 class _EventFile:
@@ -178,8 +189,7 @@ class MetricsWriter:
     self._buffer.seek(0)
     self._buffer.truncate()
     for round_num, metrics in self._tb_rows:
-      self._tb.write(event_pb2.Event(wall_time=time.time(), step=round_num,
-                                     summary=_scalar_summary(metrics)))
+      self._tb.write(_scalar_event(round_num, metrics))
     self._tb_rows.clear()
     self._tb.flush()
     self._flushed = time.monotonic()
