@@ -11,7 +11,9 @@ import tensorflow_federated as tff
 
 from tff_comp import keras_models
 from tff_comp.algorithms import fedavg
+from tff_comp.algorithms import scaffold
 from tff_comp.binaries import bench_timing as timing
+from tff_comp.runtime import client_rows
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import ray_runtime
 from tff_comp.tasks import emnist
@@ -34,9 +36,13 @@ def _emnist(clients: int):
 def part3_ray(actors: int, rounds: int, repeats: int, per_round: int = 10) -> None:
   ray_runtime.connect(ray_runtime.LOCAL)
   task = lasso.build_lasso_task(dataset='I')
+  population = len(task.train_data.client_ids)
   workloads = (
       ('lasso I shape', lambda: fedavg.build_fedavg(
           task.model, client_learning_rate=1e-3, batch_size=10), task.train_data, 'lanes'),
+      ('lasso I shape, SCAFFOLD (its c_i with the actors)', lambda: scaffold.scaffold(
+          task.model, num_clients=population, client_learning_rate=1e-3, batch_size=10),
+       task.train_data, 'lanes'),
       ('EMNIST CNN', *_emnist(2 * per_round), 'mapped'))
   print(f'Part 3, Ray: {per_round} clients a round on {actors} actors of a local Ray'
         ' cluster (this machine) against one process, the same engine')
@@ -62,4 +68,20 @@ def part3_ray(actors: int, rounds: int, repeats: int, per_round: int = 10) -> No
           f' one process ({on_ray / one:.2f}x); a round sends {mean.sent / 1e3:,.0f} kB'
           f' and receives {mean.received / 1e3:,.0f} kB; the clients take'
           f' {mean.clients_seconds * 1e3:.1f} ms, the driver\'s round end'
-          f' {mean.driver_seconds * 1e3:.1f} ms')
+          f' {mean.driver_seconds * 1e3:.1f} ms{_client_state(runtime, ids[:per_round])}')
+
+
+def _client_state(runtime: ray_runtime.RayRuntime, cohort) -> str:
+  """Where a round's state keeps its client state: the bytes of the driver's state
+  against the state gathered whole ('' without client state)."""
+  state = runtime.next(runtime.initialize(), cohort).state
+  whole = runtime.whole_state(state)
+  if whole is state:
+    return ''
+
+  def size(structure) -> int:
+    return sum(np.asarray(leaf).nbytes for leaf in tf.nest.flatten(structure)
+               if not isinstance(leaf, client_rows.Held))
+
+  return (f'; the driver\'s state {size(state) / 1e3:,.0f} kB, the actors hold'
+          f' {(size(whole) - size(state)) / 1e3:,.0f} kB of client state')

@@ -31,9 +31,10 @@ initial state, a restored checkpoint) is sent to the actors. AFL's weights on th
 simplex, projected whole, stay in the driver's state.
 
 An actor that dies in a round is restarted by Ray (`max_restarts`) and set up again on
-its shard, its rows of client state restored (from the last snapshot of them and the
-rows sent since, which the driver keeps as references into Ray's object store, not in
-its memory), and its part of the round runs again there: the round is pure, the results
+its shard, its rows of client state restored (from the last snapshot of them, in Ray's
+object store, and the rows sent since, which the driver keeps up to `JOURNAL_BYTES` an
+actor before asking for a new snapshot), and its part of the round runs again there:
+the round is pure, the results
 unchanged; one line says so. A process's actors serve each of its runs in turn (their
 processes and TensorFlow imported once): a run whose actors another run took since sets
 them up for itself again, its rows of client state restored. The driver killed,
@@ -68,6 +69,13 @@ from tff_comp.runtime import streaming
 LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
 # Times an actor's part of a round runs again after its actor died.
 RETRIES = 3
+# Rows of client state sent to an actor since its last snapshot, kept by the driver to
+# restore a restarted actor: at most this many bytes an actor, then a new snapshot.
+# Changes below Ray's inline size (its max_direct_call_object_size) go as they are and
+# stay in the driver's memory (Ray keeps such objects with their owner anyway; a
+# `ray.put` of one cost 0.56 ms here); larger ones go to Ray's object store.
+JOURNAL_BYTES = 4 * 2**20
+_INLINE_BYTES = 100 * 2**10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,14 +339,14 @@ class RayRuntime:
     count = min(options.ray_actors, len(ids))
     self._owner = {cid: i % count for i, cid in enumerate(ids)}  # client -> actor
     # Client state (`client_rows.held_fields`): actor k holds the rows of its clients'
-    # population indices `_shards[k]`; `_journal[k]` restores them (references to the
-    # last snapshot, then to the rows sent since: `_journal_rows[k]` of them);
+    # population indices `_shards[k]`; `_journal[k]` restores them (a reference to the
+    # last snapshot, then the rows sent since: `_journal_size[k]` rows and bytes);
     # `_version` counts the changes; `_undo` (the version before the last round, each
     # actor's rows as the round found them) rebuilds that version's tables.
     self._shards = [np.array([driver.population_index[c] for c in ids[k::count]], np.int64)
                     for k in range(count)]
     self._journal: list[list[Any]] = [[] for _ in range(count)]
-    self._journal_rows = [0] * count
+    self._journal_size = [(0, 0)] * count
     self._version = 0
     self._undo: tuple[int, dict[int, tuple[np.ndarray, Any]]] | None = None
     self._actors = _actor_pool(ray, count, options.ray_gpus_per_actor)
@@ -529,7 +537,7 @@ class RayRuntime:
     for k in range(len(self._actors)):
       self._journal[k] = [self._ray.put((self._shards[k], tf.nest.map_structure(
           lambda table, at=self._shards[k]: table[at], whole)))]
-      self._journal_rows[k] = 0
+      self._journal_size[k] = (0, 0)
     self._call('restore', None, {k: tuple(journal) for k, journal in enumerate(self._journal)})
     self._version, self._undo = self._version + 1, None
     return _with_tables(state, tf.nest.map_structure(
@@ -541,8 +549,8 @@ class RayRuntime:
               indices: dict[int, np.ndarray]) -> tuple[Any, int]:
     """Sends each actor its clients' new rows of client state (the server step's
     `server` tables, the round's rows in actor order, as `found` was), notes them in
-    its journal (a snapshot instead, once the rows since the last reach its shard's),
-    and returns (`server` with the tables held, the bytes sent)."""
+    its journal (a snapshot instead, once the rows since the last reach its shard's or
+    `JOURNAL_BYTES`), and returns (`server` with the tables held, the bytes sent)."""
     new = {name: tf.nest.map_structure(np.asarray, getattr(server, name)) for name in tables}
     undo, start, sent = {}, 0, 0
     for k, at in indices.items():
@@ -550,13 +558,16 @@ class RayRuntime:
       start += len(at)
       change = (at, tf.nest.map_structure(lambda rows, p=part: rows[p], new))
       undo[k] = (at, tf.nest.map_structure(lambda rows, p=part: rows[p], found))
-      ref = self._ray.put(change)
-      self._actors[k].commit.remote(ref)
-      sent += _nbytes(change)
-      self._journal[k].append(ref)
-      self._journal_rows[k] += len(at)
-      if self._journal_rows[k] >= len(self._shards[k]):
-        self._journal[k], self._journal_rows[k] = [self._actors[k].snapshot.remote()], 0
+      size = _nbytes(change)
+      if size >= _INLINE_BYTES:
+        change = self._ray.put(change)
+      self._actors[k].commit.remote(change)
+      sent += size
+      self._journal[k].append(change)
+      rows, kept = self._journal_size[k]
+      self._journal_size[k] = (rows + len(at), kept + size)
+      if rows + len(at) >= len(self._shards[k]) or kept + size >= JOURNAL_BYTES:
+        self._journal[k], self._journal_size[k] = [self._actors[k].snapshot.remote()], (0, 0)
     self._undo, self._version = (self._version, undo), self._version + 1
     held = tf.nest.map_structure(
         lambda h, now, was: client_rows.Held(
