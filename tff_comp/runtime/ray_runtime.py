@@ -38,8 +38,9 @@ the round is pure, the results
 unchanged; one line says so. A process's actors serve each of its runs in turn (their
 processes and TensorFlow imported once): a run whose actors another run took since sets
 them up for itself again, its rows of client state restored. The driver killed,
-`--resume` continues from the last checkpoint as for any run. Ray is an optional dependency (`pip install tff_comp[ray]`); it is imported
-when a run asks for it (`--ray_address`).
+`--resume` continues from the last checkpoint as for any run. Ray is an optional
+dependency (`pip install tff_comp[ray]`); it is imported when a run asks for it
+(`--ray_address`).
 """
 
 import atexit
