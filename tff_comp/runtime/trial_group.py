@@ -327,10 +327,11 @@ class TrialGroup:
 
   def _round(self, weights, server_state, work_state, aggregator, seeds, positions,
              indices, work, trial, restore, trial_order, capacity: int):
-    """One round of every trial (states stacked on axis 0); clients tagged by `trial`.
-    What a trial's separate round computes from its own state runs per trial
-    (`tf.map_fn`), with the same ops on the same shapes, so its numbers are the same
-    to the bit; only the clients' work is batched."""
+    """One round of every trial (states stacked on axis 0); clients, in the kernel's
+    order, tagged by `trial`; their outputs put back in the trials' order by `restore`,
+    tagged there by `trial_order`. What a trial's separate round computes from its own
+    state runs per trial (`tf.map_fn`), with the same ops on the same shapes, so its
+    numbers are the same to the bit; only the clients' work is batched."""
     runtime = self.runtime
     server_rule, hparams = runtime.algorithm.server_rule, work_state.hparams
     payload = _per_trial(server_rule.payload, server_state, weights)
