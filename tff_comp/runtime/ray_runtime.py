@@ -575,7 +575,7 @@ class RayRuntime:
             h.shape, h.dtype, h.total + float(now.sum(dtype=np.float64)
                                                - was.sum(dtype=np.float64)),
             id(self), self._version), tables, new, found)
-    return _with_tables(server, held, server_state=True), sent
+    return server._replace(**held), sent
 
   def _call(self, method: str, round_num: int | None,
             args: dict[int, tuple]) -> dict[int, Any]:
@@ -609,15 +609,14 @@ class RayRuntime:
       return
     logging.info('ray runtime: the actors served another run; setting them up for this'
                  ' one again')
-    ray = self._ray
-    ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
-    ray.get([a.restore.remote(*journal) for a, journal in zip(self._actors, self._journal)
-             if journal])
+    for k in range(len(self._actors)):
+      self._set_up_again(k)
     _SERVING[self._pool] = id(self)
 
   def _set_up_again(self, k: int, timeout: float = 120.0) -> None:
-    """Actor `k`, restarted by Ray after it died, set up on its shard again (waiting
-    while Ray says it is restarting)."""
+    """Actor `k` set up on its shard again, with its rows of client state (after Ray
+    restarted it, waiting while Ray says it is restarting; or after another run took
+    it)."""
     ray, deadline = self._ray, time.monotonic() + timeout
     while True:
       try:
@@ -631,10 +630,8 @@ class RayRuntime:
         time.sleep(0.2)
 
 
-def _with_tables(state, tables: dict[str, Any], server_state: bool = False):
-  """`state` (or a server state) with the fields `tables` of its server state replaced."""
-  if server_state:
-    return state._replace(**tables)
+def _with_tables(state, tables: dict[str, Any]):
+  """`state` with the fields `tables` of its server state replaced."""
   return state._replace(finalizer=state.finalizer._replace(**tables))
 
 
