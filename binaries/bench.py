@@ -192,7 +192,8 @@ def part1(rounds: int, repeats: int) -> None:
   print(f'Part 1: FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM},'
         f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds; load average'
         f' {" ".join(f"{x:.2f}" for x in os.getloadavg())} at the end')
-  print(f'  (a) tff_comp fedavg, in-process lanes ({fast.device})   {a:.4f} s/round')
+  print(f'  (a) tff_comp fedavg, in-process lanes ({fast.device}, {fast.kernel_threads}'
+        f' kernel threads)   {a:.4f} s/round')
   print(f"  (a') tff_comp fedavg, in-process mapped                {a2:.4f} s/round")
   print(f'  (b) tff_comp fedavg, TFF worker                       {b:.4f} s/round')
   print(f'  (c) TFF build_weighted_fed_avg, Python data           {c:.4f} s/round')

@@ -19,6 +19,7 @@ from tff_comp import trials as trials_lib
 from tff_comp.binaries import reproductions
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import callbacks
+from tff_comp.runtime import engines
 from tff_comp.runtime import ray_runtime
 
 
@@ -201,8 +202,11 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
   being the values of `reproductions.axes` in order: (eta_c, eta_s, own values...).
   """
+  # The machine's cores shared by the grid's processes (a Ray task takes one CPU).
+  threads = 1 if ray_address else max(1, engines.kernel_threads('CPU') // parallel)
   options = dict(data_seed=data_seed, overwrite=overwrite, resume=resume,
-                 checkpoint_every=checkpoint_every, runtime=runtime, engine=engine)
+                 checkpoint_every=checkpoint_every, runtime=runtime, engine=engine,
+                 kernel_threads=threads)
   if batch_trials:
     units = [(a, None) for a in spec.algorithms]
     run, args = _run_batched, [(name, spec, a, rounds, seeds, root, options,

@@ -29,7 +29,8 @@ RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_
 RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'force_resume', 'rounds',
                      'checkpoints.checkpoint_every', 'runtime_options.tff.workers',
                      'runtime_record', 'environment',
-                     'runtime_options.inprocess.data_memory_budget')
+                     'runtime_options.inprocess.data_memory_budget',
+                     'runtime_options.inprocess.kernel_threads')
 # Resolved at training time from what is compared already (`client_hparams`: from the
 # algorithm options, learning rates and a grid's configuration; `server_hparams`: from
 # the server optimizer's settings, and absent from runs recorded before 0.3.0 had it).

@@ -18,6 +18,7 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
 """
 
 import contextlib
+import os
 import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
@@ -42,6 +43,18 @@ def choose_device(logical_devices: Sequence[Any] | None = None) -> str:
       if device.device_type == kind:
         return device.name
   raise RuntimeError('TensorFlow sees no CPU or GPU device.')
+
+
+def kernel_threads(device: str, requested: int = 0) -> int:
+  """Threads the lanes engine runs a cohort's kernels on (`LanesEngine`): `requested`,
+  or 0 for one on a GPU and on a CPU the cores this process may use, at most the
+  threads of TensorFlow's inter-op pool (which runs them; 0 there: one a core)."""
+  if requested:
+    return requested
+  if 'GPU' in device.upper():
+    return 1
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  return max(1, min(cores or 1, tf.config.threading.get_inter_op_parallelism_threads() or cores))
 
 
 class ClientArrays(NamedTuple):
@@ -182,8 +195,8 @@ class MappedEngine:
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
                lanes: int = 0, short_sizes: tuple[int, ...] = (),
-               full_batches: np.ndarray | None = None):
-    del lanes, short_sizes, full_batches  # the lanes engine's
+               full_batches: np.ndarray | None = None, threads: int = 1):
+    del lanes, short_sizes, full_batches, threads  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
@@ -250,7 +263,9 @@ class LanesEngine:
   (round 0's plan); given, a kernel may run up to 2 x `lanes` clients
   together where that takes fewer lane-steps (`lanes.lane_width`), when the first
   cohort it runs fills it (under dropout or Poisson sampling most cohorts would leave
-  the extra lanes idle); else `lanes`."""
+  the extra lanes idle); else `lanes`. `threads`: a cohort runs as up to that many
+  kernels side by side (`lanes.shares`), each on a thread of TensorFlow's inter-op pool
+  (an XLA kernel runs on one core); a client's result does not depend on its share."""
 
   name = 'lanes'
   in_graph = True
@@ -258,8 +273,8 @@ class LanesEngine:
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
                lanes: int, short_sizes: tuple[int, ...] = (),
-               full_batches: np.ndarray | None = None):
-    self._algorithm, self._data, self.lanes = algorithm, data, lanes
+               full_batches: np.ndarray | None = None, threads: int = 1):
+    self._algorithm, self._data, self.lanes, self.threads = algorithm, data, lanes, threads
     self._full = full_batches
     self._first_cohort: int | None = None  # `note_cohort`
     in_kernel = len(short_sizes) <= lanes_lib.MAX_KERNEL_SHORT_SIZES
@@ -298,33 +313,53 @@ class LanesEngine:
     if self._first_cohort is None:
       self._first_cohort = size
 
-  def width(self, capacity: int) -> int:
-    """The lanes of the kernel for `capacity` clients."""
-    if self._full is None or (self._first_cohort or capacity) < capacity:
-      return min(self.lanes, capacity)
-    return lanes_lib.lane_width(self._full, capacity, self.lanes)
+  def parts(self, capacity: int) -> int:
+    """The kernels a cohort of up to `capacity` clients runs as, side by side: each
+    takes two clients at least (XLA rounds a one-lane kernel's products differently in
+    the last bit, so a client's result would depend on its share)."""
+    return max(1, min(self.threads, capacity // 2))
 
-  def _local_steps(self, payload, hparams, offsets, counts, plans, trial):
+  def width(self, capacity: int) -> int:
+    """The lanes of each kernel for `capacity` clients."""
+    share = -(-capacity // self.parts(capacity))
+    if self._full is None or (self._first_cohort or capacity) < capacity:
+      return min(self.lanes, share)
+    return lanes_lib.lane_width(self._full, share, self.lanes)
+
+  def _local_steps(self, payload, hparams, offsets, counts, plans, trial, lanes: int):
     algorithm = self._algorithm
     return lanes_lib.run_batches(
         algorithm.client_rule, payload, hparams, algorithm.client_options,
-        self._data.examples, offsets, counts, plans,
-        lanes=self.width(int(offsets.shape[0])),
+        self._data.examples, offsets, counts, plans, lanes=lanes,
         sizes=self._kernel_sizes, trial=trial)
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
     # The kernel takes `capacity` clients whatever the cohort's size, so XLA compiles it
     # once: the cohort's fields padded with clients of no steps, whose states are cut.
-    m, size = tf.shape(cohort.offsets)[0], cohort.capacity
+    # Several kernels take a share each of `capacity` rounded up to a multiple of them.
+    m, capacity = tf.shape(cohort.offsets)[0], cohort.capacity
+    parts, width = self.parts(capacity), self.width(capacity)
+    size = -(-capacity // parts) * parts
     padded = tf.nest.map_structure(
         lambda t: tf.scatter_nd(tf.range(m)[:, None], t, [size, *t.shape[1:]]),
         (cohort.offsets, cohort.counts, cohort.plans,
          *([] if cohort.trial is None else [cohort.trial])))
-    if cohort.trial is None:
-      padded = (*padded, None)
-    states = tf.nest.map_structure(
-        lambda t: t[:m], self._kernel(cohort.payload, cohort.hparams, *padded))
+
+    def kernel(clients: tf.Tensor | None):
+      fields = padded if clients is None else lanes_lib.rows(padded, clients)
+      return self._kernel(cohort.payload, cohort.hparams, *fields,
+                          *([None] if cohort.trial is None else []), width)
+
+    if parts == 1:
+      states = kernel(None)
+    else:  # independent calls, which TensorFlow's executor runs on parallel threads
+      shares = lanes_lib.shares(padded[2].batches.full, parts)
+      states = tf.nest.map_structure(
+          lambda *t: tf.gather(tf.concat(t, 0),
+                               tf.math.invert_permutation(tf.reshape(shares, [-1]))),
+          *[kernel(share) for share in tf.unstack(shares)])
+    states = tf.nest.map_structure(lambda t: t[:m], states)
     if self._short_outside:
       states = lanes_lib.run_short_batches(
           rule, cohort.payload, cohort.hparams, options, self._data.examples,
@@ -348,8 +383,8 @@ class DebugEngine:
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
                lanes: int = 0, short_sizes: tuple[int, ...] = (),
-               full_batches: np.ndarray | None = None):
-    del lanes, short_sizes, full_batches  # the lanes engine's
+               full_batches: np.ndarray | None = None, threads: int = 1):
+    del lanes, short_sizes, full_batches, threads  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:

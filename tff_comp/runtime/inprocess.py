@@ -65,6 +65,9 @@ class InProcessOptions:
       ' population estimated larger streams each round\'s cohort from its ClientData'
       ' instead (the next cohort read while a round runs; mapped engine). 0: always'
       ' stream.', lower=0.0)
+  kernel_threads: int = settings.setting(
+      0, 'Threads the lanes engine runs a round\'s clients on, a balanced share each (the'
+      ' same results); 0: the CPU cores this process may use (one on a GPU).', lower=0)
 
   def __post_init__(self):
     settings.check(self)
@@ -88,6 +91,8 @@ class InProcessRuntime:
     client_rounds: the client rounds of the whole run (rounds x clients per round), if
       known; 'auto' takes the mapped engine when their local steps are too few to
       repay compiling the lanes kernel (`engines.AUTO_LANES_MIN_STEPS`).
+    kernel_threads: the lanes engine's cohort runs as that many kernels side by side,
+      one a thread (`engines.kernel_threads`; None: one a core this process may use).
 
   Cohorts may have any size: the lanes kernel holds `capacity` clients (padded with
   clients of no steps) and compiles again only when a cohort exceeds it
@@ -100,7 +105,8 @@ class InProcessRuntime:
   def __init__(self, algorithm: algorithm_lib.Algorithm,
                data: ClientArrays | streaming.StreamedData, *,
                device: str | None = None, engine: str = 'auto', lanes: int | None = None,
-               client_rounds: int | None = None, why_streaming: str = ''):
+               client_rounds: int | None = None, why_streaming: str = '',
+               kernel_threads: int | None = None):
     if engine not in ENGINES:
       raise ValueError(f'engine={engine!r} is unknown; choose one of {list(ENGINES)}.')
     if lanes is not None and lanes < 1:
@@ -126,7 +132,9 @@ class InProcessRuntime:
     self.stages = round_stages.RoundStages(algorithm, self.data)
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
+    self.kernel_threads = engines_lib.kernel_threads(self.device, kernel_threads or 0)
     self._engines = {name: engine_(algorithm, self.data, lanes=self.lanes,
+                                   threads=self.kernel_threads,
                                    short_sizes=short_sizes,
                                    full_batches=None if lanes else batches.full.numpy())
                      for name, engine_ in engines_lib.ENGINES.items()}
@@ -176,12 +184,15 @@ class InProcessRuntime:
   @property
   def description(self) -> str:
     why = f' ({self.why})' if self.why else ''
-    return f'inprocess on {self.device}, {self.engine} engine{why}'
+    threads = (f' on {self.kernel_threads} threads'
+               if self.engine == 'lanes' and self.kernel_threads > 1 else '')
+    return f'inprocess on {self.device}, {self.engine} engine{threads}{why}'
 
   @property
   def record(self) -> dict[str, Any]:
     return {'name': self.name, 'device': self.device, 'engine': self.engine,
-            'why': self.why, 'data': 'streaming' if self.streaming else 'resident'}
+            'why': self.why, 'data': 'streaming' if self.streaming else 'resident',
+            'kernel_threads': self.kernel_threads}
 
   # --- state -------------------------------------------------------------------------
 
@@ -446,7 +457,8 @@ def algorithm_of(program) -> algorithm_lib.Algorithm:
 
 def build(program, client_data, *, engine: str = 'auto', lanes: int | None = None,
           device: str | None = None, client_rounds: int | None = None,
-          data_memory_budget: float | None = None) -> InProcessRuntime:
+          data_memory_budget: float | None = None,
+          kernel_threads: int | None = None) -> InProcessRuntime:
   """The in-process runtime for an Algorithm (or a process composed from one) on
   `client_data`.
 
@@ -459,6 +471,7 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
       population estimated larger (`streaming.estimate_bytes`) streams each round's
       cohort instead (`streaming.StreamedData`, mapped engine), and says so. None: always
       resident.
+    kernel_threads: threads of the lanes engine's kernels (`InProcessRuntime`).
 
   Raises:
     UnsupportedError: what `why_not` names.
@@ -468,7 +481,7 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
     raise UnsupportedError(reason)
   return _build(algorithm_of(program), client_data, engine=engine, lanes=lanes,
                 device=device, client_rounds=client_rounds,
-                data_memory_budget=data_memory_budget)
+                data_memory_budget=data_memory_budget, kernel_threads=kernel_threads)
 
 
 def _build(program: algorithm_lib.Algorithm, client_data, *, data_memory_budget: float | None,
@@ -497,7 +510,8 @@ def build_from_settings(program, client_data, options: InProcessOptions,
     engine = facts.resumed.get('engine') or 'auto'
   return _build(algorithm_of(program), client_data, engine=engine, lanes=None,
                 device=None, client_rounds=facts.client_rounds,
-                data_memory_budget=options.data_memory_budget)
+                data_memory_budget=options.data_memory_budget,
+                kernel_threads=options.kernel_threads)
 
 
 # Kept importable for one version (CHANGELOG.md, 0.2.0).

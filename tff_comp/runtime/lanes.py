@@ -50,7 +50,8 @@ def _vectorized_map(fn, elems, **options):
     return tf.vectorized_map(fn, elems, **options)
 
 
-def _rows(structure, index):
+def rows(structure, index):
+  """Rows `index` of every tensor of `structure` (tf.gather)."""
   # tf.gather, never t[i] in the XLA kernel: XLA compiles a slice at a tensor index as
   # a constant, so every new index would compile the kernel again.
   return tf.nest.map_structure(lambda t: tf.gather(t, index), structure)
@@ -67,7 +68,7 @@ def received(payload, hparams, trial: tf.Tensor | None, clients) -> tuple[Any, A
   `trial` (batched trials) the rows of each client's trial of the stacked ones."""
   if trial is None:
     return payload, hparams
-  return _rows((payload, hparams), tf.gather(trial, clients))
+  return rows((payload, hparams), tf.gather(trial, clients))
 
 
 def _step_all(rule: rule_lib.ClientRule, payload, hparams, trial, clients, states, batches,
@@ -119,6 +120,18 @@ def lane_width(full: np.ndarray, capacity: int, lanes: int, *, samples: int = 16
   return min(cost, key=lambda w: (cost[w], w))
 
 
+def shares(full: tf.Tensor, parts: int) -> tf.Tensor:
+  """[parts, m / parts] positions of a cohort of `m` clients (`m` a multiple of
+  `parts`) whose clients have `full` full batches: balanced shares for kernels run side
+  by side, one a thread. The clients in order of their full batches, most first (ties
+  in cohort order: batched trials sampling one client stay neighbours), dealt to the
+  shares back and forth (0, 1, ..., p - 1, p - 1, ..., 0, 0, 1, ...), so each share's
+  lane-steps are about a `parts`-th of the cohort's."""
+  order = tf.reshape(tf.argsort(full, direction='DESCENDING', stable=True), [-1, parts])
+  back = tf.range(tf.shape(order)[0]) % 2 == 1
+  return tf.transpose(tf.where(back[:, None], tf.reverse(order, [1]), order))
+
+
 # Short-batch sizes `run_batches` takes in its XLA program (each size is one more local
 # step for XLA to compile); a population with more runs them in plain TF.
 MAX_KERNEL_SHORT_SIZES = 8
@@ -149,7 +162,7 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
   order = tf.argsort(full, direction='DESCENDING', stable=True)
 
   def context(c):
-    return _rows(plans.context, c)
+    return rows(plans.context, c)
 
   template = rule.initialize(*received(payload, hparams, trial, 0), context(0))
   lane_state = tf.nest.map_structure(
@@ -169,7 +182,7 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
       c = tf.gather(lane_client, lane)
       # Unconditional, so XLA updates the buffer in place; a lane that had no client
       # writes the scratch row m.
-      states = _put(states, tf.where(c >= 0, c, m), _rows(lane_state, lane))
+      states = _put(states, tf.where(c >= 0, c, m), rows(lane_state, lane))
       following = tf.where(taken < m, tf.gather(order, tf.minimum(taken, m - 1)), -1)
       this_lane = tf.equal(tf.range(width), lane)
       started = rule.initialize(*received(payload, hparams, trial, tf.maximum(following, 0)),
@@ -191,7 +204,7 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
     busy = lane_client >= 0
     clients = tf.maximum(lane_client, 0)
     batches, n = local_loop.take(plans.batches, clients), tf.gather(counts, clients)[:, None]
-    start, contexts = tf.gather(offsets, clients)[:, None], _rows(plans.context, clients)
+    start, contexts = tf.gather(offsets, clients)[:, None], rows(plans.context, clients)
     steps = tf.reduce_min(tf.where(busy, tf.gather(full, clients) - lane_k, tf.int32.max))
 
     def step(j, lane_k, lane_state):
@@ -200,7 +213,7 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
       # No silent per-lane while loop for an op without a vectorization rule: the
       # kernel fails to build instead, and the runtime falls back to mapped clients.
       stepped = _step_all(rule, payload, hparams, trial, clients, lane_state,
-                          _rows(examples, positions), contexts,
+                          rows(examples, positions), contexts,
                           fallback_to_while_loop=False)
       return j + 1, lane_k + tf.cast(busy, tf.int32), _select(busy, stepped, lane_state)
 
@@ -226,12 +239,12 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
       positions = tf.gather(offsets, clients)[:, None] + local_loop.short_batch(
           local_loop.take(plans.batches, clients), size, tf.gather(counts, clients)[:, None],
           options.shuffle, size=short, compiled=True)
-      stepped = _step_all(rule, payload, hparams, trial, clients, _rows(states, clients),
-                          _rows(examples, positions), _rows(plans.context, clients),
+      stepped = _step_all(rule, payload, hparams, trial, clients, rows(states, clients),
+                          rows(examples, positions), rows(plans.context, clients),
                           fallback_to_while_loop=False)
-      rows = tf.where(slots < end, clients, m)
+      written = tf.where(slots < end, clients, m)
       return first + width, tf.nest.map_structure(
-          lambda b, v: tf.tensor_scatter_nd_update(b, rows[:, None], v), states, stepped)
+          lambda b, v: tf.tensor_scatter_nd_update(b, written[:, None], v), states, stepped)
 
     first = tf.reduce_sum(tf.cast(remainders < short, tf.int32))
     _, states = tf.while_loop(lambda first, _, end=end: first < end, step_short,
@@ -260,8 +273,8 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
     positions = tf.gather(offsets, members)[:, None] + local_loop.short_batch(
         local_loop.take(plans.batches, members), size, tf.gather(counts, members)[:, None],
         options.shuffle, size=sizes[k])
-    stepped = _step_all(rule, payload, hparams, trial, members, _rows(states, members),
-                        _rows(examples, positions), _rows(plans.context, members))
+    stepped = _step_all(rule, payload, hparams, trial, members, rows(states, members),
+                        rows(examples, positions), rows(plans.context, members))
     return k + 1, tf.nest.map_structure(
         lambda b, v: tf.tensor_scatter_nd_update(b, members[:, None], v), stepped_states,
         stepped)

@@ -184,8 +184,10 @@ class Shard:
     """`algorithm`: the Algorithm pickled (`build`)."""
     if isinstance(client_data, _Examples):
       client_data = client_data.client_data()
+    # One kernel thread: the actors, several to a host, are the parallelism.
     self.runtime = inprocess.build(_ray().cloudpickle.loads(algorithm), client_data,
-                                   engine=engine, data_memory_budget=data_memory_budget)
+                                   engine=engine, data_memory_budget=data_memory_budget,
+                                   kernel_threads=1)
     self.runtime.reserve_cohort(capacity)
     self.rows = client_rows.ShardRows()
 
