@@ -11,6 +11,7 @@ import pathlib
 import time
 from typing import Any
 
+import tensorflow as tf
 import threadpoolctl
 
 from tff_comp import experiment as experiment_lib
@@ -202,11 +203,8 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
   being the values of `reproductions.axes` in order: (eta_c, eta_s, own values...).
   """
-  # The machine's cores shared by the grid's processes (a Ray task takes one CPU).
-  threads = 1 if ray_address else max(1, engines.kernel_threads('CPU') // parallel)
   options = dict(data_seed=data_seed, overwrite=overwrite, resume=resume,
-                 checkpoint_every=checkpoint_every, runtime=runtime, engine=engine,
-                 kernel_threads=threads)
+                 checkpoint_every=checkpoint_every, runtime=runtime, engine=engine)
   if batch_trials:
     units = [(a, None) for a in spec.algorithms]
     run, args = _run_batched, [(name, spec, a, rounds, seeds, root, options,
@@ -230,7 +228,8 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
     # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
     with concurrent.futures.ProcessPoolExecutor(
         parallel, mp_context=multiprocessing.get_context('spawn'),
-        initializer=trials_lib.one_blas_thread) as pool:
+        initializer=_share_cores,
+        initargs=(max(1, engines.kernel_threads('CPU') // parallel),)) as pool:
       results = list(pool.map(run, *zip(*args)))
   else:
     with threadpoolctl.threadpool_limits(limits=1, user_api='blas'):
@@ -245,10 +244,23 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
   return curves
 
 
-def _on_ray(run, label: str, *args):
-  """A grid's unit `run(*args)` in a Ray task (`label` names it to the driver)."""
-  del label
+def _share_cores(threads: int) -> None:
+  """A grid's process on its share of the machine's cores: NumPy's BLAS on one thread
+  (`trials.one_blas_thread`), TensorFlow's inter-op pool, which runs the lanes engine's
+  kernels side by side (`engines.kernel_threads`), on `threads`. A Ray worker that ran
+  TensorFlow before keeps its pool (its runs' `runtime_record` says how many)."""
   trials_lib.one_blas_thread()
+  try:
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+  except RuntimeError:  # TensorFlow's runtime started already
+    pass
+
+
+def _on_ray(run, label: str, *args):
+  """A grid's unit `run(*args)` in a Ray task of one CPU (`label` names it to the
+  driver)."""
+  del label
+  _share_cores(1)
   return run(*args)
 
 

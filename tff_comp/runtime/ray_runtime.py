@@ -169,6 +169,11 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
         ' cluster\'s head (`ray start --head`), \'auto\' or \'local\'') from e
 
 
+# The lanes engine's threads in an actor: the actors, several to a host, are the
+# parallelism (`inprocess.InProcessOptions.kernel_threads`).
+ACTOR_KERNEL_THREADS = 1
+
+
 class Shard:
   """An actor's part of the clients: the in-process runtime of an algorithm on those
   clients alone (`setup`), with the engine the whole run takes. Ray runs it as an actor
@@ -184,10 +189,9 @@ class Shard:
     """`algorithm`: the Algorithm pickled (`build`)."""
     if isinstance(client_data, _Examples):
       client_data = client_data.client_data()
-    # One kernel thread: the actors, several to a host, are the parallelism.
     self.runtime = inprocess.build(_ray().cloudpickle.loads(algorithm), client_data,
                                    engine=engine, data_memory_budget=data_memory_budget,
-                                   kernel_threads=1)
+                                   kernel_threads=ACTOR_KERNEL_THREADS)
     self.runtime.reserve_cohort(capacity)
     self.rows = client_rows.ShardRows()
 
@@ -714,9 +718,11 @@ def build(program, client_data, options: RayOptions, *, engine: str = 'auto',
     shipped = _dumps(algorithm)
   except (TypeError, AttributeError) as e:
     raise base.UnsupportedError(f'the algorithm cannot be sent to Ray actors ({e})') from e
+  # Built as each actor's runtime is (the run's description and record say the driver's).
   driver = inprocess.build(algorithm, client_data, engine=engine,
                            client_rounds=client_rounds,
-                           data_memory_budget=data_memory_budget)
+                           data_memory_budget=data_memory_budget,
+                           kernel_threads=ACTOR_KERNEL_THREADS)
   return RayRuntime(driver, shipped, client_data, options, data_memory_budget)
 
 
