@@ -23,6 +23,10 @@ def test_reproduce_writes_table_and_plot(tmp_path):
       plot_metrics=('objective', 'distance_to_optimum'))
   curves = grid.run_grid('tiny', spec, spec.rounds, (0,), tmp_path, parallel=2)
   assert set(curves['fednova']) == {(0.01, 1.0), (0.01, 2.0)}
+  # The two processes share the cores (kernel threads as TensorFlow's inter-op pool).
+  record = json.loads((tmp_path / 'fedavg' / 'lr_0.01_2' / 'config.json').read_text())
+  assert record['runtime_record']['kernel_threads'] == max(
+      1, len(os.sched_getaffinity(0)) // 2)
   # Rerun with resume: every configuration is finished, so nothing is trained again.
   metrics = tmp_path / 'fedavg' / 'lr_0.01_2' / 'metrics.csv'
   written = metrics.read_text()
