@@ -193,14 +193,14 @@ def part1(rounds: int, repeats: int) -> None:
         f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds; load average'
         f' {" ".join(f"{x:.2f}" for x in os.getloadavg())} at the end')
   print(f'  (a) tff_comp fedavg, in-process lanes ({fast.device}, {fast.kernel_threads}'
-        f' kernel threads)   {a:.4f} s/round')
+        f' kernel threads)   {a:.5f} s/round')
   print(f"  (a') tff_comp fedavg, in-process mapped                {a2:.4f} s/round")
   print(f'  (b) tff_comp fedavg, TFF worker                       {b:.4f} s/round')
   print(f'  (c) TFF build_weighted_fed_avg, Python data           {c:.4f} s/round')
   print(f'  (d) plain tf.function (map_fn), data in memory        {d:.4f} s/round')
   if e is not None:
     print(f'  (e) run.py end to end, {_RUN_PY_ROUNDS.value} rounds (lanes, no evaluation)'
-          f'  {e:.4f} s/round; resumed halfway, the resumed rounds {e_resumed:.4f}'
+          f'  {e:.5f} s/round; resumed halfway, the resumed rounds {e_resumed:.5f}'
           f' s/round ({e_resumed / e:.2f}x)')
   print(f"  a/a' = {a / a2:.3f}   a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}"
         + (f'   e/a = {e / a:.3f} (target <= 1.2)' if e is not None else ''))
@@ -208,8 +208,8 @@ def part1(rounds: int, repeats: int) -> None:
     print('  FedJAX: not timed (no --fedjax_python; `make bench-peers` runs it)')
   else:
     fedjax = (fedjax_before + fedjax_after) / 2
-    print(f'  FedJAX fedavg (same run)   {fedjax_before:.4f} s/round before,'
-          f' {fedjax_after:.4f} after')
+    print(f'  FedJAX fedavg (same run)   {fedjax_before:.5f} s/round before,'
+          f' {fedjax_after:.5f} after')
     print(f'  a / FedJAX = {a / fedjax:.3f} (target <= 0.25)'
           + (f'   e / FedJAX = {e / fedjax:.3f} (target <= 0.3)' if e is not None else ''))
 
