@@ -259,12 +259,12 @@ class LanesEngine:
   """Lockstep lanes (`runtime.lanes`): every local step and each client's output in one
   XLA kernel compiled once (short last batches of more than
   `lanes.MAX_KERNEL_SHORT_SIZES` sizes vectorized per size outside it, the outputs
-  after them; the outputs in the kernel took lasso's round 0.97 -> 0.85 ms). `short_sizes`: the distinct short-batch sizes
-  of the population's clients. `full_batches`: each population client's full batches
-  (round 0's plan); given, a kernel may run up to 2 x `lanes` clients
-  together where that takes fewer lane-steps (`lanes.lane_width`), when the first
-  cohort it runs fills it (under dropout or Poisson sampling most cohorts would leave
-  the extra lanes idle); else `lanes`. `threads`: a cohort runs as up to that many
+  after them; the outputs in the kernel took lasso's round 0.97 -> 0.85 ms).
+  `short_sizes`: the distinct short-batch sizes of the population's clients.
+  `full_batches`: each population client's full batches (round 0's plan); given, a
+  kernel may run up to 2 x `lanes` clients together where that takes fewer lane-steps
+  (`lanes.lane_width`), when the first cohort it runs fills it (under dropout or
+  Poisson sampling most cohorts would leave the extra lanes idle); else `lanes`. `threads`: a cohort runs as up to that many
   kernels side by side (`lanes.shares`), each on a thread of TensorFlow's inter-op pool
   (an XLA kernel runs on one core); a client's result does not depend on its share."""
 
@@ -359,7 +359,8 @@ class LanesEngine:
     if parts == 1:
       done = kernel(None)
     else:  # independent calls, which TensorFlow's executor runs on parallel threads
-      shares = lanes_lib.shares(padded[2].batches.full, parts)
+      _, _, plans, *_ = padded
+      shares = lanes_lib.shares(plans.batches.full, parts)
       done = tf.nest.map_structure(
           lambda *t: tf.gather(tf.concat(t, 0),
                                tf.math.invert_permutation(tf.reshape(shares, [-1]))),
