@@ -264,9 +264,10 @@ class LanesEngine:
   `full_batches`: each population client's full batches (round 0's plan); given, a
   kernel may run up to 2 x `lanes` clients together where that takes fewer lane-steps
   (`lanes.lane_width`), when the first cohort it runs fills it (under dropout or
-  Poisson sampling most cohorts would leave the extra lanes idle); else `lanes`. `threads`: a cohort runs as up to that many
-  kernels side by side (`lanes.shares`), each on a thread of TensorFlow's inter-op pool
-  (an XLA kernel runs on one core); a client's result does not depend on its share."""
+  Poisson sampling most cohorts would leave the extra lanes idle); else `lanes`.
+  `threads`: a cohort runs as up to that many kernels side by side (`lanes.shares`),
+  each on a thread of TensorFlow's inter-op pool (an XLA kernel runs on one core); a
+  client's result does not depend on its share."""
 
   name = 'lanes'
   in_graph = True
