@@ -149,6 +149,7 @@ class InProcessRuntime:
             payload, hparams, positions), autograph=False,
         reduce_retracing=True)
     self._fallbacks: list[str] = []  # the engines 'auto' falls back to if a round fails
+    self._whole_work: dict[int, tf.Tensor] = {}  # `_cohort`'s, by cohort size
     # Why the engine is not auto's first choice (or the data are streamed).
     self.why = (why_streaming or 'streaming each cohort\'s data') if self.streaming else ''
     if engine != 'auto':
@@ -245,7 +246,9 @@ class InProcessRuntime:
     if work is not None and len(work) != len(client_ids):
       raise ValueError(f'work has {len(work)} entries for {len(client_ids)} clients.')
     positions, work = self._cohort(client_ids, work)
-    indices = tf.constant([self.population_index[cid] for cid in client_ids], tf.int32)
+    # Resident data hold the population in its order: a client's position is its index.
+    indices = positions if not self.streaming else tf.constant(
+        [self.population_index[cid] for cid in client_ids], tf.int32)
     state = as_tensors(state)
     args = (state.global_model_weights, state.finalizer,
             client_round.ClientWorkState(*state.client_work), state.aggregator)
@@ -272,7 +275,12 @@ class InProcessRuntime:
     if self.streaming:
       self.data.load(client_ids)
     positions = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
-    work = tf.constant(np.ones(len(client_ids)) if work is None else work, tf.float32)
+    if work is not None:
+      work = tf.constant(work, tf.float32)
+    else:  # every client's whole work, one tensor per cohort size (a constant: 15 us)
+      work = self._whole_work.get(len(client_ids))
+      if work is None:
+        work = self._whole_work[len(client_ids)] = tf.ones([len(client_ids)])
     if len(client_ids) > self.capacity:
       if self.capacity and self.engine_impl.compiles_per_capacity:
         logging.info('in-process runtime: a cohort of %d clients exceeds the %s'
