@@ -193,7 +193,8 @@ class InProcessRuntime:
   def record(self) -> dict[str, Any]:
     return {'name': self.name, 'device': self.device, 'engine': self.engine,
             'why': self.why, 'data': 'streaming' if self.streaming else 'resident',
-            'kernel_threads': self.kernel_threads}
+            'kernel_threads': self.kernel_threads,
+            'huge_pages': not self.streaming and self.data.huge_pages}
 
   # --- state -------------------------------------------------------------------------
 

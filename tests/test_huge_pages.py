@@ -1,0 +1,42 @@
+"""The resident data's buffer on 2 MB pages (`runtime.huge_pages`)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_comp.runtime import engines
+from tff_comp.runtime import huge_pages
+
+
+def _huge_kb(address: int) -> int:
+  """AnonHugePages (kB) of this process's mapping holding `address` (smaps)."""
+  holds = False
+  with open('/proc/self/smaps') as smaps:
+    for line in smaps:
+      first = line.split()[0]
+      if '-' in first and ':' not in first:  # a mapping's header: start-end ...
+        low, high = (int(x, 16) for x in first.split('-'))
+        holds = low <= address < high
+      elif holds and line.startswith('AnonHugePages:'):
+        return int(line.split()[1])
+  return 0
+
+
+def test_a_resident_buffer_advised_is_backed_by_huge_pages():
+  data = engines.ResidentData(
+      (np.random.default_rng(0).random((4096, 1024), np.float32),), np.full(32, 128),
+      tuple(str(i) for i in range(32)), 'CPU:0', with_keys=False)
+  if not data.huge_pages:
+    pytest.skip('this kernel gives no transparent huge pages')
+  view = np.asarray(data.examples[0].value())
+  page = 2 << 20
+  assert _huge_kb(-(-view.ctypes.data // page) * page) >= 2048
+  # The data themselves are unchanged.
+  np.testing.assert_array_equal(
+      view, np.random.default_rng(0).random((4096, 1024), np.float32))
+
+
+def test_buffers_under_one_huge_page_are_left_alone():
+  small = tf.Variable(np.zeros(1000, np.float32), trainable=False)
+  assert not huge_pages.advise((small,))
+  np.testing.assert_array_equal(small.numpy(), 0)
