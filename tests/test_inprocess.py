@@ -118,6 +118,22 @@ def test_cohorts_of_any_size_match_the_tff_process():
          process.get_model_weights(slow_state).trainable)
 
 
+def test_model_weights_read_in_numpy_in_the_containers_they_were_set_in():
+  fast = inprocess.build(_build('fedavg', {}), DATA['unequal'])
+  state = fast.initialize()
+  weights = fast.get_model_weights(state)
+  assert isinstance(weights, tff.learning.models.ModelWeights)
+  assert type(weights.trainable) is tuple
+  assert all(type(w) is np.ndarray for w in weights.trainable)
+  _close(weights.trainable, MODEL.initial_weights[0])
+  halved = [tf.constant(w / 2) for w in MODEL.initial_weights[0]]
+  state = fast.set_model_weights(
+      state, tff.learning.models.ModelWeights(halved, list(weights.non_trainable)))
+  weights = fast.get_model_weights(state)
+  assert type(weights.trainable) is list and type(weights.non_trainable) is list
+  _close(weights.trainable, [w / 2 for w in MODEL.initial_weights[0]])
+
+
 def test_custom_aggregator_and_hand_built_processes_are_refused():
   process = registry.get_algorithm('fedavg').build(
       MODEL, client_learning_rate=0.1,
