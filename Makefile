@@ -53,7 +53,7 @@ $(FEDJAX_VENV)/.installed: requirements/fedjax.txt
 
 bench-peers: install $(FEDJAX_VENV)/.installed
 	$(PY) binaries/bench.py --fedjax_python=$(FEDJAX_VENV)/bin/python --sweep= \
-	  --tff_workers=0 --nofirst_rounds
+	  --tff_workers=0 --nofirst_rounds --repeats=5
 
 reproduce: install
 	$(PY) binaries/reproduce.py --experiment=fco_lasso

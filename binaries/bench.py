@@ -16,8 +16,11 @@ d = 1024, batch 10, one epoch):
       TensorBoard and checkpoints as by default): wall time per round from its
       metrics.csv `seconds`, rounds 2 to `--run_py_rounds`;
   FedJAX's FedAvg on the same shape (`binaries/peers/fedjax_fedavg.py`, in its own
-      virtual environment, `--fedjax_python`; `make bench-peers` builds it), timed
-      before and after the lines above, so its ratios are measured side by side.
+      virtual environment, `--fedjax_python`; `make bench-peers` builds it), kept
+      running beside the bench: its blocks of `--rounds` rounds alternate with (a)'s
+      (one before each, one after the last), and one block runs just before (e) and one
+      just after, so each ratio compares rounds timed in the same minutes (this
+      machine's speed drifts by 10-20% over minutes).
 Part 2, `--sweep`: FedAvg on `synthetic` (`--population` 1,000 clients of heavy-tailed
 sizes) at each clients-per-round count, in-process on both engines (and on TFF's
 worker up to `--sweep_tff_max`): seconds per round and milliseconds per client.
@@ -74,6 +77,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import csv
 import importlib.util
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -179,16 +183,18 @@ def part1(rounds: int, repeats: int) -> None:
     builtin_state[0] = builtin.next(builtin_state[0], datasets).state
 
   plain = _plain_round(task.model, task.client_arrays())
-  fedjax_before = _fedjax(rounds, repeats)
-  a = timing.time_rounds(timing.round_runner(fast, ids, picks), rounds, repeats)
-  a2 = timing.time_rounds(timing.round_runner(mapped, ids, picks), rounds, repeats)
-  b = timing.time_rounds(timing.round_runner(worker, ids, picks), rounds, repeats)
-  c = timing.time_rounds(builtin_round, rounds, repeats)
-  d = timing.time_rounds(lambda r: plain(picks[r]), rounds, repeats)
-  e = e_resumed = None
-  if _RUN_PY_ROUNDS.value:
-    e, e_resumed = _run_py(_RUN_PY_ROUNDS.value)
-  fedjax_after = _fedjax(rounds, repeats)
+  with _FedJAX(rounds) as fedjax:
+    a, fedjax_a = timing.time_rounds_between(
+        timing.round_runner(fast, ids, picks), rounds, repeats, fedjax.block)
+    a2 = timing.time_rounds(timing.round_runner(mapped, ids, picks), rounds, repeats)
+    b = timing.time_rounds(timing.round_runner(worker, ids, picks), rounds, repeats)
+    c = timing.time_rounds(builtin_round, rounds, repeats)
+    d = timing.time_rounds(lambda r: plain(picks[r]), rounds, repeats)
+    e = e_resumed = None
+    if _RUN_PY_ROUNDS.value:
+      fedjax_e = [fedjax.block()]
+      e, e_resumed = _run_py(_RUN_PY_ROUNDS.value)
+      fedjax_e.append(fedjax.block())
   print(f'Part 1: FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM},'
         f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds; load average'
         f' {" ".join(f"{x:.2f}" for x in os.getloadavg())} at the end')
@@ -204,14 +210,15 @@ def part1(rounds: int, repeats: int) -> None:
           f' s/round ({e_resumed / e:.2f}x)')
   print(f"  a/a' = {a / a2:.3f}   a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}"
         + (f'   e/a = {e / a:.3f} (target <= 1.2)' if e is not None else ''))
-  if fedjax_before is None:
+  if fedjax_a is None:
     print('  FedJAX: not timed (no --fedjax_python; `make bench-peers` runs it)')
-  else:
-    fedjax = (fedjax_before + fedjax_after) / 2
-    print(f'  FedJAX fedavg (same run)   {fedjax_before:.5f} s/round before,'
-          f' {fedjax_after:.5f} after')
-    print(f'  a / FedJAX = {a / fedjax:.3f} (target <= 0.25)'
-          + (f'   e / FedJAX = {e / fedjax:.3f} (target <= 0.3)' if e is not None else ''))
+    return
+  print(f'  FedJAX fedavg (same run), blocks between (a)\'s: median {fedjax_a:.5f} s/round;'
+        + (f' just before and after (e): {fedjax_e[0]:.5f}, {fedjax_e[1]:.5f}'
+           if e is not None else ''))
+  print(f'  a / FedJAX = {a / fedjax_a:.3f} (target <= 0.25)'
+        + (f'   e / FedJAX = {e / statistics.mean(fedjax_e):.3f} (target <= 0.3)'
+           if e is not None else ''))
 
 
 def _run_py(rounds: int) -> tuple[float, float]:
@@ -237,19 +244,40 @@ def _run_py(rounds: int) -> tuple[float, float]:
           (again[rounds] - again[half + 1]) / (rounds - half - 1))
 
 
-def _fedjax(rounds: int, repeats: int) -> float | None:
-  """FedJAX's FedAvg on part 1's shape, s/round (median of `repeats`), in
-  `--fedjax_python`; None without it."""
-  if not _FEDJAX_PYTHON.value:
-    return None
-  out = subprocess.run(
-      [_FEDJAX_PYTHON.value, os.path.join(_HERE, 'peers', 'fedjax_fedavg.py'),
-       f'--rounds={rounds}', f'--repeats={repeats}', f'--clients={CLIENTS}',
-       f'--batch_size={BATCH}', f'--learning_rate={LR}', f'--dim={lasso.DIM}'],
-      capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-  if out.returncode:
-    raise RuntimeError(f'FedJAX failed: {out.stderr[-2000:]}')
-  return float(out.stdout.split()[-1])
+class _FedJAX:
+  """FedJAX's FedAvg on part 1's shape, running beside the bench in `--fedjax_python`
+  (`binaries/peers/fedjax_fedavg.py --serve`): `block()` times `rounds` of its rounds
+  (s/round); without `--fedjax_python`, None. Its process is killed on exit."""
+
+  def __init__(self, rounds: int):
+    self._rounds, self._process = rounds, None
+
+  def __enter__(self) -> '_FedJAX':
+    if _FEDJAX_PYTHON.value:
+      self._process = subprocess.Popen(
+          [_FEDJAX_PYTHON.value, os.path.join(_HERE, 'peers', 'fedjax_fedavg.py'), '--serve',
+           f'--clients={CLIENTS}', f'--batch_size={BATCH}', f'--learning_rate={LR}',
+           f'--dim={lasso.DIM}'],
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+          text=True)
+      if self._process.stdout.readline().strip() != 'ready':
+        raise RuntimeError(f'FedJAX failed to start (exit {self._process.wait()}).')
+    return self
+
+  def block(self) -> float | None:
+    if self._process is None:
+      return None
+    self._process.stdin.write(f'{self._rounds}\n')
+    self._process.stdin.flush()
+    line = self._process.stdout.readline()
+    if not line:
+      raise RuntimeError(f'FedJAX failed (exit {self._process.wait()}).')
+    return float(line)
+
+  def __exit__(self, *exc) -> None:
+    if self._process is not None:
+      self._process.kill()
+      self._process.wait()
 
 
 def part2(sweep: list[int], population: int, rounds: int, repeats: int,

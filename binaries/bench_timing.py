@@ -7,15 +7,26 @@ import numpy as np
 
 
 def time_rounds(run_round, rounds: int, repeats: int, warmup: int = 3) -> float:
-  for r in range(warmup):  # warm-up: tracing and caches
+  """Median seconds a round of `run_round(r)` over `repeats` blocks of `rounds`, after
+  `warmup` rounds (tracing and caches)."""
+  return time_rounds_between(run_round, rounds, repeats, lambda: None, warmup)[0]
+
+
+def time_rounds_between(run_round, rounds: int, repeats: int, peer, warmup: int = 3
+                        ) -> tuple[float, float | None]:
+  """(`time_rounds` of `run_round`, the median of `peer()`'s timings), a call of
+  `peer` (a peer's block of rounds, s/round, or None) before each of the `repeats`
+  blocks and after the last, so both are timed in the same minutes."""
+  for r in range(warmup):
     run_round(r)
-  timings = []
+  timings, peers = [], [peer()]
   for _ in range(repeats):
     start = time.perf_counter()
     for r in range(rounds):
       run_round(r)
     timings.append((time.perf_counter() - start) / rounds)
-  return statistics.median(timings)
+    peers.append(peer())
+  return statistics.median(timings), (None if peers[0] is None else statistics.median(peers))
 
 
 def selections(num_clients: int, per_round: int, total: int):

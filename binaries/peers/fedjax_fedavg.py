@@ -9,10 +9,17 @@ of client SGD at `--learning_rate`, server SGD at 1.0: lasso I's FedAvg round as
 `binaries/bench.py` part 1 times it. FedJAX shuffles each client's examples (as
 tff_comp does by default). Prints the median of `--repeats` timings of `--rounds`
 rounds, after three rounds of warm-up (compiling), as its last word.
+
+With `--serve` (how `binaries/bench.py` runs it), it warms up, prints `ready`, then reads
+a number of rounds a line from stdin, runs them and prints their seconds per round, until
+stdin closes: the bench times FedJAX's blocks of rounds between its own, so that both
+meet the machine in the same minutes.
 """
 
 import argparse
+import itertools
 import statistics
+import sys
 import time
 
 import fedjax
@@ -30,6 +37,7 @@ def main() -> None:
                               ('batch_size', int, 10), ('learning_rate', float, 1e-3),
                               ('dim', int, 1024)):
     parser.add_argument(f'--{name}', type=kind, default=default)
+  parser.add_argument('--serve', action='store_true')
   args = parser.parse_args()
   rng = np.random.default_rng(0)
   w = rng.normal(size=args.dim).astype(np.float32)
@@ -51,7 +59,7 @@ def main() -> None:
       fedjax.ShuffleRepeatBatchHParams(batch_size=args.batch_size, num_epochs=1))
   state = algorithm.init(model.init(jax.random.PRNGKey(0)))
   picks = np.random.default_rng(1)
-  keys = iter(jax.random.split(jax.random.PRNGKey(1), 3 + args.rounds * args.repeats))
+  keys = (jax.random.fold_in(jax.random.PRNGKey(1), r) for r in itertools.count())
 
   def run_round():
     nonlocal state
@@ -63,6 +71,14 @@ def main() -> None:
 
   for _ in range(3):
     run_round()
+  if args.serve:
+    print('ready', flush=True)
+    for line in sys.stdin:
+      start = time.perf_counter()
+      for _ in range(int(line)):
+        run_round()
+      print(f'{(time.perf_counter() - start) / int(line):.6f}', flush=True)
+    return
   timings = []
   for _ in range(args.repeats):
     start = time.perf_counter()
