@@ -213,8 +213,8 @@ def part1(rounds: int, repeats: int) -> None:
   if fedjax_a is None:
     print('  FedJAX: not timed (no --fedjax_python; `make bench-peers` runs it)')
     return
-  print(f'  FedJAX fedavg (same run), blocks between (a)\'s: median {fedjax_a:.5f} s/round;'
-        + (f' just before and after (e): {fedjax_e[0]:.5f}, {fedjax_e[1]:.5f}'
+  print(f'  FedJAX fedavg (same run), blocks between (a)\'s: median {fedjax_a:.5f} s/round'
+        + (f'; just before and after (e): {fedjax_e[0]:.5f}, {fedjax_e[1]:.5f}'
            if e is not None else ''))
   print(f'  a / FedJAX = {a / fedjax_a:.3f} (target <= 0.25)'
         + (f'   e / FedJAX = {e / statistics.mean(fedjax_e):.3f} (target <= 0.3)'
@@ -251,6 +251,7 @@ class _FedJAX:
 
   def __init__(self, rounds: int):
     self._rounds, self._process = rounds, None
+    self._log = tempfile.TemporaryFile('w+')  # its stderr (a pipe left unread could fill)
 
   def __enter__(self) -> '_FedJAX':
     if _FEDJAX_PYTHON.value:
@@ -258,10 +259,9 @@ class _FedJAX:
           [_FEDJAX_PYTHON.value, os.path.join(_HERE, 'peers', 'fedjax_fedavg.py'), '--serve',
            f'--clients={CLIENTS}', f'--batch_size={BATCH}', f'--learning_rate={LR}',
            f'--dim={lasso.DIM}'],
-          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-          text=True)
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
       if self._process.stdout.readline().strip() != 'ready':
-        raise RuntimeError(f'FedJAX failed to start (exit {self._process.wait()}).')
+        self._failed()
     return self
 
   def block(self) -> float | None:
@@ -271,13 +271,19 @@ class _FedJAX:
     self._process.stdin.flush()
     line = self._process.stdout.readline()
     if not line:
-      raise RuntimeError(f'FedJAX failed (exit {self._process.wait()}).')
+      self._failed()
     return float(line)
+
+  def _failed(self) -> None:
+    code = self._process.wait()
+    self._log.seek(0)
+    raise RuntimeError(f'FedJAX failed (exit {code}): {self._log.read()[-2000:]}')
 
   def __exit__(self, *exc) -> None:
     if self._process is not None:
       self._process.kill()
       self._process.wait()
+    self._log.close()
 
 
 def part2(sweep: list[int], population: int, rounds: int, repeats: int,

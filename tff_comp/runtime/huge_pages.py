@@ -48,8 +48,8 @@ def advise(variables) -> bool:
   not be assigned afterwards (an assignment may move the buffer)."""
   madvise, advised, done = _madvise(), False, True
   for variable in tf.nest.flatten(variables):
-    if 'CPU' not in variable.device.upper():
-      continue
+    if 'CPU' not in variable.device.upper() or variable.dtype == tf.string:
+      continue  # not in this process's memory, or not one buffer of the data
     # The variable's own buffer (a CPU tensor's NumPy view shares its memory).
     view = np.asarray(variable.value())
     start = -(-view.ctypes.data // _PAGE) * _PAGE
