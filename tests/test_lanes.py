@@ -171,6 +171,24 @@ def test_a_cohort_split_across_threads_gives_each_client_its_result():
     tf.nest.map_structure(np.testing.assert_array_equal, *results)
 
 
+def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares():
+  """A lanes round's graph keeps the cohort's plans (the shuffle seeds' mixing) and
+  shares (their sort by full batches) inside its XLA kernels, not as TensorFlow ops
+  before them; FedAvg's results are the mapped engine's (tests/test_inprocess.py)."""
+  data = algorithm_cases.TEN
+  runtime = inprocess.build(algorithm_cases.algorithm('fedavg', {}, shuffle=True), data,
+                            engine='lanes', lanes=2, kernel_threads=2)
+  runtime.next(runtime.initialize(), list(data.client_ids[:7]))
+  (concrete,) = runtime._round_fn._concrete.values()  # pylint: disable=protected-access
+  graph = concrete.graph.as_graph_def()
+  outside = {node.op for node in graph.node}
+  inside = {node.op for f in graph.library.function
+            if f.signature.name.startswith('__inference__local_steps') for node in f.node_def}
+  assert 'StatefulPartitionedCall' in outside  # the kernels, called side by side
+  assert not {'BitwiseXor', 'TopKV2', 'ResourceGather'} & outside, outside
+  assert {'BitwiseXor', 'TopKV2'} <= inside
+
+
 def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:
   """(stdout, [(kernel, compiles so far)] from XLA's log) of `script` in a fresh
   Python."""

@@ -7,7 +7,8 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
 
 `cohort` (a `Cohort`) holds the payload, hyperparameters and the cohort's plans
 (`ops.client_round.ClientPlan`: context and batch plan, from the one batch plan
-`ops.local_loop.plan`), and where each client's examples lie in the resident data.
+`ops.local_loop.plan`; for the lanes engine, what it derives them from in its kernel,
+`DeferredPlans`), and where each client's examples lie in the resident data.
 
 * `lanes`: lockstep lanes compiled once by XLA (`runtime.lanes`); the fast path for many
   small clients. Needs a vectorizable local step (`ops.rule` says what that means).
@@ -143,15 +144,28 @@ class Cohort(NamedTuple):
   payload: Any
   hparams: Any
   indices: tf.Tensor  # positions in ResidentData (clients' indices: plans.context)
-  offsets: tf.Tensor
-  counts: tf.Tensor
-  plans: client_round.ClientPlan
+  offsets: tf.Tensor | None  # None with DeferredPlans
+  counts: tf.Tensor | None
+  plans: 'client_round.ClientPlan | DeferredPlans'
   capacity: int  # clients the lanes kernel holds (its compiled shape); 0 on other engines
   trial: tf.Tensor | None = None  # [m] int32: each client's trial (None: one run)
 
   def received(self, position) -> tuple[Any, Any]:
     """(payload, hparams) of the client at `position` (a scalar or [k] positions)."""
     return lanes_lib.received(self.payload, self.hparams, self.trial, position)
+
+
+class DeferredPlans(NamedTuple):
+  """A cohort's plans left to the engine (`Cohort.plans`, where `plans_in_kernel`): the
+  lanes kernel derives them from its padded rows, in XLA, where the 50-odd small ops of
+  a cohort's plans, padding and shares cost lasso's round about 50 us as TensorFlow ops
+  before its kernels. `plan(positions, client_indices, work)` gives the `ClientPlan`s of
+  clients at those positions of the resident data (`RoundStages.client_plans`, the
+  round bound); `offsets` and `counts` are then None."""
+
+  client_indices: tf.Tensor  # [m] the clients' indices in the population
+  work: tf.Tensor  # [m] the fraction of its local steps each client does
+  plan: Any  # (positions, client_indices, work) -> client_round.ClientPlan
 
 
 class Engine(Protocol):
@@ -161,6 +175,8 @@ class Engine(Protocol):
   `in_graph`: `run` is traced into the round's `tf.function` (else the round runs
   eagerly). `compiles_per_capacity`: `run` compiles for the cohort's `capacity` and
   the data's shape (so it needs resident data); other engines get capacity 0.
+  `plans_in_kernel`: `run` takes `DeferredPlans` for rules needing no reference or
+  start loss (it derives the plans itself).
   `why_not(algorithm, examples, device, payload, hparams, run_steps)`: why 'auto'
   should not choose it here ('' when it may).
   """
@@ -168,6 +184,7 @@ class Engine(Protocol):
   name: str
   in_graph: bool
   compiles_per_capacity: bool
+  plans_in_kernel: bool
 
   @staticmethod
   def why_not(algorithm, examples, device: str, payload, hparams,
@@ -194,6 +211,7 @@ class MappedEngine:
   name = 'mapped'
   in_graph = True
   compiles_per_capacity = False
+  plans_in_kernel = False
   why_not = staticmethod(_always)
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
@@ -331,48 +349,71 @@ class LanesEngine:
       return min(self.lanes, share)
     return lanes_lib.lane_width(self._full, share, self.lanes)
 
-  def _local_steps(self, payload, hparams, clients, offsets, counts, plans, trial,
-                   lanes: int):
-    """The outputs of the clients at `clients` of the fields (all of them if None; their
-    states where short batches run outside)."""
+  @property
+  def plans_in_kernel(self) -> bool:
+    """Whether `run` takes `DeferredPlans` (not where short batches run outside XLA)."""
+    return not self._short_outside
+
+  def _local_steps(self, payload, hparams, part, fields, trial, lanes: int, parts: int):
+    """(the outputs of share `part` of `parts` of the cohort's padded rows (all of them
+    if None; their states where short batches run outside), the share's rows).
+    `fields`: the rows' (offsets, counts, plans), or (positions, m, DeferredPlans)."""
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
-    if clients is not None:  # a share's rows, taken here: in XLA they cost next to nothing
+    offsets, counts, plans = (self._planned(*fields) if isinstance(fields[2], DeferredPlans)
+                              else fields)
+    clients = None
+    if part is not None:  # a share's rows, taken here: in XLA they cost next to nothing
+      clients = tf.gather(lanes_lib.shares(plans.batches.full, parts), part)
       offsets, counts, plans = lanes_lib.rows((offsets, counts, plans), clients)
       trial = None if trial is None else tf.gather(trial, clients)
     states = lanes_lib.run_batches(
         rule, payload, hparams, options, self._data.examples, offsets, counts, plans,
         lanes=lanes, sizes=self._kernel_sizes, trial=trial)
     if self._short_outside:
-      return states
+      return states, clients
     return lanes_lib.finish_cohort(rule, payload, hparams, options, counts, plans, states,
-                                   trial=trial)
+                                   trial=trial), clients
+
+  def _planned(self, positions: tf.Tensor, m: tf.Tensor, deferred: DeferredPlans):
+    """(offsets, counts, plans) of the padded rows `positions` (the first `m` the
+    cohort's), the padding's with no examples and no batches, as `run` pads them."""
+    valid = tf.range(tf.shape(positions)[0]) < m
+
+    def cohort_only(t):  # the padding's rows zero, as `run` pads the fields it is given
+      return tf.where(valid, t, tf.zeros_like(t))
+
+    plans = deferred.plan(positions, deferred.client_indices, deferred.work)
+    return (cohort_only(tf.gather(self._data.offsets, positions)),
+            cohort_only(tf.gather(self._data.counts, positions)),
+            tf.nest.map_structure(cohort_only, plans))
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
     # The kernel takes `capacity` clients whatever the cohort's size, so XLA compiles it
     # once: the cohort's fields padded with clients of no steps, whose states are cut.
     # Several kernels take a share each of `capacity` rounded up to a multiple of them.
-    m, capacity = tf.shape(cohort.offsets)[0], cohort.capacity
+    m, capacity = tf.shape(cohort.indices)[0], cohort.capacity
     parts, width = self.parts(capacity), self.width(capacity)
     size = -(-capacity // parts) * parts
-    padded = tf.nest.map_structure(
-        lambda t: tf.scatter_nd(tf.range(m)[:, None], t, [size, *t.shape[1:]]),
-        (cohort.offsets, cohort.counts, cohort.plans,
-         *([] if cohort.trial is None else [cohort.trial])))
+    rows = tf.range(m)[:, None]
+    pad = lambda t: tf.scatter_nd(rows, t, [size, *t.shape[1:]])  # pylint: disable=unnecessary-lambda-assignment
+    if isinstance(cohort.plans, DeferredPlans):  # the plans derived in the kernel
+      fields = (pad(cohort.indices), m, cohort.plans._replace(
+          client_indices=pad(cohort.plans.client_indices), work=pad(cohort.plans.work)))
+    else:
+      fields = tf.nest.map_structure(pad, (cohort.offsets, cohort.counts, cohort.plans))
+    trial = None if cohort.trial is None else pad(cohort.trial)
 
-    def kernel(clients: tf.Tensor | None):
-      return self._kernel(cohort.payload, cohort.hparams, clients, *padded,
-                          *([None] if cohort.trial is None else []), width)
+    def kernel(part: int | None):
+      return self._kernel(cohort.payload, cohort.hparams, part, fields, trial, width, parts)
 
     if parts == 1:
-      done = tf.nest.map_structure(lambda t: t[:m], kernel(None))
+      done = tf.nest.map_structure(lambda t: t[:m], kernel(None)[0])
     else:  # independent calls, which TensorFlow's executor runs on parallel threads
-      _, _, plans, *_ = padded
-      shares = lanes_lib.shares(plans.batches.full, parts)
+      outputs, shares = zip(*[kernel(tf.constant(part)) for part in range(parts)])
       # Where each cohort client's output is in the shares' outputs, joined.
-      joined = tf.math.invert_permutation(tf.reshape(shares, [-1]))[:m]
-      done = tf.nest.map_structure(lambda *t: tf.gather(tf.concat(t, 0), joined),
-                                   *[kernel(share) for share in tf.unstack(shares)])
+      joined = tf.math.invert_permutation(tf.concat(shares, 0))[:m]
+      done = tf.nest.map_structure(lambda *t: tf.gather(tf.concat(t, 0), joined), *outputs)
     if not self._short_outside:
       return done
     states = lanes_lib.run_short_batches(
@@ -393,6 +434,7 @@ class DebugEngine:
   name = 'debug'
   in_graph = False
   compiles_per_capacity = False
+  plans_in_kernel = False
   why_not = staticmethod(_always)
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,

@@ -339,10 +339,20 @@ class InProcessRuntime:
   def _client_outputs(self, payload, hparams, positions, indices, work, round_num,
                       reference, capacity: int):
     """(the cohort's ClientOutput, the round's reference loss): its clients' work."""
+    rule, engine = self.algorithm.client_rule, self.engine_impl
+    seed = self.algorithm.client_options.seed
+    if engine.plans_in_kernel and not (rule.uses_reference_loss or rule.uses_start_loss):
+
+      def plan(positions, indices, work):  # in the lanes kernel, on its padded rows
+        return self.stages.client_plans(payload, hparams, positions, indices, work,
+                                        round_num, seed)[0]
+
+      return engine.run(engines_lib.Cohort(
+          payload, hparams, positions, None, None,
+          engines_lib.DeferredPlans(indices, work, plan), capacity)), None
     plans, reference = self.stages.client_plans(
-        payload, hparams, positions, indices, work, round_num,
-        self.algorithm.client_options.seed, reference=reference)
-    return self.engine_impl.run(engines_lib.Cohort(
+        payload, hparams, positions, indices, work, round_num, seed, reference=reference)
+    return engine.run(engines_lib.Cohort(
         payload, hparams, positions, tf.gather(self.data.offsets, positions),
         tf.gather(self.data.counts, positions), plans, capacity)), reference
 
