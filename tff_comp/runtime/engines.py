@@ -21,7 +21,7 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
 import contextlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -165,7 +165,7 @@ class DeferredPlans(NamedTuple):
 
   client_indices: tf.Tensor  # [m] the clients' indices in the population
   work: tf.Tensor  # [m] the fraction of its local steps each client does
-  plan: Any  # (positions, client_indices, work) -> client_round.ClientPlan
+  plan: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], client_round.ClientPlan]
 
 
 class Engine(Protocol):
