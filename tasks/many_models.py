@@ -33,6 +33,9 @@ def products(x: np.ndarray, kernels: Sequence[np.ndarray]) -> np.ndarray:
 
 def mean_squared_errors(x: np.ndarray, y: np.ndarray, kernels: Sequence[np.ndarray],
                         biases: Sequence[float]) -> list[float]:
-  """Each linear model's mean of (x @ kernel + bias - y)^2, `x` read once for all."""
-  return [float(np.mean((row + b - y)**2))
-          for row, b in zip(products(x, kernels), biases, strict=True)]
+  """Each linear model's mean of (x @ kernel + bias - y)^2, `x` read once for all. A
+  diverged model's is inf (or nan), without NumPy's overflow warning: the run's
+  divergence check says so in its own line."""
+  with np.errstate(over='ignore', invalid='ignore'):
+    return [float(np.mean((row + b - y)**2))
+            for row, b in zip(products(x, kernels), biases, strict=True)]

@@ -2,6 +2,7 @@
 paper's headline (FedDualAvg recovers the support within 100 rounds)."""
 
 import hashlib
+import warnings
 from unittest import mock
 
 import numpy as np
@@ -86,6 +87,16 @@ def test_models_scored_together_equal_each_scored_alone(task):
       assert metrics[name] == 0.5 * float(np.mean((x @ kernel + b - y)**2)), name
     assert metrics['train_objective'] == metrics['train_loss'] + float(
         psi.value([kernel]))
+
+
+def test_a_diverged_model_scores_inf_without_a_numpy_warning(task):
+  """A model whose weights blew up (a grid's too large learning rate) scores an
+  infinite loss, and NumPy's overflow warning does not reach the run's output."""
+  kernel = np.full(1024, 1e30, np.float32)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    metrics = task.evaluate_many([((kernel, np.float32(0.0)), task.regularizer)])[0]
+  assert np.isinf(metrics['train_loss']) and np.isinf(metrics['heldout_loss'])
 
 
 @pytest.mark.parametrize('threads', [1, 2])
