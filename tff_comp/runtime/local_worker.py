@@ -170,4 +170,17 @@ def worker_pids() -> list[int]:
   return [pid] if pid is not None else []
 
 
-atexit.register(shutdown_local_runtime)
+def _at_exit() -> None:
+  """Stops this process's worker, and releases TFF's default context while the
+  interpreter is whole: the context `import tensorflow_federated` installs (still there
+  in a process that ran nothing through TFF: a grid's or a Ray task's) has an executor
+  factory whose `ServiceManager.__del__` reads the `subprocess` module, and run at
+  teardown, after that module was cleared, it printed an "Exception ignored" traceback
+  at every such process's exit. Released now, it stops its service as it would have."""
+  shutdown_local_runtime()
+  # pylint: disable=g-import-not-at-top  (not in TFF's public API)
+  from tensorflow_federated.python.core.impl.context_stack import set_default_context
+  set_default_context.set_no_default_context()
+
+
+atexit.register(_at_exit)

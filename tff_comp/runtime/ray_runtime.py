@@ -43,7 +43,6 @@ dependency (`pip install tff_comp[ray]`); it is imported when a run asks for it
 (`--ray_address`).
 """
 
-import atexit
 import dataclasses
 import io
 import logging as py_logging
@@ -139,19 +138,7 @@ def connect(address: str) -> Any:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise base.UnsupportedError(
         f'the Ray cluster at --ray_address={address} cannot be reached ({first})') from e
-  atexit.register(_release_tff_context)
   return ray
-
-
-def _release_tff_context() -> None:
-  """TFF's default context released while the interpreter is whole. Its executor
-  factory's `ServiceManager.__del__` reads the `subprocess` module; in a process that
-  joined Ray it ran only after the interpreter had cleared that module, and printed an
-  "Exception ignored" traceback at every exit. Released now, it stops its service as it
-  would have (none had started: the in-process runtime runs no TFF computation)."""
-  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.context_stack import set_default_context
-  set_default_context.set_no_default_context()
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
