@@ -67,7 +67,7 @@ def main(argv: list[str]) -> None:
 
 def _header(prepared: experiment.Prepared) -> str:
   """One line saying what runs: the algorithm, task, rounds and cohort, how clients are
-  drawn, the rates, local work, regularizer, aggregation, server optimizer and
+  drawn, the rates, local work, the algorithm's variant choices, regularizer, aggregation, server optimizer and
   schedules (those at their defaults left out), and where the output goes."""
   s, config = prepared.settings, prepared.config
   if prepared.algorithm.accepts('local_steps'):  # a fixed number of steps, not epochs
@@ -86,8 +86,12 @@ def _header(prepared: experiment.Prepared) -> str:
   cohort = f'{s["clients_per_round"]} clients/round ({drawn.sampling}'
   cohort += ''.join(f', {label} {rate:g}' for label, rate in (
       ('dropout', drawn.dropout_rate), ('stragglers', drawn.straggler_rate)) if rate)
+  # The algorithm's choices among its variants (ComFedL's objective, how clients are
+  # weighed): its numbers are logged every round (metrics.csv's hparams/), these not.
+  choices = [f'{h.name.replace("_", " ")} {value}' for h in prepared.algorithm.hparams
+             if isinstance(value := prepared.builder_args.get(h.name, h.default), str)]
   parts = [f'{s["rounds"]} rounds', cohort + ')', f'eta_c={s["client_learning_rate"]}',
-           f'eta_s={s["server_learning_rate"]}', batch, local,
+           f'eta_s={s["server_learning_rate"]}', batch, local, *choices,
            (f'regularizer {s["regularizer"]} ({s["regularizer_strength"]:g})'
             if s['regularizer'] else 'no regularizer')]
   if config.privacy.aggregator != privacy.MEAN:

@@ -180,6 +180,8 @@ def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
   returncode, stdout, stderr = results[' '.join(GOOD_INPUT[1])]
   assert returncode == 0, stderr
   assert 'per_fedavg on sinewave:' in stdout and ', 10 local steps,' in stdout
+  # Its choices among variants, which metrics.csv's hparams do not log.
+  assert ', variant fo, client weighting uniform,' in stdout
   assert re.search(r'\d+ clients/round \(uniform\)', stdout) and 'None (None)' not in stdout
   # The final evaluation and the centralized reference line up (the labels were cut to
   # 12 columns): every value starts in one column.
