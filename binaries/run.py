@@ -90,7 +90,7 @@ def _header(prepared: experiment.Prepared) -> str:
   # weighed): its numbers are logged every round (metrics.csv's hparams/), these not.
   choices = [f'{h.name.replace("_", " ")} {value}' for h in prepared.algorithm.hparams
              if isinstance(value := prepared.builder_args.get(h.name, h.default), str)]
-  parts = [f'{s["rounds"]} rounds', cohort + ')', f'eta_c={s["client_learning_rate"]}',
+  parts = [f'{s["rounds"]} round{"s" * (s["rounds"] != 1)}', cohort + ')', f'eta_c={s["client_learning_rate"]}',
            f'eta_s={s["server_learning_rate"]}', batch, local, *choices,
            (f'regularizer {s["regularizer"]} ({s["regularizer_strength"]:g})'
             if s['regularizer'] else 'no regularizer')]
