@@ -273,11 +273,21 @@ def diverged_at(run) -> int:
 
 
 def read_grid(spec: reproductions.Reproduction, seeds, root: pathlib.Path):
-  """The curves of a grid's saved runs (as `run_grid` returns them), without training."""
-  metrics = recorded(spec)
-  return {a: {config: [read_curves(run_dir(root, a, config, seed, seeds,
-                                           list(reproductions.axes(spec, a))),
-                                   metrics, spec.metric_sources.get(a, {}))
+  """The curves of a grid's saved runs (as `run_grid` returns them), without training.
+  Raises FileNotFoundError naming how many runs have no metrics.csv, and the first."""
+  runs = {a: {config: [run_dir(root, a, config, seed, seeds, list(reproductions.axes(spec, a)))
                        for seed in seeds]
               for config in reproductions.configurations(spec, a)}
           for a in spec.algorithms}
+  missing = [path / 'metrics.csv' for by_config in runs.values()
+             for paths in by_config.values() for path in paths
+             if not (path / 'metrics.csv').exists()]
+  if missing:
+    raise FileNotFoundError(
+        f'{len(missing)} of the grid\'s runs have no metrics.csv under {root} (the first:'
+        f' {missing[0]}); run the grid there first, or give the --output_dir it wrote to.')
+  metrics = recorded(spec)
+  return {a: {config: [read_curves(path, metrics, spec.metric_sources.get(a, {}))
+                       for path in paths]
+              for config, paths in by_config.items()}
+          for a, by_config in runs.items()}

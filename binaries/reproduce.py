@@ -75,7 +75,7 @@ _CHECKPOINT_EVERY = flags.DEFINE_integer(
     'checkpoint_every', 100, 'Rounds between saved states of each run (for --resume).')
 _PARALLEL = flags.DEFINE_integer(
     'parallel', 1, 'Run algorithms (with --batch_trials; else (algorithm, seed) groups)'
-    ' in this many processes.')
+    ' in this many processes.', lower_bound=1)
 _BATCH_TRIALS = flags.DEFINE_bool(
     'batch_trials', True, 'Run each algorithm\'s configurations and seeds as batched'
     ' trials: those sharing a build in one compiled program (tff_comp.trials), each'
@@ -153,7 +153,6 @@ def _reproduce(argv):
                    ' give one.')
   rounds = _ROUNDS.value or spec.rounds
   root = pathlib.Path(_OUTPUT.value) / name
-  root.mkdir(parents=True, exist_ok=True)
   seeds = spec.seeds or (_SEED.value,)
   if _SEEDS.value:
     seeds = seeds[:_SEEDS.value]
@@ -164,7 +163,11 @@ def _reproduce(argv):
     spec = dataclasses.replace(spec, algorithms=tuple(
         a for a in spec.algorithms if a in _ALGORITHMS.value))
   if _SUMMARIZE_ONLY.value:
-    curves = grid.read_grid(spec, seeds, root)
+    try:
+      curves = grid.read_grid(spec, seeds, root)
+    except FileNotFoundError as e:
+      flags_lib.fail(f'--summarize_only: {e}')
+  root.mkdir(parents=True, exist_ok=True)
   # The command that ran, as it was given (flag values included).
   command = ' '.join(['python binaries/reproduce.py', *sys.argv[1:]])
   if _SUMMARIZE_ONLY.value:

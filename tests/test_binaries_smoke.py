@@ -163,6 +163,17 @@ def _reproduce(repo_root, args):
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
 
 
+def test_summarizing_a_grid_not_run_there_is_one_line(repo_root, tmp_path):
+  """--summarize_only where the grid's runs are not (a wrong --output_dir) says so in one
+  line and exit status 2, and leaves no directory behind; it was a traceback."""
+  out = _reproduce(repo_root, ['--experiment=fco_lasso', '--summarize_only',
+                               f'--output_dir={tmp_path / "elsewhere"}'])
+  assert out.returncode == 2, out.stderr
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and '192 of the grid\'s runs have no metrics.csv' in lines[0], lines
+  assert not (tmp_path / 'elsewhere').exists()
+
+
 @pytest.mark.slow  # three reproduce.py processes; test_reproduce_writes_table_and_plot runs by default
 def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tmp_path):
   args = ['--experiment=fco_lasso', '--rounds=2', '--algorithms=feddualavg',
