@@ -97,40 +97,54 @@ from tff_comp.algorithms import fedavg
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import workers
 from tff_comp.binaries import bench_timing as timing
+from tff_comp.binaries import flags_lib
 from tff_comp.binaries import bench_grid
 from tff_comp.binaries import bench_workloads
 
-_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.')
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats; the median is reported.')
+_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.', lower_bound=1)
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats; the median is reported.', lower_bound=1)
 _SWEEP = flags.DEFINE_list('sweep', ['10', '100', '1000'],
                            'Clients per round for part 2 (empty: skip part 2).')
-_POPULATION = flags.DEFINE_integer('population', 1000, 'Clients of the part 2 task.')
+_POPULATION = flags.DEFINE_integer('population', 1000, 'Clients of the part 2 task.',
+                                   lower_bound=1)
 _SWEEP_TFF_MAX = flags.DEFINE_integer(
-    'sweep_tff_max', 100, 'Largest clients per round part 2 also times on TFF\'s worker.')
+    'sweep_tff_max', 100, 'Largest clients per round part 2 also times on TFF\'s worker.',
+    lower_bound=0)
 _TFF_WORKERS = flags.DEFINE_integer(
-    'tff_workers', 2, 'Part 3: local TFF workers to split rounds across (0: skip).')
+    'tff_workers', 2, 'Part 3: local TFF workers to split rounds across (0: skip).', lower_bound=0)
 _FIRST_ROUNDS = flags.DEFINE_bool('first_rounds', True, 'Part 5: time to the first round.')
 _RAY_ACTORS = flags.DEFINE_integer(
     'ray_actors', 2, 'Part 3: Ray actors of a local cluster for the Ray lines (0: skip;'
-    ' skipped without Ray).')
+    ' skipped without Ray).', lower_bound=0)
 _MEMORY_ROUNDS = flags.DEFINE_integer(
-    'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).')
+    'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).',
+    lower_bound=0)
 _WORKLOAD = flags.DEFINE_enum('workload', 'lasso',
                               ['lasso', 'emnist_cnn', 'streaming', 'grid'],
                               'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7;'
                               ' grid: part 8.')
 _GRID_EXPERIMENT = flags.DEFINE_string('grid_experiment', 'fco_lasso',
                                        'Part 8: the reproduction whose grid is timed.')
-_GRID_ROUNDS = flags.DEFINE_integer('grid_rounds', 500, 'Part 8: rounds of every run.')
+_GRID_ROUNDS = flags.DEFINE_integer('grid_rounds', 500, 'Part 8: rounds of every run.',
+                                    lower_bound=1)
 _GRID_PARALLEL = flags.DEFINE_integer(
-    'grid_parallel', 2, 'Part 8: reproduce.py --parallel, both ways.')
+    'grid_parallel', 2, 'Part 8: reproduce.py --parallel, both ways.', lower_bound=1)
 _EMNIST_CLIENTS = flags.DEFINE_integer('emnist_clients', 10,
-                                       'Part 6: clients per round.')
+                                       'Part 6: clients per round.', lower_bound=1)
 _RUN_PY_ROUNDS = flags.DEFINE_integer(
-    'run_py_rounds', 400, 'Part 1 (e): rounds of the end-to-end run.py run (0: skip).')
+    'run_py_rounds', 400, 'Part 1 (e): rounds of the end-to-end run.py run (0: skip).',
+    lower_bound=0)
 _FEDJAX_PYTHON = flags.DEFINE_string(
     'fedjax_python', None, 'Part 1: a Python with FedJAX installed (`make bench-peers`'
     ' builds .venv-fedjax); FedJAX\'s FedAvg is timed in the same run. None: not timed.')
+flags.register_validator(
+    'sweep', lambda values: all(v.isdigit() and int(v) > 0 for v in values),
+    '--sweep takes positive whole numbers of clients per round (e.g. 10,100).')
+flags.register_validator(
+    'fedjax_python', lambda path: path is None or (os.path.isfile(path)
+                                                    and os.access(path, os.X_OK)),
+    '--fedjax_python is not an executable file (`make .venv-fedjax/.installed` builds'
+    ' .venv-fedjax/bin/python).')
 CLIENTS, BATCH, LR = 10, 10, 1e-3
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -422,7 +436,9 @@ def part5() -> None:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    flags_lib.fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  flags_lib.quiet_logs()
   runtime.install_local_runtime()
   if _WORKLOAD.value == 'emnist_cnn':
     bench_workloads.part6(_ROUNDS.value, _REPEATS.value, _EMNIST_CLIENTS.value)
@@ -449,4 +465,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=flags_lib.parse_or_fail)

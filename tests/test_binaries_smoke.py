@@ -213,6 +213,16 @@ def _bench(repo_root, *args):
       stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
 
 
+def test_a_bad_bench_flag_is_one_line_and_exit_2(repo_root):
+  """bench.py's flags are checked as run.py's are: it printed absl's usage text and
+  exited 1, took --rounds=0, and met --sweep=abc with a traceback."""
+  for bad in ('--sweep=abc', '--rounds=0'):
+    out = _bench(repo_root, bad)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith(f'bench.py: error: flag {bad.split("=")[0]}='), lines
+
+
 @pytest.mark.slow
 def test_bench_part_1_runs_and_prints_its_ratios(repo_root):
   """Part 1 alone (its TFF paths take most of a minute: `make test-slow`)."""
