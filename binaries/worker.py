@@ -20,9 +20,23 @@ _PORT = flags.DEFINE_integer('port', 8000, 'Port the worker serves on.', lower_b
                              upper_bound=65535)
 
 
+def _fail(message) -> None:
+  print(f'worker.py: error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def _parse(argv: list[str]) -> list[str]:
+  """A bad flag is one line and exit status 2, as in run.py (`flags_lib.parse_or_fail`,
+  not imported here: it loads TensorFlow, which this launcher does not need)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _fail(e)
+
+
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    _fail(f'unexpected arguments: {" ".join(argv[1:])}')
   # pylint: disable=g-import-not-at-top
   from tff_comp.runtime import local_worker
   binary = local_worker.WORKER_BINARY
@@ -31,4 +45,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  sys.exit(app.run(main))
+  sys.exit(app.run(main, flags_parser=_parse))

@@ -223,6 +223,17 @@ def test_a_bad_bench_flag_is_one_line_and_exit_2(repo_root):
     assert lines[0].startswith(f'bench.py: error: flag {bad.split("=")[0]}='), lines
 
 
+@pytest.mark.parametrize('bad', ['--port=0', 'extra'])
+def test_a_bad_worker_flag_is_one_line_and_exit_2(repo_root, bad):
+  """worker.py (a host's TFF worker for run.py --workers) fails as run.py does; absl's
+  parser printed its usage text and exited 1."""
+  out = subprocess.run([sys.executable, str(repo_root / 'binaries' / 'worker.py'), bad],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+  assert lines[0].startswith('worker.py: error: '), lines
+
+
 @pytest.mark.slow
 def test_bench_part_1_runs_and_prints_its_ratios(repo_root):
   """Part 1 alone (its TFF paths take most of a minute: `make test-slow`)."""
