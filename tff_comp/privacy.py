@@ -22,6 +22,7 @@ from tff_comp.runtime import callbacks
 MEAN = 'mean'  # the algorithm's own aggregation
 AGGREGATORS = (MEAN, *privacy.KINDS)
 _NOISE_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
+_ADAPTIVE_FLAGS = ('clip_quantile', 'clip_learning_rate', 'clipped_count_stddev')
 DEFAULT_ADAPTIVE_CLIP = 0.1  # TFF's initial_l2_norm_clip
 
 
@@ -82,6 +83,15 @@ class PrivacyOptions:
       raise ValueError('--aggregator=clip adds no noise: --noise_multiplier,'
                        ' --target_epsilon and --target_delta go with --aggregator=dp or'
                        ' dp_adaptive.')
+    # Settings another aggregator would ignore: said, not dropped.
+    changed = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default]
+    adaptive = [n for n in changed if n in _ADAPTIVE_FLAGS]
+    if adaptive and self.aggregator != privacy.DP_ADAPTIVE:
+      raise ValueError(f'--{adaptive[0]} sets the adapting clip of --aggregator=dp_adaptive'
+                       f' (this run\'s is {self.aggregator}).')
+    if 'accountant' in changed and not self.private:
+      raise ValueError('--accountant counts the privacy of --aggregator=dp or dp_adaptive'
+                       f' (this run\'s is {self.aggregator}).')
     if self.clip_norm is None and self.aggregator in (privacy.CLIP, privacy.DP):
       raise ValueError(f'--aggregator={self.aggregator} needs --clip_norm (the L2 norm'
                        ' each client\'s update is clipped to).')
