@@ -5,7 +5,9 @@ all of an algorithm's configurations and seeds as batched trials, `tff_comp.tria
 and the curves read back from each run's metrics.csv."""
 
 import concurrent.futures
+import contextlib
 import csv
+import io
 import multiprocessing
 import pathlib
 import time
@@ -219,11 +221,19 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
     except runtime_base.UnsupportedError as e:
       raise experiment_lib.ConfigError(str(e)) from e
     labels = [a if seed is None else f'{a}, seed {seed}' for a, seed in units]
-    results = ray_runtime.run_tasks(
+    start, finished = time.monotonic(), []
+
+    def report(i: int, result: tuple[Any, str]) -> None:
+      """A unit's own lines, as it printed them on its worker, and the grid's progress."""
+      finished.append(i)
+      print(f'{result[1]}ray: {labels[i]} done ({len(finished)} of {len(units)} units,'
+            f' {time.monotonic() - start:.0f}s)', flush=True)
+
+    results = [result for result, _ in ray_runtime.run_tasks(
         _on_ray, [(run, label, *a) for label, a in zip(labels, args)],
         again=lambda call: tuple(dict(x, resume=True, overwrite=False) if x is options
                                  else x for x in call),
-        label=lambda call: call[1])
+        label=lambda call: call[1], done=report)]
   elif parallel > 1:
     # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
     with concurrent.futures.ProcessPoolExecutor(
@@ -256,12 +266,16 @@ def _share_cores(threads: int) -> None:
     pass
 
 
-def _on_ray(run, label: str, *args):
+def _on_ray(run, label: str, *args) -> tuple[Any, str]:
   """A grid's unit `run(*args)` in a Ray task of one CPU (`label` names it to the
-  driver)."""
+  driver): its result and the lines it printed, which the driver shows as the unit ends
+  (a Ray worker's output does not reach the driver: `ray_runtime.connect`)."""
   del label
   _share_cores(1)
-  return run(*args)
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    result = run(*args)
+  return result, printed.getvalue()
 
 
 def diverged_at(run) -> int:

@@ -9,6 +9,7 @@ process left running). Tests marked `ray` run under `make test-ray` (every one, 
 the rest), the others in the default suite."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -366,11 +367,17 @@ def _tiny_grid() -> reproductions.Reproduction:
 
 
 @pytest.mark.ray
-def test_a_grid_on_ray_tasks_equals_the_grid_run_here(tmp_path):
+def test_a_grid_on_ray_tasks_equals_the_grid_run_here(tmp_path, capsys):
   here = grid.run_grid('here', _tiny_grid(), 4, (0, 1), tmp_path / 'here')
+  capsys.readouterr()
   on_ray = grid.run_grid('ray', _tiny_grid(), 4, (0, 1), tmp_path / 'ray',
                          ray_address=ray_runtime.LOCAL)
   assert on_ray == here
+  # The driver shows each unit's own lines as it ends, and the grid's progress (a Ray
+  # worker's output does not reach it).
+  out = capsys.readouterr().out
+  assert re.search(r'ray: fedavg done \([12] of 2 units, \d+s\)', out), out
+  assert 'fedprox on quadratic: 4 trials batched into one program' in out, out
 
 
 def _crash_first(marker: str, value: int) -> int:

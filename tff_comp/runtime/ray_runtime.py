@@ -651,21 +651,25 @@ def _round_rows(shares: Sequence[round_stages.RoundSums],
 
 def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple], *,
               again: Callable[[tuple], tuple] = lambda args: args,
-              label: Callable[[tuple], str] = str) -> list[Any]:
+              label: Callable[[tuple], str] = str,
+              done: Callable[[int, Any], None] = lambda i, result: None) -> list[Any]:
   """[fn(*args) for args in calls] as Ray tasks of one CPU each on the cluster this
-  process joined (`connect`), run together. A task lost with its worker (the worker
-  process died) runs again as fn(*again(args)) (up to `RETRIES` times), said in one
-  line naming `label(args)`; a task's own error is raised as itself."""
+  process joined (`connect`), run together; `done(i, result)` as each finishes (the
+  driver's progress). A task lost with its worker (the worker process died) runs again
+  as fn(*again(args)) (up to `RETRIES` times), said in one line naming `label(args)`; a
+  task's own error is raised as itself."""
   ray = _ray()
   remote = ray.remote(num_cpus=1, max_retries=0)(fn)
   refs = [remote.remote(*args) for args in calls]
   results, attempts = [None] * len(calls), [0] * len(calls)
   pending = dict(enumerate(refs))
   while pending:
-    i, ref = next(iter(pending.items()))
+    (ready,), _ = ray.wait(list(pending.values()), num_returns=1)
+    i = next(i for i, ref in pending.items() if ref == ready)
     try:
-      results[i] = ray.get(ref)
+      results[i] = ray.get(ready)
       del pending[i]
+      done(i, results[i])
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError):
       attempts[i] += 1
       if attempts[i] > RETRIES:
