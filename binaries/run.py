@@ -67,8 +67,9 @@ def main(argv: list[str]) -> None:
 
 def _header(prepared: experiment.Prepared) -> str:
   """One line saying what runs: the algorithm, task, rounds and cohort, how clients are
-  drawn, the rates, local work, the algorithm's variant choices, regularizer, aggregation, server optimizer and
-  schedules (those at their defaults left out), and where the output goes."""
+  drawn, the rates, local work, the algorithm's variant choices, regularizer,
+  aggregation, server optimizer and schedules (those at their defaults left out), and
+  where the output goes."""
   s, config = prepared.settings, prepared.config
   if prepared.algorithm.accepts('local_steps'):  # a fixed number of steps, not epochs
     steps = prepared.builder_args.get('local_steps', next(
@@ -90,8 +91,9 @@ def _header(prepared: experiment.Prepared) -> str:
   # weighed): its numbers are logged every round (metrics.csv's hparams/), these not.
   choices = [f'{h.name.replace("_", " ")} {value}' for h in prepared.algorithm.hparams
              if isinstance(value := prepared.builder_args.get(h.name, h.default), str)]
-  parts = [f'{s["rounds"]} round{"s" * (s["rounds"] != 1)}', cohort + ')', f'eta_c={s["client_learning_rate"]}',
-           f'eta_s={s["server_learning_rate"]}', batch, local, *choices,
+  parts = [f'{s["rounds"]} round{"s" * (s["rounds"] != 1)}', cohort + ')',
+           f'eta_c={s["client_learning_rate"]}', f'eta_s={s["server_learning_rate"]}',
+           batch, local, *choices,
            (f'regularizer {s["regularizer"]} ({s["regularizer_strength"]:g})'
             if s['regularizer'] else 'no regularizer')]
   if config.privacy.aggregator != privacy.MEAN:

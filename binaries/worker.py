@@ -12,6 +12,7 @@ at the same path on every host (run the task once there, or copy the cache).
 
 import os
 import sys
+from typing import NoReturn
 
 from absl import app
 from absl import flags
@@ -20,7 +21,7 @@ _PORT = flags.DEFINE_integer('port', 8000, 'Port the worker serves on.', lower_b
                              upper_bound=65535)
 
 
-def _fail(message) -> None:
+def _fail(message: object) -> NoReturn:
   print(f'worker.py: error: {message}', file=sys.stderr)
   sys.exit(2)
 
