@@ -12,18 +12,14 @@ at the same path on every host (run the task once there, or copy the cache).
 
 import os
 import sys
-from typing import NoReturn
 
 from absl import app
 from absl import flags
 
+from tff_comp.binaries import flag_check
+
 _PORT = flags.DEFINE_integer('port', 8000, 'Port the worker serves on.', lower_bound=1,
                              upper_bound=65535)
-
-
-def _fail(message: object) -> NoReturn:
-  print(f'worker.py: error: {message}', file=sys.stderr)
-  sys.exit(2)
 
 
 def _parse(argv: list[str]) -> list[str]:
@@ -32,12 +28,12 @@ def _parse(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    _fail(e)
+    flag_check.fail(e)
 
 
 def main(argv):
   if len(argv) > 1:
-    _fail(f'unexpected arguments: {" ".join(argv[1:])}')
+    flag_check.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   # pylint: disable=g-import-not-at-top
   from tff_comp.runtime import local_worker
   binary = local_worker.WORKER_BINARY
