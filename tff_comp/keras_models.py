@@ -13,8 +13,12 @@ engine), and it runs inside TFF's computations too.
 
 Non-trainable weights (a frozen layer's, an adapted Normalization's statistics) are the
 model's non-trainable weights, passed through unchanged. Dropout (and SpatialDropout)
-layers draw their masks statelessly from a seed computed from the call's weights and
-batch (`_step_seed`), so the function stays pure: every runtime draws the same masks.
+layers draw their masks statelessly from a seed computed from the call's batch
+(`_batch_seed`), so the function stays pure: every runtime draws the same masks. (A seed
+from the weights' bits, as before 0.4, drew other masks wherever two runtimes' weights
+differed in their last bit, as the worker's and the in-process engines' do on some
+CPUs.) Local shuffling (the default) gives each step other batches, hence other masks;
+without it a client's batch gets the same masks in every epoch and round.
 Refused, naming the layer: layers whose training call updates state
 (BatchNormalization: use GroupNormalization or LayerNormalization) and the other layers
 drawing random numbers (GaussianNoise, GaussianDropout, AlphaDropout).
@@ -67,7 +71,7 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
 
   def predict_on_batch(weights, x, training=True):
     values = [_dense_gradient(w) for w in (*weights[0], *weights[1])]
-    seed = _step_seed(weights[0], x) if dropouts else None
+    seed = _batch_seed(x) if dropouts else None
     # Traced for the lanes engine (`vectorizable.across_lanes`, which traces this
     # function inline: `ops.model_ops.batch_loss`), convolutions as per-tap matmuls.
     across_lanes = convolutions if vectorizable.tracing_across_lanes() else ()
@@ -197,19 +201,18 @@ def _lanes_convolutions(layers: Sequence[tf.keras.layers.Conv1D | tf.keras.layer
       vars(layer).pop('convolution_op', None)
 
 
-def _step_seed(trainable: Sequence[tf.Tensor], x: Any) -> tf.Tensor:
-  """A stateless seed that is a function of the call's own inputs: a digest of the
-  last trainable weight (it changes with every step) and of the batch. Dropout's masks
-  then need no random state and no argument beyond FunctionalModel's (weights, x), so
-  every runtime draws the same masks at the same step."""
-  def digest(tensor):
+def _batch_seed(x: Any) -> tf.Tensor:
+  """A stateless seed that is a function of the batch alone (its values and their
+  order), so every runtime draws the same masks for the same batch, whatever the last
+  bits of its weights."""
+  def digest(tensor, odd):
     bits = tf.cast(tf.bitcast(tf.cast(tf.reshape(tensor, [-1]), tf.float32), tf.int32),
                    tf.int64)
-    # Odd multipliers by position: a permutation of the values changes the digest.
-    return tf.reduce_sum(bits * (2 * tf.range(tf.size(bits, tf.int64)) + 1))
+    # Multipliers by position: a permutation of the examples changes the digest.
+    return tf.reduce_sum(bits * (2 * tf.range(tf.size(bits, tf.int64)) + odd))
 
-  parts = [*trainable[-1:], *tf.nest.flatten(x)]
-  return tf.stack([digest(tf.stop_gradient(parts[0])), digest(parts[-1])])
+  parts = tf.nest.flatten(x)
+  return tf.stack([digest(parts[0], 1), digest(parts[-1], 3)])
 
 
 class _SeededGenerator:
