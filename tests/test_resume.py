@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import pathlib
+import shutil
 import sys
 import time
 
@@ -219,6 +220,56 @@ def test_a_checkpoint_damaged_twice_is_set_aside_twice(tmp_path, uninterrupted):
   assert _rows(tmp_path) == _rows(uninterrupted)
   for a, b in zip(_model(tmp_path), _model(uninterrupted), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('source', ['another_round', 'another_run'])
+def test_a_checkpoint_of_another_state_than_its_name_is_set_aside(tmp_path, uninterrupted,
+                                                                   caplog, source):
+  """A checkpoint file holding another round's state (state_6 copied over state_7), or
+  another run's state of its round, is set aside as a damaged one and the run resumes
+  from the one before it (it was resumed as the round of its name: other rows, another
+  model)."""
+  with pytest.raises(simulation.Interrupted):
+    _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7 (the interrupt's)
+  newest = tmp_path / 'checkpoints' / 'state_7.npz'
+  if source == 'another_round':
+    shutil.copy(tmp_path / 'checkpoints' / 'state_6.npz', newest)
+    expected = 'holds the state of round 6, not of round 7'
+  else:
+    with pytest.raises(simulation.Interrupted):
+      _train(tmp_path / 'other', interrupt_at=8, client_learning_rate=ARGS_RATE)
+    shutil.copy(tmp_path / 'other' / 'checkpoints' / 'state_7.npz', newest)
+    expected = "another run's checkpoint"
+  _train(tmp_path, resume=True)
+  assert 'checkpoint of round 7 is damaged' in caplog.text and expected in caplog.text
+  assert list((tmp_path / 'checkpoints_damaged').glob('state_7.*.npz'))
+  assert _rows(tmp_path) == _rows(uninterrupted)
+  for a, b in zip(_model(tmp_path), _model(uninterrupted), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_an_input_file_changed_before_a_resume_is_refused_naming_it(tmp_path):
+  """A device trace edited between a run and its --resume is refused in one line naming
+  it, with nothing of the run touched (the resumed rounds trained on the new trace)."""
+  ids = experiment.prepare(experiment.ExperimentConfig.of(
+      output_dir=str(tmp_path / 'probe'), **ARGS)).task.train_data.client_ids
+  trace = tmp_path / 't.csv'
+  trace.write_text('client_id,speed,network_seconds\n'
+                   + ''.join(f'{cid},100,1\n' for cid in ids))
+  run = tmp_path / 'run'
+  devices = dict(device_model='trace', device_trace=str(trace), round_deadline=1.5)
+  with pytest.raises(simulation.Interrupted):
+    _train(run, interrupt_at=5, **devices)
+  recorded = json.loads((run / 'config.json').read_text())['environment']['data_files']
+  assert set(recorded) == {str(trace)}
+  before = {p: p.read_bytes() for p in run.rglob('*') if p.is_file()}
+  trace.write_text(trace.read_text().replace(',100,', ',1000,'))
+  with pytest.raises(experiment.ConfigError, match=rf'--resume: {trace}, an input of the'
+                     r' run in .*, changed since the run was recorded \(.*\)'):
+    _train(run, resume=True, **devices)
+  assert {p: p.read_bytes() for p in run.rglob('*') if p.is_file()} == before
+  trace.write_text(trace.read_text().replace(',1000,', ',100,'))
+  _train(run, resume=True, **devices)  # restored: resumed
 
 
 def test_temporary_files_a_kill_left_are_removed_when_the_run_resumes(tmp_path,

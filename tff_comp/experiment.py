@@ -63,6 +63,9 @@ class Prepared:
   builder_args: dict[str, Any]
   settings: dict[str, Any]  # the resolved run settings (after task defaults)
   ledger: accounting.Ledger | None = None  # a DP run's privacy accounting
+  # {path: fingerprint} of every file the run reads: the task's data files and the
+  # files its settings name (a device trace); config.json's environment.data_files.
+  inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def build(self):
     """The registered builder's program: an `ops.algorithm.Algorithm` (a plugin's
@@ -159,6 +162,18 @@ def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
                       f' options ({e}).') from e
 
 
+def _inputs(config: ExperimentConfig, task) -> dict[str, Any]:
+  """{path: fingerprint} of the files the run reads (`Prepared.inputs`); a named file
+  that cannot be read is left to its setting's own check, which names it."""
+  files = dict(task.data_files)
+  for path in config.input_files():
+    try:
+      files[path] = paths.fingerprint(pathlib.Path(path))
+    except OSError:
+      continue
+  return files
+
+
 def _run_settings(config: ExperimentConfig, task, home: dict[str, Any]) -> dict[str, Any]:
   """The run settings (`SETTINGS`) resolved and checked."""
   settings = _resolve(config, {**task.defaults,
@@ -253,13 +268,14 @@ def prepare(config: ExperimentConfig, *, task: Any = None) -> Prepared:
       client_weighting=config.local_work.client_weighting, population=task.num_clients,
       sampling=config.participation.sampling,
       resuming=config.output_dir if config.resume else None)
-  prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger)
+  prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger,
+                      _inputs(config, task))
   if config.resume:  # refused before any runtime is built (checked again in `train_runner`,
     # with what its caller adds to config.json)
     run_directory.check_resumable(
         pathlib.Path(config.output_dir),
         dict(dataclasses.asdict(config), resolved=resolved_options(prepared)),
-        force=config.force_resume, extra_later=True)
+        force=config.force_resume, extra_later=True, inputs=prepared.inputs)
   return prepared
 
 
@@ -401,7 +417,7 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
                                   .initial_hparams().items() if k != rule_lib.LEARNING_RATE}
   config = dict(dataclasses.asdict(prepared.config), resolved=resolved,
                 environment=dict(run_directory.environment(),
-                                 data_files=dict(prepared.task.data_files)),
+                                 data_files=dict(prepared.inputs)),
                 **(extra_config or {}))
   output_dir = output_dir or prepared.config.output_dir
   run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
@@ -424,7 +440,8 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
                   callbacks: tuple[callbacks_lib.Callback, ...]) -> dict[str, float]:
   if prepared.config.resume:
     run_directory.check_resumable(pathlib.Path(output_dir), config,
-                                  force=prepared.config.force_resume)
+                                  force=prepared.config.force_resume,
+                                  inputs=prepared.inputs)
   if not prepared.config.schedules.pair()[1].constant:
     runtime = runner.runtime
     if rule_lib.LEARNING_RATE not in runtime.get_hparams(runtime.initialize())['finalizer']:

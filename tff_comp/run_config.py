@@ -146,6 +146,11 @@ class ExperimentConfig:
     if self.force_resume and not self.resume:
       raise ConfigError('--force_resume goes with --resume.')
 
+  def input_files(self) -> list[str]:
+    """The paths of the files its settings name as inputs (`settings.input_files`)."""
+    return [path for record in (self, *(getattr(self, group) for group in GROUPS))
+            for path in settings.input_files(record)]
+
   def value(self, name: str) -> Any:
     """A setting by its flag's name, from this config or the record owning it."""
     return getattr(getattr(self, OWNER[name]) if name in OWNER else self, name)

@@ -4,6 +4,7 @@ resumed with these settings, and the environment config.json records.
 The files themselves are written by the training loop (`runtime.simulation`).
 """
 
+from collections.abc import Mapping
 import errno
 import functools
 import importlib.metadata
@@ -87,12 +88,15 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
 
 
 def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
-                    force: bool = False, extra_later: bool = False) -> None:
+                    force: bool = False, extra_later: bool = False,
+                    inputs: Mapping[str, Any] | None = None) -> None:
   """Raises ConfigError if the run recorded in `output_dir` was configured otherwise
-  than `config` (besides `RESUMABLE_CHANGES`), or holds a run (metrics, checkpoints)
-  whose config.json is gone, unless `force`. Nothing there: nothing to check.
-  `extra_later`: records the caller adds to config.json later (a grid's) are checked
-  then, not now: recorded top-level entries `config` lacks are left aside."""
+  than `config` (besides `RESUMABLE_CHANGES`), read other input files than `inputs`
+  ({path: fingerprint}, `paths.fingerprint`; None: not checked) or holds a run
+  (metrics, checkpoints) whose config.json is gone, unless `force`. Nothing there:
+  nothing to check. `extra_later`: records the caller adds to config.json later (a
+  grid's) are checked then, not now: recorded top-level entries `config` lacks are left
+  aside."""
   try:
     recorded = json.loads((output_dir / 'config.json').read_text())
   except FileNotFoundError:
@@ -105,6 +109,8 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
   except ValueError as e:
     raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
   recorded = run_config.upgrade(recorded)  # an earlier version's layout, today's
+  if inputs is not None and isinstance(recorded.get('environment'), dict):
+    _check_inputs(output_dir, recorded['environment'].get('data_files') or {}, inputs)
 
   def flat(values, prefix=''):  # {'algorithm_options': {'mu': 1}} -> algorithm_options.mu
     out = {}
@@ -136,6 +142,28 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
     raise ConfigError(f'--resume: the run in {output_dir} was configured differently'
                       f' ({changes}); resume it with its own settings or choose another'
                       ' --output_dir.')
+
+
+def _check_inputs(output_dir: pathlib.Path, recorded: Mapping[str, Any],
+                  inputs: Mapping[str, Any]) -> None:
+  """Raises ConfigError naming the first input file whose fingerprint differs between
+  the recorded run and this one (a device trace edited between a run and its resume
+  trained the resumed rounds on the new trace)."""
+  for path in sorted(recorded.keys() | inputs.keys()):
+    before, now = recorded.get(path), inputs.get(path)
+    if before == now:
+      continue
+    if now is None:
+      what = 'this run does not read it (missing, or another file in its place)'
+    elif before is None:
+      what = 'the recorded run did not read it'
+    elif before.get('bytes') != now.get('bytes'):
+      what = f'{before.get("bytes")} bytes then, {now.get("bytes")} now'
+    else:
+      what = 'its content differs'
+    raise ConfigError(f'--resume: {path}, an input of the run in {output_dir}, changed since'
+                      f' the run was recorded ({what}); restore it, or start a new run'
+                      ' (--overwrite or another --output_dir).')
 
 
 _ENVIRONMENT_LOCK = threading.Lock()

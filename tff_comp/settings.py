@@ -31,13 +31,16 @@ def setting(default: Any = None, help: str = '', *,  # pylint: disable=redefined
             lower: float | None = None, upper: float | None = None,
             above: float | None = None, flag: str | None = None,
             parse: Callable[[str], Any] | None = None,
-            default_factory: Callable[[], Any] | None = None) -> Any:
+            default_factory: Callable[[], Any] | None = None,
+            input_file: bool = False) -> Any:
   """A record field: `default`, the flag's `help`, its `choices` (or a function giving
   them, for registries filled later), inclusive `lower`/`upper` or exclusive `above`
   bounds, another `flag` name than the field's, and `parse` for a flag given as a
-  string that the field holds otherwise (a list of addresses)."""
+  string that the field holds otherwise (a list of addresses). `input_file`: the value
+  is the path of a file the run reads (a device trace): config.json records its
+  fingerprint and `--resume` refuses the run if it changed (`input_files`)."""
   metadata = dict(help=help, choices=choices, lower=lower, upper=upper, above=above,
-                  flag=flag, parse=parse)
+                  flag=flag, parse=parse, input_file=input_file)
   if default_factory is not None:
     return dataclasses.field(default_factory=default_factory, metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
@@ -57,6 +60,7 @@ class Spec:
   upper: float | None
   above: float | None
   parse: Callable[[str], Any] | None
+  input_file: bool
 
 
 def _base_type(hint: Any) -> type:
@@ -81,7 +85,14 @@ def specs(record: type) -> Iterator[Spec]:
                else field.default)
     yield Spec(field.name, meta['flag'] or field.name, _base_type(hints[field.name]),
                default, meta['help'], tuple(choices), meta['lower'], meta['upper'],
-               meta['above'], meta['parse'])
+               meta['above'], meta['parse'], meta.get('input_file', False))
+
+
+def input_files(record: Any) -> list[str]:
+  """The paths of the files `record`'s settings name as inputs (`setting(input_file=
+  True)`), those set."""
+  return [getattr(record, spec.name) for spec in specs(type(record))
+          if spec.input_file and getattr(record, spec.name) is not None]
 
 
 def check(record: Any) -> None:

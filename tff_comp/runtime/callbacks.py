@@ -368,18 +368,21 @@ class RunRecord(Callback):
 
 class Checkpointer(Callback):
   """Saves the state every `every` rounds, at the last, at an early stop and when
-  interrupted (Ctrl-C, SIGTERM) after a finished round (`Checkpoints`)."""
+  interrupted (Ctrl-C, SIGTERM) after a finished round (`Checkpoints`), each with its
+  round's metrics (compared with metrics.csv's when resumed)."""
 
   def __init__(self, checkpoints: checkpoints_lib.Checkpoints, every: int):
     self._checkpoints, self._every = checkpoints, every
+    self._last: tuple[int, run_files.Metrics] = (0, {})  # the last round seen, its metrics
 
   def on_train_begin(self, loop: Loop) -> None:
     loop.saved = loop.done
 
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    self._last = (round_num, metrics)
     if round_num % self._every == 0 or round_num == loop.rounds:
       loop.flush()
-      self._checkpoints.save(base.whole_state(loop.runtime, loop.state), round_num)
+      self._checkpoints.save(base.whole_state(loop.runtime, loop.state), round_num, metrics)
       loop.saved = round_num
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
@@ -387,8 +390,9 @@ class Checkpointer(Callback):
     # left its row unwritten: that round is redone on resume).
     if (completed or loop.interrupted) and loop.finished > loop.saved:
       loop.flush()
+      seen, row = self._last
       self._checkpoints.save(base.whole_state(loop.runtime, loop.finished_state),
-                             loop.finished)
+                             loop.finished, row if seen == loop.finished else None)
       loop.saved = loop.finished
     self._checkpoints.close()
 

@@ -1,9 +1,10 @@
 """A run's checkpoints: `state_<round>.npz` files written in the background, the
 newest kept, a damaged one set aside."""
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 import concurrent.futures
 import dataclasses
+import json
 import pathlib
 import os
 import shutil
@@ -44,7 +45,11 @@ def layout(state: Any) -> Iterator[str]:
 class Checkpoints:
   """The run's state every few rounds, in `output_dir/checkpoints`: round r's state as
   `state_<r>.npz`, its leaves in `tf.nest.flatten` order beside their paths (`layout`),
-  restored into the structure of a fresh `initialize()`; the newest two are kept.
+  the round it was saved at and that round's training metrics as metrics.csv holds
+  them (`round`, `row`), restored into the structure of a fresh `initialize()`; the
+  newest two are kept. A file whose own round is not its name's, or whose metrics are
+  not metrics.csv's row of that round (a checkpoint copied over another, or from
+  another run), is set aside as a damaged one is.
 
   Why not TFF's `tff.program.FileProgramStateManager` (used before 0.3.0): it writes a
   SavedModel, 50-80 ms a save on lasso, 1.5 ms a round at the default interval of 50
@@ -93,11 +98,14 @@ class Checkpoints:
     shutil.rmtree(self._root)
     self._root.mkdir(parents=True)
 
-  def save(self, state, round_num: int) -> None:
-    """Starts saving `state` as round `round_num`'s checkpoint."""
+  def save(self, state, round_num: int, row: Mapping[str, Any] | None = None) -> None:
+    """Starts saving `state` as round `round_num`'s checkpoint; `row`: that round's
+    metrics (those of them metrics.csv holds are compared when it is loaded)."""
     self.wait()
     leaves = {f'leaf_{i}': np.asarray(leaf) for i, leaf in enumerate(tf.nest.flatten(state))}
     leaves['layout'] = np.array(list(layout(state)), dtype=str)
+    leaves['round'] = np.array(round_num, np.int64)
+    leaves['row'] = np.array(json.dumps(_comparable(row or {}), sort_keys=True))
     self._saving = self._thread.submit(self._write, leaves, round_num)
 
   def _write(self, leaves: dict[str, np.ndarray], round_num: int) -> None:
@@ -111,12 +119,14 @@ class Checkpoints:
     for old in self._on_disk()[:-self._KEEP]:
       (self._root / f'state_{old}.npz').unlink(missing_ok=True)
 
-  def load_latest(self, template, up_to: int | None = None) -> tuple[Any, int]:
+  def load_latest(self, template, up_to: int | None = None,
+                  rows: Sequence[Mapping[str, str]] = ()) -> tuple[Any, int]:
     """(state, round) of the newest readable checkpoint (of a round <= `up_to`, if
     given; later ones are left alone), or (None, 0). A damaged one (cut short, garbled,
-    or of another structure than `template`) is moved to `checkpoints_damaged/` under a
-    name of its own, so the run saves that round afresh when it gets there, and the one
-    before it is tried.
+    of another structure than `template`, of another round than its name, or whose
+    metrics differ from `rows[round]`, metrics.csv's row of its round, where given) is
+    moved to `checkpoints_damaged/` under a name of its own, so the run saves that round
+    afresh when it gets there, and the one before it is tried.
 
     Raises:
       OtherLayout: a readable checkpoint whose leaves are not `template`'s (another
@@ -141,8 +151,11 @@ class Checkpoints:
             raise OtherLayout(f'{path} holds another layout of the state ({first}):'
                               ' saved by another version of tff_comp or for another'
                               ' algorithm')
-          if len(saved.files) != len(expected) + 1:
-            raise ValueError(f'{len(saved.files) - 1} values, expected {len(expected)}')
+          if 'round' in saved.files:  # saved by 0.4 or later
+            _check_round(saved, round_num, rows)
+          leaf_files = [name for name in saved.files if name.startswith('leaf_')]
+          if len(leaf_files) != len(expected):
+            raise ValueError(f'{len(leaf_files)} values, expected {len(expected)}')
           leaves = [saved[f'leaf_{i}'] for i in range(len(expected))]
         # Shapes must match; dtypes are those saved, the running state's (a fresh
         # state may hold a Python float where rounds hold float32).
@@ -163,6 +176,27 @@ class Checkpoints:
     os.replace(path, aside)
     logging.warning('checkpoint of round %d is damaged (%s: %s); moved to %s.',
                     _round_of(path), type(error).__name__, error, aside)
+
+
+def _comparable(row: Mapping[str, Any]) -> dict[str, str]:
+  """A round's training metrics as metrics.csv writes them (`str` of each value), those
+  a checkpoint is compared on: what the round's state computed."""
+  return {k: str(v) for k, v in row.items() if k.startswith('train/')}
+
+
+def _check_round(saved: Any, round_num: int, rows: Sequence[Mapping[str, str]]) -> None:
+  """ValueError unless the checkpoint `saved` (an open .npz) holds the state of round
+  `round_num`, as its name says, with metrics.csv's metrics of that round."""
+  own = int(saved['round'])
+  if own != round_num:
+    raise ValueError(f'it holds the state of round {own}, not of round {round_num}')
+  if round_num < len(rows):
+    kept = json.loads(str(saved['row']))
+    written = {k: rows[round_num].get(k) for k in kept}
+    if kept != written:
+      name = next(k for k in kept if kept[k] != written[k])
+      raise ValueError(f'its round\'s {name} was {kept[name]}; metrics.csv has'
+                       f' {written[name]!r} (another run\'s checkpoint?)')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,7 +66,8 @@ class DeviceOptions:
       0.5, 'Spread of the network times: the standard deviation of their log.', lower=0.0)
   device_trace: str | None = settings.setting(
       None, 'CSV of client_id,speed,network_seconds[,windows] (windows: start-end'
-      ' simulated seconds, several joined by ;) for --device_model=trace.')
+      ' simulated seconds, several joined by ;) for --device_model=trace.',
+      input_file=True)
   round_deadline: float | None = settings.setting(
       None, 'Simulated seconds a round waits; later clients are dropped (or cut: see'
       ' --deadline_policy).', above=0.0)

@@ -80,7 +80,7 @@ def _restore(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints)
   path = loop.output_dir / 'metrics.csv'
   columns, rows, problem = run_files.whole_rows(path) if path.exists() else ([], [], '')
   try:
-    state, done = checkpoints.load_latest(loop.state, up_to=len(rows) - 1)
+    state, done = checkpoints.load_latest(loop.state, up_to=len(rows) - 1, rows=rows)
   except checkpoints_lib.OtherLayout as e:
     raise ConfigError(f'--resume: {e}; it cannot be resumed. Start the run over with'
                       ' --overwrite.') from e
