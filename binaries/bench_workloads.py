@@ -14,7 +14,7 @@ from tff_comp.algorithms import fedavg
 from tff_comp.binaries import bench_timing as timing
 from tff_comp.runtime import choice
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import sampling
+from tff_comp.run import sampling
 from tff_comp.tasks import emnist
 from tff_comp.tasks import generated
 

@@ -21,7 +21,7 @@ from tff_comp import registry
 from tff_comp import trials as trials_lib
 from tff_comp.binaries import reproductions
 from tff_comp.runtime import base as runtime_base
-from tff_comp.runtime import callbacks
+from tff_comp.run import callbacks
 from tff_comp.runtime import engines
 from tff_comp.runtime import ray_runtime
 

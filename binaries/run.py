@@ -33,12 +33,12 @@ import tensorflow as tf
 
 from tff_comp.binaries import flags_lib
 from tff_comp import experiment
-from tff_comp import privacy
+from tff_comp import privacy_settings
 from tff_comp import registry
-from tff_comp import run_directory
+from tff_comp.run import run_directory
 from tff_comp import signals
-from tff_comp.runtime import callbacks
-from tff_comp.runtime import simulation
+from tff_comp.run import callbacks
+from tff_comp.run import training_loop
 from tff_comp.runtime import workers
 
 flags_lib.define_common_flags()
@@ -96,7 +96,7 @@ def _header(prepared: experiment.Prepared) -> str:
            batch, local, *choices,
            (f'regularizer {s["regularizer"]} ({s["regularizer_strength"]:g})'
             if s['regularizer'] else 'no regularizer')]
-  if config.privacy.aggregator != privacy.MEAN:
+  if config.privacy.aggregator != privacy_settings.MEAN:
     parts.append(f'aggregator {config.privacy.aggregator}')
   if config.server.server_optimizer:
     parts.append(f'server optimizer {config.server.server_optimizer}')
@@ -134,7 +134,7 @@ def _run(argv: list[str]) -> None:
       raise
     print(f'run.py: {line}', file=sys.stderr)
     sys.exit(1)
-  except simulation.Interrupted as e:  # Ctrl-C or SIGTERM, at the end of a round
+  except training_loop.Interrupted as e:  # Ctrl-C or SIGTERM, at the end of a round
     sigterm = 'SIGTERM' in getattr(e.__cause__, 'args', ())
     saved = getattr(e, 'saved_round', 0)
     print(f'run.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; '

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp import composer
+from tff_comp.learning_process import composer
 from tff_comp import models
 from tff_comp import registry
 from tff_comp.ops import regularizers

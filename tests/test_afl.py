@@ -8,7 +8,7 @@ import tensorflow_federated as tff
 
 from tests import algorithm_cases
 from tests import numpy_reference as ref
-from tff_comp import client_work
+from tff_comp.learning_process import client_work
 from tff_comp import models
 from tff_comp.algorithms import afl
 from tff_comp.ops import server_steps

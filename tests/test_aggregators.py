@@ -7,7 +7,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.ops import aggregation
 from tff_comp.ops import messages
@@ -28,7 +28,7 @@ DELTA_SPEC = (tf.TensorSpec([2], tf.float32),)
 def _aggregate(kind, update_class, side_field, side_spec, inner, sides):
   value_type = tff.types.tensorflow_to_type(
       update_class(delta=DELTA_SPEC, **{side_field: side_spec}))
-  process = aggregators.factory_for(kind, inner).create(value_type, tff.TensorType(np.float32))
+  process = aggregation_factories.factory_for(kind, inner).create(value_type, tff.TensorType(np.float32))
   values = [update_class((d,), **{side_field: s}) for d, s in zip(DELTAS, sides)]
   return process.next(process.initialize(), values, [np.float32(w) for w in WEIGHTS])
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from tff_comp import experiment
-from tff_comp.runtime import callbacks as callbacks_lib
-from tff_comp.runtime import devices as devices_lib
-from tff_comp.runtime import sampling
+from tff_comp.run import callbacks as callbacks_lib
+from tff_comp.run import devices as devices_lib
+from tff_comp.run import sampling
 from tff_comp.runtime import streaming
 
 

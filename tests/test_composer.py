@@ -5,11 +5,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp import client_work
-from tff_comp import composer
+from tff_comp.learning_process import client_work
+from tff_comp.learning_process import composer
 from tff_comp import models
 from tff_comp.ops import regularizers
-from tff_comp import server_update
+from tff_comp.learning_process import server_update
 from tff_comp.algorithms import common
 from tff_comp.algorithms import feddualavg
 from tff_comp.ops import composite

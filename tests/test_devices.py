@@ -1,4 +1,4 @@
-"""Simulated device time (runtime.devices): a round lasts as its last kept client, the
+"""Simulated device time (run.devices): a round lasts as its last kept client, the
 deadline drops or cuts late clients, over-selection keeps the first to finish, a
 trace's windows decide who may be sampled, and a run writes its clock, records its
 device settings and resumes to the same clock."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tff_comp import experiment
-from tff_comp.runtime import devices
-from tff_comp.runtime import run_files
-from tff_comp.runtime import sampling
+from tff_comp.run import devices
+from tff_comp.run import run_files
+from tff_comp.run import sampling
 from tff_comp.settings import ConfigError
 
 SIZES = {'a': 10, 'b': 40, 'c': 20, 'd': 5, 'e': 80}

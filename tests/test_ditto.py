@@ -8,12 +8,12 @@ import tensorflow_federated as tff
 from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import evaluation
-from tff_comp import client_work
-from tff_comp import composer
+from tff_comp.learning_process import client_work
+from tff_comp.learning_process import composer
 from tff_comp import models
 from tff_comp.algorithms import ditto
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import callbacks
+from tff_comp.run import callbacks
 from tff_comp.tasks import array_data
 
 D, LR, PERSONAL_LR, LAM, BATCH = 4, 0.05, 0.1, 0.5, 4

@@ -17,8 +17,8 @@ import tensorflow as tf
 from tests import algorithm_cases
 from tff_comp import experiment
 from tff_comp import registry
-from tff_comp.runtime import callbacks
-from tff_comp.runtime import run_files
+from tff_comp.run import callbacks
+from tff_comp.run import run_files
 
 
 def _config(tmp_path, algorithm='fedavg', **kwargs):
@@ -206,7 +206,7 @@ def test_train_takes_options_by_their_flag_names_and_refuses_unknown_ones(tmp_pa
 
 
 def test_of_keeps_a_record_given_whole_and_refuses_it_beside_its_flat_settings():
-  from tff_comp.runtime import sampling  # pylint: disable=g-import-not-at-top
+  from tff_comp.run import sampling  # pylint: disable=g-import-not-at-top
 
   whole = sampling.Participation(sampling='poisson', dropout_rate=0.2)
   config = experiment.ExperimentConfig.of(algorithm='fedavg', participation=whole)

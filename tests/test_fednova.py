@@ -10,7 +10,7 @@ import tensorflow_federated as tff
 
 from tests import algorithm_cases
 from tff_comp.tasks import quadratic
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import experiment
 from tff_comp import models
 from tff_comp.runtime import inprocess
@@ -33,7 +33,7 @@ def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
   model = models.linear_regression((D,))
   lr = 0.05
   base = sgd.SGD(model, learning_rate=lr, momentum=momentum, proximal_strength=mu)
-  rule = sgd.Normalized(base)
+  rule = sgd.NormalizedSGD(base)
   hparams = collections.OrderedDict(
       (k, tf.constant(v)) for k, v in rule.initial_hparams().items())
   payload = tff.learning.models.ModelWeights((tf.zeros([D]), tf.zeros([])), ())
@@ -60,7 +60,7 @@ def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
 def test_fednova_aggregator_on_its_own():
   value_type = tff.types.tensorflow_to_type(messages.NormalizedUpdate(
       delta=(tf.TensorSpec([2], tf.float32),), a_norm=tf.TensorSpec([], tf.float32)))
-  process = aggregators.factory_for('normalized').create(value_type, tff.TensorType(np.float32))
+  process = aggregation_factories.factory_for('normalized').create(value_type, tff.TensorType(np.float32))
   deltas = [np.array([1.0, 2.0]), np.array([-3.0, 0.5]), np.array([0.2, 0.2])]
   norms, weights = [2.0, 6.0, 1.0], [10.0, 30.0, 60.0]
   out = process.next(process.initialize(),

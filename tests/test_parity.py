@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp import composer
+from tff_comp.learning_process import composer
 from tff_comp import models
 from tff_comp.algorithms import fedavg
 from tff_comp.algorithms import fedprox

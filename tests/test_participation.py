@@ -15,8 +15,8 @@ from tests import numpy_reference
 from tff_comp import experiment
 from tff_comp.ops import local_loop
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import sampling
-from tff_comp.runtime import simulation
+from tff_comp.run import sampling
+from tff_comp.run import training_loop
 from tff_comp.runtime import tff_process
 
 IDS = [f'c{i}' for i in range(100)]
@@ -184,10 +184,10 @@ def test_a_round_nobody_reports_leaves_the_model_unchanged_and_is_logged(tmp_pat
   monkeypatch.setattr(runner.runtime, 'next',
                       lambda state, ids, work=None: seen.append(len(ids)) or next_round(
                           state, ids, work))
-  simulation.run_simulation(
+  training_loop.run_simulation(
       runner.runtime, client_ids=prepared.task.train_data.client_ids,
       rounds=4, clients_per_round=6, seed=0, output_dir=tmp_path, config={},
-      callbacks=simulation.standard_callbacks(runner.evaluate, eval_period=1,
+      callbacks=training_loop.standard_callbacks(runner.evaluate, eval_period=1,
                                               show_progress=False),
       show_progress=False,
       sampler=_NobodyOnRoundsOneAndTwo(prepared.task.train_data.client_ids, 6, 0))

@@ -1,4 +1,4 @@
-"""Clipping and DP on both runtimes (`ops.privacy`, `aggregators.privacy_factory`) and
+"""Clipping and DP on both runtimes (`ops.privacy`, `aggregation_factories.privacy_factory`) and
 their accounting (`accounting`): TFF's factories are the reference for the math, TF's
 clip_by_global_norm for clipping, dp_accounting's worked example for the accountant."""
 
@@ -12,11 +12,11 @@ from tests import algorithm_cases
 from tff_comp.runtime import choice
 from tff_comp import accounting
 from tff_comp import experiment
-from tff_comp import privacy as privacy_lib
+from tff_comp import privacy_settings
 from tff_comp import registry
 from tff_comp.ops import privacy
-from tff_comp.runtime import checkpoints
-from tff_comp.runtime import run_files
+from tff_comp.run import checkpoints
+from tff_comp.run import run_files
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
@@ -282,7 +282,7 @@ def test_the_privacy_line_gives_the_delta_it_accounts_with():
   """The run's `privacy:` line shows delta (the default was used silently); one of
   1/population or more is refused."""
   ledger = accounting.Ledger(1.0, 10, 64, 'poisson', 64 ** -1.1, 'rdp')
-  assert privacy_lib.privacy_line(ledger, 4.0, 100).startswith(
+  assert privacy_settings.privacy_line(ledger, 4.0, 100).startswith(
       'privacy: noise multiplier 1; delta 0.0103; ')
   with pytest.raises(ValueError, match='target_delta must be in'):
     accounting.Ledger(1.0, 10, 64, 'poisson', 0.05, 'rdp')

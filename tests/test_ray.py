@@ -27,12 +27,12 @@ from tff_comp import keras_models
 from tff_comp import registry
 from tff_comp.ops import privacy
 from tff_comp.runtime import base
-from tff_comp.runtime import callbacks
+from tff_comp.run import callbacks
 from tff_comp.runtime import client_rows
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import ray_runtime
-from tff_comp.runtime import run_files
-from tff_comp.runtime import sampling
+from tff_comp.run import run_files
+from tff_comp.run import sampling
 from tff_comp.runtime import streaming
 
 ray = pytest.importorskip('ray')

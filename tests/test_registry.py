@@ -113,20 +113,6 @@ def test_args_sections_parse():
   assert registry.arg_docs('No sections.') == {} == registry.arg_docs(None)
 
 
-@pytest.mark.parametrize('module, old, new', [
-    ('tff_comp.ops.sgd', 'QFFL', 'FairnessWeightedSGD'),
-    ('tff_comp.ops.compositional', 'SCGDM', 'TrackedMomentum'),
-    ('tff_comp.ops.local_loop', 'Schedule', 'BatchPlan'),
-    ('tff_comp.ops.messages', 'AFLPayload', 'ClientWeightsPayload'),
-])
-def test_a_renamed_name_still_imports_and_warns(module, old, new):
-  loaded = importlib.import_module(module)
-  with pytest.warns(DeprecationWarning, match=f'{old} is renamed .*{new}'):
-    assert getattr(loaded, old) is getattr(loaded, new)
-  with pytest.raises(AttributeError):
-    getattr(loaded, 'NoSuchName')
-
-
 def test_a_summary_is_the_first_sentence_whole_past_abbreviations():
   """`--helpfull` lists each task by its summary: 'Caldas et al. 2018' is not the end of
   a sentence (it cut the descriptions there)."""

@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 from tff_comp import experiment
-from tff_comp.runtime import run_files
-from tff_comp.runtime import simulation
+from tff_comp.run import run_files
+from tff_comp.run import training_loop
 
 ARGS = dict(algorithm='feddualavg', task='quadratic', rounds=9, eval_period=3, checkpoint_every=3)
 ARGS_RATE = 0.02  # a client rate given explicitly (recorded as given)
@@ -177,7 +177,7 @@ def test_resume_can_extend_a_finished_run(tmp_path, uninterrupted, capsys):
 
 
 def test_an_interrupt_saves_the_last_finished_round(tmp_path, uninterrupted):
-  with pytest.raises(simulation.Interrupted) as stopped:
+  with pytest.raises(training_loop.Interrupted) as stopped:
     _train(tmp_path, interrupt_at=6)  # in round 6: rounds 1-5 done, checkpoints at 3
   assert stopped.value.saved_round == 5
   assert (tmp_path / 'checkpoints' / 'state_5.npz').is_file()
@@ -195,7 +195,7 @@ def _damage(path: pathlib.Path, how: str) -> None:
 @pytest.mark.parametrize('how', ['truncated', 'garbled', 'zeroed'])
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_past_it(
     tmp_path, uninterrupted, caplog, how):
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7 (the interrupt's)
   _damage(tmp_path / 'checkpoints' / 'state_7.npz', how)
   _train(tmp_path, resume=True)  # from round 6; saves round 7 again on the way
@@ -209,10 +209,10 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_past_it(
 def test_a_checkpoint_damaged_twice_is_set_aside_twice(tmp_path, uninterrupted):
   """Each damaged checkpoint is set aside under a name of its own: the second of the
   same round no longer fails moving onto the first (OSError: Directory not empty)."""
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7 (the interrupt's)
   _damage(tmp_path / 'checkpoints' / 'state_7.npz', 'garbled')
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, resume=True, interrupt_at=2)  # from 6; round 7 saved again
   _damage(tmp_path / 'checkpoints' / 'state_7.npz', 'truncated')
   _train(tmp_path, resume=True)
@@ -229,14 +229,14 @@ def test_a_checkpoint_of_another_state_than_its_name_is_set_aside(tmp_path, unin
   another run's state of its round, is set aside as a damaged one and the run resumes
   from the one before it (it was resumed as the round of its name: other rows, another
   model)."""
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7 (the interrupt's)
   newest = tmp_path / 'checkpoints' / 'state_7.npz'
   if source == 'another_round':
     shutil.copy(tmp_path / 'checkpoints' / 'state_6.npz', newest)
     expected = 'holds the state of round 6, not of round 7'
   else:
-    with pytest.raises(simulation.Interrupted):
+    with pytest.raises(training_loop.Interrupted):
       _train(tmp_path / 'other', interrupt_at=8, client_learning_rate=ARGS_RATE)
     shutil.copy(tmp_path / 'other' / 'checkpoints' / 'state_7.npz', newest)
     expected = "another run's checkpoint"
@@ -258,7 +258,7 @@ def test_an_input_file_changed_before_a_resume_is_refused_naming_it(tmp_path):
                    + ''.join(f'{cid},100,1\n' for cid in ids))
   run = tmp_path / 'run'
   devices = dict(device_model='trace', device_trace=str(trace), round_deadline=1.5)
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(run, interrupt_at=5, **devices)
   recorded = json.loads((run / 'config.json').read_text())['environment']['data_files']
   assert set(recorded) == {str(trace)}
@@ -274,7 +274,7 @@ def test_an_input_file_changed_before_a_resume_is_refused_naming_it(tmp_path):
 
 def test_temporary_files_a_kill_left_are_removed_when_the_run_resumes(tmp_path,
                                                                        uninterrupted):
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=5)
   stale = [tmp_path / '.metrics.csv.k1ll', tmp_path / '.config.json.k1ll',
            tmp_path / 'checkpoints' / '.state_4.999.npz']
@@ -288,7 +288,7 @@ def test_temporary_files_a_kill_left_are_removed_when_the_run_resumes(tmp_path,
 def test_a_kill_while_rewriting_metrics_leaves_the_old_file_whole(tmp_path, monkeypatch):
   """Resuming rewrites metrics.csv from the rows it keeps: into a new file renamed over
   the old one, so a kill in the middle loses nothing."""
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=6)
   before = (tmp_path / 'metrics.csv').read_bytes()
 
@@ -429,7 +429,7 @@ _LOST = {
 def test_a_resume_refuses_when_metrics_csv_lost_the_saved_rounds(tmp_path, how):
   """metrics.csv cut, emptied, deleted or damaged before the checkpoints' rounds: the
   resume refuses in one line naming the file, and deletes no checkpoint."""
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=8)  # rows 0-7, checkpoints at 6 and 7
   damage, reason = _LOST[how]
   damage(tmp_path)
@@ -444,7 +444,7 @@ def test_a_cut_last_row_runs_again_from_the_checkpoint_before_it(tmp_path, unint
                                                                  caplog):
   """Round 7's row cut in half: rows 0-6 are whole, so the run resumes from round 6's
   checkpoint and ends as an uninterrupted one."""
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=8)
   lines = _lines(tmp_path)
   _rewrite(tmp_path, [*lines[:-1], lines[-1][:len(lines[-1]) // 2]])
@@ -456,7 +456,7 @@ def test_a_cut_last_row_runs_again_from_the_checkpoint_before_it(tmp_path, unint
 
 
 def test_a_run_without_its_config_json_resumes_only_when_forced(tmp_path, uninterrupted):
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=5)
   (tmp_path / 'config.json').unlink()
   with pytest.raises(experiment.ConfigError, match='not its config.json.*--force_resume'):
@@ -489,7 +489,7 @@ def test_the_run_files_take_the_umask_mode_not_a_temporary_files(tmp_path):
 def test_a_checkpoint_of_another_layout_is_refused_not_set_aside(tmp_path, how):
   """Leaves of the same shapes in another order (the server state as an OrderedDict,
   sorted by key, before 0.3.0's NamedTuples) would resume silently wrong."""
-  with pytest.raises(simulation.Interrupted):
+  with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7
   path = tmp_path / 'checkpoints' / 'state_7.npz'
   with np.load(path) as saved:

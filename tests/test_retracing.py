@@ -18,8 +18,8 @@ from tff_comp.runtime import choice
 from tff_comp import experiment
 from tff_comp import keras_models
 from tff_comp import registry
-from tff_comp.runtime import sampling
-from tff_comp.runtime import simulation
+from tff_comp.run import sampling
+from tff_comp.run import training_loop
 
 ROUNDS = 20
 
@@ -126,10 +126,10 @@ def test_no_retrace_with_a_keras_model(traces, tmp_path):
   for engine in ('lanes', 'mapped'):
     runtime, _ = choice.runner_for(algorithm, data, 'inprocess', engine=engine)
     watched = _Watched(runtime, traces)
-    simulation.run_simulation(
+    training_loop.run_simulation(
         watched, client_ids=list(data.client_ids), rounds=ROUNDS,
         clients_per_round=3, seed=1, output_dir=tmp_path / engine, config={},
-        callbacks=simulation.standard_callbacks(lambda _: {}, eval_period=5,
+        callbacks=training_loop.standard_callbacks(lambda _: {}, eval_period=5,
                                                 show_progress=False),
         show_progress=False,
         participation=sampling.Participation('poisson', dropout_rate=0.2))

@@ -11,7 +11,7 @@ import tensorflow_federated as tff
 
 from tests import algorithm_cases
 from tff_comp.runtime import choice
-from tff_comp import composer
+from tff_comp.learning_process import composer
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp import run_config
@@ -23,7 +23,7 @@ from tff_comp.ops import sgd
 from tff_comp.runtime import base
 from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import simulation
+from tff_comp.run import training_loop
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
@@ -203,10 +203,10 @@ def test_auto_falls_back_to_mapped_naming_the_op_and_the_rule(tmp_path, caplog):
   lines = [r.getMessage() for r in caplog.records if 'clients run mapped' in r.getMessage()]
   assert len(lines) == 1 and '\n' not in lines[0]
   # A run records the engine actually used, not the one it started with.
-  simulation.run_simulation(
+  training_loop.run_simulation(
       inprocess.build(algorithm, DATA), client_ids=IDS, rounds=2, clients_per_round=3,
       seed=0, output_dir=tmp_path, config={'resolved': {}}, show_progress=False,
-      callbacks=simulation.standard_callbacks(lambda _: {'x': 0.0}, eval_period=1,
+      callbacks=training_loop.standard_callbacks(lambda _: {'x': 0.0}, eval_period=1,
                                               show_progress=False))
   recorded = json.loads((tmp_path / 'config.json').read_text())
   assert recorded['runtime_record']['engine'] == 'mapped'

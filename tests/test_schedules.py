@@ -11,8 +11,8 @@ import pytest
 from tff_comp import experiment
 from tff_comp import schedules
 from tff_comp import settings
-from tff_comp.runtime import run_files
-from tff_comp.runtime import sampling
+from tff_comp.run import run_files
+from tff_comp.run import sampling
 
 ROUNDS, CLIENT_LR, SERVER_LR = 6, 0.05, 1.5
 

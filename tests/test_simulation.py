@@ -11,10 +11,10 @@ from tests import algorithm_cases
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import callbacks
-from tff_comp.runtime import checkpoints
-from tff_comp.runtime import run_files
-from tff_comp.runtime import simulation
+from tff_comp.run import callbacks
+from tff_comp.run import checkpoints
+from tff_comp.run import run_files
+from tff_comp.run import training_loop
 
 DATA = algorithm_cases.DATA['unequal']
 
@@ -48,10 +48,10 @@ def _run(tmp_path, callbacks, rounds=30):
       algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {}))
   # Mapped: the loop and its callbacks, not the engines (lanes would compile a kernel a run).
   runtime = inprocess.build(algorithm, DATA, engine='mapped')
-  return simulation.run_simulation(
+  return training_loop.run_simulation(
       runtime, client_ids=list(DATA.client_ids), rounds=rounds, clients_per_round=3,
       seed=0, output_dir=tmp_path, config={}, show_progress=False, checkpoint_every=50,
-      callbacks=simulation.standard_callbacks(lambda _: {'x': 1.0}, eval_period=5,
+      callbacks=training_loop.standard_callbacks(lambda _: {'x': 1.0}, eval_period=5,
                                               show_progress=False, extra=callbacks))
 
 
@@ -152,10 +152,10 @@ def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
     return {'test_loss': float('inf') if len(calls) == 3 else 1.0}  # round 0, 5, 10
 
   with pytest.raises(callbacks.DivergenceError, match='round 10: eval/test_loss inf'):
-    simulation.run_simulation(
+    training_loop.run_simulation(
         runtime, client_ids=list(DATA.client_ids), rounds=20, clients_per_round=3,
         seed=0, output_dir=tmp_path, config={}, show_progress=False, checkpoint_every=5,
-        callbacks=simulation.standard_callbacks(evaluate, eval_period=5,
+        callbacks=training_loop.standard_callbacks(evaluate, eval_period=5,
                                                 show_progress=False))
   assert checkpoints.Checkpoints(tmp_path).rounds() == [5]
   with open(tmp_path / 'metrics.csv', newline='') as f:

@@ -9,10 +9,10 @@ from tests import algorithm_cases
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import callbacks
-from tff_comp.runtime import checkpoints
-from tff_comp.runtime import sampling
-from tff_comp.runtime import simulation
+from tff_comp.run import callbacks
+from tff_comp.run import checkpoints
+from tff_comp.run import sampling
+from tff_comp.run import training_loop
 from tff_comp.runtime import streaming
 
 DATA = algorithm_cases.TEN
@@ -72,7 +72,7 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
   assert sum(0 < len(d.reporting) < len(d.sampled)
              for d in map(sampler.sample, range(2, 7))) >= 2
   for runtime in (resident, streamed):
-    simulation.run_simulation(
+    training_loop.run_simulation(
         runtime, client_ids=list(DATA.client_ids), rounds=6, clients_per_round=3, seed=4,
         output_dir=tmp_path / runtime.record['data'], config={}, show_progress=False,
         callbacks=[Watch()],

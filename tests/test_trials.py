@@ -23,12 +23,12 @@ from tff_comp.tasks import lasso
 from tff_comp.tasks import quadratic as tasks_quadratic
 from tff_comp.ops import privacy
 from tff_comp.run_config import ExperimentConfig
-from tff_comp.runtime import callbacks
+from tff_comp.run import callbacks
 from tff_comp.runtime import engines
 from tff_comp.runtime import inprocess
-from tff_comp.runtime import run_files
-from tff_comp.runtime import sampling
-from tff_comp.runtime import trial_group
+from tff_comp.run import run_files
+from tff_comp.run import sampling
+from tff_comp.runtime import inprocess_trials
 
 DATA = algorithm_cases.DATA['unequal']
 IDS = list(DATA.client_ids)
@@ -87,7 +87,7 @@ def _separate(name, engine, extra=None):
 def _batched(name, engine, seeds=None, extra=None):
   extra = extra or ARGUMENTS.get(name)
   algorithm = algorithm_cases.algorithm(name, extra or {}, shuffle=True)
-  group = trial_group.TrialGroup(inprocess.build(algorithm, DATA, engine=engine),
+  group = inprocess_trials.TrialGroup(inprocess.build(algorithm, DATA, engine=engine),
                                  seeds or [t[0] for t in TRIALS])
   results = [None] * len(TRIALS)
 
@@ -341,7 +341,7 @@ def test_the_trials_loops_take_turns_between_rounds():
   threads woken together spent their time handing the GIL to one another), each its
   whole loop, and a trial that ends gives up its turn."""
   algorithm = algorithm_cases.algorithm('fedavg', {})
-  group = trial_group.TrialGroup(inprocess.build(algorithm, DATA, engine='mapped'), [1, 2, 3])
+  group = inprocess_trials.TrialGroup(inprocess.build(algorithm, DATA, engine='mapped'), [1, 2, 3])
   inside, overlaps = threading.Lock(), []
 
   def run(t):
@@ -371,7 +371,7 @@ def test_the_trials_loops_take_turns_between_rounds():
 def test_a_groups_packers_follow_a_changed_structure():
   """The group packs each trial's state by a recipe noted once; a state whose structure
   changed (other hparams, as many) is packed by its own, not into the old names."""
-  group = trial_group.TrialGroup(inprocess.build(algorithm_cases.algorithm('fedavg', {}),
+  group = inprocess_trials.TrialGroup(inprocess.build(algorithm_cases.algorithm('fedavg', {}),
                                                  DATA, engine='mapped'), [1])
   before = {'learning_rate': 1.0, 'momentum': 2.0}
   after = {'learning_rate': 1.0, 'proximal_strength': 2.0}

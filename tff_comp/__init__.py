@@ -6,12 +6,14 @@ Two layers:
     round (`client_round.run_client`), aggregation (`aggregation`), messages, and the
     `algorithm.Algorithm` every runtime runs, and the regularizers psi (`ops.regularizers`,
     also `tc.regularizers`).
-  TFF (placement): `client_work.build_local_client_work`, `aggregators`,
-    `server_update.build_server_update`, `composer.compose` -> a LearningProcess.
+  TFF (placement, `tff_comp.learning_process`): `client_work.build_local_client_work`,
+    `aggregation_factories`, `server_update.build_server_update`, `composer.compose` ->
+    a LearningProcess.
 Algorithms: `registry.get_algorithm(name).build(model, ...)` (an Algorithm) or
 `tff_comp.algorithms.<module>.build_<algo>` (its TFF process).
-Runtimes (`tff_comp.runtime`, `runtime.base.Runtime`): TFF's ('tff') and the in-process
-one ('inprocess'), registered by name; `runner_for(program, client_data)` picks one.
+Runtimes (`tff_comp.runtime`, `runtime.base.Runtime`): TFF's ('tff'), the in-process
+one ('inprocess') and Ray's ('ray'), registered by name; `runner_for(program,
+client_data)` picks one.
 Importing tff_comp changes no TFF context: the code that runs things chooses one.
 Plugins: `registry.register_algorithm` / `register_task` / `register_runtime`.
 
@@ -28,8 +30,8 @@ and the rule family it uses:
 import importlib
 
 # Submodules load on first use, so the math layer (`tff_comp.ops`) imports without TFF.
-_SUBMODULES = ('aggregators', 'client_work', 'composer', 'models', 'registry',
-               'server_update', 'runtime', 'ops', 'algorithms', 'experiment', 'trials')
+_SUBMODULES = ('learning_process', 'models', 'registry', 'run', 'runtime', 'ops',
+               'algorithms', 'experiment', 'trials')
 # Short names of submodules elsewhere.
 _ALIASES = {'regularizers': 'tff_comp.ops.regularizers'}
 # The public surface: name -> the module defining it.
@@ -42,7 +44,7 @@ _EXPORTS = {
     'trainable_specs': 'tff_comp.ops.model_ops',
     'server_sgd': 'tff_comp.algorithms.common',
     'process_builder': 'tff_comp.algorithms.common',
-    'compose': 'tff_comp.composer',
+    'compose': 'tff_comp.learning_process.composer',
     'runner_for': 'tff_comp.runtime.choice',
     'Runtime': 'tff_comp.runtime.base',
     'get_algorithm': 'tff_comp.registry',
@@ -67,3 +69,7 @@ def __getattr__(name: str):
 
 
 __all__ = [*_SUBMODULES, *_ALIASES, *_EXPORTS]
+
+
+def __dir__() -> list[str]:
+  return sorted(__all__)

@@ -27,8 +27,8 @@ import dp_accounting
 from dp_accounting import pld
 from dp_accounting import rdp
 
-from tff_comp.runtime import callbacks
-from tff_comp.runtime import run_files
+from tff_comp.run import callbacks
+from tff_comp.run import run_files
 
 ACCOUNTANTS = ('rdp', 'pld')
 SAMPLINGS = ('poisson', 'uniform')

@@ -18,10 +18,10 @@ from typing import Any
 from tff_comp import accounting
 from tff_comp import paths
 from tff_comp import evaluation
-from tff_comp import privacy as privacy_lib
+from tff_comp import privacy_settings
 from tff_comp import registry
 from tff_comp.ops import regularizers as regularizers_lib
-from tff_comp import run_directory
+from tff_comp.run import run_directory
 from tff_comp import settings
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
@@ -29,13 +29,13 @@ from tff_comp.ops import rule as rule_lib
 from tff_comp import run_config
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
-from tff_comp.runtime import buffered_async
-from tff_comp.runtime import callbacks as callbacks_lib
+from tff_comp.run import buffered_async
+from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.runtime import choice
-from tff_comp.runtime import devices
-from tff_comp.runtime import run_files
-from tff_comp.runtime import sampling
-from tff_comp.runtime import simulation
+from tff_comp.run import devices
+from tff_comp.run import run_files
+from tff_comp.run import sampling
+from tff_comp.run import training_loop
 
 # Builder parameters that every run sets from the common flags.
 COMMON_ALGORITHM_ARGS = (
@@ -263,7 +263,7 @@ def prepare(config: ExperimentConfig, *, task: Any = None) -> Prepared:
   task = task if task is not None else _build_task(config, task_entry)
   settings = _run_settings(config, task, home)
   builder_args = _builder_args(config, algorithm, task, home, settings)
-  plan = privacy_lib.configure(
+  plan = privacy_settings.configure(
       config.privacy, algorithm, builder_args, settings,
       client_weighting=config.local_work.client_weighting, population=task.num_clients,
       sampling=config.participation.sampling,
@@ -371,12 +371,12 @@ def resolved_options(prepared: Prepared) -> dict[str, Any]:
 def default_callbacks(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
                       extra: Sequence[callbacks_lib.Callback] = ()
                       ) -> list[callbacks_lib.Callback]:
-  """The callbacks of a run as configured (`simulation.standard_callbacks`: schedules,
+  """The callbacks of a run as configured (`training_loop.standard_callbacks`: schedules,
   divergence guards, the evaluator, progress), with the privacy ledger's (epsilon spent,
   the end of the budget) and `extra` before the progress line. The binaries compose
   their runs from this list; a researcher may add, drop or reorder."""
   config, settings_ = prepared.config, prepared.settings
-  return simulation.standard_callbacks(
+  return training_loop.standard_callbacks(
       runner.evaluate, eval_period=settings_['eval_period'],
       evaluate_clients=runner.evaluate_clients,
       divergence_hint=prepared.algorithm.divergence_hint,
@@ -397,7 +397,7 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
   `output_dir` (default the config's); returns the final evaluation metrics.
   `extra_config` is recorded in config.json beside the config. `callbacks` are the
   run's (None: `default_callbacks`); the loop adds the run directory's own
-  (`simulation.run_simulation`)."""
+  (`training_loop.run_simulation`)."""
   prepared.settings['runtime'] = runner.description
   if show_progress:
     print(f'runtime: {runner.description}', flush=True)
@@ -454,7 +454,7 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       runner.algorithm.client_rule.check_hparams(hparams)
     except ValueError as e:
       raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
-  return simulation.run_simulation(
+  return training_loop.run_simulation(
       runner.runtime,
       client_ids=prepared.task.train_data.client_ids,
       rounds=prepared.settings['rounds'],

@@ -6,7 +6,7 @@ Built-ins register with a decorator on their builder:
     def fedprox(model, *, client_learning_rate: float, mu: float = 0.01) -> Algorithm: ...
 
 An algorithm's builder returns the runtime-free `ops.algorithm.Algorithm`, which every
-registered runtime (`register_runtime`: 'tff', 'inprocess') can run; a plugin's builder
+registered runtime (`register_runtime`: 'tff', 'inprocess', 'ray') can run; a plugin's builder
 may instead return a TFF LearningProcess, which runs on TFF's runtime.
 
 Another package adds its own by declaring entry points in its packaging metadata, in
@@ -35,7 +35,6 @@ import typing
 from typing import Any
 import warnings
 
-from tff_comp.ops import renamed
 
 ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
@@ -167,7 +166,7 @@ class Entry:
   def process(self, *args, **kwargs) -> Any:
     """An algorithm's TFF LearningProcess: `build`'s Algorithm composed
     (`composer.compose`), or the process a plugin's builder returns."""
-    from tff_comp import composer  # pylint: disable=g-import-not-at-top  (imports TFF)
+    from tff_comp.learning_process import composer  # pylint: disable=g-import-not-at-top  (imports TFF)
     from tff_comp.ops import algorithm as algorithm_lib  # pylint: disable=g-import-not-at-top
 
     built = self.build(*args, **kwargs)
@@ -337,7 +336,3 @@ def get_algorithm(name: str) -> Entry:
 
 def get_task(name: str) -> Entry:
   return TASKS.get(name)
-
-
-__getattr__ = renamed.module_getattr(__name__, {  # 0.3.0
-    'EXPERIMENTS': 'REPRODUCTIONS', 'register_experiment': 'register_reproduction'})

@@ -5,18 +5,18 @@ from collections.abc import Callable
 import dataclasses
 from typing import Any
 
-from tff_comp import local_work as local_work_lib
-from tff_comp import privacy as privacy_lib
+from tff_comp import client_settings
+from tff_comp import privacy_settings
 from tff_comp import registry
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp import schedules as schedules_lib
 from tff_comp import server_optimizers
 from tff_comp import settings
-from tff_comp.runtime import buffered_async
-from tff_comp.runtime import checkpoints as checkpoints_lib
+from tff_comp.run import buffered_async
+from tff_comp.run import checkpoints as checkpoints_lib
 from tff_comp.runtime import choice
-from tff_comp.runtime import devices as devices_lib
-from tff_comp.runtime import sampling as sampling_lib
+from tff_comp.run import devices as devices_lib
+from tff_comp.run import sampling as sampling_lib
 from tff_comp.settings import ConfigError
 
 
@@ -68,10 +68,11 @@ class ExperimentConfig:
       ' settings (they cannot be checked against the run\'s).')
   runtime: str = settings.setting(
       'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
-      ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), or auto (inprocess where'
+      ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), ray (the in-process math'
+      ' with each round\'s clients on Ray actors; --ray_address), or auto (inprocess where'
       ' the algorithm supports it).', choices=runtime_names)
-  local_work: local_work_lib.LocalWorkOptions = dataclasses.field(
-      default_factory=local_work_lib.LocalWorkOptions)
+  local_work: client_settings.LocalWorkOptions = dataclasses.field(
+      default_factory=client_settings.LocalWorkOptions)
   participation: sampling_lib.Participation = dataclasses.field(
       default_factory=sampling_lib.Participation)
   devices: devices_lib.DeviceOptions = dataclasses.field(
@@ -82,13 +83,13 @@ class ExperimentConfig:
       default_factory=schedules_lib.ScheduleOptions)
   server: server_optimizers.ServerOptimizerOptions = dataclasses.field(
       default_factory=server_optimizers.ServerOptimizerOptions)
-  privacy: privacy_lib.PrivacyOptions = dataclasses.field(
-      default_factory=privacy_lib.PrivacyOptions)
+  privacy: privacy_settings.PrivacyOptions = dataclasses.field(
+      default_factory=privacy_settings.PrivacyOptions)
   checkpoints: checkpoints_lib.CheckpointOptions = dataclasses.field(
       default_factory=checkpoints_lib.CheckpointOptions)
   # {runtime: its settings record} for every registered runtime declaring one
   # (`runtime.choice.runtime_options`): 'inprocess' (engine, memory budget), 'tff'
-  # (workers), a plugin's.
+  # (workers), 'ray' (address, actors), a plugin's.
   runtime_options: dict[str, Any] = dataclasses.field(default_factory=choice.runtime_options)
 
   @classmethod

@@ -1,6 +1,6 @@
 """A grid in one program: `run_trials` runs many runs of one algorithm on one task, those
 that differ only in values keeping every shape batched into one compiled round
-(`runtime.trial_group`).
+(`runtime.inprocess_trials`).
 
 A `Trial` is a run's `ExperimentConfig` (its output directory, seed, learning rates,
 rounds, participation) and the client rule's hyperparameters set through its hparams
@@ -34,10 +34,10 @@ from tff_comp import experiment
 from tff_comp import evaluation
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base
-from tff_comp.runtime import buffered_async
+from tff_comp.run import buffered_async
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import streaming
-from tff_comp.runtime import trial_group
+from tff_comp.runtime import inprocess_trials
 
 # The settings a group's trials may differ in (config.json's names): what the loop,
 # the sampler and the hparams hold, never the compiled program.
@@ -125,19 +125,19 @@ class _Program(NamedTuple):
   members: list[int]
   prepared: list[experiment.Prepared]
   runner: experiment.Runner
-  clients: list[trial_group.TrialClients] | None = None
+  clients: list[inprocess_trials.TrialClients] | None = None
   initial: list[Any] | None = None
 
 
 def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
   """One build for the trials `members` (their runs `prepared`), on their tasks' clients
-  together when they are several (`trial_group.merged_client_data`)."""
+  together when they are several (`inprocess_trials.merged_client_data`)."""
   first = prepared[0]  # built for one trial's run, as each trial's separate run is
   tasks = list({id(p.task): p.task for p in prepared}.values())
   if len(tasks) == 1:
     return _Program(members, prepared, experiment.build_runner(first))
   prefixes = {id(task): f'{k}/' for k, task in enumerate(tasks)}
-  data = trial_group.merged_client_data(
+  data = inprocess_trials.merged_client_data(
       [(prefixes[id(task)], task.train_data) for task in tasks])
   runner = experiment.build_runner(dataclasses.replace(
       first, task=dataclasses.replace(first.task, train_data=data)))
@@ -151,7 +151,7 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
       initial[id(p.task)] = inprocess.initial_state(algorithm, runner.runtime.device)
   return _Program(
       members, prepared, runner,
-      [trial_group.TrialClients(prefixes[id(p.task)], {
+      [inprocess_trials.TrialClients(prefixes[id(p.task)], {
           cid: i for i, cid in enumerate(p.task.train_data.client_ids)}) for p in prepared],
       [initial[id(p.task)] for p in prepared])
 
@@ -228,7 +228,7 @@ def run_trials(trials: Sequence[Trial], *, batch: bool = True, say: Any = print,
   `memory_budget` MB together (`trial_bytes`) runs in chunks, said in one line.
 
   Raises:
-    KeyboardInterrupt: Ctrl-C or SIGTERM stopped the trials (`simulation.Interrupted`
+    KeyboardInterrupt: Ctrl-C or SIGTERM stopped the trials (`training_loop.Interrupted`
       of the first; each saved its last finished round), after every trial stopped.
   """
   results: list[Any] = [None] * len(trials)
@@ -280,7 +280,7 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
   """The trials `part` of `program` (positions in it) as one group, each on a thread;
   says how long its rounds took, and how much of it the compiled round."""
   started = time.monotonic()
-  group = trial_group.TrialGroup(
+  group = inprocess_trials.TrialGroup(
       program.runner.runtime, [program.prepared[k].config.seed for k in part],
       None if program.clients is None else [program.clients[k] for k in part])
   # A task's evaluation was not written for threads (tasks.base.Scorer built its graph
@@ -318,7 +318,7 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
     raise stopped[0]
 
 
-def _together(member: trial_group.TrialRuntime, evaluate: Any) -> Any:
+def _together(member: inprocess_trials.TrialRuntime, evaluate: Any) -> Any:
   """`evaluate` of the trial `member`, run with the other trials' evaluations once every
   trial of the group waits (`TrialGroup.together`): a task that scores several models
   at once reads its data once for all (`evaluation.evaluate_together`). None: None."""
@@ -364,7 +364,7 @@ def _why_not_batched(runner: experiment.Runner, size: int, batch: bool) -> str:
   if not isinstance(runner.runtime, inprocess.InProcessRuntime):
     return f'the {runner.runtime.name} runtime runs one trial at a time'
   try:
-    trial_group.TrialGroup.check(runner.runtime)
+    inprocess_trials.TrialGroup.check(runner.runtime)
   except base.UnsupportedError as error:
     logging.info('trials one by one: %s', error)
     return str(error)

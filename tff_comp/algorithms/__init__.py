@@ -4,7 +4,7 @@ Each module's registered builder returns the runtime-free `ops.algorithm.Algorit
 its `build_<algo>` returns the same algorithm as a genuine TFF LearningProcess
 (`common.process_builder`). Every builder takes `model_aggregator` (any
 `tff.aggregators` factory for the model delta; side channels are aggregated exactly,
-`tff_comp.aggregators`), and those whose server runs an optimizer take
+`tff_comp.learning_process.aggregation_factories`), and those whose server runs an optimizer take
 `server_optimizer`, as TFF's builders do. Registration names each algorithm's home task
 (`registry.Entry`). Every module of this package is imported (so registered) here: a
 new algorithm is one new module.

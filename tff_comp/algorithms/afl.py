@@ -11,7 +11,7 @@ indexed by client, so clients receive datasets of `client_work.IndexedExample`
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -33,7 +33,7 @@ def afl(
     batch_size: int = 10,
     local_epochs: int = 1,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08).
 

@@ -18,7 +18,7 @@ like FedAvg with uniform weights and client rate eta_c / gamma.
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -45,7 +45,7 @@ def comfedl(
     batch_size: int = 10,
     client_weighting: str = 'uniform',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds ComFedL with `local_steps` (tau) compositional steps per round.
 

@@ -8,8 +8,8 @@ import warnings
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
-from tff_comp import composer
+from tff_comp.learning_process import aggregation_factories
+from tff_comp.learning_process import composer
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round
@@ -43,7 +43,7 @@ def server_sgd(learning_rate: float, momentum: float = 0.0) -> tff.learning.opti
 def algorithm(model, client_rule: rule_lib.ClientRule, server_rule: rule_lib.ServerRule,
               options: client_round.ClientOptions, *,
               aggregation_kind: str = aggregation.MEAN,
-              model_aggregator: aggregators.Factory | None = None,
+              model_aggregator: aggregation_factories.Factory | None = None,
               ) -> algorithm_lib.Algorithm:
   """Algorithm(model, client_rule, server_rule, options, aggregation, model_aggregator)."""
   return algorithm_lib.Algorithm(model, client_rule, server_rule, options, aggregation_kind,
@@ -53,7 +53,7 @@ def algorithm(model, client_rule: rule_lib.ClientRule, server_rule: rule_lib.Ser
 def composite(model, client_rule_class, server_rule_class, regularizer, *,
               client_learning_rate: float, server_learning_rate: float,
               batch_size: int, local_epochs: int, client_weighting: str,
-              client_prox: bool, model_aggregator: aggregators.Factory | None = None,
+              client_prox: bool, model_aggregator: aggregation_factories.Factory | None = None,
               ) -> algorithm_lib.Algorithm:
   """A composite-optimization algorithm (`ops.composite`): a client rule of
   `client_rule_class` with psi, and a server rule of `server_rule_class` with SGD(eta_s)
@@ -74,7 +74,7 @@ def fedavg_like(
     server_learning_rate: float = 1.0, server_momentum: float = 0.0,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     aggregation_kind: str = aggregation.MEAN,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """FedAvg's skeleton around any client rule: a server optimizer (default SGD(eta_s,
   momentum)) on the aggregated update."""
@@ -100,17 +100,3 @@ def process_builder(
   build.__doc__ = (f'The TFF LearningProcess of `{algorithm_fn.__name__}` (same'
                    f' arguments).\n\n{algorithm_fn.__doc__ or ""}')
   return build
-
-
-_RENAMED = {'compose': algorithm, 'compose_fedavg_like': fedavg_like,
-            'compose_composite': composite}  # 0.2.0: they returned processes
-
-
-def __getattr__(name: str):
-  if name in _RENAMED:
-    new = _RENAMED[name]
-    warnings.warn(f'common.{name} is replaced by common.{new.__name__}, which returns an'
-                  ' Algorithm (composer.compose makes its process).', DeprecationWarning,
-                  stacklevel=2)
-    return lambda *args, **kwargs: composer.compose(new(*args, **kwargs))
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

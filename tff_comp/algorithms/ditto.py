@@ -14,7 +14,7 @@ global model.
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -38,7 +38,7 @@ def ditto(
     local_epochs: int = 1,
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 ties eta_p to
   the client learning rate (also when that is later set through the hparams).

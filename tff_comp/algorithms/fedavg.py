@@ -15,7 +15,7 @@ Example:
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.algorithms import common
@@ -38,7 +38,7 @@ def fedavg(
     seed: int = 0,
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
 
@@ -74,7 +74,7 @@ def fedavg_subgradient(
     local_epochs: int = 1,
     client_weighting: str = 'uniform',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedAvg whose clients step along g_k + a subgradient of psi at w_k.
 

@@ -16,7 +16,7 @@ With psi = 0 it reduces to FedAvg.
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -36,7 +36,7 @@ def feddualavg(
     local_epochs: int = 1,
     client_weighting: str = 'uniform',
     client_prox: bool = True,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox).
 

@@ -11,7 +11,7 @@ With psi = 0 both reduce to FedAvg.
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -31,7 +31,7 @@ def fedmid(
     local_epochs: int = 1,
     client_weighting: str = 'uniform',
     client_prox: bool = True,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox).
 

@@ -13,7 +13,7 @@ drawn per client per round from [local_epochs, local_epochs_max] (`fedavg` and
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -40,7 +40,7 @@ def fednova(
     seed: int = 0,
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedNova; local solver: SGD, momentum (client_momentum) or prox (mu).
 

@@ -9,7 +9,7 @@ opposite sign; with that sign flipped this equals it (tests/test_parity.py).
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -31,7 +31,7 @@ def fedprox(
     seed: int = 0,
     client_weighting: str = 'examples',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedProx with proximal strength `mu`.
 

@@ -25,7 +25,7 @@ Example:
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import aggregation
@@ -51,7 +51,7 @@ def local_moml(
     batch_size: int = 5,
     client_weighting: str = 'uniform',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Local-MOML.
 

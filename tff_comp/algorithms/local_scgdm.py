@@ -19,7 +19,7 @@ own gamma is `gamma`. With DRFL, m is rescaled exactly when the round's referenc
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -45,7 +45,7 @@ def local_scgdm(
     local_steps: int = 5,
     batch_size: int = 10,
     client_weighting: str = 'uniform',
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Local-SCGDM with period `local_steps` (p).
 

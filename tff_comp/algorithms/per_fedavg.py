@@ -14,7 +14,7 @@ the first-order one at initialization; it may need a smaller beta.
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -36,7 +36,7 @@ def per_fedavg(
     batch_size: int = 5,
     client_weighting: str = 'uniform',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Per-FedAvg; `variant` is 'exact', 'fo' or 'hf'.
 

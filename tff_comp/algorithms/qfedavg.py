@@ -8,7 +8,7 @@ high-loss clients more; q = 0 is FedAvg with uniform client weights.
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -25,7 +25,7 @@ def qfedavg(
     q: float = 0.2,
     batch_size: int = 10,
     local_epochs: int = 1,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2).
 

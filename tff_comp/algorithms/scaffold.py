@@ -18,7 +18,7 @@ Example:
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import aggregation
@@ -39,7 +39,7 @@ def scaffold(
     local_epochs: int = 1,
     client_weighting: str = 'uniform',
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """SCAFFOLD over `num_clients` clients (option II control variates)."""
   common.check_positive(client_learning_rate=client_learning_rate, num_clients=num_clients)

@@ -10,7 +10,7 @@ post-adaptation losses. p is per client, so clients receive IndexedExamples (as 
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
+from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.ops import algorithm as algorithm_lib
@@ -36,7 +36,7 @@ def tr_maml(
     server_learning_rate: float = 1.0,
     batch_size: int = 5,
     server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregators.Factory | None = None,
+    model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds TR-MAML; `task_weight_learning_rate` is the exponentiated-gradient step.
 

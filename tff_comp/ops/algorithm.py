@@ -13,7 +13,7 @@ give the same results. A round, for the cohort S:
 Built, it checks its contract (`ops.contract`: the payload against the client rule's
 start, the update against the aggregation kind and the server rule), so a mismatch is
 one line at construction on every runtime, not an error deep inside a round.
-`tff_comp.composer.compose(algorithm)` places it in a genuine TFF LearningProcess.
+`tff_comp.learning_process.composer.compose(algorithm)` places it in a genuine TFF LearningProcess.
 """
 
 import dataclasses

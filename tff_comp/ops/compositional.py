@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import renamed
 from tff_comp.ops import messages
 from tff_comp.ops import model_ops
 from tff_comp.ops import objectives as objectives_lib
@@ -206,6 +205,3 @@ class TrackerServer(rule_lib.ServerRule):
   def reset(self, state, weights):
     del weights
     return self._fresh(state.optimizer)
-
-
-__getattr__ = renamed.module_getattr(__name__, {'SCGDM': 'TrackedMomentum'})  # 0.3.0

@@ -10,7 +10,7 @@ Each stage is traced once in a graph (`tf.function.get_concrete_function`), neve
 and without local steps: the update's structure is the one `finalize` gives from the
 rule's initial local state (a `tf.while_loop` keeps a state's structure), so the check
 costs a trace of a few small functions. TFF's composition checks the same links on its
-type signatures (`tff_comp.composer`); this one guards every runtime.
+type signatures (`tff_comp.learning_process.composer`); this one guards every runtime.
 """
 
 from typing import Any, NamedTuple

@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import renamed
 
 _MAX_EXAMPLES = 2**31 - 1
 
@@ -268,5 +267,3 @@ def run_scheduled_steps(
   _, state = tf.while_loop(lambda k, _: k < batches.full, body,
                            (tf.constant(0), initial_state))
   return tf.cond(batches.remainder > 0, lambda: step_fn(state, short()), lambda: state)
-
-__getattr__ = renamed.module_getattr(__name__, {'Schedule': 'BatchPlan'})  # 0.3.0

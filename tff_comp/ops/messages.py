@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import renamed
 from tff_comp.ops.model_ops import Weights
 
 
@@ -107,11 +106,6 @@ def reports_client_state(update: Any) -> bool:
   return bool(getattr(type(update), 'reports_client_state', False))
 
 
-_RENAMED = {'AFLPayload': 'ClientWeightsPayload', 'AFLUpdate': 'SlotLossUpdate'}  # 0.2.0
-
-
-__getattr__ = renamed.module_getattr(__name__, _RENAMED)
-
 
 class MemoryPayload(NamedTuple):
   """Local-MOML's broadcast (its memory kept across rounds): the model, every client's
@@ -132,4 +126,3 @@ class MemoryUpdate(NamedTuple):
   memory: Weights  # [num_clients, *shape]
   visited: tf.Tensor  # [num_clients]
   reports_client_state = True
-

@@ -15,7 +15,7 @@ Ditto, personal models v_i beside FedAvg's global w:
     server:   FedAvg's step on w; row i of the personal table <- the returned v_i
 
 Clients fill only their own slot (row) of the [N, ...] fields, so the sum over the
-round's distinct clients is the round's table (`aggregators.UpdateFactory`).
+round's distinct clients is the round's table (`aggregation_factories.UpdateFactory`).
 """
 
 import collections

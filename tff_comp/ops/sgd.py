@@ -15,7 +15,6 @@ regularizer the naive composite baseline of Yuan et al. (2021).
 import tensorflow as tf
 
 from tff_comp.ops import gradient_transforms
-from tff_comp.ops import renamed
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops import messages
 from tff_comp.ops import rule as rule_lib
@@ -162,7 +161,3 @@ class RatioServer(rule_lib.ServerRule):
     trainable = tuple(w - tf.math.divide_no_nan(d, update.h)
                       for w, d in zip(weights.trainable, update.delta))
     return rule_lib.ServerStepResult(state, rule_lib.with_trainable(weights, trainable))
-
-
-__getattr__ = renamed.module_getattr(__name__, {'Normalized': 'NormalizedSGD',  # 0.2.0
-                                                'QFFL': 'FairnessWeightedSGD'})  # 0.3.0

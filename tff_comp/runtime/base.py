@@ -2,8 +2,10 @@
 
 An algorithm (`ops.algorithm.Algorithm`) is runtime free; a runtime runs its rounds on
 a population of clients. Runtimes are registered by name (`registry.register_runtime`;
-built in: 'inprocess', the math in this process, `runtime.inprocess`; and 'tff', TFF's
-own process on its C++ worker, `runtime.tff_process`), so a third one is one module:
+built in: 'inprocess', the math in this process, `runtime.inprocess`; 'tff', TFF's
+own process on its C++ worker, `runtime.tff_process`; and 'ray', the in-process math
+with each round's clients on Ray actors, `runtime.ray_runtime`), so another one is one
+module:
 
     @dataclasses.dataclass(frozen=True)
     class MineOptions:  # its settings: flags, defaults, checks (`tff_comp.settings`)
@@ -20,7 +22,7 @@ own process on its C++ worker, `runtime.tff_process`), so a third one is one mod
 register a builder returning a process; only TFF's runtime runs one); `client_data` a
 `tff.simulation.datasets.ClientData`. `runtime.choice` picks the runtime ('auto': the
 first by `auto_rank` whose `why_not` is empty) and routes each setting to the runtime
-owning it; the simulation loop (`runtime.simulation`) and the experiment
+owning it; the simulation loop (`run.training_loop`) and the experiment
 (`tff_comp.experiment`) use nothing but this interface.
 """
 
@@ -59,7 +61,7 @@ class Runtime(Protocol):
   """A built runtime: one algorithm (or process) on one population of clients.
 
   Attributes:
-    name: the registered name ('tff', 'inprocess', ...).
+    name: the registered name ('tff', 'inprocess', 'ray', ...).
     description: one line for the run's header: where rounds run and why (the engine,
       a fallback and its reason).
     record: what `config.json` records of it (name, engine, device, why); kept up to

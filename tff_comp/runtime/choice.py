@@ -121,7 +121,7 @@ def runner_for(program, client_data, runtime: str = 'auto', *,
   """(the runtime running `program` on `client_data`, one line saying which and why).
 
   `program` is an Algorithm or a LearningProcess. `runtime` names a registered runtime
-  (`registry.RUNTIMES`: 'inprocess', 'tff', plugins) or 'auto': the first by
+  (`registry.RUNTIMES`: 'inprocess', 'tff', 'ray', plugins) or 'auto': the first by
   `auto_rank` whose `why_not` says nothing, the reasons for passing over the others in
   the line (a runtime whose own settings are set is the only one tried). `options`:
   {runtime: its settings record} (`runtime_options`; default: the defaults), `values`

@@ -138,7 +138,7 @@ class ResidentData:
 
 class Cohort(NamedTuple):
   """One round's cohort as an engine receives it (per-client fields stacked to [m]).
-  With `trial` (batched trials, `runtime.trial_group`), `payload` and `hparams` are
+  With `trial` (batched trials, `runtime.inprocess_trials`), `payload` and `hparams` are
   stacked per trial and client i reads row `trial[i]` of each."""
 
   payload: Any

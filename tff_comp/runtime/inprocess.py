@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp import composer
+from tff_comp.learning_process import composer
 from tff_comp import registry
 from tff_comp import settings
 from tff_comp.ops import algorithm as algorithm_lib
@@ -541,9 +541,6 @@ def build_from_settings(program, client_data, options: InProcessOptions,
                 data_memory_budget=options.data_memory_budget,
                 kernel_threads=options.kernel_threads)
 
-
-# Kept importable for one version (CHANGELOG.md, 0.2.0).
-InProcessProcess = InProcessRuntime
 
 
 def _runs_outside_tff(model) -> str:

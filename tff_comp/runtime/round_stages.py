@@ -1,5 +1,5 @@
 """The in-process round in stages, shared by a run's round (`inprocess.InProcessRuntime`)
-and a batched group of trials' (`trial_group.TrialGroup`, which runs `finish` once per
+and a batched group of trials' (`inprocess_trials.TrialGroup`, which runs `finish` once per
 trial on that trial's clients):
 
     client_plans    the cohort's batch plans and round context (the reference and start
@@ -75,7 +75,7 @@ class RoundStages:
     """The cohort's `ClientPlan`s and the round's reference loss (None unless the rule
     uses one: the largest of the clients' candidates; `reference` when given, the
     whole cohort's where its clients run in several places). With `trial` ([m],
-    batched trials: `runtime.trial_group`), `payload`, `hparams`, `round_num` and
+    batched trials: `runtime.inprocess_trials`), `payload`, `hparams`, `round_num` and
     `seed` are per trial, each client reads its trial's, and the reference is per trial
     ([trials])."""
     rule, options = self.algorithm.client_rule, self.algorithm.client_options

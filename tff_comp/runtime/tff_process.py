@@ -14,8 +14,8 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp import client_work
-from tff_comp import composer
+from tff_comp.learning_process import client_work
+from tff_comp.learning_process import composer
 from tff_comp import registry
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.runtime import base

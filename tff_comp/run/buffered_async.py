@@ -3,7 +3,7 @@ in-process runtime, in simulated time.
 
 `--concurrency=C` clients train at once. A client starts from the server's model in
 force when it is dispatched and reports t_i simulated seconds later (its device time,
-`runtime.devices`; one second each without a device model). Each arrival enters the
+`run.devices`; one second each without a device model). Each arrival enters the
 server's buffer; after `--buffer_size=K` arrivals the server steps:
 
     x_{t+1} = server_rule(x_t, sum_{i in B} w_i s(tau_i) Delta_i / sum_{i in B} w_i)
@@ -48,10 +48,10 @@ from tff_comp import settings
 from tff_comp.settings import ConfigError
 from tff_comp.ops import aggregation
 from tff_comp.runtime import base
-from tff_comp.runtime import devices
+from tff_comp.run import devices
 from tff_comp.runtime import inprocess
 from tff_comp.runtime import round_stages
-from tff_comp.runtime import sampling
+from tff_comp.run import sampling
 
 MODES = ('sync', 'async')
 STALENESS = ('constant', 'poly')

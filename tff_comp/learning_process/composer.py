@@ -25,9 +25,9 @@ import collections
 
 import tensorflow_federated as tff
 
-from tff_comp import aggregators
-from tff_comp import client_work as client_work_lib
-from tff_comp import server_update as server_update_lib
+from tff_comp.learning_process import aggregation_factories
+from tff_comp.learning_process import client_work as client_work_lib
+from tff_comp.learning_process import server_update as server_update_lib
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import privacy
 
@@ -253,7 +253,7 @@ def initial_weights_fn(model: tff.learning.models.FunctionalModel) -> tff.Comput
 
 def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
   """The LearningProcess placing `algorithm`: client work running its client rule,
-  its aggregation as a `tff.aggregators` factory (`aggregators.UpdateFactory`) whose
+  its aggregation as a `tff.aggregators` factory (`aggregation_factories.UpdateFactory`) whose
   model delta is aggregated by `algorithm.model_aggregator` (default MeanFactory; an
   `ops.privacy.PrivateMean`, or TFF's robust, compression or DP factories) and side channels exactly, and a server update
   running its server rule.
@@ -272,6 +272,6 @@ def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
       client_work=client_work_lib.build_local_client_work(
           algorithm.client_rule, server_update.client_payload.type_signature.result,
           algorithm.client_options),
-      aggregator=aggregators.factory_for(algorithm.aggregation, model_aggregator),
+      aggregator=aggregation_factories.factory_for(algorithm.aggregation, model_aggregator),
       server_update=server_update,
       algorithm=algorithm)

@@ -84,7 +84,7 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
       return self._inner.create(value_type, weight_type)
     if self._kind == aggregation.NORMALIZED and 'a_norm' not in names:
       raise TypeError('FedNova aggregates NormalizedUpdate(delta, a_norm) values, got'
-                      f' {value_type}. Hint: wrap the client rule in ops.sgd.Normalized.')
+                      f' {value_type}. Hint: wrap the client rule in ops.sgd.NormalizedSGD.')
     sides = [name for name in names if name != 'delta']
     normalized = self._kind == aggregation.NORMALIZED
     container = value_type.python_container

@@ -21,10 +21,10 @@ from absl import logging
 from tff_comp import signals
 from tff_comp.settings import ConfigError
 from tff_comp.runtime import base
-from tff_comp.runtime import callbacks as callbacks_lib
-from tff_comp.runtime import checkpoints as checkpoints_lib
-from tff_comp.runtime import run_files
-from tff_comp.runtime import sampling
+from tff_comp.run import callbacks as callbacks_lib
+from tff_comp.run import checkpoints as checkpoints_lib
+from tff_comp.run import run_files
+from tff_comp.run import sampling
 
 
 class Interrupted(KeyboardInterrupt):
@@ -45,13 +45,6 @@ class SignalStop(callbacks_lib.Callback):
     name = signals.requested()
     if name:
       raise callbacks_lib.StopTraining(name, interrupt=True)
-
-
-def stop_on_sigterm() -> None:
-  """Kept for one version: `tff_comp.signals.install()` (Ctrl-C too)."""
-  warnings.warn('simulation.stop_on_sigterm() is tff_comp.signals.install() (Ctrl-C'
-                ' stops at the end of the round too).', DeprecationWarning, stacklevel=2)
-  signals.install()
 
 
 def _start_fresh(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints) -> None:

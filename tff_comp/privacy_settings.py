@@ -17,7 +17,7 @@ from typing import Any
 from tff_comp import accounting
 from tff_comp import settings
 from tff_comp.ops import privacy
-from tff_comp.runtime import callbacks
+from tff_comp.run import callbacks
 
 MEAN = 'mean'  # the algorithm's own aggregation
 AGGREGATORS = (MEAN, *privacy.KINDS)

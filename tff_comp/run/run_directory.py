@@ -1,7 +1,7 @@
 """A run's directory: whether a run may write there, whether a recorded run may be
 resumed with these settings, and the environment config.json records.
 
-The files themselves are written by the training loop (`runtime.simulation`).
+The files themselves are written by the training loop (`run.training_loop`).
 """
 
 from collections.abc import Mapping
@@ -190,7 +190,7 @@ def _read_environment() -> dict[str, Any]:
             'python': platform.python_version(),
             'plugins': registry.plugin_versions(),
             'command': shlex.join([os.path.basename(sys.executable), *sys.argv])}
-  checkout = pathlib.Path(__file__).resolve().parent.parent
+  checkout = pathlib.Path(__file__).resolve().parents[2]  # tff_comp/run/ -> the checkout
   if (checkout / '.git').exists():
     def git(*args):
       return subprocess.run(['git', '-C', str(checkout), *args], capture_output=True,

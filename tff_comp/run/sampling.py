@@ -1,6 +1,6 @@
 """Which clients a round trains: sampling (uniform, with replacement, Poisson) and
 availability (dropouts, stragglers, and with a device model deadlines, over-selection
-and availability windows: `runtime.devices`), drawn from the run's seed and the round
+and availability windows: `run.devices`), drawn from the run's seed and the round
 alone."""
 
 from collections.abc import Sequence
@@ -11,8 +11,8 @@ from typing import NamedTuple
 import numpy as np
 
 from tff_comp import settings
-from tff_comp.runtime import devices as devices_lib
-from tff_comp.runtime import run_files
+from tff_comp.run import devices as devices_lib
+from tff_comp.run import run_files
 
 
 SAMPLINGS = ('uniform', 'with_replacement', 'poisson')

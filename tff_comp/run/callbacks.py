@@ -16,9 +16,9 @@ import tqdm
 
 from tff_comp.ops.rule import LEARNING_RATE
 from tff_comp.runtime import base
-from tff_comp.runtime import checkpoints as checkpoints_lib
+from tff_comp.run import checkpoints as checkpoints_lib
 from tff_comp.runtime import client_rows
-from tff_comp.runtime import run_files
+from tff_comp.run import run_files
 
 
 class DivergenceError(RuntimeError):
