@@ -89,6 +89,7 @@ import psutil  # installed with TFF (portpicker requires it)
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp import data as data_lib
 from tff_comp.runtime import choice
 from tff_comp.tasks import lasso
 from tff_comp.tasks import synthetic
@@ -149,7 +150,7 @@ CLIENTS, BATCH, LR = 10, 10, 1e-3
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _plain_round(model, arrays: inprocess.ClientArrays):
+def _plain_round(model, arrays: data_lib.ClientArrays):
   """The floor: the same local SGD in one tf.function, clients by tf.map_fn."""
   x_all = tf.Variable(arrays.examples[0].reshape(len(arrays.counts), -1, lasso.DIM))
   y_all = tf.Variable(arrays.examples[1].reshape(len(arrays.counts), -1))
@@ -372,7 +373,7 @@ from tff_comp import experiment
 engine = sys.argv[1]
 prepared = experiment.prepare(experiment.ExperimentConfig.of(
     algorithm='feddualavg', task='lasso', engine=engine, output_dir=tempfile.mkdtemp()))
-ids, k = prepared.task.train_data.client_ids, prepared.settings['clients_per_round']
+ids, k = prepared.task.train_data.client_ids, prepared.settings.clients_per_round
 start = time.perf_counter()
 runner = experiment.build_runner(prepared)
 runner.runtime.next(runner.runtime.initialize(), ids[:k])

@@ -9,6 +9,7 @@ import psutil  # installed with TFF (portpicker requires it)
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp import data as data_lib
 from tff_comp import keras_models
 from tff_comp.algorithms import fedavg
 from tff_comp.binaries import bench_timing as timing
@@ -19,7 +20,7 @@ from tff_comp.tasks import emnist
 from tff_comp.tasks import generated
 
 
-def _keras_floor(arrays: inprocess.ClientArrays, batch: int, lr: float):
+def _keras_floor(arrays: data_lib.ClientArrays, batch: int, lr: float):
   """run_round(picks): one Keras model trained client by client over the same batches
   (a tf.function SGD step), then the example-weighted mean of the clients' models."""
   model, loss = emnist.cnn(62), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -75,7 +76,7 @@ def part6(rounds: int, repeats: int, per_round: int) -> None:
     datasets = [data.create_tf_dataset_for_client(ids[i]).batch(batch) for i in picks[r]]
     builtin_state[0] = builtin.next(builtin_state[0], datasets).state
 
-  floor = _keras_floor(inprocess.client_arrays(data), batch, lr)
+  floor = _keras_floor(data_lib.client_arrays(data), batch, lr)
   a = timing.time_rounds(timing.round_runner(fast, ids, picks), rounds, repeats, warmup=1)
   # Lanes (convolutions as per-tap matmuls under XLA) are slow on a CPU: a few rounds suffice.
   lanes = inprocess.build(ours, data, engine='lanes')

@@ -75,27 +75,27 @@ def _header(prepared: experiment.Prepared) -> str:
     steps = prepared.builder_args.get('local_steps', next(
         h.default for h in prepared.algorithm.hparams if h.name == 'local_steps'))
     local = f'{steps} local steps'
-  elif prepared.builder_args.get('local_epochs_max', 0) > s['local_epochs']:
-    local = f'{s["local_epochs"]}-{prepared.builder_args["local_epochs_max"]} epochs (drawn)'
+  elif prepared.builder_args.get('local_epochs_max', 0) > s.local_epochs:
+    local = f'{s.local_epochs}-{prepared.builder_args["local_epochs_max"]} epochs (drawn)'
   else:
-    local = f'{s["local_epochs"]} epoch(s)'
-  batch = f'batch {s["batch_size"]}'
+    local = f'{s.local_epochs} epoch(s)'
+  batch = f'batch {s.batch_size}'
   own = next((h.default for h in prepared.algorithm.hparams if h.name == 'batch_size'), None)
-  if config.local_work.batch_size is None and own is not None and own != s['batch_size']:
+  if config.local_work.batch_size is None and own is not None and own != s.batch_size:
     batch += f' (task {config.task}\'s; {config.algorithm} alone uses {own})'
   drawn = config.participation
-  cohort = f'{s["clients_per_round"]} clients/round ({drawn.sampling}'
+  cohort = f'{s.clients_per_round} clients/round ({drawn.sampling}'
   cohort += ''.join(f', {label} {rate:g}' for label, rate in (
       ('dropout', drawn.dropout_rate), ('stragglers', drawn.straggler_rate)) if rate)
   # The algorithm's choices among its variants (ComFedL's objective, how clients are
   # weighed): its numbers are logged every round (metrics.csv's hparams/), these not.
   choices = [f'{h.name.replace("_", " ")} {value}' for h in prepared.algorithm.hparams
              if isinstance(value := prepared.builder_args.get(h.name, h.default), str)]
-  parts = [f'{s["rounds"]} round{"s" * (s["rounds"] != 1)}', cohort + ')',
-           f'eta_c={s["client_learning_rate"]}', f'eta_s={s["server_learning_rate"]}',
+  parts = [f'{s.rounds} round{"s" * (s.rounds != 1)}', cohort + ')',
+           f'eta_c={s.client_learning_rate}', f'eta_s={s.server_learning_rate}',
            batch, local, *choices,
-           (f'regularizer {s["regularizer"]} ({s["regularizer_strength"]:g})'
-            if s['regularizer'] else 'no regularizer')]
+           (f'regularizer {s.regularizer} ({s.regularizer_strength:g})'
+            if s.regularizer else 'no regularizer')]
   if config.privacy.aggregator != privacy_settings.MEAN:
     parts.append(f'aggregator {config.privacy.aggregator}')
   if config.server.server_optimizer:

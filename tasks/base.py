@@ -1,4 +1,5 @@
-"""The Task record every registered task builder returns."""
+"""The Task record the built-in task builders return: a frozen dataclass implementing
+the library's task contract (`tff_comp.task.Task`)."""
 
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
@@ -9,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_comp import data as data_lib
 from tff_comp.ops import regularizers as regularizers_lib
 
 Metrics = dict[str, float]
@@ -16,7 +18,7 @@ Metrics = dict[str, float]
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """An experiment's data, model, objective and metrics.
+  """An experiment's data, model, objective and metrics (`tff_comp.task.Task`).
 
   Attributes:
     name: the registered name.
@@ -39,8 +41,6 @@ class Task:
       `clients/eval_round_<r>.csv` at every evaluation.
     evaluate_personal_clients: as `evaluate_personal`, one row per client
       ({'client': id, 'personal_<metric>': value}), merged into those rows.
-    data_files: {path: fingerprint} of the data files its build read
-      (`paths.recording_data_files`; the experiment layer fills it in).
     evaluate_many: optionally, [(trainable weights, psi), ...] -> each one's `evaluate`
       metrics, equal to the bit, computed together (a grid's batched trials evaluate
       together, `tff_comp.trials`: the data read once for every model).
@@ -58,7 +58,6 @@ class Task:
   evaluate_clients: Callable[[tuple[np.ndarray, ...]], list[dict[str, Any]]] | None = None
   evaluate_personal_clients: Callable[[Mapping[str, tuple[np.ndarray, ...]]],
                                       list[dict[str, Any]]] | None = None
-  data_files: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
   evaluate_many: Callable[[Sequence[tuple[tuple[np.ndarray, ...],
                                           regularizers_lib.Regularizer]]],
                           list[Metrics]] | None = None
@@ -67,12 +66,10 @@ class Task:
   def num_clients(self) -> int:
     return len(self.train_data.client_ids)
 
-  def client_arrays(self):
-    """Every training client's examples as NumPy arrays (`runtime.inprocess.ClientArrays`:
+  def client_arrays(self) -> data_lib.ClientArrays:
+    """Every training client's examples as NumPy arrays (`tff_comp.data.ClientArrays`:
     all clients' examples concatenated in client order, each client's count, the ids)."""
-    from tff_comp.runtime import inprocess  # pylint: disable=g-import-not-at-top
-
-    return inprocess.client_arrays(self.train_data)
+    return data_lib.client_arrays(self.train_data)
 
   @property
   def weight_shapes(self) -> list[tuple[int, ...]]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import tensorflow_federated as tff
 
+from tff_comp import data as data_lib
 from tff_comp.ops import regularizers
 from tff_comp.ops import local_loop
 from tff_comp.runtime import inprocess
@@ -45,7 +46,7 @@ def classification_task(name: str, train_data: tff.simulation.datasets.ClientDat
   training examples scored (and the test examples, if `test_examples` caps them: None
   scores every test example)."""
   scorer = base.ClassifierScorer(model, masked_labels, also_masked)
-  x_test, y_test = (inprocess.client_arrays(test_data).examples if test_examples is None
+  x_test, y_test = (data_lib.client_arrays(test_data).examples if test_examples is None
                     else sample(test_data, test_examples, seed))
   x_train, y_train = sample(train_data, eval_examples, seed)
 

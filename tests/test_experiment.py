@@ -84,7 +84,7 @@ def test_home_settings_apply_on_the_home_task_only(tmp_path):
   elsewhere = experiment.prepare(_config(tmp_path, 'tr_maml', task='sinewave'))
   assert 'alpha' not in elsewhere.builder_args
   nova = experiment.prepare(_config(tmp_path, 'fednova'))
-  assert nova.settings['local_epochs'] == 2 and nova.builder_args['local_epochs_max'] == 5
+  assert nova.settings.local_epochs == 2 and nova.builder_args['local_epochs_max'] == 5
 
 
 def test_data_seed_and_run_seed_are_separate(tmp_path):

@@ -9,6 +9,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
+from tff_comp import data as data_lib
 from tff_comp.tasks import quadratic
 from tff_comp.learning_process import aggregation_factories
 from tff_comp import experiment
@@ -119,7 +120,7 @@ def test_drawn_epochs_set_each_clients_steps():
   """With epochs drawn from U{2..5}, client i takes floor(E_i n_i / B) steps (FedNova's
   tau_i), for the three algorithms that draw them."""
   data = algorithm_cases.DATA['unequal']
-  arrays = inprocess.client_arrays(data)
+  arrays = data_lib.client_arrays(data)
   ids = ['c0', 'c1', 'c2', 'c3', 'c4']
   for name in ('fedavg', 'fedprox', 'fednova'):
     process = inprocess.build(algorithm_cases.build(

@@ -22,7 +22,7 @@ for path in sys.argv[1:]:
   flags_lib.parse_or_fail(['run.py', '--flagfile=' + path])
   config = flags_lib.config_from_flags(flags.FLAGS, run._ALGO_FLAGS, run._TASK_FLAGS)
   prepared = experiment.prepare(config)
-  results[path] = [prepared.config.output_dir, prepared.settings['rounds']]
+  results[path] = [prepared.config.output_dir, prepared.settings.rounds]
 print(json.dumps(results))
 """
 

@@ -152,8 +152,8 @@ def test_feddualavg_recovers_the_support_within_100_rounds(tmp_path):
   """The paper's headline with the task defaults: 10 clients/round, batch 10, 1 epoch."""
   prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='feddualavg', task='lasso', rounds=100, output_dir=str(tmp_path)))
-  assert prepared.settings['clients_per_round'] == 10
-  assert prepared.settings['batch_size'] == 10 and prepared.settings['local_epochs'] == 1
+  assert prepared.settings.clients_per_round == 10
+  assert prepared.settings.batch_size == 10 and prepared.settings.local_epochs == 1
   final = experiment.run_experiment(prepared, show_progress=False)
   assert final['eval/f1'] >= 0.99
   rows = (tmp_path / 'metrics.csv').read_text().splitlines()

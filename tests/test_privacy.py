@@ -275,7 +275,7 @@ def test_the_default_delta_is_population_to_the_minus_1_1_and_is_recorded(tmp_pa
       algorithm='fedavg', task='quadratic', aggregator='dp', clip_norm=1.0,
       noise_multiplier=0.5, client_weighting='uniform', clients_per_round=2,
       output_dir=str(tmp_path)))
-  assert prepared.settings['target_delta'] == pytest.approx(6 ** -1.1, rel=1e-12)
+  assert prepared.settings.target_delta == pytest.approx(6 ** -1.1, rel=1e-12)
 
 
 def test_the_privacy_line_gives_the_delta_it_accounts_with():

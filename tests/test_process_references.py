@@ -8,11 +8,12 @@ import pytest
 
 from tests import algorithm_cases
 from tests import numpy_reference as ref
+from tff_comp import data as data_lib
 from tff_comp.ops import regularizers
 from tff_comp.runtime import inprocess
 
 DATA = algorithm_cases.DATA['unequal']
-ARRAYS = inprocess.client_arrays(DATA)
+ARRAYS = data_lib.client_arrays(DATA)
 ROUNDS = [['c0', 'c2', 'c4'], ['c1', 'c3', 'c4'], ['c0', 'c1', 'c3']]
 B, K, LR = 3, 4, 0.05
 

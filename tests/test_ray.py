@@ -76,7 +76,7 @@ def _rounds(runtime, rounds: int = 3, kill=None):
       metrics.append(output.metrics)
   if kill:
     kill(rounds + 1)
-  return base.whole_state(runtime, state), metrics
+  return runtime.whole_state(state), metrics
 
 
 def _assert_same(got, want, label):

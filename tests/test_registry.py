@@ -1,6 +1,5 @@
 """Registry: duplicates, unknown names with suggestions, entry-point plugins."""
 
-import importlib
 import os
 import subprocess
 import sys

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
+from tff_comp import data as data_lib
 from tff_comp import experiment
 from tff_comp import registry
 from tff_comp.runtime import inprocess
@@ -29,7 +30,7 @@ def _algorithm(name):
 
 
 def test_the_estimate_is_the_resident_copys_size():
-  arrays = inprocess.client_arrays(DATA)
+  arrays = data_lib.client_arrays(DATA)
   exact = sum(a.nbytes for a in tf.nest.flatten(arrays.examples))
   assert streaming.estimate_bytes(DATA, sample=len(DATA.client_ids)) == pytest.approx(
       exact, rel=1e-6)

@@ -179,8 +179,8 @@ def _alone(trial: trials.Trial):
   runner = experiment.build_runner(prepared)
   return experiment.train_runner(
       prepared, runner, show_progress=False, client_hparams=trial.client_hparams,
-      learning_rates=(prepared.settings['client_learning_rate'],
-                      prepared.settings['server_learning_rate']))
+      learning_rates=(prepared.settings.client_learning_rate,
+                      prepared.settings.server_learning_rate))
 
 
 def test_run_trials_writes_what_each_separate_run_writes(tmp_path):

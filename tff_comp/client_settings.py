@@ -16,7 +16,7 @@ from tff_comp.ops import client_round
 class LocalWorkOptions:
   """How each client trains in a round (None: the task's default)."""
 
-  client_learning_rate: float | None = settings.setting(None, 'Client learning rate eta_c.')
+  client_learning_rate: float | None = settings.setting(None, 'Client learning rate eta_c.', per_trial=True)
   batch_size: int | None = settings.setting(None, 'Examples per local step.',
                                             upper=settings.MAX_INT32)
   local_epochs: int | None = settings.setting(

@@ -22,7 +22,9 @@ from tff_comp import privacy_settings
 from tff_comp import registry
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.run import run_directory
+from tff_comp.run import run_settings
 from tff_comp import settings
+from tff_comp import task as task_lib
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import rule as rule_lib
@@ -48,9 +50,6 @@ COMMON_TASK_ARGS = ('seed',)
 
 ConfigError = settings.ConfigError  # bad settings; the message is one line for the user
 DEFAULT_TASK = 'lasso'
-# The run settings `_resolve` fills from the task's (and the home pair's) defaults.
-SETTINGS = ('rounds', 'clients_per_round', 'client_learning_rate', 'server_learning_rate',
-            'batch_size', 'local_epochs', 'eval_period')
 
 
 @dataclasses.dataclass
@@ -58,13 +57,15 @@ class Prepared:
   """A validated experiment, ready to build its process."""
 
   config: ExperimentConfig
-  task: Any  # tasks.Task
+  task: task_lib.Task
   algorithm: registry.Entry
   builder_args: dict[str, Any]
-  settings: dict[str, Any]  # the resolved run settings (after task defaults)
+  settings: run_settings.RunSettings  # the run's settings in force
   ledger: accounting.Ledger | None = None  # a DP run's privacy accounting
-  # {path: fingerprint} of every file the run reads: the task's data files and the
-  # files its settings name (a device trace); config.json's environment.data_files.
+  # {path: fingerprint} of the data files the task's build read, and of every file the
+  # run reads (those and the files its settings name: a device trace), config.json's
+  # environment.data_files.
+  task_files: dict[str, Any] = dataclasses.field(default_factory=dict)
   inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def build(self):
@@ -75,13 +76,6 @@ class Prepared:
   def build_process(self):
     """The program as a TFF LearningProcess (`registry.Entry.process`)."""
     return self.algorithm.process(self.task.model, **self.builder_args)
-
-
-def _resolve(config: ExperimentConfig, defaults) -> dict[str, Any]:
-  fallback = dict(rounds=100, clients_per_round=10, server_learning_rate=1.0,
-                  batch_size=10, local_epochs=1, eval_period=10)
-  return {key: defaults.get(key, fallback.get(key)) if config.value(key) is None
-          else config.value(key) for key in SETTINGS}
 
 
 def _regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
@@ -149,12 +143,14 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
     raise ConfigError(str(e)) from e
 
 
-def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
+def _build_task(config: ExperimentConfig,
+                task_entry: registry.Entry) -> tuple[task_lib.Task, dict[str, Any]]:
+  """(the task, {path: fingerprint} of the data files its build read)."""
   task_args = config.task_arguments(task_entry.accepts)
   try:
     with paths.recording_data_files() as files:
       task = task_entry.builder(**task_args)
-    return dataclasses.replace(task, data_files=files) if files else task
+    return task, files
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e
   except MemoryError as e:  # NumPy's "Unable to allocate ..." for an absurd size option
@@ -162,10 +158,11 @@ def _build_task(config: ExperimentConfig, task_entry: registry.Entry) -> Any:
                       f' options ({e}).') from e
 
 
-def _inputs(config: ExperimentConfig, task) -> dict[str, Any]:
-  """{path: fingerprint} of the files the run reads (`Prepared.inputs`); a named file
-  that cannot be read is left to its setting's own check, which names it."""
-  files = dict(task.data_files)
+def _inputs(config: ExperimentConfig, data_files: dict[str, Any]) -> dict[str, Any]:
+  """{path: fingerprint} of the files the run reads (`Prepared.inputs`): the task's
+  `data_files` and those its settings name; a named file that cannot be read is left to
+  its setting's own check, which names it."""
+  files = dict(data_files)
   for path in config.input_files():
     try:
       files[path] = paths.fingerprint(pathlib.Path(path))
@@ -174,27 +171,8 @@ def _inputs(config: ExperimentConfig, task) -> dict[str, Any]:
   return files
 
 
-def _run_settings(config: ExperimentConfig, task, home: dict[str, Any]) -> dict[str, Any]:
-  """The run settings (`SETTINGS`) resolved and checked."""
-  settings = _resolve(config, {**task.defaults,
-                               **{k: v for k, v in home.items() if k in SETTINGS}})
-  for name in ('rounds', 'clients_per_round', 'eval_period', 'batch_size', 'local_epochs'):
-    if settings[name] is None or settings[name] < 1:
-      raise ConfigError(f'--{name} must be >= 1, got {settings[name]}.')
-  for name in ('client_learning_rate', 'server_learning_rate'):
-    if settings[name] is None or not settings[name] > 0:
-      raise ConfigError(f'--{name} must be > 0, got {settings[name]}.')
-  if (settings['clients_per_round'] > task.num_clients
-      and config.participation.sampling != 'with_replacement'):
-    raise ConfigError(
-        f'--clients_per_round={settings["clients_per_round"]} exceeds the'
-        f' {task.num_clients} clients of task {task.name!r}.'
-    )
-  return settings
-
-
 def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
-                      builder_args: dict[str, Any], settings_: dict[str, Any]) -> None:
+                      builder_args: dict[str, Any], settings_: run_settings.RunSettings) -> None:
   """Puts the named server optimizer (at the run's server learning rate) into
   `builder_args`, or raises ConfigError for a setting that cannot apply."""
   if config.server.server_optimizer is None:
@@ -210,20 +188,22 @@ def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
                       ' optimizer; for momentum use --server_optimizer=sgdm'
                       ' --server_beta_1=MOMENTUM.')
   try:
-    builder_args['server_optimizer'] = config.server.build(settings_['server_learning_rate'])
+    builder_args['server_optimizer'] = config.server.build(settings_.server_learning_rate)
   except ValueError as e:
     raise ConfigError(str(e)) from e
 
 
-def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
-                  home: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-  """The algorithm builder's arguments: home options, given options, common settings,
-  the run seed, the population size and the regularizer."""
-  builder_args = {k: v for k, v in home.items() if k not in SETTINGS}
+def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task: task_lib.Task,
+                  home: dict[str, Any], settings: run_settings.RunSettings
+                  ) -> tuple[dict[str, Any], run_settings.RunSettings]:
+  """(the algorithm builder's arguments: home options, given options, common settings,
+  the run seed, the population size and the regularizer; `settings` with the
+  regularizer in force)."""
+  builder_args = {k: v for k, v in home.items() if k not in run_settings.DEFAULTED}
   builder_args.update(config.algorithm_options)
   for name in ('client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs'):
     if algorithm.accepts(name):
-      builder_args[name] = settings[name]
+      builder_args[name] = getattr(settings, name)
     elif config.value(name) is not None:
       raise ConfigError(f'--{name} does not apply to algorithm {config.algorithm!r}.')
   if config.local_work.client_weighting is not None:
@@ -239,16 +219,16 @@ def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task,
   psi = _regularizer(config, task, algorithm)
   if psi is not None:
     builder_args['regularizer'] = psi
-  settings['regularizer'] = psi.name if psi else None
-  settings['regularizer_strength'] = psi.strength if psi else None
-  return builder_args
+  return builder_args, dataclasses.replace(
+      settings, regularizer=psi.name if psi else None,
+      regularizer_strength=psi.strength if psi else None)
 
 
-def prepare(config: ExperimentConfig, *, task: Any = None) -> Prepared:
+def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepared:
   """Validates `config` and builds the task; runs no TFF computation. Steps: the
   runtime settings, the algorithm and task names, their options, the task, the run
-  settings, the builder's arguments. `task`: one already built from the same task
-  settings (the trials of a grid share it), used instead of building it again.
+  settings, the builder's arguments. `like`: a run prepared from the same task settings
+  (the trials of a grid), whose task this one shares instead of building it again.
 
   Raises:
     registry.RegistryError: unknown algorithm or task.
@@ -260,16 +240,21 @@ def prepare(config: ExperimentConfig, *, task: Any = None) -> Prepared:
   # Settings and options that work for the (algorithm, home task) pair.
   home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
   _check_options(config, algorithm, task_entry)
-  task = task if task is not None else _build_task(config, task_entry)
-  settings = _run_settings(config, task, home)
-  builder_args = _builder_args(config, algorithm, task, home, settings)
+  task, task_files = ((like.task, like.task_files) if like is not None
+                       else _build_task(config, task_entry))
+  settings = run_settings.resolve(
+      config.value, task, home,
+      with_replacement=config.participation.sampling == 'with_replacement')
+  builder_args, settings = _builder_args(config, algorithm, task, home, settings)
   plan = privacy_settings.configure(
-      config.privacy, algorithm, builder_args, settings,
+      config.privacy, algorithm, builder_args, rounds=settings.rounds,
+      clients_per_round=settings.clients_per_round,
       client_weighting=config.local_work.client_weighting, population=task.num_clients,
       sampling=config.participation.sampling,
       resuming=config.output_dir if config.resume else None)
+  settings = dataclasses.replace(settings, **plan.resolved)
   prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger,
-                      _inputs(config, task))
+                      task_files, _inputs(config, task_files))
   if config.resume:  # refused before any runtime is built (checked again in `train_runner`,
     # with what its caller adds to config.json)
     run_directory.check_resumable(
@@ -327,8 +312,8 @@ def build_runner(prepared: Prepared) -> Runner:
   settings = prepared.settings
   runtime, description = choice.runner_for(
       program, prepared.task.train_data, config.runtime, options=config.runtime_options,
-      batch_size=settings['batch_size'],
-      client_rounds=settings['rounds'] * settings['clients_per_round'],
+      batch_size=settings.batch_size,
+      client_rounds=settings.rounds * settings.clients_per_round,
       resumed=_resumed_runtime(config))
   devices.check_run(config.devices, config.participation.straggler_rate, runtime)
   if config.asynchrony.mode == 'async':  # its description says what it runs on
@@ -352,16 +337,16 @@ def runner_on(prepared: Prepared, runtime: runtime_base.Runtime, description: st
                 evaluation.client_evaluator(prepared.task, runtime))
 
 
-def resolved_options(prepared: Prepared) -> dict[str, Any]:
-  """The run settings and every algorithm and task option in force, defaults included
-  (what config.json's `resolved` records)."""
+def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str, Any]:
+  """The run settings and every algorithm and task option in force, defaults included,
+  and the `runtime`'s description where known (what config.json's `resolved` records)."""
 
   def in_force(entry: registry.Entry, given: dict[str, Any], skip) -> dict[str, Any]:
     return {h.name: given.get(h.name, h.default) for h in entry.hparams
             if h.name not in skip and h.default is not inspect.Parameter.empty}
 
   return dict(
-      prepared.settings,
+      prepared.settings.record(), **({} if runtime is None else {'runtime': runtime}),
       algorithm_options=in_force(prepared.algorithm, prepared.builder_args,
                                  COMMON_ALGORITHM_ARGS),
       task_options=in_force(registry.get_task(prepared.config.task),
@@ -377,12 +362,12 @@ def default_callbacks(prepared: Prepared, runner: Runner, *, show_progress: bool
   their runs from this list; a researcher may add, drop or reorder."""
   config, settings_ = prepared.config, prepared.settings
   return training_loop.standard_callbacks(
-      runner.evaluate, eval_period=settings_['eval_period'],
+      runner.evaluate, eval_period=settings_.eval_period,
       evaluate_clients=runner.evaluate_clients,
       divergence_hint=prepared.algorithm.divergence_hint,
       schedules=config.schedules.pair(), show_progress=show_progress,
-      extra=(*config.privacy.callbacks(prepared.ledger, settings_['rounds'],
-                                       settings_['eval_period'], show_progress), *extra))
+      extra=(*config.privacy.callbacks(prepared.ledger, settings_.rounds,
+                                       settings_.eval_period, show_progress), *extra))
 
 
 def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
@@ -398,13 +383,12 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
   `extra_config` is recorded in config.json beside the config. `callbacks` are the
   run's (None: `default_callbacks`); the loop adds the run directory's own
   (`training_loop.run_simulation`)."""
-  prepared.settings['runtime'] = runner.description
   if show_progress:
     print(f'runtime: {runner.description}', flush=True)
   client_hparams = dict(client_hparams or {})
   if client_hparams and learning_rates is None:
     raise ValueError('client_hparams are set together with learning_rates.')
-  resolved = resolved_options(prepared)
+  resolved = resolved_options(prepared, runner.description)
   resolved['algorithm_options'].update(  # the values in force, not the build's
       {k: v for k, v in client_hparams.items() if k in resolved['algorithm_options']})
   if runner.algorithm is not None:  # the client rule's hyperparameters in force, by the
@@ -457,8 +441,8 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
   return training_loop.run_simulation(
       runner.runtime,
       client_ids=prepared.task.train_data.client_ids,
-      rounds=prepared.settings['rounds'],
-      clients_per_round=prepared.settings['clients_per_round'],
+      rounds=prepared.settings.rounds,
+      clients_per_round=prepared.settings.clients_per_round,
       seed=prepared.config.seed,
       output_dir=pathlib.Path(output_dir),
       config=config,
@@ -469,8 +453,8 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       checkpoint_every=prepared.config.checkpoints.checkpoint_every,
       resume=prepared.config.resume,
       participation=prepared.config.participation,
-      sampler=getattr(runner.runtime, 'sampler', None) or sampling.timed_sampler(
-          prepared.task.train_data, prepared.settings['clients_per_round'],
+      sampler=runner.runtime.sampler or sampling.timed_sampler(
+          prepared.task.train_data, prepared.settings.clients_per_round,
           prepared.config.seed, prepared.config.participation, prepared.config.devices,
           runner.algorithm),  # an async runtime's own (`buffered_async`)
   )

@@ -210,3 +210,27 @@ def reshaped_input(model: tff.learning.models.FunctionalModel,
       initial_weights=model.initial_weights, predict_on_batch_fn=predict_on_batch,
       loss_fn=model.loss, input_spec=(tf.TensorSpec([None, *input_shape], tf.float32),
                                       model.input_spec[1]))
+
+
+def why_not_callable_outside_tff(model: tff.learning.models.FunctionalModel) -> str:
+  """Why `model` cannot be called outside TFF's computations ('' when it can): a model
+  from `tff.learning.models.functional_model_from_keras` raises when called from eager
+  code (outside a TFF computation or a graph). TFF does not export that error's class
+  (KerasFunctionalModelError), so it is recognized by name. The check traces once per
+  model on purpose, so TensorFlow's warning about frequent retracing (after a few
+  builds in one process) is silenced while it runs."""
+  x_spec = model.input_spec[0]
+  x = tf.zeros([1, *x_spec.shape[1:]], x_spec.dtype)
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel('ERROR')
+  try:
+    tf.function(lambda: model.predict_on_batch(model.initial_weights, x), autograph=False)()
+  except Exception as error:  # pylint: disable=broad-except
+    if type(error).__name__ == 'KerasFunctionalModelError':
+      return ('a Keras model converted by TFF runs inside TFF computations only; run it on'
+              ' the TFF runtime.')
+    raise
+  finally:
+    logger.setLevel(level)
+  return ''

@@ -162,13 +162,13 @@ def privacy_line(ledger: accounting.Ledger, budget: float | None, last: int) -> 
           + (f'; epsilon {budget} lasts {last} rounds' if budget else ''))
 
 
-def configure(options: PrivacyOptions, algorithm: Any, builder_args: dict[str, Any],
-              run_settings: dict[str, Any], *, client_weighting: str | None,
+def configure(options: PrivacyOptions, algorithm: Any, builder_args: dict[str, Any], *,
+              rounds: int, clients_per_round: int, client_weighting: str | None,
               population: int, sampling: str, resuming: str | None) -> Plan:
   """Puts the --aggregator's `ops.privacy.PrivateMean` into the builder's arguments
-  `builder_args` of the registered `algorithm` (a DP run weighs clients uniformly),
-  and the resolved noise multiplier and delta into `run_settings` (which hold the
-  run's `clients_per_round` and `rounds`); returns the plan. `resuming`: the output
+  `builder_args` of the registered `algorithm` (a DP run weighs clients uniformly) and
+  returns the plan, its `resolved` the run settings it fixes (the noise multiplier and
+  delta; 'uniform' client weighting where it forces it). `resuming`: the output
   directory of a run being resumed, whose recorded noise multiplier is kept.
 
   Raises:
@@ -179,24 +179,23 @@ def configure(options: PrivacyOptions, algorithm: Any, builder_args: dict[str, A
   if not algorithm.accepts('model_aggregator'):
     raise settings.ConfigError(f'--aggregator: algorithm {algorithm.name!r} takes no model'
                                ' aggregator (its aggregation is its own math).')
+  forced = {}
   if options.private:
     if client_weighting not in (None, 'uniform'):
       raise settings.ConfigError(
           f'--aggregator={options.aggregator} weighs every client alike (TFF\'s DP'
           ' semantics): drop --client_weighting or set it to uniform.')
     if algorithm.accepts('client_weighting'):
-      builder_args['client_weighting'] = run_settings['client_weighting'] = 'uniform'
+      builder_args['client_weighting'] = forced['client_weighting'] = 'uniform'
   try:
     plan = options.plan(
-        clients_per_round=run_settings['clients_per_round'], population=population,
-        rounds=run_settings['rounds'], sampling=sampling,
-        recorded_noise_multiplier=(None if resuming is None
-                                   else recorded_noise_multiplier(resuming)))
+        clients_per_round=clients_per_round, population=population, rounds=rounds,
+        sampling=sampling, recorded_noise_multiplier=(
+            None if resuming is None else recorded_noise_multiplier(resuming)))
   except ValueError as e:
     raise settings.ConfigError(str(e)) from e
-  run_settings.update(plan.resolved)
   builder_args['model_aggregator'] = plan.mean
-  return plan
+  return dataclasses.replace(plan, resolved={**forced, **plan.resolved})
 
 
 def recorded_noise_multiplier(output_dir: str | pathlib.Path) -> float | None:

@@ -34,15 +34,15 @@ class ExperimentConfig:
   algorithm: str
   task: str | None = None  # None: the algorithm's home task (else DEFAULT_TASK)
   rounds: int | None = settings.setting(
-      None, 'Training rounds (default: the task\'s).', upper=settings.MAX_COUNT)
+      None, 'Training rounds (default: the task\'s).', upper=settings.MAX_COUNT, resumable=True, per_trial=True)
   clients_per_round: int | None = settings.setting(
-      None, 'Clients sampled per round.', upper=settings.MAX_COUNT)
-  server_learning_rate: float | None = settings.setting(None, 'Server learning rate eta_s.')
+      None, 'Clients sampled per round.', upper=settings.MAX_COUNT, per_trial=True)
+  server_learning_rate: float | None = settings.setting(None, 'Server learning rate eta_s.', per_trial=True)
   eval_period: int | None = settings.setting(
-      None, 'Evaluate every this many rounds.', upper=settings.MAX_COUNT)
+      None, 'Evaluate every this many rounds.', upper=settings.MAX_COUNT, per_trial=True)
   seed: int = settings.setting(
       0, 'Seed of the run: client sampling and client-side draws.', lower=0,
-      upper=settings.MAX_SEED)
+      upper=settings.MAX_SEED, per_trial=True)
   data_seed: int | None = settings.setting(
       0, 'Seed of the task: generated data, partition and initial model (None: --seed).',
       lower=0, upper=settings.MAX_SEED)
@@ -58,14 +58,14 @@ class ExperimentConfig:
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   output_dir: str | None = settings.setting(
-      None, 'Where metrics go (default runs/<algo>-<task>).')
-  overwrite: bool = settings.setting(False, 'Replace a run already in --output_dir.')
+      None, 'Where metrics go (default runs/<algo>-<task>).', resumable=True, per_trial=True)
+  overwrite: bool = settings.setting(False, 'Replace a run already in --output_dir.', resumable=True, per_trial=True)
   resume: bool = settings.setting(
       False, 'Continue the run in --output_dir from its last checkpoint (its'
-      ' configuration must match; --rounds may grow).')
+      ' configuration must match; --rounds may grow).', resumable=True, per_trial=True)
   force_resume: bool = settings.setting(
       False, 'With --resume: continue a run whose config.json is gone, with these'
-      ' settings (they cannot be checked against the run\'s).')
+      ' settings (they cannot be checked against the run\'s).', resumable=True, per_trial=True)
   runtime: str = settings.setting(
       'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
       ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), ray (the in-process math'
@@ -179,6 +179,17 @@ class ExperimentConfig:
   @property
   def task_seed(self) -> int:
     return self.seed if self.data_seed is None else self.data_seed
+
+
+def declared(attribute: str) -> tuple[str, ...]:
+  """The config.json names (`rounds`, `checkpoints.checkpoint_every`,
+  `runtime_options.tff.workers`) of the settings declared with `attribute` true
+  (`settings.setting`'s `resumable` or `per_trial`), registered runtimes' included."""
+  records = {'': ExperimentConfig, **{f'{group}.': record for group, record in GROUPS.items()},
+             **{f'runtime_options.{name}.': type(record)
+                for name, record in choice.runtime_options().items()}}
+  return tuple(f'{prefix}{spec.name}' for prefix, record in records.items()
+               for spec in settings.specs(record) if getattr(spec, attribute))
 
 
 def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:

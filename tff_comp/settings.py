@@ -32,15 +32,22 @@ def setting(default: Any = None, help: str = '', *,  # pylint: disable=redefined
             above: float | None = None, flag: str | None = None,
             parse: Callable[[str], Any] | None = None,
             default_factory: Callable[[], Any] | None = None,
-            input_file: bool = False) -> Any:
+            input_file: bool = False, resumable: bool = False,
+            per_trial: bool = False) -> Any:
   """A record field: `default`, the flag's `help`, its `choices` (or a function giving
   them, for registries filled later), inclusive `lower`/`upper` or exclusive `above`
   bounds, another `flag` name than the field's, and `parse` for a flag given as a
   string that the field holds otherwise (a list of addresses). `input_file`: the value
   is the path of a file the run reads (a device trace): config.json records its
-  fingerprint and `--resume` refuses the run if it changed (`input_files`)."""
+  fingerprint and `--resume` refuses the run if it changed (`input_files`).
+  `resumable`: a resumed run may change it (where it writes, how long it runs, how it
+  saves, where its rounds run), the rest must match the recorded run's.
+  `per_trial`: trials of a grid that differ in it may share one compiled program
+  (`tff_comp.trials`): it lives in the loop, the sampler or the hyperparameters, never
+  in what is compiled."""
   metadata = dict(help=help, choices=choices, lower=lower, upper=upper, above=above,
-                  flag=flag, parse=parse, input_file=input_file)
+                  flag=flag, parse=parse, input_file=input_file, resumable=resumable,
+                  per_trial=per_trial)
   if default_factory is not None:
     return dataclasses.field(default_factory=default_factory, metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
@@ -61,6 +68,8 @@ class Spec:
   above: float | None
   parse: Callable[[str], Any] | None
   input_file: bool
+  resumable: bool
+  per_trial: bool
 
 
 def _base_type(hint: Any) -> type:
@@ -85,7 +94,8 @@ def specs(record: type) -> Iterator[Spec]:
                else field.default)
     yield Spec(field.name, meta['flag'] or field.name, _base_type(hints[field.name]),
                default, meta['help'], tuple(choices), meta['lower'], meta['upper'],
-               meta['above'], meta['parse'], meta.get('input_file', False))
+               meta['above'], meta['parse'], meta.get('input_file', False),
+               meta.get('resumable', False), meta.get('per_trial', False))
 
 
 def input_files(record: Any) -> list[str]:

@@ -32,19 +32,15 @@ import threadpoolctl
 
 from tff_comp import experiment
 from tff_comp import evaluation
+from tff_comp import run_config
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base
 from tff_comp.run import buffered_async
-from tff_comp.runtime import inprocess
+from tff_comp.runtime import learning_state
 from tff_comp.runtime import streaming
 from tff_comp.runtime import inprocess_trials
 
-# The settings a group's trials may differ in (config.json's names): what the loop,
-# the sampler and the hparams hold, never the compiled program.
-_PER_TRIAL = ('local_work.client_learning_rate', 'server_learning_rate', 'seed', 'rounds',
-              'eval_period', 'clients_per_round', 'participation', 'output_dir',
-              'overwrite', 'resume', 'force_resume', 'checkpoints')
-# Of those, what a private aggregator is built from (its noise calibrated to the rounds,
+# Of the per-trial settings, what a private aggregator is built from (its noise calibrated to the rounds,
 # the cohort and the sampling): private trials share a build only when they agree.
 _CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
 # MB a batched group's trials may take together (`trial_bytes`); larger groups run in
@@ -63,7 +59,8 @@ class Trial:
 
 
 def group_key(trial: Trial) -> str:
-  """What a trial's group shares: its configuration but for `_PER_TRIAL` and the task's
+  """What a trial's group shares: its configuration but for its settings that may differ
+  by trial (`settings.setting(per_trial=True)`, `run_config.declared`) and the task's
   seed (a private run's `_CALIBRATE_PRIVACY` kept). The group's trials run as one
   program where their tasks' data agree in shape (`_why_not_merged`)."""
   shared = dataclasses.asdict(trial.config)
@@ -72,10 +69,10 @@ def group_key(trial: Trial) -> str:
   # AUTO_LANES_MIN_STEPS`): trials share a program only with the engine each one's
   # separate run takes, so of one length.
   by_length = trial.config.runtime_options['inprocess'].engine == 'auto'
-  for name in (*_PER_TRIAL, 'data_seed'):
+  for name in (*run_config.declared('per_trial'), 'data_seed'):
     if by_length and name in ('rounds', 'clients_per_round'):
       continue
-    if not (private and name in _CALIBRATE_PRIVACY):
+    if not (private and name.split('.')[0] in _CALIBRATE_PRIVACY):
       *records, field = name.split('.')
       owner = shared
       for record in records:
@@ -94,11 +91,11 @@ def groups(trials: Sequence[Trial]) -> list[list[int]]:
 
 def _prepare(configs: Sequence[ExperimentConfig]) -> list[experiment.Prepared]:
   """The configurations prepared, one task built per task seed."""
-  tasks: dict[int, Any] = {}
+  first: dict[int, experiment.Prepared] = {}
   prepared = []
   for config in configs:
-    prepared.append(experiment.prepare(config, task=tasks.get(config.task_seed)))
-    tasks.setdefault(config.task_seed, prepared[-1].task)
+    prepared.append(experiment.prepare(config, like=first.get(config.task_seed)))
+    first.setdefault(config.task_seed, prepared[-1])
   return prepared
 
 
@@ -148,7 +145,7 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
         algorithm = p.build()
       except ValueError as e:
         raise experiment.ConfigError(f'algorithm {p.config.algorithm!r}: {e}') from e
-      initial[id(p.task)] = inprocess.initial_state(algorithm, runner.runtime.device)
+      initial[id(p.task)] = learning_state.initial_state(algorithm, runner.runtime.device)
   return _Program(
       members, prepared, runner,
       [inprocess_trials.TrialClients(prefixes[id(p.task)], {
@@ -183,8 +180,8 @@ def _label(prepared: experiment.Prepared) -> str:
 
 
 def _rates(prepared: experiment.Prepared) -> tuple[float, float]:
-  return (prepared.settings['client_learning_rate'],
-          prepared.settings['server_learning_rate'])
+  return (prepared.settings.client_learning_rate,
+          prepared.settings.server_learning_rate)
 
 
 def _train(prepared: experiment.Prepared, runner: experiment.Runner, trial: Trial) -> Any:
@@ -208,7 +205,7 @@ def one_blas_thread() -> None:
   threadpoolctl.threadpool_limits(limits=1, user_api='blas')
 
 
-def trial_bytes(runtime: inprocess.InProcessRuntime, clients_per_round: int) -> int:
+def trial_bytes(runtime: base.Runtime, clients_per_round: int) -> int:
   """A trial's memory in a batched round, estimated: its state four times (stacked in
   and out, on the device and the host) and, per client of its cohort, eight copies of
   the model (payload row, lane and stored local state, update, outputs)."""
@@ -259,7 +256,7 @@ def _run_program(program: _Program, trials: Sequence[Trial], results: list[Any],
       if isinstance(results[i], KeyboardInterrupt):
         raise results[i]
     return
-  per_trial = max(trial_bytes(runner.runtime, p.settings['clients_per_round'])
+  per_trial = max(trial_bytes(runner.runtime, p.settings.clients_per_round)
                   for p in program.prepared) / 2**20
   chunk = max(1, min(size, int(memory_budget // per_trial)))
   seeds = len({id(p.task) for p in program.prepared})
@@ -280,8 +277,8 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
   """The trials `part` of `program` (positions in it) as one group, each on a thread;
   says how long its rounds took, and how much of it the compiled round."""
   started = time.monotonic()
-  group = inprocess_trials.TrialGroup(
-      program.runner.runtime, [program.prepared[k].config.seed for k in part],
+  group = program.runner.runtime.trial_group(
+      [program.prepared[k].config.seed for k in part],
       None if program.clients is None else [program.clients[k] for k in part])
   # A task's evaluation was not written for threads (tasks.base.Scorer built its graph
   # lazily and raced in two trials): the program's trials evaluate one at a time, their
@@ -347,7 +344,7 @@ def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared
                   ) -> experiment.Runner:
   """`runner` for `prepared`'s trial: an async run's schedule is its seed's (the build
   shared)."""
-  if not isinstance(runner.runtime, buffered_async.BufferedAsyncRuntime):
+  if prepared.config.asynchrony.mode != 'async':
     return runner
   return dataclasses.replace(runner, runtime=buffered_async.for_run(
       prepared.config, runner.runtime.driver, prepared.task.train_data, runner.algorithm))
@@ -359,13 +356,9 @@ def _why_not_batched(runner: experiment.Runner, size: int, batch: bool) -> str:
     return 'batching off'
   if size < 2:
     return 'a group of one'
-  if isinstance(runner.runtime, buffered_async.BufferedAsyncRuntime):
-    return 'asynchronous steps run one trial at a time'
-  if not isinstance(runner.runtime, inprocess.InProcessRuntime):
-    return f'the {runner.runtime.name} runtime runs one trial at a time'
-  try:
-    inprocess_trials.TrialGroup.check(runner.runtime)
-  except base.UnsupportedError as error:
-    logging.info('trials one by one: %s', error)
-    return str(error)
-  return ''
+  if not isinstance(runner.runtime, base.BatchesTrials):
+    return f'{runner.runtime.description} runs one trial at a time'
+  reason = runner.runtime.why_not_batched()
+  if reason:
+    logging.info('trials one by one: %s', reason)
+  return reason

@@ -4,7 +4,6 @@ into the `build_<algo>` that returns a genuine TFF LearningProcess."""
 
 from collections.abc import Callable
 import functools
-import warnings
 
 import tensorflow_federated as tff
 

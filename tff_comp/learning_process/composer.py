@@ -22,6 +22,7 @@ runtime runs) and composes them; its process remembers the algorithm (`.algorith
 """
 
 import collections
+from typing import Any
 
 import tensorflow_federated as tff
 
@@ -275,3 +276,11 @@ def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
       aggregator=aggregation_factories.factory_for(algorithm.aggregation, model_aggregator),
       server_update=server_update,
       algorithm=algorithm)
+
+
+def algorithm_of(program: Any) -> Any:
+  """The Algorithm of `program` (an Algorithm, or a process composed from one); any other
+  program as it is."""
+  if isinstance(program, ComposedLearningProcess) and program.algorithm:
+    return program.algorithm
+  return program

@@ -49,7 +49,7 @@ from tff_comp.settings import ConfigError
 from tff_comp.ops import aggregation
 from tff_comp.runtime import base
 from tff_comp.run import devices
-from tff_comp.runtime import inprocess
+from tff_comp.runtime import learning_state
 from tff_comp.runtime import round_stages
 from tff_comp.run import sampling
 
@@ -205,7 +205,7 @@ class BufferedAsyncRuntime:
   name = 'inprocess'
   partial_work = False
 
-  def __init__(self, driver: inprocess.InProcessRuntime, schedule: Schedule,
+  def __init__(self, driver: base.ClientOutputs, schedule: Schedule,
                options: AsyncOptions):
     self._driver, self.schedule, self.options = driver, schedule, options
     self.algorithm = driver.algorithm
@@ -216,8 +216,8 @@ class BufferedAsyncRuntime:
     self._empty: InFlight | None = None
 
   @property
-  def driver(self) -> inprocess.InProcessRuntime:
-    """The in-process runtime running the clients."""
+  def driver(self) -> base.ClientOutputs:
+    """The runtime running the clients (the in-process one)."""
     return self._driver
 
   @property
@@ -241,7 +241,7 @@ class BufferedAsyncRuntime:
     return self._with_flight(state, self._empty)
 
   def _with_flight(self, state: base.State, flight: InFlight) -> base.State:
-    return inprocess.learning_state(state.global_model_weights, state.client_work,
+    return learning_state.assemble(state.global_model_weights, state.client_work,
                                     state.finalizer, flight)
 
   def get_model_weights(self, state: base.State):
@@ -258,6 +258,9 @@ class BufferedAsyncRuntime:
 
   def get_personal_weights(self, state: base.State):
     return self._driver.get_personal_weights(state)
+
+  def whole_state(self, state: base.State) -> base.State:
+    return state
 
   def prefetch(self, client_ids: Sequence[str]) -> None:
     self._driver.prefetch(client_ids)
@@ -278,7 +281,7 @@ class BufferedAsyncRuntime:
            work: Sequence[float] | None = None) -> base.RoundOutput:
     """Server step t + 1 (t: the steps done): runs the clients dispatched from x_t
     (`client_ids`, the plan's cohort), then aggregates the step's arrivals."""
-    state = inprocess.as_tensors(state)
+    state = learning_state.as_tensors(state)
     step = int(state.client_work.round) + 1
     plan = self.schedule.plan(step)
     if list(client_ids) != [c for _, c in plan.cohort] or work is not None:
@@ -306,7 +309,7 @@ class BufferedAsyncRuntime:
                             dropped=float(len(plan.dropped)),
                             staleness_mean=float(staleness.mean()),
                             staleness_max=float(staleness.max()))
-    return base.RoundOutput(inprocess.learning_state(
+    return base.RoundOutput(learning_state.assemble(
         weights, work_state, server, self._pack(waiting, flight)), metrics)
 
   def _pack(self, waiting: dict[int, Any], like: InFlight) -> InFlight:
@@ -350,8 +353,9 @@ def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
       it cannot run (`why_not`), a sampling other than uniform, dropout or stragglers,
       a deadline or over-selection, more clients at once than the task has.
   """
-  if not isinstance(runtime, inprocess.InProcessRuntime):
-    raise ConfigError(f'--mode=async runs on the in-process runtime, not {runtime.name}.')
+  if not isinstance(runtime, base.ClientOutputs):
+    raise ConfigError(f'--mode=async runs on the in-process runtime (a runtime giving each'
+                      f' client\'s outputs), not {runtime.name}.')
   reason = why_not(algorithm)
   if reason:
     raise ConfigError(f'--mode=async cannot run this algorithm: {reason}.')

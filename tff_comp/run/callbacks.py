@@ -352,7 +352,7 @@ class RunRecord(Callback):
     self._config = config
 
   def _write(self, loop: Loop) -> None:
-    config = dict(self._config, runtime_record=getattr(loop.runtime, 'record', None))
+    config = dict(self._config, runtime_record=loop.runtime.record)
     if 'resolved' in config and hasattr(loop.runtime, 'description'):
       config['resolved'] = dict(config['resolved'], runtime=loop.runtime.description)
     run_files.write_whole(loop.output_dir / 'config.json', json.dumps(config, indent=2, default=str))
@@ -382,7 +382,7 @@ class Checkpointer(Callback):
     self._last = (round_num, metrics)
     if round_num % self._every == 0 or round_num == loop.rounds:
       loop.flush()
-      self._checkpoints.save(base.whole_state(loop.runtime, loop.state), round_num, metrics)
+      self._checkpoints.save(loop.runtime.whole_state(loop.state), round_num, metrics)
       loop.saved = round_num
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
@@ -391,7 +391,7 @@ class Checkpointer(Callback):
     if (completed or loop.interrupted) and loop.finished > loop.saved:
       loop.flush()
       seen, row = self._last
-      self._checkpoints.save(base.whole_state(loop.runtime, loop.finished_state),
+      self._checkpoints.save(loop.runtime.whole_state(loop.finished_state),
                              loop.finished, row if seen == loop.finished else None)
       loop.saved = loop.finished
     self._checkpoints.close()

@@ -205,7 +205,7 @@ class CheckpointOptions:
 
   checkpoint_every: int = settings.setting(
       50, 'Save the process state every this many rounds (and at the last), for'
-      ' --resume.', lower=1, upper=settings.MAX_COUNT)
+      ' --resume.', lower=1, upper=settings.MAX_COUNT, resumable=True, per_trial=True)
 
   def __post_init__(self):
     settings.check(self)

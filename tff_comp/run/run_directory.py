@@ -24,14 +24,10 @@ from tff_comp import run_config
 from tff_comp.settings import ConfigError
 
 RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
-# Settings a resumed run may change: where it writes, how long it runs, how it saves,
-# and where its rounds run (a run stopped by a dead worker resumes on others; an engine
-# that fell back records it).
-RESUMABLE_CHANGES = ('output_dir', 'overwrite', 'resume', 'force_resume', 'rounds',
-                     'checkpoints.checkpoint_every', 'runtime_options.tff.workers',
-                     'runtime_record', 'environment',
-                     'runtime_options.inprocess.data_memory_budget',
-                     'runtime_options.inprocess.kernel_threads')
+# Records of config.json a resumed run may change besides its resumable settings
+# (`settings.setting(resumable=True)`): the runtime's (an engine that fell back records
+# it) and the environment's (its input files are compared apart, `_check_inputs`).
+_RESUMABLE_RECORDS = ('runtime_record', 'environment')
 # Resolved at training time from what is compared already (`client_hparams`: from the
 # algorithm options, learning rates and a grid's configuration; `server_hparams`: from
 # the server optimizer's settings, and absent from runs recorded before 0.3.0 had it).
@@ -91,7 +87,7 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
                     force: bool = False, extra_later: bool = False,
                     inputs: Mapping[str, Any] | None = None) -> None:
   """Raises ConfigError if the run recorded in `output_dir` was configured otherwise
-  than `config` (besides `RESUMABLE_CHANGES`), read other input files than `inputs`
+  than `config` (besides its resumable settings), read other input files than `inputs`
   ({path: fingerprint}, `paths.fingerprint`; None: not checked) or holds a run
   (metrics, checkpoints) whose config.json is gone, unless `force`. Nothing there:
   nothing to check. `extra_later`: records the caller adds to config.json later (a
@@ -119,13 +115,15 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
                  {f'{prefix}{key}': value})
     return out
 
+  resumable = (*run_config.declared('resumable'), *_RESUMABLE_RECORDS)
+
   def comparable(c):  # (settings, resolved settings), flat, less what may change
     c = flat(json.loads(json.dumps(c, default=str)))
     def free(key, names):  # `key` is one of `names` or inside one
       return any(key == n or key.startswith(f'{n}.') for n in names)
 
     kept = {k: v for k, v in c.items()
-            if not k.startswith('resolved.') and not free(k, RESUMABLE_CHANGES)}
+            if not k.startswith('resolved.') and not free(k, resumable)}
     resolved = {k[len('resolved.'):]: v for k, v in c.items() if k.startswith('resolved.')}
     return kept, {k: v for k, v in resolved.items() if not free(k, _RESUMABLE_RESOLVED)}
 

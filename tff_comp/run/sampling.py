@@ -35,16 +35,16 @@ class Participation:
   sampling: str = settings.setting(
       'uniform', 'How each round\'s clients are drawn: uniform (--clients_per_round'
       ' distinct clients), with_replacement, or poisson (each client with probability'
-      ' clients_per_round / population; cohorts vary in size).', choices=SAMPLINGS)
+      ' clients_per_round / population; cohorts vary in size).', choices=SAMPLINGS, per_trial=True)
   dropout_rate: float = settings.setting(
       0.0, 'Chance that a sampled client fails to report (its update is lost; a round'
-      ' nobody reports leaves the model as it was).', lower=0.0)
+      ' nobody reports leaves the model as it was).', lower=0.0, per_trial=True)
   straggler_rate: float = settings.setting(
       0.0, 'Chance that a reporting client straggles, doing only --straggler_work of its'
-      ' local steps (in-process runtime).', lower=0.0)
+      ' local steps (in-process runtime).', lower=0.0, per_trial=True)
   straggler_work: float = settings.setting(
       0.5, 'The share of its local steps a straggler completes (at least one step).',
-      above=0.0, upper=1.0)
+      above=0.0, upper=1.0, per_trial=True)
 
   def __post_init__(self):
     settings.check(self)

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping, Sequence
 import pathlib
 import shutil
 import time
-import warnings
 from typing import Any
 
 from absl import logging

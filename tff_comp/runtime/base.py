@@ -26,7 +26,7 @@ owning it; the simulation loop (`run.training_loop`) and the experiment
 (`tff_comp.experiment`) use nothing but this interface.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 # The state of a round on every runtime is TFF's `LearningAlgorithmState`, a structure
@@ -69,7 +69,12 @@ class Runtime(Protocol):
     keeps_personal_models: `get_personal_weights` returns per-client models (Ditto).
     partial_work: `next` runs clients doing a fraction of their local steps
       (stragglers); a runtime without it raises UnsupportedError for `work` < 1.
+    sampler: None, or the loop's sampler where the runtime decides who trains each
+      round (buffered async's schedule: `run.buffered_async`); any object with
+      `sample(round_num) -> run.sampling.RoundClients` and a `capacity`.
 
+  What a runtime can do beyond rounds is a capability, a protocol of its own that it
+  implements (`ClientOutputs`, `BatchesTrials`); who needs one asks with isinstance.
   """
 
   name: str
@@ -77,6 +82,7 @@ class Runtime(Protocol):
   record: dict[str, Any]
   keeps_personal_models: bool
   partial_work: bool
+  sampler: Any
 
   def initialize(self) -> State:
     """The state before round 1."""
@@ -109,14 +115,46 @@ class Runtime(Protocol):
   def get_personal_weights(self, state: State) -> Any:
     """Per-client personal models (tuple of [num_clients, ...] arrays), or None."""
 
+  def whole_state(self, state: State) -> State:
+    """`state` with whatever the runtime keeps elsewhere brought in: what a checkpoint
+    saves (the Ray runtime's actors hold client state; on other runtimes `state`)."""
 
-def whole_state(runtime: Runtime, state: State) -> State:
-  """`state` with whatever its runtime keeps elsewhere brought in: what a checkpoint
-  saves. A runtime holding parts of its states away from them (the Ray runtime's
-  actors hold client state: `ray_runtime.RayRuntime.whole_state`) defines
-  `whole_state(state)`; for the others a state is whole."""
-  whole = getattr(runtime, 'whole_state', None)
-  return state if whole is None else whole(state)
+
+@runtime_checkable
+class ClientOutputs(Protocol):
+  """A capability: each client's outputs of a cohort brought to the host, and the
+  stages that end a round from them (`round_stages.RoundStages`); buffered
+  asynchronous steps run on it (`run.buffered_async`). The in-process runtime has it.
+
+  Attributes:
+    algorithm: the `ops.algorithm.Algorithm` it runs.
+    stages: its round's stages (`round_stages.RoundStages`).
+    device: where its rounds run.
+    population_index: {client id: its row in the per-client tables}.
+  """
+
+  algorithm: Any
+  stages: Any
+  device: str
+  population_index: Mapping[str, int]
+
+  def client_outputs(self, payload, hparams, client_ids: Sequence[str],
+                     work: Sequence[float], indices: Sequence[int], round_num: int) -> Any:
+    """The clients' `ops.client_round.ClientOutput`s, stacked in NumPy, from `payload`
+    and `hparams` as in round `round_num`."""
+
+
+@runtime_checkable
+class BatchesTrials(Protocol):
+  """A capability: a group of trials of its algorithm on its data run as one compiled
+  program (`tff_comp.trials`). The in-process runtime has it."""
+
+  def why_not_batched(self) -> str:
+    """Why its trials must run one at a time ('' when they can be batched)."""
+
+  def trial_group(self, seeds: Sequence[int], clients: Sequence[Any] | None = None) -> Any:
+    """The group of trials with these seeds (`runtime.inprocess_trials.TrialGroup`;
+    `clients[t]`: where trial t's clients are, None: this runtime's own)."""
 
 
 def server_state(state: State) -> Any:

@@ -1,9 +1,9 @@
 """The in-process runtime: an `ops.algorithm.Algorithm` run directly in TensorFlow.
 
-TFF's C++ worker pays a fixed cost per intrinsic and per client (about 1.8 ms per
-client per round measured on the project's machines) and has no GPU build. This
-runtime runs the same math layer (`ops.client_round`, `ops.aggregation`, server rules)
-as one `tf.function` per round, never building a TFF computation:
+TFF's C++ worker pays a fixed cost per intrinsic and per client (docs/speed.md) and
+has no GPU build. This runtime runs the same math layer (`ops.client_round`,
+`ops.aggregation`, server rules) as one `tf.function` per round, never building a TFF
+computation:
 
 * client data stay resident on the device in variables (`engines.ResidentData`);
 * the cohort's plans come from the one batch plan (`ops.client_round.plan_cohort`);
@@ -15,7 +15,8 @@ as one `tf.function` per round, never building a TFF computation:
 `InProcessRuntime` implements `runtime.base.Runtime` (registered as 'inprocess'); its
 state is TFF's `LearningAlgorithmState`, as the TFF process's, and it gives the same
 results (parity tests per algorithm). Device: the first GPU TensorFlow sees, else the
-CPU (`choose_device`).
+CPU (`choose_device`). Capabilities (`runtime.base`): `ClientOutputs` (a round's
+clients alone: Ray's actors, buffered async) and `BatchesTrials` (`inprocess_trials`).
 """
 
 import collections
@@ -26,9 +27,10 @@ from typing import Any
 from absl import logging
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_comp.learning_process import composer
+from tff_comp import data as data_lib
+from tff_comp import models
 from tff_comp import registry
 from tff_comp import settings
 from tff_comp.ops import algorithm as algorithm_lib
@@ -37,15 +39,14 @@ from tff_comp.ops import local_loop
 from tff_comp.ops import privacy
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
-from tff_comp.runtime import nested
+from tff_comp.runtime import inprocess_trials
+from tff_comp.runtime import learning_state
 from tff_comp.runtime import round_stages
 from tff_comp.runtime import streaming
 from tff_comp.runtime import traced
 
 UnsupportedError = base.UnsupportedError
 RoundOutput = base.RoundOutput
-# Where the clients' examples and rounds live; defined beside the engines reading them.
-ClientArrays, client_arrays = engines_lib.ClientArrays, engines_lib.client_arrays
 choose_device = engines_lib.choose_device
 ENGINES = ('auto', *engines_lib.ENGINES)
 # A cohort's positions, population indices and work, traced for cohorts of every size.
@@ -65,10 +66,10 @@ class InProcessOptions:
       4096.0, 'MB the clients\' examples may take resident on the in-process runtime; a'
       ' population estimated larger streams each round\'s cohort from its ClientData'
       ' instead (the next cohort read while a round runs; mapped engine). 0: always'
-      ' stream.', lower=0.0)
+      ' stream.', lower=0.0, resumable=True)
   kernel_threads: int = settings.setting(
       0, 'Threads the lanes engine runs a round\'s clients on, a balanced share each (the'
-      ' same results); 0: the CPU cores this process may use (one on a GPU).', lower=0)
+      ' same results); 0: the CPU cores this process may use (one on a GPU).', lower=0, resumable=True)
 
   def __post_init__(self):
     settings.check(self)
@@ -102,9 +103,10 @@ class InProcessRuntime:
 
   name = 'inprocess'
   partial_work = True
+  sampler = None
 
   def __init__(self, algorithm: algorithm_lib.Algorithm,
-               data: ClientArrays | streaming.StreamedData, *,
+               data: data_lib.ClientArrays | streaming.StreamedData, *,
                device: str | None = None, engine: str = 'auto', lanes: int | None = None,
                client_rounds: int | None = None, why_streaming: str = '',
                kernel_threads: int | None = None):
@@ -151,7 +153,7 @@ class InProcessRuntime:
         reduce_retracing=True)
     self._fallbacks: list[str] = []  # the engines 'auto' falls back to if a round fails
     self._whole_work: dict[int, tf.Tensor] = {}  # `_cohort`'s, by cohort size
-    self._weights_packers: dict[tuple, nested.Packer] = {}  # `get_model_weights`'
+    self._weights_reader = learning_state.WeightsReader()  # `get_model_weights`
     # Why the engine is not auto's first choice (or the data are streamed).
     self.why = (why_streaming or 'streaming each cohort\'s data') if self.streaming else ''
     if engine != 'auto':
@@ -201,40 +203,37 @@ class InProcessRuntime:
   # --- state -------------------------------------------------------------------------
 
   def initialize(self) -> base.State:
-    return initial_state(self.algorithm, self.device)
+    return learning_state.initial_state(self.algorithm, self.device)
 
-  # Readers return NumPy values, as TFF's computations do.
+  # Readers return NumPy values, as TFF's computations do (`learning_state`).
   def get_model_weights(self, state: base.State):
-    # `nested.Packer`, once per layout of the weights: tf.nest.map_structure took 24 us
-    # of a lasso round's 0.8 ms (a loop reading the model every round), this 3 us.
-    weights = state.global_model_weights
-    layout = (type(weights), *((type(part), len(part)) for part in weights))
-    packer = self._weights_packers.get(layout)
-    if packer is None:
-      packer = self._weights_packers[layout] = nested.Packer(weights)
-    return packer.pack([np.asarray(t) for t in tf.nest.flatten(weights)])
+    return self._weights_reader(state)
 
   def set_model_weights(self, state: base.State, weights) -> base.State:
-    return learning_state(weights, state.client_work,
-                  self.algorithm.server_rule.reset(state.finalizer, weights), state.aggregator)
+    return learning_state.with_model_weights(self.algorithm, state, weights)
 
   def get_hparams(self, state: base.State) -> collections.OrderedDict:
-    return tf.nest.map_structure(np.asarray, collections.OrderedDict(
-        client_work=collections.OrderedDict(state.client_work.hparams),
-        finalizer=self.algorithm.server_rule.get_hparams(state.finalizer)))
+    return learning_state.hparams(self.algorithm, state)
 
   def set_hparams(self, state: base.State, hparams) -> base.State:
-    self.algorithm.client_rule.check_hparams(hparams['client_work'])
-    work = client_round.ClientWorkState(
-        collections.OrderedDict(
-            (k, tf.constant(v, tf.float32)) for k, v in hparams['client_work'].items()),
-        state.client_work.round)
-    return learning_state(state.global_model_weights, work, self.algorithm.server_rule.set_hparams(
-        state.finalizer, hparams['finalizer']), state.aggregator)
+    return learning_state.with_hparams(self.algorithm, state, hparams)
 
   def get_personal_weights(self, state: base.State):
     return tf.nest.map_structure(
         np.asarray, self.algorithm.server_rule.personal_weights(state.finalizer))
+
+  def whole_state(self, state: base.State) -> base.State:
+    return state
+
+  def why_not_batched(self) -> str:
+    """`base.BatchesTrials`: why its trials run one at a time ('' when batched)."""
+    return inprocess_trials.why_not(self)
+
+  def trial_group(self, seeds: Sequence[int],
+                  clients: Sequence[inprocess_trials.TrialClients] | None = None
+                  ) -> inprocess_trials.TrialGroup:
+    """`base.BatchesTrials`: a group of trials of its algorithm on its data."""
+    return inprocess_trials.TrialGroup(self, seeds, clients)
 
   # --- rounds ------------------------------------------------------------------------
 
@@ -259,7 +258,7 @@ class InProcessRuntime:
     # Resident data hold the population in its order: a client's position is its index.
     indices = positions if not self.streaming else tf.constant(
         [self.population_index[cid] for cid in client_ids], tf.int32)
-    state = as_tensors(state)
+    state = learning_state.as_tensors(state)
     args = (state.global_model_weights, state.finalizer,
             client_round.ClientWorkState(*state.client_work), state.aggregator)
     with tf.device(self.device):
@@ -275,7 +274,7 @@ class InProcessRuntime:
             args, positions, indices, work)
     self._fallbacks = []  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, round_num)
-    return base.RoundOutput(learning_state(weights, work, server_state, aggregator),
+    return base.RoundOutput(learning_state.assemble(weights, work, server_state, aggregator),
                             self.stages.unpack_metrics(metrics))
 
   def _cohort(self, client_ids: Sequence[str],
@@ -287,7 +286,7 @@ class InProcessRuntime:
     positions = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
     if work is not None:
       work = tf.constant(work, tf.float32)
-    else:  # every client's whole work, one tensor per cohort size (a constant: 15 us)
+    else:  # every client's whole work: one tensor per cohort size, made once
       work = self._whole_work.get(len(client_ids))
       if work is None:
         work = self._whole_work[len(client_ids)] = tf.ones([len(client_ids)])
@@ -327,7 +326,7 @@ class InProcessRuntime:
     """One round; `positions` locate the cohort's examples in `self.data`, `indices`
     are the clients' indices in the population. Returns (weights, server state,
     aggregator state, packed metrics, the next round's number): the number counted
-    here, where an eager add would cost a round 20 us."""
+    here, not by an eager add after the round."""
     algorithm, hparams = self.algorithm, work_state.hparams
     payload = algorithm.server_rule.payload(server_state, weights)
     seed = algorithm.client_options.seed
@@ -422,42 +421,6 @@ class InProcessRuntime:
     return self._engines[self.engine]
 
 
-def initial_state(algorithm: algorithm_lib.Algorithm, device: str) -> base.State:
-  """The state a run of `algorithm` starts from, on `device`."""
-  trainable, non_trainable = algorithm.model.initial_weights
-  private = algorithm.model_aggregator
-  with tf.device(device):
-    weights = tff.learning.models.ModelWeights(
-        tuple(tf.constant(w) for w in trainable),
-        tuple(tf.constant(w) for w in non_trainable))
-    server_state = algorithm.server_rule.reset(algorithm.server_rule.initialize(), weights)
-    hparams = collections.OrderedDict(
-        (k, tf.constant(v, tf.float32))
-        for k, v in algorithm.client_rule.initial_hparams().items())
-    aggregator = private.initial_state() if private else ()
-  return learning_state(weights, client_round.ClientWorkState(hparams, tf.constant(0)),
-                        server_state, aggregator)
-
-
-def as_tensors(state: base.State) -> base.State:
-  """`state` in tensors throughout: a Python float (a TFF optimizer's initial learning
-  rate) would make a round function trace again for the tensor it returns, and NumPy
-  values (a restored checkpoint) would count the round in NumPy (int32 + 1 gave int64),
-  which traced the round again in a resumed run's second round."""
-  if all(isinstance(v, tf.Tensor) for v in tf.nest.flatten(state)):
-    return state  # every round after the first: rebuilding the state costs 55 us
-  return tf.nest.map_structure(
-      lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else tf.constant(v),
-      state)
-
-
-def learning_state(weights, work: client_round.ClientWorkState, server_state,
-           aggregator) -> base.State:
-  return tff.learning.templates.LearningAlgorithmState(
-      global_model_weights=weights, distributor=(), client_work=work,
-      aggregator=aggregator, finalizer=server_state)
-
-
 def why_not(program, options: InProcessOptions | None = None) -> str:
   """Why the in-process runtime cannot run `program` ('' when it can): a process
   composed from hand-built blocks (no Algorithm), a model aggregator that is a TFF
@@ -465,7 +428,7 @@ def why_not(program, options: InProcessOptions | None = None) -> str:
   runtime only; clipping and DP run here as an `ops.privacy.PrivateMean`), or a Keras
   model converted by TFF. `options` are not consulted: every engine runs these."""
   del options
-  program = algorithm_of(program)
+  program = composer.algorithm_of(program)
   if not isinstance(program, algorithm_lib.Algorithm):
     return 'this process was composed from hand-built blocks, not an Algorithm; run it on' \
            ' the TFF runtime.'
@@ -473,14 +436,7 @@ def why_not(program, options: InProcessOptions | None = None) -> str:
     return (f'its model_aggregator is a TFF factory'
             f' ({type(program.model_aggregator).__name__}), which runs on the TFF runtime'
             ' only; clipping and DP run in-process as ops.privacy.PrivateMean (--aggregator)')
-  return _runs_outside_tff(program.model)
-
-
-def algorithm_of(program) -> algorithm_lib.Algorithm:
-  """The Algorithm of `program` (an Algorithm, or a process composed from one)."""
-  if isinstance(program, composer.ComposedLearningProcess) and program.algorithm:
-    return program.algorithm
-  return program
+  return models.why_not_callable_outside_tff(program.model)
 
 
 def build(program, client_data, *, engine: str = 'auto', lanes: int | None = None,
@@ -507,7 +463,7 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
   reason = why_not(program)
   if reason:
     raise UnsupportedError(reason)
-  return _build(algorithm_of(program), client_data, engine=engine, lanes=lanes,
+  return _build(composer.algorithm_of(program), client_data, engine=engine, lanes=lanes,
                 device=device, client_rounds=client_rounds,
                 data_memory_budget=data_memory_budget, kernel_threads=kernel_threads)
 
@@ -523,7 +479,7 @@ def _build(program: algorithm_lib.Algorithm, client_data, *, data_memory_budget:
       data = streaming.StreamedData(client_data, device or choose_device(),
                                     with_keys=program.client_options.uses_client_key)
       return InProcessRuntime(program, data, device=device, why_streaming=why, **options)
-  return InProcessRuntime(program, client_arrays(client_data), device=device, **options)
+  return InProcessRuntime(program, data_lib.client_arrays(client_data), device=device, **options)
 
 
 @registry.register_runtime('inprocess', options=InProcessOptions, auto_rank=0,
@@ -536,31 +492,7 @@ def build_from_settings(program, client_data, options: InProcessOptions,
   engine = options.engine
   if engine == 'auto' and (facts.resumed or {}).get('name') == 'inprocess':
     engine = facts.resumed.get('engine') or 'auto'
-  return _build(algorithm_of(program), client_data, engine=engine, lanes=None,
+  return _build(composer.algorithm_of(program), client_data, engine=engine, lanes=None,
                 device=None, client_rounds=facts.client_rounds,
                 data_memory_budget=options.data_memory_budget,
                 kernel_threads=options.kernel_threads)
-
-
-
-def _runs_outside_tff(model) -> str:
-  """Why not, for a model from `tff.learning.models.functional_model_from_keras`, which
-  raises when called from eager code (outside a TFF computation or a graph). TFF does
-  not export that error's class (KerasFunctionalModelError), so it is recognized by
-  name. The check traces once per model on purpose, so TensorFlow's warning about
-  frequent retracing (after a few builds in one process) is silenced while it runs."""
-  x_spec = model.input_spec[0]
-  x = tf.zeros([1, *x_spec.shape[1:]], x_spec.dtype)
-  logger = tf.get_logger()
-  level = logger.level
-  logger.setLevel('ERROR')
-  try:
-    tf.function(lambda: model.predict_on_batch(model.initial_weights, x), autograph=False)()
-  except Exception as error:  # pylint: disable=broad-except
-    if type(error).__name__ == 'KerasFunctionalModelError':
-      return 'a Keras model converted by TFF runs inside TFF computations only; run it on' \
-             ' the TFF runtime.'
-    raise
-  finally:
-    logger.setLevel(level)
-  return ''

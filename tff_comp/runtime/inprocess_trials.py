@@ -30,7 +30,7 @@ its evaluations, `together`) meet, and between rounds the loops take turns.
 from collections.abc import Callable, Sequence
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -39,9 +39,12 @@ import tensorflow_federated as tff
 from tff_comp.ops import client_round
 from tff_comp.runtime import base
 from tff_comp.runtime import engines as engines_lib
-from tff_comp.runtime import inprocess
+from tff_comp.runtime import learning_state
 from tff_comp.runtime import nested
 from tff_comp.runtime import traced
+
+if TYPE_CHECKING:  # the in-process runtime builds groups (`trial_group`): no import cycle
+  from tff_comp.runtime import inprocess
 
 
 def _host(value: Any) -> np.ndarray:
@@ -89,6 +92,15 @@ def merged_client_data(sources: Sequence[tuple[str, Any]]) -> Any:
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids, dataset)
 
 
+def why_not(runtime: 'inprocess.InProcessRuntime') -> str:
+  """Why a group cannot hold `runtime`'s trials yet ('' when it can)."""
+  if runtime.streaming:
+    return 'streamed client data run one trial at a time'
+  if not runtime.engine_impl.in_graph:
+    return f'the {runtime.engine} engine runs one trial at a time'
+  return ''
+
+
 class TrialGroup:
   """`size` trials of `runtime`'s algorithm on its data (see the module docstring);
   `seeds[t]`: trial t's seed of shuffling and epoch draws (its `--seed`); `clients[t]`:
@@ -99,9 +111,11 @@ class TrialGroup:
       engine outside the graph); the caller runs those trials one by one.
   """
 
-  def __init__(self, runtime: inprocess.InProcessRuntime, seeds: Sequence[int],
+  def __init__(self, runtime: 'inprocess.InProcessRuntime', seeds: Sequence[int],
                clients: Sequence[TrialClients] | None = None):
-    self.check(runtime)
+    reason = why_not(runtime)
+    if reason:
+      raise base.UnsupportedError(reason)
     self.runtime, self.size = runtime, len(seeds)
     self._clients = clients or [TrialClients('', runtime.population_index)] * self.size
     self._seeds = tf.constant(seeds, tf.int64)
@@ -124,14 +138,6 @@ class TrialGroup:
     # after the first (which compiles it): the floor of the group's time.
     self.round_seconds = 0.0
     self.retraces = 0  # rounds after the first that traced the round again (a bug)
-
-  @staticmethod
-  def check(runtime: inprocess.InProcessRuntime) -> None:
-    """Raises UnsupportedError for what a group cannot hold yet."""
-    if runtime.streaming:
-      raise base.UnsupportedError('streamed client data run one trial at a time')
-    if not runtime.engine_impl.in_graph:
-      raise base.UnsupportedError(f'the {runtime.engine} engine runs one trial at a time')
 
   def member(self, t: int, initial: base.State | None = None) -> 'TrialRuntime':
     """Trial `t`'s runtime, starting from `initial` (None: the runtime's initial state;
@@ -270,7 +276,7 @@ class TrialGroup:
       work_state = client_round.ClientWorkState(
           hparams[t], np.int32(stacked.client_work.round[t] + 1))
       outputs[t] = base.RoundOutput(
-          inprocess.learning_state(weights[t], work_state, server[t], aggregator[t]),
+          learning_state.assemble(weights[t], work_state, server[t], aggregator[t]),
           runtime.stages.unpack_metrics(packed[t]))
     return outputs
 
@@ -373,6 +379,7 @@ class TrialRuntime:
     self.name = self._inner.name
     self.keeps_personal_models = self._inner.keeps_personal_models
     self.partial_work = True
+    self.sampler = None
 
   @property
   def description(self) -> str:
@@ -415,4 +422,7 @@ class TrialRuntime:
 
   def get_personal_weights(self, state: base.State) -> Any:
     return self._inner.get_personal_weights(state)
+
+  def whole_state(self, state: base.State) -> base.State:
+    return state
 

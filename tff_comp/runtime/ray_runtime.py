@@ -44,12 +44,8 @@ dependency (`pip install tff_comp[ray]`); it is imported when a run asks for it
 """
 
 import dataclasses
-import io
-import logging as py_logging
-import os
-import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from absl import logging
@@ -62,13 +58,13 @@ from tff_comp.ops import aggregation
 from tff_comp.ops import client_round
 from tff_comp.runtime import base
 from tff_comp.runtime import client_rows
+from tff_comp.learning_process import composer
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import learning_state
+from tff_comp.runtime import ray_actors
+from tff_comp.runtime import ray_cluster
 from tff_comp.runtime import round_stages
-from tff_comp.runtime import streaming
 
-LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
-# Times an actor's part of a round runs again after its actor died.
-RETRIES = 3
 # Rows of client state sent to an actor since its last snapshot, kept by the driver to
 # restore a restarted actor: at most this many bytes an actor, then a new snapshot.
 # Changes below Ray's inline size (its max_direct_call_object_size) go as they are and
@@ -95,204 +91,6 @@ class RayOptions:
 
   def __post_init__(self):
     settings.check(self)
-
-
-def _ray():
-  """The `ray` module, imported when a run uses it.
-
-  Raises:
-    base.UnsupportedError: Ray is not installed.
-  """
-  try:
-    import ray  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise base.UnsupportedError(
-        'Ray is not installed: pip install \'tff_comp[ray]\' (BUILD_NOTES.md)') from e
-  return ray
-
-
-def connect(address: str) -> Any:
-  """This process joined to the Ray cluster at `address` (`RayOptions.ray_address`),
-  started here for 'local'; returns the `ray` module. Joined once per process.
-
-  Raises:
-    base.UnsupportedError: Ray is missing, or the cluster cannot be reached.
-  """
-  ray = _ray()
-  if ray.is_initialized():
-    return ray
-  # No metrics agent (Ray's dashboard is off: its exporter would log an error), and
-  # Ray's own setting of the accelerator variables kept as it is (it warns otherwise).
-  os.environ.setdefault('RAY_enable_metrics_collection', '0')
-  os.environ.setdefault('RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO', '0')
-  quiet = dict(include_dashboard=False, log_to_driver=False,
-               logging_level=py_logging.ERROR)
-  if address not in (LOCAL, 'auto'):
-    _check_reachable(address)
-  try:
-    if address == LOCAL:
-      ray.init(num_cpus=os.cpu_count(), **quiet)
-    else:
-      ray.init(address=address, **quiet)
-  except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise base.UnsupportedError(
-        f'the Ray cluster at --ray_address={address} cannot be reached ({first})') from e
-  return ray
-
-
-def _check_reachable(address: str, timeout: float = 5.0) -> None:
-  """Raises UnsupportedError unless `address` (host:port, or ray://host:port) accepts a
-  connection within `timeout` seconds: Ray's own client waits minutes for a cluster
-  that is not there."""
-  host, _, port = address.removeprefix('ray://').rpartition(':')
-  try:
-    with socket.create_connection((host, int(port)), timeout=timeout):
-      pass
-  except (OSError, ValueError) as e:
-    raise base.UnsupportedError(
-        f'the Ray cluster at --ray_address={address} cannot be reached'
-        f' ({type(e).__name__}: {e or "no answer"}); give host:port of a running'
-        ' cluster\'s head (`ray start --head`), \'auto\' or \'local\'') from e
-
-
-# The lanes engine's threads in an actor: the actors, several to a host, are the
-# parallelism (`inprocess.InProcessOptions.kernel_threads`).
-ACTOR_KERNEL_THREADS = 1
-
-
-class Shard:
-  """An actor's part of the clients: the in-process runtime of an algorithm on those
-  clients alone (`setup`), with the engine the whole run takes. Ray runs it as an actor
-  (`ray.remote(Shard)`), set up again for each run that uses it; a plain class, so it
-  runs and is tested in-process too."""
-
-  def __init__(self):
-    self.runtime: inprocess.InProcessRuntime | None = None
-    self.rows = client_rows.ShardRows()  # its clients' rows of client state
-
-  def setup(self, algorithm: bytes, client_data, engine: str, data_memory_budget: float,
-            capacity: int) -> None:
-    """`algorithm`: the Algorithm pickled (`build`)."""
-    if isinstance(client_data, _Examples):
-      client_data = client_data.client_data()
-    self.runtime = inprocess.build(_ray().cloudpickle.loads(algorithm), client_data,
-                                   engine=engine, data_memory_budget=data_memory_budget,
-                                   kernel_threads=ACTOR_KERNEL_THREADS)
-    self.runtime.reserve_cohort(capacity)
-    self.rows = client_rows.ShardRows()
-
-  def restore(self, shard, *changes) -> None:
-    """Its rows of client state: `shard` (population indices, {field: their rows}),
-    then each of `changes` (rows of some of them) in order."""
-    self.rows.load(shard)
-    for change in changes:
-      self.rows.commit(change)
-
-  def commit(self, change) -> None:
-    """Writes the new rows of its clients of a round (`ShardRows.commit`)."""
-    self.rows.commit(change)
-
-  def snapshot(self) -> tuple[np.ndarray, dict[str, Any]]:
-    """Its rows of client state (as `restore` takes them)."""
-    return self.rows.indices, self.rows.tables
-
-  def pid(self) -> int:
-    return os.getpid()
-
-  def reserve_cohort(self, size: int) -> None:
-    self.runtime.reserve_cohort(size)
-
-  def client_sums(self, payload, hparams, client_ids, work, indices, round_num, reference,
-                  aggregator):
-    """(the clients' sums, with their rows of the slot tables alone; their rows of
-    client state as the round found them) from a payload holding their rows of the
-    per-client tables (`client_rows`: a held table's filled here)."""
-    sums = self.runtime.client_sums(self._payload(payload), hparams, client_ids, work,
-                                    indices, round_num, reference, aggregator)
-    return (client_rows.select_sums(sums, self.runtime.algorithm.aggregation, indices),
-            self.rows.take(np.unique(np.asarray(indices, np.int64))))
-
-  def reference_candidates(self, payload, hparams, client_ids) -> np.ndarray:
-    return self.runtime.reference_candidates(self._payload(payload), hparams, client_ids)
-
-  def _payload(self, payload):
-    return client_rows.expand(self.rows.fill(payload))
-
-
-# This process's actors, by (cluster, count, GPUs each): their processes (and the
-# TensorFlow each imported) serve every run after the first.
-_POOL: dict[tuple[str, int, float], list[Any]] = {}
-# The runtime each pool's actors are set up for (`RayRuntime._take_actors`).
-_SERVING: dict[tuple[str, int, float], int] = {}
-
-
-def _pool_key(ray, count: int, gpus: float) -> tuple[str, int, float]:
-  return (ray.get_runtime_context().get_job_id(), count, gpus)
-
-
-def _actor_pool(ray, count: int, gpus: float) -> list[Any]:
-  key = _pool_key(ray, count, gpus)
-  if key not in _POOL:
-    actor = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=RETRIES,
-                       max_task_retries=0)(Shard)
-    _POOL[key] = [actor.remote() for _ in range(count)]
-  return _POOL[key]
-
-
-def _function(python_function, input_signature, autograph: bool, jit_compile,
-              reduce_retracing: bool):
-  return tf.function(python_function, input_signature=input_signature,
-                     autograph=autograph, jit_compile=jit_compile,
-                     reduce_retracing=reduce_retracing)
-
-
-def _dumps(algorithm) -> bytes:
-  """`algorithm` pickled (Ray's cloudpickle) with each `tf.function` as its definition,
-  not its traces: a traced one (the task's model once a run used it) holds graphs that
-  do not pickle, and TensorFlow's own `Function.__getstate__` keeps them. The options
-  are read from the Function's attributes (TF 2.14 has no public accessor for them)."""
-  from tensorflow.python.eager.polymorphic_function import polymorphic_function  # pylint: disable=g-import-not-at-top
-
-  class Pickler(_ray().cloudpickle.CloudPickler):
-
-    def reducer_override(self, obj):
-      if isinstance(obj, polymorphic_function.Function):
-        # pylint: disable=protected-access
-        return _function, (obj.python_function, obj.input_signature, obj._autograph,
-                           obj._jit_compile, obj._reduce_retracing)
-      return super().reducer_override(obj)
-
-  buffer = io.BytesIO()
-  Pickler(buffer).dump(algorithm)
-  return buffer.getvalue()
-
-
-class _Examples(NamedTuple):
-  """A shard's clients' examples as NumPy arrays, for a ClientData whose dataset
-  function does not pickle; the actor builds its ClientData from them."""
-
-  examples: dict[str, Any]
-
-  def client_data(self):
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    return tff.simulation.datasets.TestClientData(self.examples)
-
-
-def _sub_data(client_data, client_ids: Sequence[str]):
-  """The clients `client_ids` of `client_data`, as a ClientData of their own. Built on
-  its dataset function alone, so what it carries to an actor is that function (a
-  ClientData may hold a TFF computation of its own once used on TFF's runtime, which
-  does not pickle); where that function does not pickle either (TFF's TestClientData
-  holds its ClientData), the clients' examples as arrays (`_Examples`)."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  sub = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      list(client_ids), client_data.serializable_dataset_fn)
-  try:
-    _ray().cloudpickle.dumps(sub)
-    return sub
-  except Exception:  # pylint: disable=broad-except  # Ray's pickler raises several kinds
-    return _Examples({c: streaming.read_client(client_data, c) for c in client_ids})
 
 
 class RoundCosts(NamedTuple):
@@ -322,11 +120,12 @@ class RayRuntime:
 
   name = 'ray'
   partial_work = True
+  sampler = None
 
   def __init__(self, driver: inprocess.InProcessRuntime, shipped: bytes, client_data,
                options: RayOptions, data_memory_budget: float):
     self._driver, self._options = driver, options
-    ray = connect(options.ray_address)
+    ray = ray_cluster.connect(options.ray_address)
     self._ray = ray
     self.keeps_personal_models = driver.keeps_personal_models
     ids = list(client_data.client_ids)
@@ -343,20 +142,20 @@ class RayRuntime:
     self._journal_size = [(0, 0)] * count
     self._version = 0
     self._undo: tuple[int, dict[int, tuple[np.ndarray, Any]]] | None = None
-    self._actors = _actor_pool(ray, count, options.ray_gpus_per_actor)
+    self._actors = ray_actors.actor_pool(ray, count, options.ray_gpus_per_actor)
     # Each actor on its share (streamed where it exceeds the budget, as in-process),
     # with the engine the whole run takes: a client's numbers depend on the engine.
-    self._setups = [(shipped, _sub_data(client_data, ids[k::count]),
+    self._setups = [(shipped, ray_actors.sub_data(client_data, ids[k::count]),
                      driver.engine, data_memory_budget, driver.capacity)
                     for k in range(count)]
-    self._data = ('arrays' if isinstance(self._setups[0][1], _Examples) else
+    self._data = ('arrays' if isinstance(self._setups[0][1], ray_actors.Examples) else
                   'dataset function')
     if self._data == 'arrays':
       logging.info('ray runtime: the task\'s ClientData does not pickle; each actor'
                    ' receives its clients\' examples as arrays (once, at setup)')
-    self._pool = _pool_key(ray, count, options.ray_gpus_per_actor)
+    self._pool = ray_actors.pool_key(ray, count, options.ray_gpus_per_actor)
     ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
-    _SERVING[self._pool] = id(self)
+    ray_actors.SERVING[self._pool] = id(self)
     self._host = round_stages.HostFinish(driver.stages, driver.device)
     self.costs: RoundCosts | None = None  # the last round's
     logging.info('ray runtime: %s', self.description)
@@ -442,7 +241,7 @@ class RayRuntime:
       tables = self._tables(state)
       state = _with_tables(state, tf.nest.map_structure(  # the server rule sees no rows
           lambda table: table.empty(), tables))
-    state = inprocess.as_tensors(state)
+    state = learning_state.as_tensors(state)
     round_num = int(state.client_work.round)
     payload = self._host.payload(state)
     hparams = tf.nest.map_structure(np.asarray, state.client_work.hparams)
@@ -483,7 +282,7 @@ class RayRuntime:
           total, state, state.aggregator, reference)
     work_state = client_round.ClientWorkState(state.client_work.hparams,
                                               state.client_work.round + 1)
-    output = base.RoundOutput(inprocess.learning_state(weights, work_state, server, aggregator),
+    output = base.RoundOutput(learning_state.assemble(weights, work_state, server, aggregator),
                               self._driver.stages.unpack_metrics(metrics))
     self.costs = RoundCosts(
         sum(_nbytes((p, hparams, private)) for p in payloads.values()) + committed,
@@ -574,7 +373,7 @@ class RayRuntime:
             args: dict[int, tuple]) -> dict[int, Any]:
     """{actor: actors[actor].method(*args[actor])}, run together; an actor that died is
     restarted by Ray, set up again with its rows of client state, and its call made
-    again (up to `RETRIES` times), said in one line (naming the round, if in one)."""
+    again (up to `ray_cluster.RETRIES` times), said in one line (naming the round, if in one)."""
     ray = self._ray
     pending = {k: getattr(self._actors[k], method).remote(*a) for k, a in args.items()}
     results, attempts = {}, dict.fromkeys(args, 0)
@@ -585,7 +384,7 @@ class RayRuntime:
         del pending[k]
       except ray.exceptions.RayActorError:
         attempts[k] += 1
-        if attempts[k] > RETRIES:
+        if attempts[k] > ray_cluster.RETRIES:
           raise
         print(f'ray: actor {k} died in round {round_num + 1}; its clients run again on'
               ' its restarted actor.' if round_num is not None else
@@ -598,13 +397,13 @@ class RayRuntime:
   def _take_actors(self) -> None:
     """The pool's actors set up for this runtime again (its algorithm, shards and rows
     of client state), if another runtime of this process took them since."""
-    if _SERVING.get(self._pool) == id(self):
+    if ray_actors.SERVING.get(self._pool) == id(self):
       return
     logging.info('ray runtime: the actors served another run; setting them up for this'
                  ' one again')
     for k in range(len(self._actors)):
       self._set_up_again(k)
-    _SERVING[self._pool] = id(self)
+    ray_actors.SERVING[self._pool] = id(self)
 
   def _set_up_again(self, k: int, timeout: float = 120.0) -> None:
     """Actor `k` set up on its shard again, with its rows of client state (after Ray
@@ -649,39 +448,6 @@ def _round_rows(shares: Sequence[round_stages.RoundSums],
   return total, {name: rows_of([f[name] for f in found]) for name in found[0]}
 
 
-def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple], *,
-              again: Callable[[tuple], tuple] = lambda args: args,
-              label: Callable[[tuple], str] = str,
-              done: Callable[[int, Any], None] = lambda i, result: None) -> list[Any]:
-  """[fn(*args) for args in calls] as Ray tasks of one CPU each on the cluster this
-  process joined (`connect`), run together; `done(i, result)` as each finishes (the
-  driver's progress). A task lost with its worker (the worker process died) runs again
-  as fn(*again(args)) (up to `RETRIES` times), said in one line naming `label(args)`; a
-  task's own error is raised as itself."""
-  ray = _ray()
-  remote = ray.remote(num_cpus=1, max_retries=0)(fn)
-  refs = [remote.remote(*args) for args in calls]
-  results, attempts = [None] * len(calls), [0] * len(calls)
-  pending = dict(enumerate(refs))
-  while pending:
-    (ready,), _ = ray.wait(list(pending.values()), num_returns=1)
-    i = next(i for i, ref in pending.items() if ref == ready)
-    try:
-      results[i] = ray.get(ready)
-      del pending[i]
-      done(i, results[i])
-    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError):
-      attempts[i] += 1
-      if attempts[i] > RETRIES:
-        raise
-      print(f'ray: the task of {label(calls[i])} was lost with its worker; it runs again.',
-            flush=True)
-      pending[i] = remote.remote(*again(calls[i]))
-    except ray.exceptions.RayTaskError as e:
-      raise e.as_instanceof_cause() from None
-  return results
-
-
 def why_not(program, options: RayOptions | None) -> str:
   """Why the Ray runtime cannot run `program` ('' when it can): what the in-process
   runtime cannot run, or no `--ray_address`."""
@@ -704,16 +470,16 @@ def build(program, client_data, options: RayOptions, *, engine: str = 'auto',
   reason = why_not(program, options)
   if reason:
     raise base.UnsupportedError(reason)
-  algorithm = inprocess.algorithm_of(program)
+  algorithm = composer.algorithm_of(program)
   try:
-    shipped = _dumps(algorithm)
+    shipped = ray_actors.dumps(algorithm)
   except (TypeError, AttributeError) as e:
     raise base.UnsupportedError(f'the algorithm cannot be sent to Ray actors ({e})') from e
   # Built as each actor's runtime is (the run's description and record say the driver's).
   driver = inprocess.build(algorithm, client_data, engine=engine,
                            client_rounds=client_rounds,
                            data_memory_budget=data_memory_budget,
-                           kernel_threads=ACTOR_KERNEL_THREADS)
+                           kernel_threads=ray_actors.ACTOR_KERNEL_THREADS)
   return RayRuntime(driver, shipped, client_data, options, data_memory_budget)
 
 

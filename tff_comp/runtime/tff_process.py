@@ -74,6 +74,7 @@ class TFFRuntime:
   name = 'tff'
   # TFF's process takes client data only: no per-client share of the local work.
   partial_work = False
+  sampler = None
 
   def __init__(self, process: tff.learning.templates.LearningProcess, client_data, *,
                workers: Sequence[str] = (), batch_size: int | None = None):
@@ -120,6 +121,9 @@ class TFFRuntime:
     if not self.keeps_personal_models:
       return None
     return self.process.get_personal_weights(state)
+
+  def whole_state(self, state: base.State) -> base.State:
+    return state
 
 
 def build_tff(program, client_data, *, workers: Sequence[str] = (),

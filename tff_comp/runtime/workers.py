@@ -75,7 +75,7 @@ class WorkerOptions:
   workers: tuple[str, ...] = settings.setting(
       help='host:port,... of TFF workers to split each round\'s clients across (TFF\'s'
       ' runtime; start one per host with `python -m tff_comp.binaries.worker --port=PORT`;'
-      ' private network only).', default_factory=tuple, parse=_addresses)
+      ' private network only).', default_factory=tuple, parse=_addresses, resumable=True)
 
 
 class _WatchedContext(tff.framework.MergeableCompExecutionContext):

@@ -1,0 +1,107 @@
+"""Joining a Ray cluster and running tasks on it: what the Ray runtime
+(`ray_runtime`) and Ray grids (`reproduce.py --ray_address`) share. Ray is an optional
+dependency (`pip install tff_comp[ray]`), imported when a run asks for it."""
+
+import logging as py_logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tff_comp.runtime import base
+
+LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
+# Times an actor's part of a round, or a task lost with its worker, runs again.
+RETRIES = 3
+
+
+def ray_module():
+  """The `ray` module, imported when a run uses it.
+
+  Raises:
+    base.UnsupportedError: Ray is not installed.
+  """
+  try:
+    import ray  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise base.UnsupportedError(
+        'Ray is not installed: pip install \'tff_comp[ray]\' (BUILD_NOTES.md)') from e
+  return ray
+
+
+def connect(address: str) -> Any:
+  """This process joined to the Ray cluster at `address` (`RayOptions.ray_address`),
+  started here for 'local'; returns the `ray` module. Joined once per process.
+
+  Raises:
+    base.UnsupportedError: Ray is missing, or the cluster cannot be reached.
+  """
+  ray = ray_module()
+  if ray.is_initialized():
+    return ray
+  # No metrics agent (Ray's dashboard is off: its exporter would log an error), and
+  # Ray's own setting of the accelerator variables kept as it is (it warns otherwise).
+  os.environ.setdefault('RAY_enable_metrics_collection', '0')
+  os.environ.setdefault('RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO', '0')
+  quiet = dict(include_dashboard=False, log_to_driver=False,
+               logging_level=py_logging.ERROR)
+  if address not in (LOCAL, 'auto'):
+    _check_reachable(address)
+  try:
+    if address == LOCAL:
+      ray.init(num_cpus=os.cpu_count(), **quiet)
+    else:
+      ray.init(address=address, **quiet)
+  except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise base.UnsupportedError(
+        f'the Ray cluster at --ray_address={address} cannot be reached ({first})') from e
+  return ray
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+  """Raises UnsupportedError unless `address` (host:port, or ray://host:port) accepts a
+  connection within `timeout` seconds: Ray's own client waits minutes for a cluster
+  that is not there."""
+  host, _, port = address.removeprefix('ray://').rpartition(':')
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout):
+      pass
+  except (OSError, ValueError) as e:
+    raise base.UnsupportedError(
+        f'the Ray cluster at --ray_address={address} cannot be reached'
+        f' ({type(e).__name__}: {e or "no answer"}); give host:port of a running'
+        ' cluster\'s head (`ray start --head`), \'auto\' or \'local\'') from e
+
+
+def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple], *,
+              again: Callable[[tuple], tuple] = lambda args: args,
+              label: Callable[[tuple], str] = str,
+              done: Callable[[int, Any], None] = lambda i, result: None) -> list[Any]:
+  """[fn(*args) for args in calls] as Ray tasks of one CPU each on the cluster this
+  process joined (`connect`), run together; `done(i, result)` as each finishes (the
+  driver's progress). A task lost with its worker (the worker process died) runs again
+  as fn(*again(args)) (up to `RETRIES` times), said in one line naming `label(args)`; a
+  task's own error is raised as itself."""
+  ray = ray_module()
+  remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+  refs = [remote.remote(*args) for args in calls]
+  results, attempts = [None] * len(calls), [0] * len(calls)
+  pending = dict(enumerate(refs))
+  while pending:
+    (ready,), _ = ray.wait(list(pending.values()), num_returns=1)
+    i = next(i for i, ref in pending.items() if ref == ready)
+    try:
+      results[i] = ray.get(ready)
+      del pending[i]
+      done(i, results[i])
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError):
+      attempts[i] += 1
+      if attempts[i] > RETRIES:
+        raise
+      print(f'ray: the task of {label(calls[i])} was lost with its worker; it runs again.',
+            flush=True)
+      pending[i] = remote.remote(*again(calls[i]))
+    except ray.exceptions.RayTaskError as e:
+      raise e.as_instanceof_cause() from None
+  return results
