@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -120,3 +121,27 @@ def test_a_summary_is_the_first_sentence_whole_past_abbreviations():
     assert not summary.endswith(('et al.', 'e.g.', 'i.e.')), (name, summary)
   assert 'Caldas et al. 2018' in registry.get_task('emnist').summary
   assert 'Reddi et al. 2021' in registry.get_task('cifar100').summary
+
+
+def test_tasks_implement_the_librarys_task_contract(tmp_path, monkeypatch):
+  """The built-in tasks implement `tff_comp.task.Task`; a plugin's task builder returning
+  an object without a member the library reads is refused in one line naming it."""
+  from tff_comp import experiment, task  # pylint: disable=g-import-not-at-top
+  for name in ('lasso', 'quadratic', 'sinewave'):
+    built = experiment.prepare(experiment.ExperimentConfig.of(
+        algorithm='fedavg', task=name, output_dir=str(tmp_path / name))).task
+    assert isinstance(built, task.Task) and not task.missing(built), name
+
+  monkeypatch.setattr(registry.TASKS, '_entries', dict(registry.TASKS._entries))  # pylint: disable=protected-access
+
+  @registry.register_task('lacks_evaluate_many')
+  def _lacking(*, seed: int = 0):
+    whole = registry.get_task('quadratic').builder(seed=seed)
+    return types.SimpleNamespace(**{k: getattr(whole, k) for k in task.missing(object())
+                                    if k != 'evaluate_many'})
+
+  with pytest.raises(experiment.ConfigError,
+                     match=r"task 'lacks_evaluate_many': its builder returned a"
+                           r' SimpleNamespace without evaluate_many \(tff_comp.task.Task\)'):
+    experiment.prepare(experiment.ExperimentConfig.of(
+        algorithm='fedavg', task='lacks_evaluate_many', output_dir=str(tmp_path / 'x')))

@@ -50,7 +50,7 @@ def _run(tmp_path, callbacks, rounds=30):
   runtime = inprocess.build(algorithm, DATA, engine='mapped')
   return training_loop.run_simulation(
       runtime, client_ids=list(DATA.client_ids), rounds=rounds, clients_per_round=3,
-      seed=0, output_dir=tmp_path, config={}, show_progress=False, checkpoint_every=50,
+      seed=0, output_dir=tmp_path, config={}, show_progress=False,
       callbacks=training_loop.standard_callbacks(lambda _: {'x': 1.0}, eval_period=5,
                                               show_progress=False, extra=callbacks))
 
@@ -154,7 +154,8 @@ def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
   with pytest.raises(callbacks.DivergenceError, match='round 10: eval/test_loss inf'):
     training_loop.run_simulation(
         runtime, client_ids=list(DATA.client_ids), rounds=20, clients_per_round=3,
-        seed=0, output_dir=tmp_path, config={}, show_progress=False, checkpoint_every=5,
+        seed=0, output_dir=tmp_path, config={}, show_progress=False,
+        checkpoints=checkpoints.CheckpointOptions(checkpoint_every=5),
         callbacks=training_loop.standard_callbacks(evaluate, eval_period=5,
                                                 show_progress=False))
   assert checkpoints.Checkpoints(tmp_path).rounds() == [5]

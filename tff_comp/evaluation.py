@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tff_comp.runtime import base as runtime_base
+from tff_comp import task as task_lib
 from tff_comp.settings import ConfigError
 
 
@@ -13,7 +14,7 @@ class Evaluation:
   models (Ditto) each client's own model's, with the run's `psi`. `evaluate_together`
   scores several runs' states at once where their task can (`Task.evaluate_many`)."""
 
-  def __init__(self, task, runtime: runtime_base.Runtime, psi):
+  def __init__(self, task: task_lib.Task, runtime: runtime_base.Runtime, psi):
     self.task, self.runtime, self.psi = task, runtime, psi
     self._personalized = runtime.keeps_personal_models
 
@@ -34,7 +35,7 @@ class Evaluation:
     return self.personal(state, self.task.evaluate(*self.model(state)))
 
 
-def evaluator(task, runtime: runtime_base.Runtime, *, regularizer=None, algorithm: str = ''
+def evaluator(task: task_lib.Task, runtime: runtime_base.Runtime, *, regularizer=None, algorithm: str = ''
               ) -> Evaluation:
   """The `Evaluation` of `runtime`'s states by `task`, with the run's `regularizer`
   (None: the task's); `algorithm` names the algorithm in the error.
@@ -87,7 +88,7 @@ def _guarded(fn: Callable[[], Any]) -> Any:
     return error
 
 
-def client_evaluator(task, runtime: runtime_base.Runtime
+def client_evaluator(task: task_lib.Task, runtime: runtime_base.Runtime
                      ) -> Callable[[Any], list[dict]] | None:
   """state -> the task's per-client evaluation rows of the global model (with each
   client's own model's `personal_*` scores for a runtime with personal models), or None

@@ -150,6 +150,11 @@ def _build_task(config: ExperimentConfig,
   try:
     with paths.recording_data_files() as files:
       task = task_entry.builder(**task_args)
+    lacks = task_lib.missing(task)
+    if lacks:
+      raise ConfigError(f'task {config.task!r}: its builder returned a'
+                        f' {type(task).__name__} without {", ".join(lacks)}'
+                        ' (tff_comp.task.Task).')
     return task, files
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e
@@ -450,7 +455,7 @@ def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
       show_progress=show_progress,
       learning_rates=learning_rates,
       client_hparams=client_hparams,
-      checkpoint_every=prepared.config.checkpoints.checkpoint_every,
+      checkpoints=prepared.config.checkpoints,
       resume=prepared.config.resume,
       participation=prepared.config.participation,
       sampler=runner.runtime.sampler or sampling.timed_sampler(

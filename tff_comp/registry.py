@@ -293,7 +293,7 @@ def register_algorithm(name: str, *, home_task: str | None = None,
 
 
 def register_task(name: str):
-  """Registers a task builder `(*, options) -> tasks.Task`."""
+  """Registers a task builder `(*, options) -> tff_comp.task.Task`."""
   return TASKS.register(name)
 
 

@@ -67,3 +67,9 @@ class Task(Protocol):
   @property
   def weight_shapes(self) -> list[tuple[int, ...]]:
     ...
+
+
+def missing(task: Any) -> list[str]:
+  """The members of `Task` that `task` lacks (none: it implements the contract)."""
+  return [name for name in (*Task.__annotations__, 'num_clients', 'weight_shapes')
+          if not hasattr(task, name)]

@@ -371,8 +371,8 @@ class Checkpointer(Callback):
   interrupted (Ctrl-C, SIGTERM) after a finished round (`Checkpoints`), each with its
   round's metrics (compared with metrics.csv's when resumed)."""
 
-  def __init__(self, checkpoints: checkpoints_lib.Checkpoints, every: int):
-    self._checkpoints, self._every = checkpoints, every
+  def __init__(self, checkpoints: checkpoints_lib.Checkpoints):
+    self._checkpoints, self._every = checkpoints, checkpoints.options.checkpoint_every
     self._last: tuple[int, run_files.Metrics] = (0, {})  # the last round seen, its metrics
 
   def on_train_begin(self, loop: Loop) -> None:

@@ -63,7 +63,8 @@ class Checkpoints:
 
   _KEEP = 2
 
-  def __init__(self, output_dir: pathlib.Path):
+  def __init__(self, output_dir: pathlib.Path, options: 'CheckpointOptions | None' = None):
+    self.options = options or CheckpointOptions()
     self._root, self._damaged = output_dir / 'checkpoints', output_dir / 'checkpoints_damaged'
     self._root.mkdir(parents=True, exist_ok=True)
     for stale in self._root.glob('.state_*'):  # a killed save's temporary file

@@ -187,7 +187,7 @@ def run_simulation(
     show_progress: bool = True,
     learning_rates: tuple[float, float] | None = None,
     client_hparams: Mapping[str, float] | None = None,
-    checkpoint_every: int = 50,
+    checkpoints: checkpoints_lib.CheckpointOptions = checkpoints_lib.CheckpointOptions(),
     resume: bool = False,
     participation: sampling.Participation = sampling.Participation(),
     sampler: Any = None,
@@ -202,8 +202,9 @@ def run_simulation(
   and `client_hparams` the client work's other hparams by name, so one built runtime
   serves a whole grid. A run already in `output_dir` is replaced
   (`run_directory.check_output_dir` refuses that unless asked), or with `resume`
-  continued from its last checkpoint: the state is saved every `checkpoint_every`
-  rounds and at the last one, sampling depends on the round only, and the rows after the
+  continued from its last checkpoint: the state is saved as `checkpoints` says
+  (`CheckpointOptions`: every `checkpoint_every` rounds) and at the last round,
+  sampling depends on the round only, and the rows after the
   checkpoint are dropped, so a resumed run ends exactly as an uninterrupted one (its
   caller checks that the configuration matches). The final model's trainable weights
   go to `final_model.npz`.
@@ -222,7 +223,7 @@ def run_simulation(
   for prefix in run_files.TEMPORARY_PREFIXES:  # what a killed run was writing (this run holds the lock)
     for stale in output_dir.glob(f'{prefix}*'):
       stale.unlink(missing_ok=True)
-  checkpoints = checkpoints_lib.Checkpoints(output_dir)
+  saved = checkpoints_lib.Checkpoints(output_dir, checkpoints)
   sampler = sampler or sampling.ClientSampler(client_ids, clients_per_round, seed, participation)
   loop = callbacks_lib.Loop(runtime, output_dir, rounds)
   loop.state = runtime.initialize()
@@ -231,17 +232,17 @@ def run_simulation(
                                                   client_hparams)
   loop.initial_hparams = runtime.get_hparams(loop.state)
   if resume:
-    _restore(loop, checkpoints)
+    _restore(loop, saved)
     if show_progress:
       print(f'resuming from round {loop.done}' if loop.done else
             'resuming: no checkpoint was saved, starting from round 0', flush=True)
   else:
-    _start_fresh(loop, checkpoints)
+    _start_fresh(loop, saved)
   try:
     run_loop(runtime, loop, sampler, [
         callbacks_lib.CohortReader(sampler.capacity), *callbacks,
         callbacks_lib.MetricsSink(), callbacks_lib.RunRecord(config),
-        callbacks_lib.Checkpointer(checkpoints, checkpoint_every),
+        callbacks_lib.Checkpointer(saved),
         callbacks_lib.FinalModel(), SignalStop()])
   except KeyboardInterrupt as interrupt:
     raise Interrupted(loop.saved) from interrupt
