@@ -553,3 +553,17 @@ def test_battery_every_file_of_a_run_damaged_in_turn(tmp_path, uninterrupted):
       outcomes[(str(relative), how)] = 'resumed'
   # The battery met both outcomes (a vacuous battery would resume everything).
   assert set(outcomes.values()) == {'refused', 'resumed'}, outcomes
+
+
+def test_keep_checkpoints_keeps_that_many_newest_and_may_change_on_resume(tmp_path,
+                                                                          uninterrupted):
+  """--keep_checkpoints (default 2) keeps that many of the newest checkpoints; a resume
+  may change it, and the resumed run still equals the uninterrupted one."""
+  with pytest.raises(training_loop.Interrupted):
+    _train(tmp_path, interrupt_at=8, checkpoint_every=1, keep_checkpoints=5)
+  assert _saved_rounds(tmp_path) == [3, 4, 5, 6, 7]
+  _train(tmp_path, resume=True, checkpoint_every=1, keep_checkpoints=3)
+  assert _saved_rounds(tmp_path) == [7, 8, 9]
+  assert _rows(tmp_path) == _rows(uninterrupted)
+  recorded = json.loads((tmp_path / 'config.json').read_text())['checkpoints']
+  assert recorded == {'checkpoint_every': 1, 'keep_checkpoints': 3}

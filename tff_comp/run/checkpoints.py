@@ -47,7 +47,7 @@ class Checkpoints:
   `state_<r>.npz`, its leaves in `tf.nest.flatten` order beside their paths (`layout`),
   the round it was saved at and that round's training metrics as metrics.csv holds
   them (`round`, `row`), restored into the structure of a fresh `initialize()`; the
-  newest two are kept. A file whose own round is not its name's, or whose metrics are
+  newest `keep_checkpoints` are kept. A file whose own round is not its name's, or whose metrics are
   not metrics.csv's row of that round (a checkpoint copied over another, or from
   another run), is set aside as a damaged one is.
 
@@ -60,8 +60,6 @@ class Checkpoints:
   writes in the background and returns at once; the next call waits for it, as do
   `wait` and `close` (raising what a save raised, e.g. a full disk).
   """
-
-  _KEEP = 2
 
   def __init__(self, output_dir: pathlib.Path, options: 'CheckpointOptions | None' = None):
     self.options = options or CheckpointOptions()
@@ -117,7 +115,7 @@ class Checkpoints:
       f.flush()
       os.fsync(f.fileno())
     os.replace(temporary, path)
-    for old in self._on_disk()[:-self._KEEP]:
+    for old in self._on_disk()[:-self.options.keep_checkpoints]:
       (self._root / f'state_{old}.npz').unlink(missing_ok=True)
 
   def load_latest(self, template, up_to: int | None = None,
@@ -207,6 +205,10 @@ class CheckpointOptions:
   checkpoint_every: int = settings.setting(
       50, 'Save the process state every this many rounds (and at the last), for'
       ' --resume.', lower=1, upper=settings.MAX_COUNT, resumable=True, per_trial=True)
+  keep_checkpoints: int = settings.setting(
+      2, 'How many of the newest checkpoints a run keeps (older ones are deleted as new'
+      ' ones are saved); more keep earlier states to study or resume from.', lower=1,
+      upper=settings.MAX_COUNT, resumable=True, per_trial=True)
 
   def __post_init__(self):
     settings.check(self)
