@@ -66,6 +66,13 @@ def test_matches_tff_builtin(algorithm, weighting, momentum):
         server_learning_rate=0.8, server_momentum=momentum))
     theirs = tff.learning.algorithms.build_weighted_fed_prox(
         model, proximal_strength=0.3, **tff_common)
+  got, want = _trained(ours, theirs)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def _trained(ours, theirs):
+  """(our model's trainable weights, TFF's) after `ROUNDS` rounds on the same cohorts."""
   datasets = _client_datasets()
   ours_state, theirs_state = ours.initialize(), theirs.initialize()
   selection = np.random.default_rng(0)
@@ -76,10 +83,24 @@ def test_matches_tff_builtin(algorithm, weighting, momentum):
         theirs_state, [datasets[i].batch(BATCH) for i in chosen]).state
   got = ours.get_model_weights(ours_state).trainable
   want = theirs.get_model_weights(theirs_state).trainable
-  moved = np.abs(np.asarray(want[0])).max()
-  assert moved > 0.1  # the comparison is not between two untrained models
+  assert np.abs(np.asarray(want[0])).max() > 0.1  # not two untrained models compared
+  return got, want
+
+
+def test_build_fedavg_with_shuffle_false_equals_tffs_builtin():
+  """README's claim as stated: `build_fedavg(..., shuffle=False)` equals TFF's
+  `build_weighted_fed_avg` (clients read their data in stored order, as TFF's do); by
+  default tff_comp shuffles each client's data every epoch, and the result differs."""
+  model = models.linear_regression((D,))
+  theirs = tff.learning.algorithms.build_weighted_fed_avg(
+      model, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.02),
+      server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.8))
+  common = dict(client_learning_rate=0.02, server_learning_rate=0.8, batch_size=BATCH)
+  got, want = _trained(fedavg.build_fedavg(model, shuffle=False, **common), theirs)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+  shuffled, _ = _trained(fedavg.build_fedavg(model, seed=3, **common), theirs)
+  assert max(np.abs(a - b).max() for a, b in zip(shuffled, want)) > 1e-3
 
 
 def test_fedprox_matches_reference_and_pulls_clients_toward_the_server_model():

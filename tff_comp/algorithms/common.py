@@ -4,6 +4,7 @@ into the `build_<algo>` that returns a genuine TFF LearningProcess."""
 
 from collections.abc import Callable
 import functools
+import inspect
 
 import tensorflow_federated as tff
 
@@ -89,13 +90,24 @@ def process_builder(
 ) -> Callable[..., composer.ComposedLearningProcess]:
   """`build_<algo>`: `algorithm_fn`'s arguments in, its Algorithm composed into a
   genuine `tff.learning.templates.LearningProcess` out (`composer.compose`), for
-  researchers who compose with TFF."""
+  researchers who compose with TFF. Two more keywords set the clients' local data
+  order: `shuffle` (default True, as `run.py`: each epoch in its own stateless order)
+  and `seed` (of that order and of drawn epochs; the algorithm's own `seed` where it
+  has one). `shuffle=False` reads each client's data in its stored order, as TFF's own
+  algorithms do: `build_fedavg(..., shuffle=False)` equals TFF's
+  `build_weighted_fed_avg` on the same inputs (tests/test_parity.py)."""
+  takes_seed = 'seed' in inspect.signature(algorithm_fn).parameters
 
   @functools.wraps(algorithm_fn)
-  def build(*args, **kwargs) -> composer.ComposedLearningProcess:
-    return composer.compose(algorithm_fn(*args, **kwargs))
+  def build(*args, shuffle: bool = True, seed: int = 0,
+            **kwargs) -> composer.ComposedLearningProcess:
+    if takes_seed:
+      kwargs['seed'] = seed
+    return composer.compose(
+        algorithm_fn(*args, **kwargs).with_client_options(shuffle=shuffle, seed=seed))
 
   build.__name__ = build.__qualname__ = f'build_{algorithm_fn.__name__}'
   build.__doc__ = (f'The TFF LearningProcess of `{algorithm_fn.__name__}` (same'
-                   f' arguments).\n\n{algorithm_fn.__doc__ or ""}')
+                   f' arguments, and `shuffle` and `seed` of the clients\' local data'
+                   f' order: `common.process_builder`).\n\n{algorithm_fn.__doc__ or ""}')
   return build
