@@ -15,6 +15,7 @@ from tff_comp.algorithms import scaffold
 from tff_comp.binaries import bench_timing as timing
 from tff_comp.runtime import client_rows
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import ray_cluster
 from tff_comp.runtime import ray_runtime
 from tff_comp.tasks import emnist
 from tff_comp.tasks import lasso
@@ -34,7 +35,7 @@ def _emnist(clients: int):
 
 
 def part3_ray(actors: int, rounds: int, repeats: int, per_round: int = 10) -> None:
-  ray_runtime.connect(ray_runtime.LOCAL)
+  ray_cluster.connect(ray_cluster.LOCAL)
   task = lasso.build_lasso_task(dataset='I')
   population = len(task.train_data.client_ids)
   workloads = (
@@ -52,7 +53,7 @@ def part3_ray(actors: int, rounds: int, repeats: int, per_round: int = 10) -> No
     one = timing.time_rounds(timing.round_runner(
         inprocess.build(build(), data, engine=engine), ids, picks), rounds, repeats)
     runtime = ray_runtime.build(build(), data, ray_runtime.RayOptions(
-        ray_runtime.LOCAL, actors), engine=engine)
+        ray_cluster.LOCAL, actors), engine=engine)
     runtime.reserve_cohort(per_round)
     costs = []
     run_round = timing.round_runner(runtime, ids, picks)

@@ -23,7 +23,7 @@ from tff_comp.binaries import reproductions
 from tff_comp.runtime import base as runtime_base
 from tff_comp.run import callbacks
 from tff_comp.runtime import engines
-from tff_comp.runtime import ray_runtime
+from tff_comp.runtime import ray_cluster
 
 
 def column(metric: str) -> str:
@@ -199,7 +199,7 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
   seeds run as batched trials (`tff_comp.trials`, within `batch_memory_budget` MB a
   program), else one after another per (algorithm, seed). `parallel` > 1: those units
   (algorithms, or (algorithm, seed) groups) run in that many processes; `ray_address`:
-  as Ray tasks on that cluster (`ray_runtime.run_tasks`; a unit lost with its worker
+  as Ray tasks on that cluster (`ray_cluster.run_tasks`; a unit lost with its worker
   runs again, resuming its runs from their checkpoints).
 
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
@@ -217,7 +217,7 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
                              for a, seed in units]
   if ray_address:
     try:
-      ray_runtime.connect(ray_address)
+      ray_cluster.connect(ray_address)
     except runtime_base.UnsupportedError as e:
       raise experiment_lib.ConfigError(str(e)) from e
     labels = [a if seed is None else f'{a}, seed {seed}' for a, seed in units]
@@ -229,7 +229,7 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
       print(f'{result[1]}ray: {labels[i]} done ({len(finished)} of {len(units)} units,'
             f' {time.monotonic() - start:.0f}s)', flush=True)
 
-    results = [result for result, _ in ray_runtime.run_tasks(
+    results = [result for result, _ in ray_cluster.run_tasks(
         _on_ray, [(run, label, *a) for label, a in zip(labels, args)],
         again=lambda call: tuple(dict(x, resume=True, overwrite=False) if x is options
                                  else x for x in call),
@@ -269,7 +269,7 @@ def _share_cores(threads: int) -> None:
 def _on_ray(run, label: str, *args) -> tuple[Any, str]:
   """A grid's unit `run(*args)` in a Ray task of one CPU (`label` names it to the
   driver): its result and the lines it printed, which the driver shows as the unit ends
-  (a Ray worker's output does not reach the driver: `ray_runtime.connect`)."""
+  (a Ray worker's output does not reach the driver: `ray_cluster.connect`)."""
   del label
   _share_cores(1)
   printed = io.StringIO()

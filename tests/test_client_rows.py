@@ -67,7 +67,7 @@ def test_a_holder_commits_takes_and_fills_the_rows_of_its_clients():
 
 
 def test_a_holder_restores_from_its_snapshot_and_the_rows_sent_since():
-  """What a restarted Ray actor is given (`ray_runtime.Shard.restore`): its rows as a
+  """What a restarted Ray actor is given (`ray_actors.Shard.restore`): its rows as a
   snapshot saw them (a copy: Ray serializes it), then the rows sent since."""
   tables, new = _tables(2), _tables(3)
   holder = _holder(tables)

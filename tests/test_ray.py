@@ -30,6 +30,7 @@ from tff_comp.runtime import base
 from tff_comp.run import callbacks
 from tff_comp.runtime import client_rows
 from tff_comp.runtime import inprocess
+from tff_comp.runtime import ray_cluster
 from tff_comp.runtime import ray_runtime
 from tff_comp.run import run_files
 from tff_comp.run import sampling
@@ -40,12 +41,12 @@ cloudpickle = ray.cloudpickle
 
 DATA = algorithm_cases.DATA['unequal']
 IDS = list(DATA.client_ids)
-OPTIONS = ray_runtime.RayOptions(ray_address=ray_runtime.LOCAL, ray_actors=2)
+OPTIONS = ray_runtime.RayOptions(ray_address=ray_cluster.LOCAL, ray_actors=2)
 
 
 @pytest.fixture(scope='module', autouse=True)
 def cluster():
-  ray_runtime.connect(ray_runtime.LOCAL)
+  ray_cluster.connect(ray_cluster.LOCAL)
   yield
   ray.shutdown()
 
@@ -310,7 +311,7 @@ def test_an_actor_killed_in_a_run_is_restarted_and_the_run_is_unchanged(capsys):
 def _train(path, **settings):
   prepared = experiment.prepare(experiment.ExperimentConfig.of(**{
       'algorithm': 'fedavg', 'task': 'quadratic', 'rounds': 6, 'eval_period': 3,
-      'checkpoint_every': 2, 'ray_address': ray_runtime.LOCAL, 'output_dir': str(path),
+      'checkpoint_every': 2, 'ray_address': ray_cluster.LOCAL, 'output_dir': str(path),
       **settings}))
   runner = experiment.build_runner(prepared)
   assert runner.runtime.name == 'ray'
@@ -371,7 +372,7 @@ def test_a_grid_on_ray_tasks_equals_the_grid_run_here(tmp_path, capsys):
   here = grid.run_grid('here', _tiny_grid(), 4, (0, 1), tmp_path / 'here')
   capsys.readouterr()
   on_ray = grid.run_grid('ray', _tiny_grid(), 4, (0, 1), tmp_path / 'ray',
-                         ray_address=ray_runtime.LOCAL)
+                         ray_address=ray_cluster.LOCAL)
   assert on_ray == here
   # The driver shows each unit's own lines as it ends, and the grid's progress (a Ray
   # worker's output does not reach it).
@@ -391,7 +392,7 @@ def _crash_first(marker: str, value: int) -> int:
 def test_a_task_lost_with_its_worker_runs_again(tmp_path, capsys):
   cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on the
   try:                                                           # workers' path
-    results = ray_runtime.run_tasks(
+    results = ray_cluster.run_tasks(
         _crash_first, [(str(tmp_path / 'crashed'), 21)],
         again=lambda call: (call[0], call[1]), label=lambda call: 'the unit')
   finally:
