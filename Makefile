@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-slow test-ray bench bench-peers reproduce clean
+.PHONY: install run test lint format test-slow test-ray bench bench-peers reproduce clean
 
 install: $(STAMP)
 
@@ -28,6 +28,15 @@ $(STAMP): requirements/tff.txt requirements/dev.txt requirements/ray.txt setup.c
 # The main job: FedDualAvg on federated LASSO (built-in generated data).
 run: install
 	$(PY) binaries/run.py --algo=feddualavg --task=lasso
+
+# The linter and the formatter's check (pyproject.toml); CI runs it before the tests.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff check --fix --select I,F401 .
+	$(PY) -m ruff format .
 
 # Two test processes, whole files each (module fixtures run once).
 test: install

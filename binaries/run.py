@@ -35,7 +35,7 @@ from tff_comp.binaries import flags_lib
 from tff_comp import experiment
 from tff_comp import privacy_settings
 from tff_comp import registry
-from tff_comp.run import run_directory
+from tff_comp import run_directory
 from tff_comp import signals
 from tff_comp.run import callbacks
 from tff_comp.run import training_loop

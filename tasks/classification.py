@@ -27,7 +27,6 @@ import tensorflow_federated as tff
 from tff_comp import data as data_lib
 from tff_comp.ops import regularizers
 from tff_comp.ops import local_loop
-from tff_comp.runtime import inprocess
 from tff_comp.tasks import base
 
 DEFAULTS = dict(rounds=100, clients_per_round=10, client_learning_rate=0.02,

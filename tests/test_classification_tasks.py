@@ -153,7 +153,7 @@ def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_proces
 def _emnist_sql(directory):
   """A small emnist_all.sqlite written by TFF's own writer, in the schema TFF's loader
   reads: 3 train and 2 test writers of all 62 classes, 2 + 1 of digits."""
-  from tff_comp.tasks import emnist  # pylint: disable=g-import-not-at-top,unused-import
+  from tff_comp.tasks import emnist  # noqa: F401  (registers the task)
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   splits = {'w0': 'all_train', 'w1': 'all_train', 'w2': 'all_train', 't0': 'all_test',
             't1': 'all_test', 'd0': 'digits_only_train', 'd1': 'digits_only_train',

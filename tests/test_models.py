@@ -11,7 +11,6 @@ import tensorflow as tf
 from tff_comp.runtime import choice
 from tff_comp import models
 from tff_comp.algorithms import fedavg
-from tff_comp.runtime import inprocess
 from tff_comp.tasks import base
 from tff_comp.tasks import imbalanced_digits
 

@@ -26,7 +26,6 @@ from tff_comp import experiment
 from tff_comp import keras_models
 from tff_comp import registry
 from tff_comp.ops import privacy
-from tff_comp.runtime import base
 from tff_comp.run import callbacks
 from tff_comp.runtime import client_rows
 from tff_comp.runtime import inprocess

@@ -229,7 +229,7 @@ def test_custom_aggregation_falls_back_to_tff_saying_why():
   """A process the in-process runtime cannot run goes to TFF's, with the reason."""
   from tff_comp import experiment, models, registry  # pylint: disable=g-import-not-at-top
   from tff_comp.runtime import choice  # pylint: disable=g-import-not-at-top
-  import tff_comp.algorithms  # pylint: disable=g-import-not-at-top,unused-import
+  import tff_comp.algorithms  # noqa: F401  (registers the algorithms)
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_comp.tasks import array_data  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top

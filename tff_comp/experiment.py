@@ -10,7 +10,6 @@ layers over these two functions.
 from collections.abc import Callable, Sequence
 import dataclasses
 import inspect
-import json
 import math
 import pathlib
 from typing import Any
@@ -21,7 +20,7 @@ from tff_comp import evaluation
 from tff_comp import privacy_settings
 from tff_comp import registry
 from tff_comp.ops import regularizers as regularizers_lib
-from tff_comp.run import run_directory
+from tff_comp import run_directory
 from tff_comp.run import run_settings
 from tff_comp import settings
 from tff_comp import task as task_lib
@@ -163,19 +162,6 @@ def _build_task(config: ExperimentConfig,
                       f' options ({e}).') from e
 
 
-def _inputs(config: ExperimentConfig, data_files: dict[str, Any]) -> dict[str, Any]:
-  """{path: fingerprint} of the files the run reads (`Prepared.inputs`): the task's
-  `data_files` and those its settings name; a named file that cannot be read is left to
-  its setting's own check, which names it."""
-  files = dict(data_files)
-  for path in config.input_files():
-    try:
-      files[path] = paths.fingerprint(pathlib.Path(path))
-    except OSError:
-      continue
-  return files
-
-
 def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
                       builder_args: dict[str, Any], settings_: run_settings.RunSettings) -> None:
   """Puts the named server optimizer (at the run's server learning rate) into
@@ -259,7 +245,7 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
       resuming=config.output_dir if config.resume else None)
   settings = dataclasses.replace(settings, **plan.resolved)
   prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger,
-                      task_files, _inputs(config, task_files))
+                      task_files, run_directory.input_files(config.input_files(), task_files))
   if config.resume:  # refused before any runtime is built (checked again in `train_runner`,
     # with what its caller adds to config.json)
     run_directory.check_resumable(
@@ -279,17 +265,6 @@ class Runner:
   description: str
   algorithm: Any = None  # the ops.algorithm.Algorithm it runs (None: a plugin's process)
   evaluate_clients: Callable[[Any], list[dict]] | None = None  # per-client rows
-
-
-def _resumed_runtime(config: ExperimentConfig) -> dict[str, Any] | None:
-  """The runtime record of the run being resumed (None: not resuming, or none recorded)."""
-  if not config.resume:
-    return None
-  try:
-    recorded = json.loads((pathlib.Path(config.output_dir) / 'config.json').read_text())
-    return recorded.get('runtime_record') or None
-  except (OSError, ValueError, AttributeError):
-    return None
 
 
 def build_runner(prepared: Prepared) -> Runner:
@@ -319,7 +294,7 @@ def build_runner(prepared: Prepared) -> Runner:
       program, prepared.task.train_data, config.runtime, options=config.runtime_options,
       batch_size=settings.batch_size,
       client_rounds=settings.rounds * settings.clients_per_round,
-      resumed=_resumed_runtime(config))
+      resumed=run_directory.recorded_runtime(config.output_dir) if config.resume else None)
   devices.check_run(config.devices, config.participation.straggler_rate, runtime)
   if config.asynchrony.mode == 'async':  # its description says what it runs on
     runtime = buffered_async.for_run(config, runtime, prepared.task.train_data, algorithm)

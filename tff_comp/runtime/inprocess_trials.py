@@ -27,10 +27,10 @@ callbacks and run directory are the single run's code, unchanged; only its round
 its evaluations, `together`) meet, and between rounds the loops take turns.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import threading
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -43,12 +43,9 @@ from tff_comp.runtime import learning_state
 from tff_comp.runtime import nested
 from tff_comp.runtime import traced
 
-if TYPE_CHECKING:  # the in-process runtime builds groups (`trial_group`): no import cycle
-  from tff_comp.runtime import inprocess
-
 
 def _host(value: Any) -> np.ndarray:
-  """A state's leaf in NumPy, in the dtype `inprocess.as_tensors` gives it (a Python
+  """A state's leaf in NumPy, in the dtype `learning_state.as_tensors` gives it (a Python
   float as float32, an int as int32), so the round is traced once."""
   # Exact types: NumPy's float64 scalars (a state read back from a round) are floats too.
   if type(value) is float:  # pylint: disable=unidiomatic-typecheck
@@ -92,7 +89,24 @@ def merged_client_data(sources: Sequence[tuple[str, Any]]) -> Any:
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids, dataset)
 
 
-def why_not(runtime: 'inprocess.InProcessRuntime') -> str:
+class GroupRuntime(base.Runtime, Protocol):
+  """What a group of trials needs of the runtime it batches (the in-process runtime,
+  `inprocess.InProcessRuntime`, which makes groups of itself: `trial_group`)."""
+
+  algorithm: Any
+  stages: Any  # round_stages.RoundStages
+  data: Any  # engines.ResidentData
+  device: str
+  engine: str
+  engine_impl: Any  # the engines.Engine running its cohorts
+  streaming: bool
+  population_index: Mapping[str, int]
+
+  def note_cohort(self, size: int) -> None:
+    """Tells the engine the size of the first cohort its kernel is traced for."""
+
+
+def why_not(runtime: GroupRuntime) -> str:
   """Why a group cannot hold `runtime`'s trials yet ('' when it can)."""
   if runtime.streaming:
     return 'streamed client data run one trial at a time'
@@ -111,7 +125,7 @@ class TrialGroup:
       engine outside the graph); the caller runs those trials one by one.
   """
 
-  def __init__(self, runtime: 'inprocess.InProcessRuntime', seeds: Sequence[int],
+  def __init__(self, runtime: GroupRuntime, seeds: Sequence[int],
                clients: Sequence[TrialClients] | None = None):
     reason = why_not(runtime)
     if reason:

@@ -4,7 +4,7 @@ resumed with these settings, and the environment config.json records.
 The files themselves are written by the training loop (`run.training_loop`).
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 import errno
 import functools
 import importlib.metadata
@@ -19,6 +19,7 @@ import sys
 import threading
 from typing import Any
 
+from tff_comp import paths
 from tff_comp import registry
 from tff_comp import run_config
 from tff_comp.settings import ConfigError
@@ -164,6 +165,28 @@ def _check_inputs(output_dir: pathlib.Path, recorded: Mapping[str, Any],
                       ' (--overwrite or another --output_dir).')
 
 
+def input_files(named: Sequence[str], data_files: Mapping[str, Any]) -> dict[str, Any]:
+  """{path: fingerprint} of the files a run reads (`paths.fingerprint`): the task's
+  `data_files` and the files its settings name (`named`); a named file that cannot be
+  read is left to its setting's own check, which names it."""
+  files = dict(data_files)
+  for path in named:
+    try:
+      files[path] = paths.fingerprint(pathlib.Path(path))
+    except OSError:
+      continue
+  return files
+
+
+def recorded_runtime(output_dir: str | os.PathLike) -> dict[str, Any] | None:
+  """The runtime record of the run in `output_dir` (None: none recorded or readable)."""
+  try:
+    recorded = json.loads((pathlib.Path(output_dir) / 'config.json').read_text())
+    return recorded.get('runtime_record') or None
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
 _ENVIRONMENT_LOCK = threading.Lock()
 
 
@@ -188,7 +211,7 @@ def _read_environment() -> dict[str, Any]:
             'python': platform.python_version(),
             'plugins': registry.plugin_versions(),
             'command': shlex.join([os.path.basename(sys.executable), *sys.argv])}
-  checkout = pathlib.Path(__file__).resolve().parents[2]  # tff_comp/run/ -> the checkout
+  checkout = pathlib.Path(__file__).resolve().parent.parent
   if (checkout / '.git').exists():
     def git(*args):
       return subprocess.run(['git', '-C', str(checkout), *args], capture_output=True,
