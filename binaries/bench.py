@@ -83,69 +83,82 @@ import sys
 import tempfile
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 import psutil  # installed with TFF (portpicker requires it)
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_comp import data as data_lib
-from tff_comp.runtime import choice
-from tff_comp.tasks import lasso
-from tff_comp.tasks import synthetic
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg
-from tff_comp.runtime import inprocess
-from tff_comp.runtime import workers
+from tff_comp.binaries import bench_grid, bench_workloads, flags_lib
 from tff_comp.binaries import bench_timing as timing
-from tff_comp.binaries import flags_lib
-from tff_comp.binaries import bench_grid
-from tff_comp.binaries import bench_workloads
+from tff_comp.runtime import choice, inprocess, workers
+from tff_comp.tasks import lasso, synthetic
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.', lower_bound=1)
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats; the median is reported.', lower_bound=1)
-_SWEEP = flags.DEFINE_list('sweep', ['10', '100', '1000'],
-                           'Clients per round for part 2 (empty: skip part 2).')
-_POPULATION = flags.DEFINE_integer('population', 1000, 'Clients of the part 2 task.',
-                                   lower_bound=1)
+_SWEEP = flags.DEFINE_list(
+  'sweep', ['10', '100', '1000'], 'Clients per round for part 2 (empty: skip part 2).'
+)
+_POPULATION = flags.DEFINE_integer('population', 1000, 'Clients of the part 2 task.', lower_bound=1)
 _SWEEP_TFF_MAX = flags.DEFINE_integer(
-    'sweep_tff_max', 100, 'Largest clients per round part 2 also times on TFF\'s worker.',
-    lower_bound=0)
+  'sweep_tff_max',
+  100,
+  "Largest clients per round part 2 also times on TFF's worker.",
+  lower_bound=0,
+)
 _TFF_WORKERS = flags.DEFINE_integer(
-    'tff_workers', 2, 'Part 3: local TFF workers to split rounds across (0: skip).', lower_bound=0)
+  'tff_workers', 2, 'Part 3: local TFF workers to split rounds across (0: skip).', lower_bound=0
+)
 _FIRST_ROUNDS = flags.DEFINE_bool('first_rounds', True, 'Part 5: time to the first round.')
 _RAY_ACTORS = flags.DEFINE_integer(
-    'ray_actors', 2, 'Part 3: Ray actors of a local cluster for the Ray lines (0: skip;'
-    ' skipped without Ray).', lower_bound=0)
+  'ray_actors',
+  2,
+  'Part 3: Ray actors of a local cluster for the Ray lines (0: skip; skipped without Ray).',
+  lower_bound=0,
+)
 _MEMORY_ROUNDS = flags.DEFINE_integer(
-    'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).',
-    lower_bound=0)
-_WORKLOAD = flags.DEFINE_enum('workload', 'lasso',
-                              ['lasso', 'emnist_cnn', 'streaming', 'grid'],
-                              'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7;'
-                              ' grid: part 8.')
-_GRID_EXPERIMENT = flags.DEFINE_string('grid_experiment', 'fco_lasso',
-                                       'Part 8: the reproduction whose grid is timed.')
-_GRID_ROUNDS = flags.DEFINE_integer('grid_rounds', 500, 'Part 8: rounds of every run.',
-                                    lower_bound=1)
+  'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).', lower_bound=0
+)
+_WORKLOAD = flags.DEFINE_enum(
+  'workload',
+  'lasso',
+  ['lasso', 'emnist_cnn', 'streaming', 'grid'],
+  'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7; grid: part 8.',
+)
+_GRID_EXPERIMENT = flags.DEFINE_string(
+  'grid_experiment', 'fco_lasso', 'Part 8: the reproduction whose grid is timed.'
+)
+_GRID_ROUNDS = flags.DEFINE_integer(
+  'grid_rounds', 500, 'Part 8: rounds of every run.', lower_bound=1
+)
 _GRID_PARALLEL = flags.DEFINE_integer(
-    'grid_parallel', 2, 'Part 8: reproduce.py --parallel, both ways.', lower_bound=1)
-_EMNIST_CLIENTS = flags.DEFINE_integer('emnist_clients', 10,
-                                       'Part 6: clients per round.', lower_bound=1)
+  'grid_parallel', 2, 'Part 8: reproduce.py --parallel, both ways.', lower_bound=1
+)
+_EMNIST_CLIENTS = flags.DEFINE_integer(
+  'emnist_clients', 10, 'Part 6: clients per round.', lower_bound=1
+)
 _RUN_PY_ROUNDS = flags.DEFINE_integer(
-    'run_py_rounds', 400, 'Part 1 (e): rounds of the end-to-end run.py run (0: skip).',
-    lower_bound=0)
+  'run_py_rounds', 400, 'Part 1 (e): rounds of the end-to-end run.py run (0: skip).', lower_bound=0
+)
 _FEDJAX_PYTHON = flags.DEFINE_string(
-    'fedjax_python', None, 'Part 1: a Python with FedJAX installed (`make bench-peers`'
-    ' builds .venv-fedjax); FedJAX\'s FedAvg is timed in the same run. None: not timed.')
+  'fedjax_python',
+  None,
+  'Part 1: a Python with FedJAX installed (`make bench-peers`'
+  " builds .venv-fedjax); FedJAX's FedAvg is timed in the same run. None: not timed.",
+)
 flags.register_validator(
-    'sweep', lambda values: all(v.isdigit() and int(v) > 0 for v in values),
-    '--sweep takes positive whole numbers of clients per round (e.g. 10,100).')
+  'sweep',
+  lambda values: all(v.isdigit() and int(v) > 0 for v in values),
+  '--sweep takes positive whole numbers of clients per round (e.g. 10,100).',
+)
 flags.register_validator(
-    'fedjax_python', lambda path: path is None or (os.path.isfile(path)
-                                                    and os.access(path, os.X_OK)),
-    '--fedjax_python is not an executable file (`make .venv-fedjax/.installed` builds'
-    ' .venv-fedjax/bin/python).')
+  'fedjax_python',
+  lambda path: path is None or (os.path.isfile(path) and os.access(path, os.X_OK)),
+  '--fedjax_python is not an executable file (`make .venv-fedjax/.installed` builds'
+  ' .venv-fedjax/bin/python).',
+)
 CLIENTS, BATCH, LR = 10, 10, 1e-3
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -163,12 +176,14 @@ def _plain_round(model, arrays: data_lib.ClientArrays):
       steps = (tf.shape(y)[0] + BATCH - 1) // BATCH
 
       def body(k, w):
-        xb, yb = x[k * BATCH:(k + 1) * BATCH], y[k * BATCH:(k + 1) * BATCH]
+        xb, yb = x[k * BATCH : (k + 1) * BATCH], y[k * BATCH : (k + 1) * BATCH]
         with tf.GradientTape() as tape:
           tape.watch(w)
           loss = model.loss(model.predict_on_batch((w, ()), xb), yb)
         return k + 1, tuple(a - LR * g for a, g in zip(w, tape.gradient(loss, w)))
+
       return tf.while_loop(lambda k, _: k < steps, body, (0, global_weights))[1]
+
     updates = tf.map_fn(client, chosen, fn_output_signature=(tf.float32, tf.float32))
     return tuple(tf.reduce_mean(u, 0) for u in updates)
 
@@ -188,19 +203,19 @@ def part1(rounds: int, repeats: int) -> None:
   mapped = inprocess.build(process, task.train_data, engine='mapped')
   worker, _ = choice.runner_for(process, task.train_data, 'tff')
   builtin = tff.learning.algorithms.build_weighted_fed_avg(
-      task.model, tff.learning.optimizers.build_sgdm(LR),
-      tff.learning.optimizers.build_sgdm(1.0))
+    task.model, tff.learning.optimizers.build_sgdm(LR), tff.learning.optimizers.build_sgdm(1.0)
+  )
   builtin_state = [builtin.initialize()]
 
   def builtin_round(r):
-    datasets = [task.train_data.create_tf_dataset_for_client(ids[i]).batch(BATCH)
-                for i in picks[r]]
+    datasets = [task.train_data.create_tf_dataset_for_client(ids[i]).batch(BATCH) for i in picks[r]]
     builtin_state[0] = builtin.next(builtin_state[0], datasets).state
 
   plain = _plain_round(task.model, task.client_arrays())
   with _FedJAX(rounds) as fedjax:
     a, fedjax_a = timing.time_rounds_between(
-        timing.round_runner(fast, ids, picks), rounds, repeats, fedjax.block)
+      timing.round_runner(fast, ids, picks), rounds, repeats, fedjax.block
+    )
     a2 = timing.time_rounds(timing.round_runner(mapped, ids, picks), rounds, repeats)
     b = timing.time_rounds(timing.round_runner(worker, ids, picks), rounds, repeats)
     c = timing.time_rounds(builtin_round, rounds, repeats)
@@ -210,43 +225,72 @@ def part1(rounds: int, repeats: int) -> None:
       fedjax_e = [fedjax.block()]
       e, e_resumed = _run_py(_RUN_PY_ROUNDS.value)
       fedjax_e.append(fedjax.block())
-  print(f'Part 1: FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM},'
-        f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds; load average'
-        f' {" ".join(f"{x:.2f}" for x in os.getloadavg())} at the end')
-  print(f'  (a) tff_comp fedavg, in-process lanes ({fast.device}, {fast.kernel_threads}'
-        f' kernel threads)   {a:.5f} s/round')
+  print(
+    f'Part 1: FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM},'
+    f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds; load average'
+    f' {" ".join(f"{x:.2f}" for x in os.getloadavg())} at the end'
+  )
+  print(
+    f'  (a) tff_comp fedavg, in-process lanes ({fast.device}, {fast.kernel_threads}'
+    f' kernel threads)   {a:.5f} s/round'
+  )
   print(f"  (a') tff_comp fedavg, in-process mapped                {a2:.4f} s/round")
   print(f'  (b) tff_comp fedavg, TFF worker                       {b:.4f} s/round')
   print(f'  (c) TFF build_weighted_fed_avg, Python data           {c:.4f} s/round')
   print(f'  (d) plain tf.function (map_fn), data in memory        {d:.4f} s/round')
   if e is not None:
-    print(f'  (e) run.py end to end, {_RUN_PY_ROUNDS.value} rounds (lanes, no evaluation)'
-          f'  {e:.5f} s/round; resumed halfway, the resumed rounds {e_resumed:.5f}'
-          f' s/round ({e_resumed / e:.2f}x)')
-  print(f"  a/a' = {a / a2:.3f}   a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}"
-        + (f'   e/a = {e / a:.3f} (target <= 1.2)' if e is not None else ''))
+    print(
+      f'  (e) run.py end to end, {_RUN_PY_ROUNDS.value} rounds (lanes, no evaluation)'
+      f'  {e:.5f} s/round; resumed halfway, the resumed rounds {e_resumed:.5f}'
+      f' s/round ({e_resumed / e:.2f}x)'
+    )
+  print(
+    f"  a/a' = {a / a2:.3f}   a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}"
+    + (f'   e/a = {e / a:.3f} (target <= 1.2)' if e is not None else '')
+  )
   if fedjax_a is None:
     print('  FedJAX: not timed (no --fedjax_python; `make bench-peers` runs it)')
     return
-  print(f'  FedJAX fedavg (same run), blocks between (a)\'s: median {fedjax_a:.5f} s/round'
-        + (f'; just before and after (e): {fedjax_e[0]:.5f}, {fedjax_e[1]:.5f}'
-           if e is not None else ''))
-  print(f'  a / FedJAX = {a / fedjax_a:.3f} (target <= 0.25)'
-        + (f'   e / FedJAX = {e / statistics.mean(fedjax_e):.3f} (target <= 0.3)'
-           if e is not None else ''))
+  print(
+    f"  FedJAX fedavg (same run), blocks between (a)'s: median {fedjax_a:.5f} s/round"
+    + (
+      f'; just before and after (e): {fedjax_e[0]:.5f}, {fedjax_e[1]:.5f}' if e is not None else ''
+    )
+  )
+  print(
+    f'  a / FedJAX = {a / fedjax_a:.3f} (target <= 0.25)'
+    + (
+      f'   e / FedJAX = {e / statistics.mean(fedjax_e):.3f} (target <= 0.3)'
+      if e is not None
+      else ''
+    )
+  )
 
 
 def _run_py(rounds: int) -> tuple[float, float]:
   """(e): wall seconds per round of `run.py` on part 1's shape from its metrics.csv,
   rounds 2..`rounds` (the first round compiles); then of a run stopped at round
   `rounds` // 2 and resumed, over its resumed rounds after the first."""
-  command = [sys.executable, os.path.join(_HERE, 'run.py'), '--algo=fedavg', '--task=lasso',
-             '--engine=lanes', f'--clients_per_round={CLIENTS}', f'--batch_size={BATCH}',
-             f'--client_learning_rate={LR}', '--eval_period=1000000']
+  command = [
+    sys.executable,
+    os.path.join(_HERE, 'run.py'),
+    '--algo=fedavg',
+    '--task=lasso',
+    '--engine=lanes',
+    f'--clients_per_round={CLIENTS}',
+    f'--batch_size={BATCH}',
+    f'--client_learning_rate={LR}',
+    '--eval_period=1000000',
+  ]
 
   def run(output_dir: str, *args: str) -> dict[int, float]:
-    subprocess.run([*command, f'--output_dir={output_dir}', *args], check=True,
-                   capture_output=True, timeout=1800, stdin=subprocess.DEVNULL)
+    subprocess.run(
+      [*command, f'--output_dir={output_dir}', *args],
+      check=True,
+      capture_output=True,
+      timeout=1800,
+      stdin=subprocess.DEVNULL,
+    )
     with open(os.path.join(output_dir, 'metrics.csv'), newline='') as f:
       return {int(row['round']): float(row['seconds']) for row in csv.DictReader(f)}
 
@@ -255,8 +299,10 @@ def _run_py(rounds: int) -> tuple[float, float]:
     seconds = run(whole, f'--rounds={rounds}')
     run(resumed, f'--rounds={half}')
     again = run(resumed, f'--rounds={rounds}', '--resume')
-  return ((seconds[rounds] - seconds[1]) / (rounds - 1),
-          (again[rounds] - again[half + 1]) / (rounds - half - 1))
+  return (
+    (seconds[rounds] - seconds[1]) / (rounds - 1),
+    (again[rounds] - again[half + 1]) / (rounds - half - 1),
+  )
 
 
 class _FedJAX:
@@ -271,10 +317,20 @@ class _FedJAX:
   def __enter__(self) -> '_FedJAX':
     if _FEDJAX_PYTHON.value:
       self._process = subprocess.Popen(
-          [_FEDJAX_PYTHON.value, os.path.join(_HERE, 'peers', 'fedjax_fedavg.py'), '--serve',
-           f'--clients={CLIENTS}', f'--batch_size={BATCH}', f'--learning_rate={LR}',
-           f'--dim={lasso.DIM}'],
-          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
+        [
+          _FEDJAX_PYTHON.value,
+          os.path.join(_HERE, 'peers', 'fedjax_fedavg.py'),
+          '--serve',
+          f'--clients={CLIENTS}',
+          f'--batch_size={BATCH}',
+          f'--learning_rate={LR}',
+          f'--dim={lasso.DIM}',
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=self._log,
+        text=True,
+      )
       if self._process.stdout.readline().strip() != 'ready':
         self._failed()
     return self
@@ -301,8 +357,7 @@ class _FedJAX:
     self._log.close()
 
 
-def part2(sweep: list[int], population: int, rounds: int, repeats: int,
-          tff_max: int) -> None:
+def part2(sweep: list[int], population: int, rounds: int, repeats: int, tff_max: int) -> None:
   task = synthetic.build_synthetic_task(num_clients=max(population, max(sweep)))
   ids = task.train_data.client_ids
   process = fedavg.build_fedavg(task.model, client_learning_rate=0.01, batch_size=BATCH)
@@ -310,21 +365,26 @@ def part2(sweep: list[int], population: int, rounds: int, repeats: int,
   mapped = inprocess.build(process, task.train_data, engine='mapped')
   worker = None
   sizes = [len(task.train_data.create_tf_dataset_for_client(i)) for i in ids]
-  print(f'Part 2: FedAvg on synthetic(1,1), {len(ids)} clients (sizes'
-        f' {min(sizes)}-{max(sizes)}), batch {BATCH}, 1 epoch')
+  print(
+    f'Part 2: FedAvg on synthetic(1,1), {len(ids)} clients (sizes'
+    f' {min(sizes)}-{max(sizes)}), batch {BATCH}, 1 epoch'
+  )
   for per_round in sweep:
     picks = timing.selections(len(ids), per_round, 3 + rounds * repeats + 10)
     a = timing.time_rounds(timing.round_runner(fast, ids, picks), rounds, repeats)
     a2 = timing.time_rounds(timing.round_runner(mapped, ids, picks), rounds, repeats)
-    line = (f'  {per_round:5d} clients/round: lanes {a:.4f} s/round'
-            f' ({1000 * a / per_round:.3f} ms/client); mapped {a2:.4f} s/round'
-            f' ({1000 * a2 / per_round:.3f} ms/client)')
+    line = (
+      f'  {per_round:5d} clients/round: lanes {a:.4f} s/round'
+      f' ({1000 * a / per_round:.3f} ms/client); mapped {a2:.4f} s/round'
+      f' ({1000 * a2 / per_round:.3f} ms/client)'
+    )
     if per_round <= tff_max:
       if worker is None:
         worker, _ = choice.runner_for(process, task.train_data, 'tff')
       b = timing.time_rounds(timing.round_runner(worker, ids, picks), rounds, repeats)
-      line += (f'; TFF worker {b:.4f} s/round ({1000 * b / per_round:.3f} ms/client);'
-               f' ratio {a / b:.3f}')
+      line += (
+        f'; TFF worker {b:.4f} s/round ({1000 * b / per_round:.3f} ms/client); ratio {a / b:.3f}'
+      )
     print(line, flush=True)
 
 
@@ -343,16 +403,21 @@ def part3(num_workers: int, rounds: int, repeats: int) -> None:
     for worker in processes:
       worker.kill()
     runtime.install_local_runtime()
-  print(f'Part 3: part 1\'s (b) on {num_workers} local TFF workers (mergeable context)'
-        f' {e:.4f} s/round vs one worker {b:.4f}: speedup {b / e:.2f}x')
+  print(
+    f"Part 3: part 1's (b) on {num_workers} local TFF workers (mergeable context)"
+    f' {e:.4f} s/round vs one worker {b:.4f}: speedup {b / e:.2f}x'
+  )
 
 
 def part4(rounds: int, per_round: int) -> None:
   task = synthetic.build_synthetic_task(num_clients=per_round)
   ids = task.train_data.client_ids
   process = fedavg.build_fedavg(task.model, client_learning_rate=0.01, batch_size=BATCH)
-  run_round = timing.round_runner(inprocess.build(process, task.train_data, engine='lanes'), ids,
-                            timing.selections(len(ids), per_round, rounds))
+  run_round = timing.round_runner(
+    inprocess.build(process, task.train_data, engine='lanes'),
+    ids,
+    timing.selections(len(ids), per_round, rounds),
+  )
   me, rss, start = psutil.Process(), {}, time.perf_counter()
   for r in range(rounds):
     run_round(r)
@@ -360,10 +425,13 @@ def part4(rounds: int, per_round: int) -> None:
       rss[r + 1] = me.memory_info().rss / 2**20
   seconds = time.perf_counter() - start
   base = rss[min(50, rounds)]
-  print(f'Part 4: host memory over {rounds} rounds of {per_round} clients (synthetic, lanes),'
-        f' {seconds:.0f} s: ' + ', '.join(f'round {r} {m:.0f} MB' for r, m in rss.items())
-        + f'; growth from round {min(50, rounds)}: {100 * (rss[rounds] / base - 1):+.1f}%'
-        ' (target < 5%)')
+  print(
+    f'Part 4: host memory over {rounds} rounds of {per_round} clients (synthetic, lanes),'
+    f' {seconds:.0f} s: '
+    + ', '.join(f'round {r} {m:.0f} MB' for r, m in rss.items())
+    + f'; growth from round {min(50, rounds)}: {100 * (rss[rounds] / base - 1):+.1f}%'
+    ' (target < 5%)'
+  )
 
 
 # Runs in a fresh Python: seconds from building the runtime to the end of round 1.
@@ -402,8 +470,14 @@ print(len(sizes))
 
 
 def _child(script: str, *args: str, env=None) -> subprocess.CompletedProcess:
-  out = subprocess.run([sys.executable, '-c', script, *args], capture_output=True,
-                       text=True, timeout=600, stdin=subprocess.DEVNULL, env=env)
+  out = subprocess.run(
+    [sys.executable, '-c', script, *args],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    stdin=subprocess.DEVNULL,
+    env=env,
+  )
   if out.returncode:
     raise RuntimeError(f'a part 5 child failed: {out.stderr[-2000:]}')
   return out
@@ -413,27 +487,40 @@ def part5() -> None:
   print('Part 5: build to the end of round 1, feddualavg on lasso (fresh processes)')
   for engine in ('lanes', 'mapped', 'auto'):
     runs = [_child(_FIRST_ROUND, engine).stdout.split() for _ in range(2)]
-    print(f'  {engine:6s} first {float(runs[0][0]):.2f} s, warm {float(runs[1][0]):.2f} s'
-          f' (engine {runs[0][1]})' + (' (target: warm <= 1 s, first <= 3 s)'
-                                       if engine == 'auto' else ''))
+    print(
+      f'  {engine:6s} first {float(runs[0][0]):.2f} s, warm {float(runs[1][0]):.2f} s'
+      f' (engine {runs[0][1]})'
+      + (' (target: warm <= 1 s, first <= 3 s)' if engine == 'auto' else '')
+    )
   run_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'run.py')
   seconds = []
   with tempfile.TemporaryDirectory() as cache:  # no flags recorded yet
     for _ in range(2):  # the first start records them
       start = time.perf_counter()
-      subprocess.run([sys.executable, run_py, '--rounds=ten'], capture_output=True,
-                     timeout=600, stdin=subprocess.DEVNULL,
-                     env=dict(os.environ, TFF_COMP_DATA_DIR=cache))
+      subprocess.run(
+        [sys.executable, run_py, '--rounds=ten'],
+        capture_output=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, TFF_COMP_DATA_DIR=cache),
+      )
       seconds.append(time.perf_counter() - start)
-  print(f'  run.py --rounds=ten: error after {seconds[1]:.2f} s ({seconds[0]:.2f} s when'
-        ' its flags were not yet recorded) (target < 1 s)')
-  out = _child(_DROPOUT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0',
-                                  TF_CPP_VMODULE='device_compilation_profiler=1'))
-  compiles = [int(n) for n in re.findall(r'Compiled __inference__local_steps_\d+ (\d+) times',
-                                         out.stderr)]
-  print(f'  20 rounds, 30% dropout, {out.stdout.strip()} cohort sizes: the lanes kernel'
-        f' compiled {max(compiles, default=0)} time(s), recompiles'
-        f' {max(compiles, default=1) - 1} (target 0)')
+  print(
+    f'  run.py --rounds=ten: error after {seconds[1]:.2f} s ({seconds[0]:.2f} s when'
+    ' its flags were not yet recorded) (target < 1 s)'
+  )
+  out = _child(
+    _DROPOUT,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0', TF_CPP_VMODULE='device_compilation_profiler=1'),
+  )
+  compiles = [
+    int(n) for n in re.findall(r'Compiled __inference__local_steps_\d+ (\d+) times', out.stderr)
+  ]
+  print(
+    f'  20 rounds, 30% dropout, {out.stdout.strip()} cohort sizes: the lanes kernel'
+    f' compiled {max(compiles, default=0)} time(s), recompiles'
+    f' {max(compiles, default=1) - 1} (target 0)'
+  )
 
 
 def main(argv):
@@ -452,12 +539,18 @@ def main(argv):
     return
   part1(_ROUNDS.value, _REPEATS.value)
   if _SWEEP.value:
-    part2([int(v) for v in _SWEEP.value], _POPULATION.value, max(3, _ROUNDS.value // 5),
-          _REPEATS.value, _SWEEP_TFF_MAX.value)
+    part2(
+      [int(v) for v in _SWEEP.value],
+      _POPULATION.value,
+      max(3, _ROUNDS.value // 5),
+      _REPEATS.value,
+      _SWEEP_TFF_MAX.value,
+    )
   if _TFF_WORKERS.value:
     part3(_TFF_WORKERS.value, _ROUNDS.value, _REPEATS.value)
   if _RAY_ACTORS.value and importlib.util.find_spec('ray'):
     from tff_comp.binaries import bench_ray  # pylint: disable=g-import-not-at-top
+
     bench_ray.part3_ray(_RAY_ACTORS.value, _ROUNDS.value, _REPEATS.value)
   if _MEMORY_ROUNDS.value:
     part4(_MEMORY_ROUNDS.value, _POPULATION.value)

@@ -22,19 +22,31 @@ def part8(experiment: str, rounds: int, parallel: int) -> None:
   batched trials, then with `--nobatch_trials` (each (algorithm, seed) group's runs one
   after another, as before), both with `--parallel`; wall time of each, whether the
   tables agree, and the batched grid's floor: the time of its compiled rounds alone."""
-  print(f'Part 8: reproduce.py --experiment={experiment} --rounds={rounds}'
-        f' --parallel={parallel}, end to end (load average'
-        f' {os.getloadavg()[0]:.2f} at the start)')
+  print(
+    f'Part 8: reproduce.py --experiment={experiment} --rounds={rounds}'
+    f' --parallel={parallel}, end to end (load average'
+    f' {os.getloadavg()[0]:.2f} at the start)'
+  )
   seconds, batched_out = {}, ''
   with tempfile.TemporaryDirectory() as root:
     for label, extra in (('batched', '--batch_trials'), ('one by one', '--nobatch_trials')):
       out = pathlib.Path(root) / label.replace(' ', '_')
       start = time.monotonic()
       done = subprocess.run(
-          [sys.executable, str(_HERE / 'reproduce.py'), f'--experiment={experiment}',
-           f'--rounds={rounds}', f'--parallel={parallel}', f'--output_dir={out}', extra],
-          capture_output=True, text=True, check=False,
-          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+        [
+          sys.executable,
+          str(_HERE / 'reproduce.py'),
+          f'--experiment={experiment}',
+          f'--rounds={rounds}',
+          f'--parallel={parallel}',
+          f'--output_dir={out}',
+          extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+      )
       seconds[label] = time.monotonic() - start
       if label == 'batched':
         batched_out = done.stdout
@@ -42,14 +54,19 @@ def part8(experiment: str, rounds: int, parallel: int) -> None:
         print(f'  {label}: failed ({done.stderr.strip().splitlines()[-1:]})')
         return
       print(f'  (h) {label:10s} {seconds[label]:7.1f} s')
-    same = (_tables(pathlib.Path(root) / 'batched' / experiment / 'results.md')
-            == _tables(pathlib.Path(root) / 'one_by_one' / experiment / 'results.md'))
-  print(f'  batched / one by one = {seconds["batched"] / seconds["one by one"]:.2f}'
-        f' ({seconds["one by one"] / seconds["batched"]:.1f}x faster, target 5x);'
-        f' tables identical: {"yes" if same else "NO"}')
+    same = _tables(pathlib.Path(root) / 'batched' / experiment / 'results.md') == _tables(
+      pathlib.Path(root) / 'one_by_one' / experiment / 'results.md'
+    )
+  print(
+    f'  batched / one by one = {seconds["batched"] / seconds["one by one"]:.2f}'
+    f' ({seconds["one by one"] / seconds["batched"]:.1f}x faster, target 5x);'
+    f' tables identical: {"yes" if same else "NO"}'
+  )
   # The floor of the batched grid: its groups' compiled rounds (rounds 2 on, as each
   # group says), shared by the processes at best.
   compiled = sum(float(m) for m in re.findall(r'the compiled round ([\d.]+) s', batched_out))
-  print(f'  the batched groups\' compiled rounds alone: {compiled:.1f} s, {compiled / parallel:.1f} s'
-        f' on {parallel} processes: at most {seconds["one by one"] * parallel / compiled:.1f}x'
-        ' faster than one by one were imports, compiles, trials\' loops and evaluations free')
+  print(
+    f"  the batched groups' compiled rounds alone: {compiled:.1f} s, {compiled / parallel:.1f} s"
+    f' on {parallel} processes: at most {seconds["one by one"] * parallel / compiled:.1f}x'
+    " faster than one by one were imports, compiles, trials' loops and evaluations free"
+  )

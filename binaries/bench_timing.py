@@ -12,8 +12,9 @@ def time_rounds(run_round, rounds: int, repeats: int, warmup: int = 3) -> float:
   return time_rounds_between(run_round, rounds, repeats, lambda: None, warmup)[0]
 
 
-def time_rounds_between(run_round, rounds: int, repeats: int, peer, warmup: int = 3
-                        ) -> tuple[float, float | None]:
+def time_rounds_between(
+  run_round, rounds: int, repeats: int, peer, warmup: int = 3
+) -> tuple[float, float | None]:
   """(`time_rounds` of `run_round`, the median of `peer()`'s timings), a call of
   `peer` (a peer's block of rounds, s/round, or None) before each of the `repeats`
   blocks and after the last, so both are timed in the same minutes."""

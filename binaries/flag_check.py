@@ -23,15 +23,25 @@ import tempfile
 
 from absl import flags
 
-from tff_comp import paths
-from tff_comp import registry  # stdlib only: the plugin groups' names
-from tff_comp import settings  # stdlib only
+from tff_comp import (
+  paths,
+  registry,  # stdlib only: the plugin groups' names
+  settings,  # stdlib only
+)
 
-_KINDS = {'bool': flags.DEFINE_bool, 'string': flags.DEFINE_string,
-          'multi_string': flags.DEFINE_multi_string, 'list': flags.DEFINE_list}
+_KINDS = {
+  'bool': flags.DEFINE_bool,
+  'string': flags.DEFINE_string,
+  'multi_string': flags.DEFINE_multi_string,
+  'list': flags.DEFINE_list,
+}
 _PACKAGES = ('tff_comp', 'tff_comp.tasks', 'tff_comp.binaries')
-_GROUPS = (registry.ALGORITHMS_GROUP, registry.TASKS_GROUP, registry.RUNTIMES_GROUP,
-           registry.EXPERIMENTS_GROUP)
+_GROUPS = (
+  registry.ALGORITHMS_GROUP,
+  registry.TASKS_GROUP,
+  registry.RUNTIMES_GROUP,
+  registry.EXPERIMENTS_GROUP,
+)
 
 
 def _sources(package: str) -> list[pathlib.Path]:
@@ -40,8 +50,9 @@ def _sources(package: str) -> list[pathlib.Path]:
   if spec is None:
     return []
   if spec.submodule_search_locations:
-    return sorted(p for folder in spec.submodule_search_locations
-                  for p in pathlib.Path(folder).rglob('*.py'))
+    return sorted(
+      p for folder in spec.submodule_search_locations for p in pathlib.Path(folder).rglob('*.py')
+    )
   return [pathlib.Path(spec.origin)] if spec.origin else []
 
 
@@ -77,8 +88,11 @@ def _describe(flag: flags.Flag) -> dict:
   return entry
 
 
-def record(flag_values: flags.FlagValues, binary: str,
-           bounds: dict[str, dict[str, float | None]] | None = None) -> None:
+def record(
+  flag_values: flags.FlagValues,
+  binary: str,
+  bounds: dict[str, dict[str, float | None]] | None = None,
+) -> None:
   """Writes the manifest of `flag_values` (every flag the binary defines), with the
   settings' `bounds` by flag (lower, upper, above: `settings.check_bounds`), atomically;
   a cache directory that cannot be written only costs the fast check."""
@@ -99,8 +113,7 @@ def record(flag_values: flags.FlagValues, binary: str,
 
 
 def _define(name: str, entry: dict, flag_values: flags.FlagValues) -> None:
-  kind, bounds = entry['kind'], {k: entry[k] for k in ('lower_bound', 'upper_bound')
-                                 if k in entry}
+  kind, bounds = entry['kind'], {k: entry[k] for k in ('lower_bound', 'upper_bound') if k in entry}
   if kind == 'enum':
     flags.DEFINE_enum(name, None, entry['choices'], '', flag_values=flag_values)
   elif kind in ('int', 'float'):
@@ -112,8 +125,9 @@ def _define(name: str, entry: dict, flag_values: flags.FlagValues) -> None:
 
 def fail(message) -> None:
   """Exits with status 2 and `message` as one line on stderr (the binaries' bad input)."""
-  print(f'{os.path.basename(sys.argv[0])}: error: {" ".join(str(message).split())}',
-        file=sys.stderr)
+  print(
+    f'{os.path.basename(sys.argv[0])}: error: {" ".join(str(message).split())}', file=sys.stderr
+  )
   sys.exit(2)
 
 

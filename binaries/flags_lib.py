@@ -13,18 +13,18 @@ import logging as std_logging
 import os
 import sys
 
-from absl import flags
-from absl import logging
+from absl import flags, logging
 
-from tff_comp import experiment
-from tff_comp import registry
-from tff_comp import run_config
+from tff_comp import experiment, registry, run_config, settings
 from tff_comp.binaries import flag_check
-from tff_comp import settings
 from tff_comp.runtime import choice
 
-_DEFINE = {float: flags.DEFINE_float, int: flags.DEFINE_integer,
-           bool: flags.DEFINE_bool, str: flags.DEFINE_string}
+_DEFINE = {
+  float: flags.DEFINE_float,
+  int: flags.DEFINE_integer,
+  bool: flags.DEFINE_bool,
+  str: flags.DEFINE_string,
+}
 
 
 fail = flag_check.fail
@@ -57,10 +57,15 @@ def quiet_logs() -> None:
 def parse_or_fail(argv: list[str]) -> list[str]:
   """absl's `flags_parser` for app.run: parses, and a bad flag, value or flagfile exits
   2 with one line (absl's own parser prints its usage text and exits 1)."""
-  flag_check.record(flags.FLAGS, flag_check.program(), bounds={  # for the next start's check
+  flag_check.record(
+    flags.FLAGS,
+    flag_check.program(),
+    bounds={  # for the next start's check
       spec.flag: dict(lower=spec.lower, upper=spec.upper, above=spec.above)
       for spec in _common_specs()
-      if spec.type in (int, float) and (spec.lower, spec.upper, spec.above) != (None,) * 3})
+      if spec.type in (int, float) and (spec.lower, spec.upper, spec.above) != (None,) * 3
+    },
+  )
   flag_check.check_shape(argv)
   if any(arg.split('=')[0] in _HELP for arg in argv[1:]):
     _print_help()
@@ -133,25 +138,34 @@ def _common_specs() -> list[settings.Spec]:
   """Every setting ExperimentConfig collects: its own, then each record's, then each
   registered runtime's."""
   runtimes = [type(record) for record in choice.runtime_options().values()]
-  return [*settings.specs(experiment.ExperimentConfig),
-          *(spec for record in [*run_config.GROUPS.values(), *runtimes]
-            for spec in settings.specs(record))]
+  return [
+    *settings.specs(experiment.ExperimentConfig),
+    *(
+      spec for record in [*run_config.GROUPS.values(), *runtimes] for spec in settings.specs(record)
+    ),
+  ]
 
 
 def define_common_flags() -> None:
   """Flags shared by every run: --algo, --task and one per setting of
   `experiment.ExperimentConfig` and its records (`tff_comp.settings`)."""
-  flags.DEFINE_string('algo', 'feddualavg', 'Registered algorithm:\n' + _listing(registry.ALGORITHMS))
-  flags.DEFINE_string('task', None, 'Registered task (default: the algorithm\'s home task,'
-                      ' with settings that work for the pair; else lasso):\n'
-                      + _listing(registry.TASKS))
+  flags.DEFINE_string(
+    'algo', 'feddualavg', 'Registered algorithm:\n' + _listing(registry.ALGORITHMS)
+  )
+  flags.DEFINE_string(
+    'task',
+    None,
+    "Registered task (default: the algorithm's home task,"
+    ' with settings that work for the pair; else lasso):\n' + _listing(registry.TASKS),
+  )
   for spec in _common_specs():
     default = None if spec.parse else spec.default
     if spec.choices:
       flags.DEFINE_enum(spec.flag, default, list(spec.choices), spec.help)
     elif spec.type is int:  # absl bounds: an absurd value is a flag error, not an overflow
-      flags.DEFINE_integer(spec.flag, default, spec.help, lower_bound=spec.lower,
-                           upper_bound=spec.upper)
+      flags.DEFINE_integer(
+        spec.flag, default, spec.help, lower_bound=spec.lower, upper_bound=spec.upper
+      )
     else:
       _DEFINE[spec.type](spec.flag, default, spec.help)
 
@@ -166,15 +180,17 @@ def _plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
         continue
       if types.setdefault(h.name, h.type) is not h.type:
         first = algo_flags[h.name][0]
-        pair = sorted([(name, h.type), (first, types[h.name])],
-                      key=lambda p: registry.get_algorithm(p[0]).builder.__module__.startswith(
-                          'tff_comp.'))  # the plugin first
+        pair = sorted(
+          [(name, h.type), (first, types[h.name])],
+          key=lambda p: registry.get_algorithm(p[0]).builder.__module__.startswith('tff_comp.'),
+        )  # the plugin first
         (a, a_type), (b, b_type) = pair
         raise registry.RegistryError(
-            f'--{h.name}: algorithm {a!r} ({registry.get_algorithm(a).builder.__module__})'
-            f' takes it as {a_type.__name__}, {b!r}'
-            f' ({registry.get_algorithm(b).builder.__module__}) as {b_type.__name__};'
-            ' rename one of the options.')
+          f'--{h.name}: algorithm {a!r} ({registry.get_algorithm(a).builder.__module__})'
+          f' takes it as {a_type.__name__}, {b!r}'
+          f' ({registry.get_algorithm(b).builder.__module__}) as {b_type.__name__};'
+          ' rename one of the options.'
+        )
       algo_flags.setdefault(h.name, []).append(name)
   task_flags = {}
   for name in registry.TASKS.names():
@@ -200,24 +216,23 @@ def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, st
     choices = sorted({c for _, h in owners for c in h.choices})
     texts = {registry.get_algorithm(u).option_help(flag) for u in users}
     if len(texts) == 1:  # one meaning: say it once, then who takes it
-      text = f'{texts.pop()} Option of ' + ', '.join(
-          f'{u}{_default(h)}' for u, h in owners) + '.'
+      text = f'{texts.pop()} Option of ' + ', '.join(f'{u}{_default(h)}' for u, h in owners) + '.'
     else:
-      text = ' '.join(f'{u}{_default(h)}: {registry.get_algorithm(u).option_help(flag)}'
-                      for u, h in owners)
+      text = ' '.join(
+        f'{u}{_default(h)}: {registry.get_algorithm(u).option_help(flag)}' for u, h in owners
+      )
     _define(owners[0][1], flag, text.strip(), choices)
   for flag, (task, option) in task_flags.items():
     entry = registry.get_task(task)
     h = _hparam(entry, option)
-    _define(h, flag, f'Task {task}{_default(h)}: {entry.option_help(option)}'.strip(),
-            h.choices)
+    _define(h, flag, f'Task {task}{_default(h)}: {entry.option_help(option)}'.strip(), h.choices)
   return algo_flags, task_flags
 
 
 def config_from_flags(
-    values: flags.FlagValues,
-    algo_flags: dict[str, list[str]],
-    task_flags: dict[str, tuple[str, str]],
+  values: flags.FlagValues,
+  algo_flags: dict[str, list[str]],
+  task_flags: dict[str, tuple[str, str]],
 ) -> experiment.ExperimentConfig:
   """The ExperimentConfig the command line asks for.
 
@@ -231,9 +246,7 @@ def config_from_flags(
   for flag, (task, option) in task_flags.items():
     if values[flag].present:
       if task != chosen:
-        raise experiment.ConfigError(
-            f'--{flag} is an option of task {task!r}, not of {chosen!r}.'
-        )
+        raise experiment.ConfigError(f'--{flag} is an option of task {task!r}, not of {chosen!r}.')
       task_options[option] = values[flag].value
   common = {}
   for spec in _common_specs():
@@ -247,5 +260,9 @@ def config_from_flags(
         raise experiment.ConfigError(str(e)) from e
     common[spec.name] = value
   return experiment.ExperimentConfig.of(
-      algorithm=values.algo, task=values.task, algorithm_options=algorithm_options,
-      task_options=task_options, **common)
+    algorithm=values.algo,
+    task=values.task,
+    algorithm_options=algorithm_options,
+    task_options=task_options,
+    **common,
+  )

@@ -20,10 +20,9 @@ from tff_comp import experiment as experiment_lib
 from tff_comp import registry
 from tff_comp import trials as trials_lib
 from tff_comp.binaries import reproductions
-from tff_comp.runtime import base as runtime_base
 from tff_comp.run import callbacks
-from tff_comp.runtime import engines
-from tff_comp.runtime import ray_cluster
+from tff_comp.runtime import base as runtime_base
+from tff_comp.runtime import engines, ray_cluster
 
 
 def column(metric: str) -> str:
@@ -39,8 +38,9 @@ def read_curves(path: pathlib.Path, metrics, sources) -> dict[str, dict[int, flo
   with open(path / 'metrics.csv') as f:
     rows = list(csv.DictReader(f))
   columns = {m: column(sources.get(m, m)) for m in metrics}
-  curves = {m: {int(r['round']): float(r[columns[m]]) for r in rows if r.get(columns[m])}
-            for m in metrics}
+  curves = {
+    m: {int(r['round']): float(r[columns[m]]) for r in rows if r.get(columns[m])} for m in metrics
+  }
   curves['round'] = {int(r['round']): float(r['round']) for r in rows}
   return curves
 
@@ -51,39 +51,72 @@ def plotted(spec: reproductions.Reproduction) -> tuple[str, ...]:
 
 def recorded(spec: reproductions.Reproduction) -> tuple[str, ...]:
   """The metrics read back from each run: those plotted, reported and selected on."""
-  return tuple(dict.fromkeys(plotted(spec) + (spec.metric, reproductions.selection(spec)[0])
-                             + ((spec.x_axis,) if spec.x_axis else ())))
+  return tuple(
+    dict.fromkeys(
+      plotted(spec)
+      + (spec.metric, reproductions.selection(spec)[0])
+      + ((spec.x_axis,) if spec.x_axis else ())
+    )
+  )
 
 
 def run_dir(root, algorithm, config, seed, seeds, names=()) -> pathlib.Path:
   """Where one run of the grid writes: `lr_<eta_c>_<eta_s>`, then `_<name>_<value>` for
   each of the algorithm's own axes (`names`, after the learning rates), then the seed."""
   lr_c, lr_s, *own = config
-  out = root / algorithm / (f'lr_{lr_c:g}_{lr_s:g}' + ''.join(
-      f'_{name}_{value:g}' for name, value in zip(names[2:], own)))
+  out = (
+    root
+    / algorithm
+    / (
+      f'lr_{lr_c:g}_{lr_s:g}' + ''.join(f'_{name}_{value:g}' for name, value in zip(names[2:], own))
+    )
+  )
   return out / f'seed_{seed}' if len(seeds) > 1 else out
 
 
-def _config(spec: reproductions.Reproduction, algorithm: str, seed: int, rounds: int,
-            root: pathlib.Path, options: dict, algorithm_options: dict,
-            **run: Any) -> experiment_lib.ExperimentConfig:
+def _config(
+  spec: reproductions.Reproduction,
+  algorithm: str,
+  seed: int,
+  rounds: int,
+  root: pathlib.Path,
+  options: dict,
+  algorithm_options: dict,
+  **run: Any,
+) -> experiment_lib.ExperimentConfig:
   # output_dir (unless `run` gives one): the algorithm's folder of per-configuration
   # runs, so preparing never looks at run.py's default runs/<algo>-<task> (a `make run`
   # there must not stop a grid).
-  return experiment_lib.ExperimentConfig.of(**{
-      'output_dir': str(root / algorithm), **run,
-      'algorithm': spec.aliases.get(algorithm, algorithm), 'task': spec.task,
-      'rounds': rounds, 'seed': seed, 'eval_period': spec.eval_period,
+  return experiment_lib.ExperimentConfig.of(
+    **{
+      'output_dir': str(root / algorithm),
+      **run,
+      'algorithm': spec.aliases.get(algorithm, algorithm),
+      'task': spec.task,
+      'rounds': rounds,
+      'seed': seed,
+      'eval_period': spec.eval_period,
       'task_options': dict(spec.task_options),
-      'algorithm_options': {**spec.algorithm_options.get(algorithm, {}),
-                            **algorithm_options},
-      **options, **spec.settings, **spec.algorithm_settings.get(algorithm, {})})
+      'algorithm_options': {**spec.algorithm_options.get(algorithm, {}), **algorithm_options},
+      **options,
+      **spec.settings,
+      **spec.algorithm_settings.get(algorithm, {}),
+    }
+  )
 
 
-def _prepare(spec: reproductions.Reproduction, algorithm: str, seed: int, rounds: int,
-             root: pathlib.Path, options: dict, algorithm_options: dict):
+def _prepare(
+  spec: reproductions.Reproduction,
+  algorithm: str,
+  seed: int,
+  rounds: int,
+  root: pathlib.Path,
+  options: dict,
+  algorithm_options: dict,
+):
   prepared = experiment_lib.prepare(
-      _config(spec, algorithm, seed, rounds, root, options, algorithm_options))
+    _config(spec, algorithm, seed, rounds, root, options, algorithm_options)
+  )
   return prepared, experiment_lib.build_runner(prepared)
 
 
@@ -91,29 +124,43 @@ def _split(values: dict[str, float], hparams: set[str]) -> tuple[dict, dict]:
   """A configuration's (client rule hparams, build options): the learning rates and the
   rule's own hyperparameters are set through the hparams; other options need a build."""
   own = {k: v for k, v in values.items() if k not in reproductions.LEARNING_RATES}
-  return ({k: v for k, v in own.items() if k in hparams},
-          {k: v for k, v in own.items() if k not in hparams})
+  return (
+    {k: v for k, v in own.items() if k in hparams},
+    {k: v for k, v in own.items() if k not in hparams},
+  )
 
 
 def _outcome(spec: reproductions.Reproduction, curve: dict, rounds: int) -> str:
   final = curve[spec.metric]
   last = max(final)
-  return (f'{spec.metric}={final[last]:.4g} at round {last}' if last >= rounds
-          else f'diverged at round {diverged_at(curve)}')
+  return (
+    f'{spec.metric}={final[last]:.4g} at round {last}'
+    if last >= rounds
+    else f'diverged at round {diverged_at(curve)}'
+  )
 
 
-def _run_batched(name: str, spec: reproductions.Reproduction, algorithm: str, rounds: int,
-                 seeds, root: pathlib.Path, options: dict,
-                 memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET) -> list[dict]:
+def _run_batched(
+  name: str,
+  spec: reproductions.Reproduction,
+  algorithm: str,
+  rounds: int,
+  seeds,
+  root: pathlib.Path,
+  options: dict,
+  memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET,
+) -> list[dict]:
   """Trains one algorithm over its grid and seeds as batched trials (`tff_comp.trials`:
   those sharing a build run as one program). Returns per seed {configuration: {metric:
   curve}}."""
   names, metrics = list(reproductions.axes(spec, algorithm)), recorded(spec)
   program = experiment_lib.prepare(
-      _config(spec, algorithm, seeds[0], rounds, root, options, {})).build()
+    _config(spec, algorithm, seeds[0], rounds, root, options, {})
+  ).build()
   hparams = set(program.client_rule.initial_hparams()) if hasattr(program, 'client_rule') else set()
-  accepts_server_rate = registry.get_algorithm(
-      spec.aliases.get(algorithm, algorithm)).accepts('server_learning_rate')
+  accepts_server_rate = registry.get_algorithm(spec.aliases.get(algorithm, algorithm)).accepts(
+    'server_learning_rate'
+  )
   entries = []
   for seed in seeds:
     for config in reproductions.configurations(spec, algorithm):
@@ -123,17 +170,40 @@ def _run_batched(name: str, spec: reproductions.Reproduction, algorithm: str, ro
       rates = dict(client_learning_rate=config[0], server_learning_rate=config[1])
       if not accepts_server_rate:  # q-FedAvg's ratio step: its grid's server rate is 1
         del rates['server_learning_rate']
-      entries.append((seed, config, out, trials_lib.Trial(
-          _config(spec, algorithm, seed, rounds, root, options, build_options,
-                  output_dir=str(out), **rates),
-          client_hparams, extra_config={
-              'experiment': name, 'grid_algorithm': algorithm,
-              'client_learning_rate': config[0], 'server_learning_rate': config[1],
-              'grid_configuration': values})))
+      entries.append(
+        (
+          seed,
+          config,
+          out,
+          trials_lib.Trial(
+            _config(
+              spec,
+              algorithm,
+              seed,
+              rounds,
+              root,
+              options,
+              build_options,
+              output_dir=str(out),
+              **rates,
+            ),
+            client_hparams,
+            extra_config={
+              'experiment': name,
+              'grid_algorithm': algorithm,
+              'client_learning_rate': config[0],
+              'server_learning_rate': config[1],
+              'grid_configuration': values,
+            },
+          ),
+        )
+      )
   start = time.monotonic()
-  results = trials_lib.run_trials([entry[3] for entry in entries],
-                                  say=lambda line: print(line, flush=True),
-                                  memory_budget=memory_budget)
+  results = trials_lib.run_trials(
+    [entry[3] for entry in entries],
+    say=lambda line: print(line, flush=True),
+    memory_budget=memory_budget,
+  )
   took = time.monotonic() - start
   curves: list[dict] = [{} for _ in seeds]
   for (seed, config, out, _), result in zip(entries, results):
@@ -144,13 +214,24 @@ def _run_batched(name: str, spec: reproductions.Reproduction, algorithm: str, ro
       raise result
     curve = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
     curves[list(seeds).index(seed)][config] = curve
-    print(f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curve, rounds)}'
-          f' ({took:.0f}s, the group\'s)', flush=True)
+    print(
+      f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curve, rounds)}'
+      f" ({took:.0f}s, the group's)",
+      flush=True,
+    )
   return curves
 
 
-def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed: int, rounds: int,
-               seeds, root: pathlib.Path, options: dict) -> dict:
+def _run_group(
+  name: str,
+  spec: reproductions.Reproduction,
+  algorithm: str,
+  seed: int,
+  rounds: int,
+  seeds,
+  root: pathlib.Path,
+  options: dict,
+) -> dict:
   """Trains one algorithm with one seed over its grid. The learning rates and the client
   work's own hparams are set through the hparams of one build; other tuned options get
   a build per value. Returns {configuration: {metric: curve}}."""
@@ -173,26 +254,50 @@ def _run_group(name: str, spec: reproductions.Reproduction, algorithm: str, seed
     label = reproductions.describe(spec, algorithm, config)
     try:
       experiment_lib.train_runner(
-          prepared, runner, show_progress=False, learning_rates=config[:2],
-          callbacks=experiment_lib.default_callbacks(prepared, runner, show_progress=False),
-          client_hparams=client_hparams, output_dir=str(out), extra_config={
-              'experiment': name, 'grid_algorithm': algorithm,
-              'client_learning_rate': config[0], 'server_learning_rate': config[1],
-              'grid_configuration': values})
+        prepared,
+        runner,
+        show_progress=False,
+        learning_rates=config[:2],
+        callbacks=experiment_lib.default_callbacks(prepared, runner, show_progress=False),
+        client_hparams=client_hparams,
+        output_dir=str(out),
+        extra_config={
+          'experiment': name,
+          'grid_algorithm': algorithm,
+          'client_learning_rate': config[0],
+          'server_learning_rate': config[1],
+          'grid_configuration': values,
+        },
+      )
     except callbacks.DivergenceError as e:
       print(f'{algorithm} {label} seed {seed}: {e}')
     curves[config] = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
-    print(f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curves[config], rounds)}'
-          f' ({time.monotonic() - start:.0f}s)', flush=True)
+    print(
+      f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curves[config], rounds)}'
+      f' ({time.monotonic() - start:.0f}s)',
+      flush=True,
+    )
   return curves
 
 
-def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, root: pathlib.Path,
-             runtime: str = 'auto', *, engine: str = 'auto', data_seed: int | None = None,
-             overwrite: bool = False, resume: bool = False, checkpoint_every: int = 100,
-             parallel: int = 1, batch_trials: bool = True,
-             batch_memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET,
-             ray_address: str = ''):
+def run_grid(
+  name: str,
+  spec: reproductions.Reproduction,
+  rounds: int,
+  seeds,
+  root: pathlib.Path,
+  runtime: str = 'auto',
+  *,
+  engine: str = 'auto',
+  data_seed: int | None = None,
+  overwrite: bool = False,
+  resume: bool = False,
+  checkpoint_every: int = 100,
+  parallel: int = 1,
+  batch_trials: bool = True,
+  batch_memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET,
+  ray_address: str = '',
+):
   """Trains every (algorithm, configuration, seed); `data_seed` None: each run's data
   seed is its seed. `resume`: finished configurations are read back, an interrupted one
   continues from its checkpoint. `batch_trials`: each algorithm's configurations and
@@ -205,16 +310,26 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
   being the values of `reproductions.axes` in order: (eta_c, eta_s, own values...).
   """
-  options = dict(data_seed=data_seed, overwrite=overwrite, resume=resume,
-                 checkpoint_every=checkpoint_every, runtime=runtime, engine=engine)
+  options = dict(
+    data_seed=data_seed,
+    overwrite=overwrite,
+    resume=resume,
+    checkpoint_every=checkpoint_every,
+    runtime=runtime,
+    engine=engine,
+  )
   if batch_trials:
     units = [(a, None) for a in spec.algorithms]
-    run, args = _run_batched, [(name, spec, a, rounds, seeds, root, options,
-                                batch_memory_budget) for a in spec.algorithms]
+    run, args = (
+      _run_batched,
+      [(name, spec, a, rounds, seeds, root, options, batch_memory_budget) for a in spec.algorithms],
+    )
   else:
     units = [(a, seed) for a in spec.algorithms for seed in seeds]
-    run, args = _run_group, [(name, spec, a, seed, rounds, seeds, root, options)
-                             for a, seed in units]
+    run, args = (
+      _run_group,
+      [(name, spec, a, seed, rounds, seeds, root, options) for a, seed in units],
+    )
   if ray_address:
     try:
       ray_cluster.connect(ray_address)
@@ -226,29 +341,41 @@ def run_grid(name: str, spec: reproductions.Reproduction, rounds: int, seeds, ro
     def report(i: int, result: tuple[Any, str]) -> None:
       """A unit's own lines, as it printed them on its worker, and the grid's progress."""
       finished.append(i)
-      print(f'{result[1]}ray: {labels[i]} done ({len(finished)} of {len(units)} units,'
-            f' {time.monotonic() - start:.0f}s)', flush=True)
+      print(
+        f'{result[1]}ray: {labels[i]} done ({len(finished)} of {len(units)} units,'
+        f' {time.monotonic() - start:.0f}s)',
+        flush=True,
+      )
 
-    results = [result for result, _ in ray_cluster.run_tasks(
-        _on_ray, [(run, label, *a) for label, a in zip(labels, args)],
-        again=lambda call: tuple(dict(x, resume=True, overwrite=False) if x is options
-                                 else x for x in call),
-        label=lambda call: call[1], done=report)]
+    results = [
+      result
+      for result, _ in ray_cluster.run_tasks(
+        _on_ray,
+        [(run, label, *a) for label, a in zip(labels, args)],
+        again=lambda call: tuple(
+          dict(x, resume=True, overwrite=False) if x is options else x for x in call
+        ),
+        label=lambda call: call[1],
+        done=report,
+      )
+    ]
   elif parallel > 1:
     # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
     with concurrent.futures.ProcessPoolExecutor(
-        parallel, mp_context=multiprocessing.get_context('spawn'),
-        initializer=_share_cores,
-        initargs=(max(1, engines.kernel_threads('CPU') // parallel),)) as pool:
+      parallel,
+      mp_context=multiprocessing.get_context('spawn'),
+      initializer=_share_cores,
+      initargs=(max(1, engines.kernel_threads('CPU') // parallel),),
+    ) as pool:
       results = list(pool.map(run, *zip(*args)))
   else:
     with threadpoolctl.threadpool_limits(limits=1, user_api='blas'):
       results = [run(*a) for a in args]
   curves: dict[str, dict[tuple[float, ...], list]] = {
-      a: {config: [] for config in reproductions.configurations(spec, a)}
-      for a in spec.algorithms}
+    a: {config: [] for config in reproductions.configurations(spec, a)} for a in spec.algorithms
+  }
   for (algorithm, seed), result in zip(units, results):
-    for per_seed in (result if seed is None else [result]):
+    for per_seed in result if seed is None else [result]:
       for config, curve in per_seed.items():
         curves[algorithm][config].append(curve)
   return curves
@@ -284,24 +411,35 @@ def diverged_at(run) -> int:
   return max(max(curve, default=0) for curve in run.values()) + 1
 
 
-
-
 def read_grid(spec: reproductions.Reproduction, seeds, root: pathlib.Path):
   """The curves of a grid's saved runs (as `run_grid` returns them), without training.
   Raises FileNotFoundError naming how many runs have no metrics.csv, and the first."""
-  runs = {a: {config: [run_dir(root, a, config, seed, seeds, list(reproductions.axes(spec, a)))
-                       for seed in seeds]
-              for config in reproductions.configurations(spec, a)}
-          for a in spec.algorithms}
-  missing = [path / 'metrics.csv' for by_config in runs.values()
-             for paths in by_config.values() for path in paths
-             if not (path / 'metrics.csv').exists()]
+  runs = {
+    a: {
+      config: [
+        run_dir(root, a, config, seed, seeds, list(reproductions.axes(spec, a))) for seed in seeds
+      ]
+      for config in reproductions.configurations(spec, a)
+    }
+    for a in spec.algorithms
+  }
+  missing = [
+    path / 'metrics.csv'
+    for by_config in runs.values()
+    for paths in by_config.values()
+    for path in paths
+    if not (path / 'metrics.csv').exists()
+  ]
   if missing:
     raise FileNotFoundError(
-        f'{len(missing)} of the grid\'s runs have no metrics.csv under {root} (the first:'
-        f' {missing[0]}); run the grid there first, or give the --output_dir it wrote to.')
+      f"{len(missing)} of the grid's runs have no metrics.csv under {root} (the first:"
+      f' {missing[0]}); run the grid there first, or give the --output_dir it wrote to.'
+    )
   metrics = recorded(spec)
-  return {a: {config: [read_curves(path, metrics, spec.metric_sources.get(a, {}))
-                       for path in paths]
-              for config, paths in by_config.items()}
-          for a, by_config in runs.items()}
+  return {
+    a: {
+      config: [read_curves(path, metrics, spec.metric_sources.get(a, {})) for path in paths]
+      for config, paths in by_config.items()
+    }
+    for a, by_config in runs.items()
+  }

@@ -41,80 +41,110 @@ import math
 import pathlib
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from tff_comp import experiment as experiment_lib
-from tff_comp import registry
-from tff_comp import run_config
-from tff_comp import signals
+from tff_comp import registry, run_config, signals
 from tff_comp import trials as trials_lib
-from tff_comp.binaries import reproductions
-from tff_comp.binaries import flags_lib
-from tff_comp.binaries import grid
-from tff_comp.binaries import summary
+from tff_comp.binaries import flags_lib, grid, reproductions, summary
 from tff_comp.runtime import inprocess
 
-
 _EXPERIMENT = flags.DEFINE_enum(
-    'experiment', 'fco_lasso', registry.REPRODUCTIONS.names(),
-    'Which comparison (built-in: binaries/reproductions.py; plugins register their own).')
-_ROUNDS = flags.DEFINE_integer('rounds', None, 'Override the experiment\'s rounds.')
+  'experiment',
+  'fco_lasso',
+  registry.REPRODUCTIONS.names(),
+  'Which comparison (built-in: binaries/reproductions.py; plugins register their own).',
+)
+_ROUNDS = flags.DEFINE_integer('rounds', None, "Override the experiment's rounds.")
 _SEED = flags.DEFINE_integer(
-    'seed', 0, 'Run seed (client sampling) of experiments without their own seeds.')
+  'seed', 0, 'Run seed (client sampling) of experiments without their own seeds.'
+)
 _DATA_SEED = flags.DEFINE_integer(
-    'data_seed', None, 'Seed of the task data for every run (default: each run\'s seed,'
-    ' as for the committed results: each seed draws its own data and sampling).')
+  'data_seed',
+  None,
+  "Seed of the task data for every run (default: each run's seed,"
+  ' as for the committed results: each seed draws its own data and sampling).',
+)
 _OUTPUT = flags.DEFINE_string(
-    'output_dir', 'runs/reproduce', 'Where results go (the committed ones are in results/).')
+  'output_dir', 'runs/reproduce', 'Where results go (the committed ones are in results/).'
+)
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace runs already in --output_dir.')
 _RESUME = flags.DEFINE_bool(
-    'resume', False, 'Continue an interrupted grid: finished configurations are read'
-    ' back, an interrupted one continues from its last checkpoint.')
+  'resume',
+  False,
+  'Continue an interrupted grid: finished configurations are read'
+  ' back, an interrupted one continues from its last checkpoint.',
+)
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
-    'checkpoint_every', 100, 'Rounds between saved states of each run (for --resume).')
+  'checkpoint_every', 100, 'Rounds between saved states of each run (for --resume).'
+)
 _PARALLEL = flags.DEFINE_integer(
-    'parallel', 1, 'Run algorithms (with --batch_trials; else (algorithm, seed) groups)'
-    ' in this many processes.', lower_bound=1)
+  'parallel',
+  1,
+  'Run algorithms (with --batch_trials; else (algorithm, seed) groups) in this many processes.',
+  lower_bound=1,
+)
 _BATCH_TRIALS = flags.DEFINE_bool(
-    'batch_trials', True, 'Run each algorithm\'s configurations and seeds as batched'
-    ' trials: those sharing a build in one compiled program (tff_comp.trials), each'
-    ' writing and equal to its own run; --nobatch_trials: one run after another.')
+  'batch_trials',
+  True,
+  "Run each algorithm's configurations and seeds as batched"
+  ' trials: those sharing a build in one compiled program (tff_comp.trials), each'
+  ' writing and equal to its own run; --nobatch_trials: one run after another.',
+)
 _RAY_ADDRESS = flags.DEFINE_string(
-    'ray_address', '', 'Run the grid\'s units (each algorithm\'s batched trials, or each'
-    ' (algorithm, seed) group) as Ray tasks on this cluster: local, auto or host:port'
-    ' (BUILD_NOTES.md); a unit lost with its worker runs again, resumed. Default: no'
-    ' Ray (--parallel processes of this machine).')
+  'ray_address',
+  '',
+  "Run the grid's units (each algorithm's batched trials, or each"
+  ' (algorithm, seed) group) as Ray tasks on this cluster: local, auto or host:port'
+  ' (BUILD_NOTES.md); a unit lost with its worker runs again, resumed. Default: no'
+  ' Ray (--parallel processes of this machine).',
+)
 _BATCH_MEMORY_BUDGET = flags.DEFINE_float(
-    'batch_memory_budget', trials_lib.DEFAULT_MEMORY_BUDGET,
-    'MB a batched program\'s trials may take together (their states and cohorts); a'
-    ' larger group runs in several programs, said in one line.', lower_bound=1.0)
-_RUNTIME = flags.DEFINE_enum('runtime', 'auto', run_config.runtime_names(),
-                             'Where rounds run (see run.py --helpfull).')
-_ENGINE = flags.DEFINE_enum('engine', 'auto', list(inprocess.ENGINES),
-                            'The in-process runtime\'s engine (see run.py --helpfull).')
+  'batch_memory_budget',
+  trials_lib.DEFAULT_MEMORY_BUDGET,
+  "MB a batched program's trials may take together (their states and cohorts); a"
+  ' larger group runs in several programs, said in one line.',
+  lower_bound=1.0,
+)
+_RUNTIME = flags.DEFINE_enum(
+  'runtime', 'auto', run_config.runtime_names(), 'Where rounds run (see run.py --helpfull).'
+)
+_ENGINE = flags.DEFINE_enum(
+  'engine',
+  'auto',
+  list(inprocess.ENGINES),
+  "The in-process runtime's engine (see run.py --helpfull).",
+)
 _ALGORITHMS = flags.DEFINE_list(
-    'algorithms', None, 'Train only these of the experiment\'s algorithms (default: all);'
-    ' the table then covers them only: --summarize_only rebuilds it from all saved runs.')
+  'algorithms',
+  None,
+  "Train only these of the experiment's algorithms (default: all);"
+  ' the table then covers them only: --summarize_only rebuilds it from all saved runs.',
+)
 _CLIENT_LRS = flags.DEFINE_list(
-    'client_learning_rates', None, 'Override the grid\'s client learning rates (e.g. 0.001,0.003).')
+  'client_learning_rates', None, "Override the grid's client learning rates (e.g. 0.001,0.003)."
+)
 _SERVER_LRS = flags.DEFINE_list(
-    'server_learning_rates', None, 'Override the grid\'s server learning rates.')
+  'server_learning_rates', None, "Override the grid's server learning rates."
+)
 _SEEDS = flags.DEFINE_integer(
-    'seeds', None, 'Run only the first N of the experiment\'s seeds (a quicker check).',
-    lower_bound=1)
-_EVAL_PERIOD = flags.DEFINE_integer('eval_period', None,
-                                    'Override the experiment\'s evaluation period.',
-                                    lower_bound=1)
+  'seeds', None, "Run only the first N of the experiment's seeds (a quicker check).", lower_bound=1
+)
+_EVAL_PERIOD = flags.DEFINE_integer(
+  'eval_period', None, "Override the experiment's evaluation period.", lower_bound=1
+)
 _SUMMARIZE_ONLY = flags.DEFINE_bool(
-    'summarize_only', False, 'Rebuild results.md and the plot from runs already saved.')
+  'summarize_only', False, 'Rebuild results.md and the plot from runs already saved.'
+)
 
 
 def _steered(spec: reproductions.Reproduction) -> reproductions.Reproduction:
   """`spec` with the grid and evaluation period the command line overrides."""
   changes = {}
-  for flag, field in ((_CLIENT_LRS, 'client_learning_rates'),
-                      (_SERVER_LRS, 'server_learning_rates')):
+  for flag, field in (
+    (_CLIENT_LRS, 'client_learning_rates'),
+    (_SERVER_LRS, 'server_learning_rates'),
+  ):
     if flag.value:
       try:
         changes[field] = tuple(float(v) for v in flag.value)
@@ -124,8 +154,10 @@ def _steered(spec: reproductions.Reproduction) -> reproductions.Reproduction:
         raise ValueError(f'--{field} must be positive finite numbers.')
       # The command line's rates replace every algorithm's own rate axis too.
       axis = field[:-1]
-      changes['tuning'] = {a: {k: v for k, v in own.items() if k != axis}
-                           for a, own in changes.get('tuning', spec.tuning).items()}
+      changes['tuning'] = {
+        a: {k: v for k, v in own.items() if k != axis}
+        for a, own in changes.get('tuning', spec.tuning).items()
+      }
   if _EVAL_PERIOD.value:
     changes['eval_period'] = _EVAL_PERIOD.value
   return dataclasses.replace(spec, **changes)
@@ -149,19 +181,19 @@ def _reproduce(argv):
   except ValueError as e:
     flags_lib.fail(str(e))
   if _RAY_ADDRESS.value and _PARALLEL.value > 1:
-    flags_lib.fail('--parallel and --ray_address both choose where the grid\'s units run:'
-                   ' give one.')
+    flags_lib.fail("--parallel and --ray_address both choose where the grid's units run: give one.")
   rounds = _ROUNDS.value or spec.rounds
   root = pathlib.Path(_OUTPUT.value) / name
   seeds = spec.seeds or (_SEED.value,)
   if _SEEDS.value:
-    seeds = seeds[:_SEEDS.value]
+    seeds = seeds[: _SEEDS.value]
   if _ALGORITHMS.value:
     unknown = sorted(set(_ALGORITHMS.value) - set(spec.algorithms))
     if unknown:
       flags_lib.fail(f'--algorithms: {unknown} not in {name}: {spec.algorithms}')
-    spec = dataclasses.replace(spec, algorithms=tuple(
-        a for a in spec.algorithms if a in _ALGORITHMS.value))
+    spec = dataclasses.replace(
+      spec, algorithms=tuple(a for a in spec.algorithms if a in _ALGORITHMS.value)
+    )
   if _SUMMARIZE_ONLY.value:
     try:
       curves = grid.read_grid(spec, seeds, root)
@@ -180,27 +212,45 @@ def _reproduce(argv):
   else:
     start = time.monotonic()
     try:
-      curves = grid.run_grid(name, spec, rounds, seeds, root, _RUNTIME.value,
-                             engine=_ENGINE.value, data_seed=_DATA_SEED.value,
-                             overwrite=_OVERWRITE.value, resume=_RESUME.value,
-                             checkpoint_every=_CHECKPOINT_EVERY.value,
-                             parallel=_PARALLEL.value, batch_trials=_BATCH_TRIALS.value,
-                             batch_memory_budget=_BATCH_MEMORY_BUDGET.value,
-                             ray_address=_RAY_ADDRESS.value)
+      curves = grid.run_grid(
+        name,
+        spec,
+        rounds,
+        seeds,
+        root,
+        _RUNTIME.value,
+        engine=_ENGINE.value,
+        data_seed=_DATA_SEED.value,
+        overwrite=_OVERWRITE.value,
+        resume=_RESUME.value,
+        checkpoint_every=_CHECKPOINT_EVERY.value,
+        parallel=_PARALLEL.value,
+        batch_trials=_BATCH_TRIALS.value,
+        batch_memory_budget=_BATCH_MEMORY_BUDGET.value,
+        ray_address=_RAY_ADDRESS.value,
+      )
     except experiment_lib.ConfigError as e:
       flags_lib.fail(str(e))
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (tff_comp.signals)
       sigterm = 'SIGTERM' in getattr(e.__cause__, 'args', ())
-      print(f'reproduce.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; the'
-            ' running configuration saved its last finished round; rerun with --resume'
-            ' to continue the grid.', file=sys.stderr)
+      print(
+        f'reproduce.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; the'
+        ' running configuration saved its last finished round; rerun with --resume'
+        ' to continue the grid.',
+        file=sys.stderr,
+      )
       sys.exit(143 if sigterm else 130)
     minutes, seconds = divmod(round(time.monotonic() - start), 60)
-    provenance = (f'Took {minutes} min {seconds} s on {summary.machine()},'
-                  f' {datetime.date.today()} ('
-                  + (f'--ray_address={_RAY_ADDRESS.value}' if _RAY_ADDRESS.value
-                     else f'--parallel={_PARALLEL.value}')
-                  + f', --{"" if _BATCH_TRIALS.value else "no"}batch_trials).')
+    provenance = (
+      f'Took {minutes} min {seconds} s on {summary.machine()},'
+      f' {datetime.date.today()} ('
+      + (
+        f'--ray_address={_RAY_ADDRESS.value}'
+        if _RAY_ADDRESS.value
+        else f'--parallel={_PARALLEL.value}'
+      )
+      + f', --{"" if _BATCH_TRIALS.value else "no"}batch_trials).'
+    )
   print(summary.summarize(name, spec, curves, rounds, root, command, provenance))
 
 

@@ -72,11 +72,11 @@ def selection(spec: Reproduction) -> tuple[str, bool]:
 def axes(spec: Reproduction, algorithm: str) -> dict[str, tuple[float, ...]]:
   """The grid axes of `algorithm` (a label of `spec`): the two learning rates first."""
   own = spec.tuning.get(algorithm, {})
-  return {'client_learning_rate': tuple(own.get('client_learning_rate',
-                                                spec.client_learning_rates)),
-          'server_learning_rate': tuple(own.get('server_learning_rate',
-                                                spec.server_learning_rates)),
-          **{k: tuple(v) for k, v in own.items() if k not in LEARNING_RATES}}
+  return {
+    'client_learning_rate': tuple(own.get('client_learning_rate', spec.client_learning_rates)),
+    'server_learning_rate': tuple(own.get('server_learning_rate', spec.server_learning_rates)),
+    **{k: tuple(v) for k, v in own.items() if k not in LEARNING_RATES},
+  }
 
 
 def configurations(spec: Reproduction, algorithm: str) -> list[tuple[float, ...]]:
@@ -87,8 +87,9 @@ def configurations(spec: Reproduction, algorithm: str) -> list[tuple[float, ...]
 
 def describe(spec: Reproduction, algorithm: str, config: tuple[float, ...]) -> str:
   """A configuration as 'eta_c=0.01, eta_s=1, q=0.2'."""
-  return ', '.join(f'{SHORT_NAMES.get(name, name)}={value:g}'
-                   for name, value in zip(axes(spec, algorithm), config))
+  return ', '.join(
+    f'{SHORT_NAMES.get(name, name)}={value:g}' for name, value in zip(axes(spec, algorithm), config)
+  )
 
 
 # Every built-in comparison gives each algorithm a grid of the same size over its own
@@ -100,138 +101,204 @@ FCO_ALGORITHMS = ('fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp')
 # beta eta and gamma eta), so its grids fix eta = 1 and search those three directly.
 _SCGDM_RATE = dict(client_learning_rate=(1.0,))
 _BUILT_IN = {
-    # Yuan, Zaheer, Reddi (ICML 2021), Fig. 3: federated LASSO, dataset I. The methods
-    # share their hyperparameters (eta_c, eta_s): 16 configurations each.
-    'fco_lasso': Reproduction(
-        task='lasso', algorithms=FCO_ALGORITHMS,
-        client_learning_rates=(1e-4, 3e-4, 1e-3, 3e-3),
-        server_learning_rates=(1.0, 3.0, 10.0, 30.0),
-        rounds=500, checkpoints=(50, 100, 200, 500), metric='f1',
-        select_on='train_objective', select_higher_is_better=False,
-        plot_metrics=('f1', 'train_objective'), seeds=SEEDS),
-    # Fig. 4: nuclear-norm matrix estimation, dataset I (rank 16); 9 configurations each.
-    'fco_nuclear': Reproduction(
-        task='nuclear', algorithms=FCO_ALGORITHMS,
-        client_learning_rates=(3e-4, 1e-3, 3e-3),
-        server_learning_rates=(1.0, 10.0, 30.0),
-        rounds=200, checkpoints=(50, 100, 200), metric='frobenius_error',
-        higher_is_better=False, select_on='train_objective',
-        plot_metrics=('frobenius_error', 'rank'), seeds=SEEDS),
-    # Wang et al. (NeurIPS 2020), Synthetic(1, 1) with local epochs ~ U(2, 5); 12 each:
-    # FedAvg and FedNova over (eta_c, eta_s), FedProx over (eta_c, mu).
-    'fednova_synthetic': Reproduction(
-        task='synthetic', algorithms=('fedavg', 'fedprox', 'fednova'),
-        client_learning_rates=(0.01, 0.03, 0.1, 0.3), server_learning_rates=(0.5, 1.0, 2.0),
-        rounds=200, checkpoints=(50, 100, 200), metric='test_accuracy',
-        select_on='validation_accuracy',
-        task_options=dict(alpha=1.0, beta=1.0),
-        settings=dict(local_epochs=2, batch_size=50),
-        algorithm_options=dict(fedavg=dict(local_epochs_max=5),
-                               fedprox=dict(local_epochs_max=5),
-                               fednova=dict(local_epochs_max=5)),
-        tuning=dict(fedprox=dict(server_learning_rate=(1.0,), mu=(0.001, 0.01, 0.1))),
-        plot_metrics=('train_loss', 'test_accuracy'), seeds=SEEDS),
-    # Huang and Li (ComFedL), DRFL: one big client, nine with 20 examples; 24 each.
-    'drfl_imbalanced': Reproduction(
-        task='imbalanced_digits',
-        algorithms=('fedavg', 'qfedavg', 'afl', 'comfedl', 'local_scgdm'),
-        client_learning_rates=(0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
-        server_learning_rates=(1.0,),
-        rounds=100, checkpoints=(20, 50, 100), metric='worst_accuracy',
-        select_on='validation_worst_accuracy',
-        algorithm_options=dict(comfedl=dict(local_steps=5),
-                               local_scgdm=dict(gamma=0.2, local_steps=5)),
-        tuning=dict(fedavg=dict(server_learning_rate=(0.5, 1.0, 2.0, 4.0)),
-                    qfedavg=dict(q=(0.2, 1.0, 2.0, 5.0)),
-                    afl=dict(lambda_learning_rate=(0.01, 0.03, 0.08, 0.3)),
-                    comfedl=dict(gamma=(0.1, 0.2, 0.5, 1.0)),
-                    local_scgdm=dict(_SCGDM_RATE, momentum_rate=(0.1, 0.3, 1.0),
-                                     beta=(0.003, 0.01, 0.03, 0.1),
-                                     tracking_gamma=(0.3, 1.0))),
-        plot_metrics=('average_accuracy', 'worst_accuracy'), seeds=SEEDS),
+  # Yuan, Zaheer, Reddi (ICML 2021), Fig. 3: federated LASSO, dataset I. The methods
+  # share their hyperparameters (eta_c, eta_s): 16 configurations each.
+  'fco_lasso': Reproduction(
+    task='lasso',
+    algorithms=FCO_ALGORITHMS,
+    client_learning_rates=(1e-4, 3e-4, 1e-3, 3e-3),
+    server_learning_rates=(1.0, 3.0, 10.0, 30.0),
+    rounds=500,
+    checkpoints=(50, 100, 200, 500),
+    metric='f1',
+    select_on='train_objective',
+    select_higher_is_better=False,
+    plot_metrics=('f1', 'train_objective'),
+    seeds=SEEDS,
+  ),
+  # Fig. 4: nuclear-norm matrix estimation, dataset I (rank 16); 9 configurations each.
+  'fco_nuclear': Reproduction(
+    task='nuclear',
+    algorithms=FCO_ALGORITHMS,
+    client_learning_rates=(3e-4, 1e-3, 3e-3),
+    server_learning_rates=(1.0, 10.0, 30.0),
+    rounds=200,
+    checkpoints=(50, 100, 200),
+    metric='frobenius_error',
+    higher_is_better=False,
+    select_on='train_objective',
+    plot_metrics=('frobenius_error', 'rank'),
+    seeds=SEEDS,
+  ),
+  # Wang et al. (NeurIPS 2020), Synthetic(1, 1) with local epochs ~ U(2, 5); 12 each:
+  # FedAvg and FedNova over (eta_c, eta_s), FedProx over (eta_c, mu).
+  'fednova_synthetic': Reproduction(
+    task='synthetic',
+    algorithms=('fedavg', 'fedprox', 'fednova'),
+    client_learning_rates=(0.01, 0.03, 0.1, 0.3),
+    server_learning_rates=(0.5, 1.0, 2.0),
+    rounds=200,
+    checkpoints=(50, 100, 200),
+    metric='test_accuracy',
+    select_on='validation_accuracy',
+    task_options=dict(alpha=1.0, beta=1.0),
+    settings=dict(local_epochs=2, batch_size=50),
+    algorithm_options=dict(
+      fedavg=dict(local_epochs_max=5),
+      fedprox=dict(local_epochs_max=5),
+      fednova=dict(local_epochs_max=5),
+    ),
+    tuning=dict(fedprox=dict(server_learning_rate=(1.0,), mu=(0.001, 0.01, 0.1))),
+    plot_metrics=('train_loss', 'test_accuracy'),
+    seeds=SEEDS,
+  ),
+  # Huang and Li (ComFedL), DRFL: one big client, nine with 20 examples; 24 each.
+  'drfl_imbalanced': Reproduction(
+    task='imbalanced_digits',
+    algorithms=('fedavg', 'qfedavg', 'afl', 'comfedl', 'local_scgdm'),
+    client_learning_rates=(0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
+    server_learning_rates=(1.0,),
+    rounds=100,
+    checkpoints=(20, 50, 100),
+    metric='worst_accuracy',
+    select_on='validation_worst_accuracy',
+    algorithm_options=dict(comfedl=dict(local_steps=5), local_scgdm=dict(gamma=0.2, local_steps=5)),
+    tuning=dict(
+      fedavg=dict(server_learning_rate=(0.5, 1.0, 2.0, 4.0)),
+      qfedavg=dict(q=(0.2, 1.0, 2.0, 5.0)),
+      afl=dict(lambda_learning_rate=(0.01, 0.03, 0.08, 0.3)),
+      comfedl=dict(gamma=(0.1, 0.2, 0.5, 1.0)),
+      local_scgdm=dict(
+        _SCGDM_RATE,
+        momentum_rate=(0.1, 0.3, 1.0),
+        beta=(0.003, 0.01, 0.03, 0.1),
+        tracking_gamma=(0.3, 1.0),
+      ),
+    ),
+    plot_metrics=('average_accuracy', 'worst_accuracy'),
+    seeds=SEEDS,
+  ),
 }
 # The issue's harder construction: the big client holds classes 0-4, the small ones 5-9.
 _BUILT_IN['drfl_imbalanced_classes'] = dataclasses.replace(
-    _BUILT_IN['drfl_imbalanced'], task_options=dict(split='classes'))
+  _BUILT_IN['drfl_imbalanced'], task_options=dict(split='classes')
+)
 # Fallah et al. (Per-FedAvg) and Gao et al. (Local-SCGDM): sinewave, MAML objective,
 # personalized evaluation (one adaptation step on held-out clients); 8 each.
 _MAML_RATES = (0.001, 0.003, 0.01, 0.03)
 # beta eta spans 0.01-0.03 (the others' selected rates); 0.003 was never competitive.
-_SCGDM_MAML = dict(_SCGDM_RATE, momentum_rate=(0.2, 1.0), beta=(0.01, 0.03),
-                   tracking_gamma=(0.2, 1.0))
+_SCGDM_MAML = dict(
+  _SCGDM_RATE, momentum_rate=(0.2, 1.0), beta=(0.01, 0.03), tracking_gamma=(0.2, 1.0)
+)
 _BUILT_IN['maml_sinewave'] = Reproduction(
-    task='sinewave',
-    algorithms=('fedavg', 'per_fedavg_fo', 'per_fedavg_exact', 'comfedl_maml',
-                'local_scgdm_maml'),
-    aliases=dict(per_fedavg_fo='per_fedavg', per_fedavg_exact='per_fedavg',
-                 comfedl_maml='comfedl', local_scgdm_maml='local_scgdm'),
-    client_learning_rates=_MAML_RATES, server_learning_rates=(1.0,),
-    rounds=300, checkpoints=(100, 200, 300), metric='loss_after', higher_is_better=False,
-    select_on='validation_loss_after', eval_period=20,
-    algorithm_options=dict(
-        per_fedavg_fo=dict(variant='fo', local_steps=10),
-        per_fedavg_exact=dict(variant='exact', local_steps=10),
-        comfedl_maml=dict(objective='maml', local_steps=10),
-        local_scgdm_maml=dict(objective='maml', inner_learning_rate=0.01, local_steps=10)),
-    tuning=dict(fedavg=dict(server_learning_rate=(1.0, 2.0)),
-                per_fedavg_fo=dict(alpha=(0.005, 0.01)),
-                # The exact meta-gradient is larger: its rates reach 10x lower.
-                per_fedavg_exact=dict(client_learning_rate=(0.0003, 0.001, 0.003, 0.01),
-                                      alpha=(0.005, 0.01)),
-                comfedl_maml=dict(inner_learning_rate=(0.005, 0.01)),
-                local_scgdm_maml=_SCGDM_MAML),
-    plot_metrics=('train/client_work/train_loss', 'loss_after'), seeds=SEEDS)
+  task='sinewave',
+  algorithms=('fedavg', 'per_fedavg_fo', 'per_fedavg_exact', 'comfedl_maml', 'local_scgdm_maml'),
+  aliases=dict(
+    per_fedavg_fo='per_fedavg',
+    per_fedavg_exact='per_fedavg',
+    comfedl_maml='comfedl',
+    local_scgdm_maml='local_scgdm',
+  ),
+  client_learning_rates=_MAML_RATES,
+  server_learning_rates=(1.0,),
+  rounds=300,
+  checkpoints=(100, 200, 300),
+  metric='loss_after',
+  higher_is_better=False,
+  select_on='validation_loss_after',
+  eval_period=20,
+  algorithm_options=dict(
+    per_fedavg_fo=dict(variant='fo', local_steps=10),
+    per_fedavg_exact=dict(variant='exact', local_steps=10),
+    comfedl_maml=dict(objective='maml', local_steps=10),
+    local_scgdm_maml=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
+  ),
+  tuning=dict(
+    fedavg=dict(server_learning_rate=(1.0, 2.0)),
+    per_fedavg_fo=dict(alpha=(0.005, 0.01)),
+    # The exact meta-gradient is larger: its rates reach 10x lower.
+    per_fedavg_exact=dict(client_learning_rate=(0.0003, 0.001, 0.003, 0.01), alpha=(0.005, 0.01)),
+    comfedl_maml=dict(inner_learning_rate=(0.005, 0.01)),
+    local_scgdm_maml=_SCGDM_MAML,
+  ),
+  plot_metrics=('train/client_work/train_loss', 'loss_after'),
+  seeds=SEEDS,
+)
 # The Local-SCGDM slides' figure: train and held-out MAML loss on sinewave against
 # Local-BSGD (biased local SGD on the compositional objective: ComFedL with a large inner
 # batch, each client's whole data) and FedAvg; 8 each.
 _BUILT_IN['scgdm_sinewave'] = Reproduction(
-    task='sinewave', algorithms=('local_scgdm', 'local_bsgd', 'local_moml', 'fedavg'),
-    aliases=dict(local_bsgd='comfedl'),
-    client_learning_rates=_MAML_RATES, server_learning_rates=(1.0,),
-    rounds=300, checkpoints=(100, 200, 300), metric='loss_after', higher_is_better=False,
-    select_on='validation_loss_after', eval_period=20,
-    algorithm_options=dict(
-        local_scgdm=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
-        local_bsgd=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
-        # The authors' sinewave code: second-order meta-gradient; its memory kept per
-        # client across rounds (the paper's method); alpha as the others' inner rate.
-        local_moml=dict(variant='exact', alpha=0.01, local_steps=10)),
-    algorithm_settings=dict(local_bsgd=dict(batch_size=20)),
-    tuning=dict(local_scgdm=_SCGDM_MAML, local_bsgd=dict(server_learning_rate=(1.0, 2.0)),
-                local_moml=dict(beta=(0.5, 0.9)),
-                fedavg=dict(server_learning_rate=(1.0, 2.0))),
-    plot_metrics=('train_loss_after', 'loss_after'), seeds=SEEDS)
+  task='sinewave',
+  algorithms=('local_scgdm', 'local_bsgd', 'local_moml', 'fedavg'),
+  aliases=dict(local_bsgd='comfedl'),
+  client_learning_rates=_MAML_RATES,
+  server_learning_rates=(1.0,),
+  rounds=300,
+  checkpoints=(100, 200, 300),
+  metric='loss_after',
+  higher_is_better=False,
+  select_on='validation_loss_after',
+  eval_period=20,
+  algorithm_options=dict(
+    local_scgdm=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
+    local_bsgd=dict(objective='maml', inner_learning_rate=0.01, local_steps=10),
+    # The authors' sinewave code: second-order meta-gradient; its memory kept per
+    # client across rounds (the paper's method); alpha as the others' inner rate.
+    local_moml=dict(variant='exact', alpha=0.01, local_steps=10),
+  ),
+  algorithm_settings=dict(local_bsgd=dict(batch_size=20)),
+  tuning=dict(
+    local_scgdm=_SCGDM_MAML,
+    local_bsgd=dict(server_learning_rate=(1.0, 2.0)),
+    local_moml=dict(beta=(0.5, 0.9)),
+    fedavg=dict(server_learning_rate=(1.0, 2.0)),
+  ),
+  plot_metrics=('train_loss_after', 'loss_after'),
+  seeds=SEEDS,
+)
 
 # Huang and Li (ComFedL), DA-MAML setup: client i holds a fraction 0.28 of class i;
 # inner (adaptation) lr 0.05, gamma 0.5, tau 5; baselines FedAvg, FedMAML (Per-FedAvg),
 # TR-MAML, Ditto (scored with its personal models); 8 each.
 _BUILT_IN['damaml_dominant_class'] = Reproduction(
-    task='dominant_class',
-    algorithms=('fedavg', 'per_fedavg', 'tr_maml', 'ditto', 'comfedl_damaml',
-                'local_scgdm_damaml'),
-    aliases=dict(comfedl_damaml='comfedl', local_scgdm_damaml='local_scgdm'),
-    client_learning_rates=(0.03, 0.1, 0.3, 1.0), server_learning_rates=(1.0,),
-    rounds=100, checkpoints=(20, 50, 100), metric='worst_accuracy_after',
-    select_on='validation_worst_accuracy_after',
-    task_options=dict(adapt_lr=0.05),
-    algorithm_options=dict(
-        per_fedavg=dict(variant='exact', local_steps=5),
-        tr_maml=dict(local_steps=5),
-        comfedl_damaml=dict(objective='da_maml', inner_learning_rate=0.05, local_steps=5),
-        local_scgdm_damaml=dict(objective='da_maml', gamma=0.5, inner_learning_rate=0.05,
-                                local_steps=5)),
-    tuning=dict(fedavg=dict(server_learning_rate=(1.0, 2.0)),
-                per_fedavg=dict(alpha=(0.02, 0.05)),
-                tr_maml=dict(alpha=(0.02, 0.05)),
-                ditto=dict(lam=(0.1, 1.0)),
-                comfedl_damaml=dict(gamma=(0.2, 0.5)),
-                local_scgdm_damaml=dict(_SCGDM_RATE, momentum_rate=(0.3, 1.0),
-                                        beta=(0.1, 0.3), tracking_gamma=(0.3, 1.0))),
-    metric_sources=dict(ditto=dict(
-        accuracy_after='personal_accuracy',
-        worst_accuracy_after='personal_worst_accuracy',
-        validation_worst_accuracy_after='validation_personal_worst_accuracy')),
-    plot_metrics=('accuracy_after', 'worst_accuracy_after'), seeds=SEEDS)
+  task='dominant_class',
+  algorithms=('fedavg', 'per_fedavg', 'tr_maml', 'ditto', 'comfedl_damaml', 'local_scgdm_damaml'),
+  aliases=dict(comfedl_damaml='comfedl', local_scgdm_damaml='local_scgdm'),
+  client_learning_rates=(0.03, 0.1, 0.3, 1.0),
+  server_learning_rates=(1.0,),
+  rounds=100,
+  checkpoints=(20, 50, 100),
+  metric='worst_accuracy_after',
+  select_on='validation_worst_accuracy_after',
+  task_options=dict(adapt_lr=0.05),
+  algorithm_options=dict(
+    per_fedavg=dict(variant='exact', local_steps=5),
+    tr_maml=dict(local_steps=5),
+    comfedl_damaml=dict(objective='da_maml', inner_learning_rate=0.05, local_steps=5),
+    local_scgdm_damaml=dict(
+      objective='da_maml', gamma=0.5, inner_learning_rate=0.05, local_steps=5
+    ),
+  ),
+  tuning=dict(
+    fedavg=dict(server_learning_rate=(1.0, 2.0)),
+    per_fedavg=dict(alpha=(0.02, 0.05)),
+    tr_maml=dict(alpha=(0.02, 0.05)),
+    ditto=dict(lam=(0.1, 1.0)),
+    comfedl_damaml=dict(gamma=(0.2, 0.5)),
+    local_scgdm_damaml=dict(
+      _SCGDM_RATE, momentum_rate=(0.3, 1.0), beta=(0.1, 0.3), tracking_gamma=(0.3, 1.0)
+    ),
+  ),
+  metric_sources=dict(
+    ditto=dict(
+      accuracy_after='personal_accuracy',
+      worst_accuracy_after='personal_worst_accuracy',
+      validation_worst_accuracy_after='validation_personal_worst_accuracy',
+    )
+  ),
+  plot_metrics=('accuracy_after', 'worst_accuracy_after'),
+  seeds=SEEDS,
+)
 
 # Nguyen et al. (FedBuff, AISTATS 2022): buffered asynchronous aggregation reaches a
 # target accuracy in less simulated time than synchronous FedAvg when device speeds
@@ -240,15 +307,23 @@ _BUILT_IN['damaml_dominant_class'] = Reproduction(
 # class templates in noise), 500 writers, softmax regression, lognormal devices
 # (speed log-spread 1); 9 configurations each.
 _BUILT_IN['fedbuff_emnist'] = Reproduction(
-    task='emnist', algorithms=('fedavg', 'fedbuff'), aliases=dict(fedbuff='fedavg'),
-    client_learning_rates=(0.03, 0.1, 0.3), server_learning_rates=(0.5, 1.0, 2.0),
-    rounds=300, checkpoints=(100, 200, 300), metric='test_accuracy',
-    select_on='train_accuracy',
-    task_options=dict(source='synthetic', model='softmax', max_clients=500),
-    settings=dict(clients_per_round=10, device_model='lognormal', device_speed_sigma=1.0),
-    algorithm_settings=dict(fedbuff=dict(mode='async', concurrency=20, buffer_size=10)),
-    plot_metrics=('train_loss', 'test_accuracy'), x_axis='time/simulated_seconds',
-    target=0.6, seeds=SEEDS)
+  task='emnist',
+  algorithms=('fedavg', 'fedbuff'),
+  aliases=dict(fedbuff='fedavg'),
+  client_learning_rates=(0.03, 0.1, 0.3),
+  server_learning_rates=(0.5, 1.0, 2.0),
+  rounds=300,
+  checkpoints=(100, 200, 300),
+  metric='test_accuracy',
+  select_on='train_accuracy',
+  task_options=dict(source='synthetic', model='softmax', max_clients=500),
+  settings=dict(clients_per_round=10, device_model='lognormal', device_speed_sigma=1.0),
+  algorithm_settings=dict(fedbuff=dict(mode='async', concurrency=20, buffer_size=10)),
+  plot_metrics=('train_loss', 'test_accuracy'),
+  x_axis='time/simulated_seconds',
+  target=0.6,
+  seeds=SEEDS,
+)
 
 for _name, _spec in _BUILT_IN.items():
   registry.register_reproduction(_name, _spec)

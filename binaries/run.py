@@ -18,6 +18,7 @@ import sys
 
 if __name__ == '__main__':  # Ctrl-C from here on stops at the end of a round (below)
   from tff_comp import signals
+
   signals.install('run.py')
 
 from tff_comp.binaries import flag_check
@@ -27,18 +28,12 @@ from tff_comp.binaries import flag_check
 flag_check.check(sys.argv, flag_check.program())
 
 
-from absl import app
-from absl import flags
+from absl import app, flags
 import tensorflow as tf
 
+from tff_comp import experiment, privacy_settings, registry, run_directory, signals
 from tff_comp.binaries import flags_lib
-from tff_comp import experiment
-from tff_comp import privacy_settings
-from tff_comp import registry
-from tff_comp import run_directory
-from tff_comp import signals
-from tff_comp.run import callbacks
-from tff_comp.run import training_loop
+from tff_comp.run import callbacks, training_loop
 from tff_comp.runtime import workers
 
 flags_lib.define_common_flags()
@@ -72,8 +67,9 @@ def _header(prepared: experiment.Prepared) -> str:
   where the output goes."""
   s, config = prepared.settings, prepared.config
   if prepared.algorithm.accepts('local_steps'):  # a fixed number of steps, not epochs
-    steps = prepared.builder_args.get('local_steps', next(
-        h.default for h in prepared.algorithm.hparams if h.name == 'local_steps'))
+    steps = prepared.builder_args.get(
+      'local_steps', next(h.default for h in prepared.algorithm.hparams if h.name == 'local_steps')
+    )
     local = f'{steps} local steps'
   elif prepared.builder_args.get('local_epochs_max', 0) > s.local_epochs:
     local = f'{s.local_epochs}-{prepared.builder_args["local_epochs_max"]} epochs (drawn)'
@@ -82,30 +78,46 @@ def _header(prepared: experiment.Prepared) -> str:
   batch = f'batch {s.batch_size}'
   own = next((h.default for h in prepared.algorithm.hparams if h.name == 'batch_size'), None)
   if config.local_work.batch_size is None and own is not None and own != s.batch_size:
-    batch += f' (task {config.task}\'s; {config.algorithm} alone uses {own})'
+    batch += f" (task {config.task}'s; {config.algorithm} alone uses {own})"
   drawn = config.participation
   cohort = f'{s.clients_per_round} clients/round ({drawn.sampling}'
-  cohort += ''.join(f', {label} {rate:g}' for label, rate in (
-      ('dropout', drawn.dropout_rate), ('stragglers', drawn.straggler_rate)) if rate)
+  cohort += ''.join(
+    f', {label} {rate:g}'
+    for label, rate in (('dropout', drawn.dropout_rate), ('stragglers', drawn.straggler_rate))
+    if rate
+  )
   # The algorithm's choices among its variants (ComFedL's objective, how clients are
   # weighed): its numbers are logged every round (metrics.csv's hparams/), these not.
-  choices = [f'{h.name.replace("_", " ")} {value}' for h in prepared.algorithm.hparams
-             if isinstance(value := prepared.builder_args.get(h.name, h.default), str)]
-  parts = [f'{s.rounds} round{"s" * (s.rounds != 1)}', cohort + ')',
-           f'eta_c={s.client_learning_rate}', f'eta_s={s.server_learning_rate}',
-           batch, local, *choices,
-           (f'regularizer {s.regularizer} ({s.regularizer_strength:g})'
-            if s.regularizer else 'no regularizer')]
+  choices = [
+    f'{h.name.replace("_", " ")} {value}'
+    for h in prepared.algorithm.hparams
+    if isinstance(value := prepared.builder_args.get(h.name, h.default), str)
+  ]
+  parts = [
+    f'{s.rounds} round{"s" * (s.rounds != 1)}',
+    cohort + ')',
+    f'eta_c={s.client_learning_rate}',
+    f'eta_s={s.server_learning_rate}',
+    batch,
+    local,
+    *choices,
+    (
+      f'regularizer {s.regularizer} ({s.regularizer_strength:g})'
+      if s.regularizer
+      else 'no regularizer'
+    ),
+  ]
   if config.privacy.aggregator != privacy_settings.MEAN:
     parts.append(f'aggregator {config.privacy.aggregator}')
   if config.server.server_optimizer:
     parts.append(f'server optimizer {config.server.server_optimizer}')
-  for side, schedule in (('client', config.schedules.client_lr_schedule),
-                         ('server', config.schedules.server_lr_schedule)):
+  for side, schedule in (
+    ('client', config.schedules.client_lr_schedule),
+    ('server', config.schedules.server_lr_schedule),
+  ):
     if schedule != 'constant':
       parts.append(f'{side} rate {schedule}')
-  return (f'{config.algorithm} on {config.task}: {", ".join(parts)}; output:'
-          f' {config.output_dir}')
+  return f'{config.algorithm} on {config.task}: {", ".join(parts)}; output: {config.output_dir}'
 
 
 def _run(argv: list[str]) -> None:
@@ -122,12 +134,15 @@ def _run(argv: list[str]) -> None:
   try:
     runner = experiment.build_runner(prepared)
     final = experiment.train_runner(
-        prepared, runner, callbacks=experiment.default_callbacks(prepared, runner))
+      prepared, runner, callbacks=experiment.default_callbacks(prepared, runner)
+    )
   except (experiment.ConfigError, callbacks.DivergenceError) as e:
     _fail(str(e))
   except workers.WorkerError as e:  # a worker died during the run
-    print(f'run.py: {e} The metrics written so far are in {config.output_dir};'
-          ' continue with --resume.', file=sys.stderr)
+    print(
+      f'run.py: {e} The metrics written so far are in {config.output_dir}; continue with --resume.',
+      file=sys.stderr,
+    )
     sys.exit(1)
   except (OSError, tf.errors.OpError) as e:  # a full disk, a quota, ulimit -f
     if not (line := run_directory.out_of_space(e, config.output_dir)):
@@ -137,10 +152,16 @@ def _run(argv: list[str]) -> None:
   except training_loop.Interrupted as e:  # Ctrl-C or SIGTERM, at the end of a round
     sigterm = 'SIGTERM' in getattr(e.__cause__, 'args', ())
     saved = getattr(e, 'saved_round', 0)
-    print(f'run.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; '
-          + (f'saved the state of round {saved}, --resume continues from it'
-             if saved else 'no round was saved')
-          + f'; the metrics written so far are in {config.output_dir}', file=sys.stderr)
+    print(
+      f'run.py: {"terminated (SIGTERM)" if sigterm else "interrupted"}; '
+      + (
+        f'saved the state of round {saved}, --resume continues from it'
+        if saved
+        else 'no round was saved'
+      )
+      + f'; the metrics written so far are in {config.output_dir}',
+      file=sys.stderr,
+    )
     sys.exit(143 if sigterm else 130)
   tables = {'final evaluation': {k.removeprefix('eval/'): v for k, v in final.items()}}
   if prepared.task.reference is not None and FLAGS.show_reference:
@@ -152,8 +173,7 @@ def _run(argv: list[str]) -> None:
       print(f'  {key:>{width}s} {value:.6g}')
 
 
-flags.DEFINE_bool('show_reference', True,
-                  'Also print the task\'s centralized reference solution.')
+flags.DEFINE_bool('show_reference', True, "Also print the task's centralized reference solution.")
 
 if __name__ == '__main__':
   app.run(main, flags_parser=flags_lib.parse_or_fail)

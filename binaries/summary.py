@@ -15,8 +15,10 @@ import tensorflow as tf
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from tff_comp.binaries import reproductions  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_comp.binaries import grid  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_comp.binaries import (
+  grid,  # pylint: disable=g-import-not-at-top,wrong-import-position
+  reproductions,  # pylint: disable=g-import-not-at-top,wrong-import-position
+)
 
 
 def _at(runs, metric, round_num) -> list[float]:
@@ -27,7 +29,9 @@ def _at(runs, metric, round_num) -> list[float]:
 def _cell(runs, metric: str, round_num: int, seeds: int) -> str:
   values = _at(runs, metric, round_num)
   if len(values) < seeds:
-    return f'diverged at round {min(grid.diverged_at(r) for r in runs if round_num not in r[metric])}'
+    return (
+      f'diverged at round {min(grid.diverged_at(r) for r in runs if round_num not in r[metric])}'
+    )
   if seeds == 1:
     return f'{values[0]:.4g}'
   mean, std = np.mean(values), np.std(values)
@@ -43,8 +47,7 @@ def _times(run, x_axis: str) -> dict[int, float]:
 def _reached(runs, spec, seeds: int) -> str:
   """When each seed's `spec.metric` first reached `spec.target` (on the x-axis column):
   mean ± standard deviation, or how many seeds never did."""
-  better = (lambda v: v >= spec.target) if spec.higher_is_better else (
-      lambda v: v <= spec.target)
+  better = (lambda v: v >= spec.target) if spec.higher_is_better else (lambda v: v <= spec.target)
   times = []
   for run in runs:
     at = _times(run, spec.x_axis)
@@ -52,8 +55,9 @@ def _reached(runs, spec, seeds: int) -> str:
     if hits:
       times.append(at[hits[0]])
   if len(times) < len(runs):
-    return (f'not reached by {len(runs) - len(times)} of {len(runs)} seeds'
-            + (f' (the others: {np.mean(times):.4g})' if times else ''))
+    return f'not reached by {len(runs) - len(times)} of {len(runs)} seeds' + (
+      f' (the others: {np.mean(times):.4g})' if times else ''
+    )
   if seeds == 1:
     return f'{times[0]:.4g}'
   return f'{np.mean(times):.4g} ± {np.std(times):.2g}'
@@ -66,8 +70,7 @@ def _against(runs, metric: str, x_axis: str) -> tuple[np.ndarray, np.ndarray]:
   for run in runs:
     at = _times(run, x_axis)
     rounds = sorted(k for k in run[metric] if k in at)
-    points.append((np.array([at[k] for k in rounds]),
-                   np.array([run[metric][k] for k in rounds])))
+    points.append((np.array([at[k] for k in rounds]), np.array([run[metric][k] for k in rounds])))
   grid_x = np.linspace(0.0, min(x[-1] for x, _ in points), 100)
   return grid_x, np.array([np.interp(grid_x, x, v) for x, v in points])
 
@@ -77,8 +80,7 @@ def machine() -> str:
   model = platform.processor() or platform.machine()
   try:
     with open('/proc/cpuinfo') as f:
-      model = next(line.split(':', 1)[1].strip() for line in f
-                   if line.startswith('model name'))
+      model = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
   except (OSError, StopIteration):
     pass
   gpus = len(tf.config.list_physical_devices('GPU'))
@@ -91,8 +93,7 @@ def zoom(ax, values: list[float], log: bool) -> None:
   values = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
   if not values:
     return
-  low, high = (np.log10(min(values)), np.log10(max(values))) if log else (
-      min(values), max(values))
+  low, high = (np.log10(min(values)), np.log10(max(values))) if log else (min(values), max(values))
   pad = 0.08 * (high - low) or 0.05 * (abs(high) or 1)
   low, high = low - pad, high + pad
   ax.set_ylim(*((10**low, 10**high) if log else (low, high)))
@@ -109,10 +110,16 @@ def _select(spec, by_config, seeds: int, rounds: int):
   the end compete (one divergence disqualifies); if none did, the longest-running."""
   select, higher = reproductions.selection(spec)
   pick = max if higher else min
-  scored = {config: _score(runs, select) for config, runs in by_config.items()
-            if len(runs) == seeds and all(r[select] for r in runs)}
-  complete = {config: v for config, v in scored.items()
-              if all(max(r[select]) >= rounds for r in by_config[config])}
+  scored = {
+    config: _score(runs, select)
+    for config, runs in by_config.items()
+    if len(runs) == seeds and all(r[select] for r in runs)
+  }
+  complete = {
+    config: v
+    for config, v in scored.items()
+    if all(max(r[select]) >= rounds for r in by_config[config])
+  }
   candidates = complete or scored
   return pick(candidates, key=candidates.get), complete
 
@@ -128,8 +135,9 @@ def grid_edges(spec, algorithm: str, config: tuple[float, ...]) -> list[str]:
   return edges
 
 
-def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
-              provenance: str = '') -> str:
+def summarize(
+  name, spec, curves, rounds, root: pathlib.Path, command: str, provenance: str = ''
+) -> str:
   """Writes results.md and the PNG; returns the markdown. `provenance`: how long the
   grid took and on what machine (a line under the command).
 
@@ -148,27 +156,46 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
   seeds = max(len(runs) for by_config in curves.values() for runs in by_config.values())
   over = f' over {seeds} seeds' if seeds > 1 else ''
   sizes = {a: len(by_config) for a, by_config in curves.items()}
-  budget = (f'{next(iter(sizes.values()))} configurations each' if len(set(sizes.values())) == 1
-            else 'grids of ' + ', '.join(f'{a}: {n}' for a, n in sizes.items()))
-  on = f'`{select}`' + (' (validation data)' if select.startswith('validation_') else
-                        f' (not `{spec.metric}`)' if select != spec.metric else '')
-  reach = (f'{spec.x_axis} to {spec.metric} {"≥" if spec.higher_is_better else "≤"}'
-           f' {spec.target:g}' if spec.x_axis and spec.target is not None else '')
-  lines = [f'# {name}: each algorithm at its selected configuration{over}', '',
-           f'Command: `{command}`', '', *([provenance, ''] if provenance else []),
-           f'Tuning: every algorithm searched its own grid ({budget}; the grids are listed'
-           f' below). Each algorithm\'s configuration is the one with the'
-           f' {"highest" if higher else "lowest"} mean over seeds of {on} averaged over'
-           ' all evaluations; a configuration where any seed diverged is out. The'
-           f' table reports that configuration\'s metrics (mean ± standard deviation{over});'
-           f' the curves are in `{name}.png`.', '',
-           '| algorithm | selected configuration | ' + ' | '.join(
-               f'{m} @ {c}' for m in reported for c in checkpoints)
-           + (f' | {reach}' if reach else '') + ' |',
-           '|---|---|' + '---|' * (len(reported) * len(checkpoints) + bool(reach))]
+  budget = (
+    f'{next(iter(sizes.values()))} configurations each'
+    if len(set(sizes.values())) == 1
+    else 'grids of ' + ', '.join(f'{a}: {n}' for a, n in sizes.items())
+  )
+  on = f'`{select}`' + (
+    ' (validation data)'
+    if select.startswith('validation_')
+    else f' (not `{spec.metric}`)'
+    if select != spec.metric
+    else ''
+  )
+  reach = (
+    f'{spec.x_axis} to {spec.metric} {"≥" if spec.higher_is_better else "≤"} {spec.target:g}'
+    if spec.x_axis and spec.target is not None
+    else ''
+  )
+  lines = [
+    f'# {name}: each algorithm at its selected configuration{over}',
+    '',
+    f'Command: `{command}`',
+    '',
+    *([provenance, ''] if provenance else []),
+    f'Tuning: every algorithm searched its own grid ({budget}; the grids are listed'
+    f" below). Each algorithm's configuration is the one with the"
+    f' {"highest" if higher else "lowest"} mean over seeds of {on} averaged over'
+    ' all evaluations; a configuration where any seed diverged is out. The'
+    f" table reports that configuration's metrics (mean ± standard deviation{over});"
+    f' the curves are in `{name}.png`.',
+    '',
+    '| algorithm | selected configuration | '
+    + ' | '.join(f'{m} @ {c}' for m in reported for c in checkpoints)
+    + (f' | {reach}' if reach else '')
+    + ' |',
+    '|---|---|' + '---|' * (len(reported) * len(checkpoints) + bool(reach)),
+  ]
   rows = 2 if spec.x_axis else 1  # the curves against rounds, then against the x-axis
-  fig, axes = plt.subplots(rows, len(plotted), figsize=(6.5 * len(plotted), 4.5 * rows),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+    rows, len(plotted), figsize=(6.5 * len(plotted), 4.5 * rows), squeeze=False
+  )
   markers = {m: itertools.cycle('osD^vP*X') for m in plotted}  # no line hides another
   settled = {m: [] for m in plotted}  # values drawn from the first checkpoint on
   every = []  # the full table of configurations
@@ -184,45 +211,79 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
     if edges := grid_edges(spec, algorithm, best):
       at_edges.append(f'{algorithm}: {", ".join(edges)}')
     for config, config_runs in by_config.items():
-      score = (f'{_score(config_runs, select):.4g}' if config in complete else
-               _cell(config_runs, select, rounds, seeds))
-      every.append(f'| {algorithm} | {reproductions.describe(spec, algorithm, config)} |'
-                   f' {score} | {_cell(config_runs, spec.metric, rounds, seeds)} |'
-                   + (' **selected** |' if config == best else ' |'))
+      score = (
+        f'{_score(config_runs, select):.4g}'
+        if config in complete
+        else _cell(config_runs, select, rounds, seeds)
+      )
+      every.append(
+        f'| {algorithm} | {reproductions.describe(spec, algorithm, config)} |'
+        f' {score} | {_cell(config_runs, spec.metric, rounds, seeds)} |'
+        + (' **selected** |' if config == best else ' |')
+      )
     sources = spec.metric_sources.get(algorithm, {})
     for ax, metric in zip(axes[0], plotted):
       common = sorted(set.intersection(*(set(r[metric]) for r in runs)))
       values = np.array([[r[metric][x] for x in common] for r in runs])
       source = f' [{sources[metric]}]' if metric in sources else ''
-      settled[metric] += [v for x, *drawn in zip(common, values.min(0), values.max(0))
-                          if x >= fit_from for v in drawn]  # bands included
-      line, = ax.plot(common, values.mean(0), marker=next(markers[metric]),
-                      markevery=max(1, len(common) // 8), markersize=5,
-                      label=f'{algorithm}{source} ({label})')
+      settled[metric] += [
+        v for x, *drawn in zip(common, values.min(0), values.max(0)) if x >= fit_from for v in drawn
+      ]  # bands included
+      (line,) = ax.plot(
+        common,
+        values.mean(0),
+        marker=next(markers[metric]),
+        markevery=max(1, len(common) // 8),
+        markersize=5,
+        label=f'{algorithm}{source} ({label})',
+      )
       if seeds > 1:  # the spread over seeds
-        ax.fill_between(common, values.min(0), values.max(0), color=line.get_color(),
-                        alpha=0.15, linewidth=0)
+        ax.fill_between(
+          common, values.min(0), values.max(0), color=line.get_color(), alpha=0.15, linewidth=0
+        )
       if spec.x_axis:
         x, by_seed = _against(runs, metric, spec.x_axis)
         below = axes[1][list(plotted).index(metric)]
-        below.plot(x, by_seed.mean(0), color=line.get_color(), marker=line.get_marker(),
-                   markevery=12, markersize=5, label=line.get_label())
+        below.plot(
+          x,
+          by_seed.mean(0),
+          color=line.get_color(),
+          marker=line.get_marker(),
+          markevery=12,
+          markersize=5,
+          label=line.get_label(),
+        )
         if seeds > 1:
-          below.fill_between(x, by_seed.min(0), by_seed.max(0), color=line.get_color(),
-                             alpha=0.15, linewidth=0)
+          below.fill_between(
+            x, by_seed.min(0), by_seed.max(0), color=line.get_color(), alpha=0.15, linewidth=0
+          )
   if at_edges:
-    lines += ['', 'Selected at the edge of its grid (a wider grid might find better): '
-              + '; '.join(at_edges) + '.']
+    lines += [
+      '',
+      'Selected at the edge of its grid (a wider grid might find better): '
+      + '; '.join(at_edges)
+      + '.',
+    ]
   lines += ['', '## Grids', '']
-  lines += [f'- {algorithm} ({sizes[algorithm]}): ' + '; '.join(
+  lines += [
+    f'- {algorithm} ({sizes[algorithm]}): '
+    + '; '.join(
       f'{reproductions.SHORT_NAMES.get(axis, axis)} in {{{", ".join(f"{v:g}" for v in values)}}}'
-      for axis, values in reproductions.axes(spec, algorithm).items())
-            for algorithm in curves]
-  lines += ['', '## Every configuration', '',
-            f'Selection score: mean over seeds of `{select}` averaged over all'
-            f' evaluations; `{spec.metric}` at round {rounds}.', '',
-            f'| algorithm | configuration | score | {spec.metric} @ {rounds} | |',
-            '|---|---|---|---|---|', *every]
+      for axis, values in reproductions.axes(spec, algorithm).items()
+    )
+    for algorithm in curves
+  ]
+  lines += [
+    '',
+    '## Every configuration',
+    '',
+    f'Selection score: mean over seeds of `{select}` averaged over all'
+    f' evaluations; `{spec.metric}` at round {rounds}.',
+    '',
+    f'| algorithm | configuration | score | {spec.metric} @ {rounds} | |',
+    '|---|---|---|---|---|',
+    *every,
+  ]
   for ax, metric in [*zip(axes[0], plotted), *(zip(axes[1], plotted) if rows > 1 else ())]:
     log = 'loss' in metric or 'error' in metric
     if log:
@@ -231,11 +292,15 @@ def summarize(name, spec, curves, rounds, root: pathlib.Path, command: str,
     ax.set_xlabel('round' if ax in axes[0] else spec.x_axis)
     ax.set_ylabel(metric)
     spread = f'mean over {seeds} seeds, band: min to max; ' if seeds > 1 else ''
-    what = ('of each algorithm at its selected configuration' if ax in axes[0] else
-            f'against {spec.x_axis} (seeds interpolated)')
-    ax.set_title(f'{metric} {what}\n'
-                 f'{name} on {spec.task}\n'
-                 f'{spread}y-axis fit to rounds >= {fit_from}', fontsize=10)
+    what = (
+      'of each algorithm at its selected configuration'
+      if ax in axes[0]
+      else f'against {spec.x_axis} (seeds interpolated)'
+    )
+    ax.set_title(
+      f'{metric} {what}\n{name} on {spec.task}\n{spread}y-axis fit to rounds >= {fit_from}',
+      fontsize=10,
+    )
     ax.grid(alpha=0.3, which='both')
     # Below the plot, where it hides no curve.
     ax.legend(fontsize=8, loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=1)
@@ -251,6 +316,6 @@ def earlier_record(path: pathlib.Path) -> tuple[str, str] | None:
   if not path.exists():
     return None
   lines = path.read_text().splitlines()
-  commands = [line[len('Command: `'):-1] for line in lines if line.startswith('Command: `')]
+  commands = [line[len('Command: `') : -1] for line in lines if line.startswith('Command: `')]
   took = next((line for line in lines if line.startswith('Took ')), '')
   return (commands[0], took.split(' Tables and plot rewritten')[0]) if commands else None

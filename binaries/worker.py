@@ -13,13 +13,13 @@ at the same path on every host (run the task once there, or copy the cache).
 import os
 import sys
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from tff_comp.binaries import flag_check
 
-_PORT = flags.DEFINE_integer('port', 8000, 'Port the worker serves on.', lower_bound=1,
-                             upper_bound=65535)
+_PORT = flags.DEFINE_integer(
+  'port', 8000, 'Port the worker serves on.', lower_bound=1, upper_bound=65535
+)
 
 
 def _parse(argv: list[str]) -> list[str]:
@@ -36,6 +36,7 @@ def main(argv):
     flag_check.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   # pylint: disable=g-import-not-at-top
   from tff_comp.runtime import local_worker
+
   binary = local_worker.WORKER_BINARY
   print(f'TFF worker on port {_PORT.value} ({binary}); Ctrl-C stops it.', flush=True)
   os.execv(binary, [binary, f'--port={_PORT.value}'])

@@ -35,8 +35,10 @@ def check_size(features: int, examples: int) -> None:
   """ValueError if `examples` float32 rows of `features` would exceed MAX_BYTES."""
   size = 4 * features * examples
   if size > MAX_BYTES:
-    raise ValueError(f'{examples} examples of {features} features would take'
-                     f' {size / 2**30:.1f} GiB (more than {MAX_BYTES / 2**30:.0f} GiB).')
+    raise ValueError(
+      f'{examples} examples of {features} features would take'
+      f' {size / 2**30:.1f} GiB (more than {MAX_BYTES / 2**30:.0f} GiB).'
+    )
 
 
 def file_digest(path: str) -> str:
@@ -78,11 +80,11 @@ def _verified(directory: pathlib.Path, client_ids: Sequence[str]) -> bool:
 
 
 def cached_client_data(
-    key: str,
-    client_ids: Sequence[str],
-    feature_shape: tuple[int, ...],
-    label_dtype: tf.DType,
-    make_client: Callable[[int], tuple[np.ndarray, np.ndarray]],
+  key: str,
+  client_ids: Sequence[str],
+  feature_shape: tuple[int, ...],
+  label_dtype: tf.DType,
+  make_client: Callable[[int], tuple[np.ndarray, np.ndarray]],
 ) -> tff.simulation.datasets.ClientData:
   """ClientData whose client i has the examples `make_client(i)` = (x, y).
 
@@ -113,7 +115,7 @@ def cached_client_data(
     for i, cid in enumerate(client_ids):
       x, y = make_client(i)
       rows = np.concatenate(
-          [x.reshape(len(x), int(np.prod(x.shape[1:]))), y.reshape(len(y), 1)], axis=1
+        [x.reshape(len(x), int(np.prod(x.shape[1:]))), y.reshape(len(y), 1)], axis=1
       ).astype(np.float32)
       with tempfile.NamedTemporaryFile(dir=directory, delete=False) as f:
         rows.tofile(f)
@@ -122,8 +124,9 @@ def cached_client_data(
     found = _file_sums(directory, client_ids) or {}
     for cid, checksum in sums.items():
       if found.get(cid) != checksum:
-        raise OSError(f'data cache file {directory / (cid + ".f32")} does not read back'
-                      ' what was written.')
+        raise OSError(
+          f'data cache file {directory / (cid + ".f32")} does not read back what was written.'
+        )
     # Atomically: another process (parallel tests) may be checking this cache.
     with tempfile.NamedTemporaryFile('w', dir=directory, delete=False) as f:
       f.write(json.dumps({'sha256': sums}))
@@ -133,13 +136,11 @@ def cached_client_data(
 
   def dataset_fn(client_id: tf.Tensor) -> tf.data.Dataset:
     raw = tf.io.decode_raw(
-        tf.io.read_file(tf.strings.join([prefix, client_id, '.f32'])), tf.float32
+      tf.io.read_file(tf.strings.join([prefix, client_id, '.f32'])), tf.float32
     )
     rows = tf.reshape(raw, [-1, width])
     x = tf.reshape(rows[:, :-1], [-1, *feature_shape])
     y = tf.cast(rows[:, -1], label_dtype)
     return tf.data.Dataset.from_tensor_slices((x, y))
 
-  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      list(client_ids), dataset_fn
-  )
+  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(list(client_ids), dataset_fn)

@@ -56,11 +56,13 @@ class Task:
   reference: Callable[[], Metrics] | None = None
   evaluate_personal: Callable[[Mapping[str, tuple[np.ndarray, ...]]], Metrics] | None = None
   evaluate_clients: Callable[[tuple[np.ndarray, ...]], list[dict[str, Any]]] | None = None
-  evaluate_personal_clients: Callable[[Mapping[str, tuple[np.ndarray, ...]]],
-                                      list[dict[str, Any]]] | None = None
-  evaluate_many: Callable[[Sequence[tuple[tuple[np.ndarray, ...],
-                                          regularizers_lib.Regularizer]]],
-                          list[Metrics]] | None = None
+  evaluate_personal_clients: (
+    Callable[[Mapping[str, tuple[np.ndarray, ...]]], list[dict[str, Any]]] | None
+  ) = None
+  evaluate_many: (
+    Callable[[Sequence[tuple[tuple[np.ndarray, ...], regularizers_lib.Regularizer]]], list[Metrics]]
+    | None
+  ) = None
 
   @property
   def num_clients(self) -> int:
@@ -84,15 +86,15 @@ def with_validation(score: Callable[[Any], Metrics], test: Any, validation: Any)
   return metrics
 
 
-def softmax_scores(kernel: np.ndarray, bias: np.ndarray, x: np.ndarray,
-                   y: np.ndarray) -> tuple[float, float]:
+def softmax_scores(
+  kernel: np.ndarray, bias: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> tuple[float, float]:
   """(mean cross-entropy, accuracy) of softmax regression (kernel, bias) on (x, y), in
   NumPy with the max subtracted from the logits (stable for any scale)."""
   logits = x @ kernel + bias
   logits = logits - logits.max(1, keepdims=True)
   log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-  return (float(-np.mean(log_probs[np.arange(len(y)), y])),
-          float(np.mean(logits.argmax(1) == y)))
+  return (float(-np.mean(log_probs[np.arange(len(y)), y])), float(np.mean(logits.argmax(1) == y)))
 
 
 class ClassifierScorer:
@@ -109,9 +111,12 @@ class ClassifierScorer:
   the same pass (`scores`).
   """
 
-  def __init__(self, model: tff.learning.models.FunctionalModel,
-               masked_labels: tuple[int, ...] = (),
-               also_masked: Mapping[str, tuple[int, ...]] | None = None):
+  def __init__(
+    self,
+    model: tff.learning.models.FunctionalModel,
+    masked_labels: tuple[int, ...] = (),
+    also_masked: Mapping[str, tuple[int, ...]] | None = None,
+  ):
     self._model, self._masked = model, masked_labels
     self._also = dict(also_masked or {})
     self._session = None
@@ -122,27 +127,33 @@ class ClassifierScorer:
     x_spec, y_spec = self._model.input_spec
     graph = tf.Graph()
     with graph.as_default():
-      self._weights = [tf.compat.v1.placeholder(tf.as_dtype(w.dtype), np.shape(w))
-                       for w in trainable]
+      self._weights = [
+        tf.compat.v1.placeholder(tf.as_dtype(w.dtype), np.shape(w)) for w in trainable
+      ]
       self._x = tf.compat.v1.placeholder(x_spec.dtype, x_spec.shape)
       self._y = tf.compat.v1.placeholder(y_spec.dtype, y_spec.shape)
       fixed = tuple(tf.constant(w) for w in non_trainable)
-      logits = self._model.predict_on_batch((tuple(self._weights), fixed), self._x,
-                                            training=False)
+      logits = self._model.predict_on_batch((tuple(self._weights), fixed), self._x, training=False)
       labels = tf.cast(self._y, tf.int32)
-      self._loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=labels, logits=logits))
+      self._loss = tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+      )
       hits = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
 
       def accuracy(masked):  # (correct, counted) positions, summed over chunks
         counted = tf.ones_like(labels, tf.bool)
         for label in masked:
           counted &= tf.not_equal(labels, label)
-        return tf.stack([tf.reduce_sum(tf.cast(hits & counted, tf.float32)),
-                         tf.reduce_sum(tf.cast(counted, tf.float32))])
+        return tf.stack(
+          [
+            tf.reduce_sum(tf.cast(hits & counted, tf.float32)),
+            tf.reduce_sum(tf.cast(counted, tf.float32)),
+          ]
+        )
 
-      self._accuracy = tf.stack([accuracy(self._masked)] + [
-          accuracy(self._masked + more) for more in self._also.values()])
+      self._accuracy = tf.stack(
+        [accuracy(self._masked)] + [accuracy(self._masked + more) for more in self._also.values()]
+      )
     self._session = tf.compat.v1.Session(graph=graph)
 
   # Examples scored per session call: the logits of a large-vocabulary sequence model
@@ -162,13 +173,16 @@ class ClassifierScorer:
     feed = dict(zip(self._weights, trainable))
     loss, accuracy = 0.0, np.zeros((1 + len(self._also), 2))
     for start in range(0, len(y), self.CHUNK):
-      feed[self._x], feed[self._y] = x[start:start + self.CHUNK], y[start:start + self.CHUNK]
+      feed[self._x], feed[self._y] = x[start : start + self.CHUNK], y[start : start + self.CHUNK]
       chunk_loss, chunk_accuracy = self._session.run((self._loss, self._accuracy), feed)
       loss += len(feed[self._y]) * float(chunk_loss)
       accuracy += chunk_accuracy
     accuracies = accuracy[:, 0] / np.maximum(accuracy[:, 1], 1.0)
-    return dict(loss=loss / max(len(y), 1), accuracy=float(accuracies[0]),
-                **{name: float(a) for name, a in zip(self._also, accuracies[1:])})
+    return dict(
+      loss=loss / max(len(y), 1),
+      accuracy=float(accuracies[0]),
+      **{name: float(a) for name, a in zip(self._also, accuracies[1:])},
+    )
 
 
 def bundled_digits() -> tuple[np.ndarray, np.ndarray]:

@@ -24,24 +24,26 @@ from typing import Literal
 
 import tensorflow as tf
 from tensorflow_federated.python.simulation.baselines.cifar100 import (
-    image_classification_preprocessing as tff_preprocessing)
+  image_classification_preprocessing as tff_preprocessing,
+)
 from tensorflow_federated.python.simulation.models import resnet_models
 
-from tff_comp import keras_models
-from tff_comp import models
-from tff_comp import registry
-from tff_comp.tasks import base
-from tff_comp.tasks import classification
-from tff_comp.tasks import generated
-from tff_comp.tasks import tff_files
+from tff_comp import keras_models, models, registry
+from tff_comp.tasks import base, classification, generated, tff_files
 
 CLASSES, TRAIN_CLIENTS, TEST_CLIENTS, CLIENT_SIZE = 100, 500, 100, 100
 
 
 @registry.register_task('cifar100')
-def build_cifar100_task(*, source: Literal['tff', 'synthetic'] = 'tff', data_dir: str = '',
-                        model: str = 'resnet18', crop: int = 24,
-                        max_clients: int = 0, seed: int = 0) -> base.Task:
+def build_cifar100_task(
+  *,
+  source: Literal['tff', 'synthetic'] = 'tff',
+  data_dir: str = '',
+  model: str = 'resnet18',
+  crop: int = 24,
+  max_clients: int = 0,
+  seed: int = 0,
+) -> base.Task:
   """Federated CIFAR-100 (see the module docstring).
 
   Args:
@@ -65,28 +67,37 @@ def build_cifar100_task(*, source: Literal['tff', 'synthetic'] = 'tff', data_dir
     train, test = (data.preprocess(examples) for data in tff_files.load('cifar100', data_dir))
     train = tff_files.first_clients(train, max_clients)
   elif source == 'synthetic':
-    def make(n, key):
-      return (tf.random.stateless_normal([n, *shape], key),
-              tf.random.stateless_uniform([n], key + 1, 0, CLASSES, tf.int32))
 
-    train, test = (generated.client_data(prefix, tf.fill([clients], CLIENT_SIZE).numpy(),
-                                         seed, make)
-                   for prefix, clients in (('train', max_clients or TRAIN_CLIENTS),
-                                           ('test', TEST_CLIENTS)))
+    def make(n, key):
+      return (
+        tf.random.stateless_normal([n, *shape], key),
+        tf.random.stateless_uniform([n], key + 1, 0, CLASSES, tf.int32),
+      )
+
+    train, test = (
+      generated.client_data(prefix, tf.fill([clients], CLIENT_SIZE).numpy(), seed, make)
+      for prefix, clients in (('train', max_clients or TRAIN_CLIENTS), ('test', TEST_CLIENTS))
+    )
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
   if model == 'resnet18':
     tf.keras.utils.set_random_seed(seed)
     network = keras_models.from_keras(
-        resnet_models.create_resnet18(shape, CLASSES),
-        tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        (tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int32)))
+      resnet_models.create_resnet18(shape, CLASSES),
+      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      (tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int32)),
+    )
   elif model == 'cnn':
     network = models.reshaped_input(models.small_cnn(shape, CLASSES, seed=seed), shape)
   else:
     network = keras_models.registered_classifier(model, shape, CLASSES, seed)
   return classification.classification_task(
-      'cifar100' if source == 'tff' else 'cifar100[synthetic]', train, test, network,
-      seed=seed, defaults=dict(clients_per_round=10, batch_size=20, client_learning_rate=0.1,
-                               rounds=4000, eval_period=100))
-
+    'cifar100' if source == 'tff' else 'cifar100[synthetic]',
+    train,
+    test,
+    network,
+    seed=seed,
+    defaults=dict(
+      clients_per_round=10, batch_size=20, client_learning_rate=0.1, rounds=4000, eval_period=100
+    ),
+  )

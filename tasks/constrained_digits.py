@@ -24,19 +24,17 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
-from tff_comp.tasks import tff_files
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base, tff_files
 
 CONSTRAINTS = {'l1_ball': 1, 'l2_ball': 2}
 DENSITY_CUTOFF = 1e-4
 
 
-def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
-                        rng: np.random.Generator) -> list[np.ndarray]:
+def dirichlet_partition(
+  labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
+) -> list[np.ndarray]:
   """Indices per client with label proportions ~ Dirichlet(alpha), seeded."""
   classes = np.unique(labels)
   proportions = rng.dirichlet(alpha * np.ones(num_clients), size=len(classes))
@@ -58,21 +56,30 @@ def _sklearn_digits(num_clients: int, alpha: float, seed: int):
 
   x, y = base.bundled_digits()
   x_train, x_test, y_train, y_test = model_selection.train_test_split(
-      x, y, test_size=0.2, stratify=y, random_state=seed)
+    x, y, test_size=0.2, stratify=y, random_state=seed
+  )
   parts = dirichlet_partition(y_train, num_clients, alpha, np.random.default_rng(seed))
   ids = [f'{i:03d}' for i in range(num_clients)]
   train = array_data.cached_client_data(
-      f'digits-c{num_clients}-a{alpha}-seed{seed}', ids, (64,), tf.int32,
-      lambda i: (x_train[parts[i]], y_train[parts[i]]))
+    f'digits-c{num_clients}-a{alpha}-seed{seed}',
+    ids,
+    (64,),
+    tf.int32,
+    lambda i: (x_train[parts[i]], y_train[parts[i]]),
+  )
   return train, x_test, y_test
 
 
 def load_emnist(cache_dir: str, *, max_test_examples: int | None = None):
   """Federated EMNIST digits from TFF's loader as (train ClientData of (x[784], y),
   test x, test y), read offline from `cache_dir`/emnist_all.sqlite (`tff_files`)."""
-  train, test = tff_files.load('emnist', cache_dir, only_digits=True,
-                               hint='point --constrained_digits_emnist_cache_dir at its'
-                               ' folder, or use --constrained_digits_source=sklearn')
+  train, test = tff_files.load(
+    'emnist',
+    cache_dir,
+    only_digits=True,
+    hint='point --constrained_digits_emnist_cache_dir at its'
+    ' folder, or use --constrained_digits_source=sklearn',
+  )
 
   def to_examples(dataset):
     return dataset.map(lambda e: (tf.reshape(e['pixels'], [784]), e['label']))
@@ -86,14 +93,14 @@ def load_emnist(cache_dir: str, *, max_test_examples: int | None = None):
 
 @registry.register_task('constrained_digits')
 def build_constrained_digits_task(
-    *,
-    source: Literal['sklearn', 'emnist'] = 'sklearn',
-    constraint: Literal['l1_ball', 'l2_ball'] = 'l1_ball',
-    radius: float = 20.0,
-    num_clients: int = 30,
-    alpha: float = 0.5,
-    emnist_cache_dir: str = '',
-    seed: int = 0,
+  *,
+  source: Literal['sklearn', 'emnist'] = 'sklearn',
+  constraint: Literal['l1_ball', 'l2_ball'] = 'l1_ball',
+  radius: float = 20.0,
+  num_clients: int = 30,
+  alpha: float = 0.5,
+  emnist_cache_dir: str = '',
+  seed: int = 0,
 ) -> base.Task:
   """Builds the constrained classification task; see the module docstring.
 
@@ -111,14 +118,16 @@ def build_constrained_digits_task(
   if constraint not in CONSTRAINTS:
     raise ValueError(f'constraint={constraint!r} is unknown; choose one of {list(CONSTRAINTS)}.')
   if radius <= 0 or alpha <= 0 or num_clients < 1:
-    raise ValueError(f'radius and alpha must be > 0 and num_clients >= 1, got '
-                     f'{radius}, {alpha}, {num_clients}.')
+    raise ValueError(
+      f'radius and alpha must be > 0 and num_clients >= 1, got {radius}, {alpha}, {num_clients}.'
+    )
   if source == 'sklearn':
     train, x_test, y_test = _sklearn_digits(num_clients, alpha, seed)
   elif source == 'emnist':
     if not emnist_cache_dir:
-      raise ValueError('source=emnist needs emnist_cache_dir, the folder holding TFF\'s'
-                       ' emnist_all.sqlite.')
+      raise ValueError(
+        "source=emnist needs emnist_cache_dir, the folder holding TFF's emnist_all.sqlite."
+      )
     train, x_test, y_test = load_emnist(emnist_cache_dir)
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'sklearn' or 'emnist'.")
@@ -132,18 +141,25 @@ def build_constrained_digits_task(
     norm = float(np.linalg.norm(kernel.ravel(), ord=order))
     rho = psi.strength if psi.is_constraint else radius
     return dict(
-        accuracy=accuracy,
-        loss=loss,
-        density=float(np.mean(np.abs(kernel) > DENSITY_CUTOFF)),
-        constraint_violation=max(0.0, norm - rho * (1 + 1e-5)),
+      accuracy=accuracy,
+      loss=loss,
+      density=float(np.mean(np.abs(kernel) > DENSITY_CUTOFF)),
+      constraint_violation=max(0.0, norm - rho * (1 + 1e-5)),
     )
 
   return base.Task(
-      name='constrained_digits',
-      model=models.softmax_regression(num_features, 10),
-      train_data=train,
-      regularizer=regularizer,
-      evaluate=evaluate,
-      defaults=dict(client_learning_rate=0.1, server_learning_rate=1.0, rounds=100,
-                    clients_per_round=10, batch_size=10, local_epochs=1, eval_period=10),
+    name='constrained_digits',
+    model=models.softmax_regression(num_features, 10),
+    train_data=train,
+    regularizer=regularizer,
+    evaluate=evaluate,
+    defaults=dict(
+      client_learning_rate=0.1,
+      server_learning_rate=1.0,
+      rounds=100,
+      clients_per_round=10,
+      batch_size=10,
+      local_epochs=1,
+      eval_period=10,
+    ),
   )

@@ -17,19 +17,16 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
-from tff_comp.tasks import keras_images
-from tff_comp.tasks import personalization
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base, keras_images, personalization
 
 NUM_CLIENTS = 10
 
 
-def dominant_partition(labels: np.ndarray, rho: float, examples: int,
-                       rng: np.random.Generator) -> list[np.ndarray]:
+def dominant_partition(
+  labels: np.ndarray, rho: float, examples: int, rng: np.random.Generator
+) -> list[np.ndarray]:
   """Indices per client: round(rho * examples) of class i, the rest spread evenly
   over the other classes; no example is used twice."""
   pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(NUM_CLIENTS)}
@@ -48,11 +45,17 @@ def dominant_partition(labels: np.ndarray, rho: float, examples: int,
 
 
 @registry.register_task('dominant_class')
-def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklearn',
-                              rho: float = 0.28, examples: int = 150, cifar10_path: str = '',
-                              adapt_lr: float = 0.1, adapt_steps: int = 1,
-                              model: Literal['softmax', 'cnn'] = 'softmax',
-                              seed: int = 0) -> base.Task:
+def build_dominant_class_task(
+  *,
+  source: Literal['sklearn', 'cifar10'] = 'sklearn',
+  rho: float = 0.28,
+  examples: int = 150,
+  cifar10_path: str = '',
+  adapt_lr: float = 0.1,
+  adapt_steps: int = 1,
+  model: Literal['softmax', 'cnn'] = 'softmax',
+  seed: int = 0,
+) -> base.Task:
   """Builds the dominant-class task; see the module docstring.
 
   Args:
@@ -80,46 +83,68 @@ def build_dominant_class_task(*, source: Literal['sklearn', 'cifar10'] = 'sklear
   parts = dominant_partition(y, rho, examples, np.random.default_rng(seed))
   cut, val_cut = int(0.8 * examples), int(0.9 * examples)
   clients = [(x[p[:cut]], y[p[:cut]], x[p[val_cut:]], y[p[val_cut:]]) for p in parts]
-  validation = [(x[p[:cut]], y[p[:cut]], x[p[cut:val_cut]], y[p[cut:val_cut]])
-                for p in parts]
+  validation = [(x[p[:cut]], y[p[:cut]], x[p[cut:val_cut]], y[p[cut:val_cut]]) for p in parts]
   ids = [str(i) for i in range(NUM_CLIENTS)]
   key = f'dominant-{source}-rho{rho}-n{examples}-seed{seed}'
   if cifar10_path:
     key += '-' + array_data.file_digest(cifar10_path)
   train_data = array_data.cached_client_data(
-      key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2])
+    key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2]
+  )
   shape = (8, 8, 1) if source == 'sklearn' else (32, 32, 3)
-  model = (models.small_cnn(shape, 10, seed=seed) if model == 'cnn'
-           else models.softmax_regression(x.shape[1], 10))
+  model = (
+    models.small_cnn(shape, 10, seed=seed)
+    if model == 'cnn'
+    else models.softmax_regression(x.shape[1], 10)
+  )
 
   def evaluate(weights, psi=None) -> base.Metrics:
     del psi
     return base.with_validation(
-        lambda parts: personalization.personalized_losses(
-            model, weights, parts, alpha=adapt_lr, steps=adapt_steps, accuracy=True),
-        clients, validation)
+      lambda parts: personalization.personalized_losses(
+        model, weights, parts, alpha=adapt_lr, steps=adapt_steps, accuracy=True
+      ),
+      clients,
+      validation,
+    )
 
   def evaluate_personal(personal) -> base.Metrics:
     return base.with_validation(
-        lambda parts: personalization.personal_model_losses(
-            model, [personal[i] for i in ids], parts, accuracy=True),
-        clients, validation)
+      lambda parts: personalization.personal_model_losses(
+        model, [personal[i] for i in ids], parts, accuracy=True
+      ),
+      clients,
+      validation,
+    )
 
   def evaluate_personal_clients(personal) -> list[dict]:
     rows = personalization.personal_model_scores(
-        model, [personal[i] for i in ids], clients, accuracy=True)
+      model, [personal[i] for i in ids], clients, accuracy=True
+    )
     return [dict(client=cid, **row) for cid, row in zip(ids, rows, strict=True)]
 
   def evaluate_clients(weights) -> list[dict]:
-    rows = personalization.adapted_scores(model, weights, clients, alpha=adapt_lr,
-                                          steps=adapt_steps, accuracy=True)
+    rows = personalization.adapted_scores(
+      model, weights, clients, alpha=adapt_lr, steps=adapt_steps, accuracy=True
+    )
     return [dict(client=cid, **row) for cid, row in zip(ids, rows)]
 
   return base.Task(
-      name='dominant_class', model=model, train_data=train_data,
-      regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
-      evaluate_personal=evaluate_personal, evaluate_clients=evaluate_clients,
-      evaluate_personal_clients=evaluate_personal_clients,
-      defaults=dict(client_learning_rate=0.05, server_learning_rate=1.0, rounds=100,
-                    clients_per_round=NUM_CLIENTS, batch_size=10, local_epochs=1,
-                    eval_period=10))
+    name='dominant_class',
+    model=model,
+    train_data=train_data,
+    regularizer=regularizers.NoRegularizer(),
+    evaluate=evaluate,
+    evaluate_personal=evaluate_personal,
+    evaluate_clients=evaluate_clients,
+    evaluate_personal_clients=evaluate_personal_clients,
+    defaults=dict(
+      client_learning_rate=0.05,
+      server_learning_rate=1.0,
+      rounds=100,
+      clients_per_round=NUM_CLIENTS,
+      batch_size=10,
+      local_epochs=1,
+      eval_period=10,
+    ),
+  )

@@ -29,13 +29,8 @@ from typing import Literal
 
 import tensorflow as tf
 
-from tff_comp import keras_models
-from tff_comp import models
-from tff_comp import registry
-from tff_comp.tasks import base
-from tff_comp.tasks import classification
-from tff_comp.tasks import generated
-from tff_comp.tasks import tff_files
+from tff_comp import keras_models, models, registry
+from tff_comp.tasks import base, classification, generated, tff_files
 
 # Writers, examples in train and test (TFF's emnist.load_data documentation).
 POPULATION = {False: (3400, 671_585, 77_483), True: (3383, 341_873, 40_832)}
@@ -45,7 +40,8 @@ def cnn(num_classes: int, seed: int = 0, dropout: bool = False) -> tf.keras.Mode
   """The baseline CNN, with its Dropout layers if `dropout` (see the module docstring)."""
   tf.keras.utils.set_random_seed(seed)
   layers = tf.keras.layers
-  return tf.keras.Sequential([
+  return tf.keras.Sequential(
+    [
       layers.InputLayer((28, 28, 1)),
       layers.Conv2D(32, 3, activation='relu'),
       layers.Conv2D(64, 3, activation='relu'),
@@ -54,7 +50,9 @@ def cnn(num_classes: int, seed: int = 0, dropout: bool = False) -> tf.keras.Mode
       layers.Flatten(),
       layers.Dense(128, activation='relu'),
       *([layers.Dropout(0.5)] if dropout else []),
-      layers.Dense(num_classes)])
+      layers.Dense(num_classes),
+    ]
+  )
 
 
 def _to_examples(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -73,21 +71,30 @@ def _synthetic(only_digits: bool, clients: int, seed: int):
   def make(n, key):
     labels = tf.random.stateless_uniform([n], key + 1, 0, classes, tf.int32)
     templates = tf.random.stateless_uniform([classes, 28, 28, 1], [seed, _TEMPLATES])
-    return (_SIGNAL * tf.gather(templates, labels)
-            + (1 - _SIGNAL) * tf.random.stateless_uniform([n, 28, 28, 1], key), labels)
+    return (
+      _SIGNAL * tf.gather(templates, labels)
+      + (1 - _SIGNAL) * tf.random.stateless_uniform([n, 28, 28, 1], key),
+      labels,
+    )
 
-  return tuple(generated.client_data(
-      prefix, generated.lognormal_sizes(clients, total / writers, seed + salt), seed, make)
-               for prefix, total, salt in (('train', train_examples, 0),
-                                           ('test', test_examples, 1)))
+  return tuple(
+    generated.client_data(
+      prefix, generated.lognormal_sizes(clients, total / writers, seed + salt), seed, make
+    )
+    for prefix, total, salt in (('train', train_examples, 0), ('test', test_examples, 1))
+  )
 
 
 @registry.register_task('emnist')
-def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
-                      data_dir: str = '', only_digits: bool = False,
-                      model: str = 'cnn',
-                      max_clients: int = 0,
-                      seed: int = 0) -> base.Task:
+def build_emnist_task(
+  *,
+  source: Literal['tff', 'synthetic'] = 'tff',
+  data_dir: str = '',
+  only_digits: bool = False,
+  model: str = 'cnn',
+  max_clients: int = 0,
+  seed: int = 0,
+) -> base.Task:
   """Federated EMNIST (see the module docstring).
 
   Args:
@@ -115,14 +122,20 @@ def build_emnist_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     network = models.reshaped_input(models.softmax_regression(784, classes), (28, 28, 1))
   elif model in ('cnn', 'cnn_dropout'):
     network = keras_models.from_keras(
-        cnn(classes, seed, dropout=model == 'cnn_dropout'),
-        tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32)))
+      cnn(classes, seed, dropout=model == 'cnn_dropout'),
+      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32)),
+    )
   else:
     network = keras_models.registered_classifier(model, (28, 28, 1), classes, seed)
   name = 'emnist' if source == 'tff' else 'emnist[synthetic]'
   return classification.classification_task(
-      name, train, test, network, seed=seed,
-      defaults=dict(clients_per_round=10, batch_size=20, client_learning_rate=0.02,
-                    rounds=1500, eval_period=100))
-
+    name,
+    train,
+    test,
+    network,
+    seed=seed,
+    defaults=dict(
+      clients_per_round=10, batch_size=20, client_learning_rate=0.02, rounds=1500, eval_period=100
+    ),
+  )

@@ -13,13 +13,12 @@ import tensorflow_federated as tff
 def lognormal_sizes(clients: int, mean: float, seed: int, sigma: float = 0.5) -> np.ndarray:
   """Client sizes (at least 1) lognormal with mean `mean` and log-scale spread `sigma`."""
   rng = np.random.default_rng(seed)
-  return np.maximum(1, rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, clients)
-                    ).astype(np.int32)
+  return np.maximum(1, rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, clients)).astype(np.int32)
 
 
-def client_data(prefix: str, sizes: np.ndarray, seed: int,
-                make: Callable[[tf.Tensor, tf.Tensor], Any]
-                ) -> tff.simulation.datasets.ClientData:
+def client_data(
+  prefix: str, sizes: np.ndarray, seed: int, make: Callable[[tf.Tensor, tf.Tensor], Any]
+) -> tff.simulation.datasets.ClientData:
   """Clients `<prefix>_<i>` whose datasets are the slices of `make(n, key)` (tensors of
   n examples drawn with the stateless [2] `key`), n = sizes[i]."""
   salt = sum(map(ord, prefix))
@@ -32,4 +31,5 @@ def client_data(prefix: str, sizes: np.ndarray, seed: int,
     return tf.data.Dataset.from_tensor_slices(make(tf.gather(sizes, index), key))
 
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      [f'{prefix}_{i}' for i in range(len(sizes))], dataset_fn)
+    [f'{prefix}_{i}' for i in range(len(sizes))], dataset_fn
+  )

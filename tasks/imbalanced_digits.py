@@ -26,18 +26,16 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
-from tff_comp.tasks import keras_images
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base, keras_images
 
 NUM_CLIENTS = 10
 
 
-def _split(x, y, split: str, small_size: int, rng: np.random.Generator,
-           big_size: int | None = None):
+def _split(
+  x, y, split: str, small_size: int, rng: np.random.Generator, big_size: int | None = None
+):
   """[(x_train, y_train, x_val, y_val, x_test, y_test)] for the 10 clients."""
   order = rng.permutation(len(y))
   if split == 'iid':
@@ -54,25 +52,27 @@ def _split(x, y, split: str, small_size: int, rng: np.random.Generator,
       cursor += 1
       take.append(index)
     used.update(take)
-    parts.append((take[:small_size], take[small_size:2 * small_size],
-                  take[2 * small_size:]))
+    parts.append((take[:small_size], take[small_size : 2 * small_size], take[2 * small_size :]))
   rest = [i for i in big_pool if i not in used]
   if big_size is not None:
-    rest = rest[:int(big_size / 0.8)]  # big_size to train, an eighth more each after
+    rest = rest[: int(big_size / 0.8)]  # big_size to train, an eighth more each after
   cut, val_cut = int(0.8 * len(rest)), int(0.9 * len(rest))
   parts.insert(0, (rest[:cut], rest[cut:val_cut], rest[val_cut:]))
   return [(x[a], y[a], x[v], y[v], x[b], y[b]) for a, v, b in parts]
 
 
 @registry.register_task('imbalanced_digits')
-def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklearn',
-                                 split: Literal['iid', 'classes'] = 'iid',
-                                 small_size: int = 20, big_size: int = 5000,
-                                 mnist_path: str = '',
-                                 model: Literal['softmax', 'cnn'] = 'softmax',
-                                 keras_model: tf.keras.Model | Callable[[], tf.keras.Model]
-                                 | None = None,
-                                 seed: int = 0) -> base.Task:
+def build_imbalanced_digits_task(
+  *,
+  source: Literal['sklearn', 'mnist'] = 'sklearn',
+  split: Literal['iid', 'classes'] = 'iid',
+  small_size: int = 20,
+  big_size: int = 5000,
+  mnist_path: str = '',
+  model: Literal['softmax', 'cnn'] = 'softmax',
+  keras_model: tf.keras.Model | Callable[[], tf.keras.Model] | None = None,
+  seed: int = 0,
+) -> base.Task:
   """Builds the imbalanced DRFL task; see the module docstring.
 
   Args:
@@ -107,19 +107,24 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
   if source == 'mnist':
     key += '-' + array_data.file_digest(mnist_path) if mnist_path else '-keras'
   train_data = array_data.cached_client_data(
-      key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2])
+    key, ids, (x.shape[1],), tf.int32, lambda i: clients[i][:2]
+  )
 
   shape = (8, 8, 1) if source == 'sklearn' else (28, 28, 1)
-  network = (models.keras_classifier(keras_model, x.shape[1]) if keras_model
-             else models.small_cnn(shape, 10, seed=seed) if model == 'cnn'
-             else models.softmax_regression(x.shape[1], 10))
+  network = (
+    models.keras_classifier(keras_model, x.shape[1])
+    if keras_model
+    else models.small_cnn(shape, 10, seed=seed)
+    if model == 'cnn'
+    else models.softmax_regression(x.shape[1], 10)
+  )
   scores = base.ClassifierScorer(network)
 
   def client_rows(weights, part: int) -> list[dict]:
     """Each client's loss and accuracy on its part 1 (validation) or 2 (test)."""
     rows = []
     for i, client in enumerate(clients):
-      loss, accuracy = scores(weights, *client[2 * part:2 * part + 2])
+      loss, accuracy = scores(weights, *client[2 * part : 2 * part + 2])
       rows.append(dict(client=str(i), loss=loss, accuracy=accuracy))
     return rows
 
@@ -133,16 +138,28 @@ def build_imbalanced_digits_task(*, source: Literal['sklearn', 'mnist'] = 'sklea
       # Each client's accuracy stays in the per-client CSVs (a column per client would
       # not scale to thousands of clients).
       accuracies = [row['accuracy'] for row in rows]
-      return dict(average_accuracy=float(np.mean(accuracies)),
-                  worst_accuracy=float(np.min(accuracies)),
-                  mean_loss=float(np.mean([row['loss'] for row in rows])))
+      return dict(
+        average_accuracy=float(np.mean(accuracies)),
+        worst_accuracy=float(np.min(accuracies)),
+        mean_loss=float(np.mean([row['loss'] for row in rows])),
+      )
 
     return base.with_validation(lambda part: summary(client_rows(weights, part)), 2, 1)
 
   return base.Task(
-      name='imbalanced_digits', model=network,
-      train_data=train_data, regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
-      evaluate_clients=evaluate_clients,
-      defaults=dict(client_learning_rate=0.02, server_learning_rate=1.0, rounds=100,
-                    clients_per_round=NUM_CLIENTS, batch_size=10, local_epochs=1,
-                    eval_period=10))
+    name='imbalanced_digits',
+    model=network,
+    train_data=train_data,
+    regularizer=regularizers.NoRegularizer(),
+    evaluate=evaluate,
+    evaluate_clients=evaluate_clients,
+    defaults=dict(
+      client_learning_rate=0.02,
+      server_learning_rate=1.0,
+      rounds=100,
+      clients_per_round=NUM_CLIENTS,
+      batch_size=10,
+      local_epochs=1,
+      eval_period=10,
+    ),
+  )

@@ -22,24 +22,19 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
-from tff_comp.tasks import linear_synthetic
-from tff_comp.tasks import many_models
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base, linear_synthetic, many_models
 
 DIM = 1024
 # dataset -> (support size, clients, examples per client)
-DATASETS = {'I': (512, 64, 128), 'II': (256, 64, 128), 'III': (128, 64, 128),
-            'IV': (512, 256, 32)}
+DATASETS = {'I': (512, 64, 128), 'II': (256, 64, 128), 'III': (128, 64, 128), 'IV': (512, 256, 32)}
 SUPPORT_CUTOFF = 1e-4
 HELDOUT_CLIENTS = 8  # unseen in training, for heldout_loss
 
 
 def support_metrics(
-    kernel: np.ndarray, truth: np.ndarray, cutoff: float = SUPPORT_CUTOFF
+  kernel: np.ndarray, truth: np.ndarray, cutoff: float = SUPPORT_CUTOFF
 ) -> dict[str, float]:
   """Support precision, recall, F1 and density (|w| <= cutoff counts as zero)."""
   found = np.abs(kernel.reshape(-1)) > cutoff
@@ -63,20 +58,22 @@ def _generate(dataset: str, seed: int, bias: float, noise: float):
   w_star[:support] = 1.0
   streams = np.random.SeedSequence([seed, list(DATASETS).index(dataset)])
   clients = linear_synthetic.generate_clients(
-      w_star, streams.spawn(num_clients), n, bias=bias, noise=noise)
+    w_star, streams.spawn(num_clients), n, bias=bias, noise=noise
+  )
   heldout = linear_synthetic.generate_clients(
-      w_star, streams.spawn(HELDOUT_CLIENTS), n, bias=bias, noise=noise)
+    w_star, streams.spawn(HELDOUT_CLIENTS), n, bias=bias, noise=noise
+  )
   return w_star, clients, heldout
 
 
 @registry.register_task('lasso')
 def build_lasso_task(
-    *,
-    dataset: Literal['I', 'II', 'III', 'IV'] = 'I',
-    l1: float = 0.3,
-    noise: float = 1.0,
-    bias: float = 1.0,
-    seed: int = 0,
+  *,
+  dataset: Literal['I', 'II', 'III', 'IV'] = 'I',
+  l1: float = 0.3,
+  noise: float = 1.0,
+  bias: float = 1.0,
+  seed: int = 0,
 ) -> base.Task:
   """Builds federated LASSO; `l1` is lam, `dataset` one of I, II, III, IV.
 
@@ -94,9 +91,7 @@ def build_lasso_task(
   w_star, clients, heldout = _generate(dataset, seed, bias, noise)
   ids = [str(i) for i in range(len(clients))]
   key = f'lasso-{dataset}-seed{seed}-b{bias}-noise{noise}'
-  train_data = array_data.cached_client_data(
-      key, ids, (DIM,), tf.float32, lambda i: clients[i]
-  )
+  train_data = array_data.cached_client_data(key, ids, (DIM,), tf.float32, lambda i: clients[i])
   x_all = np.concatenate([x for x, _ in clients])
   y_all = np.concatenate([y for _, y in clients])
   x_heldout = np.concatenate([x for x, _ in heldout])
@@ -109,14 +104,21 @@ def build_lasso_task(
     (`many_models.products`)."""
     kernels = [np.asarray(kernel) for (kernel, _), _ in models]
     biases = [b for (_, b), _ in models]
-    train, heldout = (many_models.mean_squared_errors(x, y, kernels, biases)
-                      for x, y in ((x_all, y_all), (x_heldout, y_heldout)))
+    train, heldout = (
+      many_models.mean_squared_errors(x, y, kernels, biases)
+      for x, y in ((x_all, y_all), (x_heldout, y_heldout))
+    )
     metrics = []
     for t, ((kernel, _), psi) in enumerate(models):
       value = float(np.asarray(psi.value([tf.constant(kernel)])))
-      metrics.append(dict(
-          train_loss=0.5 * train[t], train_objective=0.5 * train[t] + value,
-          heldout_loss=0.5 * heldout[t], **support_metrics(kernel, w_star)))
+      metrics.append(
+        dict(
+          train_loss=0.5 * train[t],
+          train_objective=0.5 * train[t] + value,
+          heldout_loss=0.5 * heldout[t],
+          **support_metrics(kernel, w_star),
+        )
+      )
     return metrics
 
   def evaluate(weights, psi=regularizer) -> base.Metrics:
@@ -133,20 +135,20 @@ def build_lasso_task(
     return evaluate((solver.coef_.astype(np.float32), np.float32(solver.intercept_)))
 
   return base.Task(
-      name='lasso',
-      model=models.linear_regression((DIM,)),
-      train_data=train_data,
-      regularizer=regularizer,
-      evaluate=evaluate,
-      evaluate_many=evaluate_many,
-      defaults=dict(
-          client_learning_rate=1e-3,
-          server_learning_rate=10.0,
-          rounds=100,
-          clients_per_round=10,
-          batch_size=10,
-          local_epochs=1,
-          eval_period=10,
-      ),
-      reference=reference,
+    name='lasso',
+    model=models.linear_regression((DIM,)),
+    train_data=train_data,
+    regularizer=regularizer,
+    evaluate=evaluate,
+    evaluate_many=evaluate_many,
+    defaults=dict(
+      client_learning_rate=1e-3,
+      server_learning_rate=10.0,
+      rounds=100,
+      clients_per_round=10,
+      batch_size=10,
+      local_epochs=1,
+      eval_period=10,
+    ),
+    reference=reference,
   )

@@ -8,12 +8,12 @@ import numpy as np
 
 
 def generate_clients(
-    w_star: np.ndarray,
-    streams: list[np.random.SeedSequence],
-    examples_per_client: int,
-    *,
-    bias: float,
-    noise: float,
+  w_star: np.ndarray,
+  streams: list[np.random.SeedSequence],
+  examples_per_client: int,
+  *,
+  bias: float,
+  noise: float,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
   """One (x [n, *w_star.shape], y [n]) pair per seed stream, in float32."""
   clients = []

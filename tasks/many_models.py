@@ -25,17 +25,20 @@ def products(x: np.ndarray, kernels: Sequence[np.ndarray]) -> np.ndarray:
   out = np.empty((len(kernels), x.shape[0]), np.result_type(x, *kernels))
   rows = max(1, BLOCK_BYTES // max(1, x[:1].nbytes) // ROWS) * ROWS
   for start in range(0, x.shape[0], rows):
-    block = x[start:start + rows]
+    block = x[start : start + rows]
     for t, kernel in enumerate(kernels):
-      np.matmul(block, kernel, out=out[t, start:start + rows])
+      np.matmul(block, kernel, out=out[t, start : start + rows])
   return out
 
 
-def mean_squared_errors(x: np.ndarray, y: np.ndarray, kernels: Sequence[np.ndarray],
-                        biases: Sequence[float]) -> list[float]:
+def mean_squared_errors(
+  x: np.ndarray, y: np.ndarray, kernels: Sequence[np.ndarray], biases: Sequence[float]
+) -> list[float]:
   """Each linear model's mean of (x @ kernel + bias - y)^2, `x` read once for all. A
   diverged model's is inf (or nan), without NumPy's overflow warning: the run's
   divergence check says so in its own line."""
   with np.errstate(over='ignore', invalid='ignore'):
-    return [float(np.mean((row + b - y)**2))
-            for row, b in zip(products(x, kernels), biases, strict=True)]
+    return [
+      float(np.mean((row + b - y) ** 2))
+      for row, b in zip(products(x, kernels), biases, strict=True)
+    ]

@@ -18,18 +18,13 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
-from tff_comp.tasks import linear_synthetic
-from tff_comp.tasks import many_models
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base, linear_synthetic, many_models
 
 SIDE = 32
 # dataset -> (rank, clients, examples per client)
-DATASETS = {'I': (16, 64, 128), 'II': (4, 64, 128), 'III': (1, 64, 128),
-            'IV': (16, 256, 32)}
+DATASETS = {'I': (16, 64, 128), 'II': (4, 64, 128), 'III': (1, 64, 128), 'IV': (16, 256, 32)}
 RANK_CUTOFF = 1e-4
 VALIDATION_CLIENTS = 8
 
@@ -37,7 +32,8 @@ VALIDATION_CLIENTS = 8
 def _generate(dataset: str, seed: int, bias: float, noise: float):
   rank, num_clients, n = DATASETS[dataset]
   streams = np.random.SeedSequence([seed, 100 + list(DATASETS).index(dataset)]).spawn(
-      num_clients + VALIDATION_CLIENTS + 1)
+    num_clients + VALIDATION_CLIENTS + 1
+  )
   rng = np.random.default_rng(streams[0])
   u, _ = np.linalg.qr(rng.normal(size=(SIDE, SIDE)))
   v, _ = np.linalg.qr(rng.normal(size=(SIDE, SIDE)))
@@ -74,12 +70,12 @@ def fista_nuclear(x: np.ndarray, y: np.ndarray, lam: float, iterations: int = 80
 
 @registry.register_task('nuclear')
 def build_nuclear_task(
-    *,
-    dataset: Literal['I', 'II', 'III', 'IV'] = 'I',
-    strength: float = 0.3,
-    noise: float = 1.0,
-    bias: float = 1.0,
-    seed: int = 0,
+  *,
+  dataset: Literal['I', 'II', 'III', 'IV'] = 'I',
+  strength: float = 0.3,
+  noise: float = 1.0,
+  bias: float = 1.0,
+  seed: int = 0,
 ) -> base.Task:
   """Builds federated nuclear-norm matrix estimation; `strength` is lam.
 
@@ -97,8 +93,12 @@ def build_nuclear_task(
   w_star, clients, validation = _generate(dataset, seed, bias, noise)
   ids = [str(i) for i in range(len(clients))]
   train_data = array_data.cached_client_data(
-      f'nuclear-{dataset}-seed{seed}-b{bias}-noise{noise}', ids, (SIDE, SIDE),
-      tf.float32, lambda i: clients[i])
+    f'nuclear-{dataset}-seed{seed}-b{bias}-noise{noise}',
+    ids,
+    (SIDE, SIDE),
+    tf.float32,
+    lambda i: clients[i],
+  )
   x_all = np.concatenate([x for x, _ in clients]).reshape(-1, SIDE * SIDE)
   y_all = np.concatenate([y for _, y in clients])
   x_val = np.concatenate([x for x, _ in validation]).reshape(-1, SIDE * SIDE)
@@ -110,19 +110,23 @@ def build_nuclear_task(
     (`many_models.products`)."""
     kernels = [np.asarray(kernel).ravel() for (kernel, _), _ in models]
     biases = [b for (_, b), _ in models]
-    train, validation = (many_models.mean_squared_errors(x, y, kernels, biases)
-                         for x, y in ((x_all, y_all), (x_val, y_val)))
+    train, validation = (
+      many_models.mean_squared_errors(x, y, kernels, biases)
+      for x, y in ((x_all, y_all), (x_val, y_val))
+    )
     metrics = []
     for t, ((kernel, _), psi) in enumerate(models):
       loss = 0.5 * train[t]
       penalty = float(np.asarray(psi.value([tf.constant(kernel)])))
-      metrics.append(dict(  # train_*: on the pooled training data; validation: unseen clients
+      metrics.append(
+        dict(  # train_*: on the pooled training data; validation: unseen clients
           train_loss=loss,
           train_objective=loss + penalty,
           validation_mse=validation[t],
           rank=float(rank_of(kernel)),
           frobenius_error=float(np.linalg.norm(kernel - w_star)),
-      ))
+        )
+      )
     return metrics
 
   def evaluate(weights, psi=regularizer) -> base.Metrics:
@@ -134,13 +138,20 @@ def build_nuclear_task(
     return evaluate(fista_nuclear(x, y_all.astype(np.float64), strength))
 
   return base.Task(
-      name='nuclear',
-      model=models.linear_regression((SIDE, SIDE)),
-      train_data=train_data,
-      regularizer=regularizer,
-      evaluate=evaluate,
-      evaluate_many=evaluate_many,
-      defaults=dict(client_learning_rate=1e-3, server_learning_rate=10.0, rounds=200,
-                    clients_per_round=10, batch_size=10, local_epochs=1, eval_period=10),
-      reference=reference,
+    name='nuclear',
+    model=models.linear_regression((SIDE, SIDE)),
+    train_data=train_data,
+    regularizer=regularizer,
+    evaluate=evaluate,
+    evaluate_many=evaluate_many,
+    defaults=dict(
+      client_learning_rate=1e-3,
+      server_learning_rate=10.0,
+      rounds=200,
+      clients_per_round=10,
+      batch_size=10,
+      local_epochs=1,
+      eval_period=10,
+    ),
+    reference=reference,
   )

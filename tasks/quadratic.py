@@ -12,10 +12,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
 from tff_comp import registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base
 
 
 def quadratic_model(dim: int) -> tff.learning.models.FunctionalModel:
@@ -33,9 +32,11 @@ def quadratic_model(dim: int) -> tff.learning.models.FunctionalModel:
     return tf.reduce_mean(output)
 
   return tff.learning.models.FunctionalModel(
-      initial_weights=((np.zeros([dim], np.float32),), ()),
-      predict_on_batch_fn=predict_on_batch, loss_fn=loss,
-      input_spec=(tf.TensorSpec([None, dim], tf.float32), tf.TensorSpec([None], tf.float32)))
+    initial_weights=((np.zeros([dim], np.float32),), ()),
+    predict_on_batch_fn=predict_on_batch,
+    loss_fn=loss,
+    input_spec=(tf.TensorSpec([None, dim], tf.float32), tf.TensorSpec([None], tf.float32)),
+  )
 
 
 def fixed_point(centers: np.ndarray, steps: np.ndarray, eta: float, *, normalized: bool):
@@ -48,7 +49,9 @@ def fixed_point(centers: np.ndarray, steps: np.ndarray, eta: float, *, normalize
 
 
 @registry.register_task('quadratic')
-def build_quadratic_task(*, dim: int = 4, steps: str = '1,2,5,10,20,40', seed: int = 0) -> base.Task:
+def build_quadratic_task(
+  *, dim: int = 4, steps: str = '1,2,5,10,20,40', seed: int = 0
+) -> base.Task:
   """Builds the check case; `steps` lists each client's n_i (= tau_i with batch 1).
 
   Args:
@@ -64,8 +67,12 @@ def build_quadratic_task(*, dim: int = 4, steps: str = '1,2,5,10,20,40', seed: i
   centers = np.random.default_rng(seed).normal(size=(len(counts), dim)).astype(np.float32)
   ids = [str(i) for i in range(len(counts))]
   train_data = array_data.cached_client_data(
-      f'quadratic-d{dim}-{"_".join(map(str, counts))}-seed{seed}', ids, (dim,), tf.float32,
-      lambda i: (np.repeat(centers[i:i + 1], counts[i], 0), np.zeros(counts[i], np.float32)))
+    f'quadratic-d{dim}-{"_".join(map(str, counts))}-seed{seed}',
+    ids,
+    (dim,),
+    tf.float32,
+    lambda i: (np.repeat(centers[i : i + 1], counts[i], 0), np.zeros(counts[i], np.float32)),
+  )
   p = counts / counts.sum()
   optimum = p @ centers
 
@@ -76,8 +83,18 @@ def build_quadratic_task(*, dim: int = 4, steps: str = '1,2,5,10,20,40', seed: i
     return dict(objective=objective, distance_to_optimum=float(np.linalg.norm(x - optimum)))
 
   return base.Task(
-      name='quadratic', model=quadratic_model(dim), train_data=train_data,
-      regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
-      defaults=dict(client_learning_rate=0.01, server_learning_rate=1.0, rounds=300,
-                    clients_per_round=len(counts), batch_size=1, local_epochs=1,
-                    eval_period=50))
+    name='quadratic',
+    model=quadratic_model(dim),
+    train_data=train_data,
+    regularizer=regularizers.NoRegularizer(),
+    evaluate=evaluate,
+    defaults=dict(
+      client_learning_rate=0.01,
+      server_learning_rate=1.0,
+      rounds=300,
+      clients_per_round=len(counts),
+      batch_size=1,
+      local_epochs=1,
+      eval_period=50,
+    ),
+  )

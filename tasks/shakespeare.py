@@ -26,14 +26,11 @@ from typing import Literal
 
 import tensorflow as tf
 from tensorflow_federated.python.simulation.baselines.shakespeare import (
-    char_prediction_preprocessing as tff_preprocessing)
+  char_prediction_preprocessing as tff_preprocessing,
+)
 
-from tff_comp import keras_models
-from tff_comp import registry
-from tff_comp.tasks import base
-from tff_comp.tasks import classification
-from tff_comp.tasks import generated
-from tff_comp.tasks import tff_files
+from tff_comp import keras_models, registry
+from tff_comp.tasks import base, classification, generated, tff_files
 
 SEQUENCE_LENGTH = 80
 VOCABULARY = len(tff_preprocessing.CHAR_VOCAB) + 4  # pad, oov, bos, eos
@@ -45,15 +42,17 @@ def _windows(dataset: tf.data.Dataset) -> tf.data.Dataset:
   """Snippets to (80 ids, the next 80 ids) windows, as TFF's baseline (no shuffling:
   the runtimes shuffle a client's examples)."""
   _, _, bos, eos = tff_preprocessing.get_special_tokens()
-  table = tf.lookup.StaticVocabularyTable(tf.lookup.KeyValueTensorInitializer(
-      tff_preprocessing.CHAR_VOCAB, tf.range(len(tff_preprocessing.CHAR_VOCAB),
-                                             dtype=tf.int64)), num_oov_buckets=1)
+  table = tf.lookup.StaticVocabularyTable(
+    tf.lookup.KeyValueTensorInitializer(
+      tff_preprocessing.CHAR_VOCAB, tf.range(len(tff_preprocessing.CHAR_VOCAB), dtype=tf.int64)
+    ),
+    num_oov_buckets=1,
+  )
 
   def to_ids(example):
     ids = table.lookup(tf.strings.bytes_split(example['snippets'])) + 1  # 0 is pad
     ids = tf.concat([[bos], ids, [eos]], 0)
-    return tf.concat([ids, tf.zeros((-tf.shape(ids)[0]) % (SEQUENCE_LENGTH + 1),
-                                    tf.int64)], 0)
+    return tf.concat([ids, tf.zeros((-tf.shape(ids)[0]) % (SEQUENCE_LENGTH + 1), tf.int64)], 0)
 
   windows = dataset.map(to_ids).unbatch().batch(SEQUENCE_LENGTH + 1, drop_remainder=True)
   return windows.map(lambda w: (tf.cast(w[:-1], tf.float32), tf.cast(w[1:], tf.int32)))
@@ -63,18 +62,26 @@ def recurrent_model(lstm_units: int, seed: int = 0) -> tf.keras.Model:
   """TFF's baseline char-LSTM (see the module docstring); ids come in as float32 (the
   runtimes' example dtype), the embedding casts them."""
   tf.keras.utils.set_random_seed(seed)
-  return tf.keras.Sequential([
+  return tf.keras.Sequential(
+    [
       tf.keras.layers.InputLayer((SEQUENCE_LENGTH,)),
       tf.keras.layers.Embedding(VOCABULARY, 8),
       tf.keras.layers.LSTM(lstm_units, return_sequences=True),
       tf.keras.layers.LSTM(lstm_units, return_sequences=True),
-      tf.keras.layers.Dense(VOCABULARY)])
+      tf.keras.layers.Dense(VOCABULARY),
+    ]
+  )
 
 
 @registry.register_task('shakespeare')
-def build_shakespeare_task(*, source: Literal['tff', 'synthetic'] = 'tff',
-                           data_dir: str = '', lstm_units: int = 256, max_clients: int = 0,
-                           seed: int = 0) -> base.Task:
+def build_shakespeare_task(
+  *,
+  source: Literal['tff', 'synthetic'] = 'tff',
+  data_dir: str = '',
+  lstm_units: int = 256,
+  max_clients: int = 0,
+  seed: int = 0,
+) -> base.Task:
   """Shakespeare (see the module docstring).
 
   Args:
@@ -94,22 +101,33 @@ def build_shakespeare_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     clients = max_clients or ROLES
 
     def make(n, key):
-      ids = tf.random.stateless_uniform([n, SEQUENCE_LENGTH + 1], key, 0, VOCABULARY,
-                                        tf.int32)
+      ids = tf.random.stateless_uniform([n, SEQUENCE_LENGTH + 1], key, 0, VOCABULARY, tf.int32)
       return tf.cast(ids[:, :-1], tf.float32), ids[:, 1:]
 
-    train, test = (generated.client_data(
-        prefix, generated.lognormal_sizes(clients, SYNTHETIC_MEAN_WINDOWS, seed + salt),
-        seed, make) for prefix, salt in (('train', 0), ('test', 1)))
+    train, test = (
+      generated.client_data(
+        prefix, generated.lognormal_sizes(clients, SYNTHETIC_MEAN_WINDOWS, seed + salt), seed, make
+      )
+      for prefix, salt in (('train', 0), ('test', 1))
+    )
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
   model = keras_models.from_keras(
-      recurrent_model(lstm_units, seed),
-      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      (tf.TensorSpec([None, SEQUENCE_LENGTH], tf.float32),
-       tf.TensorSpec([None, SEQUENCE_LENGTH], tf.int32)))
+    recurrent_model(lstm_units, seed),
+    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    (
+      tf.TensorSpec([None, SEQUENCE_LENGTH], tf.float32),
+      tf.TensorSpec([None, SEQUENCE_LENGTH], tf.int32),
+    ),
+  )
   return classification.classification_task(
-      'shakespeare' if source == 'tff' else 'shakespeare[synthetic]', train, test, model,
-      seed=seed, masked_labels=(0,),
-      defaults=dict(clients_per_round=10, batch_size=4, client_learning_rate=1.0,
-                               rounds=1200, eval_period=100))
+    'shakespeare' if source == 'tff' else 'shakespeare[synthetic]',
+    train,
+    test,
+    model,
+    seed=seed,
+    masked_labels=(0,),
+    defaults=dict(
+      clients_per_round=10, batch_size=4, client_learning_rate=1.0, rounds=1200, eval_period=100
+    ),
+  )

@@ -14,12 +14,9 @@ their first K examples, score on the last K). Model: MLP 1-40-40-1.
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
-from tff_comp.tasks import personalization
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base, personalization
 
 
 def generate(num_clients: int, shots: int, rng: np.random.Generator):
@@ -34,9 +31,15 @@ def generate(num_clients: int, shots: int, rng: np.random.Generator):
 
 
 @registry.register_task('sinewave')
-def build_sinewave_task(*, num_clients: int = 100, eval_clients: int = 50, shots: int = 10,
-                        adapt_lr: float = 0.01, adapt_steps: int = 1,
-                        seed: int = 0) -> base.Task:
+def build_sinewave_task(
+  *,
+  num_clients: int = 100,
+  eval_clients: int = 50,
+  shots: int = 10,
+  adapt_lr: float = 0.01,
+  adapt_steps: int = 1,
+  seed: int = 0,
+) -> base.Task:
   """Builds the sinewave task; see the module docstring.
 
   Args:
@@ -48,17 +51,24 @@ def build_sinewave_task(*, num_clients: int = 100, eval_clients: int = 50, shots
     adapt_steps: adaptation steps each evaluation client takes on its train part.
   """
   if min(num_clients, eval_clients, shots, adapt_steps) < 1 or adapt_lr < 0:
-    raise ValueError('num_clients, eval_clients, shots, adapt_steps must be >= 1 and'
-                     ' adapt_lr >= 0.')
+    raise ValueError(
+      'num_clients, eval_clients, shots, adapt_steps must be >= 1 and adapt_lr >= 0.'
+    )
   rng = np.random.default_rng(seed)
   train = generate(num_clients, shots, rng)
   held_out = generate(eval_clients, shots, rng)
   validation = generate(eval_clients, shots, rng)
   ids = [str(i) for i in range(num_clients)]
   train_data = array_data.cached_client_data(
-      f'sinewave-c{num_clients}-k{shots}-seed{seed}', ids, (1,), tf.float32,
-      lambda i: (np.concatenate([train[i][0], train[i][2]]),
-                 np.concatenate([train[i][1], train[i][3]])))
+    f'sinewave-c{num_clients}-k{shots}-seed{seed}',
+    ids,
+    (1,),
+    tf.float32,
+    lambda i: (
+      np.concatenate([train[i][0], train[i][2]]),
+      np.concatenate([train[i][1], train[i][3]]),
+    ),
+  )
   model = models.mlp_regression((1, 40, 40, 1), seed=seed)
 
   def evaluate(weights, psi=None) -> base.Metrics:
@@ -66,20 +76,35 @@ def build_sinewave_task(*, num_clients: int = 100, eval_clients: int = 50, shots
 
     def score(clients):
       return personalization.personalized_losses(
-          model, weights, clients, alpha=adapt_lr, steps=adapt_steps)
+        model, weights, clients, alpha=adapt_lr, steps=adapt_steps
+      )
 
     # The MAML objective on the training clients too (the Local-SCGDM slides' train loss).
-    return dict(base.with_validation(score, held_out, validation),
-                **{f'train_{k}': v for k, v in score(train).items()})
+    return dict(
+      base.with_validation(score, held_out, validation),
+      **{f'train_{k}': v for k, v in score(train).items()},
+    )
 
   def evaluate_clients(weights) -> list[dict]:
-    rows = personalization.adapted_scores(model, weights, held_out, alpha=adapt_lr,
-                                          steps=adapt_steps)
+    rows = personalization.adapted_scores(
+      model, weights, held_out, alpha=adapt_lr, steps=adapt_steps
+    )
     return [dict(client=f'heldout_{i}', **row) for i, row in enumerate(rows)]
 
   return base.Task(
-      name='sinewave', model=model, train_data=train_data,
-      regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
-      evaluate_clients=evaluate_clients,
-      defaults=dict(client_learning_rate=0.005, server_learning_rate=1.0, rounds=300,
-                    clients_per_round=10, batch_size=5, local_epochs=1, eval_period=20))
+    name='sinewave',
+    model=model,
+    train_data=train_data,
+    regularizer=regularizers.NoRegularizer(),
+    evaluate=evaluate,
+    evaluate_clients=evaluate_clients,
+    defaults=dict(
+      client_learning_rate=0.005,
+      server_learning_rate=1.0,
+      rounds=300,
+      clients_per_round=10,
+      batch_size=5,
+      local_epochs=1,
+      eval_period=20,
+    ),
+  )

@@ -17,18 +17,13 @@ Metrics: validation loss and accuracy, density of w, support F1 against w*.
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
-from tff_comp.tasks import lasso
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base, lasso
 
 
-def _generate(dim, support, signal, num_clients, examples, validation_clients,
-              mean_scale, seed):
-  streams = np.random.SeedSequence([seed, dim, support]).spawn(
-      num_clients + validation_clients + 1)
+def _generate(dim, support, signal, num_clients, examples, validation_clients, mean_scale, seed):
+  streams = np.random.SeedSequence([seed, dim, support]).spawn(num_clients + validation_clients + 1)
   rng = np.random.default_rng(streams[0])
   w_star = np.zeros(dim, np.float32)
   chosen = rng.choice(dim, support, replace=False)
@@ -44,16 +39,16 @@ def _generate(dim, support, signal, num_clients, examples, validation_clients,
 
 @registry.register_task('sparse_logreg')
 def build_sparse_logreg_task(
-    *,
-    dim: int = 5000,
-    support: int = 50,
-    signal: float = 4.0,
-    num_clients: int = 59,
-    examples: int = 18,
-    validation_clients: int = 10,
-    mean_scale: float = 0.5,
-    l1: float = 0.01,
-    seed: int = 0,
+  *,
+  dim: int = 5000,
+  support: int = 50,
+  signal: float = 4.0,
+  num_clients: int = 59,
+  examples: int = 18,
+  validation_clients: int = 10,
+  mean_scale: float = 0.5,
+  l1: float = 0.01,
+  seed: int = 0,
 ) -> base.Task:
   """Builds the sparse logistic regression task; see the module docstring.
 
@@ -69,17 +64,18 @@ def build_sparse_logreg_task(
     l1: L1 strength lam of the objective.
   """
   if min(dim, support, num_clients, examples, validation_clients) < 1 or support > dim:
-    raise ValueError('dim, support, num_clients, examples and validation_clients must be'
-                     ' >= 1 and support <= dim.')
+    raise ValueError(
+      'dim, support, num_clients, examples and validation_clients must be >= 1 and support <= dim.'
+    )
   if l1 < 0:
     raise ValueError(f'l1 must be >= 0, got {l1}.')
   array_data.check_size(dim, (num_clients + validation_clients) * examples)
-  w_star, train, validation = _generate(dim, support, signal, num_clients, examples,
-                                        validation_clients, mean_scale, seed)
+  w_star, train, validation = _generate(
+    dim, support, signal, num_clients, examples, validation_clients, mean_scale, seed
+  )
   ids = [str(i) for i in range(num_clients)]
   key = f'sparse_logreg-d{dim}-s{support}-sig{signal}-c{num_clients}x{examples}-m{mean_scale}-seed{seed}'
-  train_data = array_data.cached_client_data(key, ids, (dim,), tf.float32,
-                                             lambda i: train[i])
+  train_data = array_data.cached_client_data(key, ids, (dim,), tf.float32, lambda i: train[i])
   x_val = np.concatenate([x for x, _ in validation])
   y_val = np.concatenate([y for _, y in validation])
   regularizer = regularizers.L1(strength=l1, targets=(0,))
@@ -90,16 +86,26 @@ def build_sparse_logreg_task(
     logits = x_val @ kernel + bias
     loss = np.mean(np.maximum(logits, 0) - logits * y_val + np.log1p(np.exp(-np.abs(logits))))
     support_metrics = lasso.support_metrics(kernel, w_star)
-    return dict(validation_loss=float(loss),
-                validation_accuracy=float(np.mean((logits > 0) == (y_val > 0.5))),
-                density=support_metrics['density'], f1=support_metrics['f1'])
+    return dict(
+      validation_loss=float(loss),
+      validation_accuracy=float(np.mean((logits > 0) == (y_val > 0.5))),
+      density=support_metrics['density'],
+      f1=support_metrics['f1'],
+    )
 
   return base.Task(
-      name='sparse_logreg',
-      model=models.logistic_regression(dim),
-      train_data=train_data,
-      regularizer=regularizer,
-      evaluate=evaluate,
-      defaults=dict(client_learning_rate=0.01, server_learning_rate=1.0, rounds=100,
-                    clients_per_round=10, batch_size=6, local_epochs=1, eval_period=10),
+    name='sparse_logreg',
+    model=models.logistic_regression(dim),
+    train_data=train_data,
+    regularizer=regularizer,
+    evaluate=evaluate,
+    defaults=dict(
+      client_learning_rate=0.01,
+      server_learning_rate=1.0,
+      rounds=100,
+      clients_per_round=10,
+      batch_size=6,
+      local_epochs=1,
+      eval_period=10,
+    ),
   )

@@ -32,17 +32,14 @@ from typing import Literal
 
 import tensorflow as tf
 from tensorflow_federated.python.simulation.baselines.stackoverflow import (
-    word_prediction_models as tff_models)
+  word_prediction_models as tff_models,
+)
 from tensorflow_federated.python.simulation.baselines.stackoverflow import (
-    word_prediction_preprocessing as tff_preprocessing)
+  word_prediction_preprocessing as tff_preprocessing,
+)
 
-from tff_comp import keras_models
-from tff_comp import paths
-from tff_comp import registry
-from tff_comp.tasks import base
-from tff_comp.tasks import classification
-from tff_comp.tasks import generated
-from tff_comp.tasks import tff_files
+from tff_comp import keras_models, paths, registry
+from tff_comp.tasks import base, classification, generated, tff_files
 
 SEQUENCE_LENGTH = 20
 USERS, MEAN_SENTENCES = 342_477, 397
@@ -62,9 +59,10 @@ def counts_file(data_dir: str, name: str, task: str) -> pathlib.Path:
       paths.note_data_file(path)
       return path
   raise ValueError(
-      f'{folder / f"stackoverflow.{name}"} not found: fetch'
-      f' https://storage.googleapis.com/tff-datasets-public/stackoverflow.{name}.tar.bz2'
-      f' and unpack it there (tar xjf), or run --{task}_source=synthetic.')
+    f'{folder / f"stackoverflow.{name}"} not found: fetch'
+    f' https://storage.googleapis.com/tff-datasets-public/stackoverflow.{name}.tar.bz2'
+    f' and unpack it there (tar xjf), or run --{task}_source=synthetic.'
+  )
 
 
 def vocabulary(data_dir: str, size: int, task: str = 'stackoverflow_nwp') -> list[str]:
@@ -75,11 +73,16 @@ def vocabulary(data_dir: str, size: int, task: str = 'stackoverflow_nwp') -> lis
 
 
 @registry.register_task('stackoverflow_nwp')
-def build_stackoverflow_nwp_task(*, source: Literal['tff', 'synthetic'] = 'tff',
-                                 data_dir: str = '', vocab_size: int = 10_000,
-                                 lstm_units: int = 670, max_clients: int = 0,
-                                 eval_examples: int = 10_000,
-                                 seed: int = 0) -> base.Task:
+def build_stackoverflow_nwp_task(
+  *,
+  source: Literal['tff', 'synthetic'] = 'tff',
+  data_dir: str = '',
+  vocab_size: int = 10_000,
+  lstm_units: int = 670,
+  max_clients: int = 0,
+  eval_examples: int = 10_000,
+  seed: int = 0,
+) -> base.Task:
   """StackOverflow next-word prediction (see the module docstring).
 
   Args:
@@ -92,50 +95,73 @@ def build_stackoverflow_nwp_task(*, source: Literal['tff', 'synthetic'] = 'tff',
     seed: the synthetic data, the evaluation sample and the initial weights.
   """
   if min(vocab_size, lstm_units, eval_examples) < 1 or max_clients < 0:
-    raise ValueError('vocab_size, lstm_units and eval_examples must be >= 1, max_clients'
-                     ' >= 0.')
+    raise ValueError('vocab_size, lstm_units and eval_examples must be >= 1, max_clients >= 0.')
   extended = vocab_size + 4  # pad, one out-of-vocabulary id, begin, end
   special = tff_preprocessing.get_special_tokens(vocab_size)
   if source == 'tff':
-    to_ids = tff_preprocessing.build_to_ids_fn(vocabulary(data_dir, vocab_size),
-                                               SEQUENCE_LENGTH)
+    to_ids = tff_preprocessing.build_to_ids_fn(vocabulary(data_dir, vocab_size), SEQUENCE_LENGTH)
 
     def examples(dataset: tf.data.Dataset) -> tf.data.Dataset:
       def split(example):
         ids = to_ids(example)
-        ids = tf.ensure_shape(tf.pad(ids, tf.reshape(tf.stack(
-            [0, SEQUENCE_LENGTH + 1 - tf.shape(ids)[0]]), [1, 2])), [SEQUENCE_LENGTH + 1])
+        ids = tf.ensure_shape(
+          tf.pad(ids, tf.reshape(tf.stack([0, SEQUENCE_LENGTH + 1 - tf.shape(ids)[0]]), [1, 2])),
+          [SEQUENCE_LENGTH + 1],
+        )
         return tf.cast(ids[:-1], tf.float32), tf.cast(ids[1:], tf.int32)
+
       return dataset.map(split)
 
-    train, _, test = tff_files.load('stackoverflow', data_dir, hint=(
+    train, _, test = tff_files.load(
+      'stackoverflow',
+      data_dir,
+      hint=(
         'point --stackoverflow_nwp_data_dir at its folder, or run'
-        ' --stackoverflow_nwp_source=synthetic'))
+        ' --stackoverflow_nwp_source=synthetic'
+      ),
+    )
     train, test = train.preprocess(examples), test.preprocess(examples)
     train = tff_files.first_clients(train, max_clients)
   elif source == 'synthetic':
+
     def make(n, key):
-      ids = tf.random.stateless_uniform([n, SEQUENCE_LENGTH + 1], key, 0, extended,
-                                        tf.int32)
+      ids = tf.random.stateless_uniform([n, SEQUENCE_LENGTH + 1], key, 0, extended, tf.int32)
       return tf.cast(ids[:, :-1], tf.float32), ids[:, 1:]
 
-    train = generated.client_data('train', generated.lognormal_sizes(
-        max_clients or USERS, MEAN_SENTENCES, seed, 1.0), seed, make)
-    test = generated.client_data('test', generated.lognormal_sizes(
-        100, MEAN_SENTENCES, seed + 1, 1.0), seed, make)
+    train = generated.client_data(
+      'train',
+      generated.lognormal_sizes(max_clients or USERS, MEAN_SENTENCES, seed, 1.0),
+      seed,
+      make,
+    )
+    test = generated.client_data(
+      'test', generated.lognormal_sizes(100, MEAN_SENTENCES, seed + 1, 1.0), seed, make
+    )
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
   tf.keras.utils.set_random_seed(seed)
   model = keras_models.from_keras(
-      tff_models.create_recurrent_model(extended, lstm_size=lstm_units),
-      tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      (tf.TensorSpec([None, SEQUENCE_LENGTH], tf.float32),
-       tf.TensorSpec([None, SEQUENCE_LENGTH], tf.int32)))
+    tff_models.create_recurrent_model(extended, lstm_size=lstm_units),
+    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    (
+      tf.TensorSpec([None, SEQUENCE_LENGTH], tf.float32),
+      tf.TensorSpec([None, SEQUENCE_LENGTH], tf.int32),
+    ),
+  )
   return classification.classification_task(
-      'stackoverflow_nwp' if source == 'tff' else 'stackoverflow_nwp[synthetic]', train,
-      test, model, seed=seed, eval_examples=eval_examples, test_examples=eval_examples,
-      masked_labels=(special.padding,), also_masked=dict(
-          accuracy_no_oov=tuple(special.out_of_vocab),
-          accuracy_no_oov_or_eos=(*special.out_of_vocab, special.end_of_sentence)),
-      defaults=dict(clients_per_round=50, batch_size=16, client_learning_rate=0.3,
-                    rounds=1500, eval_period=100))
+    'stackoverflow_nwp' if source == 'tff' else 'stackoverflow_nwp[synthetic]',
+    train,
+    test,
+    model,
+    seed=seed,
+    eval_examples=eval_examples,
+    test_examples=eval_examples,
+    masked_labels=(special.padding,),
+    also_masked=dict(
+      accuracy_no_oov=tuple(special.out_of_vocab),
+      accuracy_no_oov_or_eos=(*special.out_of_vocab, special.end_of_sentence),
+    ),
+    defaults=dict(
+      clients_per_round=50, batch_size=16, client_learning_rate=0.3, rounds=1500, eval_period=100
+    ),
+  )

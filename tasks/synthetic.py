@@ -13,11 +13,9 @@ parts (what a grid tunes on).
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.tasks import array_data
-from tff_comp.tasks import base
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.ops import regularizers
+from tff_comp.tasks import array_data, base
 
 DIM, CLASSES = 60, 10
 
@@ -40,8 +38,9 @@ def generate(alpha: float, beta: float, num_clients: int, seed: int):
 
 
 @registry.register_task('synthetic')
-def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
-                         seed: int = 0) -> base.Task:
+def build_synthetic_task(
+  *, alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30, seed: int = 0
+) -> base.Task:
   """Builds Synthetic(alpha, beta).
 
   Args:
@@ -50,14 +49,19 @@ def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: 
     num_clients: clients.
   """
   if alpha < 0 or beta < 0 or num_clients < 1:
-    raise ValueError(f'need alpha, beta >= 0 and num_clients >= 1; got {alpha}, {beta},'
-                     f' {num_clients}.')
+    raise ValueError(
+      f'need alpha, beta >= 0 and num_clients >= 1; got {alpha}, {beta}, {num_clients}.'
+    )
   clients = generate(alpha, beta, num_clients, seed)
   cut = [int(0.8 * len(y)) for _, y in clients]
   ids = [str(i) for i in range(num_clients)]
   train_data = array_data.cached_client_data(
-      f'synthetic-a{alpha}-b{beta}-c{num_clients}-seed{seed}', ids, (DIM,), tf.int32,
-      lambda i: (clients[i][0][:cut[i]], clients[i][1][:cut[i]]))
+    f'synthetic-a{alpha}-b{beta}-c{num_clients}-seed{seed}',
+    ids,
+    (DIM,),
+    tf.int32,
+    lambda i: (clients[i][0][: cut[i]], clients[i][1][: cut[i]]),
+  )
   x_train = np.concatenate([x[:c] for (x, _), c in zip(clients, cut)])
   y_train = np.concatenate([y[:c] for (_, y), c in zip(clients, cut)])
   # Validation: the first half of each client's remaining 20%, test the second.
@@ -74,8 +78,13 @@ def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: 
     train_loss, _ = base.softmax_scores(kernel, bias, x_train, y_train)
     test_loss, test_accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
     val_loss, val_accuracy = base.softmax_scores(kernel, bias, x_val, y_val)
-    return dict(train_loss=train_loss, test_loss=test_loss, test_accuracy=test_accuracy,
-                validation_loss=val_loss, validation_accuracy=val_accuracy)
+    return dict(
+      train_loss=train_loss,
+      test_loss=test_loss,
+      test_accuracy=test_accuracy,
+      validation_loss=val_loss,
+      validation_accuracy=val_accuracy,
+    )
 
   def evaluate_clients(weights) -> list[dict]:
     """Each client's loss and accuracy on its own test part."""
@@ -87,8 +96,19 @@ def build_synthetic_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: 
     return rows
 
   return base.Task(
-      name='synthetic', model=models.softmax_regression(DIM, CLASSES), train_data=train_data,
-      regularizer=regularizers.NoRegularizer(), evaluate=evaluate,
-      evaluate_clients=evaluate_clients,
-      defaults=dict(client_learning_rate=0.01, server_learning_rate=1.0, rounds=200,
-                    clients_per_round=10, batch_size=50, local_epochs=2, eval_period=10))
+    name='synthetic',
+    model=models.softmax_regression(DIM, CLASSES),
+    train_data=train_data,
+    regularizer=regularizers.NoRegularizer(),
+    evaluate=evaluate,
+    evaluate_clients=evaluate_clients,
+    defaults=dict(
+      client_learning_rate=0.01,
+      server_learning_rate=1.0,
+      rounds=200,
+      clients_per_round=10,
+      batch_size=50,
+      local_epochs=2,
+      eval_period=10,
+    ),
+  )

@@ -34,17 +34,24 @@ class Source:
 
 
 SOURCES = {
-    'emnist': Source('emnist_all.sqlite', lambda d, only_digits=False:
-                     tff.simulation.datasets.emnist.load_data(only_digits, cache_dir=d),
-                     lambda only_digits=False: ('digits_only_train', 'digits_only_test')
-                     if only_digits else ('all_train', 'all_test')),
-    'shakespeare': Source('shakespeare.sqlite',
-                          lambda d: tff.simulation.datasets.shakespeare.load_data(cache_dir=d)),
-    'cifar100': Source('cifar100.sqlite',
-                       lambda d: tff.simulation.datasets.cifar100.load_data(cache_dir=d)),
-    'stackoverflow': Source('stackoverflow.sqlite', lambda d:
-                            tff.simulation.datasets.stackoverflow.load_data(cache_dir=d),
-                            lambda: ('train', 'heldout', 'test')),
+  'emnist': Source(
+    'emnist_all.sqlite',
+    lambda d, only_digits=False: tff.simulation.datasets.emnist.load_data(only_digits, cache_dir=d),
+    lambda only_digits=False: (
+      ('digits_only_train', 'digits_only_test') if only_digits else ('all_train', 'all_test')
+    ),
+  ),
+  'shakespeare': Source(
+    'shakespeare.sqlite', lambda d: tff.simulation.datasets.shakespeare.load_data(cache_dir=d)
+  ),
+  'cifar100': Source(
+    'cifar100.sqlite', lambda d: tff.simulation.datasets.cifar100.load_data(cache_dir=d)
+  ),
+  'stackoverflow': Source(
+    'stackoverflow.sqlite',
+    lambda d: tff.simulation.datasets.stackoverflow.load_data(cache_dir=d),
+    lambda: ('train', 'heldout', 'test'),
+  ),
 }
 
 
@@ -63,12 +70,12 @@ def locate(name: str, data_dir: str = '', hint: str = '') -> pathlib.Path:
   source = SOURCES[name]
   path = pathlib.Path(data_dir or default_dir()) / source.filename
   if not path.is_file():
-    hint = hint or (f'point --{name}_data_dir at its folder, or run'
-                    f' --{name}_source=synthetic')
+    hint = hint or (f'point --{name}_data_dir at its folder, or run --{name}_source=synthetic')
     raise ValueError(
-        f'{path} not found: this run reads TFF\'s {name} file offline. Fetch'
-        f' {_URL.format(source.filename)} and unpack it there (unxz), copy a ~/.tff cache'
-        f' holding it, or {hint}.')
+      f"{path} not found: this run reads TFF's {name} file offline. Fetch"
+      f' {_URL.format(source.filename)} and unpack it there (unxz), copy a ~/.tff cache'
+      f' holding it, or {hint}.'
+    )
   return path
 
 
@@ -86,24 +93,24 @@ def load(name: str, data_dir: str = '', hint: str = '', **options) -> Any:
   wanted = source.splits(**options)
   try:
     with contextlib.closing(sqlite3.connect(f'file:{path}?mode=ro', uri=True)) as db:
-      held = sorted(row[0] for row in db.execute(
-          'SELECT DISTINCT split_name FROM client_metadata'))
+      held = sorted(row[0] for row in db.execute('SELECT DISTINCT split_name FROM client_metadata'))
   except sqlite3.Error as e:
     raise ValueError(f'{path} is not a TFF SQLite file of client data ({e}).') from e
   missing = [split for split in wanted if split not in held]
   if missing:
     raise ValueError(
-        f'{path} holds the splits {held} but TFF\'s {name} loader reads {list(wanted)}'
-        f' ({", ".join(missing)} missing): write it with save_to_sql_client_data\'s'
-        ' split_names_by_client_id naming those splits.')
+      f"{path} holds the splits {held} but TFF's {name} loader reads {list(wanted)}"
+      f" ({', '.join(missing)} missing): write it with save_to_sql_client_data's"
+      ' split_names_by_client_id naming those splits.'
+    )
   paths.note_data_file(path)
   return source.load(str(path.parent), **options)
 
 
-def first_clients(data: tff.simulation.datasets.ClientData, count: int
-                  ) -> tff.simulation.datasets.ClientData:
+def first_clients(
+  data: tff.simulation.datasets.ClientData, count: int
+) -> tff.simulation.datasets.ClientData:
   """`data` restricted to its first `count` client ids in sorted order (0: all)."""
   if not count:
     return data
-  return data.from_clients_and_tf_fn(sorted(data.client_ids)[:count],
-                                     data.serializable_dataset_fn)
+  return data.from_clients_and_tf_fn(sorted(data.client_ids)[:count], data.serializable_dataset_fn)

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tff_comp import models, registry
 from tff_comp.learning_process import composer
-from tff_comp import models
-from tff_comp import registry
 from tff_comp.ops import regularizers
 from tff_comp.tasks import array_data
 
@@ -28,8 +27,10 @@ def client_data(sizes, key):
   return array_data.cached_client_data(f'inprocess-{key}', ids, (D,), tf.float32, make)
 
 
-DATA = {'unequal': client_data([7, 12, 9, 5, 14], 'unequal'),
-        'equal': client_data([8] * NUM_CLIENTS, 'equal')}
+DATA = {
+  'unequal': client_data([7, 12, 9, 5, 14], 'unequal'),
+  'equal': client_data([8] * NUM_CLIENTS, 'equal'),
+}
 # Ten clients of unequal sizes, for cohorts of every size up to ten (FedAvg-like rules:
 # `arguments` sizes per-client tables for NUM_CLIENTS).
 TEN = client_data([7, 12, 9, 5, 14, 3, 10, 8, 11, 6], 'ten')
@@ -41,9 +42,13 @@ def arguments(name: str, extra: dict) -> dict:
   """Builder arguments for algorithm `name` on this problem, `extra` taking precedence."""
   entry = registry.get_algorithm(name)
   args = dict(client_learning_rate=0.02)
-  for arg, value in (('regularizer', regularizers.L1(strength=0.05)),
-                     ('num_clients', NUM_CLIENTS), ('batch_size', 3), ('gamma', 2.0),
-                     ('local_steps', 4)):
+  for arg, value in (
+    ('regularizer', regularizers.L1(strength=0.05)),
+    ('num_clients', NUM_CLIENTS),
+    ('batch_size', 3),
+    ('gamma', 2.0),
+    ('local_steps', 4),
+  ):
     if entry.accepts(arg):
       args[arg] = value
   args.update(extra)
@@ -54,8 +59,11 @@ def algorithm(name: str, extra: dict, shuffle: bool = False):
   """The Algorithm `name` on this problem; `shuffle`: local data in a new order every
   round and epoch (seed 3), as runs have it by default."""
   built = registry.get_algorithm(name).build(MODEL, **arguments(name, extra))
-  return (built.with_client_options(shuffle=True, seed=3) if shuffle else
-          built.with_client_options(shuffle=False))
+  return (
+    built.with_client_options(shuffle=True, seed=3)
+    if shuffle
+    else built.with_client_options(shuffle=False)
+  )
 
 
 def build(name: str, extra: dict, shuffle: bool = False):
@@ -79,5 +87,7 @@ REPRESENTATIVE = ('fedavg', 'scaffold', 'ditto', 'fednova', 'feddualavg', 'local
 def each_algorithm(names=None) -> list:
   """pytest params of `names` (default: every registered algorithm), those outside
   `REPRESENTATIVE` marked slow."""
-  return [pytest.param(n, marks=() if n in REPRESENTATIVE else pytest.mark.slow, id=n)
-          for n in (registry.ALGORITHMS.names() if names is None else names)]
+  return [
+    pytest.param(n, marks=() if n in REPRESENTATIVE else pytest.mark.slow, id=n)
+    for n in (registry.ALGORITHMS.names() if names is None else names)
+  ]

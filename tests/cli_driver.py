@@ -9,8 +9,7 @@ import sys
 
 from absl import flags
 
-from tff_comp.binaries import flags_lib
-from tff_comp.binaries import run
+from tff_comp.binaries import flags_lib, run
 
 
 def main() -> None:

@@ -8,15 +8,17 @@ import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault(
-    'TFF_COMP_DATA_DIR', os.path.join(tempfile.gettempdir(), 'tff_comp_test_data')
+  'TFF_COMP_DATA_DIR', os.path.join(tempfile.gettempdir(), 'tff_comp_test_data')
 )
 
 # Under pytest-xdist with a test process a core (`make test`: 2 on 2), each process keeps
 # to its own core, and the runs a test starts inherit it: TensorFlow sizes its thread
 # pools and the lanes engine its kernels by the cores a process may use, so two processes
 # each on both cores contended (the suite 503 -> 460 s on the project's 2-core machine).
-_WORKER, _WORKERS = os.environ.get('PYTEST_XDIST_WORKER'), os.environ.get(
-    'PYTEST_XDIST_WORKER_COUNT')
+_WORKER, _WORKERS = (
+  os.environ.get('PYTEST_XDIST_WORKER'),
+  os.environ.get('PYTEST_XDIST_WORKER_COUNT'),
+)
 if _WORKER and _WORKERS and hasattr(os, 'sched_setaffinity'):
   _CORES = sorted(os.sched_getaffinity(0))
   if int(_WORKERS) >= len(_CORES) > 1:
@@ -59,8 +61,11 @@ def pytest_sessionfinish(session, exitstatus):
   if left:
     print(f'\nERROR: TFF worker process(es) left running: {sorted(left)}')
     session.exitstatus = 1
-  left = set(workers.wait_for_exit(exclude=_SESSION_START.get('ray', set()), timeout=15.0,
-                                   find=workers.ray_pids))
+  left = set(
+    workers.wait_for_exit(
+      exclude=_SESSION_START.get('ray', set()), timeout=15.0, find=workers.ray_pids
+    )
+  )
   if left:
     print(f'\nERROR: Ray process(es) left running: {sorted(left)}')
     session.exitstatus = 1

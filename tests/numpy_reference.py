@@ -14,7 +14,7 @@ def gradient(w, b, x, y):
 
 def batches(x, y, batch_size):
   for i in range(0, len(y), batch_size):
-    yield x[i:i + batch_size], y[i:i + batch_size]
+    yield x[i : i + batch_size], y[i : i + batch_size]
 
 
 def soft_threshold(v, t):

@@ -8,9 +8,9 @@ import tensorflow_federated as tff
 
 from tests import algorithm_cases
 from tests import numpy_reference as ref
-from tff_comp.learning_process import client_work
 from tff_comp import models
 from tff_comp.algorithms import afl
+from tff_comp.learning_process import client_work
 from tff_comp.ops import server_steps
 from tff_comp.tasks import array_data
 
@@ -21,10 +21,14 @@ D, LR, LAMBDA_LR, BATCH = 4, 0.05, 0.5, 5
 def test_project_simplex_matches_constrained_minimization(seed):
   v = np.random.default_rng(seed).normal(size=6) * 2
   got = server_steps.project_simplex(tf.constant(v, tf.float32)).numpy()
-  res = optimize.minimize(lambda w: 0.5 * np.sum((w - v) ** 2), np.full(6, 1 / 6),
-                          method='SLSQP', bounds=[(0, None)] * 6,
-                          constraints=[dict(type='eq', fun=lambda w: w.sum() - 1)],
-                          options=dict(ftol=1e-14))
+  res = optimize.minimize(
+    lambda w: 0.5 * np.sum((w - v) ** 2),
+    np.full(6, 1 / 6),
+    method='SLSQP',
+    bounds=[(0, None)] * 6,
+    constraints=[dict(type='eq', fun=lambda w: w.sum() - 1)],
+    options=dict(ftol=1e-14),
+  )
   np.testing.assert_allclose(got, res.x, atol=1e-4)
   assert got.sum() == pytest.approx(1.0, abs=1e-6)
 
@@ -36,13 +40,21 @@ def _clients():
 def test_two_rounds_match_numpy(tmp_path, monkeypatch):
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   clients = _clients()
-  data = array_data.cached_client_data('afl-test', ['a', 'b', 'c'], (D,), tf.float32,
-                                       lambda i: clients[i])
-  process = algorithm_cases.stored_order(afl.afl(models.linear_regression((D,)), num_clients=3,
-                          client_learning_rate=LR, lambda_learning_rate=LAMBDA_LR,
-                          batch_size=BATCH))
+  data = array_data.cached_client_data(
+    'afl-test', ['a', 'b', 'c'], (D,), tf.float32, lambda i: clients[i]
+  )
+  process = algorithm_cases.stored_order(
+    afl.afl(
+      models.linear_regression((D,)),
+      num_clients=3,
+      client_learning_rate=LR,
+      lambda_learning_rate=LAMBDA_LR,
+      batch_size=BATCH,
+    )
+  )
   process = tff.simulation.compose_dataset_computation_with_learning_process(
-      client_work.indexed_dataset_computation(data), process)
+    client_work.indexed_dataset_computation(data), process
+  )
   state = process.initialize()
   for _ in range(2):  # clients in another order than their indices
     state = process.next(state, ['c', 'a', 'b']).state
@@ -60,7 +72,8 @@ def test_two_rounds_match_numpy(tmp_path, monkeypatch):
     w = w + sum(l * d[0] for l, d in zip(lam, deltas)) / lam.sum()
     b = b + sum(l * d[1] for l, d in zip(lam, deltas)) / lam.sum()
     lam = server_steps.project_simplex(
-        tf.constant(lam + LAMBDA_LR * np.array(losses), tf.float32)).numpy()
+      tf.constant(lam + LAMBDA_LR * np.array(losses), tf.float32)
+    ).numpy()
   got = process.get_model_weights(state).trainable
   np.testing.assert_allclose(got[0], w, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got[1], b, rtol=1e-4, atol=1e-5)
@@ -74,13 +87,22 @@ def test_tr_maml_task_weights_follow_exponentiated_gradient(tmp_path, monkeypatc
 
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   clients = _clients()
-  data = array_data.cached_client_data('trmaml-test', ['a', 'b', 'c'], (D,), tf.float32,
-                                       lambda i: clients[i])
+  data = array_data.cached_client_data(
+    'trmaml-test', ['a', 'b', 'c'], (D,), tf.float32, lambda i: clients[i]
+  )
   model = models.linear_regression((D,))
   process = tff.simulation.compose_dataset_computation_with_learning_process(
-      client_work.indexed_dataset_computation(data),
-      tr_maml.build_tr_maml(model, num_clients=3, client_learning_rate=0.01, alpha=0.02,
-                            task_weight_learning_rate=0.3, local_steps=2, batch_size=3))
+    client_work.indexed_dataset_computation(data),
+    tr_maml.build_tr_maml(
+      model,
+      num_clients=3,
+      client_learning_rate=0.01,
+      alpha=0.02,
+      task_weight_learning_rate=0.3,
+      local_steps=2,
+      batch_size=3,
+    ),
+  )
   state = process.next(process.initialize(), ['b', 'c', 'a']).state
   zero = (tf.zeros([D]), tf.constant(0.0))
   losses = []

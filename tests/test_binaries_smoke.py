@@ -1,8 +1,8 @@
 """Smoke tests of reproduce.py (a tiny grid, in process) and bench.py (a subprocess)."""
 
 import csv
-import json
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -10,17 +10,22 @@ import sys
 
 import pytest
 
-from tff_comp.binaries import reproductions
-from tff_comp.binaries import grid
-from tff_comp.binaries import summary
+from tff_comp.binaries import grid, reproductions, summary
 
 
 def test_reproduce_writes_table_and_plot(tmp_path, capfd):
   spec = reproductions.Reproduction(
-      task='quadratic', algorithms=('fedavg', 'fednova'), client_learning_rates=(0.01,),
-      server_learning_rates=(1.0, 2.0), rounds=4, checkpoints=(2, 4),
-      metric='distance_to_optimum', higher_is_better=False, eval_period=2,
-      plot_metrics=('objective', 'distance_to_optimum'))
+    task='quadratic',
+    algorithms=('fedavg', 'fednova'),
+    client_learning_rates=(0.01,),
+    server_learning_rates=(1.0, 2.0),
+    rounds=4,
+    checkpoints=(2, 4),
+    metric='distance_to_optimum',
+    higher_is_better=False,
+    eval_period=2,
+    plot_metrics=('objective', 'distance_to_optimum'),
+  )
   curves = grid.run_grid('tiny', spec, spec.rounds, (0,), tmp_path, parallel=2)
   assert set(curves['fednova']) == {(0.01, 1.0), (0.01, 2.0)}
   # The grid's processes exit quietly: TFF's default context, left in them at exit,
@@ -29,8 +34,7 @@ def test_reproduce_writes_table_and_plot(tmp_path, capfd):
   assert 'Traceback' not in err and 'Exception ignored' not in err, err
   # The two processes share the cores (kernel threads as TensorFlow's inter-op pool).
   record = json.loads((tmp_path / 'fedavg' / 'lr_0.01_2' / 'config.json').read_text())
-  assert record['runtime_record']['kernel_threads'] == max(
-      1, len(os.sched_getaffinity(0)) // 2)
+  assert record['runtime_record']['kernel_threads'] == max(1, len(os.sched_getaffinity(0)) // 2)
   # Rerun with resume: every configuration is finished, so nothing is trained again.
   metrics = tmp_path / 'fedavg' / 'lr_0.01_2' / 'metrics.csv'
   written = metrics.read_text()
@@ -62,36 +66,49 @@ def test_own_axes_are_set_through_hparams_or_as_build_options(tmp_path):
   """q-FedAvg's q is a client hparam (one build); FedProx's mu an option (a build each):
   each run records and uses its configuration's value."""
   spec = reproductions.Reproduction(
-      task='quadratic', algorithms=('qfedavg', 'fedprox'), client_learning_rates=(0.01,),
-      server_learning_rates=(1.0,), rounds=2, checkpoints=(2,),
-      metric='distance_to_optimum', higher_is_better=False, eval_period=1,
-      tuning=dict(qfedavg=dict(q=(0.5, 2.0)), fedprox=dict(mu=(0.01, 1.0))))
+    task='quadratic',
+    algorithms=('qfedavg', 'fedprox'),
+    client_learning_rates=(0.01,),
+    server_learning_rates=(1.0,),
+    rounds=2,
+    checkpoints=(2,),
+    metric='distance_to_optimum',
+    higher_is_better=False,
+    eval_period=1,
+    tuning=dict(qfedavg=dict(q=(0.5, 2.0)), fedprox=dict(mu=(0.01, 1.0))),
+  )
   curves = grid.run_grid('own', spec, 2, (0,), tmp_path)
   assert set(curves['qfedavg']) == {(0.01, 1.0, 0.5), (0.01, 1.0, 2.0)}
   for q in (0.5, 2.0):
     out = tmp_path / 'qfedavg' / f'lr_0.01_1_q_{q:g}'
     rows = list(csv.DictReader(open(out / 'metrics.csv')))
     assert float(rows[-1]['hparams/client_work/q']) == q
-    assert json.loads((out / 'config.json').read_text())['resolved']['algorithm_options'][
-        'q'] == q
+    assert json.loads((out / 'config.json').read_text())['resolved']['algorithm_options']['q'] == q
   for mu in (0.01, 1.0):
     out = tmp_path / 'fedprox' / f'lr_0.01_1_mu_{mu:g}'
     rows = list(csv.DictReader(open(out / 'metrics.csv')))
     assert float(rows[-1]['hparams/client_work/proximal_strength']) == pytest.approx(mu)
   # A stronger proximal term keeps the iterate nearer the start: the runs differ.
-  assert (curves['fedprox'][(0.01, 1.0, 0.01)][0]['distance_to_optimum'][2]
-          != curves['fedprox'][(0.01, 1.0, 1.0)][0]['distance_to_optimum'][2])
+  assert (
+    curves['fedprox'][(0.01, 1.0, 0.01)][0]['distance_to_optimum'][2]
+    != curves['fedprox'][(0.01, 1.0, 1.0)][0]['distance_to_optimum'][2]
+  )
 
 
 def test_the_selected_configuration_is_chosen_on_validation_data(tmp_path):
   """Where the reported metric and its validation counterpart disagree, the table
   reports the configuration validation data chose, not the best reported number."""
   spec = reproductions.Reproduction(
-      task='quadratic', algorithms=('fedavg',), client_learning_rates=(0.1, 0.2),
-      server_learning_rates=(1.0,), rounds=2, checkpoints=(2,), metric='accuracy',
-      select_on='validation_accuracy')
-  run = lambda test, val: [{'accuracy': {0: 0.0, 2: test},
-                            'validation_accuracy': {0: 0.0, 2: val}}]
+    task='quadratic',
+    algorithms=('fedavg',),
+    client_learning_rates=(0.1, 0.2),
+    server_learning_rates=(1.0,),
+    rounds=2,
+    checkpoints=(2,),
+    metric='accuracy',
+    select_on='validation_accuracy',
+  )
+  run = lambda test, val: [{'accuracy': {0: 0.0, 2: test}, 'validation_accuracy': {0: 0.0, 2: val}}]
   curves = {'fedavg': {(0.1, 1.0): run(0.9, 0.5), (0.2, 1.0): run(0.6, 0.7)}}
   table = summary.summarize('select', spec, curves, 2, tmp_path, 'cmd')
   assert '| fedavg | eta_c=0.2, eta_s=1 | 0.6 |' in table, table
@@ -103,32 +120,53 @@ def test_curves_against_simulated_time_and_the_time_to_a_target(tmp_path):
   """With an x-axis column, the table gives the time each algorithm's metric first
   reached the target (mean over seeds, or who never did), and the plot a second row."""
   spec = reproductions.Reproduction(
-      task='quadratic', algorithms=('slow', 'fast'), client_learning_rates=(0.1,),
-      server_learning_rates=(1.0,), rounds=4, checkpoints=(4,), metric='accuracy',
-      select_on='train_accuracy', x_axis='time/simulated_seconds', target=0.5)
+    task='quadratic',
+    algorithms=('slow', 'fast'),
+    client_learning_rates=(0.1,),
+    server_learning_rates=(1.0,),
+    rounds=4,
+    checkpoints=(4,),
+    metric='accuracy',
+    select_on='train_accuracy',
+    x_axis='time/simulated_seconds',
+    target=0.5,
+  )
 
   def run(accuracies, seconds_per_round):
     rounds = range(0, 5, 2)
-    return {'accuracy': dict(zip(rounds, accuracies)),
-            'train_accuracy': dict(zip(rounds, accuracies)),
-            'time/simulated_seconds': {r: r * seconds_per_round for r in range(1, 5)}}
+    return {
+      'accuracy': dict(zip(rounds, accuracies)),
+      'train_accuracy': dict(zip(rounds, accuracies)),
+      'time/simulated_seconds': {r: r * seconds_per_round for r in range(1, 5)},
+    }
 
-  curves = {'slow': {(0.1, 1.0): [run((0.0, 0.6, 0.8), 10.0), run((0.0, 0.4, 0.7), 12.0)]},
-            'fast': {(0.1, 1.0): [run((0.0, 0.5, 0.9), 3.0), run((0.0, 0.3, 0.4), 3.0)]}}
+  curves = {
+    'slow': {(0.1, 1.0): [run((0.0, 0.6, 0.8), 10.0), run((0.0, 0.4, 0.7), 12.0)]},
+    'fast': {(0.1, 1.0): [run((0.0, 0.5, 0.9), 3.0), run((0.0, 0.3, 0.4), 3.0)]},
+  }
   table = summary.summarize('timed', spec, curves, 4, tmp_path, 'cmd')
   assert 'time/simulated_seconds to accuracy ≥ 0.5 |' in table, table
   # slow: round 2 at 10 s, round 4 at 48 s; fast: one seed at 6 s, the other never.
   assert '| slow | eta_c=0.1, eta_s=1 | 0.75 ± 0.05 | 34 ± 14 |' in table, table
-  assert '| fast | eta_c=0.1, eta_s=1 | 0.65 ± 0.25 | not reached by 1 of 2 seeds' \
-      ' (the others: 6) |' in table, table
+  assert (
+    '| fast | eta_c=0.1, eta_s=1 | 0.65 ± 0.25 | not reached by 1 of 2 seeds'
+    ' (the others: 6) |' in table
+  ), table
   assert (tmp_path / 'timed.png').stat().st_size > 1000
 
 
 def _tiny(lr: float, rounds: int = 100) -> 'reproductions.Reproduction':
   return reproductions.Reproduction(
-      task='quadratic', algorithms=('fedavg',), client_learning_rates=(lr,),
-      server_learning_rates=(1.0,), rounds=rounds, checkpoints=(50, 100),
-      metric='distance_to_optimum', higher_is_better=False, eval_period=1)
+    task='quadratic',
+    algorithms=('fedavg',),
+    client_learning_rates=(lr,),
+    server_learning_rates=(1.0,),
+    rounds=rounds,
+    checkpoints=(50, 100),
+    metric='distance_to_optimum',
+    higher_is_better=False,
+    eval_period=1,
+  )
 
 
 def test_a_short_run_tables_the_rounds_it_has(tmp_path):
@@ -158,35 +196,51 @@ def test_a_run_diverging_between_evaluations_says_its_round(tmp_path, capsys):
 
 def _reproduce(repo_root, args):
   return subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'), *args],
-      capture_output=True, text=True, timeout=600, cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'), *args],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
 
 
 def test_summarizing_a_grid_not_run_there_is_one_line(repo_root, tmp_path):
   """--summarize_only where the grid's runs are not (a wrong --output_dir) says so in one
   line and exit status 2, and leaves no directory behind; it was a traceback."""
-  out = _reproduce(repo_root, ['--experiment=fco_lasso', '--summarize_only',
-                               f'--output_dir={tmp_path / "elsewhere"}'])
+  out = _reproduce(
+    repo_root,
+    ['--experiment=fco_lasso', '--summarize_only', f'--output_dir={tmp_path / "elsewhere"}'],
+  )
   assert out.returncode == 2, out.stderr
   lines = out.stderr.strip().splitlines()
-  assert len(lines) == 1 and '192 of the grid\'s runs have no metrics.csv' in lines[0], lines
+  assert len(lines) == 1 and "192 of the grid's runs have no metrics.csv" in lines[0], lines
   assert not (tmp_path / 'elsewhere').exists()
 
 
 @pytest.mark.slow  # three reproduce.py processes; test_reproduce_writes_table_and_plot runs by default
 def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tmp_path):
-  args = ['--experiment=fco_lasso', '--rounds=2', '--algorithms=feddualavg',
-          '--client_learning_rates=0.001', '--server_learning_rates=10', '--eval_period=1',
-          f'--output_dir={tmp_path}']
+  args = [
+    '--experiment=fco_lasso',
+    '--rounds=2',
+    '--algorithms=feddualavg',
+    '--client_learning_rates=0.001',
+    '--server_learning_rates=10',
+    '--eval_period=1',
+    f'--output_dir={tmp_path}',
+  ]
   out = _reproduce(repo_root, args)
   assert out.returncode == 0, out.stderr
   assert not out.stderr.strip(), out.stderr  # no INFO chatter (checkpoints, TF)
   table = (tmp_path / 'fco_lasso' / 'results.md').read_text()
   assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in table
   # How long it took and on what machine.
-  assert re.search(r'Took \d+ min \d+ s on \d+ CPUs \(.+\), (no GPU|\d+ GPU\(s\)),'
-                   r' \d{4}-\d\d-\d\d \(--parallel=1, --batch_trials\)\.', table), table
+  assert re.search(
+    r'Took \d+ min \d+ s on \d+ CPUs \(.+\), (no GPU|\d+ GPU\(s\)),'
+    r' \d{4}-\d\d-\d\d \(--parallel=1, --batch_trials\)\.',
+    table,
+  ), table
   assert '| feddualavg | eta_c=0.001, eta_s=10 |' in table and 'f1 @ 2' in table
   runs = list((tmp_path / 'fco_lasso').glob('*/lr_*'))
   assert [r.name for r in runs] == ['lr_0.001_10']
@@ -197,20 +251,28 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   assert out.returncode == 0, out.stderr
   # A second rewrite keeps the timing and names only the latest rewrite.
   assert summary.earlier_record(tmp_path / 'fco_lasso' / 'results.md') == (  # pylint: disable=protected-access
-      f'python binaries/reproduce.py {" ".join(args)}', took)
+    f'python binaries/reproduce.py {" ".join(args)}',
+    took,
+  )
   rewritten = (tmp_path / 'fco_lasso' / 'results.md').read_text()
   assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in rewritten
-  assert (f'{took} Tables and plot rewritten by `python binaries/reproduce.py'
-          f' {" ".join(again)}`.\n') in rewritten, rewritten
+  assert (
+    f'{took} Tables and plot rewritten by `python binaries/reproduce.py {" ".join(again)}`.\n'
+  ) in rewritten, rewritten
   bad = _reproduce(repo_root, ['--client_learning_rates=fast', f'--output_dir={tmp_path}'])
   assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 def _bench(repo_root, *args):
   return subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1',
-       *args], capture_output=True, text=True, timeout=600, cwd=repo_root,
-      stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    [sys.executable, str(repo_root / 'binaries' / 'bench.py'), '--rounds=1', '--repeats=1', *args],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
 
 
 def test_a_bad_bench_flag_is_one_line_and_exit_2(repo_root):
@@ -227,8 +289,13 @@ def test_a_bad_bench_flag_is_one_line_and_exit_2(repo_root):
 def test_a_bad_worker_flag_is_one_line_and_exit_2(repo_root, bad):
   """worker.py (a host's TFF worker for run.py --workers) fails as run.py does; absl's
   parser printed its usage text and exited 1."""
-  out = subprocess.run([sys.executable, str(repo_root / 'binaries' / 'worker.py'), bad],
-                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+  out = subprocess.run(
+    [sys.executable, str(repo_root / 'binaries' / 'worker.py'), bad],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    stdin=subprocess.DEVNULL,
+  )
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
   assert lines[0].startswith('worker.py: error: '), lines
@@ -237,8 +304,7 @@ def test_a_bad_worker_flag_is_one_line_and_exit_2(repo_root, bad):
 @pytest.mark.slow
 def test_bench_part_1_runs_and_prints_its_ratios(repo_root):
   """Part 1 alone (its TFF paths take most of a minute: `make test-slow`)."""
-  out = _bench(repo_root, '--sweep=', '--tff_workers=0', '--nofirst_rounds',
-               '--run_py_rounds=4')
+  out = _bench(repo_root, '--sweep=', '--tff_workers=0', '--nofirst_rounds', '--run_py_rounds=4')
   assert out.returncode == 0, out.stderr
   assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
   assert '(e) run.py end to end, 4 rounds' in out.stdout and 'e/a =' in out.stdout
@@ -247,8 +313,14 @@ def test_bench_part_1_runs_and_prints_its_ratios(repo_root):
 
 @pytest.mark.slow
 def test_bench_runs(repo_root):
-  out = _bench(repo_root, '--sweep=10', '--sweep_tff_max=10', '--population=20',
-               '--memory_rounds=2', '--run_py_rounds=4')
+  out = _bench(
+    repo_root,
+    '--sweep=10',
+    '--sweep_tff_max=10',
+    '--population=20',
+    '--memory_rounds=2',
+    '--run_py_rounds=4',
+  )
   assert out.returncode == 0, out.stderr
   assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
   assert '(e) run.py end to end, 4 rounds' in out.stdout and 'e/a =' in out.stdout
@@ -262,12 +334,17 @@ def test_bench_runs(repo_root):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('workload, says', [
+@pytest.mark.parametrize(
+  'workload, says',
+  [
     (['--workload=emnist_cnn', '--emnist_clients=2'], 'a/d = '),
     (['--workload=streaming'], 'ratio '),
-    (['--workload=grid', '--grid_experiment=fco_lasso', '--grid_rounds=2',
-      '--grid_parallel=1'], 'tables identical: yes'),
-])
+    (
+      ['--workload=grid', '--grid_experiment=fco_lasso', '--grid_rounds=2', '--grid_parallel=1'],
+      'tables identical: yes',
+    ),
+  ],
+)
 def test_bench_workloads_run(repo_root, workload, says):
   out = _bench(repo_root, *workload)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -291,13 +368,23 @@ def test_a_shortened_runs_plot_fits_its_second_half_not_its_last_point(tmp_path)
   """With --rounds at the first checkpoint, the y-axis fit from that checkpoint held the
   last point only (another algorithm's curve left the axes)."""
   spec = reproductions.Reproduction(
-      task='quadratic', algorithms=('a', 'b'), client_learning_rates=(0.1,),
-      server_learning_rates=(1.0,), rounds=50, checkpoints=(50, 100), metric='loss',
-      higher_is_better=False, select_on='train_loss')
-  curve = lambda values: [{'loss': dict(zip((0, 30, 40, 50), values)),
-                           'train_loss': dict(zip((0, 30, 40, 50), values))}]
-  curves = {'a': {(0.1, 1.0): curve((9.0, 1.0, 0.8, 0.5))},
-            'b': {(0.1, 1.0): curve((9.0, 4.0, 3.0, 2.0))}}
+    task='quadratic',
+    algorithms=('a', 'b'),
+    client_learning_rates=(0.1,),
+    server_learning_rates=(1.0,),
+    rounds=50,
+    checkpoints=(50, 100),
+    metric='loss',
+    higher_is_better=False,
+    select_on='train_loss',
+  )
+  curve = lambda values: [
+    {'loss': dict(zip((0, 30, 40, 50), values)), 'train_loss': dict(zip((0, 30, 40, 50), values))}
+  ]
+  curves = {
+    'a': {(0.1, 1.0): curve((9.0, 1.0, 0.8, 0.5))},
+    'b': {(0.1, 1.0): curve((9.0, 4.0, 3.0, 2.0))},
+  }
   summary.summarize('short', spec, curves, 50, tmp_path, 'cmd')
   ax = summary.plt.gcf().axes[0]
   low, high = ax.get_ylim()

@@ -23,14 +23,14 @@ class _Final(callbacks_lib.Callback):
     self.rows.append(dict(metrics))
 
   def on_train_end(self, loop, completed):
-    self.weights = [np.asarray(w) for w in
-                    loop.runtime.get_model_weights(loop.state).trainable]
+    self.weights = [np.asarray(w) for w in loop.runtime.get_model_weights(loop.state).trainable]
 
 
 def _run(tmp_path, name, **settings):
   settings = dict(dict(algorithm='fedavg', task='quadratic'), **settings)
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      eval_period=1000, output_dir=str(tmp_path / name), **settings))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(eval_period=1000, output_dir=str(tmp_path / name), **settings)
+  )
   final = _Final()
   experiment.run_experiment(prepared, show_progress=False, callbacks=[final])
   return prepared, final
@@ -38,20 +38,34 @@ def _run(tmp_path, name, **settings):
 
 @pytest.mark.parametrize('algorithm', ['fedavg', 'feddualavg'])
 def test_with_concurrency_equal_to_the_buffer_and_equal_times_it_is_synchronous(
-    tmp_path, algorithm):
+  tmp_path, algorithm
+):
   # LASSO with shuffling: each client's batches depend on its start version's round.
   common = dict(algorithm=algorithm, task='lasso', rounds=5, shuffle=True, seed=2)
   _, sync = _run(tmp_path, 'sync', clients_per_round=3, **common)
-  _, buffered = _run(tmp_path, 'async', mode='async', concurrency=3, buffer_size=3,
-                     staleness='poly', **common)
+  _, buffered = _run(
+    tmp_path, 'async', mode='async', concurrency=3, buffer_size=3, staleness='poly', **common
+  )
   np.testing.assert_allclose(buffered.weights[0], sync.weights[0], rtol=1e-6, atol=1e-7)
   assert all(r['train/async/staleness_max'] == 0 for r in buffered.rows)
   assert [r['time/simulated_seconds'] for r in buffered.rows] == list(range(1, 6))
   assert not np.allclose(sync.weights[0], 0)
 
 
-def _reference(centers, counts, seconds, draw, *, concurrency, buffer_size, steps,
-               eta, eta_s, staleness, max_staleness):
+def _reference(
+  centers,
+  counts,
+  seconds,
+  draw,
+  *,
+  concurrency,
+  buffer_size,
+  steps,
+  eta,
+  eta_s,
+  staleness,
+  max_staleness,
+):
   """FedBuff on F_i(x) = 0.5 ||x - e_i||^2, written from the paper's Algorithm 1 (with
   ties at one instant all received before replacements start): a list of clients in
   flight scanned for the earliest arrival, each client's update in closed form (n_i
@@ -93,18 +107,28 @@ def _reference(centers, counts, seconds, draw, *, concurrency, buffer_size, step
   return x, kept_staleness
 
 
-@pytest.mark.parametrize('staleness,max_staleness,devices', [
-    ('poly', None, True), ('constant', 2, True),
+@pytest.mark.parametrize(
+  'staleness,max_staleness,devices',
+  [
+    ('poly', None, True),
+    ('constant', 2, True),
     # Equal times: two steps at each instant, the second with no client started
     # between them (the loop runs it all the same).
-    ('poly', None, False)])
-def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_staleness,
-                                                    devices):
-  settings = dict(rounds=50, mode='async', concurrency=4, buffer_size=2,
-                  staleness=staleness, max_staleness=max_staleness,
-                  client_learning_rate=0.05, seed=3,
-                  **(dict(device_model='lognormal', device_speed=5.0,
-                          device_speed_sigma=1.0) if devices else {}))
+    ('poly', None, False),
+  ],
+)
+def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_staleness, devices):
+  settings = dict(
+    rounds=50,
+    mode='async',
+    concurrency=4,
+    buffer_size=2,
+    staleness=staleness,
+    max_staleness=max_staleness,
+    client_learning_rate=0.05,
+    seed=3,
+    **(dict(device_model='lognormal', device_speed=5.0, device_speed_sigma=1.0) if devices else {}),
+  )
   prepared, buffered = _run(tmp_path, f'async-{staleness}', **settings)
   data = prepared.task.train_data
   ids = list(data.client_ids)
@@ -113,43 +137,66 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_sta
   counts = {c: len(e[1]) for c, e in zip(ids, examples)}
   # The inputs the schedule takes: the devices' times and the sampler's draws.
   config = prepared.config
-  clock = devices_lib.clock_for(config.devices, data, experiment.build_runner(prepared).algorithm,
-                            config.seed)
+  clock = devices_lib.clock_for(
+    config.devices, data, experiment.build_runner(prepared).algorithm, config.seed
+  )
   draws = sampling.ClientSampler(ids, 2, config.seed)
   want, kept = _reference(
-      centers, counts, {c: clock.seconds(c) if clock else 1.0 for c in ids},
-      lambda r: draws.sample(r).sampled,
-      concurrency=4, buffer_size=2, steps=50, eta=0.05, eta_s=1.0, staleness=staleness,
-      max_staleness=max_staleness)
+    centers,
+    counts,
+    {c: clock.seconds(c) if clock else 1.0 for c in ids},
+    lambda r: draws.sample(r).sampled,
+    concurrency=4,
+    buffer_size=2,
+    steps=50,
+    eta=0.05,
+    eta_s=1.0,
+    staleness=staleness,
+    max_staleness=max_staleness,
+  )
   np.testing.assert_allclose(buffered.weights[0], want, rtol=1e-5, atol=1e-6)
   # The run was asynchronous: stale updates arrived (and, with a cut, some dropped).
   assert max(kept) >= 1 and len(set(kept)) >= (3 if devices else 2)
-  assert sum(r['train/async/staleness_mean'] * r['train/async/arrivals']
-             for r in buffered.rows) == pytest.approx(sum(kept))
+  assert sum(
+    r['train/async/staleness_mean'] * r['train/async/arrivals'] for r in buffered.rows
+  ) == pytest.approx(sum(kept))
   if max_staleness is not None:
     assert sum(r['train/async/dropped'] for r in buffered.rows) > 0
 
 
-@pytest.mark.parametrize('settings,match', [
+@pytest.mark.parametrize(
+  'settings,match',
+  [
     (dict(algorithm='scaffold'), "aggregated as 'slots'"),
     (dict(algorithm='fednova'), 'not a weighted mean'),
     (dict(algorithm='fedavg', sampling='poisson'), 'uniformly'),
-    (dict(algorithm='fedavg', device_model='lognormal', round_deadline=1.0),
-     'max_staleness'),
+    (dict(algorithm='fedavg', device_model='lognormal', round_deadline=1.0), 'max_staleness'),
     (dict(algorithm='fedavg', runtime='tff'), 'in-process runtime'),
     (dict(algorithm='fedavg', concurrency=7), 'may not exceed the task.s 6 clients'),
-])
+  ],
+)
 def test_what_async_cannot_run_is_refused_in_one_line(tmp_path, settings, match):
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      task='quadratic', rounds=2, mode='async', output_dir=str(tmp_path), **settings))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      task='quadratic', rounds=2, mode='async', output_dir=str(tmp_path), **settings
+    )
+  )
   with pytest.raises(experiment.ConfigError, match=match):
     experiment.build_runner(prepared)
 
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
-  settings = dict(mode='async', concurrency=5, buffer_size=2, device_model='lognormal',
-                  device_speed=5.0, device_speed_sigma=1.0, client_learning_rate=0.05,
-                  seed=4, checkpoint_every=4)
+  settings = dict(
+    mode='async',
+    concurrency=5,
+    buffer_size=2,
+    device_model='lognormal',
+    device_speed=5.0,
+    device_speed_sigma=1.0,
+    client_learning_rate=0.05,
+    seed=4,
+    checkpoint_every=4,
+  )
   _, whole = _run(tmp_path, 'whole', rounds=20, **settings)
   _run(tmp_path, 'cut', rounds=10, **settings)  # stopped at step 10, in-flight saved
   _, resumed = _run(tmp_path, 'cut', rounds=20, resume=True, **settings)
@@ -162,18 +209,40 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 def test_a_grid_runs_each_trial_on_its_own_schedule(tmp_path):
   from tff_comp import trials  # pylint: disable=g-import-not-at-top
-  common = dict(algorithm='fedavg', task='quadratic', rounds=12, eval_period=12,
-                mode='async', concurrency=4, buffer_size=2, device_model='lognormal',
-                device_speed=5.0, device_speed_sigma=1.0)
-  configs = [experiment.ExperimentConfig.of(
-      seed=seed, client_learning_rate=lr, output_dir=str(tmp_path / f'grid{seed}'), **common)
-      for seed, lr in ((1, 0.05), (2, 0.02))]
+
+  common = dict(
+    algorithm='fedavg',
+    task='quadratic',
+    rounds=12,
+    eval_period=12,
+    mode='async',
+    concurrency=4,
+    buffer_size=2,
+    device_model='lognormal',
+    device_speed=5.0,
+    device_speed_sigma=1.0,
+  )
+  configs = [
+    experiment.ExperimentConfig.of(
+      seed=seed, client_learning_rate=lr, output_dir=str(tmp_path / f'grid{seed}'), **common
+    )
+    for seed, lr in ((1, 0.05), (2, 0.02))
+  ]
   said = []
   results = trials.run_trials([trials.Trial(c) for c in configs], say=said.append)
   assert any(re.search(r'buffered async .* runs one trial at a time', line) for line in said)
   for config, result in zip(configs, results):
-    alone = experiment.run_experiment(experiment.prepare(
-        experiment.ExperimentConfig.of(**dict(
-            common, seed=config.seed, client_learning_rate=config.local_work.client_learning_rate,
-            output_dir=config.output_dir + '-alone'))), show_progress=False)
+    alone = experiment.run_experiment(
+      experiment.prepare(
+        experiment.ExperimentConfig.of(
+          **dict(
+            common,
+            seed=config.seed,
+            client_learning_rate=config.local_work.client_learning_rate,
+            output_dir=config.output_dir + '-alone',
+          )
+        )
+      ),
+      show_progress=False,
+    )
     assert result['eval/objective'] == alone['eval/objective']

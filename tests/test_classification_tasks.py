@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp.tasks import constrained_digits
-from tff_comp.tasks import sparse_logreg
 from tff_comp import experiment
+from tff_comp.tasks import constrained_digits, sparse_logreg
 
 
 def test_dirichlet_partition_covers_every_example_once():
@@ -23,9 +22,15 @@ def test_dirichlet_partition_covers_every_example_once():
 
 @pytest.mark.parametrize('algorithm', ['fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp'])
 def test_constraint_holds_at_every_round(algorithm, tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm=algorithm, task='constrained_digits', rounds=12, eval_period=1,
-      output_dir=str(tmp_path)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm=algorithm,
+      task='constrained_digits',
+      rounds=12,
+      eval_period=1,
+      output_dir=str(tmp_path),
+    )
+  )
   final = experiment.run_experiment(prepared, show_progress=False)
   with open(tmp_path / 'metrics.csv') as f:
     violations = [float(r['eval/constraint_violation']) for r in csv.DictReader(f)]
@@ -34,8 +39,11 @@ def test_constraint_holds_at_every_round(algorithm, tmp_path):
 
 
 def test_unconstrained_fedavg_violates_the_constraint(tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='constrained_digits', rounds=20, output_dir=str(tmp_path)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg', task='constrained_digits', rounds=20, output_dir=str(tmp_path)
+    )
+  )
   final = experiment.run_experiment(prepared, show_progress=False)
   assert final['eval/constraint_violation'] > 0  # so the test above is not vacuous
 
@@ -44,21 +52,31 @@ def _emnist_fixture(directory):
   """A tiny emnist_all.sqlite in TFF's schema: 2 train writers, 1 test writer."""
   rng = np.random.default_rng(0)
   connection = sqlite3.connect(directory / 'emnist_all.sqlite')
-  connection.execute('CREATE TABLE examples (split_name TEXT, client_id TEXT,'
-                     ' serialized_example_proto BLOB)')
-  connection.execute('CREATE TABLE client_metadata (client_id TEXT, split_name TEXT,'
-                     ' num_examples INTEGER)')
-  for split, client, n in [('digits_only_train', 'f0000_14', 5),
-                           ('digits_only_train', 'f0001_41', 3),
-                           ('digits_only_test', 'f0000_14', 4)]:
+  connection.execute(
+    'CREATE TABLE examples (split_name TEXT, client_id TEXT, serialized_example_proto BLOB)'
+  )
+  connection.execute(
+    'CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, num_examples INTEGER)'
+  )
+  for split, client, n in [
+    ('digits_only_train', 'f0000_14', 5),
+    ('digits_only_train', 'f0001_41', 3),
+    ('digits_only_test', 'f0000_14', 4),
+  ]:
     for _ in range(n):
-      example = tf.train.Example(features=tf.train.Features(feature={
-          'pixels': tf.train.Feature(float_list=tf.train.FloatList(
-              value=rng.random(784).astype(np.float32))),
-          'label': tf.train.Feature(int64_list=tf.train.Int64List(
-              value=[int(rng.integers(10))]))}))
-      connection.execute('INSERT INTO examples VALUES (?, ?, ?)',
-                         (split, client, example.SerializeToString()))
+      example = tf.train.Example(
+        features=tf.train.Features(
+          feature={
+            'pixels': tf.train.Feature(
+              float_list=tf.train.FloatList(value=rng.random(784).astype(np.float32))
+            ),
+            'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[int(rng.integers(10))])),
+          }
+        )
+      )
+      connection.execute(
+        'INSERT INTO examples VALUES (?, ?, ?)', (split, client, example.SerializeToString())
+      )
     connection.execute('INSERT INTO client_metadata VALUES (?, ?, ?)', (client, split, n))
   connection.commit()
   connection.close()
@@ -75,25 +93,38 @@ def test_emnist_loader_reads_tffs_format_offline(tmp_path):
 
 def test_emnist_task_trains_offline(tmp_path):
   _emnist_fixture(tmp_path)
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='feddualavg', task='constrained_digits', rounds=2, clients_per_round=2,
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='feddualavg',
+      task='constrained_digits',
+      rounds=2,
+      clients_per_round=2,
       task_options=dict(source='emnist', emnist_cache_dir=str(tmp_path)),
-      output_dir=str(tmp_path / 'run')))
+      output_dir=str(tmp_path / 'run'),
+    )
+  )
   final = experiment.run_experiment(prepared, show_progress=False)
   assert final['eval/constraint_violation'] == 0.0
 
 
 def test_sparse_logreg_data_and_a_short_run(tmp_path):
   w_star, train, validation = sparse_logreg._generate(  # pylint: disable=protected-access
-      200, 10, 4.0, 5, 18, 2, 0.5, 0)
+    200, 10, 4.0, 5, 18, 2, 0.5, 0
+  )
   assert np.count_nonzero(w_star) == 10 and len(train) == 5 and len(validation) == 2
   assert set(np.unique(train[0][1])) <= {0.0, 1.0}
   finals = {}
   for algorithm in ('fedavg', 'feddualavg'):
-    prepared = experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm=algorithm, task='sparse_logreg', rounds=30, eval_period=30,
+    prepared = experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm=algorithm,
+        task='sparse_logreg',
+        rounds=30,
+        eval_period=30,
         task_options=dict(dim=300, support=10, num_clients=20),
-        output_dir=str(tmp_path / algorithm)))
+        output_dir=str(tmp_path / algorithm),
+      )
+    )
     finals[algorithm] = experiment.run_experiment(prepared, show_progress=False)
   # Dual averaging with the L1 prox keeps the model sparse; FedAvg does not.
   assert finals['feddualavg']['eval/density'] < 0.8 * finals['fedavg']['eval/density']
@@ -106,42 +137,64 @@ def test_sparse_logreg_data_and_a_short_run(tmp_path):
 
 
 def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_process(
-    tmp_path, monkeypatch):
+  tmp_path, monkeypatch
+):
   """Bring data (a ClientData) and a Keras model: registered under a name, the task runs
   through the experiment, in-process, and learns (labels follow the brightest quadrant)."""
-  from tff_comp import keras_models  # pylint: disable=g-import-not-at-top
-  from tff_comp import registry  # pylint: disable=g-import-not-at-top
-  from tff_comp.tasks import classification  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  from tff_comp import (
+    keras_models,  # pylint: disable=g-import-not-at-top
+    registry,  # pylint: disable=g-import-not-at-top
+  )
+  from tff_comp.tasks import classification  # pylint: disable=g-import-not-at-top
 
   def client(seed, n):
     rng = np.random.default_rng(seed)
     x = rng.random((n, 8, 8, 1), np.float32)
     label = rng.integers(0, 4, n)
     for i, q in enumerate(label):  # brighten quadrant q
-      x[i, 4 * (q // 2):4 * (q // 2) + 4, 4 * (q % 2):4 * (q % 2) + 4] += 1.0
+      x[i, 4 * (q // 2) : 4 * (q // 2) + 4, 4 * (q % 2) : 4 * (q % 2) + 4] += 1.0
     return x, label.astype(np.int32)
 
-  train = tff.simulation.datasets.TestClientData(
-      {f'c{i}': client(i, 20 + i) for i in range(6)})
+  train = tff.simulation.datasets.TestClientData({f'c{i}': client(i, 20 + i) for i in range(6)})
   test = tff.simulation.datasets.TestClientData({'t': client(99, 200)})
   tf.keras.utils.set_random_seed(0)
-  keras_model = tf.keras.Sequential([
-      tf.keras.layers.InputLayer((8, 8, 1)), tf.keras.layers.Conv2D(4, 3, activation='relu'),
-      tf.keras.layers.MaxPool2D(), tf.keras.layers.Flatten(), tf.keras.layers.Dense(4)])
+  keras_model = tf.keras.Sequential(
+    [
+      tf.keras.layers.InputLayer((8, 8, 1)),
+      tf.keras.layers.Conv2D(4, 3, activation='relu'),
+      tf.keras.layers.MaxPool2D(),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(4),
+    ]
+  )
   model = keras_models.from_keras(
-      keras_model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      (tf.TensorSpec([None, 8, 8, 1]), tf.TensorSpec([None], tf.int32)))
+    keras_model,
+    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    (tf.TensorSpec([None, 8, 8, 1]), tf.TensorSpec([None], tf.int32)),
+  )
 
   def build(*, seed: int = 0):
-    return classification.classification_task('brought', train, test, model, seed=seed,
-                                              defaults=dict(client_learning_rate=0.1))
+    return classification.classification_task(
+      'brought', train, test, model, seed=seed, defaults=dict(client_learning_rate=0.1)
+    )
 
-  monkeypatch.setitem(registry.TASKS._entries, 'brought',  # pylint: disable=protected-access
-                      registry.Entry('brought', build))
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='brought', rounds=30, clients_per_round=3, eval_period=30,
-      output_dir=str(tmp_path)))
+  monkeypatch.setitem(
+    registry.TASKS._entries,
+    'brought',  # pylint: disable=protected-access
+    registry.Entry('brought', build),
+  )
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='brought',
+      rounds=30,
+      clients_per_round=3,
+      eval_period=30,
+      output_dir=str(tmp_path),
+    )
+  )
   runner = experiment.build_runner(prepared)
   assert runner.runtime.name == 'inprocess'
   before = prepared.task.evaluate(tuple(model.initial_weights[0]), None)
@@ -153,37 +206,58 @@ def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_proces
 def _emnist_sql(directory):
   """A small emnist_all.sqlite written by TFF's own writer, in the schema TFF's loader
   reads: 3 train and 2 test writers of all 62 classes, 2 + 1 of digits."""
-  from tff_comp.tasks import emnist  # noqa: F401  (registers the task)
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  splits = {'w0': 'all_train', 'w1': 'all_train', 'w2': 'all_train', 't0': 'all_test',
-            't1': 'all_test', 'd0': 'digits_only_train', 'd1': 'digits_only_train',
-            'dt': 'digits_only_test'}
+
+  from tff_comp.tasks import emnist  # noqa: F401  (registers the task)
+
+  splits = {
+    'w0': 'all_train',
+    'w1': 'all_train',
+    'w2': 'all_train',
+    't0': 'all_test',
+    't1': 'all_test',
+    'd0': 'digits_only_train',
+    'd1': 'digits_only_train',
+    'dt': 'digits_only_test',
+  }
 
   def dataset(client_id):
     rng = np.random.default_rng(sum(map(ord, client_id)))
     n = 5 + len(client_id)
     classes = 10 if client_id.startswith('d') else 62
-    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+    return tf.data.Dataset.from_tensor_slices(
+      collections.OrderedDict(
         label=rng.integers(0, classes, n).astype(np.int64),
-        pixels=rng.random((n, 28, 28)).astype(np.float32)))
+        pixels=rng.random((n, 28, 28)).astype(np.float32),
+      )
+    )
 
   tff.simulation.datasets.save_to_sql_client_data(
-      list(splits), dataset, str(directory / 'emnist_all.sqlite'),
-      split_names_by_client_id=splits)
+    list(splits), dataset, str(directory / 'emnist_all.sqlite'), split_names_by_client_id=splits
+  )
 
 
 @pytest.mark.parametrize('only_digits, writers, classes', [(False, 3, 62), (True, 2, 10)])
-def test_emnist_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, only_digits,
-                                                              writers, classes):
+def test_emnist_reads_tffs_file_offline_and_trains_two_rounds(
+  tmp_path, only_digits, writers, classes
+):
   _emnist_sql(tmp_path)
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='emnist', rounds=2, clients_per_round=2, eval_period=1,
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='emnist',
+      rounds=2,
+      clients_per_round=2,
+      eval_period=1,
       task_options=dict(data_dir=str(tmp_path), only_digits=only_digits),
-      output_dir=str(tmp_path / 'run')))
+      output_dir=str(tmp_path / 'run'),
+    )
+  )
   task = prepared.task
   assert task.num_clients == writers
-  x, y = next(iter(task.train_data.create_tf_dataset_for_client(
-      task.train_data.client_ids[0]).batch(100)))
+  x, y = next(
+    iter(task.train_data.create_tf_dataset_for_client(task.train_data.client_ids[0]).batch(100))
+  )
   assert x.shape[1:] == (28, 28, 1) and y.dtype == tf.int32
   assert task.model.initial_weights[0][-1].shape == (classes,)
   runner = experiment.build_runner(prepared)
@@ -194,9 +268,14 @@ def test_emnist_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, only_dig
 
 def test_a_missing_dataset_file_is_one_line_naming_it(tmp_path):
   with pytest.raises(experiment.ConfigError) as error:
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', task='emnist', task_options=dict(data_dir=str(tmp_path)),
-        output_dir=str(tmp_path / 'run')))
+    experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm='fedavg',
+        task='emnist',
+        task_options=dict(data_dir=str(tmp_path)),
+        output_dir=str(tmp_path / 'run'),
+      )
+    )
   message = str(error.value)
   assert '\n' not in message and str(tmp_path / 'emnist_all.sqlite') in message
   assert 'emnist_all.sqlite.lzma' in message and '--emnist_source=synthetic' in message
@@ -206,13 +285,20 @@ def test_a_dataset_file_without_tffs_split_names_is_one_line_naming_them(tmp_pat
   """A file written by save_to_sql_client_data without split names (TFF's loader raised
   a 37-line StopIteration), and a file that is not TFF's format."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
   tff.simulation.datasets.save_to_sql_client_data(
-      ['w1', 'w2'], lambda c: tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
-          label=np.zeros(3, np.int64), pixels=np.zeros((3, 28, 28), np.float32))),
-      str(tmp_path / 'emnist_all.sqlite'))
+    ['w1', 'w2'],
+    lambda c: tf.data.Dataset.from_tensor_slices(
+      collections.OrderedDict(label=np.zeros(3, np.int64), pixels=np.zeros((3, 28, 28), np.float32))
+    ),
+    str(tmp_path / 'emnist_all.sqlite'),
+  )
   config = experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='emnist', task_options=dict(data_dir=str(tmp_path)),
-      output_dir=str(tmp_path / 'run'))
+    algorithm='fedavg',
+    task='emnist',
+    task_options=dict(data_dir=str(tmp_path)),
+    output_dir=str(tmp_path / 'run'),
+  )
   with pytest.raises(experiment.ConfigError) as error:
     experiment.prepare(config)
   message = str(error.value)
@@ -224,19 +310,32 @@ def test_a_dataset_file_without_tffs_split_names_is_one_line_naming_them(tmp_pat
 
 
 def test_synthetic_emnist_has_the_shapes_and_is_labelled(tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='emnist', rounds=1, clients_per_round=2,
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='emnist',
+      rounds=1,
+      clients_per_round=2,
       task_options=dict(source='synthetic', max_clients=4, model='softmax'),
-      output_dir=str(tmp_path / 'run')))
+      output_dir=str(tmp_path / 'run'),
+    )
+  )
   task = prepared.task
   assert task.name == 'emnist[synthetic]' and task.num_clients == 4
-  sizes = [int(task.train_data.create_tf_dataset_for_client(c).reduce(0, lambda n, _: n + 1))
-           for c in task.train_data.client_ids]
+  sizes = [
+    int(task.train_data.create_tf_dataset_for_client(c).reduce(0, lambda n, _: n + 1))
+    for c in task.train_data.client_ids
+  ]
   assert 50 < np.mean(sizes) < 600
-  again = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='emnist', clients_per_round=2, task_options=dict(
-          source='synthetic', max_clients=4, model='softmax'),
-      output_dir=str(tmp_path / 'run2'))).task
+  again = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='emnist',
+      clients_per_round=2,
+      task_options=dict(source='synthetic', max_clients=4, model='softmax'),
+      output_dir=str(tmp_path / 'run2'),
+    )
+  ).task
   a = next(iter(task.train_data.create_tf_dataset_for_client('train_1').batch(500)))
   b = next(iter(again.train_data.create_tf_dataset_for_client('train_1').batch(500)))
   np.testing.assert_array_equal(a[0], b[0])  # generated from the seed alike
@@ -248,19 +347,30 @@ def test_emnist_cnn_dropout_is_tffs_baseline_model_and_trains(tmp_path):
   """TFF's `create_conv_dropout_model` (Reddi et al. 2021) layer for layer; with our
   weights its softmax output is ours (no dropout outside training); a round trains."""
   from tensorflow_federated.python.simulation.baselines.emnist import emnist_models  # pylint: disable=g-import-not-at-top
+
   from tff_comp.tasks import emnist  # pylint: disable=g-import-not-at-top
+
   ours, theirs = emnist.cnn(62, dropout=True), emnist_models.create_conv_dropout_model(False)
   assert [type(l).__name__ for l in ours.layers] == [type(l).__name__ for l in theirs.layers]
-  assert ([l.rate for l in ours.layers if isinstance(l, tf.keras.layers.Dropout)]
-          == [l.rate for l in theirs.layers if isinstance(l, tf.keras.layers.Dropout)])
+  assert [l.rate for l in ours.layers if isinstance(l, tf.keras.layers.Dropout)] == [
+    l.rate for l in theirs.layers if isinstance(l, tf.keras.layers.Dropout)
+  ]
   theirs.set_weights(ours.get_weights())
   x = np.random.default_rng(0).random((4, 28, 28, 1)).astype(np.float32)
-  np.testing.assert_allclose(tf.nn.softmax(ours(x, training=False)), theirs(x, training=False),
-                             rtol=1e-5, atol=1e-6)
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='emnist', rounds=1, clients_per_round=2, eval_period=1,
+  np.testing.assert_allclose(
+    tf.nn.softmax(ours(x, training=False)), theirs(x, training=False), rtol=1e-5, atol=1e-6
+  )
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='emnist',
+      rounds=1,
+      clients_per_round=2,
+      eval_period=1,
       task_options=dict(source='synthetic', max_clients=3, model='cnn_dropout'),
-      output_dir=str(tmp_path / 'run')))
+      output_dir=str(tmp_path / 'run'),
+    )
+  )
   runner = experiment.build_runner(prepared)
   assert runner.runtime.engine == 'mapped' and 'Dropout' in runner.runtime.why
   final = experiment.train_runner(prepared, runner, show_progress=False)
@@ -270,31 +380,54 @@ def test_emnist_cnn_dropout_is_tffs_baseline_model_and_trains(tmp_path):
 def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_path):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.simulation.baselines.shakespeare import (  # pylint: disable=g-import-not-at-top
-      char_prediction_preprocessing as tff_preprocessing)
-  lines = {'ROMEO': ['But soft, what light', 'It is the east'], 'JULIET': ['O Romeo!'],
-           'NURSE': ['Faith, I can tell ' * 12], 'HAMLET': ['To be, or not to be']}
+    char_prediction_preprocessing as tff_preprocessing,
+  )
+
+  lines = {
+    'ROMEO': ['But soft, what light', 'It is the east'],
+    'JULIET': ['O Romeo!'],
+    'NURSE': ['Faith, I can tell ' * 12],
+    'HAMLET': ['To be, or not to be'],
+  }
   splits = {'ROMEO': 'train', 'JULIET': 'train', 'NURSE': 'train', 'HAMLET': 'test'}
   tff.simulation.datasets.save_to_sql_client_data(
-      list(splits), lambda c: tf.data.Dataset.from_tensor_slices(
-          collections.OrderedDict(snippets=lines[c])),
-      str(tmp_path / 'shakespeare.sqlite'), split_names_by_client_id=splits)
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='shakespeare', rounds=2, clients_per_round=2, eval_period=1,
-      batch_size=2, task_options=dict(data_dir=str(tmp_path), lstm_units=8),
-      output_dir=str(tmp_path / 'run')))
+    list(splits),
+    lambda c: tf.data.Dataset.from_tensor_slices(collections.OrderedDict(snippets=lines[c])),
+    str(tmp_path / 'shakespeare.sqlite'),
+    split_names_by_client_id=splits,
+  )
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='shakespeare',
+      rounds=2,
+      clients_per_round=2,
+      eval_period=1,
+      batch_size=2,
+      task_options=dict(data_dir=str(tmp_path), lstm_units=8),
+      output_dir=str(tmp_path / 'run'),
+    )
+  )
   task = prepared.task
   assert sorted(task.train_data.client_ids) == ['JULIET', 'NURSE', 'ROMEO']
-  first_two = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='shakespeare', clients_per_round=2, task_options=dict(
-          data_dir=str(tmp_path), lstm_units=8, max_clients=2),
-      output_dir=str(tmp_path / 'run2'))).task
+  first_two = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='shakespeare',
+      clients_per_round=2,
+      task_options=dict(data_dir=str(tmp_path), lstm_units=8, max_clients=2),
+      output_dir=str(tmp_path / 'run2'),
+    )
+  ).task
   assert list(first_two.train_data.client_ids) == ['JULIET', 'NURSE']
   # TFF's own preprocessing of the same client, batch 1: the same windows.
-  spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=1,
-                                             shuffle_buffer_size=1)
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=1, shuffle_buffer_size=1)
   raw, _ = tff.simulation.datasets.shakespeare.load_data(cache_dir=str(tmp_path))
-  theirs = list(tff_preprocessing.create_preprocess_fn(spec)(
-      raw.create_tf_dataset_for_client('NURSE')).as_numpy_iterator())
+  theirs = list(
+    tff_preprocessing.create_preprocess_fn(spec)(
+      raw.create_tf_dataset_for_client('NURSE')
+    ).as_numpy_iterator()
+  )
   ours = list(task.train_data.create_tf_dataset_for_client('NURSE').as_numpy_iterator())
   assert len(ours) == len(theirs) == 3  # 216 characters + begin/end: 3 windows of 81
   for (x, y), (tx, ty) in zip(ours, theirs):
@@ -309,22 +442,35 @@ def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_pa
 @pytest.mark.parametrize('model', ['cnn', pytest.param('resnet18', marks=pytest.mark.slow)])
 def test_cifar100_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, model):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
   splits = {'0': 'train', '1': 'train', '2': 'train', '3': 'test'}
 
   def dataset(client_id):
     rng = np.random.default_rng(int(client_id))
     n = 4 + int(client_id)
-    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
-        coarse_label=rng.integers(0, 20, n), image=rng.integers(0, 256, (n, 32, 32, 3)),
-        label=rng.integers(0, 100, n)))
+    return tf.data.Dataset.from_tensor_slices(
+      collections.OrderedDict(
+        coarse_label=rng.integers(0, 20, n),
+        image=rng.integers(0, 256, (n, 32, 32, 3)),
+        label=rng.integers(0, 100, n),
+      )
+    )
 
   tff.simulation.datasets.save_to_sql_client_data(
-      list(splits), dataset, str(tmp_path / 'cifar100.sqlite'),
-      split_names_by_client_id=splits)
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='cifar100', rounds=2, clients_per_round=2, eval_period=2,
-      batch_size=4, task_options=dict(data_dir=str(tmp_path), model=model, crop=16),
-      output_dir=str(tmp_path / 'run')))
+    list(splits), dataset, str(tmp_path / 'cifar100.sqlite'), split_names_by_client_id=splits
+  )
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='cifar100',
+      rounds=2,
+      clients_per_round=2,
+      eval_period=2,
+      batch_size=4,
+      task_options=dict(data_dir=str(tmp_path), model=model, crop=16),
+      output_dir=str(tmp_path / 'run'),
+    )
+  )
   x, y = next(iter(prepared.task.train_data.create_tf_dataset_for_client('1').batch(10)))
   assert x.shape == (5, 16, 16, 3) and y.dtype == tf.int32
   np.testing.assert_allclose(np.mean(x[0]), 0.0, atol=1e-5)  # standardized per image
@@ -335,37 +481,59 @@ def test_cifar100_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, model)
 def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_path):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.simulation.baselines.stackoverflow import (  # pylint: disable=g-import-not-at-top
-      word_prediction_preprocessing as tff_preprocessing)
-  sentences = {'u1': ['how do i sort a list', 'use sorted'], 'u2': ['what is a list'],
-               'u3': [' '.join(['word'] * 30)], 'h1': ['a'], 't1': ['sort the list ok']}
+    word_prediction_preprocessing as tff_preprocessing,
+  )
+
+  sentences = {
+    'u1': ['how do i sort a list', 'use sorted'],
+    'u2': ['what is a list'],
+    'u3': [' '.join(['word'] * 30)],
+    'h1': ['a'],
+    't1': ['sort the list ok'],
+  }
   splits = {'u1': 'train', 'u2': 'train', 'u3': 'train', 'h1': 'heldout', 't1': 'test'}
 
   def dataset(client_id):
     n = len(sentences[client_id])
-    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
-        creation_date=['2020'] * n, score=np.zeros(n, np.int64), tags=['python'] * n,
-        title=['t'] * n, tokens=sentences[client_id], type=['question'] * n))
+    return tf.data.Dataset.from_tensor_slices(
+      collections.OrderedDict(
+        creation_date=['2020'] * n,
+        score=np.zeros(n, np.int64),
+        tags=['python'] * n,
+        title=['t'] * n,
+        tokens=sentences[client_id],
+        type=['question'] * n,
+      )
+    )
 
   tff.simulation.datasets.save_to_sql_client_data(
-      list(splits), dataset, str(tmp_path / 'stackoverflow.sqlite'),
-      split_names_by_client_id=splits)
-  (tmp_path / 'stackoverflow.word_count').write_text(
-      'list 9\nsort 8\na 7\nhow 6\nword 5\nwhat 4\n')
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='stackoverflow_nwp', rounds=2, clients_per_round=2,
-      eval_period=2, batch_size=2, task_options=dict(
-          data_dir=str(tmp_path), vocab_size=5, lstm_units=4),
-      output_dir=str(tmp_path / 'run')))
+    list(splits), dataset, str(tmp_path / 'stackoverflow.sqlite'), split_names_by_client_id=splits
+  )
+  (tmp_path / 'stackoverflow.word_count').write_text('list 9\nsort 8\na 7\nhow 6\nword 5\nwhat 4\n')
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='stackoverflow_nwp',
+      rounds=2,
+      clients_per_round=2,
+      eval_period=2,
+      batch_size=2,
+      task_options=dict(data_dir=str(tmp_path), vocab_size=5, lstm_units=4),
+      output_dir=str(tmp_path / 'run'),
+    )
+  )
   task = prepared.task
   assert sorted(task.train_data.client_ids) == ['u1', 'u2', 'u3']
   # TFF's own preprocessing of the same user, batch 1: the same ids.
-  spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=1,
-                                             shuffle_buffer_size=1)
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=1, shuffle_buffer_size=1)
   raw, _, _ = tff.simulation.datasets.stackoverflow.load_data(cache_dir=str(tmp_path))
   vocab = ['list', 'sort', 'a', 'how', 'word']
   for user in ('u1', 'u3'):
-    theirs = list(tff_preprocessing.create_preprocess_fn(spec, vocab)(
-        raw.create_tf_dataset_for_client(user)).as_numpy_iterator())
+    theirs = list(
+      tff_preprocessing.create_preprocess_fn(spec, vocab)(
+        raw.create_tf_dataset_for_client(user)
+      ).as_numpy_iterator()
+    )
     ours = list(task.train_data.create_tf_dataset_for_client(user).as_numpy_iterator())
     assert len(ours) == len(theirs)
     for (x, y), (tx, ty) in zip(ours, theirs):
@@ -377,35 +545,44 @@ def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_pat
   # predicts the out-of-vocabulary id, then the end id (t1's labels: sort, oov, list,
   # oov, end, then pad).
   from tensorflow_federated.python.simulation.baselines import keras_metrics  # pylint: disable=g-import-not-at-top
+
   special = tff_preprocessing.get_special_tokens(5)
-  (x, y), = tff_preprocessing.create_preprocess_fn(spec, vocab)(
-      tff.simulation.datasets.stackoverflow.load_data(cache_dir=str(tmp_path))[2]
-      .create_tf_dataset_for_client('t1')).as_numpy_iterator()
+  ((x, y),) = tff_preprocessing.create_preprocess_fn(spec, vocab)(
+    tff.simulation.datasets.stackoverflow.load_data(cache_dir=str(tmp_path))[
+      2
+    ].create_tf_dataset_for_client('t1')
+  ).as_numpy_iterator()
   for always in (special.out_of_vocab[0], special.end_of_sentence):
     trainable = [np.array(w) for w in task.model.initial_weights[0]]
     trainable[-2][:] = 0  # the last Dense layer's kernel, then its bias
     trainable[-1][:] = 0
     trainable[-1][always] = 10
     ours = task.evaluate(tuple(trainable), None)
-    for name, masked in (('accuracy', []), ('accuracy_no_oov', special.out_of_vocab),
-                         ('accuracy_no_oov_or_eos',
-                          special.out_of_vocab + [special.end_of_sentence])):
-      metric = keras_metrics.MaskedCategoricalAccuracy(
-          masked_tokens=[special.padding] + masked)
-      metric.update_state(y, task.model.predict_on_batch(
-          (tuple(trainable), ()), x, training=False))
+    for name, masked in (
+      ('accuracy', []),
+      ('accuracy_no_oov', special.out_of_vocab),
+      ('accuracy_no_oov_or_eos', special.out_of_vocab + [special.end_of_sentence]),
+    ):
+      metric = keras_metrics.MaskedCategoricalAccuracy(masked_tokens=[special.padding] + masked)
+      metric.update_state(y, task.model.predict_on_batch((tuple(trainable), ()), x, training=False))
       assert ours[f'test_{name}'] == pytest.approx(float(metric.result()))
     assert ours['test_accuracy'] > 0
   with pytest.raises(experiment.ConfigError, match='stackoverflow.word_count not found'):
     (tmp_path / 'stackoverflow.word_count').unlink()
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', task='stackoverflow_nwp', task_options=dict(
-            data_dir=str(tmp_path)), output_dir=str(tmp_path / 'run2')))
+    experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm='fedavg',
+        task='stackoverflow_nwp',
+        task_options=dict(data_dir=str(tmp_path)),
+        output_dir=str(tmp_path / 'run2'),
+      )
+    )
 
 
 def test_the_scorer_leaves_masked_labels_out_of_the_accuracy_and_chunks_alike():
   from tff_comp import models  # pylint: disable=g-import-not-at-top
   from tff_comp.tasks import base  # pylint: disable=g-import-not-at-top
+
   model = models.softmax_regression(3, 4)
   kernel = np.eye(3, 4, dtype=np.float32) * 5
   x = np.eye(3, dtype=np.float32)[np.arange(600) % 3]
@@ -435,8 +612,10 @@ def test_a_scorer_is_built_once_when_two_threads_score_first(monkeypatch):
   builds mixed tensors of two graphs)."""
   import threading  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
+
   from tff_comp import models  # pylint: disable=g-import-not-at-top
   from tff_comp.tasks import base  # pylint: disable=g-import-not-at-top
+
   builds, build = [], base.ClassifierScorer._build
 
   def slow_build(self):
@@ -449,8 +628,9 @@ def test_a_scorer_is_built_once_when_two_threads_score_first(monkeypatch):
   weights = (np.eye(3, 4, dtype=np.float32), np.zeros(4, np.float32))
   x, y = np.eye(3, dtype=np.float32), np.arange(3, dtype=np.int32)
   scores = []
-  threads = [threading.Thread(target=lambda: scores.append(scorer(weights, x, y)))
-             for _ in range(2)]
+  threads = [
+    threading.Thread(target=lambda: scores.append(scorer(weights, x, y))) for _ in range(2)
+  ]
   for thread in threads:
     thread.start()
   for thread in threads:

@@ -6,8 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests import numpy_reference as ref
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.algorithms import fedavg
 from tff_comp.runtime import choice
 from tff_comp.tasks import array_data
@@ -37,15 +36,19 @@ def _numpy_fedavg_with_momentum(clients):
 
 
 @pytest.mark.parametrize('runtime', ['inprocess', 'tff'])
-def test_client_momentum_matches_heavy_ball_local_sgd_in_numpy(tmp_path, monkeypatch,
-                                                               runtime):
+def test_client_momentum_matches_heavy_ball_local_sgd_in_numpy(tmp_path, monkeypatch, runtime):
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   clients = ref.shifted_clients(11, ((9, 0.0), (6, 2.0), (8, -1.0)), D)
-  data = array_data.cached_client_data('momentum-test', ['a', 'b', 'c'], (D,), tf.float32,
-                                       lambda i: clients[i])
-  algorithm = fedavg.fedavg(models.linear_regression((D,)), client_learning_rate=LR,
-                            client_momentum=RHO, server_learning_rate=SERVER_LR,
-                            batch_size=BATCH).with_client_options(shuffle=False)
+  data = array_data.cached_client_data(
+    'momentum-test', ['a', 'b', 'c'], (D,), tf.float32, lambda i: clients[i]
+  )
+  algorithm = fedavg.fedavg(
+    models.linear_regression((D,)),
+    client_learning_rate=LR,
+    client_momentum=RHO,
+    server_learning_rate=SERVER_LR,
+    batch_size=BATCH,
+  ).with_client_options(shuffle=False)
   run, _ = choice.runner_for(algorithm, data, runtime)
   state = run.initialize()
   for sampled in ROUNDS:
@@ -60,5 +63,4 @@ def test_client_momentum_is_an_option_of_fedavg_and_a_negative_one_is_refused():
   """Builder options become flags of the same name (`binaries/flags_lib.py`)."""
   assert 'client_momentum' in {h.name for h in registry.get_algorithm('fedavg').hparams}
   with pytest.raises(ValueError, match='client_momentum'):
-    fedavg.fedavg(models.linear_regression((D,)), client_learning_rate=LR,
-                  client_momentum=-0.5)
+    fedavg.fedavg(models.linear_regression((D,)), client_learning_rate=LR, client_momentum=-0.5)

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp.ops import maml
-from tff_comp.ops import messages
-from tff_comp.ops import scaffold
+from tff_comp.ops import maml, messages, scaffold
 from tff_comp.runtime import client_rows
 
 POPULATION = 6
@@ -17,14 +15,23 @@ SHARD = np.array([1, 3, 5])  # the holder's clients' population indices
 
 def _tables(seed: int) -> dict:
   rng = np.random.default_rng(seed)
-  return {'memory': (rng.normal(size=(POPULATION, 2, 3)).astype(np.float32),),
-          'seen': rng.integers(0, 2, POPULATION).astype(np.float32)}
+  return {
+    'memory': (rng.normal(size=(POPULATION, 2, 3)).astype(np.float32),),
+    'seen': rng.integers(0, 2, POPULATION).astype(np.float32),
+  }
 
 
 def _holder(tables: dict) -> client_rows.ShardRows:
   rows = client_rows.ShardRows()
-  rows.load((SHARD, {name: (value[0][SHARD],) if name == 'memory' else value[SHARD]
-                     for name, value in tables.items()}))
+  rows.load(
+    (
+      SHARD,
+      {
+        name: (value[0][SHARD],) if name == 'memory' else value[SHARD]
+        for name, value in tables.items()
+      },
+    )
+  )
   return rows
 
 
@@ -41,10 +48,11 @@ def test_a_holder_commits_takes_and_fills_the_rows_of_its_clients():
   tables, new = _tables(0), _tables(1)
   holder = _holder(tables)
   changed = np.array([5, 1])
-  holder.commit((changed, {'memory': (new['memory'][0][changed],),
-                           'seen': new['seen'][changed]}))
-  want = {name: (np.copy(value[0]),) if name == 'memory' else np.copy(value)
-          for name, value in tables.items()}
+  holder.commit((changed, {'memory': (new['memory'][0][changed],), 'seen': new['seen'][changed]}))
+  want = {
+    name: (np.copy(value[0]),) if name == 'memory' else np.copy(value)
+    for name, value in tables.items()
+  }
   want['memory'][0][changed] = new['memory'][0][changed]
   want['seen'][changed] = new['seen'][changed]
 
@@ -54,8 +62,11 @@ def test_a_holder_commits_takes_and_fills_the_rows_of_its_clients():
 
   weights = np.arange(4.0)
   payload = client_rows.select_payload(
-      messages.MemoryPayload(weights, tables['memory'], tables['seen']), [5, 3, 5],
-      held=('memory', 'seen'), population=POPULATION)
+    messages.MemoryPayload(weights, tables['memory'], tables['seen']),
+    [5, 3, 5],
+    held=('memory', 'seen'),
+    population=POPULATION,
+  )
   assert payload.memory[0].values is None and payload.seen.values is None
   filled = client_rows.expand(holder.fill(payload))
   share = [3, 5]
@@ -78,8 +89,9 @@ def test_a_holder_restores_from_its_snapshot_and_the_rows_sent_since():
   again.load(snapshot)
   again.commit(change)
   for name in ('memory', 'seen'):
-    np.testing.assert_array_equal(np.asarray(again.take(SHARD)[name]),
-                                  np.asarray(holder.take(SHARD)[name]))
+    np.testing.assert_array_equal(
+      np.asarray(again.take(SHARD)[name]), np.asarray(holder.take(SHARD)[name])
+    )
   np.testing.assert_array_equal(again.take(np.array([3]))['memory'][0], new['memory'][0][[3]])
   with pytest.raises(KeyError):  # a client of another holder
     holder.take(np.array([2]))

@@ -8,11 +8,7 @@ import tensorflow_federated as tff
 
 from tests import numpy_reference as ref
 from tff_comp import models
-from tff_comp.ops import regularizers
-from tff_comp.ops import composite
-from tff_comp.ops import messages
-from tff_comp.ops import sgd
-from tff_comp.ops import local_loop
+from tff_comp.ops import composite, local_loop, messages, regularizers, sgd
 from tff_comp.ops import rule as rule_lib
 
 D = 6
@@ -29,8 +25,12 @@ def _run(rule, payload, hparams=HP, batch_size=4):
   state = rule.initialize(payload, hparams, context)
   batches = local_loop.plan(len(X), 0, 0, batch_size=batch_size)
   state = local_loop.run_scheduled_steps(
-      lambda s, b: rule.step(s, b, payload, hparams, context), state, (X, Y), batches,
-      batch_size=batch_size)
+    lambda s, b: rule.step(s, b, payload, hparams, context),
+    state,
+    (X, Y),
+    batches,
+    batch_size=batch_size,
+  )
   return state, rule.finalize(state, payload, hparams, context)
 
 

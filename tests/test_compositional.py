@@ -1,6 +1,5 @@
 """The compositional client block and ComFedL with the DRFL objective."""
 
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,10 +8,8 @@ import tensorflow_federated as tff
 from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import models
-from tff_comp.algorithms import comfedl
-from tff_comp.algorithms import fedavg
-from tff_comp.ops import model_ops
-from tff_comp.ops import objectives
+from tff_comp.algorithms import comfedl, fedavg
+from tff_comp.ops import model_ops, objectives
 
 D = 6
 RNG = np.random.default_rng(7)
@@ -33,11 +30,13 @@ def test_block_gradient_equals_autodiff_of_the_composition(objective):
   obj = objectives.make_objective(objective, gamma=3.0, inner_learning_rate=0.01)
   hparams, reference = obj.hparams(), 10.0
   _, _, got = objectives.compositional_gradient(
-      obj, MODEL, weights, (), inner_batch, outer_batch, hparams, reference)
+    obj, MODEL, weights, (), inner_batch, outer_batch, hparams, reference
+  )
   with tf.GradientTape() as tape:
     tape.watch(weights)
-    composed = obj.outer(MODEL, obj.inner(MODEL, weights, (), inner_batch, hparams), outer_batch,
-                         hparams, reference)
+    composed = obj.outer(
+      MODEL, obj.inner(MODEL, weights, (), inner_batch, hparams), outer_batch, hparams, reference
+    )
   want = tape.gradient(composed, weights)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -57,8 +56,9 @@ def _one_round(process, clients, weights):
 def test_drfl_client_weights_are_a_softmax_of_losses_up_to_the_common_scale():
   gamma, lr = 0.1, 0.01
   w0 = (RNG.normal(size=D).astype(np.float32), np.float32(0.1))
-  process = comfedl.build_comfedl(MODEL, client_learning_rate=lr, gamma=gamma,
-                                  local_steps=1, batch_size=12)
+  process = comfedl.build_comfedl(
+    MODEL, client_learning_rate=lr, gamma=gamma, local_steps=1, batch_size=12
+  )
   clients = _clients()
   out, (w, b) = _one_round(process, clients, w0)
   assert np.all(np.isfinite(w))
@@ -74,7 +74,7 @@ def test_drfl_client_weights_are_a_softmax_of_losses_up_to_the_common_scale():
   grad_matrix = np.array([np.append(g[0], g[1]) for g in grads]).T
   step = np.append(w0[0] - w, w0[1] - b) * len(clients) / lr
   applied, residual, _, _ = np.linalg.lstsq(grad_matrix, step, rcond=None)
-  assert residual.item() < 1e-6 * np.sum(step ** 2)
+  assert residual.item() < 1e-6 * np.sum(step**2)
   softmax = np.exp(losses / gamma) / np.exp(losses / gamma).sum()
   np.testing.assert_allclose(applied / applied.sum(), softmax, rtol=1e-3, atol=1e-6)
   assert losses.max() - losses.min() > 5 * gamma  # the weights are far from uniform
@@ -84,10 +84,12 @@ def test_large_gamma_behaves_like_uniform_fedavg():
   gamma, lr = 1e4, 0.01
   clients = _clients()
   datasets = [tf.data.Dataset.from_tensor_slices(c) for c in clients]
-  composed = comfedl.build_comfedl(MODEL, client_learning_rate=lr * gamma, gamma=gamma,
-                                   local_steps=2, batch_size=6)
-  plain = fedavg.build_fedavg(MODEL, client_learning_rate=lr, batch_size=6,
-                              client_weighting='uniform')
+  composed = comfedl.build_comfedl(
+    MODEL, client_learning_rate=lr * gamma, gamma=gamma, local_steps=2, batch_size=6
+  )
+  plain = fedavg.build_fedavg(
+    MODEL, client_learning_rate=lr, batch_size=6, client_weighting='uniform'
+  )
   a, b = composed.initialize(), plain.initialize()
   for _ in range(3):
     a = composed.next(a, datasets).state
@@ -130,10 +132,18 @@ def test_local_scgdm_matches_numpy_reference():
   hp = dict(eta=0.05, alpha=2.0, beta=0.5, tgamma=3.0, gamma=5.0, steps=3, batch=4)
   rng = np.random.default_rng(5)
   clients = [_batch(n, shift=s, rng=rng) for n, s in ((7, 0.0), (10, 0.3), (5, 0.8))]
-  process = algorithm_cases.stored_order(local_scgdm.local_scgdm(
-      MODEL, client_learning_rate=hp['eta'], momentum_rate=hp['alpha'], beta=hp['beta'],
-      tracking_gamma=hp['tgamma'], gamma=hp['gamma'], local_steps=hp['steps'],
-      batch_size=hp['batch']))
+  process = algorithm_cases.stored_order(
+    local_scgdm.local_scgdm(
+      MODEL,
+      client_learning_rate=hp['eta'],
+      momentum_rate=hp['alpha'],
+      beta=hp['beta'],
+      tracking_gamma=hp['tgamma'],
+      gamma=hp['gamma'],
+      local_steps=hp['steps'],
+      batch_size=hp['batch'],
+    )
+  )
   state = process.initialize()
   datasets = [tf.data.Dataset.from_tensor_slices(c) for c in clients]
   for _ in range(3):
@@ -153,8 +163,9 @@ def test_imbalanced_task_sizes_and_mnist_loader_offline(tmp_path):
   from tff_comp.tasks import imbalanced_digits  # pylint: disable=g-import-not-at-top
 
   task = imbalanced_digits.build_imbalanced_digits_task()
-  sizes = [len(list(task.train_data.create_tf_dataset_for_client(c)))
-           for c in task.train_data.client_ids]
+  sizes = [
+    len(list(task.train_data.create_tf_dataset_for_client(c))) for c in task.train_data.client_ids
+  ]
   assert sizes[1:] == [20] * 9 and sizes[0] > 1000
   metrics = task.evaluate(tuple(w for w in task.model.initial_weights[0]))
   assert {'average_accuracy', 'worst_accuracy'} <= set(metrics)
@@ -162,10 +173,14 @@ def test_imbalanced_task_sizes_and_mnist_loader_offline(tmp_path):
   # A small MNIST fixture in Keras' .npz format.
   rng = np.random.default_rng(0)
   fixture = tmp_path / 'mnist.npz'
-  np.savez(fixture, x_train=rng.integers(0, 256, (1000, 28, 28), dtype=np.uint8),
-           y_train=rng.integers(0, 10, 1000, dtype=np.uint8))
+  np.savez(
+    fixture,
+    x_train=rng.integers(0, 256, (1000, 28, 28), dtype=np.uint8),
+    y_train=rng.integers(0, 10, 1000, dtype=np.uint8),
+  )
   mnist = imbalanced_digits.build_imbalanced_digits_task(
-      source='mnist', mnist_path=str(fixture), big_size=200)
+    source='mnist', mnist_path=str(fixture), big_size=200
+  )
   x, y = next(iter(mnist.train_data.create_tf_dataset_for_client('0').batch(1000)))
   assert x.shape == (200, 784) and float(tf.reduce_max(x)) <= 1.0
   assert mnist.model.input_spec[0].shape[1] == 784
@@ -178,5 +193,6 @@ def test_da_maml_reference_is_the_adapted_full_data_loss():
   adapted = obj.inner(MODEL, weights, (), examples, obj.hparams())
   want = model_ops.batch_loss(MODEL, adapted, (), examples)
   assert float(obj.reference_value(MODEL, weights, (), examples, obj.hparams())) == (
-      pytest.approx(float(want)))
+    pytest.approx(float(want))
+  )
   assert float(want) < float(model_ops.batch_loss(MODEL, weights, (), examples))

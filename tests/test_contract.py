@@ -5,14 +5,14 @@ import pytest
 
 from tests import algorithm_cases
 from tff_comp import registry
-from tff_comp.ops import aggregation
+from tff_comp.ops import aggregation, contract
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import contract
 
 
 def _built(name):
   return registry.get_algorithm(name).build(
-      algorithm_cases.MODEL, **algorithm_cases.arguments(name, {}))
+    algorithm_cases.MODEL, **algorithm_cases.arguments(name, {})
+  )
 
 
 @pytest.mark.parametrize('name', registry.ALGORITHMS.names())
@@ -20,20 +20,34 @@ def test_every_registered_algorithm_keeps_its_contract(name):
   contract.check(_built(name))
 
 
-@pytest.mark.parametrize('client, server, kind, link', [
+@pytest.mark.parametrize(
+  'client, server, kind, link',
+  [
     # FedDualAvg's server broadcasts the dual state; SGD starts from model weights.
     ('fedavg', 'feddualavg', None, r'the payload \(DualPayload\) against SGD'),
     ('scaffold', 'fedavg', None, r'the payload \(ModelWeights\) against ScaffoldClient'),
     # FedNova's normalized mean needs ||a_i||_1 beside the delta.
-    ('fedavg', 'fedavg', aggregation.NORMALIZED, r"aggregation 'normalized' needs .* no delta, a_norm"),
+    (
+      'fedavg',
+      'fedavg',
+      aggregation.NORMALIZED,
+      r"aggregation 'normalized' needs .* no delta, a_norm",
+    ),
     ('qfedavg', 'fednova', None, r"aggregation 'normalized' needs .* \(QUpdate\) has no a_norm"),
     # q-FedAvg's ratio step takes (delta, h), not a plain model delta.
-    ('fedavg', 'qfedavg', None, r'aggregated update \(tuple\) .*update_spec\(\) declares \(QUpdate\)'),
+    (
+      'fedavg',
+      'qfedavg',
+      None,
+      r'aggregated update \(tuple\) .*update_spec\(\) declares \(QUpdate\)',
+    ),
     ('fednova', 'qfedavg', None, r"server_rule.step: AttributeError: .*NormalizedUpdate.* 'h'"),
-])
+  ],
+)
 def test_blocks_that_do_not_fit_fail_when_built(client, server, kind, link):
   a, b = _built(client), _built(server)
   with pytest.raises(contract.ContractError, match=link) as error:
-    algorithm_lib.Algorithm(a.model, a.client_rule, b.server_rule, a.client_options,
-                            kind or b.aggregation)
+    algorithm_lib.Algorithm(
+      a.model, a.client_rule, b.server_rule, a.client_options, kind or b.aggregation
+    )
   assert '\n' not in str(error.value)

@@ -19,8 +19,13 @@ def _make(i):
 
 def _load():
   data = array_data.cached_client_data('cache-test', IDS, (3,), tf.int32, _make)
-  return {cid: [np.concatenate([x, [y]]) for x, y in
-                data.create_tf_dataset_for_client(cid).as_numpy_iterator()] for cid in IDS}
+  return {
+    cid: [
+      np.concatenate([x, [y]])
+      for x, y in data.create_tf_dataset_for_client(cid).as_numpy_iterator()
+    ]
+    for cid in IDS
+  }
 
 
 def _file(tmp_path, cid):
@@ -56,6 +61,7 @@ def test_a_changed_generator_gets_new_files(tmp_path, monkeypatch):
   module.write_text('def make(i):\n  return i\n')
   monkeypatch.syspath_prepend(str(tmp_path))
   import some_generator  # pylint: disable=g-import-not-at-top,import-error
+
   before = array_data.generator_version(some_generator.make)
   module.write_text('def make(i):\n  return i + 1\n')
   importlib.reload(some_generator)

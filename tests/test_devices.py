@@ -11,15 +11,12 @@ import numpy as np
 import pytest
 
 from tff_comp import experiment
-from tff_comp.run import devices
-from tff_comp.run import run_files
-from tff_comp.run import sampling
+from tff_comp.run import devices, run_files, sampling
 from tff_comp.settings import ConfigError
 
 SIZES = {'a': 10, 'b': 40, 'c': 20, 'd': 5, 'e': 80}
 # client: (speed in examples/s, network seconds); round time = n / speed + network.
-TRACE = {'a': (10.0, 1.0), 'b': (20.0, 0.5), 'c': (5.0, 2.0), 'd': (50.0, 0.1),
-         'e': (40.0, 3.0)}
+TRACE = {'a': (10.0, 1.0), 'b': (20.0, 0.5), 'c': (5.0, 2.0), 'd': (50.0, 0.1), 'e': (40.0, 3.0)}
 SECONDS = {c: SIZES[c] / s + t for c, (s, t) in TRACE.items()}  # a 2, b 2.5, c 6, d 0.2, e 5
 
 
@@ -34,10 +31,12 @@ def _trace(tmp_path, windows=None):
 
 
 def _sampler(tmp_path, k=5, windows=None, **options):
-  opts = devices.DeviceOptions(device_model='trace', device_trace=str(_trace(tmp_path, windows)),
-                               **options)
-  clock = devices.DeviceClock(devices.draw_devices(list(SIZES), opts, 0),
-                              devices.ClientWork(SIZES.get, step_batch=4), opts)
+  opts = devices.DeviceOptions(
+    device_model='trace', device_trace=str(_trace(tmp_path, windows)), **options
+  )
+  clock = devices.DeviceClock(
+    devices.draw_devices(list(SIZES), opts, 0), devices.ClientWork(SIZES.get, step_batch=4), opts
+  )
   return sampling.ClientSampler(list(SIZES), k, seed=1, clock=clock)
 
 
@@ -101,8 +100,13 @@ def test_windows_decide_who_may_be_sampled_and_an_empty_round_waits(tmp_path):
 
 def test_lognormal_devices_come_from_the_seed_around_their_medians():
   ids = [f'c{i}' for i in range(20000)]
-  opts = devices.DeviceOptions(device_model='lognormal', device_speed=50.0,
-                               device_speed_sigma=0.8, network_seconds=2.0, network_sigma=0.3)
+  opts = devices.DeviceOptions(
+    device_model='lognormal',
+    device_speed=50.0,
+    device_speed_sigma=0.8,
+    network_seconds=2.0,
+    network_sigma=0.3,
+  )
   drawn = devices.draw_devices(ids, opts, seed=7)
   speeds = np.log([d.speed for d in drawn.values()])
   networks = np.log([d.network for d in drawn.values()])
@@ -114,24 +118,39 @@ def test_lognormal_devices_come_from_the_seed_around_their_medians():
   assert devices.draw_devices(ids[:5], opts, seed=8) != {c: drawn[c] for c in ids[:5]}
 
 
-@pytest.mark.parametrize('settings,message', [
+@pytest.mark.parametrize(
+  'settings,message',
+  [
     (dict(round_deadline=5.0), 'need a device model'),
     (dict(device_model='trace'), '--device_trace goes with'),
     (dict(device_model='lognormal', straggler_rate=0.2), 'makes its own stragglers'),
     (dict(device_model='trace', device_trace='/nonexistent.csv'), '/nonexistent.csv'),
     (dict(device_model='lognormal', overselect=0.5), '--overselect must be >= 1.0'),
-])
+  ],
+)
 def test_bad_device_settings_are_one_line(settings, message, tmp_path):
   with pytest.raises(ConfigError, match=message):
-    experiment.train('fedavg', 'quadratic', rounds=1, output_dir=str(tmp_path),
-                     show_progress=False, **settings)
+    experiment.train(
+      'fedavg', 'quadratic', rounds=1, output_dir=str(tmp_path), show_progress=False, **settings
+    )
 
 
 def _train(tmp_path, name, rounds, **settings):
-  experiment.train('fedavg', 'quadratic', rounds=rounds, clients_per_round=3, eval_period=2,
-                   output_dir=str(tmp_path / name), show_progress=False,
-                   device_model='lognormal', device_speed=20.0, round_deadline=1.5,
-                   deadline_policy='partial', overselect=1.5, **settings)
+  experiment.train(
+    'fedavg',
+    'quadratic',
+    rounds=rounds,
+    clients_per_round=3,
+    eval_period=2,
+    output_dir=str(tmp_path / name),
+    show_progress=False,
+    device_model='lognormal',
+    device_speed=20.0,
+    round_deadline=1.5,
+    deadline_policy='partial',
+    overselect=1.5,
+    **settings,
+  )
   _, rows, _ = run_files.whole_rows(tmp_path / name / 'metrics.csv')
   return rows
 
@@ -140,8 +159,9 @@ def test_a_run_writes_its_clock_records_its_devices_and_resumes_to_the_same_cloc
   whole = _train(tmp_path, 'whole', 6, checkpoint_every=3)
   clock = [float(r['time/simulated_seconds']) for r in whole[1:]]
   assert np.all(np.diff(clock) > 0)
-  np.testing.assert_allclose(np.cumsum([float(r['time/round_seconds']) for r in whole[1:]]),
-                             clock, rtol=1e-12)
+  np.testing.assert_allclose(
+    np.cumsum([float(r['time/round_seconds']) for r in whole[1:]]), clock, rtol=1e-12
+  )
   assert max(float(r['time/round_seconds']) for r in whole[1:]) <= 1.5
   # The deadline turned clients away and cut others' steps (FedAvg ran their share).
   assert all(float(r['participation/late']) > 0 for r in whole[1:])
@@ -151,6 +171,10 @@ def test_a_run_writes_its_clock_records_its_devices_and_resumes_to_the_same_cloc
   _train(tmp_path, 'cut', 3, checkpoint_every=3)
   resumed = _train(tmp_path, 'cut', 6, checkpoint_every=3, resume=True)
   for a, b in zip(whole, resumed, strict=True):
-    for column in ('time/simulated_seconds', 'participation/late', 'train/client_work/train_loss',
-                   'participation/straggling'):
+    for column in (
+      'time/simulated_seconds',
+      'participation/late',
+      'train/client_work/train_loss',
+      'participation/straggling',
+    ):
       assert a[column] == b[column], column

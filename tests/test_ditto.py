@@ -7,13 +7,11 @@ import tensorflow_federated as tff
 
 from tests import algorithm_cases
 from tests import numpy_reference as ref
-from tff_comp import evaluation
-from tff_comp.learning_process import client_work
-from tff_comp.learning_process import composer
-from tff_comp import models
+from tff_comp import evaluation, models
 from tff_comp.algorithms import ditto
-from tff_comp.runtime import inprocess
+from tff_comp.learning_process import client_work, composer
 from tff_comp.run import callbacks
+from tff_comp.runtime import inprocess
 from tff_comp.tasks import array_data
 
 D, LR, PERSONAL_LR, LAM, BATCH = 4, 0.05, 0.1, 0.5, 4
@@ -50,12 +48,19 @@ def _numpy_ditto(clients, personal_lr=PERSONAL_LR):
 
 
 def _process(data, client_learning_rate=LR, **kwargs):
-  process = algorithm_cases.stored_order(ditto.ditto(models.linear_regression((D,)), num_clients=3,
-                              client_learning_rate=client_learning_rate, batch_size=BATCH,
-                              **kwargs))
+  process = algorithm_cases.stored_order(
+    ditto.ditto(
+      models.linear_regression((D,)),
+      num_clients=3,
+      client_learning_rate=client_learning_rate,
+      batch_size=BATCH,
+      **kwargs,
+    )
+  )
   assert isinstance(process, composer.PersonalizedLearningProcess)
   return process, tff.simulation.compose_dataset_computation_with_learning_process(
-      client_work.indexed_dataset_computation(data), process)
+    client_work.indexed_dataset_computation(data), process
+  )
 
 
 @pytest.mark.parametrize('tied', [False, True])
@@ -64,11 +69,13 @@ def test_two_rounds_match_numpy(tmp_path, monkeypatch, tied):
   also when it is set after building (as reproduce.py's grids do)."""
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   clients = _clients()
-  data = array_data.cached_client_data('ditto-test', ['a', 'b', 'c'], (D,), tf.float32,
-                                       lambda i: clients[i])
+  data = array_data.cached_client_data(
+    'ditto-test', ['a', 'b', 'c'], (D,), tf.float32, lambda i: clients[i]
+  )
   if tied:
-    process, composed = _process(data, client_learning_rate=0.5, lam=LAM,
-                                 personal_learning_rate=0.0)
+    process, composed = _process(
+      data, client_learning_rate=0.5, lam=LAM, personal_learning_rate=0.0
+    )
     state = callbacks.set_learning_rates(composed, composed.initialize(), LR, 1.0)
   else:
     process, composed = _process(data, lam=LAM, personal_learning_rate=PERSONAL_LR)
@@ -93,8 +100,9 @@ def test_lambda_limits(tmp_path, monkeypatch, lam):
   """lam = 0: v is plain local SGD; lam large (with eta_p lam < 2): v stays near w_r."""
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   clients = _clients()
-  data = array_data.cached_client_data('ditto-test', ['a', 'b', 'c'], (D,), tf.float32,
-                                       lambda i: clients[i])
+  data = array_data.cached_client_data(
+    'ditto-test', ['a', 'b', 'c'], (D,), tf.float32, lambda i: clients[i]
+  )
   personal_lr = 1e-4 if lam else PERSONAL_LR
   process, composed = _process(data, lam=lam, personal_learning_rate=personal_lr)
   state = composed.next(composed.initialize(), ['a']).state
@@ -117,14 +125,27 @@ def test_global_model_is_tff_fedavg(tmp_path):
   """Ditto's global model is FedAvg's: equal to TFF's built-in on the same inputs."""
   clients = _clients()
   model = models.linear_regression((D,))
-  ours = algorithm_cases.stored_order(ditto.ditto(model, num_clients=3, client_learning_rate=LR,
-                           server_learning_rate=0.7, batch_size=BATCH, lam=LAM))
+  ours = algorithm_cases.stored_order(
+    ditto.ditto(
+      model,
+      num_clients=3,
+      client_learning_rate=LR,
+      server_learning_rate=0.7,
+      batch_size=BATCH,
+      lam=LAM,
+    )
+  )
   theirs = tff.learning.algorithms.build_weighted_fed_avg(
-      model, client_optimizer_fn=tff.learning.optimizers.build_sgdm(LR),
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.7))
-  indexed = [tf.data.Dataset.from_tensor_slices((x, y)).map(
-      lambda x, y, i=i: client_work.IndexedExample(client_index=i, example=(x, y)))
-             for i, (x, y) in enumerate(clients)]
+    model,
+    client_optimizer_fn=tff.learning.optimizers.build_sgdm(LR),
+    server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.7),
+  )
+  indexed = [
+    tf.data.Dataset.from_tensor_slices((x, y)).map(
+      lambda x, y, i=i: client_work.IndexedExample(client_index=i, example=(x, y))
+    )
+    for i, (x, y) in enumerate(clients)
+  ]
   plain = [tf.data.Dataset.from_tensor_slices(c).batch(BATCH) for c in clients]
   ours_state, theirs_state = ours.initialize(), theirs.initialize()
   for sampled in ROUNDS:
@@ -140,18 +161,21 @@ def test_global_model_is_tff_fedavg(tmp_path):
 def test_experiment_scores_personal_models_or_refuses_the_task():
   from tff_comp import experiment  # pylint: disable=g-import-not-at-top
 
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='ditto', task='dominant_class'))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(algorithm='ditto', task='dominant_class')
+  )
   process = inprocess.build(prepared.build(), prepared.task.train_data)
   metrics = evaluation.evaluator(prepared.task, process)(process.initialize())
   # Every personal model starts at the global model.
   assert metrics['personal_loss'] == pytest.approx(metrics['loss_before'], rel=1e-5)
   assert metrics['personal_worst_accuracy'] == metrics['worst_accuracy_before']
 
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='ditto', task='sinewave', clients_per_round=5,
-      task_options=dict(num_clients=5)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='ditto', task='sinewave', clients_per_round=5, task_options=dict(num_clients=5)
+    )
+  )
   with pytest.raises(experiment.ConfigError, match='cannot evaluate them'):
-    evaluation.evaluator(prepared.task, inprocess.build(prepared.build(),
-                                                        prepared.task.train_data),
-                         algorithm='ditto')
+    evaluation.evaluator(
+      prepared.task, inprocess.build(prepared.build(), prepared.task.train_data), algorithm='ditto'
+    )

@@ -7,18 +7,16 @@ import fnmatch
 import json
 import math
 import pathlib
-import sys
 import re
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp import experiment
-from tff_comp import registry
-from tff_comp.run import callbacks
-from tff_comp.run import run_files
+from tff_comp import experiment, registry
+from tff_comp.run import callbacks, run_files
 
 
 def _config(tmp_path, algorithm='fedavg', **kwargs):
@@ -28,8 +26,12 @@ def _config(tmp_path, algorithm='fedavg', **kwargs):
 def _documented_metrics() -> list[str]:
   """The column names (fnmatch patterns) of docs/metrics.md's table."""
   section = (pathlib.Path(experiment.__file__).parent.parent / 'docs' / 'metrics.md').read_text()
-  names = [name for line in section.splitlines() if line.startswith('| `')
-           for name in re.findall(r'`([^`]+)`', line.split(' | ')[0])]
+  names = [
+    name
+    for line in section.splitlines()
+    if line.startswith('| `')
+    for name in re.findall(r'`([^`]+)`', line.split(' | ')[0])
+  ]
   assert len(names) > 30, names
   return names
 
@@ -43,12 +45,17 @@ def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
   rows = (tmp_path / 'metrics.csv').read_text().splitlines()
   assert len(rows) == 4  # header, rounds 0 to 2
   documented = _documented_metrics()
-  undocumented = [c for c in rows[0].split(',')
-                  if not any(fnmatch.fnmatchcase(c, p) for p in documented)]
-  assert not undocumented, f'columns missing from docs/metrics.md\'s table: {undocumented}'
-  logged = {'feddualavg': 'server/elapsed', 'afl': 'server/client_weights/9',
-            'tr_maml': 'server/lambda_learning_rate', 'fedavg': 'hparams/client_work/momentum',
-            'local_moml': 'server/seen'}
+  undocumented = [
+    c for c in rows[0].split(',') if not any(fnmatch.fnmatchcase(c, p) for p in documented)
+  ]
+  assert not undocumented, f"columns missing from docs/metrics.md's table: {undocumented}"
+  logged = {
+    'feddualavg': 'server/elapsed',
+    'afl': 'server/client_weights/9',
+    'tr_maml': 'server/lambda_learning_rate',
+    'fedavg': 'hparams/client_work/momentum',
+    'local_moml': 'server/seen',
+  }
   if name in logged:  # what defines the method is logged every round
     column = rows[0].split(',').index(logged[name])
     assert all(r.split(',')[column] for r in rows[2:]), rows
@@ -61,10 +68,12 @@ def test_every_algorithm_runs_end_to_end_on_its_home_task(tmp_path, name):
     with open(tmp_path / 'metrics.csv') as f:
       last = list(csv.DictReader(f))[-1]
     # The per-client rows are what the round's summary metrics summarize.
-    worst = {'imbalanced_digits': ('accuracy', min, 'eval/worst_accuracy'),
-             'synthetic': ('test_accuracy', None, None),
-             'sinewave': ('loss_after', max, 'eval/worst_loss_after'),
-             'dominant_class': ('accuracy_after', min, 'eval/worst_accuracy_after')}
+    worst = {
+      'imbalanced_digits': ('accuracy', min, 'eval/worst_accuracy'),
+      'synthetic': ('test_accuracy', None, None),
+      'sinewave': ('loss_after', max, 'eval/worst_loss_after'),
+      'dominant_class': ('accuracy_after', min, 'eval/worst_accuracy_after'),
+    }
     column, pick, summary = worst[prepared.config.task]
     if name == 'ditto':  # each client's own model beside the global model's scores
       own = [float(row['personal_accuracy']) for row in per_client]
@@ -94,7 +103,9 @@ def test_data_seed_and_run_seed_are_separate(tmp_path):
 
   np.testing.assert_array_equal(data(seed=0, data_seed=0), data(seed=7, data_seed=0))
   assert not np.array_equal(data(seed=0, data_seed=0), data(seed=0, data_seed=1))
-  assert experiment.prepare(_config(tmp_path, 'fedavg', seed=3, data_seed=None)).config.task_seed == 3
+  assert (
+    experiment.prepare(_config(tmp_path, 'fedavg', seed=3, data_seed=None)).config.task_seed == 3
+  )
 
 
 def test_divergence_names_the_algorithms_likely_cause(tmp_path):
@@ -102,18 +113,33 @@ def test_divergence_names_the_algorithms_likely_cause(tmp_path):
   prepared = experiment.prepare(_config(tmp_path, 'comfedl', task='sinewave', rounds=3))
   with pytest.raises(callbacks.DivergenceError, match='try a larger --gamma'):
     experiment.run_experiment(prepared, show_progress=False)
-  prepared = experiment.prepare(_config(
-      tmp_path, 'comfedl', task='sinewave', rounds=3, overwrite=True,
-      algorithm_options=dict(gamma=2.0)))
-  assert all(math.isfinite(v) for v in experiment.run_experiment(
-      prepared, show_progress=False).values())
+  prepared = experiment.prepare(
+    _config(
+      tmp_path,
+      'comfedl',
+      task='sinewave',
+      rounds=3,
+      overwrite=True,
+      algorithm_options=dict(gamma=2.0),
+    )
+  )
+  assert all(
+    math.isfinite(v) for v in experiment.run_experiment(prepared, show_progress=False).values()
+  )
 
 
 def test_l1_ball_of_radius_zero_runs_from_the_command_line_path(tmp_path):
   """The ball of radius 0 holds only 0: the constrained weights end at 0 exactly."""
-  prepared = experiment.prepare(_config(
-      tmp_path, 'fedmid', task='constrained_digits', regularizer='l1_ball',
-      regularizer_strength=0.0, rounds=1))
+  prepared = experiment.prepare(
+    _config(
+      tmp_path,
+      'fedmid',
+      task='constrained_digits',
+      regularizer='l1_ball',
+      regularizer_strength=0.0,
+      rounds=1,
+    )
+  )
   final = experiment.run_experiment(prepared, show_progress=False)
   assert all(math.isfinite(v) for v in final.values())
   weights = run_files.load_model(tmp_path / 'final_model.npz').trainable
@@ -129,13 +155,20 @@ def test_every_algorithm_runs_its_whole_default_run_without_diverging(tmp_path, 
   assert all(math.isfinite(v) for v in final.values())
 
 
-@pytest.mark.parametrize('change,says', [
-    (dict(algorithm='fednova', algorithm_options=dict(local_epochs_max=10**11)),
-     'local_epochs_max must be <= 10000'),
-    (dict(algorithm='fedmid', task='sparse_logreg', task_options=dict(dim=10**9)),
-     'would take 4626.8 GiB'),
+@pytest.mark.parametrize(
+  'change,says',
+  [
+    (
+      dict(algorithm='fednova', algorithm_options=dict(local_epochs_max=10**11)),
+      'local_epochs_max must be <= 10000',
+    ),
+    (
+      dict(algorithm='fedmid', task='sparse_logreg', task_options=dict(dim=10**9)),
+      'would take 4626.8 GiB',
+    ),
     (dict(algorithm='fedavg', seed=-1), '--seed must be >= 0'),
-])
+  ],
+)
 def test_absurd_sizes_are_one_line_errors_before_any_work(tmp_path, change, says):
   with pytest.raises(experiment.ConfigError, match=says):
     experiment.build_runner(experiment.prepare(_config(tmp_path, **change)))
@@ -144,15 +177,15 @@ def test_absurd_sizes_are_one_line_errors_before_any_work(tmp_path, change, says
 def test_a_task_too_large_for_memory_is_a_one_line_error(tmp_path):
   """Beyond the tasks' own size checks: an allocation NumPy refuses."""
   with pytest.raises(experiment.ConfigError, match="task 'quadratic': its data do not fit"):
-    experiment.prepare(_config(tmp_path, 'fedavg', task='quadratic',
-                               task_options=dict(dim=2**40)))
+    experiment.prepare(_config(tmp_path, 'fedavg', task='quadratic', task_options=dict(dim=2**40)))
 
 
 @pytest.mark.parametrize('under', [False, True])
 def test_a_data_directory_that_is_a_file_is_a_one_line_error(tmp_path, monkeypatch, under):
   (tmp_path / 'file').write_text('')
-  monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path / 'file' / 'sub' if under
-                                              else tmp_path / 'file'))
+  monkeypatch.setenv(
+    'TFF_COMP_DATA_DIR', str(tmp_path / 'file' / 'sub' if under else tmp_path / 'file')
+  )
   with pytest.raises(experiment.ConfigError, match='is a file, not a directory'):
     experiment.prepare(_config(tmp_path / 'out', 'fedavg'))
 
@@ -167,7 +200,8 @@ def test_config_json_records_every_option_in_force_and_the_environment(tmp_path)
   assert recorded['algorithm_options'] == {}  # what was given stays apart
   task = registry.get_task(recorded['task'])
   assert set(recorded['resolved']['task_options']) == {
-      h.name for h in task.hparams if h.name != 'seed'}
+    h.name for h in task.hparams if h.name != 'seed'
+  }
   env = recorded['environment']
   assert env['tensorflow'] == tf.__version__ and env['tensorflow_federated'] == '0.87.0'
   assert env['tff_comp'] and env['python']
@@ -198,8 +232,9 @@ def test_the_readme_python_example_trains(tmp_path, monkeypatch):
 
 
 def test_train_takes_options_by_their_flag_names_and_refuses_unknown_ones(tmp_path):
-  final = experiment.train('fedavg', task='quadratic', rounds=2, output_dir=str(tmp_path),
-                           show_progress=False)
+  final = experiment.train(
+    'fedavg', task='quadratic', rounds=2, output_dir=str(tmp_path), show_progress=False
+  )
   assert final
   with pytest.raises(experiment.ConfigError, match='unknown settings: mu'):
     experiment.train('fedavg', task='quadratic', mu=0.1, output_dir=str(tmp_path / 'b'))
@@ -212,24 +247,33 @@ def test_of_keeps_a_record_given_whole_and_refuses_it_beside_its_flat_settings()
   config = experiment.ExperimentConfig.of(algorithm='fedavg', participation=whole)
   assert config.participation == whole
   with pytest.raises(experiment.ConfigError, match='both set participation'):
-    experiment.ExperimentConfig.of(algorithm='fedavg', participation=whole,
-                                   sampling='uniform')
+    experiment.ExperimentConfig.of(algorithm='fedavg', participation=whole, sampling='uniform')
 
 
 def test_config_json_records_the_client_hyperparameters_in_force(tmp_path):
   """A grid sets a client hyperparameter by the rule's name (FedProx's option `mu` is
   its rule's `proximal_strength`): config.json records the value in force, not only
   the option's default."""
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedprox', task='quadratic', rounds=1, output_dir=str(tmp_path)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedprox', task='quadratic', rounds=1, output_dir=str(tmp_path)
+    )
+  )
   runner = experiment.build_runner(prepared)
-  experiment.train_runner(prepared, runner, show_progress=False, learning_rates=(0.05, 1.0),
-                          client_hparams={'proximal_strength': 0.3})
+  experiment.train_runner(
+    prepared,
+    runner,
+    show_progress=False,
+    learning_rates=(0.05, 1.0),
+    client_hparams={'proximal_strength': 0.3},
+  )
   resolved = json.loads((tmp_path / 'config.json').read_text())['resolved']
   assert resolved['client_hparams']['proximal_strength'] == pytest.approx(0.3)
   assert resolved['client_hparams']['learning_rate'] == pytest.approx(0.05)
   # Resuming compares what the values came from, not the values resolved at training.
-  resumed = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedprox', task='quadratic', rounds=2, output_dir=str(tmp_path),
-      resume=True))
+  resumed = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedprox', task='quadratic', rounds=2, output_dir=str(tmp_path), resume=True
+    )
+  )
   assert resumed.config.resume

@@ -10,16 +10,12 @@ import tensorflow_federated as tff
 
 from tests import algorithm_cases
 from tff_comp import data as data_lib
-from tff_comp.tasks import quadratic
+from tff_comp import experiment, models
 from tff_comp.learning_process import aggregation_factories
-from tff_comp import experiment
-from tff_comp import models
-from tff_comp.runtime import inprocess
-from tff_comp.ops import messages
+from tff_comp.ops import local_loop, messages, model_ops, sgd
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import sgd
-from tff_comp.ops import local_loop
-from tff_comp.ops import model_ops
+from tff_comp.runtime import inprocess
+from tff_comp.tasks import quadratic
 
 D = 5
 RNG = np.random.default_rng(0)
@@ -35,14 +31,13 @@ def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
   lr = 0.05
   base = sgd.SGD(model, learning_rate=lr, momentum=momentum, proximal_strength=mu)
   rule = sgd.NormalizedSGD(base)
-  hparams = collections.OrderedDict(
-      (k, tf.constant(v)) for k, v in rule.initial_hparams().items())
+  hparams = collections.OrderedDict((k, tf.constant(v)) for k, v in rule.initial_hparams().items())
   payload = tff.learning.models.ModelWeights((tf.zeros([D]), tf.zeros([])), ())
   context = rule_lib.RoundContext.of()
   state = rule.initialize(payload, hparams, context)
   grads = []
   for start in range(0, 20, 4):  # 5 steps of batch 4
-    batch = (X[start:start + 4], Y[start:start + 4])
+    batch = (X[start : start + 4], Y[start : start + 4])
     _, g = model_ops.batch_loss_and_gradient(model, state.weights, (), batch)
     grads.append(g[0].numpy())  # the loss gradient at the current iterate
     state = rule.step(state, batch, payload, hparams, context)
@@ -59,15 +54,24 @@ def test_a_norm_matches_the_recorded_trajectory(momentum, mu):
 
 
 def test_fednova_aggregator_on_its_own():
-  value_type = tff.types.tensorflow_to_type(messages.NormalizedUpdate(
-      delta=(tf.TensorSpec([2], tf.float32),), a_norm=tf.TensorSpec([], tf.float32)))
-  process = aggregation_factories.factory_for('normalized').create(value_type, tff.TensorType(np.float32))
+  value_type = tff.types.tensorflow_to_type(
+    messages.NormalizedUpdate(
+      delta=(tf.TensorSpec([2], tf.float32),), a_norm=tf.TensorSpec([], tf.float32)
+    )
+  )
+  process = aggregation_factories.factory_for('normalized').create(
+    value_type, tff.TensorType(np.float32)
+  )
   deltas = [np.array([1.0, 2.0]), np.array([-3.0, 0.5]), np.array([0.2, 0.2])]
   norms, weights = [2.0, 6.0, 1.0], [10.0, 30.0, 60.0]
-  out = process.next(process.initialize(),
-                     [messages.NormalizedUpdate((d.astype(np.float32),), np.float32(a))
-                      for d, a in zip(deltas, norms)],
-                     [np.float32(w) for w in weights])
+  out = process.next(
+    process.initialize(),
+    [
+      messages.NormalizedUpdate((d.astype(np.float32),), np.float32(a))
+      for d, a in zip(deltas, norms)
+    ],
+    [np.float32(w) for w in weights],
+  )
   p = np.array(weights) / sum(weights)
   tau_eff = p @ np.array(norms)
   want = tau_eff * sum(pi * d / a for pi, d, a in zip(p, deltas, norms))
@@ -77,8 +81,15 @@ def test_fednova_aggregator_on_its_own():
 
 def test_drawn_epochs_are_reproducible_and_vary():
   def draws(seed, round_num):
-    return [int(local_loop.draw_epochs(local_loop.client_key((X[i:i + 5], Y[i:i + 5])), seed, round_num, 2, 5))
-            for i in range(0, 20, 5)]
+    return [
+      int(
+        local_loop.draw_epochs(
+          local_loop.client_key((X[i : i + 5], Y[i : i + 5])), seed, round_num, 2, 5
+        )
+      )
+      for i in range(0, 20, 5)
+    ]
+
   assert draws(0, 3) == draws(0, 3)
   seen = {e for r in range(10) for e in draws(0, r)}
   assert seen == {2, 3, 4, 5}
@@ -87,9 +98,17 @@ def test_drawn_epochs_are_reproducible_and_vary():
 
 
 def _quadratic_run(algorithm, tmp_path, eta, rounds=100):
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm=algorithm, task='quadratic', rounds=rounds, eval_period=rounds,
-      client_learning_rate=eta, server_learning_rate=2.0, output_dir=str(tmp_path / algorithm)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm=algorithm,
+      task='quadratic',
+      rounds=rounds,
+      eval_period=rounds,
+      client_learning_rate=eta,
+      server_learning_rate=2.0,
+      output_dir=str(tmp_path / algorithm),
+    )
+  )
   task = prepared.task
   process = inprocess.build(prepared.build_process(), task.train_data)
   state = process.initialize()
@@ -107,9 +126,11 @@ def test_quadratic_fixed_points_match_closed_forms(tmp_path):
   fedavg_x = _quadratic_run('fedavg', tmp_path, eta)
   fednova_x = _quadratic_run('fednova', tmp_path, eta)
   np.testing.assert_allclose(
-      fedavg_x, quadratic.fixed_point(centers, steps, eta, normalized=False), atol=1e-4)
+    fedavg_x, quadratic.fixed_point(centers, steps, eta, normalized=False), atol=1e-4
+  )
   np.testing.assert_allclose(
-      fednova_x, quadratic.fixed_point(centers, steps, eta, normalized=True), atol=1e-4)
+    fednova_x, quadratic.fixed_point(centers, steps, eta, normalized=True), atol=1e-4
+  )
   fedavg_gap = np.linalg.norm(fedavg_x - optimum)
   fednova_gap = np.linalg.norm(fednova_x - optimum)
   assert fednova_gap * 10 <= fedavg_gap
@@ -123,14 +144,16 @@ def test_drawn_epochs_set_each_clients_steps():
   arrays = data_lib.client_arrays(data)
   ids = ['c0', 'c1', 'c2', 'c3', 'c4']
   for name in ('fedavg', 'fedprox', 'fednova'):
-    process = inprocess.build(algorithm_cases.build(
-        name, dict(local_epochs=2, local_epochs_max=5, seed=3, batch_size=4)), data)
+    process = inprocess.build(
+      algorithm_cases.build(name, dict(local_epochs=2, local_epochs_max=5, seed=3, batch_size=4)),
+      data,
+    )
     state, drawn = process.initialize(), set()
     for round_num in range(2):
       want = 0
       for i, count in enumerate(arrays.counts):
         start = int(arrays.counts[:i].sum())
-        examples = tuple(tf.constant(a[start:start + count]) for a in arrays.examples)
+        examples = tuple(tf.constant(a[start : start + count]) for a in arrays.examples)
         epochs = int(local_loop.draw_epochs(local_loop.client_key(examples), 3, round_num, 2, 5))
         drawn.add(epochs)
         want += epochs * int(count) // 4

@@ -9,8 +9,7 @@ import pathlib
 import subprocess
 import sys
 
-FLAGFILES = sorted((pathlib.Path(__file__).resolve().parent.parent / 'experiments').glob(
-    '*.flags'))
+FLAGFILES = sorted((pathlib.Path(__file__).resolve().parent.parent / 'experiments').glob('*.flags'))
 _CHECK = """
 import json, sys
 from absl import flags
@@ -33,15 +32,21 @@ def test_one_flagfile_per_reproduction(repo_root):
   texts = [f.read_text() for f in FLAGFILES]
   assert reproductions and len(FLAGFILES) >= len(reproductions)
   assert all('reproduction' in text for text in texts)
-  assert all(any(f'results/{name})' in text for text in texts)
-             for name in reproductions), reproductions
+  assert all(any(f'results/{name})' in text for text in texts) for name in reproductions), (
+    reproductions
+  )
 
 
 def test_every_flagfile_is_a_valid_configuration(repo_root):
   out = subprocess.run(
-      [sys.executable, '-c', _CHECK, *map(str, FLAGFILES)], capture_output=True,
-      text=True, timeout=300, cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    [sys.executable, '-c', _CHECK, *map(str, FLAGFILES)],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
   assert out.returncode == 0, out.stderr
   results = json.loads(out.stdout.strip().splitlines()[-1])
   for path in FLAGFILES:

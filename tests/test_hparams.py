@@ -15,12 +15,12 @@ from tff_comp.runtime import inprocess
 # Local-MOML's beta lies in (0, 1]: from 0.5 (its 0.9 x 1.5 would leave it).
 _BASES = {'local_moml': dict(beta=0.5)}
 CASES = [(name, _BASES.get(name, {}), {}) for name in registry.ALGORITHMS.names()] + [
-    ('fednova', {}, dict(mu=0.1)),
-    ('fednova', {}, dict(client_momentum=0.5)),
-    ('comfedl', dict(objective='maml'), {}),
-    ('local_scgdm', dict(objective='da_maml'), {}),
-    ('per_fedavg', dict(variant='hf'), {}),
-    ('ditto', dict(personal_learning_rate=0.01), {}),
+  ('fednova', {}, dict(mu=0.1)),
+  ('fednova', {}, dict(client_momentum=0.5)),
+  ('comfedl', dict(objective='maml'), {}),
+  ('local_scgdm', dict(objective='da_maml'), {}),
+  ('per_fedavg', dict(variant='hf'), {}),
+  ('ditto', dict(personal_learning_rate=0.01), {}),
 ]
 
 
@@ -37,18 +37,24 @@ def _floats(name: str, args: dict) -> dict[str, float]:
 def _run(process, state, rounds=2):
   data = algorithm_cases.DATA['unequal']
   for r in range(rounds):
-    state = process.next(state, data.client_ids[r:r + 3]).state
+    state = process.next(state, data.client_ids[r : r + 3]).state
   return state
 
 
-@pytest.mark.parametrize('name,base,later', [
-    pytest.param(*c, id='-'.join([c[0], *map(str, c[1].values()), *c[2]]),
-                 marks=() if c[0] in algorithm_cases.REPRESENTATIVE else pytest.mark.slow)
-    for c in CASES])
+@pytest.mark.parametrize(
+  'name,base,later',
+  [
+    pytest.param(
+      *c,
+      id='-'.join([c[0], *map(str, c[1].values()), *c[2]]),
+      marks=() if c[0] in algorithm_cases.REPRESENTATIVE else pytest.mark.slow,
+    )
+    for c in CASES
+  ],
+)
 def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
   base_args = algorithm_cases.arguments(name, base)
-  changed = dict(base, **{k: v * 1.5 for k, v in _floats(name, base_args).items()},
-                 **later)
+  changed = dict(base, **{k: v * 1.5 for k, v in _floats(name, base_args).items()}, **later)
   data = algorithm_cases.DATA['unequal']
   # Mapped: hyperparameters' semantics, not engines (lanes compiled a kernel a build).
   built = inprocess.build(algorithm_cases.build(name, changed), data, engine='mapped')
@@ -56,8 +62,12 @@ def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
   target = built.get_hparams(reference)
   process = inprocess.build(algorithm_cases.build(name, base), data, engine='mapped')
   state = process.initialize()
-  assert not all(np.array_equal(a, b) for a, b in zip(
-      tf.nest.flatten(target), tf.nest.flatten(process.get_hparams(state)), strict=True))
+  assert not all(
+    np.array_equal(a, b)
+    for a, b in zip(
+      tf.nest.flatten(target), tf.nest.flatten(process.get_hparams(state)), strict=True
+    )
+  )
   state = _run(process, process.set_hparams(state, target))
   reference = _run(built, reference)
   for a, b in zip(tf.nest.flatten(reference), tf.nest.flatten(state), strict=True):
@@ -65,8 +75,9 @@ def test_set_hparams_then_rounds_equals_building_with_them(name, base, later):
 
 
 def test_a_rate_set_later_is_checked_as_at_build():
-  process = inprocess.build(algorithm_cases.build('local_scgdm', {}),
-                            algorithm_cases.DATA['unequal'])
+  process = inprocess.build(
+    algorithm_cases.build('local_scgdm', {}), algorithm_cases.DATA['unequal']
+  )
   state = process.initialize()
   hparams = process.get_hparams(state)
   hparams['client_work']['learning_rate'] = 2.0  # momentum_rate x eta = 2 > 1
@@ -79,8 +90,9 @@ def test_a_rate_set_later_is_checked_as_at_build():
 def test_fednova_momentum_and_mu_set_later_are_refused_as_at_build():
   """FedNova's ||a||_1 has a closed form for momentum or the proximal term, not both:
   the invariant lives in the rule, so setting both later is refused too."""
-  process = inprocess.build(algorithm_cases.build('fednova', dict(client_momentum=0.5)),
-                            algorithm_cases.DATA['unequal'])
+  process = inprocess.build(
+    algorithm_cases.build('fednova', dict(client_momentum=0.5)), algorithm_cases.DATA['unequal']
+  )
   state = process.initialize()
   hparams = process.get_hparams(state)
   hparams['client_work']['proximal_strength'] = 0.1

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp.runtime import engines
-from tff_comp.runtime import huge_pages
+from tff_comp.runtime import engines, huge_pages
 
 
 def _huge_kb(address: int) -> int:
@@ -24,16 +23,19 @@ def _huge_kb(address: int) -> int:
 
 def test_a_resident_buffer_advised_is_backed_by_huge_pages():
   data = engines.ResidentData(
-      (np.random.default_rng(0).random((4096, 1024), np.float32),), np.full(32, 128),
-      tuple(str(i) for i in range(32)), 'CPU:0', with_keys=False)
+    (np.random.default_rng(0).random((4096, 1024), np.float32),),
+    np.full(32, 128),
+    tuple(str(i) for i in range(32)),
+    'CPU:0',
+    with_keys=False,
+  )
   if not data.huge_pages:
     pytest.skip('this kernel gives no transparent huge pages')
   view = np.asarray(data.examples[0].value())
   page = 2 << 20
   assert _huge_kb(-(-view.ctypes.data // page) * page) >= 2048
   # The data themselves are unchanged.
-  np.testing.assert_array_equal(
-      view, np.random.default_rng(0).random((4096, 1024), np.float32))
+  np.testing.assert_array_equal(view, np.random.default_rng(0).random((4096, 1024), np.float32))
 
 
 def test_buffers_under_one_huge_page_are_left_alone():

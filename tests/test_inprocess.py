@@ -18,8 +18,7 @@ import tensorflow_federated as tff
 
 from tests import algorithm_cases
 from tff_comp import registry
-from tff_comp.runtime import inprocess
-from tff_comp.runtime import tff_process
+from tff_comp.runtime import inprocess, tff_process
 from tff_comp.tasks import nuclear
 
 PER_ROUND = (3, 1, 4)  # cohort sizes of the rounds compared
@@ -29,22 +28,35 @@ DATA, MODEL = algorithm_cases.DATA, algorithm_cases.MODEL
 # algorithm_cases.REPRESENTATIVE and the variants whose math differs (objectives, MAML
 # variants, momentum, epoch draws) run in the slow suite.
 _SLOW = pytest.mark.slow
-_VARIANTS = [('comfedl', dict(objective='maml')), ('comfedl', dict(objective='da_maml')),
-             ('local_scgdm', dict(objective='da_maml')),
-             ('per_fedavg', dict(variant='exact')), ('per_fedavg', dict(variant='hf')),
-             ('fednova', dict(client_momentum=0.5, local_epochs_max=3,
-                              server_momentum=0.9)),
-             ('fedprox', dict(mu=0.5, local_epochs_max=2)),
-             ('fedavg', dict(local_epochs=2))]
+_VARIANTS = [
+  ('comfedl', dict(objective='maml')),
+  ('comfedl', dict(objective='da_maml')),
+  ('local_scgdm', dict(objective='da_maml')),
+  ('per_fedavg', dict(variant='exact')),
+  ('per_fedavg', dict(variant='hf')),
+  ('fednova', dict(client_momentum=0.5, local_epochs_max=3, server_momentum=0.9)),
+  ('fedprox', dict(mu=0.5, local_epochs_max=2)),
+  ('fedavg', dict(local_epochs=2)),
+]
 CASES = (
-    [(name, {}, 'unequal', 'lanes') if name in algorithm_cases.REPRESENTATIVE else
-     pytest.param(name, {}, 'unequal', 'lanes', marks=_SLOW)
-     for name in registry.ALGORITHMS.names()]
-    + [(name, {}, 'unequal', 'mapped') for name in ('fedavg', 'fednova', 'ditto')]
-    + [('comfedl', {}, 'equal', 'lanes'), pytest.param('feddualavg', {}, 'equal', 'lanes',
-                                                       marks=_SLOW)]
-    + [pytest.param(name, extra, data, engine, marks=_SLOW)
-       for name, extra in _VARIANTS for data in DATA for engine in ('lanes', 'mapped')])
+  [
+    (name, {}, 'unequal', 'lanes')
+    if name in algorithm_cases.REPRESENTATIVE
+    else pytest.param(name, {}, 'unequal', 'lanes', marks=_SLOW)
+    for name in registry.ALGORITHMS.names()
+  ]
+  + [(name, {}, 'unequal', 'mapped') for name in ('fedavg', 'fednova', 'ditto')]
+  + [
+    ('comfedl', {}, 'equal', 'lanes'),
+    pytest.param('feddualavg', {}, 'equal', 'lanes', marks=_SLOW),
+  ]
+  + [
+    pytest.param(name, extra, data, engine, marks=_SLOW)
+    for name, extra in _VARIANTS
+    for data in DATA
+    for engine in ('lanes', 'mapped')
+  ]
+)
 
 
 _build = algorithm_cases.build
@@ -68,13 +80,17 @@ def test_inprocess_matches_the_tff_process(name, extra, data, engine):
   data = DATA[data]
   # 'auto' for lanes: the test fails if the algorithm fell back to the mapped engine.
   # Two lanes for three clients a round: a lane finishes a client and takes another.
-  fast = (inprocess.build(process, data, engine='auto', lanes=2) if engine == 'lanes'
-          else inprocess.build(process, data, engine=engine))
+  fast = (
+    inprocess.build(process, data, engine='auto', lanes=2)
+    if engine == 'lanes'
+    else inprocess.build(process, data, engine=engine)
+  )
   if engine == 'lanes' and fast.why:  # auto maps this rule by choice (slow under XLA,
     # e.g. second-order autodiff): lanes must still give the same results.
     fast = inprocess.build(process, data, engine='lanes', lanes=2)
   slow = tff.simulation.compose_dataset_computation_with_learning_process(
-      tff_process.dataset_computation_for(process, data), process)
+    tff_process.dataset_computation_for(process, data), process
+  )
   rng = np.random.default_rng(3)
   fast_state, slow_state = fast.initialize(), slow.initialize()
   for size in PER_ROUND:  # the second cohort padded in the lanes kernel
@@ -83,13 +99,13 @@ def test_inprocess_matches_the_tff_process(name, extra, data, engine):
     fast_state, slow_state = fast_out.state, slow_out.state
     _close(fast_out.metrics['client_work'], slow_out.metrics['client_work'])
     if fast_out.metrics['aggregator']:  # FedNova's tau_eff, as TFF's aggregator has it
-      _close(fast_out.metrics['aggregator']['tau_eff'],
-             slow_out.metrics['aggregator']['tau_eff'])
+      _close(fast_out.metrics['aggregator']['tau_eff'], slow_out.metrics['aggregator']['tau_eff'])
   assert fast.engine == engine
   moved = np.abs(np.asarray(fast.get_model_weights(fast_state).trainable[0])).max()
   assert moved > 1e-3, 'the model did not move: the comparison would be vacuous'
-  _close(fast.get_model_weights(fast_state).trainable,
-         process.get_model_weights(slow_state).trainable)
+  _close(
+    fast.get_model_weights(fast_state).trainable, process.get_model_weights(slow_state).trainable
+  )
   _close(fast_state.finalizer, slow_state.finalizer)
   _close(fast.get_hparams(fast_state), process.get_hparams(slow_state))
 
@@ -103,7 +119,8 @@ def test_cohorts_of_any_size_match_the_tff_process():
   fast = inprocess.build(process, data, engine='lanes', lanes=3)
   fast.reserve_cohort(10)
   slow = tff.simulation.compose_dataset_computation_with_learning_process(
-      tff_process.dataset_computation_for(process, data), process)
+    tff_process.dataset_computation_for(process, data), process
+  )
   rng = np.random.default_rng(5)
   fast_state, slow_state = fast.initialize(), slow.initialize()
   for size in algorithm_cases.COHORT_SIZES:
@@ -112,10 +129,12 @@ def test_cohorts_of_any_size_match_the_tff_process():
     fast_state, slow_state = fast_out.state, slow_out.state
     _close(fast_out.metrics['client_work'], slow_out.metrics['client_work'])
     assert fast_out.metrics['client_work']['num_examples'] == sum(
-        int(data.create_tf_dataset_for_client(c).cardinality()) for c in ids)
+      int(data.create_tf_dataset_for_client(c).cardinality()) for c in ids
+    )
   assert fast.capacity == 10
-  _close(fast.get_model_weights(fast_state).trainable,
-         process.get_model_weights(slow_state).trainable)
+  _close(
+    fast.get_model_weights(fast_state).trainable, process.get_model_weights(slow_state).trainable
+  )
 
 
 def test_model_weights_read_in_numpy_in_the_containers_they_were_set_in():
@@ -128,7 +147,8 @@ def test_model_weights_read_in_numpy_in_the_containers_they_were_set_in():
   _close(weights.trainable, MODEL.initial_weights[0])
   halved = [tf.constant(w / 2) for w in MODEL.initial_weights[0]]
   state = fast.set_model_weights(
-      state, tff.learning.models.ModelWeights(halved, list(weights.non_trainable)))
+    state, tff.learning.models.ModelWeights(halved, list(weights.non_trainable))
+  )
   weights = fast.get_model_weights(state)
   assert type(weights.trainable) is list and type(weights.non_trainable) is list
   _close(weights.trainable, [w / 2 for w in MODEL.initial_weights[0]])
@@ -136,12 +156,13 @@ def test_model_weights_read_in_numpy_in_the_containers_they_were_set_in():
 
 def test_custom_aggregator_and_hand_built_processes_are_refused():
   process = registry.get_algorithm('fedavg').build(
-      MODEL, client_learning_rate=0.1,
-      model_aggregator=tff.learning.robust_aggregator(zeroing=False))
+    MODEL, client_learning_rate=0.1, model_aggregator=tff.learning.robust_aggregator(zeroing=False)
+  )
   with pytest.raises(inprocess.UnsupportedError, match='TFF runtime'):
     inprocess.build(process, DATA['unequal'])
   builtin = tff.learning.algorithms.build_weighted_fed_avg(
-      MODEL, tff.learning.optimizers.build_sgdm(0.1))
+    MODEL, tff.learning.optimizers.build_sgdm(0.1)
+  )
   with pytest.raises(inprocess.UnsupportedError, match='hand-built'):
     inprocess.build(builtin, DATA['unequal'])
 
@@ -171,11 +192,14 @@ def test_auto_runs_a_step_with_an_svd_mapped_and_says_why():
   CPU: 'auto' picks the mapped engine for it, while 'lanes' can still be asked for."""
   task = nuclear.build_nuclear_task(dataset='IV')
   process = registry.get_algorithm('feddualavg').build(
-      task.model, client_learning_rate=1e-3, regularizer=task.regularizer)
+    task.model, client_learning_rate=1e-3, regularizer=task.regularizer
+  )
   auto = inprocess.build(process, task.train_data)
   assert auto.engine == 'mapped' and 'Svd' in auto.why
   assert inprocess.build(process, task.train_data, engine='lanes').engine == 'lanes'
   plain = registry.get_algorithm('feddualavg').build(
-      MODEL, client_learning_rate=1e-3, regularizer=algorithm_cases.arguments(
-          'feddualavg', {})['regularizer'])
+    MODEL,
+    client_learning_rate=1e-3,
+    regularizer=algorithm_cases.arguments('feddualavg', {})['regularizer'],
+  )
   assert inprocess.build(plain, DATA['unequal']).engine == 'lanes'  # an L1 prox: lanes

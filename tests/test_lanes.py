@@ -14,14 +14,10 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp import models
-from tff_comp import registry
-from tff_comp.ops import client_round
+from tff_comp import models, registry
+from tff_comp.ops import client_round, sgd
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import sgd
-from tff_comp.runtime import engines
-from tff_comp.runtime import inprocess
-from tff_comp.runtime import lanes
+from tff_comp.runtime import engines, inprocess, lanes
 
 D = 3
 MODEL = models.linear_regression((D,))
@@ -52,10 +48,18 @@ def _expected(rule, options, payload, hparams, examples, cohort):
   offsets = np.cumsum(SIZES) - SIZES
   outs = []
   for c in cohort:
-    client = tf.nest.map_structure(lambda t: t[offsets[c]:offsets[c] + SIZES[c]], examples)
-    outs.append(client_round.run_client(rule, payload, client, hparams,
-                                    rule_lib.RoundContext.of(client_index=c), options,
-                                    tf.constant(0)))
+    client = tf.nest.map_structure(lambda t: t[offsets[c] : offsets[c] + SIZES[c]], examples)
+    outs.append(
+      client_round.run_client(
+        rule,
+        payload,
+        client,
+        hparams,
+        rule_lib.RoundContext.of(client_index=c),
+        options,
+        tf.constant(0),
+      )
+    )
   return outs
 
 
@@ -65,11 +69,22 @@ def _kernel(rule, options, examples, width, short_sizes):
   client's output."""
 
   def kernel(payload, hparams, offsets, counts, plans):
-    states = lanes.run_batches(rule, payload, hparams, options, examples, offsets, counts,
-                               plans, lanes=width, sizes=short_sizes)
+    states = lanes.run_batches(
+      rule,
+      payload,
+      hparams,
+      options,
+      examples,
+      offsets,
+      counts,
+      plans,
+      lanes=width,
+      sizes=short_sizes,
+    )
     if not short_sizes:
-      states = lanes.run_short_batches(rule, payload, hparams, options, examples, offsets,
-                                       counts, plans, states)
+      states = lanes.run_short_batches(
+        rule, payload, hparams, options, examples, offsets, counts, plans, states
+      )
     return lanes.finish_cohort(rule, payload, hparams, options, counts, plans, states)
 
   return kernel
@@ -81,8 +96,7 @@ def _cohort_args(rule, options, cohort):
   offsets = tf.constant([int(np.sum(SIZES[:c])) for c in cohort], tf.int32)
   batches = client_round.plan_cohort(rule, options, counts, tf.zeros_like(counts, tf.int64), 0)
   m = len(cohort)
-  context = rule_lib.RoundContext(tf.constant(cohort, tf.int32), tf.zeros([m]),
-                                  tf.zeros([m]))
+  context = rule_lib.RoundContext(tf.constant(cohort, tf.int32), tf.zeros([m]), tf.zeros([m]))
   return offsets, counts, client_round.ClientPlan(context, batches)
 
 
@@ -91,10 +105,13 @@ def _combinations():
   local-work shape and both places of the short batches, pairwise; the other eight in
   the slow suite."""
   default = {(8, 0.5, 2, True), (3, 0.5, 2, False), (1, 0.0, 1, True), (8, 0.0, 1, False)}
-  combinations = [(width, momentum, epochs, in_kernel) for width in (1, 3, 8)
-                  for momentum, epochs in ((0.0, 1), (0.5, 2)) for in_kernel in (True, False)]
-  return [pytest.param(*c, marks=() if c in default else pytest.mark.slow)
-          for c in combinations]
+  combinations = [
+    (width, momentum, epochs, in_kernel)
+    for width in (1, 3, 8)
+    for momentum, epochs in ((0.0, 1), (0.5, 2))
+    for in_kernel in (True, False)
+  ]
+  return [pytest.param(*c, marks=() if c in default else pytest.mark.slow) for c in combinations]
 
 
 @pytest.mark.parametrize('width,momentum,epochs,in_kernel', _combinations())
@@ -108,7 +125,8 @@ def test_each_client_gets_run_clients_output(width, momentum, epochs, in_kernel)
   short_sizes = tuple(int(r) for r in np.unique(remainders[remainders > 0]))
   assert short_sizes == ((1, 3) if epochs == 1 else (2,))
   stacked = _kernel(rule, options, examples, width, short_sizes if in_kernel else ())(
-      payload, hparams, *args)
+    payload, hparams, *args
+  )
   for i, expected in enumerate(_expected(rule, options, payload, hparams, examples, cohort)):
     got = tf.nest.map_structure(lambda t: t[i], stacked)
     for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected), strict=True):
@@ -131,8 +149,13 @@ def test_the_kernels_width_takes_the_fewest_lane_steps():
   # 24 equal clients: 8 lanes (3 passes) and 12 (2 passes) tie; 16 would idle 8 lanes.
   assert lanes.lane_width(np.full(40, 12), 24, 8) == 8
   x = np.random.default_rng(0).normal(size=(10 * 48, D)).astype(np.float32)
-  data = engines.ResidentData((x, x[:, 0]), np.full(10, 48, np.int32),
-                              tuple(str(i) for i in range(10)), 'CPU', with_keys=False)
+  data = engines.ResidentData(
+    (x, x[:, 0]),
+    np.full(10, 48, np.int32),
+    tuple(str(i) for i in range(10)),
+    'CPU',
+    with_keys=False,
+  )
   algorithm = algorithm_cases.algorithm('fedavg', {})
   assert engines.LanesEngine(algorithm, data, lanes=8).width(10) == 8  # lanes as given
   full = engines.LanesEngine(algorithm, data, lanes=8, full_batches=np.full(10, 16))
@@ -157,8 +180,13 @@ def test_a_cohort_split_across_threads_gives_each_client_its_result():
   for name in ('fedavg', 'ditto'):
     results = []
     for threads in (1, 3):
-      runtime = inprocess.build(algorithm_cases.algorithm(name, {}, shuffle=True), data,
-                                engine='lanes', lanes=2, kernel_threads=threads)
+      runtime = inprocess.build(
+        algorithm_cases.algorithm(name, {}, shuffle=True),
+        data,
+        engine='lanes',
+        lanes=2,
+        kernel_threads=threads,
+      )
       runtime.reserve_cohort(10)
       assert runtime.engine_impl.parts(10) == threads
       state, rng, metrics = runtime.initialize(), np.random.default_rng(5), []
@@ -176,14 +204,23 @@ def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares():
   shares (their sort by full batches) inside its XLA kernels, not as TensorFlow ops
   before them; FedAvg's results are the mapped engine's (tests/test_inprocess.py)."""
   data = algorithm_cases.TEN
-  runtime = inprocess.build(algorithm_cases.algorithm('fedavg', {}, shuffle=True), data,
-                            engine='lanes', lanes=2, kernel_threads=2)
+  runtime = inprocess.build(
+    algorithm_cases.algorithm('fedavg', {}, shuffle=True),
+    data,
+    engine='lanes',
+    lanes=2,
+    kernel_threads=2,
+  )
   runtime.next(runtime.initialize(), list(data.client_ids[:7]))
   (concrete,) = runtime._round_fn._concrete.values()  # pylint: disable=protected-access
   graph = concrete.graph.as_graph_def()
   outside = {node.op for node in graph.node}
-  inside = {node.op for f in graph.library.function
-            if f.signature.name.startswith('__inference__local_steps') for node in f.node_def}
+  inside = {
+    node.op
+    for f in graph.library.function
+    if f.signature.name.startswith('__inference__local_steps')
+    for node in f.node_def
+  }
   assert 'StatefulPartitionedCall' in outside  # the kernels, called side by side
   assert not {'BitwiseXor', 'TopKV2', 'ResourceGather'} & outside, outside
   assert {'BitwiseXor', 'TopKV2'} <= inside
@@ -193,13 +230,21 @@ def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:
   """(stdout, [(kernel, compiles so far)] from XLA's log) of `script` in a fresh
   Python."""
   out = subprocess.run(
-      [sys.executable, '-c', script], capture_output=True, text=True, timeout=600,
-      cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, PYTHONPATH=str(repo_root), TF_CPP_MIN_LOG_LEVEL='0',
-               TF_CPP_VMODULE='device_compilation_profiler=1'))
+    [sys.executable, '-c', script],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(
+      os.environ,
+      PYTHONPATH=str(repo_root),
+      TF_CPP_MIN_LOG_LEVEL='0',
+      TF_CPP_VMODULE='device_compilation_profiler=1',
+    ),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
-  return out.stdout, re.findall(r'Compiled (__inference__local_steps_\d+) (\d+) times',
-                                out.stderr)
+  return out.stdout, re.findall(r'Compiled (__inference__local_steps_\d+) (\d+) times', out.stderr)
 
 
 # Every registered algorithm, rounds of changing cohorts, XLA's own count of compiles.

@@ -2,17 +2,16 @@
 paper's headline (FedDualAvg recovers the support within 100 rounds)."""
 
 import hashlib
-import warnings
 from unittest import mock
+import warnings
 
 import numpy as np
 import pytest
 import threadpoolctl
 
-from tff_comp.tasks import lasso
-from tff_comp.tasks import many_models
-from tff_comp.ops import regularizers
 from tff_comp import experiment
+from tff_comp.ops import regularizers
+from tff_comp.tasks import lasso, many_models
 
 
 @pytest.fixture(scope='module')
@@ -43,8 +42,7 @@ def test_heldout_clients_left_the_training_data_as_committed_results_used_them()
   """Dataset I's training data hash as generated before the held-out clients existed."""
   _, clients, heldout = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
   digest = hashlib.sha256(b''.join(x.tobytes() + y.tobytes() for x, y in clients))
-  assert digest.hexdigest() == (
-      '8d8512215f9853e3308b34a4b5ac084387f9207aa63347d83382dc1cbbb5e746')
+  assert digest.hexdigest() == ('8d8512215f9853e3308b34a4b5ac084387f9207aa63347d83382dc1cbbb5e746')
   assert len(heldout) == lasso.HELDOUT_CLIENTS
   assert not any(np.array_equal(h[0], c[0]) for h in heldout for c in clients)
 
@@ -76,17 +74,21 @@ def test_models_scored_together_equal_each_scored_alone(task):
   `evaluate` and the losses computed on the whole pooled data give it, to the bit."""
   _, clients, heldout = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
   rng = np.random.default_rng(0)
-  models = [((rng.standard_normal(1024).astype(np.float32), np.float32(b)), psi)
-            for b, psi in ((0.5, task.regularizer), (-1.0, regularizers.NoRegularizer()),
-                           (2.0, regularizers.L1(strength=0.1, targets=(0,))))]
+  models = [
+    ((rng.standard_normal(1024).astype(np.float32), np.float32(b)), psi)
+    for b, psi in (
+      (0.5, task.regularizer),
+      (-1.0, regularizers.NoRegularizer()),
+      (2.0, regularizers.L1(strength=0.1, targets=(0,))),
+    )
+  ]
   together = task.evaluate_many(models)
   assert together == [task.evaluate(*model) for model in models]
   for ((kernel, b), psi), metrics in zip(models, together):
     for name, data in (('train_loss', clients), ('heldout_loss', heldout)):
       x, y = (np.concatenate(part) for part in zip(*data))
-      assert metrics[name] == 0.5 * float(np.mean((x @ kernel + b - y)**2)), name
-    assert metrics['train_objective'] == metrics['train_loss'] + float(
-        psi.value([kernel]))
+      assert metrics[name] == 0.5 * float(np.mean((x @ kernel + b - y) ** 2)), name
+    assert metrics['train_objective'] == metrics['train_loss'] + float(psi.value([kernel]))
 
 
 def test_a_diverged_model_scores_inf_without_a_numpy_warning(task):
@@ -150,8 +152,11 @@ def _proximal_gradient_reference(task):
 
 def test_feddualavg_recovers_the_support_within_100_rounds(tmp_path):
   """The paper's headline with the task defaults: 10 clients/round, batch 10, 1 epoch."""
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='feddualavg', task='lasso', rounds=100, output_dir=str(tmp_path)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='feddualavg', task='lasso', rounds=100, output_dir=str(tmp_path)
+    )
+  )
   assert prepared.settings.clients_per_round == 10
   assert prepared.settings.batch_size == 10 and prepared.settings.local_epochs == 1
   final = experiment.run_experiment(prepared, show_progress=False)

@@ -7,9 +7,10 @@ import tensorflow as tf
 from tff_comp.ops import local_loop
 
 
-@pytest.mark.parametrize('n,batch_size,epochs,drop', [
-    (13, 5, 1, False), (13, 5, 3, False), (13, 5, 3, True), (4, 10, 1, False),
-    (0, 3, 2, False)])
+@pytest.mark.parametrize(
+  'n,batch_size,epochs,drop',
+  [(13, 5, 1, False), (13, 5, 3, False), (13, 5, 3, True), (4, 10, 1, False), (0, 3, 2, False)],
+)
 def test_batches_match_tf_data(n, batch_size, epochs, drop):
   x = np.arange(n * 2, dtype=np.float32).reshape(n, 2)
   y = np.arange(n, dtype=np.int32)
@@ -24,16 +25,21 @@ def test_batches_match_tf_data(n, batch_size, epochs, drop):
     def step(state, batch):
       """Records the batch's labels (example indices) in row `count`, -1 padded."""
       count, seen = state
-      labels = tf.pad(batch[1], [[0, batch_size - tf.shape(batch[1])[0]]],
-                      constant_values=-1)
+      labels = tf.pad(batch[1], [[0, batch_size - tf.shape(batch[1])[0]]], constant_values=-1)
       row = tf.tensor_scatter_nd_update(seen, [[count]], labels[tf.newaxis])
       return count + 1, row
+
     # Drawn epochs drop the short batch; a one-value draw is `epochs` itself.
-    batches = local_loop.plan(n, 0, 0, batch_size=batch_size, epochs=epochs,
-                               epochs_max=epochs if drop else None)
+    batches = local_loop.plan(
+      n, 0, 0, batch_size=batch_size, epochs=epochs, epochs_max=epochs if drop else None
+    )
     state = local_loop.run_scheduled_steps(
-        step, (0, -tf.ones([max_steps, batch_size], tf.int32)), examples, batches,
-        batch_size=batch_size)
+      step,
+      (0, -tf.ones([max_steps, batch_size], tf.int32)),
+      examples,
+      batches,
+      batch_size=batch_size,
+    )
     return state, batches.steps
 
   (count, seen), steps = run()
@@ -43,36 +49,43 @@ def test_batches_match_tf_data(n, batch_size, epochs, drop):
     got = seen.numpy()[k]
     np.testing.assert_array_equal(got[got >= 0], by.numpy())
     np.testing.assert_array_equal(x[by.numpy()], bx.numpy())
-  assert (seen.numpy()[len(expected):] == -1).all()
+  assert (seen.numpy()[len(expected) :] == -1).all()
   if drop:
     assert int(steps) == (epochs * n) // batch_size
 
 
 def _sequence(n, batch_size, epochs, round_num, key, seed=0, shuffle=True):
   """The example indices a client visits in a round, in order."""
-  batches = local_loop.plan(n, key, round_num, batch_size=batch_size, epochs=epochs,
-                             seed=seed, shuffle=shuffle)
-  return np.concatenate([
+  batches = local_loop.plan(
+    n, key, round_num, batch_size=batch_size, epochs=epochs, seed=seed, shuffle=shuffle
+  )
+  return np.concatenate(
+    [
       local_loop.batch_index(k, batches, batch_size, n, shuffle).numpy()
-      for k in range(int(batches.steps))])
+      for k in range(int(batches.steps))
+    ]
+  )
 
 
 def test_shuffled_epochs_are_permutations_that_change_every_round_and_epoch():
   n, batch_size, epochs = 13, 4, 3  # batches straddle epoch boundaries
   seq = _sequence(n, batch_size, epochs, round_num=5, key=77)
   assert len(seq) == n * epochs
-  orders = [seq[e * n:(e + 1) * n] for e in range(epochs)]
+  orders = [seq[e * n : (e + 1) * n] for e in range(epochs)]
   for order in orders:  # every example once per epoch
     np.testing.assert_array_equal(np.sort(order), np.arange(n))
   assert not np.array_equal(orders[0], orders[1])  # each epoch its own order
   assert not np.array_equal(orders[0], np.arange(n))  # not stored order
   np.testing.assert_array_equal(seq, _sequence(n, batch_size, epochs, 5, 77))  # repeats
-  for other in (_sequence(n, batch_size, epochs, 6, 77),  # another round
-                _sequence(n, batch_size, epochs, 5, 78),  # another client
-                _sequence(n, batch_size, epochs, 5, 77, seed=1)):  # another run seed
+  for other in (
+    _sequence(n, batch_size, epochs, 6, 77),  # another round
+    _sequence(n, batch_size, epochs, 5, 78),  # another client
+    _sequence(n, batch_size, epochs, 5, 77, seed=1),
+  ):  # another run seed
     assert not np.array_equal(seq, other)
   np.testing.assert_array_equal(  # without shuffling: stored order
-      _sequence(n, batch_size, epochs, 5, 77, shuffle=False), np.arange(n * epochs) % n)
+    _sequence(n, batch_size, epochs, 5, 77, shuffle=False), np.arange(n * epochs) % n
+  )
 
 
 def test_shuffle_index_is_a_uniform_permutation():
@@ -81,8 +94,9 @@ def test_shuffle_index_is_a_uniform_permutation():
       got = local_loop.shuffle_index(tf.range(n), n, seed).numpy()
       np.testing.assert_array_equal(np.sort(got), np.arange(n))
   # Where element 0 lands over many seeds: about uniform over 10 places.
-  landed = local_loop.shuffle_index(tf.zeros(20000, tf.int64), 10,
-                                    tf.range(20000, dtype=tf.int64)).numpy()
+  landed = local_loop.shuffle_index(
+    tf.zeros(20000, tf.int64), 10, tf.range(20000, dtype=tf.int64)
+  ).numpy()
   counts = np.bincount(landed, minlength=10)
   assert counts.min() > 1800 and counts.max() < 2200, counts
 
@@ -111,6 +125,7 @@ def test_shuffle_index_is_the_documented_swap_or_not_shuffle():
   for n, seed in ((1, 5), (7, 0), (128, 3), (1000, 2**31 + 7)):
     want = [_swap_or_not(i, n, seed) for i in range(n)]
     for compiled in (False, True):  # the plain TF and the XLA kernel's forms
-      got = local_loop.shuffle_index(tf.range(n), n, tf.constant(seed, tf.int64),
-                                     compiled=compiled).numpy()
+      got = local_loop.shuffle_index(
+        tf.range(n), n, tf.constant(seed, tf.int64), compiled=compiled
+      ).numpy()
       np.testing.assert_array_equal(got, want, err_msg=f'compiled={compiled}')

@@ -9,8 +9,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp import models
-from tff_comp import registry
+from tff_comp import models, registry
 from tff_comp.runtime import inprocess
 
 DIM, BATCH, STEPS = 3, 2, 3
@@ -71,10 +70,22 @@ def _reference(variant: str, persistent: bool):
 @pytest.mark.parametrize('memory', ['persistent', 'round'])
 @pytest.mark.parametrize('variant', ['exact', 'fo'])
 def test_local_moml_is_its_rule(variant, memory):
-  algorithm = registry.get_algorithm('local_moml').build(
-      models.linear_regression((DIM,)), num_clients=4, client_learning_rate=ETA,
-      alpha=ALPHA, beta=BETA, variant=variant, memory=memory, local_steps=STEPS,
-      batch_size=BATCH, server_learning_rate=SERVER).with_client_options(shuffle=False)
+  algorithm = (
+    registry.get_algorithm('local_moml')
+    .build(
+      models.linear_regression((DIM,)),
+      num_clients=4,
+      client_learning_rate=ETA,
+      alpha=ALPHA,
+      beta=BETA,
+      variant=variant,
+      memory=memory,
+      local_steps=STEPS,
+      batch_size=BATCH,
+      server_learning_rate=SERVER,
+    )
+    .with_client_options(shuffle=False)
+  )
   data = tff.simulation.datasets.TestClientData(_clients())
   runtime = inprocess.build(algorithm, data, engine='mapped')
   state = runtime.initialize()
@@ -101,13 +112,25 @@ def test_local_moml_is_its_rule(variant, memory):
 def test_beta_one_without_memory_is_a_maml_step():
   """beta = 1 ignores the memory: v = w - alpha grad f(w; D_tr), a MAML step, so the two
   memory placements give the same model."""
+
   def model_after(memory):
-    algorithm = registry.get_algorithm('local_moml').build(
-        models.linear_regression((DIM,)), num_clients=4, client_learning_rate=ETA,
-        alpha=ALPHA, beta=1.0, memory=memory, local_steps=STEPS, batch_size=BATCH,
-    ).with_client_options(shuffle=False)
-    runtime = inprocess.build(algorithm, tff.simulation.datasets.TestClientData(_clients()),
-                              engine='mapped')
+    algorithm = (
+      registry.get_algorithm('local_moml')
+      .build(
+        models.linear_regression((DIM,)),
+        num_clients=4,
+        client_learning_rate=ETA,
+        alpha=ALPHA,
+        beta=1.0,
+        memory=memory,
+        local_steps=STEPS,
+        batch_size=BATCH,
+      )
+      .with_client_options(shuffle=False)
+    )
+    runtime = inprocess.build(
+      algorithm, tff.simulation.datasets.TestClientData(_clients()), engine='mapped'
+    )
     state = runtime.initialize()
     for cohort in ROUNDS:
       state = runtime.next(state, list(cohort)).state

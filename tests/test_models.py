@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp.runtime import choice
 from tff_comp import models
 from tff_comp.algorithms import fedavg
-from tff_comp.tasks import base
-from tff_comp.tasks import imbalanced_digits
+from tff_comp.runtime import choice
+from tff_comp.tasks import base, imbalanced_digits
 
 
 def _rounds(process, client_data, ids, rounds, runtime):
@@ -21,7 +20,8 @@ def _rounds(process, client_data, ids, rounds, runtime):
   for _ in range(rounds):
     state = runner.next(state, ids).state
   return process.get_model_weights(state) if runtime == 'tff' else runner.get_model_weights(
-      state), chosen
+    state
+  ), chosen
 
 
 def test_small_cnn_in_process_equals_the_tff_process():
@@ -45,15 +45,18 @@ def test_a_keras_model_with_non_trainable_weights_trains_in_process_and_evaluate
   pixels = digits.client_arrays().examples[0]
   normalize = tf.keras.layers.Normalization()  # non-trainable mean, variance, count
   normalize.adapt(pixels)
-  keras_model = tf.keras.Sequential([
-      tf.keras.layers.InputLayer(input_shape=(64,)), normalize,
-      tf.keras.layers.Dense(10, kernel_initializer='zeros')])
+  keras_model = tf.keras.Sequential(
+    [
+      tf.keras.layers.InputLayer(input_shape=(64,)),
+      normalize,
+      tf.keras.layers.Dense(10, kernel_initializer='zeros'),
+    ]
+  )
   task = imbalanced_digits.build_imbalanced_digits_task(keras_model=keras_model)
   assert [np.shape(w) for w in task.model.initial_weights[1]] == [(64,), (64,), ()]
   process = fedavg.build_fedavg(task.model, client_learning_rate=0.1, batch_size=10)
   before = task.evaluate(tuple(task.model.initial_weights[0]))
-  weights, chosen = _rounds(process, task.train_data, list(task.train_data.client_ids),
-                            5, 'auto')
+  weights, chosen = _rounds(process, task.train_data, list(task.train_data.client_ids), 5, 'auto')
   assert chosen.startswith('inprocess')
   for kept, initial in zip(weights.non_trainable, task.model.initial_weights[1]):
     np.testing.assert_array_equal(kept, initial)
@@ -62,8 +65,15 @@ def test_a_keras_model_with_non_trainable_weights_trains_in_process_and_evaluate
   assert before['mean_loss'] == pytest.approx(math.log(10), rel=1e-5)  # zero weights
   assert after['mean_loss'] < 0.8 * before['mean_loss']
   # Evaluation scores through the normalization: the same weights without it differ.
-  plain = base.ClassifierScorer(models.keras_classifier(tf.keras.Sequential([
-      tf.keras.layers.InputLayer(input_shape=(64,)), tf.keras.layers.Dense(10)]), 64))
+  plain = base.ClassifierScorer(
+    models.keras_classifier(
+      tf.keras.Sequential(
+        [tf.keras.layers.InputLayer(input_shape=(64,)), tf.keras.layers.Dense(10)]
+      ),
+      64,
+    )
+  )
   x, y = digits.client_arrays().examples
   assert plain(tuple(weights.trainable), x, y) != base.ClassifierScorer(task.model)(
-      tuple(weights.trainable), x, y)
+    tuple(weights.trainable), x, y
+  )

@@ -11,9 +11,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp.runtime import inprocess
-from tff_comp.runtime import nested
 from tests import algorithm_cases
+from tff_comp.runtime import inprocess, nested
 
 
 class Pair(NamedTuple):
@@ -33,13 +32,14 @@ def _same(packed, want):
 
 
 STRUCTURES = {
-    'leaf': 1.0,
-    'named tuples, empty tuples': Pair(Pair(1, ()), (2, 3)),
-    # tf.nest orders a dict's leaves by sorted key, whatever the insertion order.
-    'dicts out of key order': collections.OrderedDict(
-        b=1, a=Pair(2, [3, {'z': 4, 'y': 5}]), c=collections.OrderedDict()),
-    'plain dict': {'loss': 1, 'accuracy': (2, 3)},
-    'attrs record (tf.nest packs it)': Pair(Record(1), 2),
+  'leaf': 1.0,
+  'named tuples, empty tuples': Pair(Pair(1, ()), (2, 3)),
+  # tf.nest orders a dict's leaves by sorted key, whatever the insertion order.
+  'dicts out of key order': collections.OrderedDict(
+    b=1, a=Pair(2, [3, {'z': 4, 'y': 5}]), c=collections.OrderedDict()
+  ),
+  'plain dict': {'loss': 1, 'accuracy': (2, 3)},
+  'attrs record (tf.nest packs it)': Pair(Record(1), 2),
 }
 
 
@@ -55,8 +55,7 @@ def test_a_runs_state_packs_without_tf_nest(monkeypatch):
   """A learning state (TFF's named tuples, hparams in an OrderedDict) is packed by the
   recipe, not by tf.nest, and equals tf.nest's packing."""
   algorithm = algorithm_cases.algorithm('scaffold', {})
-  state = inprocess.build(algorithm, algorithm_cases.DATA['unequal'],
-                          engine='mapped').initialize()
+  state = inprocess.build(algorithm, algorithm_cases.DATA['unequal'], engine='mapped').initialize()
   assert isinstance(state, tff.learning.templates.LearningAlgorithmState)
   packer = nested.Packer(state)
   leaves = [np.full([2], i) for i in range(packer.size)]

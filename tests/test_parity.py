@@ -14,15 +14,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import composer
-from tff_comp import models
-from tff_comp.algorithms import fedavg
-from tff_comp.algorithms import fedprox
-from tff_comp.algorithms import common as algorithms_common
-from tff_comp.ops import client_round
-from tff_comp.ops import sgd
 from tests import algorithm_cases
 from tests import numpy_reference as ref
+from tff_comp import models
+from tff_comp.algorithms import common as algorithms_common
+from tff_comp.algorithms import fedavg, fedprox
+from tff_comp.learning_process import composer
+from tff_comp.ops import client_round, sgd
 
 D, BATCH, ROUNDS = 8, 4, 6
 SIZES = (7, 13, 20, 9, 16)
@@ -39,8 +37,10 @@ def _client_datasets():
   return out
 
 
-WEIGHTINGS = {'examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
-              'uniform': tff.learning.ClientWeighting.UNIFORM}
+WEIGHTINGS = {
+  'examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
+  'uniform': tff.learning.ClientWeighting.UNIFORM,
+}
 
 
 @pytest.mark.parametrize('weighting', ['examples', 'uniform'])
@@ -48,24 +48,36 @@ WEIGHTINGS = {'examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
 @pytest.mark.parametrize('algorithm', ['fedavg', 'fedprox'])
 def test_matches_tff_builtin(algorithm, weighting, momentum):
   model = models.linear_regression((D,))
-  common = dict(client_learning_rate=0.02, server_learning_rate=0.8,
-                server_momentum=momentum, batch_size=BATCH, client_weighting=weighting)
+  common = dict(
+    client_learning_rate=0.02,
+    server_learning_rate=0.8,
+    server_momentum=momentum,
+    batch_size=BATCH,
+    client_weighting=weighting,
+  )
   tff_common = dict(
-      client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.02),
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.8, momentum=momentum or None),
-      client_weighting=WEIGHTINGS[weighting])
+    client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.02),
+    server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.8, momentum=momentum or None),
+    client_weighting=WEIGHTINGS[weighting],
+  )
   if algorithm == 'fedavg':
     ours = algorithm_cases.stored_order(fedavg.fedavg(model, **common))
     theirs = tff.learning.algorithms.build_weighted_fed_avg(model, **tff_common)
   else:
     # TFF's sign of the proximal term; see the module docstring.
     tff_sign_rule = sgd.SGD(model, learning_rate=0.02, proximal_strength=-0.3)
-    ours = composer.compose(algorithms_common.fedavg_like(
-        model, tff_sign_rule,
+    ours = composer.compose(
+      algorithms_common.fedavg_like(
+        model,
+        tff_sign_rule,
         client_round.ClientOptions(batch_size=BATCH, weighting=weighting, shuffle=False),
-        server_learning_rate=0.8, server_momentum=momentum))
+        server_learning_rate=0.8,
+        server_momentum=momentum,
+      )
+    )
     theirs = tff.learning.algorithms.build_weighted_fed_prox(
-        model, proximal_strength=0.3, **tff_common)
+      model, proximal_strength=0.3, **tff_common
+    )
   got, want = _trained(ours, theirs)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
@@ -79,8 +91,7 @@ def _trained(ours, theirs):
   for _ in range(ROUNDS):
     chosen = selection.choice(len(datasets), 3, replace=False)
     ours_state = ours.next(ours_state, [datasets[i] for i in chosen]).state
-    theirs_state = theirs.next(
-        theirs_state, [datasets[i].batch(BATCH) for i in chosen]).state
+    theirs_state = theirs.next(theirs_state, [datasets[i].batch(BATCH) for i in chosen]).state
   got = ours.get_model_weights(ours_state).trainable
   want = theirs.get_model_weights(theirs_state).trainable
   assert np.abs(np.asarray(want[0])).max() > 0.1  # not two untrained models compared
@@ -93,8 +104,10 @@ def test_build_fedavg_with_shuffle_false_equals_tffs_builtin():
   default tff_comp shuffles each client's data every epoch, and the result differs."""
   model = models.linear_regression((D,))
   theirs = tff.learning.algorithms.build_weighted_fed_avg(
-      model, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.02),
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.8))
+    model,
+    client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.02),
+    server_optimizer_fn=tff.learning.optimizers.build_sgdm(0.8),
+  )
   common = dict(client_learning_rate=0.02, server_learning_rate=0.8, batch_size=BATCH)
   got, want = _trained(fedavg.build_fedavg(model, shuffle=False, **common), theirs)
   for a, b in zip(got, want):
@@ -106,9 +119,11 @@ def test_build_fedavg_with_shuffle_false_equals_tffs_builtin():
 def test_fedprox_matches_reference_and_pulls_clients_toward_the_server_model():
   model = models.linear_regression((D,))
   mu, lr = 0.5, 0.02
-  process = algorithm_cases.stored_order(fedprox.fedprox(
-      model, mu=mu, client_learning_rate=lr, batch_size=BATCH,
-      client_weighting='uniform'))
+  process = algorithm_cases.stored_order(
+    fedprox.fedprox(
+      model, mu=mu, client_learning_rate=lr, batch_size=BATCH, client_weighting='uniform'
+    )
+  )
   datasets = _client_datasets()
   state = process.initialize()
   # Two rounds: in the second the clients start at w_r != 0, where the proximal pull

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp.tasks import personalization
 from tff_comp import models
-from tff_comp.ops import maml
-from tff_comp.ops import model_ops
+from tff_comp.ops import maml, model_ops
+from tff_comp.tasks import personalization
 
 RNG = np.random.default_rng(2)
 RNG_SEED = 102  # each test's draws restart here (tests/conftest.py)
 MODEL = models.mlp_regression((2, 5, 1), seed=1)
-WEIGHTS = tuple(tf.constant(w + 0.1 * RNG.normal(size=w.shape), tf.float32)
-                for w in MODEL.initial_weights[0])
+WEIGHTS = tuple(
+  tf.constant(w + 0.1 * RNG.normal(size=w.shape), tf.float32) for w in MODEL.initial_weights[0]
+)
 
 
 def _batch(n=8):
@@ -57,10 +57,14 @@ def test_finite_difference_hvp_approaches_exact_as_delta_shrinks():
   # A smooth model: the ReLU MLP is piecewise linear, so differences across kinks
   # would not converge monotonically.
   model = models.softmax_regression(3, 4)
-  weights = (tf.constant(RNG.normal(size=(3, 4)), tf.float32),
-             tf.constant(RNG.normal(size=4), tf.float32))
-  batch = (tf.constant(RNG.normal(size=(10, 3)), tf.float32),
-           tf.constant(RNG.integers(0, 4, 10), tf.int32))
+  weights = (
+    tf.constant(RNG.normal(size=(3, 4)), tf.float32),
+    tf.constant(RNG.normal(size=4), tf.float32),
+  )
+  batch = (
+    tf.constant(RNG.normal(size=(10, 3)), tf.float32),
+    tf.constant(RNG.integers(0, 4, 10), tf.int32),
+  )
   vector = tuple(tf.constant(RNG.normal(size=w.shape), tf.float32) for w in weights)
   exact = model_ops.hessian_vector_product(model, weights, (), batch, vector)
 
@@ -76,8 +80,7 @@ def test_finite_difference_hvp_approaches_exact_as_delta_shrinks():
 @pytest.mark.parametrize('variant', ['fo', 'exact', 'hf'])
 def test_meta_gradient_variants(variant):
   alpha = 0.05
-  rule = maml.PerFedAvg(MODEL, learning_rate=0.1, alpha=alpha, variant=variant,
-                                  delta=1e-2)
+  rule = maml.PerFedAvg(MODEL, learning_rate=0.1, alpha=alpha, variant=variant, delta=1e-2)
   hparams = collections.OrderedDict((k, tf.constant(v)) for k, v in rule.initial_hparams().items())
   batches = (_batch(), _batch(), _batch())
   _, got = rule.meta_gradient(WEIGHTS, batches, hparams, ())

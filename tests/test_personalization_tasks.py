@@ -4,8 +4,7 @@ and sinewave."""
 import numpy as np
 import pytest
 
-from tff_comp.tasks import dominant_class
-from tff_comp.tasks import sinewave
+from tff_comp.tasks import dominant_class, sinewave
 
 
 def test_dominant_partition_proportions():
@@ -30,10 +29,14 @@ def test_dominant_class_task_with_personalized_metrics():
 def test_cifar10_variant_offline(tmp_path):
   rng = np.random.default_rng(0)
   fixture = tmp_path / 'cifar10.npz'
-  np.savez(fixture, x_train=rng.integers(0, 256, (400, 32, 32, 3), dtype=np.uint8),
-           y_train=np.repeat(np.arange(10), 40).reshape(-1, 1).astype(np.uint8))
+  np.savez(
+    fixture,
+    x_train=rng.integers(0, 256, (400, 32, 32, 3), dtype=np.uint8),
+    y_train=np.repeat(np.arange(10), 40).reshape(-1, 1).astype(np.uint8),
+  )
   task = dominant_class.build_dominant_class_task(
-      source='cifar10', cifar10_path=str(fixture), examples=30)
+    source='cifar10', cifar10_path=str(fixture), examples=30
+  )
   x, _ = next(iter(task.train_data.create_tf_dataset_for_client('3').batch(100)))
   assert x.shape == (24, 3072) and float(np.max(x)) <= 1.0
 

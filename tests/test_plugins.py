@@ -47,17 +47,27 @@ def _install(root, name, extra, entry_points, source=PLUGIN):
 
 def _help(repo_root, root):
   return subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--helpfull'],
-      capture_output=True, text=True, timeout=300, cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(root)))
+    [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--helpfull'],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(root)),
+  )
 
 
 def test_future_annotations_give_flags_and_a_duplicate_name_warns(repo_root, tmp_path):
-  _install(tmp_path, 'myplug', 'eta_z: int = 2', '''
+  _install(
+    tmp_path,
+    'myplug',
+    'eta_z: int = 2',
+    """
       [tff_comp.algorithms]
       myplug = myplug:build_myplug
       fedavg = myplug:build_other
-      ''')
+      """,
+  )
   out = _help(repo_root, tmp_path)
   assert out.returncode == 0 and '--zeta' in out.stdout and '--eta_z' in out.stdout, out.stderr
   # tff_comp's flags only, not those of every library imported (absl.testing's
@@ -69,19 +79,27 @@ def test_future_annotations_give_flags_and_a_duplicate_name_warns(repo_root, tmp
   assert '--variant: <exact|fo|hf>' in out.stdout
   # Each option says what it does, from its builder's docstring (`Args:`).
   assert "--zeta: how much zeta there is, in the plugin's own words. Option of myplug" in (
-      ' '.join(out.stdout.split()))
+    ' '.join(out.stdout.split())
+  )
   assert '--q: fairness parameter of q-FFL' in out.stdout
   assert '--lasso_l1: Task lasso (default 0.3): L1 strength lam' in out.stdout
   assert '--lasso_dataset: <I|II|III|IV>' in out.stdout
-  assert ("plugin myplug:build_other registers algorithm 'fedavg', already registered by"
-          ' tff_comp.algorithms.fedavg.fedavg') in out.stderr
+  assert (
+    "plugin myplug:build_other registers algorithm 'fedavg', already registered by"
+    ' tff_comp.algorithms.fedavg.fedavg'
+  ) in out.stderr
 
 
 def test_a_clashing_option_is_one_line_naming_the_plugin(repo_root, tmp_path):
-  _install(tmp_path, 'clashplug', 'mu: str = "x"', '''
+  _install(
+    tmp_path,
+    'clashplug',
+    'mu: str = "x"',
+    """
       [tff_comp.algorithms]
       clashplug = clashplug:build_myplug
-      ''')
+      """,
+  )
   out = _help(repo_root, tmp_path)
   assert out.returncode == 2
   lines = out.stderr.strip().splitlines()
@@ -92,8 +110,7 @@ def test_a_clashing_option_is_one_line_naming_the_plugin(repo_root, tmp_path):
 def _readme_blocks(repo_root, language: str) -> list[str]:
   """The ```language blocks of docs/plugins.md's complete plugin example."""
   text = (repo_root / 'docs' / 'plugins.md').read_text()
-  return re.findall(rf'```{language}\n(.*?)```', text[text.index('A complete plugin'):],
-                    re.S)
+  return re.findall(rf'```{language}\n(.*?)```', text[text.index('A complete plugin') :], re.S)
 
 
 def test_the_readme_plugin_example_installs_and_runs(repo_root, tmp_path):
@@ -108,17 +125,29 @@ def test_the_readme_plugin_example_installs_and_runs(repo_root, tmp_path):
   (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: my_fl_plugin\nVersion: 0.1\n')
   (info / 'entry_points.txt').write_text(entry_points.replace('"', ''))
   out = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=fedprox_pull',
-       '--task=line', '--pull=0.5', '--rounds=20', f'--output_dir={tmp_path / "run"}'],
-      capture_output=True, text=True, timeout=300, cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(tmp_path)))
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'run.py'),
+      '--algo=fedprox_pull',
+      '--task=line',
+      '--pull=0.5',
+      '--rounds=20',
+      f'--output_dir={tmp_path / "run"}',
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(tmp_path)),
+  )
   assert out.returncode == 0, out.stderr
   with open(tmp_path / 'run' / 'metrics.csv') as f:
     mse = [float(row['eval/mse']) for row in csv.DictReader(f) if row['eval/mse']]
   assert mse[-1] < 0.1 * mse[0], mse  # it learns the line
   text = ' '.join(_help(repo_root, tmp_path).stdout.split())
   assert 'fedprox_pull: FedProx whose proximal strength is called the pull.' in text
-  assert '--pull: strength of each client\'s pull toward the server model' in text
+  assert "--pull: strength of each client's pull toward the server model" in text
   assert '--line_clients: Task line (default 4): how many clients.' in text
 
 
@@ -145,29 +174,48 @@ def sharp_sweep():
 def test_a_plugin_registers_a_reproduction_grid_of_its_own_algorithm(repo_root, tmp_path):
   """reproduce.py sweeps a grid a plugin registers (entry point tff_comp.experiments),
   over the plugin's own algorithm beside a built-in one."""
-  _install(tmp_path, 'sweeper', '', '''
+  _install(
+    tmp_path,
+    'sweeper',
+    '',
+    """
       [tff_comp.algorithms]
       sharp = sweeper:sharp
 
       [tff_comp.experiments]
       sharp_sweep = sweeper:sharp_sweep
-      ''', source=SWEEP_PLUGIN)
+      """,
+    source=SWEEP_PLUGIN,
+  )
   out = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'),
-       '--experiment=sharp_sweep', f'--output_dir={tmp_path / "out"}'],
-      capture_output=True, text=True, timeout=300, cwd=repo_root, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(tmp_path)))
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'reproduce.py'),
+      '--experiment=sharp_sweep',
+      f'--output_dir={tmp_path / "out"}',
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(tmp_path)),
+  )
   assert out.returncode == 0, out.stderr
   table = (tmp_path / 'out' / 'sharp_sweep' / 'results.md').read_text()
   assert '| sharp |' in table and '| fedavg |' in table
 
 
-def test_a_run_records_the_versions_of_the_packages_registering_plugins(tmp_path,
-                                                                       monkeypatch):
-  _install(tmp_path, 'verplug', 'eta_z: int = 2', '''
+def test_a_run_records_the_versions_of_the_packages_registering_plugins(tmp_path, monkeypatch):
+  _install(
+    tmp_path,
+    'verplug',
+    'eta_z: int = 2',
+    """
       [tff_comp.algorithms]
       verplug = verplug:build_myplug
-      ''')
+      """,
+  )
   monkeypatch.syspath_prepend(str(tmp_path))
   assert registry.plugin_versions() == {'verplug': '0.1'}
 
@@ -177,21 +225,37 @@ def test_a_model_plugin_replaces_an_image_tasks_model(tmp_path, monkeypatch):
   trains the plugin's Keras model; an unknown name is one line listing the known."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tff_comp import experiment  # pylint: disable=g-import-not-at-top
-  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+
+  from tff_comp import (
+    experiment,  # pylint: disable=g-import-not-at-top
+    registry,  # pylint: disable=g-import-not-at-top
+  )
 
   def tiny(input_shape, num_classes, seed):
     del seed
-    return tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape), tf.keras.layers.Conv2D(4, 3, strides=2),
-        tf.keras.layers.Flatten(), tf.keras.layers.Dense(num_classes)])
+    return tf.keras.Sequential(
+      [
+        tf.keras.layers.InputLayer(input_shape),
+        tf.keras.layers.Conv2D(4, 3, strides=2),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(num_classes),
+      ]
+    )
 
-  monkeypatch.setitem(registry.MODELS._entries, 'tiny_cnn',  # pylint: disable=protected-access
-                      registry.Entry('tiny_cnn', tiny, ()))
+  monkeypatch.setitem(
+    registry.MODELS._entries,
+    'tiny_cnn',  # pylint: disable=protected-access
+    registry.Entry('tiny_cnn', tiny, ()),
+  )
   config = lambda model: experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='emnist', rounds=2, clients_per_round=2, eval_period=2,
-      task_options=dict(source='synthetic', max_clients=4, model=model),
-      output_dir=str(tmp_path / model))
+    algorithm='fedavg',
+    task='emnist',
+    rounds=2,
+    clients_per_round=2,
+    eval_period=2,
+    task_options=dict(source='synthetic', max_clients=4, model=model),
+    output_dir=str(tmp_path / model),
+  )
   prepared = experiment.prepare(config('tiny_cnn'))
   shapes = [tuple(w.shape) for w in prepared.task.model.initial_weights[0]]
   assert shapes == [(3, 3, 1, 4), (4,), (13 * 13 * 4, 62), (62,)]
@@ -200,16 +264,31 @@ def test_a_model_plugin_replaces_an_image_tasks_model(tmp_path, monkeypatch):
   with pytest.raises(experiment.ConfigError, match="unknown model 'tiny_cn'.*tiny_cnn"):
     experiment.prepare(config('tiny_cn'))
   # The common --model: the same for any task with a model option.
-  common = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='emnist', model='tiny_cnn', clients_per_round=2,
+  common = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='emnist',
+      model='tiny_cnn',
+      clients_per_round=2,
       output_dir=str(tmp_path / 'c'),
-      task_options=dict(source='synthetic', max_clients=4)))
+      task_options=dict(source='synthetic', max_clients=4),
+    )
+  )
   assert [tuple(w.shape) for w in common.task.model.initial_weights[0]] == shapes
   with pytest.raises(experiment.ConfigError, match='task .lasso. has no model option'):
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', task='lasso', model='tiny_cnn', output_dir=str(tmp_path / 'l')))
+    experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm='fedavg', task='lasso', model='tiny_cnn', output_dir=str(tmp_path / 'l')
+      )
+    )
   with pytest.raises(experiment.ConfigError, match='disagree'):
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', task='emnist', model='tiny_cnn', clients_per_round=2,
-      output_dir=str(tmp_path / 'd'),
-        task_options=dict(source='synthetic', max_clients=4, model='softmax')))
+    experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm='fedavg',
+        task='emnist',
+        model='tiny_cnn',
+        clients_per_round=2,
+        output_dir=str(tmp_path / 'd'),
+        task_options=dict(source='synthetic', max_clients=4, model='softmax'),
+      )
+    )

@@ -9,14 +9,10 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp.runtime import choice
-from tff_comp import accounting
-from tff_comp import experiment
-from tff_comp import privacy_settings
-from tff_comp import registry
+from tff_comp import accounting, experiment, privacy_settings, registry
 from tff_comp.ops import privacy
-from tff_comp.run import checkpoints
-from tff_comp.run import run_files
+from tff_comp.run import checkpoints, run_files
+from tff_comp.runtime import choice
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
@@ -37,15 +33,17 @@ def _run(algorithm, runtime_name: str, rounds: int = 3):
   runtime, _ = choice.runner_for(algorithm, DATA, runtime_name, **extra)
   state = runtime.initialize()
   for r in range(rounds):
-    output = runtime.next(state, IDS[r:r + 3])
+    output = runtime.next(state, IDS[r : r + 3])
     state = output.state
   return runtime.get_model_weights(state).trainable, output.metrics['aggregator']
 
 
 def test_clipping_is_tfs_clip_by_global_norm_per_client():
   rng = np.random.default_rng(0)
-  stacked = (rng.normal(size=(4, 3, 2)).astype(np.float32),
-             (rng.normal(size=(4,)) * [0.01, 1, 5, 0.1]).astype(np.float32))
+  stacked = (
+    rng.normal(size=(4, 3, 2)).astype(np.float32),
+    (rng.normal(size=(4,)) * [0.01, 1, 5, 0.1]).astype(np.float32),
+  )
   clipped, norms = privacy.clip(tf.nest.map_structure(tf.constant, stacked), 1.5)
   for i in range(4):
     want, norm = tf.clip_by_global_norm([stacked[0][i], stacked[1][i]], 1.5)
@@ -57,17 +55,28 @@ def test_clipping_is_tfs_clip_by_global_norm_per_client():
 @pytest.mark.parametrize('z, stddev', [(0.5, None), (1.0, 2.0), (0.0, None)])
 def test_adaptive_value_noise_is_tffs(z, stddev):
   from tensorflow_federated.python.aggregators import differential_privacy  # pylint: disable=g-import-not-at-top
+
   spec = privacy.PrivateMean('dp_adaptive', 0.1, z, 20.0, clipped_count_stddev=stddev)
   want = differential_privacy.adaptive_clip_noise_params(z, 20.0, stddev)
   np.testing.assert_allclose((spec.value_noise_multiplier, spec.count_stddev), want)
 
 
 # Each kind on one algorithm by default; every pair under make test-slow.
-@pytest.mark.parametrize('kind,name', [
-    pytest.param(kind, name, id=f'{kind}-{name}', marks=() if (
-        (kind, name) in (('clip', 'fedavg'), ('dp', 'fednova'), ('dp_adaptive', 'fedavg')))
-        else pytest.mark.slow)
-    for kind in privacy.KINDS for name in ('fedavg', 'fednova')])
+@pytest.mark.parametrize(
+  'kind,name',
+  [
+    pytest.param(
+      kind,
+      name,
+      id=f'{kind}-{name}',
+      marks=()
+      if ((kind, name) in (('clip', 'fedavg'), ('dp', 'fednova'), ('dp_adaptive', 'fedavg')))
+      else pytest.mark.slow,
+    )
+    for kind in privacy.KINDS
+    for name in ('fedavg', 'fednova')
+  ],
+)
 def test_without_noise_the_in_process_round_is_tffs_factory(name, kind):
   """z = 0: the in-process clipped mean equals TFF's clipping_factory / DP factory run
   on TFF's runtime, the adaptive clip moving alike (1e-5, 3 rounds)."""
@@ -95,8 +104,11 @@ def _noise_samples(spec: privacy.PrivateMean, rounds: int) -> np.ndarray:
   # The mapped engine, as in `_run`.
   noisy, _ = choice.runner_for(_algorithm('fedavg', spec), DATA, 'inprocess', engine='mapped')
   quiet, _ = choice.runner_for(
-      _algorithm('fedavg', privacy.PrivateMean('dp', spec.clip_norm, 0.0, 3.0)), DATA,
-      'inprocess', engine='mapped')
+    _algorithm('fedavg', privacy.PrivateMean('dp', spec.clip_norm, 0.0, 3.0)),
+    DATA,
+    'inprocess',
+    engine='mapped',
+  )
   state, samples = quiet.initialize(), []
   for r in range(rounds):
     start = state._replace(client_work=state.client_work._replace(round=tf.constant(r)))
@@ -113,19 +125,25 @@ def test_the_noise_has_mean_zero_and_std_z_c_over_n():
   assert abs(samples.mean()) < 5 * sigma / np.sqrt(count)
   assert abs(samples.std() / sigma - 1) < 5 / np.sqrt(2 * count)
   assert len({tuple(row) for row in np.round(samples, 7)}) == rounds  # a draw per round
-  np.testing.assert_array_equal(samples[:5], _noise_samples(
-      privacy.PrivateMean('dp', clip, z, n), 5))  # fixed by the run and the round
+  np.testing.assert_array_equal(
+    samples[:5], _noise_samples(privacy.PrivateMean('dp', clip, z, n), 5)
+  )  # fixed by the run and the round
 
 
 def test_a_weighted_aggregation_is_refused_by_dp():
   with pytest.raises(ValueError, match="client_weighting='uniform'"):
-    registry.get_algorithm('fedavg').build(MODEL, **algorithm_cases.arguments(
-        'fedavg', dict(model_aggregator=privacy.PrivateMean('dp', 1.0, 1.0, 3.0))))
+    registry.get_algorithm('fedavg').build(
+      MODEL,
+      **algorithm_cases.arguments(
+        'fedavg', dict(model_aggregator=privacy.PrivateMean('dp', 1.0, 1.0, 3.0))
+      ),
+    )
   with pytest.raises(ValueError, match='per-client weights'):
     _algorithm('afl', privacy.PrivateMean('dp', 1.0, 1.0, 3.0))
 
 
 # --- accounting ---------------------------------------------------------------------
+
 
 def test_the_accountant_reproduces_dp_accountings_worked_example():
   """dp_accounting's rdp test: noise multiplier 4.530877117 makes one Gaussian
@@ -149,22 +167,34 @@ def test_sampling_amplifies_privacy_and_epsilon_grows_with_rounds():
   assert accounting.Ledger(0.0, 10, 100, 'poisson', 1e-4).epsilon(3) == np.inf
 
 
-@pytest.mark.parametrize('sampling, accountant', [('poisson', 'rdp'), ('uniform', 'rdp'),
-                                                  pytest.param('poisson', 'pld', marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  'sampling, accountant',
+  [('poisson', 'rdp'), ('uniform', 'rdp'), pytest.param('poisson', 'pld', marks=pytest.mark.slow)],
+)
 def test_calibration_spends_the_target_over_the_rounds(sampling, accountant):
-  z = accounting.calibrate(2.0, 200, clients_per_round=10, population=500,
-                           sampling=sampling, delta=1e-4, accountant=accountant)
+  z = accounting.calibrate(
+    2.0,
+    200,
+    clients_per_round=10,
+    population=500,
+    sampling=sampling,
+    delta=1e-4,
+    accountant=accountant,
+  )
   ledger = accounting.Ledger(z, 10, 500, sampling, 1e-4, accountant)
   assert 1.99 < ledger.epsilon(200) <= 2.0
   if accountant == 'rdp':  # (PLD's 0.3 s a call: the search is the same code)
     assert ledger.rounds_within(2.0, 1000) == 200
 
 
-@pytest.mark.parametrize('args, says', [
+@pytest.mark.parametrize(
+  'args, says',
+  [
     (('with_replacement', 'rdp', 1e-3, 100), 'poisson or uniform'),
     (('uniform', 'pld', 1e-3, 100), 'PLD'),
     (('poisson', 'rdp', 0.01, 100), 'target_delta must be in'),
-])
+  ],
+)
 def test_unaccountable_runs_are_refused(args, says):
   with pytest.raises(ValueError, match=says):
     accounting.check(*args)
@@ -172,19 +202,32 @@ def test_unaccountable_runs_are_refused(args, says):
 
 # --- runs ---------------------------------------------------------------------------
 
+
 def _config(tmp_path, **fields):
   return experiment.ExperimentConfig.of(
-      algorithm=fields.pop('algorithm', 'fedavg'), task='quadratic',
-      rounds=fields.pop('rounds', 6), clients_per_round=2, eval_period=2,
-      output_dir=str(tmp_path), **fields)
+    algorithm=fields.pop('algorithm', 'fedavg'),
+    task='quadratic',
+    rounds=fields.pop('rounds', 6),
+    clients_per_round=2,
+    eval_period=2,
+    output_dir=str(tmp_path),
+    **fields,
+  )
 
 
 @pytest.mark.parametrize('runtime', ['inprocess', 'tff'])
 def test_a_dp_run_writes_epsilon_every_round_and_records_its_noise(tmp_path, runtime):
-  prepared = experiment.prepare(_config(
-      tmp_path, aggregator='dp_adaptive', target_epsilon=30.0, clipped_count_stddev=1.0,
+  prepared = experiment.prepare(
+    _config(
+      tmp_path,
+      aggregator='dp_adaptive',
+      target_epsilon=30.0,
+      clipped_count_stddev=1.0,
       runtime=runtime,
-      sampling='poisson', client_learning_rate=0.05))
+      sampling='poisson',
+      client_learning_rate=0.05,
+    )
+  )
   experiment.run_experiment(prepared, show_progress=False)
   rows = (tmp_path / 'metrics.csv').read_text().splitlines()
   header = rows[0].split(',')
@@ -200,46 +243,68 @@ def test_a_dp_run_writes_epsilon_every_round_and_records_its_noise(tmp_path, run
 def test_the_run_stops_when_the_budget_is_spent_and_a_resume_stops_too(tmp_path):
   ledger = accounting.Ledger(1.0, 2, 6, 'uniform', 0.1)
   budget = ledger.epsilon(4) + 1e-6  # round 5 would exceed it
-  fields = dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, target_delta=0.1,
-                target_epsilon=budget, rounds=9, checkpoint_every=100)
-  experiment.run_experiment(experiment.prepare(_config(tmp_path, **fields)),
-                            show_progress=False)
-  rounds = [int(r.split(',')[0]) for r in
-            (tmp_path / 'metrics.csv').read_text().splitlines()[1:]]
+  fields = dict(
+    aggregator='dp',
+    clip_norm=1.0,
+    noise_multiplier=1.0,
+    target_delta=0.1,
+    target_epsilon=budget,
+    rounds=9,
+    checkpoint_every=100,
+  )
+  experiment.run_experiment(experiment.prepare(_config(tmp_path, **fields)), show_progress=False)
+  rounds = [int(r.split(',')[0]) for r in (tmp_path / 'metrics.csv').read_text().splitlines()[1:]]
   assert rounds == list(range(5))  # round 0 (the initial evaluation), then 1..4
   _, saved = checkpoints.Checkpoints(tmp_path).load_latest(
-      experiment.build_runner(experiment.prepare(_config(tmp_path, **dict(
-          fields, overwrite=True)))).runtime.initialize())
+    experiment.build_runner(
+      experiment.prepare(_config(tmp_path, **dict(fields, overwrite=True)))
+    ).runtime.initialize()
+  )
   assert saved == 4
-  experiment.run_experiment(experiment.prepare(_config(tmp_path, resume=True, **fields)),
-                            show_progress=False)  # already spent: runs no round
+  experiment.run_experiment(
+    experiment.prepare(_config(tmp_path, resume=True, **fields)), show_progress=False
+  )  # already spent: runs no round
   assert (tmp_path / 'metrics.csv').read_text().splitlines()[-1].startswith('4,')
   with pytest.raises(experiment.ConfigError, match='already spends'):
-    experiment.prepare(_config(tmp_path / 'b', **dict(fields,
-                                                     target_epsilon=ledger.epsilon(1) / 2)))
+    experiment.prepare(
+      _config(tmp_path / 'b', **dict(fields, target_epsilon=ledger.epsilon(1) / 2))
+    )
 
 
-@pytest.mark.parametrize('fields, says', [
+@pytest.mark.parametrize(
+  'fields, says',
+  [
     (dict(clip_norm=1.0), '--aggregator=clip, dp or dp_adaptive'),
     (dict(aggregator='dp', clip_norm=1.0), '--noise_multiplier or --target_epsilon'),
     (dict(aggregator='dp', noise_multiplier=1.0), 'needs --clip_norm'),
     (dict(aggregator='clip', clip_norm=1.0, noise_multiplier=1.0), 'adds no noise'),
-    (dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, target_delta=0.5),
-     'target_delta must be in'),
-    (dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0,
-          sampling='with_replacement'), 'poisson or uniform'),
-    (dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0,
-          client_weighting='examples'), 'weighs every client alike'),
-    (dict(aggregator='dp_adaptive', noise_multiplier=1.0, clipped_count_stddev=0.4),
-     'clipped_count_stddev'),
+    (
+      dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, target_delta=0.5),
+      'target_delta must be in',
+    ),
+    (
+      dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, sampling='with_replacement'),
+      'poisson or uniform',
+    ),
+    (
+      dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, client_weighting='examples'),
+      'weighs every client alike',
+    ),
+    (
+      dict(aggregator='dp_adaptive', noise_multiplier=1.0, clipped_count_stddev=0.4),
+      'clipped_count_stddev',
+    ),
     (dict(aggregator='dp', clip_norm=-1.0, noise_multiplier=1.0), 'clip_norm must be > 0'),
     (dict(aggregator='median'), 'unknown'),
     # Settings the run's aggregator would ignore.
     (dict(clip_quantile=0.3), 'adapting clip of --aggregator=dp_adaptive'),
-    (dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, clipped_count_stddev=0.4),
-     '--clipped_count_stddev sets the adapting clip'),
+    (
+      dict(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, clipped_count_stddev=0.4),
+      '--clipped_count_stddev sets the adapting clip',
+    ),
     (dict(accountant='pld'), '--accountant counts the privacy of'),
-])
+  ],
+)
 def test_a_bad_privacy_setting_is_one_line(tmp_path, fields, says):
   with pytest.raises(experiment.ConfigError) as error:
     experiment.prepare(_config(tmp_path, **fields))
@@ -251,14 +316,18 @@ def test_adaptive_clipping_noises_the_clipped_count():
   by exp(-lr N(0, s^2) / n) (every adaptive test elsewhere ran with z = 0, so removing
   this noise passed them). Four updates, two below the clip: the count's part is
   centred, and log(C' / C) has mean 0 and std lr s / n over noise seeds."""
-  mean = privacy.PrivateMean('dp_adaptive', clip_norm=1.0, noise_multiplier=0.5,
-                             clients_per_round=4, clip_learning_rate=0.2,
-                             clipped_count_stddev=0.4)
+  mean = privacy.PrivateMean(
+    'dp_adaptive',
+    clip_norm=1.0,
+    noise_multiplier=0.5,
+    clients_per_round=4,
+    clip_learning_rate=0.2,
+    clipped_count_stddev=0.4,
+  )
   deltas = (tf.constant([[0.5, 0.0], [0.0, 0.5], [2.0, 0.0], [0.0, 2.0]]),)
   steps = []
   for seed in range(400):
-    _, state, _ = mean.aggregate(mean.initial_state(), deltas, tf.ones([4]),
-                                 tf.constant([seed, 0]))
+    _, state, _ = mean.aggregate(mean.initial_state(), deltas, tf.ones([4]), tf.constant([seed, 0]))
     steps.append(np.log(float(state['clip_norm']) / 1.0))
   assert np.mean(steps) == pytest.approx(0.0, abs=0.005)
   assert np.std(steps) == pytest.approx(0.2 * 0.4 / 4, rel=0.12)
@@ -268,22 +337,30 @@ def test_the_default_delta_is_population_to_the_minus_1_1_and_is_recorded(tmp_pa
   """delta defaults to N^-1.1 (below 1/N; McMahan et al. 2018) of the task's population,
   and the run records the value it accounted with (a changed default passed every test)."""
   for population in (10, 64, 3_400, 342_477):
-    assert accounting.default_delta(population) == pytest.approx(population ** -1.1,
-                                                                 rel=1e-12)
+    assert accounting.default_delta(population) == pytest.approx(population**-1.1, rel=1e-12)
     assert accounting.default_delta(population) < 1 / population
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='quadratic', aggregator='dp', clip_norm=1.0,
-      noise_multiplier=0.5, client_weighting='uniform', clients_per_round=2,
-      output_dir=str(tmp_path)))
-  assert prepared.settings.target_delta == pytest.approx(6 ** -1.1, rel=1e-12)
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='quadratic',
+      aggregator='dp',
+      clip_norm=1.0,
+      noise_multiplier=0.5,
+      client_weighting='uniform',
+      clients_per_round=2,
+      output_dir=str(tmp_path),
+    )
+  )
+  assert prepared.settings.target_delta == pytest.approx(6**-1.1, rel=1e-12)
 
 
 def test_the_privacy_line_gives_the_delta_it_accounts_with():
   """The run's `privacy:` line shows delta (the default was used silently); one of
   1/population or more is refused."""
-  ledger = accounting.Ledger(1.0, 10, 64, 'poisson', 64 ** -1.1, 'rdp')
+  ledger = accounting.Ledger(1.0, 10, 64, 'poisson', 64**-1.1, 'rdp')
   assert privacy_settings.privacy_line(ledger, 4.0, 100).startswith(
-      'privacy: noise multiplier 1; delta 0.0103; ')
+    'privacy: noise multiplier 1; delta 0.0103; '
+  )
   with pytest.raises(ValueError, match='target_delta must be in'):
     accounting.Ledger(1.0, 10, 64, 'poisson', 0.05, 'rdp')
 
@@ -292,12 +369,20 @@ def test_adaptive_clipping_defaults_work_for_small_cohorts(tmp_path):
   """TFF's default count noise (0.05 n = 0.5 for 10 clients) is at most z / 2 for a
   calibrated z of about 1.7, which refused the run: the default then takes s = z, with
   the update's noise z_v = (z^-2 - (2z)^-2)^-1/2 and the privacy of z."""
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='lasso', rounds=100, clients_per_round=10,
-      aggregator='dp_adaptive', target_epsilon=4.0, output_dir=str(tmp_path)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='lasso',
+      rounds=100,
+      clients_per_round=10,
+      aggregator='dp_adaptive',
+      target_epsilon=4.0,
+      output_dir=str(tmp_path),
+    )
+  )
   spec = prepared.builder_args['model_aggregator']
   z = spec.noise_multiplier
   assert z > 1.0 and spec.count_stddev == z
-  assert spec.value_noise_multiplier == pytest.approx((z**-2 - (2 * z)**-2)**-0.5)
+  assert spec.value_noise_multiplier == pytest.approx((z**-2 - (2 * z) ** -2) ** -0.5)
   large = privacy.PrivateMean('dp_adaptive', 0.1, 1.0, 100.0)
   assert large.count_stddev == 5.0  # TFF's 0.05 n where it suffices

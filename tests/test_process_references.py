@@ -21,7 +21,7 @@ B, K, LR = 3, 4, 0.05
 def _client(cid):
   i = ARRAYS.client_ids.index(cid)
   start = int(ARRAYS.counts[:i].sum())
-  x, y = (np.asarray(a)[start:start + ARRAYS.counts[i]] for a in ARRAYS.examples)
+  x, y = (np.asarray(a)[start : start + ARRAYS.counts[i]] for a in ARRAYS.examples)
   return x.astype(np.float64), y.astype(np.float64)
 
 
@@ -77,7 +77,7 @@ def _maml_direction(w, d, d_test, d_hessian, alpha, variant):
 def _per_fedavg_client(w, cid, alpha, variant):
   x, y = _client(cid)
   for bx, by in _cycled_batches(x, y, 3 * B, K):
-    thirds = [(bx[j * B:(j + 1) * B], by[j * B:(j + 1) * B]) for j in range(3)]
+    thirds = [(bx[j * B : (j + 1) * B], by[j * B : (j + 1) * B]) for j in range(3)]
     w = _sub(w, _maml_direction(w, *thirds, alpha, variant), LR)
   return w
 
@@ -85,8 +85,7 @@ def _per_fedavg_client(w, cid, alpha, variant):
 @pytest.mark.parametrize('variant', ['fo', 'exact', 'hf'])
 def test_per_fedavg(variant):
   alpha = 0.1
-  process, states = _run('per_fedavg', dict(variant=variant, alpha=alpha,
-                                            client_learning_rate=LR))
+  process, states = _run('per_fedavg', dict(variant=variant, alpha=alpha, client_learning_rate=LR))
   w = _weights(process, states[0])
   for ids in ROUNDS:
     ends = [_per_fedavg_client(w, cid, alpha, variant) for cid in ids]
@@ -97,8 +96,9 @@ def test_per_fedavg(variant):
 
 def test_tr_maml_model_and_task_weight_updates():
   alpha, eg_rate = 0.1, 0.5
-  process, states = _run('tr_maml', dict(alpha=alpha, client_learning_rate=LR,
-                                         task_weight_learning_rate=eg_rate))
+  process, states = _run(
+    'tr_maml', dict(alpha=alpha, client_learning_rate=LR, task_weight_learning_rate=eg_rate)
+  )
   w = _weights(process, states[0])
   lam = np.full(5, 0.2)
   for r, ids in enumerate(ROUNDS):
@@ -106,12 +106,12 @@ def test_tr_maml_model_and_task_weight_updates():
     losses = np.zeros(5)
     for cid in ids:  # the post-adaptation loss on all the client's examples at w_r
       x, y = _client(cid)
-      losses[ARRAYS.client_ids.index(cid)] = _loss(_sub(w, ref.gradient(*w, x, y), alpha),
-                                                   x, y)
+      losses[ARRAYS.client_ids.index(cid)] = _loss(_sub(w, ref.gradient(*w, x, y), alpha), x, y)
     ends = [_per_fedavg_client(w, cid, alpha, 'fo') for cid in ids]
     weights = np.array([lam[ARRAYS.client_ids.index(c)] for c in ids])
-    w = tuple(w[j] + sum(p * (e[j] - w[j]) for p, e in zip(weights, ends)) / weights.sum()
-              for j in range(2))
+    w = tuple(
+      w[j] + sum(p * (e[j] - w[j]) for p, e in zip(weights, ends)) / weights.sum() for j in range(2)
+    )
     lam = lam * np.exp(eg_rate * losses)
     lam /= lam.sum()
   _close(_weights(process, states[-1]), w)
@@ -121,14 +121,17 @@ def test_tr_maml_model_and_task_weight_updates():
 @pytest.mark.parametrize('objective', ['maml', 'da_maml'])
 def test_comfedl_with_meta_learning_objectives(objective):
   alpha, gamma = 0.1, 2.0
-  process, states = _run('comfedl', dict(objective=objective, inner_learning_rate=alpha,
-                                         gamma=gamma, client_learning_rate=LR))
+  process, states = _run(
+    'comfedl',
+    dict(objective=objective, inner_learning_rate=alpha, gamma=gamma, client_learning_rate=LR),
+  )
   w = _weights(process, states[0])
   for ids in ROUNDS:
     reference = 0.0
     if objective == 'da_maml':  # c: the largest adapted full-data loss of the round
-      reference = max(_loss(_sub(w, ref.gradient(*w, *_client(c)), alpha), *_client(c))
-                      for c in ids)
+      reference = max(
+        _loss(_sub(w, ref.gradient(*w, *_client(c)), alpha), *_client(c)) for c in ids
+      )
     ends = []
     for cid in ids:
       v = w
@@ -147,8 +150,9 @@ def test_comfedl_with_meta_learning_objectives(objective):
 
 def test_fedavg_subgradient_with_an_l1_regularizer():
   lam = 0.3
-  process, states = _run('fedavg_subgrad', dict(regularizer=regularizers.L1(strength=lam),
-                                                client_learning_rate=LR))
+  process, states = _run(
+    'fedavg_subgrad', dict(regularizer=regularizers.L1(strength=lam), client_learning_rate=LR)
+  )
   w = _weights(process, states[0])
   for ids in ROUNDS:
     ends = []
@@ -165,8 +169,9 @@ def test_fedavg_subgradient_with_an_l1_regularizer():
 
 def test_fednova_with_server_momentum():
   lr_s, beta = 0.7, 0.9
-  process, states = _run('fednova', dict(server_learning_rate=lr_s, server_momentum=beta,
-                                         client_learning_rate=LR))
+  process, states = _run(
+    'fednova', dict(server_learning_rate=lr_s, server_momentum=beta, client_learning_rate=LR)
+  )
   w = _weights(process, states[0])
   momentum = (np.zeros_like(w[0]), 0.0)
   for ids in ROUNDS:
@@ -182,8 +187,9 @@ def test_fednova_with_server_momentum():
       sizes.append(len(y))
     p = np.array(sizes) / sum(sizes)
     tau_eff = p @ np.array(taus)
-    update = tuple(tau_eff * sum(pi * d[j] / t for pi, d, t in zip(p, deltas, taus))
-                   for j in range(2))
+    update = tuple(
+      tau_eff * sum(pi * d[j] / t for pi, d, t in zip(p, deltas, taus)) for j in range(2)
+    )
     momentum = (beta * momentum[0] + update[0], beta * momentum[1] + update[1])
     w = _sub(w, momentum, lr_s)
   _close(_weights(process, states[-1]), w)
@@ -196,9 +202,18 @@ def test_local_scgdm_with_meta_learning_objectives(objective):
   round's reference c by exp((c_old - c_new) / gamma)."""
   alpha, gamma, eta = 0.1, 2.0, LR
   a_m, beta, g_t = 2.0, 0.5, 3.0  # momentum rate, step scale, tracking rate
-  process, states = _run('local_scgdm', dict(
-      objective=objective, inner_learning_rate=alpha, gamma=gamma, client_learning_rate=eta,
-      momentum_rate=a_m, beta=beta, tracking_gamma=g_t))
+  process, states = _run(
+    'local_scgdm',
+    dict(
+      objective=objective,
+      inner_learning_rate=alpha,
+      gamma=gamma,
+      client_learning_rate=eta,
+      momentum_rate=a_m,
+      beta=beta,
+      tracking_gamma=g_t,
+    ),
+  )
   w = _weights(process, states[0])
   u, m, c_old, started = None, None, 0.0, False
   for ids in ROUNDS:
@@ -213,20 +228,22 @@ def test_local_scgdm_with_meta_learning_objectives(objective):
       for bx, by in _cycled_batches(*_client(cid), 2 * B, K):
         train, test = (bx[:B], by[:B]), (bx[B:], by[B:])
         value = _sub(x, ref.gradient(*x, *train), alpha)
-        cu = value if first else tuple((1 - g_t * eta) * o + g_t * eta * n
-                                       for o, n in zip(cu, value))
+        cu = (
+          value if first else tuple((1 - g_t * eta) * o + g_t * eta * n for o, n in zip(cu, value))
+        )
         grad_g = ref.gradient(*cu, *test)
         if objective == 'da_maml':
           factor = np.exp((_loss(cu, *test) - c) / gamma) / gamma
           grad_g = (factor * grad_g[0], factor * grad_g[1])
         z = _sub(grad_g, _hvp(train[0], grad_g), alpha)
-        cm = z if first else tuple((1 - a_m * eta) * o + a_m * eta * n
-                                   for o, n in zip(cm, z))
+        cm = z if first else tuple((1 - a_m * eta) * o + a_m * eta * n for o, n in zip(cm, z))
         x = _sub(x, cm, beta * eta)
         first = False
       ends.append((x, cu, cm))
+
     def mean(j):
       return tuple(np.mean([e[j][k] for e in ends], 0) for k in range(2))
+
     w, u, m, c_old, started = mean(0), mean(1), mean(2), c, True
   _close(_weights(process, states[-1]), w)
   np.testing.assert_allclose(states[-1].finalizer.m[0], m[0], rtol=1e-4, atol=1e-5)

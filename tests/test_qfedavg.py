@@ -6,8 +6,7 @@ import tensorflow as tf
 from tests import algorithm_cases
 from tests import numpy_reference as ref
 from tff_comp import models
-from tff_comp.algorithms import fedavg
-from tff_comp.algorithms import qfedavg
+from tff_comp.algorithms import fedavg, qfedavg
 
 D, LR, BATCH = 5, 0.05, 4
 
@@ -28,8 +27,9 @@ def _datasets(clients):
 def test_q_zero_is_uniform_fedavg():
   model = models.linear_regression((D,))
   q_process = qfedavg.build_qfedavg(model, client_learning_rate=LR, q=0.0, batch_size=BATCH)
-  plain = fedavg.build_fedavg(model, client_learning_rate=LR, batch_size=BATCH,
-                              client_weighting='uniform')
+  plain = fedavg.build_fedavg(
+    model, client_learning_rate=LR, batch_size=BATCH, client_weighting='uniform'
+  )
   a, b = q_process.initialize(), plain.initialize()
   for _ in range(3):
     a = q_process.next(a, _datasets(_clients())).state
@@ -40,8 +40,9 @@ def test_q_zero_is_uniform_fedavg():
 
 def test_q_one_round_matches_hand_computation():
   q = 1.0
-  process = algorithm_cases.stored_order(qfedavg.qfedavg(models.linear_regression((D,)), client_learning_rate=LR,
-                                  q=q, batch_size=BATCH))
+  process = algorithm_cases.stored_order(
+    qfedavg.qfedavg(models.linear_regression((D,)), client_learning_rate=LR, q=q, batch_size=BATCH)
+  )
   clients = _clients()
   w = process.get_model_weights(process.next(process.initialize(), _datasets(clients)).state)
   deltas, hs = [], []

@@ -20,20 +20,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
-from tff_comp.binaries import grid
-from tff_comp.binaries import reproductions
-from tff_comp import experiment
-from tff_comp import keras_models
-from tff_comp import registry
+from tff_comp import experiment, keras_models, registry
+from tff_comp.binaries import grid, reproductions
 from tff_comp.ops import privacy
-from tff_comp.run import callbacks
-from tff_comp.runtime import client_rows
-from tff_comp.runtime import inprocess
-from tff_comp.runtime import ray_cluster
-from tff_comp.runtime import ray_runtime
-from tff_comp.run import run_files
-from tff_comp.run import sampling
-from tff_comp.runtime import streaming
+from tff_comp.run import callbacks, run_files, sampling
+from tff_comp.runtime import client_rows, inprocess, ray_cluster, ray_runtime, streaming
 
 ray = pytest.importorskip('ray')
 cloudpickle = ray.cloudpickle
@@ -51,14 +42,16 @@ def cluster():
 
 
 def _algorithms() -> list[str]:
-  return [name for name in registry.ALGORITHMS.names()
-          if not inprocess.why_not(algorithm_cases.algorithm(name, {}))]
+  return [
+    name
+    for name in registry.ALGORITHMS.names()
+    if not inprocess.why_not(algorithm_cases.algorithm(name, {}))
+  ]
 
 
 def _sampler() -> sampling.ClientSampler:
   """Poisson cohorts (3 of the clients expected) with dropout."""
-  return sampling.ClientSampler(IDS, 3, 7, sampling.Participation('poisson',
-                                                                   dropout_rate=0.2))
+  return sampling.ClientSampler(IDS, 3, 7, sampling.Participation('poisson', dropout_rate=0.2))
 
 
 def _rounds(runtime, rounds: int = 3, kill=None):
@@ -81,12 +74,12 @@ def _rounds(runtime, rounds: int = 3, kill=None):
 
 def _assert_same(got, want, label):
   for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(want), strict=True):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7,
-                               err_msg=label)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7, err_msg=label)
 
 
 def _both(name, engine, extra=None, data=DATA):
   """(the single process's rounds, the same on two Ray actors)."""
+
   def algorithm():  # one each: a run traces the algorithm's functions
     return algorithm_cases.algorithm(name, extra or {}, shuffle=True)
 
@@ -100,21 +93,24 @@ def test_a_client_data_that_does_not_pickle_reaches_the_actors_as_arrays():
   """TFF's TestClientData's dataset function holds the ClientData, which Ray cannot
   pickle (bench part 3's EMNIST line failed on it): its clients go as arrays."""
   data = tff.simulation.datasets.TestClientData(
-      {c: tuple(np.asarray(t) for t in streaming.read_client(DATA, c)) for c in IDS})
+    {c: tuple(np.asarray(t) for t in streaming.read_client(DATA, c)) for c in IDS}
+  )
   single, on_ray, runtime = _both('fedavg', 'mapped', data=data)
   assert runtime.record['shipped_data'] == 'arrays'
   _assert_same(on_ray, single, 'TestClientData')
 
 
 def test_each_actor_sends_sums_of_one_updates_size_whatever_its_clients():
-  runtime = ray_runtime.build(algorithm_cases.algorithm('fedavg', {}), DATA, OPTIONS,
-                              engine='mapped')
+  runtime = ray_runtime.build(
+    algorithm_cases.algorithm('fedavg', {}), DATA, OPTIONS, engine='mapped'
+  )
   state, received = runtime.initialize(), []
   for cohort in (IDS[:2], IDS):  # a client on each actor, then every client
     runtime.next(state, cohort)
     received.append(runtime.costs.received)
-  weights = sum(np.asarray(w).nbytes for w in tf.nest.flatten(
-      runtime.get_model_weights(state).trainable))
+  weights = sum(
+    np.asarray(w).nbytes for w in tf.nest.flatten(runtime.get_model_weights(state).trainable)
+  )
   assert len(IDS) > 4 and received[0] == received[1] < 2 * weights + 1024
 
 
@@ -125,8 +121,9 @@ def test_what_an_actor_sends_and_receives_does_not_grow_with_the_population(name
   of 5 as on one of 10 (its first 5 clients the same), and the states agree."""
   costs, states = [], []
   for data, population in ((DATA, 5), (algorithm_cases.TEN, 10)):
-    runtime = ray_runtime.build(algorithm_cases.algorithm(name, dict(num_clients=population)),
-                                data, OPTIONS, engine='mapped')
+    runtime = ray_runtime.build(
+      algorithm_cases.algorithm(name, dict(num_clients=population)), data, OPTIONS, engine='mapped'
+    )
     output = runtime.next(runtime.initialize(), ['c0', 'c1'])
     costs.append(runtime.costs[:2])
     states.append(runtime.get_model_weights(output.state).trainable)
@@ -136,6 +133,7 @@ def test_what_an_actor_sends_and_receives_does_not_grow_with_the_population(name
 
 def _client_state_runs(name: str, rounds: int = 3):
   """(the Ray runtime, its states after each round, the single process's)."""
+
   def run(runtime):
     sampler = sampling.ClientSampler(IDS, 3, 7)
     states = [runtime.initialize()]
@@ -143,10 +141,12 @@ def _client_state_runs(name: str, rounds: int = 3):
       states.append(runtime.next(states[-1], list(sampler.sample(round_num).reporting)).state)
     return states[1:]
 
-  on_ray = ray_runtime.build(algorithm_cases.algorithm(name, {}), DATA, OPTIONS,
-                             engine='mapped')
-  return on_ray, run(on_ray), run(inprocess.build(algorithm_cases.algorithm(name, {}),
-                                                  DATA, engine='mapped'))
+  on_ray = ray_runtime.build(algorithm_cases.algorithm(name, {}), DATA, OPTIONS, engine='mapped')
+  return (
+    on_ray,
+    run(on_ray),
+    run(inprocess.build(algorithm_cases.algorithm(name, {}), DATA, engine='mapped')),
+  )
 
 
 @pytest.mark.parametrize('name', ['scaffold', 'local_moml', 'ditto'])
@@ -159,14 +159,18 @@ def test_client_state_lives_with_the_actors(name):
   runtime, states, single = _client_state_runs(name)
   server = states[-1].finalizer
   fields = client_rows.held_fields(server)
-  assert fields and all(isinstance(leaf, client_rows.Held) for field in fields
-                        for leaf in tf.nest.flatten(getattr(server, field)))
+  assert fields and all(
+    isinstance(leaf, client_rows.Held)
+    for field in fields
+    for leaf in tf.nest.flatten(getattr(server, field))
+  )
   for got, want, label in ((states[-1], single[-1], 'last'), (states[-2], single[-2], 'before')):
     _assert_same(runtime.whole_state(got), want, f'{name}, {label}')
   assert callbacks.server_quantities(states[-1]) == callbacks.server_quantities(single[-1])
   if runtime.keeps_personal_models:
-    _assert_same(runtime.get_personal_weights(states[-1]), single[-1].finalizer.personal,
-                 'personal models')
+    _assert_same(
+      runtime.get_personal_weights(states[-1]), single[-1].finalizer.personal, 'personal models'
+    )
   with pytest.raises(ValueError, match='earlier round than its actors hold'):
     runtime.whole_state(states[-3])
 
@@ -180,8 +184,11 @@ def test_a_whole_state_given_again_is_sent_to_the_actors():
     runtime.next(states[0], IDS[:2])
   again = runtime.next(runtime.initialize(), IDS[:3]).state
   want = inprocess.build(algorithm_cases.algorithm('scaffold', {}), DATA, engine='mapped')
-  _assert_same(runtime.whole_state(again), want.next(want.initialize(), IDS[:3]).state,
-               'from the initial state again')
+  _assert_same(
+    runtime.whole_state(again),
+    want.next(want.initialize(), IDS[:3]).state,
+    'from the initial state again',
+  )
   del single
 
 
@@ -189,6 +196,7 @@ def test_two_ray_runs_of_one_process_take_turns_on_its_actors():
   """A process's actors serve one run at a time: a run built later (Ditto) sets them up
   for itself, and the earlier run (SCAFFOLD) takes them back, its rows of client state
   restored; each equals its single-process run."""
+
   def runtimes(build):
     return [build(algorithm_cases.algorithm(name, {}), DATA) for name in ('scaffold', 'ditto')]
 
@@ -209,9 +217,13 @@ def test_two_ray_runs_of_one_process_take_turns_on_its_actors():
 _DEFAULT = ('fedavg', 'scaffold', 'qfedavg')
 
 
-@pytest.mark.parametrize('name', [
+@pytest.mark.parametrize(
+  'name',
+  [
     name if name in _DEFAULT else pytest.param(name, marks=pytest.mark.ray)
-    for name in _algorithms()])
+    for name in _algorithms()
+  ],
+)
 def test_two_actors_equal_the_single_process(name):
   single, on_ray, runtime = _both(name, 'mapped')
   assert runtime.record['actors'] == 2 and runtime.record['engine'] == 'mapped'
@@ -226,13 +238,18 @@ def test_two_actors_equal_the_single_process_on_lanes(name):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize('spec', [
+@pytest.mark.parametrize(
+  'spec',
+  [
     privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
-    privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5)],
-    ids=['dp', 'dp_adaptive'])
+    privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
+  ],
+  ids=['dp', 'dp_adaptive'],
+)
 def test_private_rounds_on_ray_add_the_noise_once_as_the_single_process(spec):
-  single, on_ray, _ = _both('fedavg', 'mapped',
-                            dict(model_aggregator=spec, client_weighting='uniform'))
+  single, on_ray, _ = _both(
+    'fedavg', 'mapped', dict(model_aggregator=spec, client_weighting='uniform')
+  )
   _assert_same(on_ray, single, spec.kind)
 
 
@@ -241,22 +258,28 @@ def test_a_keras_cnn_on_ray_equals_the_single_process():
   """A Keras model reaches the actors as its conversion (`keras_models._KerasModel`
   pickles as `from_keras` of its Keras model): a copied function took no gradient."""
   from tests import test_keras_models as k  # pylint: disable=g-import-not-at-top
+
   data = k._data('cnn')  # pylint: disable=protected-access
 
   def algorithm():
     model = keras_models.from_keras(k._cnn(), k.LOSS, k._spec('cnn'))  # pylint: disable=protected-access
-    return registry.get_algorithm('fedavg').build(
-        model, client_learning_rate=0.1, batch_size=k.BATCH).with_client_options(
-            shuffle=True)
+    return (
+      registry.get_algorithm('fedavg')
+      .build(model, client_learning_rate=0.1, batch_size=k.BATCH)
+      .with_client_options(shuffle=True)
+    )
 
   def rounds(runtime):
     state = runtime.initialize()
     for r in range(2):
-      state = runtime.next(state, k.IDS[r:r + 3]).state
+      state = runtime.next(state, k.IDS[r : r + 3]).state
     return state
 
-  _assert_same(rounds(ray_runtime.build(algorithm(), data, OPTIONS, engine='mapped')),
-               rounds(inprocess.build(algorithm(), data, engine='mapped')), 'keras cnn')
+  _assert_same(
+    rounds(ray_runtime.build(algorithm(), data, OPTIONS, engine='mapped')),
+    rounds(inprocess.build(algorithm(), data, engine='mapped')),
+    'keras cnn',
+  )
 
 
 class _KillingRay:
@@ -299,19 +322,30 @@ def test_an_actor_killed_in_a_run_is_restarted_and_the_run_is_unchanged(capsys):
 
   _assert_same(_rounds(runtime, kill=kill), single, 'scaffold, actors killed')
   out = capsys.readouterr().out
-  for line in ('ray: actor 0 died in round 2; its clients run again on its restarted actor.',
-               f'ray: actor {in_round_3} died in round 3; its clients run again on its'
-               ' restarted actor.',
-               'ray: actor 1 died; it is restarted with its rows of client state.'):
+  for line in (
+    'ray: actor 0 died in round 2; its clients run again on its restarted actor.',
+    f'ray: actor {in_round_3} died in round 3; its clients run again on its restarted actor.',
+    'ray: actor 1 died; it is restarted with its rows of client state.',
+  ):
     assert line in out, out
   assert len(killed) == 3 and not set(killed) & set(runtime.actor_pids())  # new processes
 
 
 def _train(path, **settings):
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(**{
-      'algorithm': 'fedavg', 'task': 'quadratic', 'rounds': 6, 'eval_period': 3,
-      'checkpoint_every': 2, 'ray_address': ray_cluster.LOCAL, 'output_dir': str(path),
-      **settings}))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      **{
+        'algorithm': 'fedavg',
+        'task': 'quadratic',
+        'rounds': 6,
+        'eval_period': 3,
+        'checkpoint_every': 2,
+        'ray_address': ray_cluster.LOCAL,
+        'output_dir': str(path),
+        **settings,
+      }
+    )
+  )
   runner = experiment.build_runner(prepared)
   assert runner.runtime.name == 'ray'
   return experiment.train_runner(prepared, runner, show_progress=False)
@@ -328,22 +362,35 @@ def test_a_ray_run_resumes_as_it_would_have_run(tmp_path, name):
     assert all(saved[leaf].dtype != object for leaf in saved.files)
   resumed = _train(tmp_path / 'cut', resume=True, algorithm=name)
   assert resumed == whole
-  (want, _), (got, _) = (run_files.whole_rows(tmp_path / kind / 'metrics.csv')[1:]
-                         for kind in ('whole', 'cut'))
+  (want, _), (got, _) = (
+    run_files.whole_rows(tmp_path / kind / 'metrics.csv')[1:] for kind in ('whole', 'cut')
+  )
   columns = [c for c in want[0] if 'seconds' not in c]
   assert [[r[c] for c in columns] for r in got] == [[r[c] for c in columns] for r in want]
 
 
 def test_an_unreachable_cluster_is_one_line_and_exit_2(repo_root, tmp_path):
   out = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=fedavg',
-       '--task=quadratic', '--rounds=2', '--ray_address=127.0.0.1:9',
-       f'--output_dir={tmp_path}'], capture_output=True, text=True, timeout=300,
-      stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'run.py'),
+      '--algo=fedavg',
+      '--task=quadratic',
+      '--rounds=2',
+      '--ray_address=127.0.0.1:9',
+      f'--output_dir={tmp_path}',
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
   assert out.returncode == 2, out.stderr[-2000:]
   lines = [line for line in out.stderr.splitlines() if line.strip()]
-  assert len(lines) == 1 and 'Ray cluster at --ray_address=127.0.0.1:9 cannot be' \
-      ' reached' in lines[0], out.stderr[-2000:]
+  assert (
+    len(lines) == 1 and 'Ray cluster at --ray_address=127.0.0.1:9 cannot be reached' in lines[0]
+  ), out.stderr[-2000:]
 
 
 @pytest.mark.ray
@@ -351,27 +398,47 @@ def test_a_ray_run_ends_without_a_traceback(repo_root, tmp_path):
   """run.py on a local Ray cluster exits 0 with nothing on stderr: TFF's default
   context used to print an "Exception ignored" traceback at the interpreter's exit."""
   out = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=fedavg',
-       '--task=quadratic', '--rounds=2', '--ray_address=local', '--ray_actors=1',
-       f'--output_dir={tmp_path}'], capture_output=True, text=True, timeout=300,
-      stdin=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'run.py'),
+      '--algo=fedavg',
+      '--task=quadratic',
+      '--rounds=2',
+      '--ray_address=local',
+      '--ray_actors=1',
+      f'--output_dir={tmp_path}',
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'Traceback' not in out.stderr and 'Exception ignored' not in out.stderr, out.stderr
 
 
 def _tiny_grid() -> reproductions.Reproduction:
   return reproductions.Reproduction(
-      task='quadratic', algorithms=('fedavg', 'fedprox'), client_learning_rates=(0.01, 0.03),
-      server_learning_rates=(1.0,), rounds=4, checkpoints=(2, 4),
-      metric='distance_to_optimum', higher_is_better=False, eval_period=2)
+    task='quadratic',
+    algorithms=('fedavg', 'fedprox'),
+    client_learning_rates=(0.01, 0.03),
+    server_learning_rates=(1.0,),
+    rounds=4,
+    checkpoints=(2, 4),
+    metric='distance_to_optimum',
+    higher_is_better=False,
+    eval_period=2,
+  )
 
 
 @pytest.mark.ray
 def test_a_grid_on_ray_tasks_equals_the_grid_run_here(tmp_path, capsys):
   here = grid.run_grid('here', _tiny_grid(), 4, (0, 1), tmp_path / 'here')
   capsys.readouterr()
-  on_ray = grid.run_grid('ray', _tiny_grid(), 4, (0, 1), tmp_path / 'ray',
-                         ray_address=ray_cluster.LOCAL)
+  on_ray = grid.run_grid(
+    'ray', _tiny_grid(), 4, (0, 1), tmp_path / 'ray', ray_address=ray_cluster.LOCAL
+  )
   assert on_ray == here
   # The driver shows each unit's own lines as it ends, and the grid's progress (a Ray
   # worker's output does not reach it).
@@ -390,12 +457,16 @@ def _crash_first(marker: str, value: int) -> int:
 
 def test_a_task_lost_with_its_worker_runs_again(tmp_path, capsys):
   cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on the
-  try:                                                           # workers' path
+  try:  # workers' path
     results = ray_cluster.run_tasks(
-        _crash_first, [(str(tmp_path / 'crashed'), 21)],
-        again=lambda call: (call[0], call[1]), label=lambda call: 'the unit')
+      _crash_first,
+      [(str(tmp_path / 'crashed'), 21)],
+      again=lambda call: (call[0], call[1]),
+      label=lambda call: 'the unit',
+    )
   finally:
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
   assert results == [42]
-  assert 'ray: the task of the unit was lost with its worker; it runs again.' in \
-      capsys.readouterr().out
+  assert (
+    'ray: the task of the unit was lost with its worker; it runs again.' in capsys.readouterr().out
+  )

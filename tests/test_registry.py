@@ -7,13 +7,19 @@ import types
 
 import pytest
 
-from tff_comp import experiment
-from tff_comp import registry
+from tff_comp import experiment, registry
 
 
 def test_builtins_are_registered():
-  assert {'fedavg', 'fedprox', 'fedmid', 'fedmid_osp', 'feddualavg', 'feddualavg_osp',
-          'fedavg_subgrad'} <= set(registry.ALGORITHMS.names())
+  assert {
+    'fedavg',
+    'fedprox',
+    'fedmid',
+    'fedmid_osp',
+    'feddualavg',
+    'feddualavg_osp',
+    'fedavg_subgrad',
+  } <= set(registry.ALGORITHMS.names())
   assert 'lasso' in registry.TASKS.names()
 
 
@@ -49,16 +55,18 @@ def test_entry_point_plugin_is_found(tmp_path, monkeypatch):
   package = tmp_path / 'my_plugin'
   package.mkdir()
   (package / '__init__.py').write_text(
-      'def build_my_algo(model, *, client_learning_rate: float, rho: float = 0.5):\n'
-      '  return ("my_algo", rho)\n'
-      'def build_my_task(*, size: int = 3):\n'
-      '  return ("my_task", size)\n')
+    'def build_my_algo(model, *, client_learning_rate: float, rho: float = 0.5):\n'
+    '  return ("my_algo", rho)\n'
+    'def build_my_task(*, size: int = 3):\n'
+    '  return ("my_task", size)\n'
+  )
   info = tmp_path / 'my_plugin-1.0.dist-info'
   info.mkdir()
   (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: my_plugin\nVersion: 1.0\n')
   (info / 'entry_points.txt').write_text(
-      '[tff_comp.algorithms]\nmy_algo = my_plugin:build_my_algo\n'
-      '[tff_comp.tasks]\nmy_task = my_plugin:build_my_task\n')
+    '[tff_comp.algorithms]\nmy_algo = my_plugin:build_my_algo\n'
+    '[tff_comp.tasks]\nmy_task = my_plugin:build_my_task\n'
+  )
   monkeypatch.syspath_prepend(str(tmp_path))
   algorithms = registry.Registry('algorithm', registry.ALGORITHMS_GROUP, 'tff_comp.algorithms')
   tasks = registry.Registry('task', registry.TASKS_GROUP, 'tff_comp.tasks')
@@ -74,13 +82,18 @@ def test_a_script_beside_its_own_tasks_py_sees_every_task(tmp_path):
   (tmp_path / 'tasks.py').write_text('raise RuntimeError("the user\'s own module")\n')
   (tmp_path / 'binaries.py').write_text('raise RuntimeError("the user\'s own module")\n')
   (tmp_path / 'script.py').write_text(
-      'from tff_comp import registry\nprint(",".join(registry.TASKS.names()))\n')
-  out = subprocess.run([sys.executable, 'script.py'], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    'from tff_comp import registry\nprint(",".join(registry.TASKS.names()))\n'
+  )
+  out = subprocess.run(
+    [sys.executable, 'script.py'],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
   assert out.returncode == 0, out.stderr[-2000:]
-  assert {'lasso', 'nuclear', 'synthetic', 'dominant_class'} <= set(
-      out.stdout.strip().split(','))
+  assert {'lasso', 'nuclear', 'synthetic', 'dominant_class'} <= set(out.stdout.strip().split(','))
 
 
 def test_every_option_flag_says_what_it_does():
@@ -88,12 +101,16 @@ def test_every_option_flag_says_what_it_does():
   its builder's `Args:` section, which is the flag's help."""
   missing = []
   for get, names, common in (
-      (registry.get_algorithm, registry.ALGORITHMS.names(), experiment.COMMON_ALGORITHM_ARGS),
-      (registry.get_task, registry.TASKS.names(), experiment.COMMON_TASK_ARGS)):
+    (registry.get_algorithm, registry.ALGORITHMS.names(), experiment.COMMON_ALGORITHM_ARGS),
+    (registry.get_task, registry.TASKS.names(), experiment.COMMON_TASK_ARGS),
+  ):
     for name in names:
       entry = get(name)
-      missing += [f'{name}: {h.name}' for h in entry.hparams
-                  if h.name not in common and not entry.option_help(h.name)]
+      missing += [
+        f'{name}: {h.name}'
+        for h in entry.hparams
+        if h.name not in common and not entry.option_help(h.name)
+      ]
   assert not missing
 
 
@@ -108,8 +125,10 @@ def test_args_sections_parse():
   Returns:
     gamma: not an argument.
   """
-  assert registry.arg_docs(doc) == {'alpha': 'the first option, on two lines.',
-                                    'beta': 'the second.'}
+  assert registry.arg_docs(doc) == {
+    'alpha': 'the first option, on two lines.',
+    'beta': 'the second.',
+  }
   assert registry.arg_docs('No sections.') == {} == registry.arg_docs(None)
 
 
@@ -127,9 +146,11 @@ def test_tasks_implement_the_librarys_task_contract(tmp_path, monkeypatch):
   """The built-in tasks implement `tff_comp.task.Task`; a plugin's task builder returning
   an object without a member the library reads is refused in one line naming it."""
   from tff_comp import experiment, task  # pylint: disable=g-import-not-at-top
+
   for name in ('lasso', 'quadratic', 'sinewave'):
-    built = experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', task=name, output_dir=str(tmp_path / name))).task
+    built = experiment.prepare(
+      experiment.ExperimentConfig.of(algorithm='fedavg', task=name, output_dir=str(tmp_path / name))
+    ).task
     assert isinstance(built, task.Task) and not task.missing(built), name
 
   monkeypatch.setattr(registry.TASKS, '_entries', dict(registry.TASKS._entries))  # pylint: disable=protected-access
@@ -137,11 +158,17 @@ def test_tasks_implement_the_librarys_task_contract(tmp_path, monkeypatch):
   @registry.register_task('lacks_evaluate_many')
   def _lacking(*, seed: int = 0):
     whole = registry.get_task('quadratic').builder(seed=seed)
-    return types.SimpleNamespace(**{k: getattr(whole, k) for k in task.missing(object())
-                                    if k != 'evaluate_many'})
+    return types.SimpleNamespace(
+      **{k: getattr(whole, k) for k in task.missing(object()) if k != 'evaluate_many'}
+    )
 
-  with pytest.raises(experiment.ConfigError,
-                     match=r"task 'lacks_evaluate_many': its builder returned a"
-                           r' SimpleNamespace without evaluate_many \(tff_comp.task.Task\)'):
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', task='lacks_evaluate_many', output_dir=str(tmp_path / 'x')))
+  with pytest.raises(
+    experiment.ConfigError,
+    match=r"task 'lacks_evaluate_many': its builder returned a"
+    r' SimpleNamespace without evaluate_many \(tff_comp.task.Task\)',
+  ):
+    experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm='fedavg', task='lacks_evaluate_many', output_dir=str(tmp_path / 'x')
+      )
+    )

@@ -21,11 +21,17 @@ def _numerical_prox(psi_value, z, t, constraint=None):
   best = None
   for start in [z.ravel(), np.zeros(z.size), RNG.normal(size=z.size)]:
     if constraint is None:
-      res = optimize.minimize(objective, start, method='Powell',
-                              options=dict(xtol=1e-10, ftol=1e-14, maxiter=100000))
+      res = optimize.minimize(
+        objective, start, method='Powell', options=dict(xtol=1e-10, ftol=1e-14, maxiter=100000)
+      )
     else:
-      res = optimize.minimize(objective, start, method='SLSQP', constraints=[constraint],
-                              options=dict(ftol=1e-14, maxiter=10000))
+      res = optimize.minimize(
+        objective,
+        start,
+        method='SLSQP',
+        constraints=[constraint],
+        options=dict(ftol=1e-14, maxiter=10000),
+      )
     if best is None or res.fun < best.fun:
       best = res
   return best.x.reshape(shape), best.fun, objective

@@ -4,10 +4,10 @@ uninterrupted one; metrics.csv and TensorBoard hold every round once."""
 import csv
 import json
 import os
-import signal
-import subprocess
 import pathlib
 import shutil
+import signal
+import subprocess
 import sys
 import time
 
@@ -16,8 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tff_comp import experiment
-from tff_comp.run import run_files
-from tff_comp.run import training_loop
+from tff_comp.run import run_files, training_loop
 
 ARGS = dict(algorithm='feddualavg', task='quadratic', rounds=9, eval_period=3, checkpoint_every=3)
 ARGS_RATE = 0.02  # a client rate given explicitly (recorded as given)
@@ -25,9 +24,10 @@ ARGS_RATE = 0.02  # a client rate given explicitly (recorded as given)
 
 def _rows(path):
   with open(path / 'metrics.csv', newline='') as f:
-    return [{k: v for k, v in r.items() if k not in ('seconds', 'seconds_per_round',
-                                                     'eval/seconds')}
-            for r in csv.DictReader(f)]
+    return [
+      {k: v for k, v in r.items() if k not in ('seconds', 'seconds_per_round', 'eval/seconds')}
+      for r in csv.DictReader(f)
+    ]
 
 
 def _events(path) -> dict[int, float]:
@@ -44,8 +44,11 @@ def _events(path) -> dict[int, float]:
 
 def _csv_losses(path) -> dict[int, float]:
   with open(path / 'metrics.csv', newline='') as f:
-    return {int(r['round']): float(np.float32(r['train/client_work/train_loss']))
-            for r in csv.DictReader(f) if r['train/client_work/train_loss']}
+    return {
+      int(r['round']): float(np.float32(r['train/client_work/train_loss']))
+      for r in csv.DictReader(f)
+      if r['train/client_work/train_loss']
+    }
 
 
 def _saved_rounds(path) -> list[int]:
@@ -57,8 +60,9 @@ def _model(path):
 
 
 def _train(path, interrupt_at=None, show=False, **kwargs):
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      output_dir=str(path), **dict(ARGS, **kwargs)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(output_dir=str(path), **dict(ARGS, **kwargs))
+  )
   runner = experiment.build_runner(prepared)
   if interrupt_at is not None:
     process, calls = runner.runtime, []
@@ -90,8 +94,9 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, unin
   assert [r['round'] for r in _rows(tmp_path)] == ['0', '1', '2', '3', '4']
   with pytest.raises(experiment.ConfigError, match='pass --resume to continue it'):
     _train(tmp_path)
-  with pytest.raises(experiment.ConfigError,
-                     match=r'configured differently \(seed: recorded 0, now 1\)'):
+  with pytest.raises(
+    experiment.ConfigError, match=r'configured differently \(seed: recorded 0, now 1\)'
+  ):
     _train(tmp_path, resume=True, seed=1)
   _train(tmp_path, resume=True)
   assert _rows(tmp_path) == _rows(uninterrupted)  # round 4 redone, never twice
@@ -101,8 +106,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, unin
   assert len(events) == 1  # rewritten from the kept rows, no stale file
 
 
-def test_a_run_recorded_in_the_earlier_flat_layout_resumes_and_reruns(tmp_path,
-                                                                     uninterrupted):
+def test_a_run_recorded_in_the_earlier_flat_layout_resumes_and_reruns(tmp_path, uninterrupted):
   """0.3.0-dev recorded the client's settings at config.json's top level; they now live
   in `local_work`, and it had no `devices` record. Such a run still resumes (and a
   changed one is still refused), and its config.json still reruns with those settings."""
@@ -122,8 +126,9 @@ def test_a_run_recorded_in_the_earlier_flat_layout_resumes_and_reruns(tmp_path,
 
 
 # Part of the population each round (Poisson), a third dropping out, stragglers.
-_PARTIAL = dict(sampling='poisson', clients_per_round=3, dropout_rate=0.3,
-                straggler_rate=0.4, straggler_work=0.5)
+_PARTIAL = dict(
+  sampling='poisson', clients_per_round=3, dropout_rate=0.3, straggler_rate=0.4, straggler_work=0.5
+)
 
 
 def test_a_resume_with_an_algorithm_option_changed_in_config_json_is_refused(tmp_path):
@@ -138,8 +143,9 @@ def test_a_resume_with_an_algorithm_option_changed_in_config_json_is_refused(tmp
   name = sorted(options)[0]
   options[name] = 0.123
   path.write_text(json.dumps(config))
-  with pytest.raises(experiment.ConfigError,
-                     match=rf'algorithm_options\.{name}: recorded 0\.123, now '):
+  with pytest.raises(
+    experiment.ConfigError, match=rf'algorithm_options\.{name}: recorded 0\.123, now '
+  ):
     _train(tmp_path, resume=True)
 
 
@@ -171,8 +177,10 @@ def test_resume_can_extend_a_finished_run(tmp_path, uninterrupted, capsys):
   _train(tmp_path, resume=True, show=True)
   assert 'resuming from round 7' in capsys.readouterr().out
   # Round 7 was the 7-round run's last, so it holds an evaluation the 9-round run's lacks.
-  without_eval = lambda rows: [{k: v for k, v in r.items() if not k.startswith('eval/')}
-                               if r['round'] == '7' else r for r in rows]
+  without_eval = lambda rows: [
+    {k: v for k, v in r.items() if not k.startswith('eval/')} if r['round'] == '7' else r
+    for r in rows
+  ]
   assert without_eval(_rows(tmp_path)) == without_eval(_rows(uninterrupted))
 
 
@@ -187,14 +195,19 @@ def test_an_interrupt_saves_the_last_finished_round(tmp_path, uninterrupted):
 
 def _damage(path: pathlib.Path, how: str) -> None:
   data = path.read_bytes()
-  path.write_bytes(data[:len(data) // 2] if how == 'truncated' else
-                   bytes(b ^ 0x5A for b in data) if how == 'garbled' else
-                   bytes(len(data)))
+  path.write_bytes(
+    data[: len(data) // 2]
+    if how == 'truncated'
+    else bytes(b ^ 0x5A for b in data)
+    if how == 'garbled'
+    else bytes(len(data))
+  )
 
 
 @pytest.mark.parametrize('how', ['truncated', 'garbled', 'zeroed'])
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_past_it(
-    tmp_path, uninterrupted, caplog, how):
+  tmp_path, uninterrupted, caplog, how
+):
   with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=8)  # checkpoints at 6 and 7 (the interrupt's)
   _damage(tmp_path / 'checkpoints' / 'state_7.npz', how)
@@ -223,8 +236,9 @@ def test_a_checkpoint_damaged_twice_is_set_aside_twice(tmp_path, uninterrupted):
 
 
 @pytest.mark.parametrize('source', ['another_round', 'another_run'])
-def test_a_checkpoint_of_another_state_than_its_name_is_set_aside(tmp_path, uninterrupted,
-                                                                   caplog, source):
+def test_a_checkpoint_of_another_state_than_its_name_is_set_aside(
+  tmp_path, uninterrupted, caplog, source
+):
   """A checkpoint file holding another round's state (state_6 copied over state_7), or
   another run's state of its round, is set aside as a damaged one and the run resumes
   from the one before it (it was resumed as the round of its name: other rows, another
@@ -251,11 +265,11 @@ def test_a_checkpoint_of_another_state_than_its_name_is_set_aside(tmp_path, unin
 def test_an_input_file_changed_before_a_resume_is_refused_naming_it(tmp_path):
   """A device trace edited between a run and its --resume is refused in one line naming
   it, with nothing of the run touched (the resumed rounds trained on the new trace)."""
-  ids = experiment.prepare(experiment.ExperimentConfig.of(
-      output_dir=str(tmp_path / 'probe'), **ARGS)).task.train_data.client_ids
+  ids = experiment.prepare(
+    experiment.ExperimentConfig.of(output_dir=str(tmp_path / 'probe'), **ARGS)
+  ).task.train_data.client_ids
   trace = tmp_path / 't.csv'
-  trace.write_text('client_id,speed,network_seconds\n'
-                   + ''.join(f'{cid},100,1\n' for cid in ids))
+  trace.write_text('client_id,speed,network_seconds\n' + ''.join(f'{cid},100,1\n' for cid in ids))
   run = tmp_path / 'run'
   devices = dict(device_model='trace', device_trace=str(trace), round_deadline=1.5)
   with pytest.raises(training_loop.Interrupted):
@@ -264,20 +278,25 @@ def test_an_input_file_changed_before_a_resume_is_refused_naming_it(tmp_path):
   assert set(recorded) == {str(trace)}
   before = {p: p.read_bytes() for p in run.rglob('*') if p.is_file()}
   trace.write_text(trace.read_text().replace(',100,', ',1000,'))
-  with pytest.raises(experiment.ConfigError, match=rf'--resume: {trace}, an input of the'
-                     r' run in .*, changed since the run was recorded \(.*\)'):
+  with pytest.raises(
+    experiment.ConfigError,
+    match=rf'--resume: {trace}, an input of the'
+    r' run in .*, changed since the run was recorded \(.*\)',
+  ):
     _train(run, resume=True, **devices)
   assert {p: p.read_bytes() for p in run.rglob('*') if p.is_file()} == before
   trace.write_text(trace.read_text().replace(',1000,', ',100,'))
   _train(run, resume=True, **devices)  # restored: resumed
 
 
-def test_temporary_files_a_kill_left_are_removed_when_the_run_resumes(tmp_path,
-                                                                       uninterrupted):
+def test_temporary_files_a_kill_left_are_removed_when_the_run_resumes(tmp_path, uninterrupted):
   with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=5)
-  stale = [tmp_path / '.metrics.csv.k1ll', tmp_path / '.config.json.k1ll',
-           tmp_path / 'checkpoints' / '.state_4.999.npz']
+  stale = [
+    tmp_path / '.metrics.csv.k1ll',
+    tmp_path / '.config.json.k1ll',
+    tmp_path / 'checkpoints' / '.state_4.999.npz',
+  ]
   for path in stale:
     path.write_text('cut short')
   _train(tmp_path, resume=True)
@@ -304,8 +323,9 @@ def test_a_kill_while_rewriting_metrics_leaves_the_old_file_whole(tmp_path, monk
 
 def test_a_locked_output_directory_is_refused_naming_the_holder(tmp_path):
   with run_files.output_lock(tmp_path):
-    with pytest.raises(experiment.ConfigError,
-                       match=rf'in use by another run \(pid {os.getpid()}\)'):
+    with pytest.raises(
+      experiment.ConfigError, match=rf'in use by another run \(pid {os.getpid()}\)'
+    ):
       _train(tmp_path)
   _train(tmp_path, rounds=1)  # released
 
@@ -313,16 +333,21 @@ def test_a_locked_output_directory_is_refused_naming_the_holder(tmp_path):
 def test_sigkill_then_resume_from_the_command_line(repo_root, tmp_path):
   # Long enough to be killed a few checkpoints in, whatever the machine's speed.
   settings = dict(rounds=1000, eval_period=50, checkpoint_every=10)
-  args = [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=feddualavg',
-          '--task=quadratic', f'--output_dir={tmp_path / "killed"}',
-          *(f'--{k}={v}' for k, v in settings.items())]
+  args = [
+    sys.executable,
+    str(repo_root / 'binaries' / 'run.py'),
+    '--algo=feddualavg',
+    '--task=quadratic',
+    f'--output_dir={tmp_path / "killed"}',
+    *(f'--{k}={v}' for k, v in settings.items()),
+  ]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          env=env, cwd=repo_root)
+  proc = subprocess.Popen(
+    args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=repo_root
+  )
   try:
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and max(
-        _saved_rounds(tmp_path / 'killed'), default=0) < 30:
+    while time.monotonic() < deadline and max(_saved_rounds(tmp_path / 'killed'), default=0) < 30:
       time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -335,8 +360,15 @@ def test_sigkill_then_resume_from_the_command_line(repo_root, tmp_path):
   newest = _saved_rounds(killed)[-1]
   for written in (_csv_losses(killed), _events(killed)):
     assert set(range(1, newest + 1)) <= set(written), (newest, sorted(written))
-  out = subprocess.run(args + ['--resume'], capture_output=True, text=True, env=env,
-                       cwd=repo_root, timeout=300, stdin=subprocess.DEVNULL)
+  out = subprocess.run(
+    args + ['--resume'],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=repo_root,
+    timeout=300,
+    stdin=subprocess.DEVNULL,
+  )
   assert out.returncode == 0, out.stderr
   _train(tmp_path / 'whole', **settings)
   assert _rows(killed) == _rows(tmp_path / 'whole')
@@ -358,21 +390,39 @@ def _rows_until(path, rounds: int) -> int:
 
 
 # Ctrl-C's one-line stop is also test_run_binary.py's; its resume here is slow-suite.
-@pytest.mark.parametrize('sig,code,says', [
+@pytest.mark.parametrize(
+  'sig,code,says',
+  [
     pytest.param(signal.SIGINT, 130, 'interrupted', marks=pytest.mark.slow),
-    (signal.SIGTERM, 143, 'terminated (SIGTERM)')])
-def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(repo_root, tmp_path, sig,
-                                                                  code, says):
+    (signal.SIGTERM, 143, 'terminated (SIGTERM)'),
+  ],
+)
+def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(
+  repo_root, tmp_path, sig, code, says
+):
   """Ctrl-C and SIGTERM (a scheduler's preemption) save the last finished round;
   --resume continues from it bit for bit. While the run lives, its directory is locked
   under its pid (a second run's one-line refusal: test_run_binary.py)."""
   # One engine for every run compared (auto would pick by each run's length).
-  run = [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--algo=feddualavg',
-         '--task=quadratic', '--eval_period=3', '--checkpoint_every=1000', '--engine=mapped',
-         f'--output_dir={tmp_path / "run"}']
+  run = [
+    sys.executable,
+    str(repo_root / 'binaries' / 'run.py'),
+    '--algo=feddualavg',
+    '--task=quadratic',
+    '--eval_period=3',
+    '--checkpoint_every=1000',
+    '--engine=mapped',
+    f'--output_dir={tmp_path / "run"}',
+  ]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.Popen(run + ['--rounds=100000'], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, env=env, cwd=repo_root)
+  proc = subprocess.Popen(
+    run + ['--rounds=100000'],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=env,
+    cwd=repo_root,
+  )
   try:
     _rows_until(tmp_path / 'run', 4)
     with pytest.raises(run_files.OutputDirInUse, match=rf'\(pid {proc.pid}\)'):
@@ -393,8 +443,14 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(repo_root, tmp
   written = _csv_losses(tmp_path / 'run')
   assert sorted(written) in (list(range(1, saved + 1)), list(range(1, saved + 2)))
   assert _events(tmp_path / 'run') == written
-  resumed = subprocess.run(run + [f'--rounds={saved + 3}', '--resume'], capture_output=True,
-                           text=True, env=env, cwd=repo_root, timeout=300)
+  resumed = subprocess.run(
+    run + [f'--rounds={saved + 3}', '--resume'],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=repo_root,
+    timeout=300,
+  )
   assert resumed.returncode == 0 and f'resuming from round {saved}' in resumed.stdout
   _train(tmp_path / 'whole', rounds=saved + 3, engine='mapped')
   assert _rows(tmp_path / 'run') == _rows(tmp_path / 'whole')
@@ -414,14 +470,17 @@ def _rewrite(path, lines) -> None:
 # metrics.csv damaged after a run saved rounds 6 and 7 (rows 0-7): each way leaves no
 # whole rows up to either checkpoint. Line 0 is the header, line r + 1 round r's row.
 _LOST = {
-    'header only': (lambda path: _rewrite(path, _lines(path)[:1]), 'without a whole row'),
-    'emptied': (lambda path: _rewrite(path, []), r'without a whole row \(its header'),
-    'deleted': (lambda path: (path / 'metrics.csv').unlink(), r'missing'),
-    'row 3 garbled': (lambda path: _rewrite(path, [*_lines(path)[:4], '3x,#!\n',
-                                                  *_lines(path)[5:]]),
-                      r'whole up to round 2 only \(the row of round 3 \(line 5\) is damaged'),
-    'row 5 gone': (lambda path: _rewrite(path, [*_lines(path)[:6], *_lines(path)[7:]]),
-                   r'whole up to round 4 only \(no row for round 5\)'),
+  'header only': (lambda path: _rewrite(path, _lines(path)[:1]), 'without a whole row'),
+  'emptied': (lambda path: _rewrite(path, []), r'without a whole row \(its header'),
+  'deleted': (lambda path: (path / 'metrics.csv').unlink(), r'missing'),
+  'row 3 garbled': (
+    lambda path: _rewrite(path, [*_lines(path)[:4], '3x,#!\n', *_lines(path)[5:]]),
+    r'whole up to round 2 only \(the row of round 3 \(line 5\) is damaged',
+  ),
+  'row 5 gone': (
+    lambda path: _rewrite(path, [*_lines(path)[:6], *_lines(path)[7:]]),
+    r'whole up to round 4 only \(no row for round 5\)',
+  ),
 }
 
 
@@ -433,21 +492,21 @@ def test_a_resume_refuses_when_metrics_csv_lost_the_saved_rounds(tmp_path, how):
     _train(tmp_path, interrupt_at=8)  # rows 0-7, checkpoints at 6 and 7
   damage, reason = _LOST[how]
   damage(tmp_path)
-  with pytest.raises(experiment.ConfigError,
-                     match=f'--resume: .*metrics.csv is {reason}.*saved rounds \\(6, 7\\)'
-                           '.*--overwrite'):
+  with pytest.raises(
+    experiment.ConfigError,
+    match=f'--resume: .*metrics.csv is {reason}.*saved rounds \\(6, 7\\).*--overwrite',
+  ):
     _train(tmp_path, resume=True)
   assert _saved_rounds(tmp_path) == [6, 7]
 
 
-def test_a_cut_last_row_runs_again_from_the_checkpoint_before_it(tmp_path, uninterrupted,
-                                                                 caplog):
+def test_a_cut_last_row_runs_again_from_the_checkpoint_before_it(tmp_path, uninterrupted, caplog):
   """Round 7's row cut in half: rows 0-6 are whole, so the run resumes from round 6's
   checkpoint and ends as an uninterrupted one."""
   with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=8)
   lines = _lines(tmp_path)
-  _rewrite(tmp_path, [*lines[:-1], lines[-1][:len(lines[-1]) // 2]])
+  _rewrite(tmp_path, [*lines[:-1], lines[-1][: len(lines[-1]) // 2]])
   _train(tmp_path, resume=True)
   assert 'whole up to round 6 only' in caplog.text
   assert _rows(tmp_path) == _rows(uninterrupted)
@@ -471,8 +530,11 @@ def test_a_run_without_its_config_json_resumes_only_when_forced(tmp_path, uninte
 
 def test_a_lock_that_is_a_directory_is_one_line(tmp_path):
   (tmp_path / '.lock').mkdir()
-  with pytest.raises(experiment.ConfigError, match=r'lock file .*\.lock cannot be opened'
-                                                   r' \(Is a directory\)'):
+  with pytest.raises(
+    experiment.ConfigError,
+    match=r'lock file .*\.lock cannot be opened'
+    r' \(Is a directory\)',
+  ):
     _train(tmp_path)
 
 
@@ -496,8 +558,7 @@ def test_a_checkpoint_of_another_layout_is_refused_not_set_aside(tmp_path, how):
     values = dict(saved)
   layout = list(values.pop('layout'))
   if how == 'another layout':
-    values['layout'] = np.array([p.replace('finalizer/elapsed', 'finalizer/dual_')
-                                 for p in layout])
+    values['layout'] = np.array([p.replace('finalizer/elapsed', 'finalizer/dual_') for p in layout])
   np.savez(path, **values)
   with pytest.raises(experiment.ConfigError, match=f'{how}.*--overwrite'):
     _train(tmp_path, resume=True)
@@ -506,17 +567,22 @@ def test_a_checkpoint_of_another_layout_is_refused_not_set_aside(tmp_path, how):
 
 def _damages():
   """(name, how to damage a file): cut to half, garbled in the middle, emptied, removed."""
+
   def cut(p):
-    p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2])
+    p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])
 
   def garble(p):
     data = bytearray(p.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 16] = b'\xff' * min(16, len(data) - middle)
+    data[middle : middle + 16] = b'\xff' * min(16, len(data) - middle)
     p.write_bytes(bytes(data))
 
-  return [('cut', cut), ('garbled', garble), ('emptied', lambda p: p.write_bytes(b'')),
-          ('removed', lambda p: p.unlink())]
+  return [
+    ('cut', cut),
+    ('garbled', garble),
+    ('emptied', lambda p: p.write_bytes(b'')),
+    ('removed', lambda p: p.unlink()),
+  ]
 
 
 @pytest.mark.slow
@@ -525,12 +591,14 @@ def test_battery_every_file_of_a_run_damaged_in_turn(tmp_path, uninterrupted):
   more rounds: either the run ends as an uninterrupted one (its model and rows equal to
   the rounds both ran), or a one-line refusal that deleted nothing."""
   import shutil  # pylint: disable=g-import-not-at-top
+
   longer = tmp_path / 'longer'
   _train(longer, rounds=12)
   finished = tmp_path / 'finished'
   _train(finished)
-  files = sorted(p.relative_to(finished) for p in finished.rglob('*')
-                 if p.is_file() and p.name != '.lock')
+  files = sorted(
+    p.relative_to(finished) for p in finished.rglob('*') if p.is_file() and p.name != '.lock'
+  )
   assert {'metrics.csv', 'config.json', 'final_model.npz'} <= {str(f) for f in files}
   outcomes = {}
   for relative in files:
@@ -547,16 +615,14 @@ def test_battery_every_file_of_a_run_damaged_in_turn(tmp_path, uninterrupted):
         assert set(before) <= set(after), (relative, how, set(before) - set(after))
         outcomes[(str(relative), how)] = 'refused'
         continue
-      np.testing.assert_array_equal(_model(run)[0], _model(longer)[0],
-                                    err_msg=f'{relative} {how}')
+      np.testing.assert_array_equal(_model(run)[0], _model(longer)[0], err_msg=f'{relative} {how}')
       assert _csv_losses(run) == _csv_losses(longer), (relative, how)
       outcomes[(str(relative), how)] = 'resumed'
   # The battery met both outcomes (a vacuous battery would resume everything).
   assert set(outcomes.values()) == {'refused', 'resumed'}, outcomes
 
 
-def test_keep_checkpoints_keeps_that_many_newest_and_may_change_on_resume(tmp_path,
-                                                                          uninterrupted):
+def test_keep_checkpoints_keeps_that_many_newest_and_may_change_on_resume(tmp_path, uninterrupted):
   """--keep_checkpoints (default 2) keeps that many of the newest checkpoints; a resume
   may change it, and the resumed run still equals the uninterrupted one."""
   with pytest.raises(training_loop.Interrupted):

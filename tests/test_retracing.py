@@ -11,15 +11,12 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-import tensorflow_federated as tff
 from tensorflow.python.eager.polymorphic_function import tracing_compilation
+import tensorflow_federated as tff
 
+from tff_comp import experiment, keras_models, registry
+from tff_comp.run import sampling, training_loop
 from tff_comp.runtime import choice
-from tff_comp import experiment
-from tff_comp import keras_models
-from tff_comp import registry
-from tff_comp.run import sampling
-from tff_comp.run import training_loop
 
 ROUNDS = 20
 
@@ -57,37 +54,59 @@ class _Watched:
 def _train(traces, tmp_path, **settings) -> list[str]:
   """Trains a run of `settings` (quadratic task, 3 of 6 clients a round, evaluated every
   5 rounds); returns the traces made from its third round on."""
-  config = dict(algorithm='fedavg', task='quadratic', rounds=ROUNDS, clients_per_round=3,
-                eval_period=5, checkpoint_every=5, output_dir=str(tmp_path), seed=4)
+  config = dict(
+    algorithm='fedavg',
+    task='quadratic',
+    rounds=ROUNDS,
+    clients_per_round=3,
+    eval_period=5,
+    checkpoint_every=5,
+    output_dir=str(tmp_path),
+    seed=4,
+  )
   prepared = experiment.prepare(experiment.ExperimentConfig.of(**{**config, **settings}))
   runner = experiment.build_runner(prepared)
   watched = runner.runtime = _Watched(runner.runtime, traces)
   experiment.train_runner(prepared, runner, show_progress=False)
   assert watched.rounds >= 3, watched.rounds
-  return traces[watched.before_round_3:]
+  return traces[watched.before_round_3 :]
 
 
 SETTINGS = {
-    'lanes-shuffled': dict(engine='lanes'),
-    'lanes-stored-order': dict(engine='lanes', shuffle=False),
-    'mapped-shuffled': dict(engine='mapped'),
-    'mapped-stored-order': dict(engine='mapped', shuffle=False),
-    'streaming-shuffled': dict(data_memory_budget=0.0),
-    'streaming-poisson-dropout': dict(data_memory_budget=0.0, sampling='poisson',
-                                      dropout_rate=0.3),
-    'poisson-dropout-stragglers': dict(engine='lanes', sampling='poisson', dropout_rate=0.3,
-                                       straggler_rate=0.3),
-    'dp': dict(engine='lanes', aggregator='dp', clip_norm=1.0, noise_multiplier=0.3),
-    'dp-adaptive': dict(engine='mapped', aggregator='dp_adaptive', clip_norm=1.0,
-                        noise_multiplier=0.3, clipped_count_stddev=1.0),
-    'schedules': dict(engine='lanes', client_lr_schedule='exponential',
-                      server_lr_schedule='inverse_sqrt', lr_decay_rounds=3),
-    'server-adam': dict(engine='mapped', server_optimizer='adam'),
-    'feddualavg': dict(algorithm='feddualavg', engine='lanes'),
-    'scaffold-streaming': dict(algorithm='scaffold', data_memory_budget=0.0),
-    # Cohorts of every size the deadline leaves, some clients doing part of their steps.
-    'device-deadline': dict(engine='lanes', device_model='lognormal', round_deadline=1.0,
-                            deadline_policy='partial', overselect=1.5),
+  'lanes-shuffled': dict(engine='lanes'),
+  'lanes-stored-order': dict(engine='lanes', shuffle=False),
+  'mapped-shuffled': dict(engine='mapped'),
+  'mapped-stored-order': dict(engine='mapped', shuffle=False),
+  'streaming-shuffled': dict(data_memory_budget=0.0),
+  'streaming-poisson-dropout': dict(data_memory_budget=0.0, sampling='poisson', dropout_rate=0.3),
+  'poisson-dropout-stragglers': dict(
+    engine='lanes', sampling='poisson', dropout_rate=0.3, straggler_rate=0.3
+  ),
+  'dp': dict(engine='lanes', aggregator='dp', clip_norm=1.0, noise_multiplier=0.3),
+  'dp-adaptive': dict(
+    engine='mapped',
+    aggregator='dp_adaptive',
+    clip_norm=1.0,
+    noise_multiplier=0.3,
+    clipped_count_stddev=1.0,
+  ),
+  'schedules': dict(
+    engine='lanes',
+    client_lr_schedule='exponential',
+    server_lr_schedule='inverse_sqrt',
+    lr_decay_rounds=3,
+  ),
+  'server-adam': dict(engine='mapped', server_optimizer='adam'),
+  'feddualavg': dict(algorithm='feddualavg', engine='lanes'),
+  'scaffold-streaming': dict(algorithm='scaffold', data_memory_budget=0.0),
+  # Cohorts of every size the deadline leaves, some clients doing part of their steps.
+  'device-deadline': dict(
+    engine='lanes',
+    device_model='lognormal',
+    round_deadline=1.0,
+    deadline_policy='partial',
+    overselect=1.5,
+  ),
 }
 
 
@@ -111,29 +130,44 @@ def test_a_resumed_run_traces_what_a_fresh_run_traces(traces, tmp_path, engine):
 
 def test_no_retrace_with_a_keras_model(traces, tmp_path):
   tf.keras.utils.set_random_seed(0)
-  keras = tf.keras.Sequential([tf.keras.layers.InputLayer((6,)),
-                               tf.keras.layers.Dense(4, activation='relu'),
-                               tf.keras.layers.Dense(3)])
+  keras = tf.keras.Sequential(
+    [
+      tf.keras.layers.InputLayer((6,)),
+      tf.keras.layers.Dense(4, activation='relu'),
+      tf.keras.layers.Dense(3),
+    ]
+  )
   spec = (tf.TensorSpec([None, 6], tf.float32), tf.TensorSpec([None], tf.int32))
   model = keras_models.from_keras(
-      keras, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), spec)
+    keras, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), spec
+  )
   rng = np.random.default_rng(0)
-  data = tff.simulation.datasets.TestClientData({
-      f'c{i}': (rng.normal(size=(5 + i, 6)).astype(np.float32),
-                rng.integers(0, 3, 5 + i).astype(np.int32)) for i in range(6)})
-  algorithm = registry.get_algorithm('fedavg').build(
-      model, client_learning_rate=0.1, batch_size=2)
+  data = tff.simulation.datasets.TestClientData(
+    {
+      f'c{i}': (
+        rng.normal(size=(5 + i, 6)).astype(np.float32),
+        rng.integers(0, 3, 5 + i).astype(np.int32),
+      )
+      for i in range(6)
+    }
+  )
+  algorithm = registry.get_algorithm('fedavg').build(model, client_learning_rate=0.1, batch_size=2)
   for engine in ('lanes', 'mapped'):
     runtime, _ = choice.runner_for(algorithm, data, 'inprocess', engine=engine)
     watched = _Watched(runtime, traces)
     training_loop.run_simulation(
-        watched, client_ids=list(data.client_ids), rounds=ROUNDS,
-        clients_per_round=3, seed=1, output_dir=tmp_path / engine, config={},
-        callbacks=training_loop.standard_callbacks(lambda _: {}, eval_period=5,
-                                                show_progress=False),
-        show_progress=False,
-        participation=sampling.Participation('poisson', dropout_rate=0.2))
-    assert traces[watched.before_round_3:] == [], engine
+      watched,
+      client_ids=list(data.client_ids),
+      rounds=ROUNDS,
+      clients_per_round=3,
+      seed=1,
+      output_dir=tmp_path / engine,
+      config={},
+      callbacks=training_loop.standard_callbacks(lambda _: {}, eval_period=5, show_progress=False),
+      show_progress=False,
+      participation=sampling.Participation('poisson', dropout_rate=0.2),
+    )
+    assert traces[watched.before_round_3 :] == [], engine
 
 
 # Runs in a fresh Python with XLA's compile log: a lanes run with cohorts of changing
@@ -153,10 +187,13 @@ for rounds, resume in ((12, False), (24, True)):
 
 def test_xla_compiles_the_lanes_kernel_once_per_process(tmp_path):
   out = subprocess.run(
-      [sys.executable, '-c', _XLA_RUN, str(tmp_path)], capture_output=True, text=True,
-      timeout=600, stdin=subprocess.DEVNULL,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0',
-               TF_CPP_VMODULE='device_compilation_profiler=1'))
+    [sys.executable, '-c', _XLA_RUN, str(tmp_path)],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0', TF_CPP_VMODULE='device_compilation_profiler=1'),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   runs = out.stderr.split('run done')[:2]
   assert len(runs) == 2, out.stderr[-3000:]

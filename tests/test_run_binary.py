@@ -17,20 +17,38 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
 
 def _run(repo_root, *args, timeout=300):
   return subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'run.py'), *args],
-      capture_output=True, text=True, timeout=timeout, env=ENV, cwd=repo_root,
-      stdin=subprocess.DEVNULL)
+    [sys.executable, str(repo_root / 'binaries' / 'run.py'), *args],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=ENV,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+  )
 
 
 def _start(repo_root, *args, **kwargs):
-  return subprocess.Popen([sys.executable, str(repo_root / 'binaries' / 'run.py'), *args],
-                          text=True, env=ENV, cwd=repo_root, stdin=subprocess.DEVNULL,
-                          **kwargs)
+  return subprocess.Popen(
+    [sys.executable, str(repo_root / 'binaries' / 'run.py'), *args],
+    text=True,
+    env=ENV,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    **kwargs,
+  )
 
 
 def test_default_run_is_inprocess_writes_metrics_and_leaves_no_worker(repo_root, tmp_path):
-  proc = _start(repo_root, '--algo=fedavg', '--task=lasso', '--rounds=4', '--eval_period=2',
-                f'--output_dir={tmp_path}', stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc = _start(
+    repo_root,
+    '--algo=fedavg',
+    '--task=lasso',
+    '--rounds=4',
+    '--eval_period=2',
+    f'--output_dir={tmp_path}',
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+  )
   started = set()
   try:
     while proc.poll() is None:  # the in-process runtime starts no TFF worker
@@ -56,57 +74,83 @@ def test_default_run_is_inprocess_writes_metrics_and_leaves_no_worker(repo_root,
 
 
 BAD_INPUT = [
-    (['--algo=fedavgg'], "unknown algorithm 'fedavgg'. Did you mean 'fedavg'?"),
-    (['--task=lassoo'], "unknown task 'lassoo'"),
-    (['--task=LASSO'], "unknown task 'LASSO'. Did you mean 'lasso'?"),
-    (['--client_learning_rate=0'], '--client_learning_rate must be > 0'),
-    (['--server_learning_rate=-1'], '--server_learning_rate must be > 0'),
-    (['--rounds=0'], '--rounds must be >= 1'),
-    (['--aggregator=dp', '--clip_norm=1'], '--noise_multiplier or --target_epsilon'),
-    (['--aggregator=dp', '--clip_norm=1', '--target_epsilon=1', '--target_delta=0.5'],
-     'target_delta must be in'),
-    (['--noise_multiplier=1'], 'add --aggregator=clip, dp or dp_adaptive'),
-    (['--aggregator=median'], 'flag --aggregator=median: value should be one of'),
-    (['--aggregator=dp', '--clip_norm=1', '--noise_multiplier=1', '--algo=afl',
-      '--task=dominant_class'], 'per-client weights'),
-    (['--clients_per_round=0'], '--clients_per_round must be >= 1'),
-    (['--clients_per_round=65'], 'exceeds the 64 clients'),
-    (['--algo=fedavg', '--mu=0.1'], "--mu does not apply to algorithm 'fedavg'"),
-    (['--algo=fedavg', '--regularizer=l1'], 'ignores regularizers'),
-    (['--regularizer_strength=-0.5'], '--regularizer_strength must be >= 0'),
-    (['--regularizer=nuclear'], 'needs a matrix'),
-    (['--algo=fedprox', '--mu=-1'], 'mu must be >= 0'),
-    (['--lasso_dataset=V'], 'flag --lasso_dataset=V: value should be one of <I|II|III|IV>'),
-    (['stray'], 'unexpected arguments: stray'),
-    (['--algo=ditto', '--task=sinewave'], "task 'sinewave' cannot evaluate them"),
-    (['--algo=qfedavg', '--client_weighting=uniform'],
-     "--client_weighting does not apply to algorithm 'qfedavg'"),
-    (['--algo=afl', '--client_weighting=examples'],
-     "--client_weighting does not apply to algorithm 'afl'"),
-    (['--client_learning_rate=inf'], '--client_learning_rate must be a finite number'),
-    (['--algo=fedprox', '--mu=nan'], '--mu must be a finite number'),
-    (['--regularizer_strength=-inf'], '--regularizer_strength must be a finite number'),
-    (['--rounds=ten'], "flag --rounds=ten"),
-    (['--no_such_flag=1'], 'no_such_flag'),
-    (['--flagfile=/nonexistent/x.flags'], '/nonexistent/x.flags'),
-    (['--flagfile={binary}'], 'flagfile'),
-    (['--output_dir={file}'], 'is a file, not a directory'),
-    (['--output_dir={file}/run'], 'which is a file'),
-    (['--output_dir=' + 'n' * 300], 'n... has 300 bytes; a name here holds at most 255'),
-    (['--output_dir=' + '/'.join(['d' * 200] * 20)], 'bytes; with the run\'s files under it'),
-    (['--output_dir={run}'], 'holds another run (metrics.csv); choose another'
-                             ' directory, pass --resume to continue it or --overwrite'),
-    (['--algo=nope'], 'Known algorithms: afl, comfedl, ditto, fedavg, fedavg_subgrad,'),
-    (['--algo=fedavg', '--client_learning_rate=1e6', '--rounds=5', '--output_dir={diverged}'],
-     'training diverged at round'),
+  (['--algo=fedavgg'], "unknown algorithm 'fedavgg'. Did you mean 'fedavg'?"),
+  (['--task=lassoo'], "unknown task 'lassoo'"),
+  (['--task=LASSO'], "unknown task 'LASSO'. Did you mean 'lasso'?"),
+  (['--client_learning_rate=0'], '--client_learning_rate must be > 0'),
+  (['--server_learning_rate=-1'], '--server_learning_rate must be > 0'),
+  (['--rounds=0'], '--rounds must be >= 1'),
+  (['--aggregator=dp', '--clip_norm=1'], '--noise_multiplier or --target_epsilon'),
+  (
+    ['--aggregator=dp', '--clip_norm=1', '--target_epsilon=1', '--target_delta=0.5'],
+    'target_delta must be in',
+  ),
+  (['--noise_multiplier=1'], 'add --aggregator=clip, dp or dp_adaptive'),
+  (['--aggregator=median'], 'flag --aggregator=median: value should be one of'),
+  (
+    [
+      '--aggregator=dp',
+      '--clip_norm=1',
+      '--noise_multiplier=1',
+      '--algo=afl',
+      '--task=dominant_class',
+    ],
+    'per-client weights',
+  ),
+  (['--clients_per_round=0'], '--clients_per_round must be >= 1'),
+  (['--clients_per_round=65'], 'exceeds the 64 clients'),
+  (['--algo=fedavg', '--mu=0.1'], "--mu does not apply to algorithm 'fedavg'"),
+  (['--algo=fedavg', '--regularizer=l1'], 'ignores regularizers'),
+  (['--regularizer_strength=-0.5'], '--regularizer_strength must be >= 0'),
+  (['--regularizer=nuclear'], 'needs a matrix'),
+  (['--algo=fedprox', '--mu=-1'], 'mu must be >= 0'),
+  (['--lasso_dataset=V'], 'flag --lasso_dataset=V: value should be one of <I|II|III|IV>'),
+  (['stray'], 'unexpected arguments: stray'),
+  (['--algo=ditto', '--task=sinewave'], "task 'sinewave' cannot evaluate them"),
+  (
+    ['--algo=qfedavg', '--client_weighting=uniform'],
+    "--client_weighting does not apply to algorithm 'qfedavg'",
+  ),
+  (
+    ['--algo=afl', '--client_weighting=examples'],
+    "--client_weighting does not apply to algorithm 'afl'",
+  ),
+  (['--client_learning_rate=inf'], '--client_learning_rate must be a finite number'),
+  (['--algo=fedprox', '--mu=nan'], '--mu must be a finite number'),
+  (['--regularizer_strength=-inf'], '--regularizer_strength must be a finite number'),
+  (['--rounds=ten'], 'flag --rounds=ten'),
+  (['--no_such_flag=1'], 'no_such_flag'),
+  (['--flagfile=/nonexistent/x.flags'], '/nonexistent/x.flags'),
+  (['--flagfile={binary}'], 'flagfile'),
+  (['--output_dir={file}'], 'is a file, not a directory'),
+  (['--output_dir={file}/run'], 'which is a file'),
+  (['--output_dir=' + 'n' * 300], 'n... has 300 bytes; a name here holds at most 255'),
+  (['--output_dir=' + '/'.join(['d' * 200] * 20)], "bytes; with the run's files under it"),
+  (
+    ['--output_dir={run}'],
+    'holds another run (metrics.csv); choose another'
+    ' directory, pass --resume to continue it or --overwrite',
+  ),
+  (['--algo=nope'], 'Known algorithms: afl, comfedl, ditto, fedavg, fedavg_subgrad,'),
+  (
+    ['--algo=fedavg', '--client_learning_rate=1e6', '--rounds=5', '--output_dir={diverged}'],
+    'training diverged at round',
+  ),
 ]
 # Runs that succeed, in this order, in the same interpreter as BAD_INPUT.
 GOOD_INPUT = [
-    ['--flagfile={flagfile}'],
-    ['--algo=per_fedavg', '--rounds=1', '--output_dir={per_fedavg}'],
-    ['--algo=fedavg', '--task=quadratic', '--rounds=2', '--output_dir={rerun}'],
-    ['--algo=fedavg', '--task=quadratic', '--rounds=2', '--output_dir={rerun}', '--overwrite',
-     '--seed=3', '--data_seed=5'],
+  ['--flagfile={flagfile}'],
+  ['--algo=per_fedavg', '--rounds=1', '--output_dir={per_fedavg}'],
+  ['--algo=fedavg', '--task=quadratic', '--rounds=2', '--output_dir={rerun}'],
+  [
+    '--algo=fedavg',
+    '--task=quadratic',
+    '--rounds=2',
+    '--output_dir={rerun}',
+    '--overwrite',
+    '--seed=3',
+    '--data_seed=5',
+  ],
 ]
 
 
@@ -117,26 +161,44 @@ def cli_runs(repo_root, tmp_path_factory):
   per case would import TensorFlow each time); test_exit_status_2_from_a_fresh_process
   checks the process-level exit status."""
   root = tmp_path_factory.mktemp('cli')
-  paths = {name: root / name for name in ('binary', 'file', 'run', 'diverged', 'flagfile',
-                                          'rerun', 'flagfile_out', 'per_fedavg')}
+  paths = {
+    name: root / name
+    for name in (
+      'binary',
+      'file',
+      'run',
+      'diverged',
+      'flagfile',
+      'rerun',
+      'flagfile_out',
+      'per_fedavg',
+    )
+  }
   paths['binary'].write_bytes(bytes(range(256)))
   paths['file'].write_text('x')
   paths['run'].mkdir()
   (paths['run'] / 'metrics.csv').write_text('round\n0\n')
   paths['flagfile'].write_text(
-      '--algo=fedprox\n--mu=0.1\n--task=lasso\n--lasso_dataset=III\n--rounds=2\n'
-      f'--clients_per_round=3\n--output_dir={paths["flagfile_out"]}\n')
+    '--algo=fedprox\n--mu=0.1\n--task=lasso\n--lasso_dataset=III\n--rounds=2\n'
+    f'--clients_per_round=3\n--output_dir={paths["flagfile_out"]}\n'
+  )
   cases = []
   for args in [a for a, _ in BAD_INPUT] + GOOD_INPUT:
     argv = [a.format(**paths) for a in args]
-    if not any(a.startswith(('--output_dir', '--flagfile=' + str(paths['flagfile'])))
-               for a in argv):
+    if not any(
+      a.startswith(('--output_dir', '--flagfile=' + str(paths['flagfile']))) for a in argv
+    ):
       argv.append(f'--output_dir={root / "never-written"}')
     cases.append(argv)
   out = subprocess.run(
-      [sys.executable, '-m', 'tests.cli_driver', json.dumps(cases)],
-      capture_output=True, text=True, timeout=900, env=ENV, cwd=repo_root,
-      stdin=subprocess.DEVNULL)
+    [sys.executable, '-m', 'tests.cli_driver', json.dumps(cases)],
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=ENV,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+  )
   assert out.returncode == 0, out.stderr
   results = json.loads(out.stdout.strip().splitlines()[-1])
   assert (paths['run'] / 'metrics.csv').read_text() == 'round\n0\n'  # left alone
@@ -186,21 +248,24 @@ def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
   # The final evaluation and the centralized reference line up (the labels were cut to
   # 12 columns): every value starts in one column.
   _, lasso_out, _ = results[' '.join(GOOD_INPUT[0])]
-  table = lasso_out[lasso_out.index('final evaluation:'):].splitlines()
+  table = lasso_out[lasso_out.index('final evaluation:') :].splitlines()
   rows = [line for line in table if line.startswith('  ')]
   assert 'centralized reference:' in table and len(rows) > 4
   assert len({len(line.split()[0]) + len(line) - len(line.lstrip()) for line in rows}) == 1
   header = (paths['per_fedavg'] / 'metrics.csv').read_text().splitlines()[0].split(',')
-  assert {'hparams/client_work/learning_rate', 'hparams/client_work/alpha',
-          'hparams/finalizer/learning_rate', 'seconds_per_round'} <= set(header)
+  assert {
+    'hparams/client_work/learning_rate',
+    'hparams/client_work/alpha',
+    'hparams/finalizer/learning_rate',
+    'seconds_per_round',
+  } <= set(header)
 
 
 def test_overwrite_replaces_a_run_and_seeds_are_separate(cli_runs):
   results, paths = cli_runs
   assert [results[' '.join(a)][0] for a in GOOD_INPUT[2:]] == [0, 0]
   # The header says when the task's batch size replaces the builder's.
-  assert "batch 1 (task quadratic's; fedavg alone uses 10)" in results[
-      ' '.join(GOOD_INPUT[2])][1]
+  assert "batch 1 (task quadratic's; fedavg alone uses 10)" in results[' '.join(GOOD_INPUT[2])][1]
   assert len(list((paths['rerun'] / 'tensorboard').glob('events.*'))) == 1
   config = json.loads((paths['rerun'] / 'config.json').read_text())
   assert (config['seed'], config['data_seed']) == (3, 5)
@@ -208,9 +273,18 @@ def test_overwrite_replaces_a_run_and_seeds_are_separate(cli_runs):
 
 def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):
   proc = subprocess.Popen(
-      [sys.executable, str(repo_root / 'binaries' / 'run.py'), '--rounds=100000',
-       '--runtime=tff', f'--output_dir={tmp_path}'],
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=repo_root)
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'run.py'),
+      '--rounds=100000',
+      '--runtime=tff',
+      f'--output_dir={tmp_path}',
+    ],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+    env=ENV,
+    cwd=repo_root,
+  )
   try:
     deadline = time.monotonic() + 120
     while not workers.workers_of(proc.pid) and time.monotonic() < deadline:
@@ -227,35 +301,51 @@ def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):
 
 def test_custom_aggregation_falls_back_to_tff_saying_why():
   """A process the in-process runtime cannot run goes to TFF's, with the reason."""
-  from tff_comp import experiment, models, registry  # pylint: disable=g-import-not-at-top
-  from tff_comp.runtime import choice  # pylint: disable=g-import-not-at-top
-  import tff_comp.algorithms  # noqa: F401  (registers the algorithms)
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_comp.tasks import array_data  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  from tff_comp import experiment, models, registry  # pylint: disable=g-import-not-at-top
+  import tff_comp.algorithms  # noqa: F401  (registers the algorithms)
+  from tff_comp.runtime import choice  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import array_data  # pylint: disable=g-import-not-at-top
+
   data = array_data.cached_client_data(
-      'fallback', ['a', 'b'], (2,), tf.float32,
-      lambda i: (np.ones((3, 2), np.float32) * i, np.ones(3, np.float32)))
+    'fallback',
+    ['a', 'b'],
+    (2,),
+    tf.float32,
+    lambda i: (np.ones((3, 2), np.float32) * i, np.ones(3, np.float32)),
+  )
   process = registry.get_algorithm('fedavg').build(
-      models.linear_regression((2,)), client_learning_rate=0.1,
-      model_aggregator=tff.learning.robust_aggregator(zeroing=False))
+    models.linear_regression((2,)),
+    client_learning_rate=0.1,
+    model_aggregator=tff.learning.robust_aggregator(zeroing=False),
+  )
   _, chosen = choice.runner_for(process, data, 'auto')
   assert chosen.startswith('tff (not in-process: its model_aggregator is a TFF factory')
-  with pytest.raises(experiment.ConfigError, match='--runtime=inprocess: its model_aggregator is a TFF factory'):
+  with pytest.raises(
+    experiment.ConfigError, match='--runtime=inprocess: its model_aggregator is a TFF factory'
+  ):
     choice.runner_for(process, data, 'inprocess')
 
 
-
 def test_ctrl_c_is_one_line_and_keeps_the_metrics(repo_root, tmp_path):
-  proc = _start(repo_root, '--algo=fedavg', '--rounds=100000', '--eval_period=100000',
-                f'--output_dir={tmp_path}', stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE)
+  proc = _start(
+    repo_root,
+    '--algo=fedavg',
+    '--rounds=100000',
+    '--eval_period=100000',
+    f'--output_dir={tmp_path}',
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+  )
   try:
     deadline = time.monotonic() + 120
     csv = tmp_path / 'metrics.csv'
     while time.monotonic() < deadline and (
-        not csv.exists() or len(csv.read_text().splitlines()) < 4):
+      not csv.exists() or len(csv.read_text().splitlines()) < 4
+    ):
       time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
@@ -264,8 +354,10 @@ def test_ctrl_c_is_one_line_and_keeps_the_metrics(repo_root, tmp_path):
   assert proc.returncode == 130
   lines = stderr.strip().splitlines()
   assert len(lines) == 1 and re.fullmatch(
-      r'run.py: interrupted; saved the state of round \d+, --resume continues from it;'
-      rf' the metrics written so far are in {re.escape(str(tmp_path))}', lines[0]), lines
+    r'run.py: interrupted; saved the state of round \d+, --resume continues from it;'
+    rf' the metrics written so far are in {re.escape(str(tmp_path))}',
+    lines[0],
+  ), lines
   rows = csv.read_text().splitlines()
   assert len(rows) >= 4 and rows[-1].split(',')[0] == str(len(rows) - 2)  # whole rows
 
@@ -275,8 +367,14 @@ def test_ctrl_c_during_startup_is_one_line_never_a_traceback(repo_root, tmp_path
   """Ctrl-C while the run starts (TensorFlow loading, the task being built): once, the
   run stops at the end of its first round and saves it; twice, it stops at once. Either
   way one line, exit 130 (it printed a traceback, or was swallowed and trained on)."""
-  proc = _start(repo_root, '--algo=fedavg', '--rounds=100000', f'--output_dir={tmp_path}',
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  proc = _start(
+    repo_root,
+    '--algo=fedavg',
+    '--rounds=100000',
+    f'--output_dir={tmp_path}',
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+  )
   try:
     time.sleep(1.0)
     for _ in range(presses):
@@ -296,8 +394,14 @@ def test_ctrl_c_during_startup_is_one_line_never_a_traceback(repo_root, tmp_path
 
 def test_a_closed_stdout_is_not_an_error(repo_root, tmp_path):
   """`run.py ... | head -1`: the reader leaves after the header; training completes."""
-  proc = _start(repo_root, '--algo=fedavg', '--rounds=3', f'--output_dir={tmp_path}',
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc = _start(
+    repo_root,
+    '--algo=fedavg',
+    '--rounds=3',
+    f'--output_dir={tmp_path}',
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+  )
   try:
     assert proc.stdout.readline().startswith('fedavg on lasso')
     proc.stdout.close()
@@ -310,21 +414,26 @@ def test_a_closed_stdout_is_not_an_error(repo_root, tmp_path):
   assert len((tmp_path / 'metrics.csv').read_text().splitlines()) == 5
 
 
-
-
 @pytest.fixture(scope='module')
 def flags_recorded(repo_root, tmp_path_factory):
   """A cache directory where run.py recorded its flags (a first start, with a bad
   flag reported the slow way)."""
   cache = tmp_path_factory.mktemp('flag_cache')
-  first = subprocess.run([sys.executable, 'binaries/run.py', '--rounds=ten'],
-                         capture_output=True, text=True, timeout=300, cwd=repo_root,
-                         env=dict(ENV, TFF_COMP_DATA_DIR=str(cache)))
+  first = subprocess.run(
+    [sys.executable, 'binaries/run.py', '--rounds=ten'],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=repo_root,
+    env=dict(ENV, TFF_COMP_DATA_DIR=str(cache)),
+  )
   assert first.returncode == 2 and '--rounds=ten' in first.stderr, first.stderr
   return cache
 
 
-@pytest.mark.parametrize('bad,says', [
+@pytest.mark.parametrize(
+  'bad,says',
+  [
     ('--rounds=ten', 'flag --rounds=ten: invalid literal for int()'),
     ('--no_such_flag=1', "Unknown command line flag 'no_such_flag'"),
     ('--sampling=stratified', 'flag --sampling=stratified: value should be one of'),
@@ -335,9 +444,11 @@ def flags_recorded(repo_root, tmp_path_factory):
     ('--server_optimizer=adamw', 'flag --server_optimizer=adamw: value should be one of'),
     ('--round_deadline=-1', '--round_deadline must be > 0.0, got -1.0.'),
     ('--dropout_rate=-0.5', '--dropout_rate must be >= 0.0, got -0.5.'),
-])
-def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, flags_recorded,
-                                                        bad, says):
+  ],
+)
+def test_a_bad_flag_is_one_line_before_tensorflow_loads(
+  repo_root, tmp_path, flags_recorded, bad, says
+):
   """After a start recorded the flags, a bad flag, value or flagfile is reported
   without importing TensorFlow (a `tensorflow` that fails to import proves it)."""
   flagfile = tmp_path / 'bad.flags'
@@ -345,10 +456,19 @@ def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, fla
   blocked = tmp_path / 'no_tf'
   (blocked / 'tensorflow').mkdir(parents=True)
   (blocked / 'tensorflow' / '__init__.py').write_text('raise ImportError("TF imported")\n')
-  env = dict(ENV, TFF_COMP_DATA_DIR=str(flags_recorded),
-             PYTHONPATH=os.pathsep.join([str(blocked), ENV.get('PYTHONPATH', '')]))
-  out = subprocess.run([sys.executable, 'binaries/run.py', bad.replace('FILE', str(flagfile))],
-                       capture_output=True, text=True, timeout=60, cwd=repo_root, env=env)
+  env = dict(
+    ENV,
+    TFF_COMP_DATA_DIR=str(flags_recorded),
+    PYTHONPATH=os.pathsep.join([str(blocked), ENV.get('PYTHONPATH', '')]),
+  )
+  out = subprocess.run(
+    [sys.executable, 'binaries/run.py', bad.replace('FILE', str(flagfile))],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    cwd=repo_root,
+    env=env,
+  )
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and len(lines) == 1, out.stderr
   assert lines[0].startswith('run.py: error: ') and says in lines[0], lines
@@ -357,15 +477,28 @@ def test_a_bad_flag_is_one_line_before_tensorflow_loads(repo_root, tmp_path, fla
 # Two run.py processes; the lock under the running pid is test_resume.py's signal test's.
 @pytest.mark.slow
 def test_a_second_run_into_a_running_runs_directory_is_refused(repo_root, tmp_path):
-  proc = _start(repo_root, '--algo=fedavg', '--task=quadratic', '--rounds=100000',
-                '--eval_period=100000', f'--output_dir={tmp_path}',
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = _start(
+    repo_root,
+    '--algo=fedavg',
+    '--task=quadratic',
+    '--rounds=100000',
+    '--eval_period=100000',
+    f'--output_dir={tmp_path}',
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   try:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (tmp_path / 'metrics.csv').exists():
       time.sleep(0.1)
-    second = _run(repo_root, '--algo=fedavg', '--task=quadratic', '--rounds=5',
-                  '--overwrite', f'--output_dir={tmp_path}')
+    second = _run(
+      repo_root,
+      '--algo=fedavg',
+      '--task=quadratic',
+      '--rounds=5',
+      '--overwrite',
+      f'--output_dir={tmp_path}',
+    )
   finally:
     proc.kill()
     proc.wait()
@@ -383,19 +516,36 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(repo_root, tmp_path):
   def limit():
     resource.setrlimit(resource.RLIMIT_FSIZE, (48 * 1024, 48 * 1024))
 
-  args = ['--algo=fedavg', '--task=quadratic', '--rounds=3000', '--eval_period=1',
-          f'--output_dir={tmp_path / "run"}']
-  _run(repo_root, '--algo=fedavg', '--task=quadratic', '--rounds=1',
-       f'--output_dir={tmp_path / "warm"}')  # the task's data cached before the limit
+  args = [
+    '--algo=fedavg',
+    '--task=quadratic',
+    '--rounds=3000',
+    '--eval_period=1',
+    f'--output_dir={tmp_path / "run"}',
+  ]
+  _run(
+    repo_root,
+    '--algo=fedavg',
+    '--task=quadratic',
+    '--rounds=1',
+    f'--output_dir={tmp_path / "warm"}',
+  )  # the task's data cached before the limit
   cut = subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'run.py'), *args], capture_output=True,
-      text=True, timeout=300, env=ENV, cwd=repo_root, stdin=subprocess.DEVNULL,
-      preexec_fn=limit)
+    [sys.executable, str(repo_root / 'binaries' / 'run.py'), *args],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=ENV,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    preexec_fn=limit,
+  )
   assert cut.returncode == 1, cut.stderr[-2000:]
   assert 'Traceback' not in cut.stderr
   last = cut.stderr.strip().splitlines()[-1]
   assert last.startswith(f'run.py: cannot write to {tmp_path / "run"} (') and (
-      'continue with --resume' in last)
+    'continue with --resume' in last
+  )
   written = len((tmp_path / 'run' / 'metrics.csv').read_text().splitlines())
   assert 10 < written < 150, written  # stopped early, its rows kept
   resumed = _run(repo_root, *args[:2], '--rounds=200', *args[3:], '--resume')
@@ -408,11 +558,14 @@ def test_a_second_signal_at_startup_in_a_gc_callback_still_exits(repo_root):
   """The race behind a flaky Ctrl-C test: the second press landing in a garbage-collection
   callback (JAX registers one while TFF loads), where Python ignores a SystemExit with a
   traceback and the program went on. Now it exits there, with the one line."""
-  code = ('import gc, signal\nfrom tff_comp import signals\nsignals.install("run.py")\n'
-          'signals._request(signal.SIGINT, None)\n'
-          'gc.callbacks.append(lambda *_: signals._request(signal.SIGINT, None))\n'
-          'gc.collect()\nprint("went on")\n')
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                       timeout=60, cwd=repo_root, env=ENV)
+  code = (
+    'import gc, signal\nfrom tff_comp import signals\nsignals.install("run.py")\n'
+    'signals._request(signal.SIGINT, None)\n'
+    'gc.callbacks.append(lambda *_: signals._request(signal.SIGINT, None))\n'
+    'gc.collect()\nprint("went on")\n'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, timeout=60, cwd=repo_root, env=ENV
+  )
   assert out.returncode == 130 and 'went on' not in out.stdout, out
   assert out.stderr.strip() == 'run.py: interrupted before training; nothing was saved.'

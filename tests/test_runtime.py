@@ -11,7 +11,7 @@ import pytest
 
 from tests import workers
 
-_CHILD = textwrap.dedent('''
+_CHILD = textwrap.dedent("""
     import sys
     import tensorflow_federated as tff
     import tff_comp.runtime
@@ -24,15 +24,19 @@ _CHILD = textwrap.dedent('''
     how = sys.stdin.readline().strip()  # the test says how to end, or signals us
     if how == 'exception':
       raise RuntimeError('boom')
-''')
+""")
 
 
 @pytest.mark.parametrize('how', ['exit', 'exception', 'SIGTERM', 'SIGKILL', 'SIGINT'])
 def test_worker_dies_with_python(how):
   child = subprocess.Popen(
-      [sys.executable, '-c', _CHILD], stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    [sys.executable, '-c', _CHILD],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL,
+    text=True,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
   worker = int(child.stdout.readline())
   assert worker in workers.worker_pids()
   if how.startswith('SIG'):
@@ -50,7 +54,7 @@ def test_worker_dies_with_python(how):
 
 def test_import_leaves_tff_default_context_untouched():
   """Importing tff_comp (and every submodule) installs no execution context."""
-  code = textwrap.dedent('''
+  code = textwrap.dedent("""
       import pkgutil, importlib
       import tensorflow_federated as tff
       before = tff.framework.get_context_stack().current
@@ -60,21 +64,31 @@ def test_import_leaves_tff_default_context_untouched():
       assert tff.framework.get_context_stack().current is before
       assert not tff_comp.runtime.worker_pids()
       print('untouched')
-  ''')
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  """)
+  out = subprocess.run(
+    [sys.executable, '-c', code],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
   assert out.stdout.strip() == 'untouched', out.stderr[-2000:]
 
 
 def test_math_layer_imports_no_tff():
   """tff_comp.ops (the math any runtime runs) imports without TensorFlow Federated."""
-  code = textwrap.dedent('''
+  code = textwrap.dedent("""
       import pkgutil, importlib, sys
       import tff_comp.ops
       for m in pkgutil.walk_packages(tff_comp.ops.__path__, 'tff_comp.ops.'):
         importlib.import_module(m.name)
       print('tff' if 'tensorflow_federated' in sys.modules else 'no tff')
-  ''')
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  """)
+  out = subprocess.run(
+    [sys.executable, '-c', code],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
   assert out.stdout.strip() == 'no tff', out.stderr[-2000:]

@@ -10,20 +10,13 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
-from tff_comp.runtime import choice
-from tff_comp.learning_process import composer
-from tff_comp import experiment
-from tff_comp import registry
-from tff_comp import run_config
-from tff_comp import settings
+from tff_comp import experiment, registry, run_config, settings
 from tff_comp.binaries import flags_lib
+from tff_comp.learning_process import composer
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import local_loop
-from tff_comp.ops import sgd
-from tff_comp.runtime import base
-from tff_comp.runtime import engines
-from tff_comp.runtime import inprocess
+from tff_comp.ops import local_loop, sgd
 from tff_comp.run import training_loop
+from tff_comp.runtime import base, choice, engines, inprocess
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
@@ -36,7 +29,7 @@ def _algorithm(name='fedavg', **extra):
 def _rounds(runtime, rounds=3):
   state = runtime.initialize()
   for r in range(rounds):
-    state = runtime.next(state, IDS[r:r + 3]).state
+    state = runtime.next(state, IDS[r : r + 3]).state
   return runtime.get_model_weights(state).trainable
 
 
@@ -81,20 +74,33 @@ def test_a_plugin_learning_process_runs_on_tff(tmp_path, monkeypatch):
 
   def build_tff_fedavg(model, *, client_learning_rate: float):
     return tff.learning.algorithms.build_weighted_fed_avg(
-        model, tff.learning.optimizers.build_sgdm(client_learning_rate),
-        tff.learning.optimizers.build_sgdm(1.0))
+      model,
+      tff.learning.optimizers.build_sgdm(client_learning_rate),
+      tff.learning.optimizers.build_sgdm(1.0),
+    )
 
-  monkeypatch.setitem(registry.ALGORITHMS._entries, 'tff_fedavg',  # pylint: disable=protected-access
-                      registry.Entry('tff_fedavg', build_tff_fedavg))
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='tff_fedavg', task='lasso', rounds=2, clients_per_round=2, eval_period=1,
-      output_dir=str(tmp_path)))
+  monkeypatch.setitem(
+    registry.ALGORITHMS._entries,
+    'tff_fedavg',  # pylint: disable=protected-access
+    registry.Entry('tff_fedavg', build_tff_fedavg),
+  )
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='tff_fedavg',
+      task='lasso',
+      rounds=2,
+      clients_per_round=2,
+      eval_period=1,
+      output_dir=str(tmp_path),
+    )
+  )
   runner = experiment.build_runner(prepared)
   assert runner.description.startswith('tff (not in-process: this process was composed')
   assert runner.algorithm is None
   metrics = experiment.train_runner(prepared, runner, show_progress=False)
-  assert np.isfinite(metrics['eval/train_loss'] if 'eval/train_loss' in metrics
-                     else metrics['train_loss'])
+  assert np.isfinite(
+    metrics['eval/train_loss'] if 'eval/train_loss' in metrics else metrics['train_loss']
+  )
   with pytest.raises(experiment.ConfigError, match='--runtime=inprocess'):
     choice.runner_for(prepared.build(), DATA, 'inprocess')
 
@@ -120,9 +126,13 @@ def test_a_third_runtime_is_one_registration(monkeypatch):
   """A runtime registered with its own settings, its `why_not` and its place in 'auto'
   is reachable by name and by auto, and its setting is a flag, a setting of the run
   and an entry of config.json, with no edit outside its module (here, this test)."""
-  monkeypatch.setitem(registry.RUNTIMES._entries, 'eager',  # pylint: disable=protected-access
-                      registry.Entry('eager', _build_eager, options=_EagerOptions,
-                                     auto_rank=-1, why_not=_eager_why_not))
+  monkeypatch.setitem(
+    registry.RUNTIMES._entries,
+    'eager',  # pylint: disable=protected-access
+    registry.Entry(
+      'eager', _build_eager, options=_EagerOptions, auto_rank=-1, why_not=_eager_why_not
+    ),
+  )
   assert 'eager' in run_config.runtime_names()
   runtime, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'eager', eager_lanes=2)
   reference, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'inprocess')
@@ -144,16 +154,14 @@ def test_a_third_runtime_is_one_registration(monkeypatch):
   with pytest.raises(settings.ConfigError, match='eager_lanes'):
     run_config.ExperimentConfig.of(algorithm='fedprox', eager_lanes=0)
   with pytest.raises(settings.ConfigError, match='--eager_lanes: a setting of the eager runtime'):
-    run_config.ExperimentConfig.of(algorithm='fedprox', runtime='inprocess',
-                                   eager_lanes=3).check()
+    run_config.ExperimentConfig.of(algorithm='fedprox', runtime='inprocess', eager_lanes=3).check()
 
 
 class _FailsOnNaN(sgd.SGD):
   """Local SGD that checks its batch loss is a number."""
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
-    loss, weights, extras = super().local_step(weights, extras, batch, hparams, payload,
-                                               context)
+    loss, weights, extras = super().local_step(weights, extras, batch, hparams, payload, context)
     return tf.debugging.check_numerics(loss, 'batch loss'), weights, extras
 
 
@@ -167,15 +175,20 @@ def test_the_debug_engine_names_the_failing_client_and_stage(tmp_path, monkeypat
       x[4] = np.nan  # client 'c1': its second batch of 3 holds a NaN
     return x, np.ones(7, np.float32)
 
-  data = array_data.cached_client_data('debug-nan', ['c0', 'c1'], (algorithm_cases.D,),
-                                       tf.float32, make)
+  data = array_data.cached_client_data(
+    'debug-nan', ['c0', 'c1'], (algorithm_cases.D,), tf.float32, make
+  )
   algorithm = _algorithm('fedavg')
   algorithm = type(algorithm)(
-      algorithm.model, _FailsOnNaN(algorithm.model, learning_rate=0.02),
-      algorithm.server_rule, algorithm.client_options).with_client_options(shuffle=False)
+    algorithm.model,
+    _FailsOnNaN(algorithm.model, learning_rate=0.02),
+    algorithm.server_rule,
+    algorithm.client_options,
+  ).with_client_options(shuffle=False)
   runtime = inprocess.build(algorithm, data, engine='debug')
-  with pytest.raises(engines.ClientError,
-                     match=r"client 'c1' \(index 1\) failed in local step 1 of _FailsOnNaN"):
+  with pytest.raises(
+    engines.ClientError, match=r"client 'c1' \(index 1\) failed in local step 1 of _FailsOnNaN"
+  ):
     runtime.next(runtime.initialize(), ['c0', 'c1'])
 
 
@@ -184,8 +197,7 @@ class _NotVectorizable(sgd.SGD):
   vectorization rule)."""
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
-    loss, weights, extras = super().local_step(weights, extras, batch, hparams, payload,
-                                               context)
+    loss, weights, extras = super().local_step(weights, extras, batch, hparams, payload, context)
     loss = tf.py_function(lambda value: value, [loss], tf.float32)
     return tf.ensure_shape(loss, []), weights, extras
 
@@ -193,8 +205,11 @@ class _NotVectorizable(sgd.SGD):
 def test_auto_falls_back_to_mapped_naming_the_op_and_the_rule(tmp_path, caplog):
   algorithm = _algorithm('fedavg')
   algorithm = type(algorithm)(
-      algorithm.model, _NotVectorizable(algorithm.model, learning_rate=0.02),
-      algorithm.server_rule, algorithm.client_options)
+    algorithm.model,
+    _NotVectorizable(algorithm.model, learning_rate=0.02),
+    algorithm.server_rule,
+    algorithm.client_options,
+  )
   auto = inprocess.build(algorithm, DATA)
   assert auto.record['engine'] == 'lanes'
   with caplog.at_level('WARNING'):
@@ -204,10 +219,18 @@ def test_auto_falls_back_to_mapped_naming_the_op_and_the_rule(tmp_path, caplog):
   assert len(lines) == 1 and '\n' not in lines[0]
   # A run records the engine actually used, not the one it started with.
   training_loop.run_simulation(
-      inprocess.build(algorithm, DATA), client_ids=IDS, rounds=2, clients_per_round=3,
-      seed=0, output_dir=tmp_path, config={'resolved': {}}, show_progress=False,
-      callbacks=training_loop.standard_callbacks(lambda _: {'x': 0.0}, eval_period=1,
-                                              show_progress=False))
+    inprocess.build(algorithm, DATA),
+    client_ids=IDS,
+    rounds=2,
+    clients_per_round=3,
+    seed=0,
+    output_dir=tmp_path,
+    config={'resolved': {}},
+    show_progress=False,
+    callbacks=training_loop.standard_callbacks(
+      lambda _: {'x': 0.0}, eval_period=1, show_progress=False
+    ),
+  )
   recorded = json.loads((tmp_path / 'config.json').read_text())
   assert recorded['runtime_record']['engine'] == 'mapped'
   assert recorded['resolved']['runtime'].startswith('inprocess on')
@@ -220,8 +243,14 @@ def test_auto_falls_back_to_mapped_naming_the_op_and_the_rule(tmp_path, caplog):
 @pytest.mark.parametrize('shuffle', [True, False])
 def test_a_run_shuffles_local_data_by_default_and_records_it(tmp_path, shuffle):
   config = experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='lasso', rounds=1, eval_period=1, seed=4,
-      output_dir=str(tmp_path), **({} if shuffle else {'shuffle': False}))
+    algorithm='fedavg',
+    task='lasso',
+    rounds=1,
+    eval_period=1,
+    seed=4,
+    output_dir=str(tmp_path),
+    **({} if shuffle else {'shuffle': False}),
+  )
   prepared = experiment.prepare(config)
   runner = experiment.build_runner(prepared)
   options = runner.algorithm.client_options
@@ -234,11 +263,18 @@ def test_a_client_data_built_in_python_is_refused_on_tff_in_one_line():
   """A dataset function looking its client up in a Python dict runs in-process, and on
   TFF's runtime (which traces it with a client id tensor) is one line naming the cause
   and the runtime that runs it (it was a bare `KeyError: <tf.Tensor 'arg:0'>`)."""
-  arrays = {c: tuple(np.asarray(t) for t in local_loop.materialize(
-      algorithm_cases.DATA['unequal'].create_tf_dataset_for_client(c)))
-            for c in algorithm_cases.DATA['unequal'].client_ids}
+  arrays = {
+    c: tuple(
+      np.asarray(t)
+      for t in local_loop.materialize(
+        algorithm_cases.DATA['unequal'].create_tf_dataset_for_client(c)
+      )
+    )
+    for c in algorithm_cases.DATA['unequal'].client_ids
+  }
   data = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      list(arrays), lambda cid: tf.data.Dataset.from_tensor_slices(arrays[cid]))
+    list(arrays), lambda cid: tf.data.Dataset.from_tensor_slices(arrays[cid])
+  )
   algorithm = algorithm_cases.algorithm('fedavg', {})
   runtime, _ = choice.runner_for(algorithm, data, 'inprocess')
   runtime.next(runtime.initialize(), list(arrays)[:2])

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from tests import numpy_reference as ref
-from tff_comp.runtime import choice
 from tff_comp import models
 from tff_comp.algorithms import scaffold
+from tff_comp.runtime import choice
 from tff_comp.tasks import array_data
 
 D, LR, SERVER_LR, BATCH = 4, 0.05, 0.8, 4
@@ -48,11 +48,16 @@ def _numpy_scaffold(clients):
 def test_two_rounds_with_partial_participation_match_numpy(tmp_path, monkeypatch, runtime):
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   clients = _clients()
-  data = array_data.cached_client_data('scaffold-test', ['a', 'b', 'c'], (D,), tf.float32,
-                                       lambda i: clients[i])
-  algorithm = scaffold.scaffold(models.linear_regression((D,)), num_clients=3,
-                                client_learning_rate=LR, server_learning_rate=SERVER_LR,
-                                batch_size=BATCH).with_client_options(shuffle=False)
+  data = array_data.cached_client_data(
+    'scaffold-test', ['a', 'b', 'c'], (D,), tf.float32, lambda i: clients[i]
+  )
+  algorithm = scaffold.scaffold(
+    models.linear_regression((D,)),
+    num_clients=3,
+    client_learning_rate=LR,
+    server_learning_rate=SERVER_LR,
+    batch_size=BATCH,
+  ).with_client_options(shuffle=False)
   run, _ = choice.runner_for(algorithm, data, runtime)
   state = run.initialize()
   controls_after_round_1 = None
@@ -72,8 +77,7 @@ def test_two_rounds_with_partial_participation_match_numpy(tmp_path, monkeypatch
     np.testing.assert_allclose(server.controls[0][i], ci[i][0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(server.controls[1][i], ci[i][1], rtol=1e-4, atol=1e-5)
   # Client 'a' was not sampled in round 2: its control variate is unchanged.
-  np.testing.assert_array_equal(np.asarray(server.controls[0][0]),
-                                controls_after_round_1[0][0])
+  np.testing.assert_array_equal(np.asarray(server.controls[0][0]), controls_after_round_1[0][0])
   assert np.abs(controls_after_round_1[0][0]).max() > 1e-3  # it had moved in round 1
   assert np.abs(c[0]).max() > 1e-3  # the comparison is not between zero controls
 
@@ -84,21 +88,25 @@ def test_control_variates_remove_client_drift():
   least-squares solution, while FedAvg's 10 local steps drift toward the clients' own
   optima (Karimireddy et al., section 5)."""
   clients = [(x[:6], y[:6]) for x, y in _clients()]
-  data = array_data.cached_client_data('scaffold-drift', ['a', 'b', 'c'], (D,),
-                                       tf.float32, lambda i: clients[i])
+  data = array_data.cached_client_data(
+    'scaffold-drift', ['a', 'b', 'c'], (D,), tf.float32, lambda i: clients[i]
+  )
   x = np.concatenate([np.c_[c[0], np.ones(len(c[1]))] for c in clients])
   y = np.concatenate([c[1] for c in clients])
   # Uniform weights over clients: the optimum of mean_i F_i (each F_i a mean loss).
   weights = np.concatenate([np.full(len(c[1]), 1 / len(c[1])) for c in clients])
   optimum = np.linalg.solve(x.T @ (weights[:, None] * x), x.T @ (weights * y))
-  common = dict(client_learning_rate=0.02, batch_size=6, local_epochs=10,
-                client_weighting='uniform')
+  common = dict(
+    client_learning_rate=0.02, batch_size=6, local_epochs=10, client_weighting='uniform'
+  )
   model = models.linear_regression((D,))
   distances = {}
   from tff_comp.algorithms import fedavg  # pylint: disable=g-import-not-at-top
+
   for name, algorithm in (
-      ('scaffold', scaffold.scaffold(model, num_clients=3, **common)),
-      ('fedavg', fedavg.fedavg(model, **common))):
+    ('scaffold', scaffold.scaffold(model, num_clients=3, **common)),
+    ('fedavg', fedavg.fedavg(model, **common)),
+  ):
     run, _ = choice.runner_for(algorithm, data, 'inprocess')
     state = run.initialize()
     for _ in range(150):

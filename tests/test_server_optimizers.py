@@ -10,8 +10,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
-from tff_comp import experiment
-from tff_comp import server_optimizers
+from tff_comp import experiment, server_optimizers
 from tff_comp.algorithms import fedavg
 from tff_comp.runtime import inprocess
 
@@ -20,22 +19,34 @@ ROUNDS = [['c0', 'c2', 'c4'], ['c1', 'c3', 'c4'], ['c0', 'c1', 'c3'], ['c2', 'c3
 B, LR, SERVER_LR = 3, 0.02, 0.5
 
 
-@pytest.mark.parametrize('name', [
+@pytest.mark.parametrize(
+  'name',
+  [
     n if n in ('sgd', 'adam') else pytest.param(n, marks=pytest.mark.slow)
-    for n in server_optimizers.NAMES])
+    for n in server_optimizers.NAMES
+  ],
+)
 def test_fedavg_with_each_server_optimizer_matches_tffs_builtin(name):
-  ours = inprocess.build(fedavg.fedavg(
-      algorithm_cases.MODEL, client_learning_rate=LR, batch_size=B,
-      server_optimizer=server_optimizers.build(name, SERVER_LR)).with_client_options(
-          shuffle=False), DATA)  # as TFF's FedAvg reads a client's data
+  ours = inprocess.build(
+    fedavg.fedavg(
+      algorithm_cases.MODEL,
+      client_learning_rate=LR,
+      batch_size=B,
+      server_optimizer=server_optimizers.build(name, SERVER_LR),
+    ).with_client_options(shuffle=False),
+    DATA,
+  )  # as TFF's FedAvg reads a client's data
   theirs = tff.learning.algorithms.build_weighted_fed_avg(
-      algorithm_cases.MODEL, client_optimizer_fn=tff.learning.optimizers.build_sgdm(LR),
-      server_optimizer_fn=server_optimizers.build(name, SERVER_LR))
+    algorithm_cases.MODEL,
+    client_optimizer_fn=tff.learning.optimizers.build_sgdm(LR),
+    server_optimizer_fn=server_optimizers.build(name, SERVER_LR),
+  )
   ours_state, theirs_state = ours.initialize(), theirs.initialize()
   for ids in ROUNDS:
     ours_state = ours.next(ours_state, ids).state
-    theirs_state = theirs.next(theirs_state, [
-        DATA.create_tf_dataset_for_client(cid).batch(B) for cid in ids]).state
+    theirs_state = theirs.next(
+      theirs_state, [DATA.create_tf_dataset_for_client(cid).batch(B) for cid in ids]
+    ).state
   got = ours.get_model_weights(ours_state).trainable
   want = theirs.get_model_weights(theirs_state).trainable
   start = algorithm_cases.MODEL.initial_weights[0]
@@ -49,25 +60,35 @@ def test_adaptive_servers_differ_from_sgd():
   SGD's (lr times the update)."""
   finals = {}
   for name in ('sgd', 'adam'):
-    process = inprocess.build(fedavg.fedavg(
-        algorithm_cases.MODEL, client_learning_rate=LR, batch_size=B,
-        server_optimizer=server_optimizers.build(name, SERVER_LR)), DATA)
+    process = inprocess.build(
+      fedavg.fedavg(
+        algorithm_cases.MODEL,
+        client_learning_rate=LR,
+        batch_size=B,
+        server_optimizer=server_optimizers.build(name, SERVER_LR),
+      ),
+      DATA,
+    )
     state = process.next(process.initialize(), ROUNDS[0]).state
     finals[name] = np.asarray(process.get_model_weights(state).trainable[0])
   assert np.abs(finals['sgd'] - finals['adam']).max() > 1e-3
 
 
 def _config(tmp_path, **fields):
-  return experiment.ExperimentConfig.of(algorithm=fields.pop('algorithm', 'fedavg'),
-                                     task='quadratic', rounds=2, output_dir=str(tmp_path),
-                                     **fields)
+  return experiment.ExperimentConfig.of(
+    algorithm=fields.pop('algorithm', 'fedavg'),
+    task='quadratic',
+    rounds=2,
+    output_dir=str(tmp_path),
+    **fields,
+  )
 
 
 def test_a_run_takes_a_server_optimizer_by_name_and_records_it(tmp_path):
-  prepared = experiment.prepare(_config(tmp_path, server_optimizer='yogi',
-                                        server_learning_rate=0.1))
-  assert isinstance(prepared.builder_args['server_optimizer'],
-                    tff.learning.optimizers.Optimizer)
+  prepared = experiment.prepare(
+    _config(tmp_path, server_optimizer='yogi', server_learning_rate=0.1)
+  )
+  assert isinstance(prepared.builder_args['server_optimizer'], tff.learning.optimizers.Optimizer)
   experiment.run_experiment(prepared, show_progress=False)
   recorded = (tmp_path / 'config.json').read_text()
   assert '"server_optimizer": "yogi"' in recorded
@@ -83,23 +104,34 @@ def test_an_adaptive_server_takes_scheduled_and_grid_rates(tmp_path, runtime):
   """Rates set through the hparams (a schedule, a grid's rates) keep the dtype the
   optimizer's state holds: Adam's hparams are float64 and a float32 rate among them
   would fail its update."""
-  prepared = experiment.prepare(_config(
-      tmp_path, server_optimizer='adam', server_learning_rate=0.1, runtime=runtime,
-      client_lr_schedule='exponential', server_lr_schedule='inverse_sqrt'))
+  prepared = experiment.prepare(
+    _config(
+      tmp_path,
+      server_optimizer='adam',
+      server_learning_rate=0.1,
+      runtime=runtime,
+      client_lr_schedule='exponential',
+      server_lr_schedule='inverse_sqrt',
+    )
+  )
   runner = experiment.build_runner(prepared)
-  final = experiment.train_runner(prepared, runner, show_progress=False,
-                           learning_rates=(0.01, 0.2))
+  final = experiment.train_runner(prepared, runner, show_progress=False, learning_rates=(0.01, 0.2))
   assert final and all(np.isfinite(v) for v in final.values())
 
 
-@pytest.mark.parametrize('fields, says', [
+@pytest.mark.parametrize(
+  'fields, says',
+  [
     (dict(algorithm='qfedavg', server_optimizer='adam'), 'runs no server optimizer'),
     (dict(server_optimizer='adam', server_beta_1=1.0), '--server_beta_1 must be in [0, 1)'),
     (dict(server_optimizer='adam', server_epsilon=0.0), '--server_epsilon must be > 0'),
-    (dict(server_optimizer='sgdm', algorithm_options=dict(server_momentum=0.5)),
-     '--server_momentum'),
+    (
+      dict(server_optimizer='sgdm', algorithm_options=dict(server_momentum=0.5)),
+      '--server_momentum',
+    ),
     (dict(server_beta_2=0.9), 'without --server_optimizer'),
-])
+  ],
+)
 def test_a_bad_server_optimizer_setting_is_one_line(tmp_path, fields, says):
   with pytest.raises(experiment.ConfigError, match=None) as error:
     experiment.prepare(_config(tmp_path, **fields))
@@ -115,8 +147,7 @@ def test_adaptive_server_steps_follow_the_papers_update_rules(name):
   hyperparameter of its own value so a swap shows."""
   lr, beta_1, beta_2, epsilon = 0.1, 0.7, 0.95, 1e-2
   grads = np.random.default_rng(0).normal(size=(4, 3))
-  optimizer = server_optimizers.build(name, lr, beta_1=beta_1, beta_2=beta_2,
-                                      epsilon=epsilon)
+  optimizer = server_optimizers.build(name, lr, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
   weights = tf.ones([3])
   state = optimizer.initialize(tf.TensorSpec([3], tf.float32))
   for g in grads:
@@ -125,7 +156,10 @@ def test_adaptive_server_steps_follow_the_papers_update_rules(name):
   v = np.full(3, 1e-6 if name == 'yogi' else 0.0)  # TFF's initial second moments
   for t, g in enumerate(grads, start=1):
     m = beta_1 * m + (1 - beta_1) * g
-    v = (beta_2 * v + (1 - beta_2) * g**2 if name == 'adam'
-         else v - (1 - beta_2) * np.sign(v - g**2) * g**2)
+    v = (
+      beta_2 * v + (1 - beta_2) * g**2
+      if name == 'adam'
+      else v - (1 - beta_2) * np.sign(v - g**2) * g**2
+    )
     w = w - lr * np.sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (np.sqrt(v) + epsilon)
   np.testing.assert_allclose(weights, w, rtol=1e-5)

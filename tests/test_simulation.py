@@ -8,13 +8,9 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp import experiment
-from tff_comp import registry
+from tff_comp import experiment, registry
+from tff_comp.run import callbacks, checkpoints, run_files, training_loop
 from tff_comp.runtime import inprocess
-from tff_comp.run import callbacks
-from tff_comp.run import checkpoints
-from tff_comp.run import run_files
-from tff_comp.run import training_loop
 
 DATA = algorithm_cases.DATA['unequal']
 
@@ -45,14 +41,23 @@ class _StopBelow(callbacks.Callback):
 
 def _run(tmp_path, callbacks, rounds=30):
   algorithm = registry.get_algorithm('fedavg').build(
-      algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {}))
+    algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {})
+  )
   # Mapped: the loop and its callbacks, not the engines (lanes would compile a kernel a run).
   runtime = inprocess.build(algorithm, DATA, engine='mapped')
   return training_loop.run_simulation(
-      runtime, client_ids=list(DATA.client_ids), rounds=rounds, clients_per_round=3,
-      seed=0, output_dir=tmp_path, config={}, show_progress=False,
-      callbacks=training_loop.standard_callbacks(lambda _: {'x': 1.0}, eval_period=5,
-                                              show_progress=False, extra=callbacks))
+    runtime,
+    client_ids=list(DATA.client_ids),
+    rounds=rounds,
+    clients_per_round=3,
+    seed=0,
+    output_dir=tmp_path,
+    config={},
+    show_progress=False,
+    callbacks=training_loop.standard_callbacks(
+      lambda _: {'x': 1.0}, eval_period=5, show_progress=False, extra=callbacks
+    ),
+  )
 
 
 def test_a_sink_sees_every_round_and_an_early_stop_ends_the_run_cleanly(tmp_path):
@@ -71,9 +76,13 @@ def test_a_sink_sees_every_round_and_an_early_stop_ends_the_run_cleanly(tmp_path
   assert rounds == list(range(stopped_at + 1))  # round 0, then every round run
   # The stop round is checkpointed and the model saved (checkpoint_every=50).
   saved, version = checkpoints.Checkpoints(tmp_path / 'stop').load_latest(
-      inprocess.build(registry.get_algorithm('fedavg').build(
-          algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {})),
-          DATA).initialize())
+    inprocess.build(
+      registry.get_algorithm('fedavg').build(
+        algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {})
+      ),
+      DATA,
+    ).initialize()
+  )
   assert version == stopped_at and saved is not None
   with np.load(tmp_path / 'stop' / 'final_model.npz') as f:
     assert sorted(f.files) == ['trainable_0', 'trainable_1']  # named by weight
@@ -116,21 +125,42 @@ def test_before_round_sees_each_cohort_and_may_change_the_state(tmp_path):
 
 def test_train_from_code_takes_callbacks(tmp_path):
   sink = _Sink()
-  experiment.train('fedavg', 'quadratic', rounds=3, clients_per_round=2, eval_period=3,
-                   output_dir=str(tmp_path), show_progress=False, callbacks=[sink])
+  experiment.train(
+    'fedavg',
+    'quadratic',
+    rounds=3,
+    clients_per_round=2,
+    eval_period=3,
+    output_dir=str(tmp_path),
+    show_progress=False,
+    callbacks=[sink],
+  )
   assert [r for r, _ in sink.losses] == [1, 2, 3] and sink.ended
 
 
 def test_a_run_is_the_callbacks_its_caller_composes(tmp_path):
   """The binaries compose `default_callbacks`; a list without the evaluator evaluates
   nothing, and the run directory's own callbacks still write every row."""
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='quadratic', rounds=3, clients_per_round=2, eval_period=1,
-      output_dir=str(tmp_path), client_lr_schedule='exponential'))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='quadratic',
+      rounds=3,
+      clients_per_round=2,
+      eval_period=1,
+      output_dir=str(tmp_path),
+      client_lr_schedule='exponential',
+    )
+  )
   runner = experiment.build_runner(prepared)
   composed = experiment.default_callbacks(prepared, runner, show_progress=False)
   assert [type(c).__name__ for c in composed] == [
-      'Schedules', 'DivergenceGuard', 'Evaluator', 'DivergenceGuard', 'Progress']
+    'Schedules',
+    'DivergenceGuard',
+    'Evaluator',
+    'DivergenceGuard',
+    'Progress',
+  ]
   kept = [c for c in composed if not isinstance(c, callbacks.Evaluator)]
   assert experiment.train_runner(prepared, runner, show_progress=False, callbacks=kept) == {}
   columns, rows, _ = run_files.whole_rows(tmp_path / 'metrics.csv')
@@ -142,7 +172,8 @@ def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
   """The divergence guard reads the evaluation too: a model whose evaluated loss is
   infinite at round 10 is neither written nor checkpointed."""
   algorithm = registry.get_algorithm('fedavg').build(
-      algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {}))
+    algorithm_cases.MODEL, **algorithm_cases.arguments('fedavg', {})
+  )
   runtime = inprocess.build(algorithm, DATA)
   calls = []
 
@@ -153,11 +184,17 @@ def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
 
   with pytest.raises(callbacks.DivergenceError, match='round 10: eval/test_loss inf'):
     training_loop.run_simulation(
-        runtime, client_ids=list(DATA.client_ids), rounds=20, clients_per_round=3,
-        seed=0, output_dir=tmp_path, config={}, show_progress=False,
-        checkpoints=checkpoints.CheckpointOptions(checkpoint_every=5),
-        callbacks=training_loop.standard_callbacks(evaluate, eval_period=5,
-                                                show_progress=False))
+      runtime,
+      client_ids=list(DATA.client_ids),
+      rounds=20,
+      clients_per_round=3,
+      seed=0,
+      output_dir=tmp_path,
+      config={},
+      show_progress=False,
+      checkpoints=checkpoints.CheckpointOptions(checkpoint_every=5),
+      callbacks=training_loop.standard_callbacks(evaluate, eval_period=5, show_progress=False),
+    )
   assert checkpoints.Checkpoints(tmp_path).rounds() == [5]
   with open(tmp_path / 'metrics.csv', newline='') as f:
     assert [int(row['round']) for row in csv.DictReader(f)][-1] < 10
@@ -184,9 +221,11 @@ def test_tensorboard_events_hold_what_tf_summary_scalar_writes(tmp_path):
     for file in directory.rglob('events.out.tfevents.*'):
       for event in tf.compat.v1.train.summary_iterator(str(file)):
         for value in event.summary.value:
-          found[event.step, value.tag] = (value.metadata.SerializeToString(),
-                                          value.tensor.dtype,
-                                          tf.make_ndarray(value.tensor).tolist())
+          found[event.step, value.tag] = (
+            value.metadata.SerializeToString(),
+            value.tensor.dtype,
+            tf.make_ndarray(value.tensor).tolist(),
+          )
     return found
 
   ours = scalars(tmp_path / 'ours')

@@ -7,14 +7,9 @@ import tensorflow as tf
 
 from tests import algorithm_cases
 from tff_comp import data as data_lib
-from tff_comp import experiment
-from tff_comp import registry
-from tff_comp.runtime import inprocess
-from tff_comp.run import callbacks
-from tff_comp.run import checkpoints
-from tff_comp.run import sampling
-from tff_comp.run import training_loop
-from tff_comp.runtime import streaming
+from tff_comp import experiment, registry
+from tff_comp.run import callbacks, checkpoints, sampling, training_loop
+from tff_comp.runtime import inprocess, streaming
 
 DATA = algorithm_cases.TEN
 
@@ -22,26 +17,40 @@ DATA = algorithm_cases.TEN
 def _algorithm(name):
   # Per-client tables (SCAFFOLD's controls, Ditto's personal models, AFL's weights) sized
   # for all ten clients.
-  extra = {'num_clients': len(DATA.client_ids)} if registry.get_algorithm(name).accepts(
-      'num_clients') else {}
-  return registry.get_algorithm(name).build(
-      algorithm_cases.MODEL, **algorithm_cases.arguments(name, extra)).with_client_options(
-          shuffle=True, seed=5)
+  extra = (
+    {'num_clients': len(DATA.client_ids)}
+    if registry.get_algorithm(name).accepts('num_clients')
+    else {}
+  )
+  return (
+    registry.get_algorithm(name)
+    .build(algorithm_cases.MODEL, **algorithm_cases.arguments(name, extra))
+    .with_client_options(shuffle=True, seed=5)
+  )
 
 
 def test_the_estimate_is_the_resident_copys_size():
   arrays = data_lib.client_arrays(DATA)
   exact = sum(a.nbytes for a in tf.nest.flatten(arrays.examples))
   assert streaming.estimate_bytes(DATA, sample=len(DATA.client_ids)) == pytest.approx(
-      exact, rel=1e-6)
+    exact, rel=1e-6
+  )
   assert streaming.estimate_bytes(DATA, sample=4) == pytest.approx(exact, rel=0.5)
 
 
 # By default FedAvg's path and the two kinds of per-client server state (SCAFFOLD's c_i,
 # Ditto's personal models); every algorithm in the slow suite.
-@pytest.mark.parametrize('name', [
-    pytest.param(*p.values, marks=p.marks if p.values[0] in ('fedavg', 'scaffold', 'ditto')
-                 else pytest.mark.slow, id=p.id) for p in algorithm_cases.each_algorithm()])
+@pytest.mark.parametrize(
+  'name',
+  [
+    pytest.param(
+      *p.values,
+      marks=p.marks if p.values[0] in ('fedavg', 'scaffold', 'ditto') else pytest.mark.slow,
+      id=p.id,
+    )
+    for p in algorithm_cases.each_algorithm()
+  ],
+)
 def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path, name):
   """Every algorithm, those with per-client server state included: a client's row of
   that state is its index in the population, not its position in the loaded cohort."""
@@ -68,41 +77,65 @@ def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path
 
   # Seed 4 draws a partial cohort (some sampled clients not reporting) in rounds 2, 4
   # and 6 too, so a prefetch of the sampled instead of the reporting clients shows.
-  sampler = sampling.ClientSampler(DATA.client_ids, 3, 4, sampling.Participation(
-      'poisson', dropout_rate=0.2))
-  assert sum(0 < len(d.reporting) < len(d.sampled)
-             for d in map(sampler.sample, range(2, 7))) >= 2
+  sampler = sampling.ClientSampler(
+    DATA.client_ids, 3, 4, sampling.Participation('poisson', dropout_rate=0.2)
+  )
+  assert sum(0 < len(d.reporting) < len(d.sampled) for d in map(sampler.sample, range(2, 7))) >= 2
   for runtime in (resident, streamed):
     training_loop.run_simulation(
-        runtime, client_ids=list(DATA.client_ids), rounds=6, clients_per_round=3, seed=4,
-        output_dir=tmp_path / runtime.record['data'], config={}, show_progress=False,
-        callbacks=[Watch()],
-        participation=sampling.Participation('poisson', dropout_rate=0.2))
+      runtime,
+      client_ids=list(DATA.client_ids),
+      rounds=6,
+      clients_per_round=3,
+      seed=4,
+      output_dir=tmp_path / runtime.record['data'],
+      config={},
+      show_progress=False,
+      callbacks=[Watch()],
+      participation=sampling.Participation('poisson', dropout_rate=0.2),
+    )
     # The whole server state: per-client rows too, not only the model.
-    finals.append(checkpoints.Checkpoints(tmp_path / runtime.record['data']).load_latest(
-        runtime.initialize())[0])
+    finals.append(
+      checkpoints.Checkpoints(tmp_path / runtime.record['data']).load_latest(runtime.initialize())[
+        0
+      ]
+    )
   for a, b in zip(*map(tf.nest.flatten, finals), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   finals = [resident.get_model_weights(state).trainable for state in finals]
-  assert max(np.abs(f - i).max() for f, i in zip(
-      finals[0], algorithm_cases.MODEL.initial_weights[0])) > 1e-3
+  assert (
+    max(np.abs(f - i).max() for f, i in zip(finals[0], algorithm_cases.MODEL.initial_weights[0]))
+    > 1e-3
+  )
   assert loaded and max(loaded) <= 8 < len(DATA.client_ids)  # only cohorts were loaded
   assert len(reads) <= 6  # each round's cohort read once (a prefetch is not wasted)
   assert not unprefetched  # round 1's too, while round 0 is scored
 
 
 def test_a_run_over_its_budget_says_it_streams_and_records_it(tmp_path):
-  prepared = experiment.prepare(experiment.ExperimentConfig.of(
-      algorithm='fedavg', task='quadratic', rounds=3, clients_per_round=2,
-      data_memory_budget=0.0, output_dir=str(tmp_path)))
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg',
+      task='quadratic',
+      rounds=3,
+      clients_per_round=2,
+      data_memory_budget=0.0,
+      output_dir=str(tmp_path),
+    )
+  )
   runner = experiment.build_runner(prepared)
   assert 'streaming each cohort' in runner.description
   experiment.train_runner(prepared, runner, show_progress=False)
   assert '"data": "streaming"' in (tmp_path / 'config.json').read_text()
   with pytest.raises(experiment.ConfigError, match='data_memory_budget must be >= 0'):
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', task='quadratic', data_memory_budget=-1.0,
-        output_dir=str(tmp_path / 'b')))
+    experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm='fedavg',
+        task='quadratic',
+        data_memory_budget=-1.0,
+        output_dir=str(tmp_path / 'b'),
+      )
+    )
 
 
 def test_an_engine_compiling_for_the_data_shape_is_refused_on_streamed_data():

@@ -54,11 +54,13 @@ def test_arguments_as_traced_skip_binding_and_others_are_bound(monkeypatch):
   other argument (a fixed dimension changed, another Python value, a NumPy array) is
   bound as before: traced anew where it does not bind, converted where it does."""
   fn = traced.OnceTraced(lambda x, y, n: (x * 2 + tf.reduce_sum(y), n))
-  concrete = fn.trace('key', tf.TensorSpec([None], tf.float32),
-                      tf.TensorSpec([2, 3], tf.float32), 3)
+  concrete = fn.trace(
+    'key', tf.TensorSpec([None], tf.float32), tf.TensorSpec([2, 3], tf.float32), 3
+  )
   bound, call = [], type(concrete).__call__
-  monkeypatch.setattr(type(concrete), '__call__',
-                      lambda self, *a, **k: bound.append(a) or call(self, *a, **k))
+  monkeypatch.setattr(
+    type(concrete), '__call__', lambda self, *a, **k: bound.append(a) or call(self, *a, **k)
+  )
   y = tf.ones([2, 3])
   for size in (1, 5):
     doubled, n = fn('key', tf.ones([size]), y, 3)

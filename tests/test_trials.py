@@ -15,20 +15,13 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp import registry
-from tff_comp import experiment
-from tff_comp import trials
-from tff_comp.ops import client_round
+from tff_comp import experiment, registry, trials
+from tff_comp.ops import client_round, privacy
+from tff_comp.run import callbacks, run_files, sampling
+from tff_comp.run_config import ExperimentConfig
+from tff_comp.runtime import engines, inprocess, inprocess_trials
 from tff_comp.tasks import lasso
 from tff_comp.tasks import quadratic as tasks_quadratic
-from tff_comp.ops import privacy
-from tff_comp.run_config import ExperimentConfig
-from tff_comp.run import callbacks
-from tff_comp.runtime import engines
-from tff_comp.runtime import inprocess
-from tff_comp.run import run_files
-from tff_comp.run import sampling
-from tff_comp.runtime import inprocess_trials
 
 DATA = algorithm_cases.DATA['unequal']
 IDS = list(DATA.client_ids)
@@ -39,20 +32,26 @@ TRIALS = ((3, 0.02, 1.0, 1.0), (4, 0.05, 0.5, 1.5), (5, 0.01, 1.2, 0.5))
 ARGUMENTS = {'local_moml': {'beta': 0.5}}
 
 
-
 def _plans(said: list[str]) -> list[str]:
   """The lines `run_trials` said of its plans (not of a group's time)."""
   return [line for line in said if 'batched rounds in' not in line]
 
+
 def _algorithms() -> list[str]:
-  return [name for name in registry.ALGORITHMS.names()
-          if not inprocess.why_not(algorithm_cases.algorithm(name, {}))]
+  return [
+    name
+    for name in registry.ALGORITHMS.names()
+    if not inprocess.why_not(algorithm_cases.algorithm(name, {}))
+  ]
 
 
 def _start(runtime, algorithm, trial):
   _, client_rate, server_rate, factor = trial
-  others = {k: v * factor for k, v in algorithm.client_rule.initial_hparams().items()
-            if k != 'learning_rate'}
+  others = {
+    k: v * factor
+    for k, v in algorithm.client_rule.initial_hparams().items()
+    if k != 'learning_rate'
+  }
   state = runtime.initialize()
   if 'learning_rate' not in runtime.get_hparams(state)['finalizer']:
     server_rate = 1.0  # a server step without a rate (q-FedAvg's ratio)
@@ -61,8 +60,9 @@ def _start(runtime, algorithm, trial):
 
 def _rounds(runtime, state, seed):
   """ROUNDS rounds on Poisson cohorts with dropout drawn by `seed`'s sampler."""
-  sampler = sampling.ClientSampler(IDS, 3, seed, sampling.Participation(
-      'poisson', dropout_rate=0.2))
+  sampler = sampling.ClientSampler(
+    IDS, 3, seed, sampling.Participation('poisson', dropout_rate=0.2)
+  )
   metrics = []
   for round_num in range(1, ROUNDS + 1):
     clients = sampler.sample(round_num)
@@ -78,7 +78,8 @@ def _separate(name, engine, extra=None):
   results = []
   for trial in TRIALS:
     algorithm = algorithm_cases.algorithm(name, extra or {}, shuffle=True).with_client_options(
-        seed=trial[0])
+      seed=trial[0]
+    )
     runtime = inprocess.build(algorithm, DATA, engine=engine)
     results.append(_rounds(runtime, _start(runtime, algorithm, trial), trial[0]))
   return results
@@ -87,8 +88,9 @@ def _separate(name, engine, extra=None):
 def _batched(name, engine, seeds=None, extra=None):
   extra = extra or ARGUMENTS.get(name)
   algorithm = algorithm_cases.algorithm(name, extra or {}, shuffle=True)
-  group = inprocess_trials.TrialGroup(inprocess.build(algorithm, DATA, engine=engine),
-                                 seeds or [t[0] for t in TRIALS])
+  group = inprocess_trials.TrialGroup(
+    inprocess.build(algorithm, DATA, engine=engine), seeds or [t[0] for t in TRIALS]
+  )
   results = [None] * len(TRIALS)
 
   def run(t):
@@ -111,8 +113,9 @@ def _assert_equal(batched, separate, label):
   """Equal to the bit: a trial runs its separate run's ops on its own shapes."""
   for t, ((state, metrics), (want_state, want_metrics)) in enumerate(zip(batched, separate)):
     for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(want_state), strict=True):
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
-                                    err_msg=f'{label}, trial {t}: state')
+      np.testing.assert_array_equal(
+        np.asarray(a), np.asarray(b), err_msg=f'{label}, trial {t}: state'
+      )
     assert len(metrics) == len(want_metrics), label
     for a, b in zip(tf.nest.flatten(metrics), tf.nest.flatten(want_metrics), strict=True):
       np.testing.assert_array_equal(a, b, err_msg=f'{label}, trial {t}: metrics')
@@ -135,10 +138,14 @@ def test_each_trial_equals_its_separate_run_on_lanes(name):
   _assert_equal(batched, _separate(name, 'lanes'), name)
 
 
-@pytest.mark.parametrize('spec', [
+@pytest.mark.parametrize(
+  'spec',
+  [
     privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
-    privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5)],
-    ids=['dp', 'dp_adaptive'])
+    privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
+  ],
+  ids=['dp', 'dp_adaptive'],
+)
 def test_private_trials_each_draw_their_own_noise(spec):
   """DP noise seeded by each trial's seed and round, adaptive clipping state per trial."""
   extra = dict(model_aggregator=spec, client_weighting='uniform')
@@ -163,13 +170,24 @@ def _files(path):
 def _local_steps(algorithm: str, rounds: int) -> int:
   """The local steps of a run of `rounds` on quadratic, 3 clients a round, as 'auto'
   counts them."""
-  prepared = experiment.prepare(ExperimentConfig.of(
-      algorithm=algorithm, task='quadratic', rounds=rounds, clients_per_round=3,
-      engine='mapped', output_dir='unused'))
+  prepared = experiment.prepare(
+    ExperimentConfig.of(
+      algorithm=algorithm,
+      task='quadratic',
+      rounds=rounds,
+      clients_per_round=3,
+      engine='mapped',
+      output_dir='unused',
+    )
+  )
   runtime = experiment.build_runner(prepared).runtime
   plan = client_round.plan_cohort(
-      runtime.algorithm.client_rule, runtime.algorithm.client_options,
-      runtime.data.counts, runtime.data.keys, 0)
+    runtime.algorithm.client_rule,
+    runtime.algorithm.client_options,
+    runtime.data.counts,
+    runtime.data.keys,
+    0,
+  )
   return int(rounds * 3 * np.mean(plan.steps.numpy()))
 
 
@@ -178,40 +196,63 @@ def _alone(trial: trials.Trial):
   prepared = experiment.prepare(trial.config)
   runner = experiment.build_runner(prepared)
   return experiment.train_runner(
-      prepared, runner, show_progress=False, client_hparams=trial.client_hparams,
-      learning_rates=(prepared.settings.client_learning_rate,
-                      prepared.settings.server_learning_rate))
+    prepared,
+    runner,
+    show_progress=False,
+    client_hparams=trial.client_hparams,
+    learning_rates=(prepared.settings.client_learning_rate, prepared.settings.server_learning_rate),
+  )
 
 
 def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
   """Three FedProx runs of their own rates, mu (through the hparams), seeds and
   participation, batched, against the same three run one after another."""
+
   def grid(root):
-    return [trials.Trial(ExperimentConfig.of(
-        algorithm='fedprox', task='quadratic', rounds=4, clients_per_round=cohort,
-        eval_period=2, sampling='poisson', dropout_rate=0.2, seed=seed, engine='mapped',
-        client_learning_rate=rate, output_dir=str(root / f'trial_{seed}')),
-        {'proximal_strength': mu})
-        for seed, rate, mu, cohort in ((1, 0.02, 0.1, 3), (2, 0.05, 0.0, 4), (3, 0.01, 1.0, 2))]
+    return [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm='fedprox',
+          task='quadratic',
+          rounds=4,
+          clients_per_round=cohort,
+          eval_period=2,
+          sampling='poisson',
+          dropout_rate=0.2,
+          seed=seed,
+          engine='mapped',
+          client_learning_rate=rate,
+          output_dir=str(root / f'trial_{seed}'),
+        ),
+        {'proximal_strength': mu},
+      )
+      for seed, rate, mu, cohort in ((1, 0.02, 0.1, 3), (2, 0.05, 0.0, 4), (3, 0.01, 1.0, 2))
+    ]
+
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
   assert 'fedprox on quadratic: 3 trials batched into one program' in said[0]
-  assert re.fullmatch(r'fedprox on quadratic: 3 trials, \d batched rounds in [\d.]+ s; the'
-                      r' compiled round [\d.]+ s of them \(rounds 2 on\)\.', said[1]), said
+  assert re.fullmatch(
+    r'fedprox on quadratic: 3 trials, \d batched rounds in [\d.]+ s; the'
+    r' compiled round [\d.]+ s of them \(rounds 2 on\)\.',
+    said[1],
+  ), said
   separate = [_alone(trial) for trial in grid(tmp_path / 'separate')]
   assert batched == separate
-  one_by_one = trials.run_trials(grid(tmp_path / 'one_by_one'), batch=False,
-                                 say=said.append)
+  one_by_one = trials.run_trials(grid(tmp_path / 'one_by_one'), batch=False, say=said.append)
   assert '3 trial(s) one after another (batching off)' in said[2]
   assert one_by_one == separate
   for seed in (1, 2, 3):
     (rows, model), (want_rows, want_model) = (
-        _files(tmp_path / kind / f'trial_{seed}') for kind in ('batched', 'separate'))
+      _files(tmp_path / kind / f'trial_{seed}') for kind in ('batched', 'separate')
+    )
     assert rows == want_rows
     for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
       np.testing.assert_array_equal(a, b)
-    recorded, alone = (json.loads((tmp_path / kind / f'trial_{seed}' / 'config.json')
-                                  .read_text()) for kind in ('batched', 'separate'))
+    recorded, alone = (
+      json.loads((tmp_path / kind / f'trial_{seed}' / 'config.json').read_text())
+      for kind in ('batched', 'separate')
+    )
     assert recorded['runtime_record']['trials'] == 3
     assert recorded['runtime_record']['engine'] == alone['runtime_record']['engine']
     assert recorded['resolved']['client_hparams']['proximal_strength'] in (0.1, 0.0, 1.0)
@@ -224,10 +265,20 @@ def test_auto_takes_the_engine_each_trials_separate_run_takes(tmp_path, monkeypa
   monkeypatch.setattr(engines, 'AUTO_LANES_MIN_STEPS', 2 * _local_steps('fedavg', 4))
 
   def grid(root, rounds=(4, 4, 4)):
-    return [trials.Trial(ExperimentConfig.of(
-        algorithm='fedavg', task='quadratic', rounds=r, clients_per_round=3,
-        eval_period=2, seed=seed, output_dir=str(root / f'trial_{seed}')))
-        for seed, r in enumerate(rounds)]
+    return [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm='fedavg',
+          task='quadratic',
+          rounds=r,
+          clients_per_round=3,
+          eval_period=2,
+          seed=seed,
+          output_dir=str(root / f'trial_{seed}'),
+        )
+      )
+      for seed, r in enumerate(rounds)
+    ]
 
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
@@ -236,9 +287,12 @@ def test_auto_takes_the_engine_each_trials_separate_run_takes(tmp_path, monkeypa
   assert batched == [_alone(trial) for trial in grid(tmp_path / 'separate')]
   trials.run_trials(grid(tmp_path / 'lengths', rounds=(4, 4, 20)), say=said.append)
   said = _plans(said)
-  assert said[1:] == [said[1].split(': ')[0] + ': 2 trials batched into one program'
-                      + said[1].split('one program')[1],
-                      'fedavg on quadratic: 1 trial(s) one after another (a group of one).']
+  assert said[1:] == [
+    said[1].split(': ')[0]
+    + ': 2 trials batched into one program'
+    + said[1].split('one program')[1],
+    'fedavg on quadratic: 1 trial(s) one after another (a group of one).',
+  ]
 
 
 @pytest.mark.slow  # data seeds' groups and chunks; each trial's parity runs by default
@@ -248,25 +302,40 @@ def test_trials_on_several_data_seeds_share_a_program_in_chunks(tmp_path, monkey
   run as one group on their tasks' clients together, each equal to its separate run
   (SCAFFOLD: each client's row in its own trial's population); a memory budget of two
   trials splits the three into programs of up to two."""
+
   def grid(root):
-    return [trials.Trial(ExperimentConfig.of(
-        algorithm=name, task='sinewave', rounds=3, clients_per_round=3, eval_period=3,
-        seed=seed, data_seed=None, client_learning_rate=rate,
-        output_dir=str(root / f'trial_{seed}_{rate}')))
-        for seed, rate in ((1, 0.01), (2, 0.01), (1, 0.03))]
+    return [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm=name,
+          task='sinewave',
+          rounds=3,
+          clients_per_round=3,
+          eval_period=3,
+          seed=seed,
+          data_seed=None,
+          client_learning_rate=rate,
+          output_dir=str(root / f'trial_{seed}_{rate}'),
+        )
+      )
+      for seed, rate in ((1, 0.01), (2, 0.01), (1, 0.03))
+    ]
+
   said = []
   monkeypatch.setattr(trials, 'trial_bytes', lambda runtime, clients: 2**20)
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append, memory_budget=2.5)
   said = _plans(said)
   assert said == [
-      f'{name} on sinewave: 3 trials batched in 2 programs of up to 2 (about 1.0 MB a trial,'
-      ' --batch_memory_budget=2.5 MB), on 2 data seeds\' clients'
-      f' ({said[0].split(" clients (")[1]}'], said
+    f'{name} on sinewave: 3 trials batched in 2 programs of up to 2 (about 1.0 MB a trial,'
+    " --batch_memory_budget=2.5 MB), on 2 data seeds' clients"
+    f' ({said[0].split(" clients (")[1]}'
+  ], said
   separate = trials.run_trials(grid(tmp_path / 'separate'), batch=False, say=said.append)
   assert batched == separate
   for name in ('trial_1_0.01', 'trial_2_0.01', 'trial_1_0.03'):
     (rows, model), (want_rows, want_model) = (
-        _files(tmp_path / kind / name) for kind in ('batched', 'separate'))
+      _files(tmp_path / kind / name) for kind in ('batched', 'separate')
+    )
     assert rows == want_rows, name
     for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
       np.testing.assert_array_equal(a, b)
@@ -293,9 +362,22 @@ def test_a_programs_trials_evaluate_one_at_a_time(tmp_path, monkeypatch):
   build.__signature__ = inspect.signature(tasks_quadratic.build_quadratic_task)
   monkeypatch.setattr(registry.TASKS, '_entries', dict(registry.TASKS._entries))
   registry.register_task('quadratic_alone')(build)
-  results = trials.run_trials([trials.Trial(ExperimentConfig.of(
-      algorithm='fedavg', task='quadratic_alone', rounds=2, eval_period=1, seed=seed,
-      output_dir=str(tmp_path / str(seed)))) for seed in range(3)], say=lambda _: None)
+  results = trials.run_trials(
+    [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm='fedavg',
+          task='quadratic_alone',
+          rounds=2,
+          eval_period=1,
+          seed=seed,
+          output_dir=str(tmp_path / str(seed)),
+        )
+      )
+      for seed in range(3)
+    ],
+    say=lambda _: None,
+  )
   assert not [r for r in results if isinstance(r, BaseException)], results
 
 
@@ -319,11 +401,22 @@ def test_a_programs_trials_evaluate_their_models_together(tmp_path, monkeypatch)
   registry.register_task('lasso_counted')(build)
 
   def grid(root):
-    return [trials.Trial(ExperimentConfig.of(
-        algorithm='fedmid', task='lasso_counted', rounds=2, clients_per_round=3,
-        eval_period=period, seed=seed, engine='mapped', client_learning_rate=rate,
-        output_dir=str(root / str(seed))))
-        for seed, rate, period in ((1, 1e-3, 1), (2, 3e-3, 1), (3, 1e-3, 2))]
+    return [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm='fedmid',
+          task='lasso_counted',
+          rounds=2,
+          clients_per_round=3,
+          eval_period=period,
+          seed=seed,
+          engine='mapped',
+          client_learning_rate=rate,
+          output_dir=str(root / str(seed)),
+        )
+      )
+      for seed, rate, period in ((1, 1e-3, 1), (2, 3e-3, 1), (3, 1e-3, 2))
+    ]
 
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=lambda _: None)
   assert sizes == [3, 2, 3]  # rounds 0 and 2 all three trials, round 1 the first two
@@ -332,8 +425,9 @@ def test_a_programs_trials_evaluate_their_models_together(tmp_path, monkeypatch)
   assert not sizes  # a run of its own scores through evaluate
   assert batched == separate
   for seed in (1, 2, 3):
-    assert _files(tmp_path / 'batched' / str(seed))[0] == _files(
-        tmp_path / 'separate' / str(seed))[0]
+    assert (
+      _files(tmp_path / 'batched' / str(seed))[0] == _files(tmp_path / 'separate' / str(seed))[0]
+    )
 
 
 def test_the_trials_loops_take_turns_between_rounds():
@@ -371,20 +465,31 @@ def test_the_trials_loops_take_turns_between_rounds():
 def test_a_groups_packers_follow_a_changed_structure():
   """The group packs each trial's state by a recipe noted once; a state whose structure
   changed (other hparams, as many) is packed by its own, not into the old names."""
-  group = inprocess_trials.TrialGroup(inprocess.build(algorithm_cases.algorithm('fedavg', {}),
-                                                 DATA, engine='mapped'), [1])
+  group = inprocess_trials.TrialGroup(
+    inprocess.build(algorithm_cases.algorithm('fedavg', {}), DATA, engine='mapped'), [1]
+  )
   before = {'learning_rate': 1.0, 'momentum': 2.0}
   after = {'learning_rate': 1.0, 'proximal_strength': 2.0}
   assert group._packer('hparams', before).pack([5, 6]) == {'learning_rate': 5, 'momentum': 6}
   assert group._packer('hparams', after).pack([5, 6]) == {
-      'learning_rate': 5, 'proximal_strength': 6}
+    'learning_rate': 5,
+    'proximal_strength': 6,
+  }
 
 
 def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):
-  configs = [ExperimentConfig.of(
-      algorithm='fedavg', task='quadratic', rounds=5, clients_per_round=3, eval_period=5,
-      client_learning_rate=rate, output_dir=str(tmp_path / str(rate)))
-      for rate in (0.02, 1e6, 0.05)]
+  configs = [
+    ExperimentConfig.of(
+      algorithm='fedavg',
+      task='quadratic',
+      rounds=5,
+      clients_per_round=3,
+      eval_period=5,
+      client_learning_rate=rate,
+      output_dir=str(tmp_path / str(rate)),
+    )
+    for rate in (0.02, 1e6, 0.05)
+  ]
   results = trials.run_trials([trials.Trial(c) for c in configs], say=lambda _: None)
   assert isinstance(results[1], callbacks.DivergenceError)
   for rate, result in ((0.02, results[0]), (0.05, results[2])):

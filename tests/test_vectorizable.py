@@ -10,8 +10,9 @@ from tff_comp.ops import vectorizable
 
 
 @pytest.mark.parametrize('padding', ['VALID', 'SAME'])
-@pytest.mark.parametrize('strides, dilations', [((1, 1), (1, 1)), ((2, 1), (1, 1)),
-                                                ((1, 1), (2, 1)), ((2, 2), (1, 2))])
+@pytest.mark.parametrize(
+  'strides, dilations', [((1, 1), (1, 1)), ((2, 1), (1, 1)), ((1, 1), (2, 1)), ((2, 2), (1, 2))]
+)
 def test_conv2d_is_tfs(padding, strides, dilations):
   rng = np.random.default_rng(0)
   x = tf.constant(rng.normal(size=(2, 9, 8, 3)), tf.float32)
@@ -43,14 +44,23 @@ def test_conv2d_vectorizes_with_each_lanes_kernel_and_its_gradients():
       loss = tf.reduce_sum(tf.sin(conv(x, kernel, (1, 1), 'SAME')))
     return tape.gradient(loss, [kernel, x])
 
-  want = [tf.stack(g) for g in zip(*(loss_and_grads(kernels[i], x[i], tf.nn.conv2d)
-                                     for i in range(3)))]
-  got = tf.function(lambda: tf.vectorized_map(
-      lambda a: loss_and_grads(a[0], a[1], vectorizable.conv2d), (kernels, x),
-      fallback_to_while_loop=False))()
+  want = [
+    tf.stack(g) for g in zip(*(loss_and_grads(kernels[i], x[i], tf.nn.conv2d) for i in range(3)))
+  ]
+  got = tf.function(
+    lambda: tf.vectorized_map(
+      lambda a: loss_and_grads(a[0], a[1], vectorizable.conv2d),
+      (kernels, x),
+      fallback_to_while_loop=False,
+    )
+  )()
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
   with pytest.raises(ValueError, match='expected to be loop invariant'):
-    tf.function(lambda: tf.vectorized_map(
-        lambda a: loss_and_grads(a[0], a[1], tf.nn.conv2d), (kernels, x),
-        fallback_to_while_loop=False))()
+    tf.function(
+      lambda: tf.vectorized_map(
+        lambda a: loss_and_grads(a[0], a[1], tf.nn.conv2d),
+        (kernels, x),
+        fallback_to_while_loop=False,
+      )
+    )()

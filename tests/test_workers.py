@@ -6,10 +6,8 @@ import pytest
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
-from tff_comp import experiment
-from tff_comp import runtime
-from tff_comp.runtime import tff_process
-from tff_comp.runtime import workers
+from tff_comp import experiment, runtime
+from tff_comp.runtime import tff_process, workers
 
 DATA = algorithm_cases.DATA['unequal']
 
@@ -17,7 +15,8 @@ DATA = algorithm_cases.DATA['unequal']
 def _train(name: str, rounds: int = 2):
   process = algorithm_cases.build(name, {})
   composed = tff.simulation.compose_dataset_computation_with_learning_process(
-      tff_process.dataset_computation_for(process, DATA), process)
+    tff_process.dataset_computation_for(process, DATA), process
+  )
   state = composed.initialize()
   for _ in range(rounds):
     state = composed.next(state, list(DATA.client_ids[:4])).state
@@ -50,9 +49,12 @@ def test_two_workers_give_one_workers_results(two_workers):
 
 def test_a_round_with_two_aggregation_stages_is_refused():
   with pytest.raises(workers.NotMergeableError, match='more than one aggregation stage'):
-    workers.check_mergeable(tff.simulation.compose_dataset_computation_with_learning_process(
+    workers.check_mergeable(
+      tff.simulation.compose_dataset_computation_with_learning_process(
         tff_process.dataset_computation_for(algorithm_cases.build('comfedl', {}), DATA),
-        algorithm_cases.build('comfedl', {})))
+        algorithm_cases.build('comfedl', {}),
+      )
+    )
 
 
 def test_a_dead_worker_fails_the_round_naming_it(two_workers):
@@ -76,25 +78,28 @@ def test_a_worker_that_never_answers_is_named():
     runtime.install_local_runtime()
 
 
-@pytest.mark.parametrize('spec', ['', 'localhost', 'host:0', 'host:port', ':80',
-                                  'a:1,a:1'])
+@pytest.mark.parametrize('spec', ['', 'localhost', 'host:0', 'host:port', ':80', 'a:1,a:1'])
 def test_malformed_addresses_are_refused(spec):
   with pytest.raises(ValueError):
     workers.parse_addresses(spec)
 
 
 def test_addresses_parse():
-  assert workers.parse_addresses(' 10.0.0.2:8000, [::1]:9000 ') == ['10.0.0.2:8000',
-                                                                    '[::1]:9000']
+  assert workers.parse_addresses(' 10.0.0.2:8000, [::1]:9000 ') == ['10.0.0.2:8000', '[::1]:9000']
 
 
 def test_workers_do_not_go_with_the_in_process_runtime():
   with pytest.raises(experiment.ConfigError, match='--workers'):
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', runtime='inprocess', workers=('localhost:1',)))
+    experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm='fedavg', runtime='inprocess', workers=('localhost:1',)
+      )
+    )
   with pytest.raises(experiment.ConfigError, match=r'--engine \(inprocess\) and --workers'):
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', engine='lanes', workers=('localhost:1',)))
+    experiment.prepare(
+      experiment.ExperimentConfig.of(algorithm='fedavg', engine='lanes', workers=('localhost:1',))
+    )
   with pytest.raises(experiment.ConfigError, match='--engine: a setting of the inprocess'):
-    experiment.prepare(experiment.ExperimentConfig.of(
-        algorithm='fedavg', runtime='tff', engine='lanes'))
+    experiment.prepare(
+      experiment.ExperimentConfig.of(algorithm='fedavg', runtime='tff', engine='lanes')
+    )

@@ -10,8 +10,7 @@ _RAY = (b'gcs_server', b'raylet', b'ray/_private/workers/default_worker.py')
 
 def worker_pids() -> list[int]:
   """Pids of live (non-zombie) TFF worker_binary processes on this machine."""
-  return _pids(lambda cmdline: b'worker_binary' in cmdline
-               and b'tensorflow_federated' in cmdline)
+  return _pids(lambda cmdline: b'worker_binary' in cmdline and b'tensorflow_federated' in cmdline)
 
 
 def ray_pids() -> list[int]:

@@ -30,31 +30,40 @@ and the rule family it uses:
 import importlib
 
 # Submodules load on first use, so the math layer (`tff_comp.ops`) imports without TFF.
-_SUBMODULES = ('learning_process', 'models', 'registry', 'run', 'runtime', 'ops',
-               'algorithms', 'experiment', 'trials')
+_SUBMODULES = (
+  'learning_process',
+  'models',
+  'registry',
+  'run',
+  'runtime',
+  'ops',
+  'algorithms',
+  'experiment',
+  'trials',
+)
 # Short names of submodules elsewhere.
 _ALIASES = {'regularizers': 'tff_comp.ops.regularizers'}
 # The public surface: name -> the module defining it.
 _EXPORTS = {
-    'Algorithm': 'tff_comp.ops.algorithm',
-    'ClientOptions': 'tff_comp.ops.client_round',
-    'ClientRule': 'tff_comp.ops.rule',
-    'ServerRule': 'tff_comp.ops.rule',
-    'RuleWrapper': 'tff_comp.ops.rule',
-    'trainable_specs': 'tff_comp.ops.model_ops',
-    'server_sgd': 'tff_comp.algorithms.common',
-    'process_builder': 'tff_comp.algorithms.common',
-    'compose': 'tff_comp.learning_process.composer',
-    'runner_for': 'tff_comp.runtime.choice',
-    'Runtime': 'tff_comp.runtime.base',
-    'get_algorithm': 'tff_comp.registry',
-    'get_task': 'tff_comp.registry',
-    'get_runtime': 'tff_comp.registry',
-    'register_algorithm': 'tff_comp.registry',
-    'register_task': 'tff_comp.registry',
-    'register_runtime': 'tff_comp.registry',
-    'Trial': 'tff_comp.trials',
-    'run_trials': 'tff_comp.trials',
+  'Algorithm': 'tff_comp.ops.algorithm',
+  'ClientOptions': 'tff_comp.ops.client_round',
+  'ClientRule': 'tff_comp.ops.rule',
+  'ServerRule': 'tff_comp.ops.rule',
+  'RuleWrapper': 'tff_comp.ops.rule',
+  'trainable_specs': 'tff_comp.ops.model_ops',
+  'server_sgd': 'tff_comp.algorithms.common',
+  'process_builder': 'tff_comp.algorithms.common',
+  'compose': 'tff_comp.learning_process.composer',
+  'runner_for': 'tff_comp.runtime.choice',
+  'Runtime': 'tff_comp.runtime.base',
+  'get_algorithm': 'tff_comp.registry',
+  'get_task': 'tff_comp.registry',
+  'get_runtime': 'tff_comp.registry',
+  'register_algorithm': 'tff_comp.registry',
+  'register_task': 'tff_comp.registry',
+  'register_runtime': 'tff_comp.registry',
+  'Trial': 'tff_comp.trials',
+  'run_trials': 'tff_comp.trials',
 }
 
 

@@ -24,11 +24,9 @@ import math
 
 from absl import logging
 import dp_accounting
-from dp_accounting import pld
-from dp_accounting import rdp
+from dp_accounting import pld, rdp
 
-from tff_comp.run import callbacks
-from tff_comp.run import run_files
+from tff_comp.run import callbacks, run_files
 
 ACCOUNTANTS = ('rdp', 'pld')
 SAMPLINGS = ('poisson', 'uniform')
@@ -59,12 +57,16 @@ class Ledger:
   def assumption(self) -> str:
     """One line: what the epsilon is a bound for."""
     if self.sampling == 'poisson':
-      return (f'{self.accountant.upper()} accounting of Poisson sampling (q ='
-              f' {self.clients_per_round}/{self.population}), add-or-remove-one-client'
-              f' adjacency, delta = {self.delta:.3g}')
-    return (f'RDP accounting of sampling {self.clients_per_round} of {self.population}'
-            ' clients without replacement, replace-one-client adjacency (a client\'s'
-            f' data replaced, not removed), delta = {self.delta:.3g}')
+      return (
+        f'{self.accountant.upper()} accounting of Poisson sampling (q ='
+        f' {self.clients_per_round}/{self.population}), add-or-remove-one-client'
+        f' adjacency, delta = {self.delta:.3g}'
+      )
+    return (
+      f'RDP accounting of sampling {self.clients_per_round} of {self.population}'
+      " clients without replacement, replace-one-client adjacency (a client's"
+      f' data replaced, not removed), delta = {self.delta:.3g}'
+    )
 
   def epsilon(self, rounds: int) -> float:
     """Epsilon at `delta` after `rounds` rounds (inf for z = 0)."""
@@ -92,7 +94,8 @@ class Ledger:
       if rounds <= 0:
         return 0.0
       return rdp.rdp_privacy_accountant.compute_epsilon(
-          orders, [rounds * r for r in one_round], self.delta)[0]
+        orders, [rounds * r for r in one_round], self.delta
+      )[0]
 
     return epsilon
 
@@ -115,25 +118,38 @@ def check(sampling: str, accountant: str, delta: float, population: int) -> None
   if accountant not in ACCOUNTANTS:
     raise ValueError(f'accountant={accountant!r} is unknown; choose one of {ACCOUNTANTS}.')
   if sampling not in SAMPLINGS:
-    raise ValueError(f'sampling={sampling!r} cannot be accounted (a client drawn twice'
-                     ' adds its update twice); use poisson or uniform sampling.')
+    raise ValueError(
+      f'sampling={sampling!r} cannot be accounted (a client drawn twice'
+      ' adds its update twice); use poisson or uniform sampling.'
+    )
   if sampling == 'uniform' and accountant == 'pld':
-    raise ValueError('the PLD accountant cannot account fixed-size sampling without'
-                     ' replacement; use --accountant=rdp or --sampling=poisson.')
+    raise ValueError(
+      'the PLD accountant cannot account fixed-size sampling without'
+      ' replacement; use --accountant=rdp or --sampling=poisson.'
+    )
   if not 0 < delta < 1 / population:
-    raise ValueError(f'target_delta must be in (0, 1/population = {1 / population:.3g}), got'
-                     f' {delta} (a delta of 1/population or more allows releasing a'
-                     ' client\'s data outright).')
+    raise ValueError(
+      f'target_delta must be in (0, 1/population = {1 / population:.3g}), got'
+      f' {delta} (a delta of 1/population or more allows releasing a'
+      " client's data outright)."
+    )
 
 
 def default_delta(population: int) -> float:
   """N^-1.1, below 1/N as a meaningful delta must be (McMahan et al. 2018 use it)."""
-  return population ** -1.1
+  return population**-1.1
 
 
-def calibrate(target_epsilon: float, rounds: int, *, clients_per_round: int,
-              population: int, sampling: str, delta: float, accountant: str = 'rdp'
-              ) -> float:
+def calibrate(
+  target_epsilon: float,
+  rounds: int,
+  *,
+  clients_per_round: int,
+  population: int,
+  sampling: str,
+  delta: float,
+  accountant: str = 'rdp',
+) -> float:
   """The smallest noise multiplier whose `rounds` rounds spend at most `target_epsilon`
   (`dp_accounting.calibrate_dp_mechanism`)."""
   check(sampling, accountant, delta, population)
@@ -141,21 +157,28 @@ def calibrate(target_epsilon: float, rounds: int, *, clients_per_round: int,
     raise ValueError(f'target_epsilon must be > 0, got {target_epsilon}.')
 
   def event(z: float) -> dp_accounting.DpEvent:
-    return dp_accounting.SelfComposedDpEvent(_round_event(Ledger(
-        z, clients_per_round, population, sampling, delta, accountant)), rounds)
+    return dp_accounting.SelfComposedDpEvent(
+      _round_event(Ledger(z, clients_per_round, population, sampling, delta, accountant)), rounds
+    )
 
   # PLD's discretization grows without bound as z goes to 0 (38 GiB at z = 1e-3).
   low, high = (0.3 if accountant == 'pld' else 0.05), 1e3
   for z, outside in ((low, 'below'), (high, 'above')):
-    spent = Ledger(z, clients_per_round, population, sampling, delta, accountant
-                   ).epsilon(rounds)
+    spent = Ledger(z, clients_per_round, population, sampling, delta, accountant).epsilon(rounds)
     if (spent <= target_epsilon) == (outside == 'below'):
-      raise ValueError(f'--target_epsilon={target_epsilon} needs a noise multiplier'
-                       f' {outside} {z} for {rounds} rounds (there epsilon is'
-                       f' {spent:.3g}); set --noise_multiplier instead.')
+      raise ValueError(
+        f'--target_epsilon={target_epsilon} needs a noise multiplier'
+        f' {outside} {z} for {rounds} rounds (there epsilon is'
+        f' {spent:.3g}); set --noise_multiplier instead.'
+      )
   return dp_accounting.calibrate_dp_mechanism(
-      lambda: _fresh(sampling, accountant), event, target_epsilon, delta,
-      dp_accounting.ExplicitBracketInterval(low, high), tol=1e-4)
+    lambda: _fresh(sampling, accountant),
+    event,
+    target_epsilon,
+    delta,
+    dp_accounting.ExplicitBracketInterval(low, high),
+    tol=1e-4,
+  )
 
 
 def _round_event(ledger: Ledger) -> dp_accounting.DpEvent:
@@ -164,14 +187,18 @@ def _round_event(ledger: Ledger) -> dp_accounting.DpEvent:
     q = min(1.0, ledger.clients_per_round / ledger.population)
     return dp_accounting.PoissonSampledDpEvent(q, gaussian)
   return dp_accounting.SampledWithoutReplacementDpEvent(
-      ledger.population, ledger.clients_per_round, gaussian)
+    ledger.population, ledger.clients_per_round, gaussian
+  )
 
 
 def _fresh(sampling: str, accountant: str) -> dp_accounting.PrivacyAccountant:
   if accountant == 'pld':
     return pld.PLDAccountant()
-  relation = (dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE if sampling == 'poisson'
-              else dp_accounting.NeighboringRelation.REPLACE_ONE)
+  relation = (
+    dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    if sampling == 'poisson'
+    else dp_accounting.NeighboringRelation.REPLACE_ONE
+  )
   return rdp.RdpAccountant(neighboring_relation=relation)
 
 
@@ -181,20 +208,22 @@ class PrivacySpent(callbacks.Callback):
   when the run asks for more (the state of that round is saved as a finished run's; a
   resumed run past it runs no round)."""
 
-  def __init__(self, ledger: Ledger, last_round: int | None, budget: float | None,
-               every: int = 1):
+  def __init__(self, ledger: Ledger, last_round: int | None, budget: float | None, every: int = 1):
     self._last, self._budget, self._every = last_round, budget, every
     self._epsilon = ledger.per_round()
 
   def on_train_begin(self, loop: callbacks.Loop) -> None:
     if self._last is not None and self._last < loop.rounds:
-      logging.warning('privacy budget: epsilon %s lasts %d of the %d rounds asked; the run'
-                      ' stops after round %d.', self._budget, self._last, loop.rounds,
-                      self._last)
+      logging.warning(
+        'privacy budget: epsilon %s lasts %d of the %d rounds asked; the run stops after round %d.',
+        self._budget,
+        self._last,
+        loop.rounds,
+        self._last,
+      )
       loop.rounds = self._last
 
-  def after_round(self, loop: callbacks.Loop, round_num: int,
-                  metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: callbacks.Loop, round_num: int, metrics: run_files.Metrics) -> None:
     # Round 1 too: metrics.csv takes its columns from the first round.
     if round_num % self._every == 0 or round_num in (1, loop.rounds):
       metrics['privacy/epsilon'] = self._epsilon(round_num)

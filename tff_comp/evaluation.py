@@ -4,8 +4,8 @@ runtime with personal models (Ditto), each client's own."""
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tff_comp.runtime import base as runtime_base
 from tff_comp import task as task_lib
+from tff_comp.runtime import base as runtime_base
 from tff_comp.settings import ConfigError
 
 
@@ -26,17 +26,23 @@ class Evaluation:
     """`metrics` with the personal models' scores of a runtime that keeps them."""
     if self._personalized:
       tables = self.runtime.get_personal_weights(state)
-      metrics.update(self.task.evaluate_personal(
-          {cid: tuple(t[i] for t in tables)
-           for i, cid in enumerate(self.task.train_data.client_ids)}))
+      metrics.update(
+        self.task.evaluate_personal(
+          {
+            cid: tuple(t[i] for t in tables)
+            for i, cid in enumerate(self.task.train_data.client_ids)
+          }
+        )
+      )
     return metrics
 
   def __call__(self, state) -> dict[str, float]:
     return self.personal(state, self.task.evaluate(*self.model(state)))
 
 
-def evaluator(task: task_lib.Task, runtime: runtime_base.Runtime, *, regularizer=None, algorithm: str = ''
-              ) -> Evaluation:
+def evaluator(
+  task: task_lib.Task, runtime: runtime_base.Runtime, *, regularizer=None, algorithm: str = ''
+) -> Evaluation:
   """The `Evaluation` of `runtime`'s states by `task`, with the run's `regularizer`
   (None: the task's); `algorithm` names the algorithm in the error.
 
@@ -45,14 +51,16 @@ def evaluator(task: task_lib.Task, runtime: runtime_base.Runtime, *, regularizer
   """
   if runtime.keeps_personal_models and task.evaluate_personal is None:
     raise ConfigError(
-        f'algorithm {algorithm!r} trains a personal model per client;'
-        f' task {task.name!r} cannot evaluate them (its evaluation clients are not its'
-        ' training clients). Try --task=dominant_class.')
+      f'algorithm {algorithm!r} trains a personal model per client;'
+      f' task {task.name!r} cannot evaluate them (its evaluation clients are not its'
+      ' training clients). Try --task=dominant_class.'
+    )
   return Evaluation(task, runtime, task.regularizer if regularizer is None else regularizer)
 
 
-def evaluate_together(requests: Sequence[tuple[Callable[[Any], dict[str, float]], Any]]
-                      ) -> list[dict[str, float] | Exception]:
+def evaluate_together(
+  requests: Sequence[tuple[Callable[[Any], dict[str, float]], Any]],
+) -> list[dict[str, float] | Exception]:
   """Each (evaluate, state)'s `evaluate(state)`, those `Evaluation`s whose task scores
   several models at once (`Task.evaluate_many`) together, each task's once: the same
   metrics, the data read once (a grid's batched trials, `tff_comp.trials`). An
@@ -68,12 +76,16 @@ def evaluate_together(requests: Sequence[tuple[Callable[[Any], dict[str, float]]
     evaluations = [requests[i][0] for i in members]
     try:
       scored = evaluations[0].task.evaluate_many(
-          [e.model(requests[i][1]) for e, i in zip(evaluations, members)])
+        [e.model(requests[i][1]) for e, i in zip(evaluations, members)]
+      )
     except Exception:  # pylint: disable=broad-except  (each scored alone names its own)
       scored = None
     for k, i in enumerate(members):
-      results[i] = _alone(*requests[i]) if scored is None else _guarded(
-          lambda k=k, i=i: evaluations[k].personal(requests[i][1], scored[k]))
+      results[i] = (
+        _alone(*requests[i])
+        if scored is None
+        else _guarded(lambda k=k, i=i: evaluations[k].personal(requests[i][1], scored[k]))
+      )
   return results
 
 
@@ -88,22 +100,25 @@ def _guarded(fn: Callable[[], Any]) -> Any:
     return error
 
 
-def client_evaluator(task: task_lib.Task, runtime: runtime_base.Runtime
-                     ) -> Callable[[Any], list[dict]] | None:
+def client_evaluator(
+  task: task_lib.Task, runtime: runtime_base.Runtime
+) -> Callable[[Any], list[dict]] | None:
   """state -> the task's per-client evaluation rows of the global model (with each
   client's own model's `personal_*` scores for a runtime with personal models), or None
   for a task without per-client evaluation data."""
   if task.evaluate_clients is None:
     return None
-  personal = (task.evaluate_personal_clients if runtime.keeps_personal_models else None)
+  personal = task.evaluate_personal_clients if runtime.keeps_personal_models else None
   client_ids = task.train_data.client_ids
 
   def evaluate_clients(state) -> list[dict]:
     rows = task.evaluate_clients(tuple(runtime.get_model_weights(state).trainable))
     if personal is not None:
       tables = runtime.get_personal_weights(state)
-      own = {row['client']: row for row in personal(
-          {cid: tuple(t[i] for t in tables) for i, cid in enumerate(client_ids)})}
+      own = {
+        row['client']: row
+        for row in personal({cid: tuple(t[i] for t in tables) for i, cid in enumerate(client_ids)})
+      }
       rows = [dict(row, **own.get(row['client'], {})) for row in rows]
     return rows
 

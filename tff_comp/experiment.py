@@ -14,34 +14,37 @@ import math
 import pathlib
 from typing import Any
 
-from tff_comp import accounting
-from tff_comp import paths
-from tff_comp import evaluation
-from tff_comp import privacy_settings
-from tff_comp import registry
-from tff_comp.ops import regularizers as regularizers_lib
-from tff_comp import run_directory
-from tff_comp.run import run_settings
-from tff_comp import settings
+from tff_comp import (
+  accounting,
+  evaluation,
+  paths,
+  privacy_settings,
+  registry,
+  run_config,
+  run_directory,
+  settings,
+)
 from tff_comp import task as task_lib
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops import rule as rule_lib
-from tff_comp import run_config
+from tff_comp.run import buffered_async, devices, run_files, run_settings, sampling, training_loop
+from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
-from tff_comp.run import buffered_async
-from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.runtime import choice
-from tff_comp.run import devices
-from tff_comp.run import run_files
-from tff_comp.run import sampling
-from tff_comp.run import training_loop
 
 # Builder parameters that every run sets from the common flags.
 COMMON_ALGORITHM_ARGS = (
-    'client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs',
-    'client_weighting', 'regularizer', 'seed', 'num_clients',
+  'client_learning_rate',
+  'server_learning_rate',
+  'batch_size',
+  'local_epochs',
+  'client_weighting',
+  'regularizer',
+  'seed',
+  'num_clients',
 )
 # Task parameters fed from common settings rather than task flags.
 COMMON_TASK_ARGS = ('seed',)
@@ -81,12 +84,17 @@ def _regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None
   chosen = config.regularizer is not None or config.regularizer_strength is not None
   if not algorithm.accepts('regularizer'):
     if chosen:
-      raise ConfigError(f'--regularizer/--regularizer_strength do not apply to algorithm'
-                        f' {config.algorithm!r}, which ignores regularizers.')
+      raise ConfigError(
+        f'--regularizer/--regularizer_strength do not apply to algorithm'
+        f' {config.algorithm!r}, which ignores regularizers.'
+      )
     return None
   name = config.regularizer or task.regularizer.name
-  strength = (task.regularizer.strength if config.regularizer_strength is None
-              else config.regularizer_strength)
+  strength = (
+    task.regularizer.strength
+    if config.regularizer_strength is None
+    else config.regularizer_strength
+  )
   if strength < 0:
     raise ConfigError(f'--regularizer_strength must be >= 0, got {strength}.')
   try:
@@ -106,26 +114,28 @@ def _check_finite(config: ExperimentConfig) -> None:
       raise ConfigError(f'--{name} must be a finite number, got {value}.')
 
 
-def _with_names(config: ExperimentConfig,
-                algorithm: registry.Entry) -> tuple[ExperimentConfig, registry.Entry]:
+def _with_names(
+  config: ExperimentConfig, algorithm: registry.Entry
+) -> tuple[ExperimentConfig, registry.Entry]:
   """(config with its task and output directory resolved, the task's entry)."""
   task_name = config.task or algorithm.home_task or DEFAULT_TASK
   config = dataclasses.replace(
-      config, task=task_name,
-      output_dir=config.output_dir or f'runs/{config.algorithm}-{task_name}')
+    config, task=task_name, output_dir=config.output_dir or f'runs/{config.algorithm}-{task_name}'
+  )
   return config, registry.get_task(task_name)
 
 
-def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
-                   task_entry: registry.Entry) -> None:
+def _check_options(
+  config: ExperimentConfig, algorithm: registry.Entry, task_entry: registry.Entry
+) -> None:
   """Algorithm and task options exist for the chosen pair; numbers finite; the output
   directory usable; run-management settings coherent."""
   known = {h.name for h in algorithm.hparams}
   for name in config.algorithm_options:
     if name not in known or name in COMMON_ALGORITHM_ARGS:
       raise ConfigError(
-          f'--{name} does not apply to algorithm {config.algorithm!r}'
-          f' (its options: {", ".join(sorted(known - set(COMMON_ALGORITHM_ARGS))) or "none"}).'
+        f'--{name} does not apply to algorithm {config.algorithm!r}'
+        f' (its options: {", ".join(sorted(known - set(COMMON_ALGORITHM_ARGS))) or "none"}).'
       )
   task_known = {h.name for h in task_entry.hparams}
   for name in config.task_options:
@@ -134,16 +144,18 @@ def _check_options(config: ExperimentConfig, algorithm: registry.Entry,
   _check_finite(config)
   run_directory.check_output_dir(config.output_dir, config.overwrite, config.resume)
   if config.resume and config.overwrite:
-    raise ConfigError('--resume continues the run in --output_dir, --overwrite replaces'
-                      ' it: choose one.')
+    raise ConfigError(
+      '--resume continues the run in --output_dir, --overwrite replaces it: choose one.'
+    )
   try:
     paths.check_cache_root()
   except ValueError as e:
     raise ConfigError(str(e)) from e
 
 
-def _build_task(config: ExperimentConfig,
-                task_entry: registry.Entry) -> tuple[task_lib.Task, dict[str, Any]]:
+def _build_task(
+  config: ExperimentConfig, task_entry: registry.Entry
+) -> tuple[task_lib.Task, dict[str, Any]]:
   """(the task, {path: fingerprint} of the data files its build read)."""
   task_args = config.task_arguments(task_entry.accepts)
   try:
@@ -151,42 +163,60 @@ def _build_task(config: ExperimentConfig,
       task = task_entry.builder(**task_args)
     lacks = task_lib.missing(task)
     if lacks:
-      raise ConfigError(f'task {config.task!r}: its builder returned a'
-                        f' {type(task).__name__} without {", ".join(lacks)}'
-                        ' (tff_comp.task.Task).')
+      raise ConfigError(
+        f'task {config.task!r}: its builder returned a'
+        f' {type(task).__name__} without {", ".join(lacks)}'
+        ' (tff_comp.task.Task).'
+      )
     return task, files
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e
   except MemoryError as e:  # NumPy's "Unable to allocate ..." for an absurd size option
-    raise ConfigError(f'task {config.task!r}: its data do not fit in memory with these'
-                      f' options ({e}).') from e
+    raise ConfigError(
+      f'task {config.task!r}: its data do not fit in memory with these options ({e}).'
+    ) from e
 
 
-def _server_optimizer(config: ExperimentConfig, algorithm: registry.Entry,
-                      builder_args: dict[str, Any], settings_: run_settings.RunSettings) -> None:
+def _server_optimizer(
+  config: ExperimentConfig,
+  algorithm: registry.Entry,
+  builder_args: dict[str, Any],
+  settings_: run_settings.RunSettings,
+) -> None:
   """Puts the named server optimizer (at the run's server learning rate) into
   `builder_args`, or raises ConfigError for a setting that cannot apply."""
   if config.server.server_optimizer is None:
     return
   if not algorithm.accepts('server_optimizer'):
-    takers = [n for n in registry.ALGORITHMS.names()
-              if registry.get_algorithm(n).accepts('server_optimizer')]
-    raise ConfigError(f'--server_optimizer: algorithm {config.algorithm!r} runs no server'
-                      f' optimizer (its server step is its own math); these do:'
-                      f' {", ".join(takers)}.')
+    takers = [
+      n
+      for n in registry.ALGORITHMS.names()
+      if registry.get_algorithm(n).accepts('server_optimizer')
+    ]
+    raise ConfigError(
+      f'--server_optimizer: algorithm {config.algorithm!r} runs no server'
+      f' optimizer (its server step is its own math); these do:'
+      f' {", ".join(takers)}.'
+    )
   if builder_args.get('server_momentum'):
-    raise ConfigError('--server_momentum and --server_optimizer both choose the server\'s'
-                      ' optimizer; for momentum use --server_optimizer=sgdm'
-                      ' --server_beta_1=MOMENTUM.')
+    raise ConfigError(
+      "--server_momentum and --server_optimizer both choose the server's"
+      ' optimizer; for momentum use --server_optimizer=sgdm'
+      ' --server_beta_1=MOMENTUM.'
+    )
   try:
     builder_args['server_optimizer'] = config.server.build(settings_.server_learning_rate)
   except ValueError as e:
     raise ConfigError(str(e)) from e
 
 
-def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task: task_lib.Task,
-                  home: dict[str, Any], settings: run_settings.RunSettings
-                  ) -> tuple[dict[str, Any], run_settings.RunSettings]:
+def _builder_args(
+  config: ExperimentConfig,
+  algorithm: registry.Entry,
+  task: task_lib.Task,
+  home: dict[str, Any],
+  settings: run_settings.RunSettings,
+) -> tuple[dict[str, Any], run_settings.RunSettings]:
   """(the algorithm builder's arguments: home options, given options, common settings,
   the run seed, the population size and the regularizer; `settings` with the
   regularizer in force)."""
@@ -199,8 +229,10 @@ def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task: tas
       raise ConfigError(f'--{name} does not apply to algorithm {config.algorithm!r}.')
   if config.local_work.client_weighting is not None:
     if not algorithm.accepts('client_weighting'):
-      raise ConfigError(f'--client_weighting does not apply to algorithm'
-                        f' {config.algorithm!r}, whose math fixes the client weights.')
+      raise ConfigError(
+        f'--client_weighting does not apply to algorithm'
+        f' {config.algorithm!r}, whose math fixes the client weights.'
+      )
     builder_args['client_weighting'] = config.local_work.client_weighting
   if algorithm.accepts('seed'):
     builder_args['seed'] = config.seed
@@ -211,8 +243,10 @@ def _builder_args(config: ExperimentConfig, algorithm: registry.Entry, task: tas
   if psi is not None:
     builder_args['regularizer'] = psi
   return builder_args, dataclasses.replace(
-      settings, regularizer=psi.name if psi else None,
-      regularizer_strength=psi.strength if psi else None)
+    settings,
+    regularizer=psi.name if psi else None,
+    regularizer_strength=psi.strength if psi else None,
+  )
 
 
 def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepared:
@@ -231,27 +265,44 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
   # Settings and options that work for the (algorithm, home task) pair.
   home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
   _check_options(config, algorithm, task_entry)
-  task, task_files = ((like.task, like.task_files) if like is not None
-                       else _build_task(config, task_entry))
+  task, task_files = (
+    (like.task, like.task_files) if like is not None else _build_task(config, task_entry)
+  )
   settings = run_settings.resolve(
-      config.value, task, home,
-      with_replacement=config.participation.sampling == 'with_replacement')
+    config.value, task, home, with_replacement=config.participation.sampling == 'with_replacement'
+  )
   builder_args, settings = _builder_args(config, algorithm, task, home, settings)
   plan = privacy_settings.configure(
-      config.privacy, algorithm, builder_args, rounds=settings.rounds,
-      clients_per_round=settings.clients_per_round,
-      client_weighting=config.local_work.client_weighting, population=task.num_clients,
-      sampling=config.participation.sampling,
-      resuming=config.output_dir if config.resume else None)
+    config.privacy,
+    algorithm,
+    builder_args,
+    rounds=settings.rounds,
+    clients_per_round=settings.clients_per_round,
+    client_weighting=config.local_work.client_weighting,
+    population=task.num_clients,
+    sampling=config.participation.sampling,
+    resuming=config.output_dir if config.resume else None,
+  )
   settings = dataclasses.replace(settings, **plan.resolved)
-  prepared = Prepared(config, task, algorithm, builder_args, settings, plan.ledger,
-                      task_files, run_directory.input_files(config.input_files(), task_files))
+  prepared = Prepared(
+    config,
+    task,
+    algorithm,
+    builder_args,
+    settings,
+    plan.ledger,
+    task_files,
+    run_directory.input_files(config.input_files(), task_files),
+  )
   if config.resume:  # refused before any runtime is built (checked again in `train_runner`,
     # with what its caller adds to config.json)
     run_directory.check_resumable(
-        pathlib.Path(config.output_dir),
-        dict(dataclasses.asdict(config), resolved=resolved_options(prepared)),
-        force=config.force_resume, extra_later=True, inputs=prepared.inputs)
+      pathlib.Path(config.output_dir),
+      dict(dataclasses.asdict(config), resolved=resolved_options(prepared)),
+      force=config.force_resume,
+      extra_later=True,
+      inputs=prepared.inputs,
+    )
   return prepared
 
 
@@ -281,20 +332,28 @@ def build_runner(prepared: Prepared) -> Runner:
   except ValueError as e:
     raise ConfigError(f'algorithm {config.algorithm!r}: {e}') from e
   if isinstance(program, algorithm_lib.Algorithm):  # the run's seed and local order
-    program = program.with_client_options(seed=config.seed,
-                                          shuffle=config.local_work.shuffle)
+    program = program.with_client_options(seed=config.seed, shuffle=config.local_work.shuffle)
   algorithm = program if isinstance(program, algorithm_lib.Algorithm) else None
-  if (config.participation.sampling == 'with_replacement' and algorithm is not None
-      and algorithm.aggregation == aggregation.SLOTS):
-    raise ConfigError(f'--sampling=with_replacement: algorithm {config.algorithm!r} keeps'
-                      ' a table entry per client, which a client drawn twice would fill'
-                      ' twice; use uniform or poisson sampling.')
+  if (
+    config.participation.sampling == 'with_replacement'
+    and algorithm is not None
+    and algorithm.aggregation == aggregation.SLOTS
+  ):
+    raise ConfigError(
+      f'--sampling=with_replacement: algorithm {config.algorithm!r} keeps'
+      ' a table entry per client, which a client drawn twice would fill'
+      ' twice; use uniform or poisson sampling.'
+    )
   settings = prepared.settings
   runtime, description = choice.runner_for(
-      program, prepared.task.train_data, config.runtime, options=config.runtime_options,
-      batch_size=settings.batch_size,
-      client_rounds=settings.rounds * settings.clients_per_round,
-      resumed=run_directory.recorded_runtime(config.output_dir) if config.resume else None)
+    program,
+    prepared.task.train_data,
+    config.runtime,
+    options=config.runtime_options,
+    batch_size=settings.batch_size,
+    client_rounds=settings.rounds * settings.clients_per_round,
+    resumed=run_directory.recorded_runtime(config.output_dir) if config.resume else None,
+  )
   devices.check_run(config.devices, config.participation.straggler_rate, runtime)
   if config.asynchrony.mode == 'async':  # its description says what it runs on
     runtime = buffered_async.for_run(config, runtime, prepared.task.train_data, algorithm)
@@ -302,8 +361,9 @@ def build_runner(prepared: Prepared) -> Runner:
   return runner_on(prepared, runtime, description, algorithm)
 
 
-def runner_on(prepared: Prepared, runtime: runtime_base.Runtime, description: str,
-              algorithm: Any = None) -> Runner:
+def runner_on(
+  prepared: Prepared, runtime: runtime_base.Runtime, description: str, algorithm: Any = None
+) -> Runner:
   """A Runner of `runtime` scored by `prepared`'s task (the global model, personal models
   and per-client rows where the task has them).
 
@@ -311,10 +371,14 @@ def runner_on(prepared: Prepared, runtime: runtime_base.Runtime, description: st
     ConfigError: the runtime has personal models the task cannot evaluate.
   """
   evaluate = evaluation.evaluator(
-      prepared.task, runtime, regularizer=prepared.builder_args.get('regularizer'),
-      algorithm=prepared.config.algorithm)
-  return Runner(runtime, evaluate, description, algorithm,
-                evaluation.client_evaluator(prepared.task, runtime))
+    prepared.task,
+    runtime,
+    regularizer=prepared.builder_args.get('regularizer'),
+    algorithm=prepared.config.algorithm,
+  )
+  return Runner(
+    runtime, evaluate, description, algorithm, evaluation.client_evaluator(prepared.task, runtime)
+  )
 
 
 def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str, Any]:
@@ -322,41 +386,61 @@ def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str
   and the `runtime`'s description where known (what config.json's `resolved` records)."""
 
   def in_force(entry: registry.Entry, given: dict[str, Any], skip) -> dict[str, Any]:
-    return {h.name: given.get(h.name, h.default) for h in entry.hparams
-            if h.name not in skip and h.default is not inspect.Parameter.empty}
+    return {
+      h.name: given.get(h.name, h.default)
+      for h in entry.hparams
+      if h.name not in skip and h.default is not inspect.Parameter.empty
+    }
 
   return dict(
-      prepared.settings.record(), **({} if runtime is None else {'runtime': runtime}),
-      algorithm_options=in_force(prepared.algorithm, prepared.builder_args,
-                                 COMMON_ALGORITHM_ARGS),
-      task_options=in_force(registry.get_task(prepared.config.task),
-                            prepared.config.task_options, COMMON_TASK_ARGS))
+    prepared.settings.record(),
+    **({} if runtime is None else {'runtime': runtime}),
+    algorithm_options=in_force(prepared.algorithm, prepared.builder_args, COMMON_ALGORITHM_ARGS),
+    task_options=in_force(
+      registry.get_task(prepared.config.task), prepared.config.task_options, COMMON_TASK_ARGS
+    ),
+  )
 
 
-def default_callbacks(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
-                      extra: Sequence[callbacks_lib.Callback] = ()
-                      ) -> list[callbacks_lib.Callback]:
+def default_callbacks(
+  prepared: Prepared,
+  runner: Runner,
+  *,
+  show_progress: bool = True,
+  extra: Sequence[callbacks_lib.Callback] = (),
+) -> list[callbacks_lib.Callback]:
   """The callbacks of a run as configured (`training_loop.standard_callbacks`: schedules,
   divergence guards, the evaluator, progress), with the privacy ledger's (epsilon spent,
   the end of the budget) and `extra` before the progress line. The binaries compose
   their runs from this list; a researcher may add, drop or reorder."""
   config, settings_ = prepared.config, prepared.settings
   return training_loop.standard_callbacks(
-      runner.evaluate, eval_period=settings_.eval_period,
-      evaluate_clients=runner.evaluate_clients,
-      divergence_hint=prepared.algorithm.divergence_hint,
-      schedules=config.schedules.pair(), show_progress=show_progress,
-      extra=(*config.privacy.callbacks(prepared.ledger, settings_.rounds,
-                                       settings_.eval_period, show_progress), *extra))
+    runner.evaluate,
+    eval_period=settings_.eval_period,
+    evaluate_clients=runner.evaluate_clients,
+    divergence_hint=prepared.algorithm.divergence_hint,
+    schedules=config.schedules.pair(),
+    show_progress=show_progress,
+    extra=(
+      *config.privacy.callbacks(
+        prepared.ledger, settings_.rounds, settings_.eval_period, show_progress
+      ),
+      *extra,
+    ),
+  )
 
 
-def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = True,
-                 learning_rates: tuple[float, float] | None = None,
-                 client_hparams: dict[str, float] | None = None,
-                 output_dir: str | None = None,
-                 extra_config: dict[str, Any] | None = None,
-                 callbacks: Sequence[callbacks_lib.Callback] | None = None
-                 ) -> dict[str, float]:
+def train_runner(
+  prepared: Prepared,
+  runner: Runner,
+  *,
+  show_progress: bool = True,
+  learning_rates: tuple[float, float] | None = None,
+  client_hparams: dict[str, float] | None = None,
+  output_dir: str | None = None,
+  extra_config: dict[str, Any] | None = None,
+  callbacks: Sequence[callbacks_lib.Callback] | None = None,
+) -> dict[str, float]:
   """Trains `runner` (built once, reusable: a grid sets `learning_rates`, and the client
   work's other hparams by name in `client_hparams`, through the process's hparams) into
   `output_dir` (default the config's); returns the final evaluation metrics.
@@ -370,19 +454,25 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
     raise ValueError('client_hparams are set together with learning_rates.')
   resolved = resolved_options(prepared, runner.description)
   resolved['algorithm_options'].update(  # the values in force, not the build's
-      {k: v for k, v in client_hparams.items() if k in resolved['algorithm_options']})
+    {k: v for k, v in client_hparams.items() if k in resolved['algorithm_options']}
+  )
   if runner.algorithm is not None:  # the client rule's hyperparameters in force, by the
     # rule's names (a grid sets them so: FedProx's `proximal_strength` is its option `mu`)
     in_force = dict(runner.algorithm.client_rule.initial_hparams(), **client_hparams)
     if learning_rates is not None:
       in_force[rule_lib.LEARNING_RATE] = learning_rates[0]
     resolved['client_hparams'] = {k: float(v) for k, v in in_force.items()}
-    resolved['server_hparams'] = {k: float(v) for k, v in runner.algorithm.server_rule
-                                  .initial_hparams().items() if k != rule_lib.LEARNING_RATE}
-  config = dict(dataclasses.asdict(prepared.config), resolved=resolved,
-                environment=dict(run_directory.environment(),
-                                 data_files=dict(prepared.inputs)),
-                **(extra_config or {}))
+    resolved['server_hparams'] = {
+      k: float(v)
+      for k, v in runner.algorithm.server_rule.initial_hparams().items()
+      if k != rule_lib.LEARNING_RATE
+    }
+  config = dict(
+    dataclasses.asdict(prepared.config),
+    resolved=resolved,
+    environment=dict(run_directory.environment(), data_files=dict(prepared.inputs)),
+    **(extra_config or {}),
+  )
   output_dir = output_dir or prepared.config.output_dir
   run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
   try:
@@ -391,70 +481,104 @@ def train_runner(prepared: Prepared, runner: Runner, *, show_progress: bool = Tr
       run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
       if callbacks is None:
         callbacks = default_callbacks(prepared, runner, show_progress=show_progress)
-      return _train_locked(prepared, runner, config, output_dir, show_progress,
-                           learning_rates, client_hparams, tuple(callbacks))
+      return _train_locked(
+        prepared,
+        runner,
+        config,
+        output_dir,
+        show_progress,
+        learning_rates,
+        client_hparams,
+        tuple(callbacks),
+      )
   except run_files.OutputDirInUse as e:
     raise ConfigError(str(e)) from e
 
 
-def _train_locked(prepared: Prepared, runner: Runner, config: dict[str, Any],
-                  output_dir: str, show_progress: bool,
-                  learning_rates: tuple[float, float] | None,
-                  client_hparams: dict[str, float],
-                  callbacks: tuple[callbacks_lib.Callback, ...]) -> dict[str, float]:
+def _train_locked(
+  prepared: Prepared,
+  runner: Runner,
+  config: dict[str, Any],
+  output_dir: str,
+  show_progress: bool,
+  learning_rates: tuple[float, float] | None,
+  client_hparams: dict[str, float],
+  callbacks: tuple[callbacks_lib.Callback, ...],
+) -> dict[str, float]:
   if prepared.config.resume:
-    run_directory.check_resumable(pathlib.Path(output_dir), config,
-                                  force=prepared.config.force_resume,
-                                  inputs=prepared.inputs)
+    run_directory.check_resumable(
+      pathlib.Path(output_dir), config, force=prepared.config.force_resume, inputs=prepared.inputs
+    )
   if not prepared.config.schedules.pair()[1].constant:
     runtime = runner.runtime
     if rule_lib.LEARNING_RATE not in runtime.get_hparams(runtime.initialize())['finalizer']:
-      raise ConfigError(f'--server_lr_schedule: algorithm {prepared.config.algorithm!r}'
-                        ' has no server learning rate to schedule.')
+      raise ConfigError(
+        f'--server_lr_schedule: algorithm {prepared.config.algorithm!r}'
+        ' has no server learning rate to schedule.'
+      )
   if learning_rates is not None and runner.algorithm is not None:
-    hparams = dict(runner.algorithm.client_rule.initial_hparams(), **client_hparams,
-                   learning_rate=learning_rates[0])
+    hparams = dict(
+      runner.algorithm.client_rule.initial_hparams(),
+      **client_hparams,
+      learning_rate=learning_rates[0],
+    )
     try:
       runner.algorithm.client_rule.check_hparams(hparams)
     except ValueError as e:
       raise ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
   return training_loop.run_simulation(
-      runner.runtime,
-      client_ids=prepared.task.train_data.client_ids,
-      rounds=prepared.settings.rounds,
-      clients_per_round=prepared.settings.clients_per_round,
-      seed=prepared.config.seed,
-      output_dir=pathlib.Path(output_dir),
-      config=config,
-      callbacks=callbacks,
-      show_progress=show_progress,
-      learning_rates=learning_rates,
-      client_hparams=client_hparams,
-      checkpoints=prepared.config.checkpoints,
-      resume=prepared.config.resume,
-      participation=prepared.config.participation,
-      sampler=runner.runtime.sampler or sampling.timed_sampler(
-          prepared.task.train_data, prepared.settings.clients_per_round,
-          prepared.config.seed, prepared.config.participation, prepared.config.devices,
-          runner.algorithm),  # an async runtime's own (`buffered_async`)
+    runner.runtime,
+    client_ids=prepared.task.train_data.client_ids,
+    rounds=prepared.settings.rounds,
+    clients_per_round=prepared.settings.clients_per_round,
+    seed=prepared.config.seed,
+    output_dir=pathlib.Path(output_dir),
+    config=config,
+    callbacks=callbacks,
+    show_progress=show_progress,
+    learning_rates=learning_rates,
+    client_hparams=client_hparams,
+    checkpoints=prepared.config.checkpoints,
+    resume=prepared.config.resume,
+    participation=prepared.config.participation,
+    sampler=runner.runtime.sampler
+    or sampling.timed_sampler(
+      prepared.task.train_data,
+      prepared.settings.clients_per_round,
+      prepared.config.seed,
+      prepared.config.participation,
+      prepared.config.devices,
+      runner.algorithm,
+    ),  # an async runtime's own (`buffered_async`)
   )
 
 
-def run_experiment(prepared: Prepared, *, show_progress: bool = True,
-                   callbacks: Sequence[callbacks_lib.Callback] = ()) -> dict[str, float]:
+def run_experiment(
+  prepared: Prepared,
+  *,
+  show_progress: bool = True,
+  callbacks: Sequence[callbacks_lib.Callback] = (),
+) -> dict[str, float]:
   """Builds the process, places it on the configured runtime and trains it with
   `default_callbacks` and `callbacks` (before the progress line); returns the final
   evaluation metrics."""
   runner = build_runner(prepared)
-  return train_runner(prepared, runner, show_progress=show_progress,
-                      callbacks=default_callbacks(prepared, runner,
-                                                  show_progress=show_progress,
-                                                  extra=callbacks))
+  return train_runner(
+    prepared,
+    runner,
+    show_progress=show_progress,
+    callbacks=default_callbacks(prepared, runner, show_progress=show_progress, extra=callbacks),
+  )
 
 
-def train(algorithm: str, task: str | None = None, *, show_progress: bool = True,
-          callbacks: Sequence[callbacks_lib.Callback] = (),
-          **settings_: Any) -> dict[str, float]:
+def train(
+  algorithm: str,
+  task: str | None = None,
+  *,
+  show_progress: bool = True,
+  callbacks: Sequence[callbacks_lib.Callback] = (),
+  **settings_: Any,
+) -> dict[str, float]:
   """Trains the registered `algorithm` on `task` (None: its home task); returns the final
   evaluation metrics. Settings go by their flags' names: the run's and its records'
   (`ExperimentConfig.of`: `rounds=50`, `sampling='poisson'`), the algorithm's options
@@ -467,15 +591,23 @@ def train(algorithm: str, task: str | None = None, *, show_progress: bool = True
   """
   entry = registry.get_algorithm(algorithm)
   task_name = task or entry.home_task or DEFAULT_TASK
-  config_names = ({f.name for f in dataclasses.fields(ExperimentConfig)} | set(run_config.OWNER)
-                  | set(choice.setting_owners()))
+  config_names = (
+    {f.name for f in dataclasses.fields(ExperimentConfig)}
+    | set(run_config.OWNER)
+    | set(choice.setting_owners())
+  )
   own = {h.name for h in entry.hparams} - set(COMMON_ALGORITHM_ARGS)
-  task_own = {f'{task_name}_{h.name}': h.name for h in registry.get_task(task_name).hparams
-              if h.name not in COMMON_TASK_ARGS}
+  task_own = {
+    f'{task_name}_{h.name}': h.name
+    for h in registry.get_task(task_name).hparams
+    if h.name not in COMMON_TASK_ARGS
+  }
   given = {k: v for k, v in settings_.items() if k in config_names or k not in own | set(task_own)}
   config = ExperimentConfig.of(
-      algorithm=algorithm, task=task, **given,
-      algorithm_options={k: v for k, v in settings_.items() if k not in given and k in own},
-      task_options={task_own[k]: v for k, v in settings_.items()
-                    if k not in given and k in task_own})
+    algorithm=algorithm,
+    task=task,
+    **given,
+    algorithm_options={k: v for k, v in settings_.items() if k not in given and k in own},
+    task_options={task_own[k]: v for k, v in settings_.items() if k not in given and k in task_own},
+  )
   return run_experiment(prepare(config), show_progress=show_progress, callbacks=callbacks)

@@ -36,12 +36,16 @@ from tff_comp.ops import vectorizable
 
 # Layers refused, and what to use instead.
 _STATEFUL = {tf.keras.layers.BatchNormalization: 'GroupNormalization or LayerNormalization'}
-_RANDOM = (tf.keras.layers.GaussianNoise, tf.keras.layers.GaussianDropout,
-           tf.keras.layers.AlphaDropout)
+_RANDOM = (
+  tf.keras.layers.GaussianNoise,
+  tf.keras.layers.GaussianDropout,
+  tf.keras.layers.AlphaDropout,
+)
 
 
-def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
-               input_spec: Any) -> tff.learning.models.FunctionalModel:
+def from_keras(
+  model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor], input_spec: Any
+) -> tff.learning.models.FunctionalModel:
   """`model` (built, with weights) as a FunctionalModel computing `loss(label, output)`
   (a Keras loss or any callable); see the module docstring.
 
@@ -50,22 +54,29 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
       no layer attribute holds it.
   """
   if not model.built or not model.weights:
-    raise ValueError('the Keras model has no weights yet: build it (give it an Input or'
-                     ' call model.build(input_shape)) before converting it.')
+    raise ValueError(
+      'the Keras model has no weights yet: build it (give it an Input or'
+      ' call model.build(input_shape)) before converting it.'
+    )
   _check_layers(model)
   trainable, non_trainable = list(model.trainable_weights), list(model.non_trainable_weights)
   owners, constants = _owners(model), _eager_tensors(model)
   for variable in trainable + non_trainable:
     if variable.ref() not in owners:
-      raise ValueError(f'weight {variable.name} is held by no layer attribute, so it cannot'
-                       ' be substituted; wrap it in a layer that keeps it as an attribute.')
+      raise ValueError(
+        f'weight {variable.name} is held by no layer attribute, so it cannot'
+        ' be substituted; wrap it in a layer that keeps it as an attribute.'
+      )
   variables = trainable + non_trainable
 
-  convolutions = [layer for layer in _layers(model)
-                  if isinstance(layer, (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D))
-                  and layer.groups == 1 and layer.data_format == 'channels_last'
-                  and not isinstance(layer, (tf.keras.layers.Conv1DTranspose,
-                                             tf.keras.layers.Conv2DTranspose))]
+  convolutions = [
+    layer
+    for layer in _layers(model)
+    if isinstance(layer, (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D))
+    and layer.groups == 1
+    and layer.data_format == 'channels_last'
+    and not isinstance(layer, (tf.keras.layers.Conv1DTranspose, tf.keras.layers.Conv2DTranspose))
+  ]
 
   dropouts = [layer for layer in _layers(model) if isinstance(layer, tf.keras.layers.Dropout)]
 
@@ -75,21 +86,29 @@ def from_keras(model: tf.keras.Model, loss: Callable[[Any, Any], tf.Tensor],
     # Traced for the lanes engine (`vectorizable.across_lanes`, which traces this
     # function inline: `ops.model_ops.batch_loss`), convolutions as per-tap matmuls.
     across_lanes = convolutions if vectorizable.tracing_across_lanes() else ()
-    with _substituted(owners, variables, values, constants), _lanes_convolutions(
-        across_lanes), _stateless_dropout(dropouts, seed):
+    with (
+      _substituted(owners, variables, values, constants),
+      _lanes_convolutions(across_lanes),
+      _stateless_dropout(dropouts, seed),
+    ):
       return model(x, training=training)
 
   def loss_fn(output, label, sample_weight=None):
     del sample_weight
     return loss(label, output)
 
-  initial = (tuple(np.array(v.numpy()) for v in trainable),
-             tuple(np.array(v.numpy()) for v in non_trainable))
+  initial = (
+    tuple(np.array(v.numpy()) for v in trainable),
+    tuple(np.array(v.numpy()) for v in non_trainable),
+  )
   # Traced without AutoGraph, as the in-process round (Keras's own call needs none).
   return _KerasModel(
-      (model, loss, input_spec), initial_weights=initial,
-      predict_on_batch_fn=tf.function(predict_on_batch, autograph=False),
-      loss_fn=tf.function(loss_fn, autograph=False), input_spec=input_spec)
+    (model, loss, input_spec),
+    initial_weights=initial,
+    predict_on_batch_fn=tf.function(predict_on_batch, autograph=False),
+    loss_fn=tf.function(loss_fn, autograph=False),
+    input_spec=input_spec,
+  )
 
 
 class _KerasModel(tff.learning.models.FunctionalModel):
@@ -109,8 +128,9 @@ class _KerasModel(tff.learning.models.FunctionalModel):
 def _converted_from(model: tf.keras.Model, loss, input_spec, initial) -> '_KerasModel':
   """`from_keras(model, loss, input_spec)` starting from `initial` (a pickled
   `_KerasModel`'s initial weights, whatever the Keras variables held since)."""
-  for variable, value in zip([*model.trainable_weights, *model.non_trainable_weights],
-                             [*initial[0], *initial[1]]):
+  for variable, value in zip(
+    [*model.trainable_weights, *model.non_trainable_weights], [*initial[0], *initial[1]]
+  ):
     variable.assign(value)
   return from_keras(model, loss, input_spec)
 
@@ -119,13 +139,17 @@ def _check_layers(model: tf.keras.Model) -> None:
   for layer in _layers(model):
     for kind, instead in _STATEFUL.items():
       if isinstance(layer, kind):
-        raise ValueError(f'layer {layer.name!r} ({type(layer).__name__}) updates its state'
-                         f' in training, which a pure function of the weights cannot; use'
-                         f' {instead}.')
+        raise ValueError(
+          f'layer {layer.name!r} ({type(layer).__name__}) updates its state'
+          f' in training, which a pure function of the weights cannot; use'
+          f' {instead}.'
+        )
     if isinstance(layer, _RANDOM):
-      raise ValueError(f'layer {layer.name!r} ({type(layer).__name__}) draws from a'
-                       ' stateful random generator, which no runtime can replay per'
-                       ' client; remove it (or regularize otherwise).')
+      raise ValueError(
+        f'layer {layer.name!r} ({type(layer).__name__}) draws from a'
+        ' stateful random generator, which no runtime can replay per'
+        ' client; remove it (or regularize otherwise).'
+      )
 
 
 def _layers(model: tf.keras.Model) -> Sequence[tf.keras.layers.Layer]:
@@ -147,15 +171,23 @@ def _eager_tensors(model: tf.keras.Model) -> list[tuple[Any, str, np.ndarray]]:
   """(layer, attribute, value) of the eager tensors layers keep beside their variables
   (an adapted Normalization's broadcast mean and variance), which a graph (TFF's
   computations) cannot capture: each call makes them constants of its own graph."""
-  return [(layer, name, value.numpy()) for layer in _layers(model)
-          for name, value in vars(layer).items()
-          if isinstance(value, tf.Tensor) and not isinstance(value, tf.Variable)
-          and hasattr(value, 'numpy')]
+  return [
+    (layer, name, value.numpy())
+    for layer in _layers(model)
+    for name, value in vars(layer).items()
+    if isinstance(value, tf.Tensor)
+    and not isinstance(value, tf.Variable)
+    and hasattr(value, 'numpy')
+  ]
 
 
 @contextlib.contextmanager
-def _substituted(owners, variables: Sequence[tf.Variable], values: Sequence[tf.Tensor],
-                 constants: Sequence[tuple[Any, str, np.ndarray]]):
+def _substituted(
+  owners,
+  variables: Sequence[tf.Variable],
+  values: Sequence[tf.Tensor],
+  constants: Sequence[tuple[Any, str, np.ndarray]],
+):
   """Points every attribute holding one of `variables` at its value, and every kept
   eager tensor at a constant of the current graph, while the context runs.
   `object.__setattr__` skips Keras's attribute tracking, which would otherwise record
@@ -175,16 +207,19 @@ def _substituted(owners, variables: Sequence[tf.Variable], values: Sequence[tf.T
       object.__setattr__(layer, name, original)
 
 
-def _vectorizable_convolution(layer: tf.keras.layers.Conv1D | tf.keras.layers.Conv2D
-                              ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+def _vectorizable_convolution(
+  layer: tf.keras.layers.Conv1D | tf.keras.layers.Conv2D,
+) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
   """`layer.convolution_op` as `vectorizable.conv1d` or `conv2d`."""
   # Keras pads a causal Conv1D's input in `call`, then convolves VALID.
   padding = 'VALID' if layer.padding == 'causal' else layer.padding.upper()
   if layer.rank == 1:
-    return lambda x, kernel: vectorizable.conv1d(x, kernel, layer.strides[0], padding,
-                                                 layer.dilation_rate[0])
-  return lambda x, kernel: vectorizable.conv2d(x, kernel, layer.strides, padding,
-                                               layer.dilation_rate)
+    return lambda x, kernel: vectorizable.conv1d(
+      x, kernel, layer.strides[0], padding, layer.dilation_rate[0]
+    )
+  return lambda x, kernel: vectorizable.conv2d(
+    x, kernel, layer.strides, padding, layer.dilation_rate
+  )
 
 
 @contextlib.contextmanager
@@ -205,9 +240,9 @@ def _batch_seed(x: Any) -> tf.Tensor:
   """A stateless seed that is a function of the batch alone (its values and their
   order), so every runtime draws the same masks for the same batch, whatever the last
   bits of its weights."""
+
   def digest(tensor, odd):
-    bits = tf.cast(tf.bitcast(tf.cast(tf.reshape(tensor, [-1]), tf.float32), tf.int32),
-                   tf.int64)
+    bits = tf.cast(tf.bitcast(tf.cast(tf.reshape(tensor, [-1]), tf.float32), tf.int32), tf.int64)
     # Multipliers by position: a permutation of the examples changes the digest.
     return tf.reduce_sum(bits * (2 * tf.range(tf.size(bits, tf.int64)) + odd))
 
@@ -223,8 +258,7 @@ class _SeededGenerator:
     self._seed = seed
 
   def dropout(self, inputs, rate, noise_shape=None):
-    return tf.nn.experimental.stateless_dropout(inputs, rate, self._seed,
-                                                noise_shape=noise_shape)
+    return tf.nn.experimental.stateless_dropout(inputs, rate, self._seed, noise_shape=noise_shape)
 
 
 @contextlib.contextmanager
@@ -234,8 +268,11 @@ def _stateless_dropout(layers: Sequence[tf.keras.layers.Dropout], seed: tf.Tenso
   saved = [(layer, layer._random_generator) for layer in layers]  # pylint: disable=protected-access
   try:
     for i, layer in enumerate(layers):
-      object.__setattr__(layer, '_random_generator', _SeededGenerator(
-          tf.random.experimental.stateless_fold_in(seed, i)))
+      object.__setattr__(
+        layer,
+        '_random_generator',
+        _SeededGenerator(tf.random.experimental.stateless_fold_in(seed, i)),
+      )
     yield
   finally:
     for layer, generator in saved:
@@ -249,8 +286,9 @@ def _dense_gradient(weight: tf.Tensor):
   return tf.identity(weight), tf.convert_to_tensor
 
 
-def registered_classifier(name: str, input_shape: tuple[int, ...], num_classes: int,
-                          seed: int) -> tff.learning.models.FunctionalModel:
+def registered_classifier(
+  name: str, input_shape: tuple[int, ...], num_classes: int, seed: int
+) -> tff.learning.models.FunctionalModel:
   """The model plugin `name` (`registry.register_model`) built for images of
   `input_shape` and `num_classes` labels (its initial weights from `seed`), trained on
   the cross-entropy of its logits.
@@ -266,7 +304,8 @@ def registered_classifier(name: str, input_shape: tuple[int, ...], num_classes: 
   except registry.RegistryError as e:
     raise ValueError(str(e)) from e
   tf.keras.utils.set_random_seed(seed)
-  return from_keras(builder(input_shape, num_classes, seed),
-                    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    (tf.TensorSpec([None, *input_shape], tf.float32),
-                     tf.TensorSpec([None], tf.int32)))
+  return from_keras(
+    builder(input_shape, num_classes, seed),
+    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    (tf.TensorSpec([None, *input_shape], tf.float32), tf.TensorSpec([None], tf.int32)),
+  )

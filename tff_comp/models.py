@@ -12,7 +12,7 @@ from tff_comp import keras_models
 
 
 def linear_regression(
-    input_shape: tuple[int, ...], *, kernel_shape: tuple[int, ...] | None = None
+  input_shape: tuple[int, ...], *, kernel_shape: tuple[int, ...] | None = None
 ) -> tff.learning.models.FunctionalModel:
   """y = <W, x> + b with loss 0.5 * mean squared error; weights start at zero.
 
@@ -35,13 +35,13 @@ def linear_regression(
     return 0.5 * tf.reduce_mean(tf.square(output - label))
 
   return tff.learning.models.FunctionalModel(
-      initial_weights=initial,
-      predict_on_batch_fn=predict_on_batch,
-      loss_fn=loss,
-      input_spec=(
-          tf.TensorSpec([None, *input_shape], tf.float32),
-          tf.TensorSpec([None], tf.float32),
-      ),
+    initial_weights=initial,
+    predict_on_batch_fn=predict_on_batch,
+    loss_fn=loss,
+    input_spec=(
+      tf.TensorSpec([None, *input_shape], tf.float32),
+      tf.TensorSpec([None], tf.float32),
+    ),
   )
 
 
@@ -49,20 +49,17 @@ def linear_regression(
 def _softmax_cross_entropy(output, label, sample_weight=None):
   """Mean sparse softmax cross-entropy of logits `output` (the classifiers' loss)."""
   del sample_weight
-  return tf.reduce_mean(
-      tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=output))
+  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=label, logits=output))
 
 
-def softmax_regression(
-    num_features: int, num_classes: int
-) -> tff.learning.models.FunctionalModel:
+def softmax_regression(num_features: int, num_classes: int) -> tff.learning.models.FunctionalModel:
   """Multinomial logistic regression: logits = x W + b, mean cross-entropy loss."""
   initial = (
-      (
-          np.zeros([num_features, num_classes], np.float32),
-          np.zeros([num_classes], np.float32),
-      ),
-      (),
+    (
+      np.zeros([num_features, num_classes], np.float32),
+      np.zeros([num_classes], np.float32),
+    ),
+    (),
   )
 
   @tf.function
@@ -72,13 +69,13 @@ def softmax_regression(
     return tf.matmul(x, kernel) + bias
 
   return tff.learning.models.FunctionalModel(
-      initial_weights=initial,
-      predict_on_batch_fn=predict_on_batch,
-      loss_fn=_softmax_cross_entropy,
-      input_spec=(
-          tf.TensorSpec([None, num_features], tf.float32),
-          tf.TensorSpec([None], tf.int32),
-      ),
+    initial_weights=initial,
+    predict_on_batch_fn=predict_on_batch,
+    loss_fn=_softmax_cross_entropy,
+    input_spec=(
+      tf.TensorSpec([None, num_features], tf.float32),
+      tf.TensorSpec([None], tf.int32),
+    ),
   )
 
 
@@ -95,22 +92,22 @@ def logistic_regression(num_features: int) -> tff.learning.models.FunctionalMode
   @tf.function
   def loss(output, label, sample_weight=None):
     del sample_weight
-    return tf.reduce_mean(
-        tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=output))
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=output))
 
   return tff.learning.models.FunctionalModel(
-      initial_weights=initial,
-      predict_on_batch_fn=predict_on_batch,
-      loss_fn=loss,
-      input_spec=(
-          tf.TensorSpec([None, num_features], tf.float32),
-          tf.TensorSpec([None], tf.float32),
-      ),
+    initial_weights=initial,
+    predict_on_batch_fn=predict_on_batch,
+    loss_fn=loss,
+    input_spec=(
+      tf.TensorSpec([None, num_features], tf.float32),
+      tf.TensorSpec([None], tf.float32),
+    ),
   )
 
 
-def mlp_regression(layer_sizes: tuple[int, ...] = (1, 40, 40, 1), *,
-                   seed: int = 0) -> tff.learning.models.FunctionalModel:
+def mlp_regression(
+  layer_sizes: tuple[int, ...] = (1, 40, 40, 1), *, seed: int = 0
+) -> tff.learning.models.FunctionalModel:
   """A ReLU MLP for scalar regression (sinewave: 1-40-40-1), 0.5 mean squared error.
 
   Weights: (W_1, b_1, ..., W_L, b_L), Glorot-uniform kernels from `seed`, zero biases.
@@ -119,8 +116,10 @@ def mlp_regression(layer_sizes: tuple[int, ...] = (1, 40, 40, 1), *,
   weights = []
   for fan_in, fan_out in zip(layer_sizes[:-1], layer_sizes[1:]):
     limit = np.sqrt(6.0 / (fan_in + fan_out))
-    weights += [rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32),
-                np.zeros([fan_out], np.float32)]
+    weights += [
+      rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32),
+      np.zeros([fan_out], np.float32),
+    ]
   layers = len(layer_sizes) - 1
 
   @tf.function
@@ -140,13 +139,14 @@ def mlp_regression(layer_sizes: tuple[int, ...] = (1, 40, 40, 1), *,
     return 0.5 * tf.reduce_mean(tf.square(output - label))
 
   return tff.learning.models.FunctionalModel(
-      initial_weights=(tuple(weights), ()),
-      predict_on_batch_fn=predict_on_batch,
-      loss_fn=loss,
-      input_spec=(tf.TensorSpec([None, layer_sizes[0]], tf.float32),
-                  tf.TensorSpec([None], tf.float32)),
+    initial_weights=(tuple(weights), ()),
+    predict_on_batch_fn=predict_on_batch,
+    loss_fn=loss,
+    input_spec=(
+      tf.TensorSpec([None, layer_sizes[0]], tf.float32),
+      tf.TensorSpec([None], tf.float32),
+    ),
   )
-
 
 
 def keras_classifier(keras_model, num_features: int) -> tff.learning.models.FunctionalModel:
@@ -158,12 +158,15 @@ def keras_classifier(keras_model, num_features: int) -> tff.learning.models.Func
   if not isinstance(keras_model, tf.keras.Model):
     keras_model = keras_model()
   return keras_models.from_keras(
-      keras_model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      (tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf.int32)))
+    keras_model,
+    tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    (tf.TensorSpec([None, num_features], tf.float32), tf.TensorSpec([None], tf.int32)),
+  )
 
 
-def small_cnn(image_shape: tuple[int, int, int], num_classes: int, *, filters: int = 16,
-              seed: int = 0) -> tff.learning.models.FunctionalModel:
+def small_cnn(
+  image_shape: tuple[int, int, int], num_classes: int, *, filters: int = 16, seed: int = 0
+) -> tff.learning.models.FunctionalModel:
   """A small CNN on flat image features, in plain TF (every runtime, XLA included):
   reshape to `image_shape`, 3x3 convolution with `filters` ReLU channels (same
   padding), 2x2 max pooling, a dense layer to `num_classes` logits; mean sparse
@@ -176,10 +179,15 @@ def small_cnn(image_shape: tuple[int, int, int], num_classes: int, *, filters: i
     limit = np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-limit, limit, shape).astype(np.float32)
 
-  initial = ((glorot((3, 3, channels, filters), 9 * channels, 9 * filters),
-              np.zeros([filters], np.float32),
-              glorot((pooled, num_classes), pooled, num_classes),
-              np.zeros([num_classes], np.float32)), ())
+  initial = (
+    (
+      glorot((3, 3, channels, filters), 9 * channels, 9 * filters),
+      np.zeros([filters], np.float32),
+      glorot((pooled, num_classes), pooled, num_classes),
+      np.zeros([num_classes], np.float32),
+    ),
+    (),
+  )
 
   @tf.function
   def predict_on_batch(weights, x, training=True):
@@ -191,14 +199,19 @@ def small_cnn(image_shape: tuple[int, int, int], num_classes: int, *, filters: i
     return tf.matmul(tf.reshape(hidden, [-1, pooled]), dense) + dense_bias
 
   return tff.learning.models.FunctionalModel(
-      initial_weights=initial, predict_on_batch_fn=predict_on_batch,
-      loss_fn=_softmax_cross_entropy,
-      input_spec=(tf.TensorSpec([None, height * width * channels], tf.float32),
-                  tf.TensorSpec([None], tf.int32)))
+    initial_weights=initial,
+    predict_on_batch_fn=predict_on_batch,
+    loss_fn=_softmax_cross_entropy,
+    input_spec=(
+      tf.TensorSpec([None, height * width * channels], tf.float32),
+      tf.TensorSpec([None], tf.int32),
+    ),
+  )
 
 
-def reshaped_input(model: tff.learning.models.FunctionalModel,
-                   input_shape: tuple[int, ...]) -> tff.learning.models.FunctionalModel:
+def reshaped_input(
+  model: tff.learning.models.FunctionalModel, input_shape: tuple[int, ...]
+) -> tff.learning.models.FunctionalModel:
   """`model`, a model of flat features, taking examples of `input_shape` (images),
   flattened before it sees them."""
 
@@ -207,9 +220,11 @@ def reshaped_input(model: tff.learning.models.FunctionalModel,
     return model.predict_on_batch(weights, tf.reshape(x, [tf.shape(x)[0], -1]), training)
 
   return tff.learning.models.FunctionalModel(
-      initial_weights=model.initial_weights, predict_on_batch_fn=predict_on_batch,
-      loss_fn=model.loss, input_spec=(tf.TensorSpec([None, *input_shape], tf.float32),
-                                      model.input_spec[1]))
+    initial_weights=model.initial_weights,
+    predict_on_batch_fn=predict_on_batch,
+    loss_fn=model.loss,
+    input_spec=(tf.TensorSpec([None, *input_shape], tf.float32), model.input_spec[1]),
+  )
 
 
 def why_not_callable_outside_tff(model: tff.learning.models.FunctionalModel) -> str:
@@ -228,8 +243,10 @@ def why_not_callable_outside_tff(model: tff.learning.models.FunctionalModel) -> 
     tf.function(lambda: model.predict_on_batch(model.initial_weights, x), autograph=False)()
   except Exception as error:  # pylint: disable=broad-except
     if type(error).__name__ == 'KerasFunctionalModelError':
-      return ('a Keras model converted by TFF runs inside TFF computations only; run it on'
-              ' the TFF runtime.')
+      return (
+        'a Keras model converted by TFF runs inside TFF computations only; run it on'
+        ' the TFF runtime.'
+      )
     raise
   finally:
     logger.setLevel(level)

@@ -14,8 +14,7 @@ import json
 import pathlib
 from typing import Any
 
-from tff_comp import accounting
-from tff_comp import settings
+from tff_comp import accounting, settings
 from tff_comp.ops import privacy
 from tff_comp.run import callbacks
 
@@ -41,71 +40,105 @@ class PrivacyOptions:
   """Clipping and differential privacy of the model delta (side channels stay exact)."""
 
   aggregator: str = settings.setting(
-      MEAN, 'What averages the model delta (side channels stay exact): mean (the'
-      ' algorithm\'s own); clip (each client\'s update clipped to --clip_norm, then the'
-      ' weighted mean); dp (clipped, summed, Gaussian noise of std noise_multiplier x'
-      ' clip_norm, divided by --clients_per_round: TFF\'s DP-FedAvg semantics, uniform'
-      ' client weights); dp_adaptive (dp with the clip adapting to --clip_quantile of the'
-      ' update norms). Both runtimes run all four.', choices=AGGREGATORS)
+    MEAN,
+    'What averages the model delta (side channels stay exact): mean (the'
+    " algorithm's own); clip (each client's update clipped to --clip_norm, then the"
+    ' weighted mean); dp (clipped, summed, Gaussian noise of std noise_multiplier x'
+    " clip_norm, divided by --clients_per_round: TFF's DP-FedAvg semantics, uniform"
+    ' client weights); dp_adaptive (dp with the clip adapting to --clip_quantile of the'
+    ' update norms). Both runtimes run all four.',
+    choices=AGGREGATORS,
+  )
   clip_norm: float | None = settings.setting(
-      None, 'L2 norm client updates are clipped to (clip, dp; dp_adaptive: the initial'
-      f' clip, default {DEFAULT_ADAPTIVE_CLIP}).')
+    None,
+    'L2 norm client updates are clipped to (clip, dp; dp_adaptive: the initial'
+    f' clip, default {DEFAULT_ADAPTIVE_CLIP}).',
+  )
   noise_multiplier: float | None = settings.setting(
-      None, 'dp/dp_adaptive: noise std over the clip norm (dp_adaptive: the effective'
-      ' total, as TFF\'s).')
+    None,
+    "dp/dp_adaptive: noise std over the clip norm (dp_adaptive: the effective total, as TFF's).",
+  )
   target_epsilon: float | None = settings.setting(
-      None, 'dp/dp_adaptive: the privacy budget. Without --noise_multiplier, the noise is'
-      ' calibrated so that --rounds rounds spend it; with it, the run stops (state saved)'
-      ' when it is spent.', above=0.0)
+    None,
+    'dp/dp_adaptive: the privacy budget. Without --noise_multiplier, the noise is'
+    ' calibrated so that --rounds rounds spend it; with it, the run stops (state saved)'
+    ' when it is spent.',
+    above=0.0,
+  )
   target_delta: float | None = settings.setting(
-      None, 'dp/dp_adaptive: the delta epsilon is stated at (default population^-1.1;'
-      ' must be below 1/population; --delta is Per-FedAvg\'s finite-difference step).')
+    None,
+    'dp/dp_adaptive: the delta epsilon is stated at (default population^-1.1;'
+    " must be below 1/population; --delta is Per-FedAvg's finite-difference step).",
+  )
   clip_quantile: float = settings.setting(
-      0.5, 'dp_adaptive: the quantile of update norms the clip adapts to.')
+    0.5, 'dp_adaptive: the quantile of update norms the clip adapts to.'
+  )
   clip_learning_rate: float = settings.setting(
-      0.2, 'dp_adaptive: the clip\'s geometric learning rate.')
+    0.2, "dp_adaptive: the clip's geometric learning rate."
+  )
   clipped_count_stddev: float | None = settings.setting(
-      None, 'dp_adaptive: noise std of the clipped count (default 0.05 x'
-      ' --clients_per_round, or the noise multiplier where that is at most half of it;'
-      ' must exceed half the noise multiplier).')
+    None,
+    'dp_adaptive: noise std of the clipped count (default 0.05 x'
+    ' --clients_per_round, or the noise multiplier where that is at most half of it;'
+    ' must exceed half the noise multiplier).',
+  )
   accountant: str = settings.setting(
-      'rdp', 'dp/dp_adaptive: the privacy accountant (dp_accounting): rdp (epsilon every'
-      ' round; any sampling) or pld (tighter; Poisson sampling; epsilon at evaluations).',
-      choices=accounting.ACCOUNTANTS)
+    'rdp',
+    'dp/dp_adaptive: the privacy accountant (dp_accounting): rdp (epsilon every'
+    ' round; any sampling) or pld (tighter; Poisson sampling; epsilon at evaluations).',
+    choices=accounting.ACCOUNTANTS,
+  )
 
   def __post_init__(self):
     settings.check(self)
     given = [n for n in ('clip_norm', *_NOISE_FLAGS) if getattr(self, n) is not None]
     if self.aggregator == MEAN and given:
-      raise ValueError(f'--{given[0]} sets a clipping or DP aggregator: add'
-                       ' --aggregator=clip, dp or dp_adaptive.')
+      raise ValueError(
+        f'--{given[0]} sets a clipping or DP aggregator: add --aggregator=clip, dp or dp_adaptive.'
+      )
     if self.aggregator == privacy.CLIP and set(given) & set(_NOISE_FLAGS):
-      raise ValueError('--aggregator=clip adds no noise: --noise_multiplier,'
-                       ' --target_epsilon and --target_delta go with --aggregator=dp or'
-                       ' dp_adaptive.')
+      raise ValueError(
+        '--aggregator=clip adds no noise: --noise_multiplier,'
+        ' --target_epsilon and --target_delta go with --aggregator=dp or'
+        ' dp_adaptive.'
+      )
     # Settings another aggregator would ignore: said, not dropped.
     changed = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default]
     adaptive = [n for n in changed if n in _ADAPTIVE_FLAGS]
     if adaptive and self.aggregator != privacy.DP_ADAPTIVE:
-      raise ValueError(f'--{adaptive[0]} sets the adapting clip of --aggregator=dp_adaptive'
-                       f' (this run\'s is {self.aggregator}).')
+      raise ValueError(
+        f'--{adaptive[0]} sets the adapting clip of --aggregator=dp_adaptive'
+        f" (this run's is {self.aggregator})."
+      )
     if 'accountant' in changed and not self.private:
-      raise ValueError('--accountant counts the privacy of --aggregator=dp or dp_adaptive'
-                       f' (this run\'s is {self.aggregator}).')
+      raise ValueError(
+        '--accountant counts the privacy of --aggregator=dp or dp_adaptive'
+        f" (this run's is {self.aggregator})."
+      )
     if self.clip_norm is None and self.aggregator in (privacy.CLIP, privacy.DP):
-      raise ValueError(f'--aggregator={self.aggregator} needs --clip_norm (the L2 norm'
-                       ' each client\'s update is clipped to).')
-    if (self.private and self.noise_multiplier is None and self.target_epsilon is None):
-      raise ValueError(f'--aggregator={self.aggregator} needs --noise_multiplier or'
-                       ' --target_epsilon.')
+      raise ValueError(
+        f'--aggregator={self.aggregator} needs --clip_norm (the L2 norm'
+        " each client's update is clipped to)."
+      )
+    if self.private and self.noise_multiplier is None and self.target_epsilon is None:
+      raise ValueError(
+        f'--aggregator={self.aggregator} needs --noise_multiplier or --target_epsilon.'
+      )
 
   @property
   def private(self) -> bool:
     """Adds noise (dp, dp_adaptive)."""
     return self.aggregator not in (MEAN, privacy.CLIP)
 
-  def plan(self, *, clients_per_round: int, population: int, rounds: int, sampling: str,
-           recorded_noise_multiplier: float | None = None) -> Plan:
+  def plan(
+    self,
+    *,
+    clients_per_round: int,
+    population: int,
+    rounds: int,
+    sampling: str,
+    recorded_noise_multiplier: float | None = None,
+  ) -> Plan:
     """The aggregator for a run of `rounds` rounds of `clients_per_round` clients drawn
     by `sampling` from `population`; a resumed DP run keeps its
     `recorded_noise_multiplier` (calibrating again for a changed --rounds would change
@@ -116,30 +149,49 @@ class PrivacyOptions:
     n = clients_per_round
     try:
       if self.private:
-        delta = (self.target_delta if self.target_delta is not None
-                 else accounting.default_delta(population))
+        delta = (
+          self.target_delta
+          if self.target_delta is not None
+          else accounting.default_delta(population)
+        )
         accounting.check(sampling, self.accountant, delta, population)
         z = self.noise_multiplier
         if z is None:
           z = recorded_noise_multiplier
         if z is None:
           z = accounting.calibrate(
-              self.target_epsilon, rounds, clients_per_round=n, population=population,
-              sampling=sampling, delta=delta, accountant=self.accountant)
+            self.target_epsilon,
+            rounds,
+            clients_per_round=n,
+            population=population,
+            sampling=sampling,
+            delta=delta,
+            accountant=self.accountant,
+          )
         ledger = accounting.Ledger(z, n, population, sampling, delta, self.accountant)
         if self.target_epsilon is not None and ledger.epsilon(1) > self.target_epsilon:
-          raise ValueError(f'one round with noise multiplier {z:.4g} already spends'
-                           f' epsilon {ledger.epsilon(1):.3g}, over --target_epsilon.')
+          raise ValueError(
+            f'one round with noise multiplier {z:.4g} already spends'
+            f' epsilon {ledger.epsilon(1):.3g}, over --target_epsilon.'
+          )
         resolved = dict(noise_multiplier=z, target_delta=delta)
       clip_norm = self.clip_norm if self.clip_norm is not None else DEFAULT_ADAPTIVE_CLIP
-      mean = privacy.PrivateMean(self.aggregator, clip_norm, z, n, self.clip_quantile,
-                                 self.clip_learning_rate, self.clipped_count_stddev)
+      mean = privacy.PrivateMean(
+        self.aggregator,
+        clip_norm,
+        z,
+        n,
+        self.clip_quantile,
+        self.clip_learning_rate,
+        self.clipped_count_stddev,
+      )
     except ValueError as e:
       raise ValueError(f'--aggregator={self.aggregator}: {e}') from e
     return Plan(mean, ledger, resolved)
 
-  def callbacks(self, ledger: accounting.Ledger | None, rounds: int, eval_period: int,
-                show_progress: bool) -> tuple[callbacks.Callback, ...]:
+  def callbacks(
+    self, ledger: accounting.Ledger | None, rounds: int, eval_period: int, show_progress: bool
+  ) -> tuple[callbacks.Callback, ...]:
     """A DP run's accounting: epsilon every round (pld: at evaluations), and an end when
     --target_epsilon is spent (with a fixed --noise_multiplier, or a resumed run given
     more rounds)."""
@@ -149,22 +201,36 @@ class PrivacyOptions:
     last = rounds if budget is None else ledger.rounds_within(budget, rounds)
     if show_progress:
       print(privacy_line(ledger, budget, last), flush=True)
-    return (accounting.PrivacySpent(ledger, last, budget,
-                                    every=1 if ledger.accountant == 'rdp' else eval_period),)
+    return (
+      accounting.PrivacySpent(
+        ledger, last, budget, every=1 if ledger.accountant == 'rdp' else eval_period
+      ),
+    )
 
 
 def privacy_line(ledger: accounting.Ledger, budget: float | None, last: int) -> str:
   """A DP run's `privacy:` line: the noise, the delta accounted with (under
   1/population, `accounting.check`), what the accounting assumes, and how long the
   epsilon budget lasts."""
-  return (f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; delta'
-          f' {ledger.delta:.3g}; {ledger.assumption}'
-          + (f'; epsilon {budget} lasts {last} rounds' if budget else ''))
+  return (
+    f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; delta'
+    f' {ledger.delta:.3g}; {ledger.assumption}'
+    + (f'; epsilon {budget} lasts {last} rounds' if budget else '')
+  )
 
 
-def configure(options: PrivacyOptions, algorithm: Any, builder_args: dict[str, Any], *,
-              rounds: int, clients_per_round: int, client_weighting: str | None,
-              population: int, sampling: str, resuming: str | None) -> Plan:
+def configure(
+  options: PrivacyOptions,
+  algorithm: Any,
+  builder_args: dict[str, Any],
+  *,
+  rounds: int,
+  clients_per_round: int,
+  client_weighting: str | None,
+  population: int,
+  sampling: str,
+  resuming: str | None,
+) -> Plan:
   """Puts the --aggregator's `ops.privacy.PrivateMean` into the builder's arguments
   `builder_args` of the registered `algorithm` (a DP run weighs clients uniformly) and
   returns the plan, its `resolved` the run settings it fixes (the noise multiplier and
@@ -177,21 +243,27 @@ def configure(options: PrivacyOptions, algorithm: Any, builder_args: dict[str, A
   if options.aggregator == MEAN:
     return Plan(None, None, {})
   if not algorithm.accepts('model_aggregator'):
-    raise settings.ConfigError(f'--aggregator: algorithm {algorithm.name!r} takes no model'
-                               ' aggregator (its aggregation is its own math).')
+    raise settings.ConfigError(
+      f'--aggregator: algorithm {algorithm.name!r} takes no model'
+      ' aggregator (its aggregation is its own math).'
+    )
   forced = {}
   if options.private:
     if client_weighting not in (None, 'uniform'):
       raise settings.ConfigError(
-          f'--aggregator={options.aggregator} weighs every client alike (TFF\'s DP'
-          ' semantics): drop --client_weighting or set it to uniform.')
+        f"--aggregator={options.aggregator} weighs every client alike (TFF's DP"
+        ' semantics): drop --client_weighting or set it to uniform.'
+      )
     if algorithm.accepts('client_weighting'):
       builder_args['client_weighting'] = forced['client_weighting'] = 'uniform'
   try:
     plan = options.plan(
-        clients_per_round=clients_per_round, population=population, rounds=rounds,
-        sampling=sampling, recorded_noise_multiplier=(
-            None if resuming is None else recorded_noise_multiplier(resuming)))
+      clients_per_round=clients_per_round,
+      population=population,
+      rounds=rounds,
+      sampling=sampling,
+      recorded_noise_multiplier=(None if resuming is None else recorded_noise_multiplier(resuming)),
+    )
   except ValueError as e:
     raise settings.ConfigError(str(e)) from e
   builder_args['model_aggregator'] = plan.mean
@@ -205,4 +277,3 @@ def recorded_noise_multiplier(output_dir: str | pathlib.Path) -> float | None:
     return float(recorded['resolved']['noise_multiplier'])
   except (OSError, ValueError, KeyError, TypeError):
     return None
-

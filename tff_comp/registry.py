@@ -35,7 +35,6 @@ import typing
 from typing import Any
 import warnings
 
-
 ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
 MODELS_GROUP = 'tff_comp.models'
@@ -155,8 +154,7 @@ class Entry:
     return sentence + (f' [{fixed}]' if fixed else '')
 
   def accepts(self, name: str) -> bool:
-    return (name in _signature(self.builder).parameters
-            and name not in dict(self.fixed))
+    return name in _signature(self.builder).parameters and name not in dict(self.fixed)
 
   def build(self, *args, **kwargs) -> Any:
     """Calls the builder with the fixed arguments added: for an algorithm, its
@@ -188,8 +186,9 @@ class Registry:
     self._entries: dict[str, Entry] = {}
     self._plugins_loaded = False
 
-  def register(self, name: str, *, metadata: dict[str, Any] | None = None,
-               **fixed: Any) -> Callable[[Callable], Callable]:
+  def register(
+    self, name: str, *, metadata: dict[str, Any] | None = None, **fixed: Any
+  ) -> Callable[[Callable], Callable]:
     """Decorator registering a builder under `name`; a name is registered once.
 
     Keyword arguments are fixed for this name: stacking
@@ -204,13 +203,14 @@ class Registry:
 
     return decorator
 
-  def add(self, name: str, builder: Callable, *, metadata: dict[str, Any] | None = None,
-          **fixed: Any) -> None:
+  def add(
+    self, name: str, builder: Callable, *, metadata: dict[str, Any] | None = None, **fixed: Any
+  ) -> None:
     if name in self._entries:
       existing = self._entries[name].builder
       raise RegistryError(
-          f'{self.kind} {name!r} is already registered (by'
-          f' {existing.__module__}.{existing.__qualname__}).'
+        f'{self.kind} {name!r} is already registered (by'
+        f' {existing.__module__}.{existing.__qualname__}).'
       )
     metadata = dict(metadata or {})
     if 'home_settings' in metadata:
@@ -231,9 +231,12 @@ class Registry:
         continue
       if ep.name in self._entries:
         existing = self._entries[ep.name].builder
-        warnings.warn(f'plugin {ep.value} registers {self.kind} {ep.name!r}, already'
-                      f' registered by {existing.__module__}.{existing.__qualname__};'
-                      ' keeping the first.', stacklevel=1)
+        warnings.warn(
+          f'plugin {ep.value} registers {self.kind} {ep.name!r}, already'
+          f' registered by {existing.__module__}.{existing.__qualname__};'
+          ' keeping the first.',
+          stacklevel=1,
+        )
         continue
       self.add(ep.name, obj)
 
@@ -248,8 +251,7 @@ class Registry:
       close = difflib.get_close_matches(name.lower(), names, n=1)
       hint = f' Did you mean {close[0]!r}?' if close else ''
       raise RegistryError(
-          f'unknown {self.kind} {name!r}.{hint} Known {self.kind}s:'
-          f' {", ".join(names)}.'
+        f'unknown {self.kind} {name!r}.{hint} Known {self.kind}s: {", ".join(names)}.'
       )
     return self._entries[name]
 
@@ -270,17 +272,21 @@ def plugin_versions() -> dict[str, str]:
   """{distribution: version} of the installed packages registering plugins (entry points
   in tff_comp's groups): what a run used besides tff_comp itself, for its record."""
   found = {}
-  for group in (ALGORITHMS_GROUP, TASKS_GROUP, RUNTIMES_GROUP, EXPERIMENTS_GROUP,
-                MODELS_GROUP):
+  for group in (ALGORITHMS_GROUP, TASKS_GROUP, RUNTIMES_GROUP, EXPERIMENTS_GROUP, MODELS_GROUP):
     for ep in importlib.metadata.entry_points(group=group):
       if ep.dist is not None:
         found[ep.dist.name] = ep.dist.version
   return dict(sorted(found.items()))
 
 
-def register_algorithm(name: str, *, home_task: str | None = None,
-                       home_settings: dict[str, Any] | None = None,
-                       divergence_hint: str | None = None, **fixed: Any):
+def register_algorithm(
+  name: str,
+  *,
+  home_task: str | None = None,
+  home_settings: dict[str, Any] | None = None,
+  divergence_hint: str | None = None,
+  **fixed: Any,
+):
   """Registers an algorithm builder `(model, *, hyperparameters) -> Algorithm` (the
   runtime-free `ops.algorithm.Algorithm`; a plugin may return a TFF LearningProcess,
   which then runs on TFF's runtime only);
@@ -304,9 +310,14 @@ def register_model(name: str):
   return MODELS.register(name)
 
 
-def register_runtime(name: str, *, options: type | None = None,
-                     auto_rank: int | None = None,
-                     why_not: Callable[[Any, Any], str] | None = None, label: str = ''):
+def register_runtime(
+  name: str,
+  *,
+  options: type | None = None,
+  auto_rank: int | None = None,
+  why_not: Callable[[Any, Any], str] | None = None,
+  label: str = '',
+):
   """Registers a runtime builder `(program, client_data, options, facts) -> Runtime`
   (`tff_comp.runtime.base`: `Runtime`, `RunFacts`); `program` is an Algorithm or a
   LearningProcess, `options` an instance of the runtime's own settings record `options`
@@ -314,8 +325,9 @@ def register_runtime(name: str, *, options: type | None = None,
   `why_not(program, options)`: why it cannot run `program` ('' when it can), asked
   before building (the builder may still raise `runtime.base.UnsupportedError`);
   `label`: its name in the run's header (default `name`)."""
-  return RUNTIMES.register(name, metadata=dict(
-      options=options, auto_rank=auto_rank, why_not=why_not, label=label or name))
+  return RUNTIMES.register(
+    name, metadata=dict(options=options, auto_rank=auto_rank, why_not=why_not, label=label or name)
+  )
 
 
 def register_reproduction(name: str, reproduction: Any) -> None:

@@ -5,18 +5,14 @@ from collections.abc import Callable
 import dataclasses
 from typing import Any
 
-from tff_comp import client_settings
-from tff_comp import privacy_settings
-from tff_comp import registry
-from tff_comp.ops import regularizers as regularizers_lib
+from tff_comp import client_settings, privacy_settings, registry, server_optimizers, settings
 from tff_comp import schedules as schedules_lib
-from tff_comp import server_optimizers
-from tff_comp import settings
+from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.run import buffered_async
 from tff_comp.run import checkpoints as checkpoints_lib
-from tff_comp.runtime import choice
 from tff_comp.run import devices as devices_lib
 from tff_comp.run import sampling as sampling_lib
+from tff_comp.runtime import choice
 from tff_comp.settings import ConfigError
 
 
@@ -34,59 +30,100 @@ class ExperimentConfig:
   algorithm: str
   task: str | None = None  # None: the algorithm's home task (else DEFAULT_TASK)
   rounds: int | None = settings.setting(
-      None, 'Training rounds (default: the task\'s).', upper=settings.MAX_COUNT, resumable=True, per_trial=True)
+    None,
+    "Training rounds (default: the task's).",
+    upper=settings.MAX_COUNT,
+    resumable=True,
+    per_trial=True,
+  )
   clients_per_round: int | None = settings.setting(
-      None, 'Clients sampled per round.', upper=settings.MAX_COUNT, per_trial=True)
-  server_learning_rate: float | None = settings.setting(None, 'Server learning rate eta_s.', per_trial=True)
+    None, 'Clients sampled per round.', upper=settings.MAX_COUNT, per_trial=True
+  )
+  server_learning_rate: float | None = settings.setting(
+    None, 'Server learning rate eta_s.', per_trial=True
+  )
   eval_period: int | None = settings.setting(
-      None, 'Evaluate every this many rounds.', upper=settings.MAX_COUNT, per_trial=True)
+    None, 'Evaluate every this many rounds.', upper=settings.MAX_COUNT, per_trial=True
+  )
   seed: int = settings.setting(
-      0, 'Seed of the run: client sampling and client-side draws.', lower=0,
-      upper=settings.MAX_SEED, per_trial=True)
+    0,
+    'Seed of the run: client sampling and client-side draws.',
+    lower=0,
+    upper=settings.MAX_SEED,
+    per_trial=True,
+  )
   data_seed: int | None = settings.setting(
-      0, 'Seed of the task: generated data, partition and initial model (None: --seed).',
-      lower=0, upper=settings.MAX_SEED)
+    0,
+    'Seed of the task: generated data, partition and initial model (None: --seed).',
+    lower=0,
+    upper=settings.MAX_SEED,
+  )
   model: str | None = settings.setting(
-      None, 'The task\'s model by name, for tasks with a model option (emnist, cifar100:'
-      ' a built-in name or a model plugin\'s, registry.register_model); as'
-      ' --<task>_model.')
+    None,
+    "The task's model by name, for tasks with a model option (emnist, cifar100:"
+    " a built-in name or a model plugin's, registry.register_model); as"
+    ' --<task>_model.',
+  )
   regularizer: str | None = settings.setting(
-      None, 'Regularizer psi (default: the task\'s).',
-      choices=lambda: sorted(regularizers_lib.REGULARIZERS))
+    None,
+    "Regularizer psi (default: the task's).",
+    choices=lambda: sorted(regularizers_lib.REGULARIZERS),
+  )
   regularizer_strength: float | None = settings.setting(
-      None, 'Strength lam of psi, or radius of a ball constraint.')
+    None, 'Strength lam of psi, or radius of a ball constraint.'
+  )
   algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   output_dir: str | None = settings.setting(
-      None, 'Where metrics go (default runs/<algo>-<task>).', resumable=True, per_trial=True)
-  overwrite: bool = settings.setting(False, 'Replace a run already in --output_dir.', resumable=True, per_trial=True)
+    None, 'Where metrics go (default runs/<algo>-<task>).', resumable=True, per_trial=True
+  )
+  overwrite: bool = settings.setting(
+    False, 'Replace a run already in --output_dir.', resumable=True, per_trial=True
+  )
   resume: bool = settings.setting(
-      False, 'Continue the run in --output_dir from its last checkpoint (its'
-      ' configuration must match; --rounds may grow).', resumable=True, per_trial=True)
+    False,
+    'Continue the run in --output_dir from its last checkpoint (its'
+    ' configuration must match; --rounds may grow).',
+    resumable=True,
+    per_trial=True,
+  )
   force_resume: bool = settings.setting(
-      False, 'With --resume: continue a run whose config.json is gone, with these'
-      ' settings (they cannot be checked against the run\'s).', resumable=True, per_trial=True)
+    False,
+    'With --resume: continue a run whose config.json is gone, with these'
+    " settings (they cannot be checked against the run's).",
+    resumable=True,
+    per_trial=True,
+  )
   runtime: str = settings.setting(
-      'auto', 'Where rounds run: inprocess (the math in one tf.function per round; fast,'
-      ' GPU when TensorFlow sees one), tff (TFF\'s C++ worker), ray (the in-process math'
-      ' with each round\'s clients on Ray actors; --ray_address), or auto (inprocess where'
-      ' the algorithm supports it).', choices=runtime_names)
+    'auto',
+    'Where rounds run: inprocess (the math in one tf.function per round; fast,'
+    " GPU when TensorFlow sees one), tff (TFF's C++ worker), ray (the in-process math"
+    " with each round's clients on Ray actors; --ray_address), or auto (inprocess where"
+    ' the algorithm supports it).',
+    choices=runtime_names,
+  )
   local_work: client_settings.LocalWorkOptions = dataclasses.field(
-      default_factory=client_settings.LocalWorkOptions)
+    default_factory=client_settings.LocalWorkOptions
+  )
   participation: sampling_lib.Participation = dataclasses.field(
-      default_factory=sampling_lib.Participation)
-  devices: devices_lib.DeviceOptions = dataclasses.field(
-      default_factory=devices_lib.DeviceOptions)
+    default_factory=sampling_lib.Participation
+  )
+  devices: devices_lib.DeviceOptions = dataclasses.field(default_factory=devices_lib.DeviceOptions)
   asynchrony: buffered_async.AsyncOptions = dataclasses.field(
-      default_factory=buffered_async.AsyncOptions)
+    default_factory=buffered_async.AsyncOptions
+  )
   schedules: schedules_lib.ScheduleOptions = dataclasses.field(
-      default_factory=schedules_lib.ScheduleOptions)
+    default_factory=schedules_lib.ScheduleOptions
+  )
   server: server_optimizers.ServerOptimizerOptions = dataclasses.field(
-      default_factory=server_optimizers.ServerOptimizerOptions)
+    default_factory=server_optimizers.ServerOptimizerOptions
+  )
   privacy: privacy_settings.PrivacyOptions = dataclasses.field(
-      default_factory=privacy_settings.PrivacyOptions)
+    default_factory=privacy_settings.PrivacyOptions
+  )
   checkpoints: checkpoints_lib.CheckpointOptions = dataclasses.field(
-      default_factory=checkpoints_lib.CheckpointOptions)
+    default_factory=checkpoints_lib.CheckpointOptions
+  )
   # {runtime: its settings record} for every registered runtime declaring one
   # (`runtime.choice.runtime_options`): 'inprocess' (engine, memory budget), 'tff'
   # (workers), 'ray' (address, actors), a plugin's.
@@ -107,16 +144,16 @@ class ExperimentConfig:
       raise ConfigError(f'unknown settings: {", ".join(sorted(unknown))}.')
     runtime_values = {k: v for k, v in values.items() if k in runtime_owner}
     if 'runtime_options' in own and runtime_values:
-      raise ConfigError(f'{", ".join(sorted(runtime_values))} and runtime_options= both set'
-                        ' runtime settings: give one.')
-    own['runtime_options'] = choice.runtime_options(own.get('runtime_options'),
-                                                    **runtime_values)
+      raise ConfigError(
+        f'{", ".join(sorted(runtime_values))} and runtime_options= both set'
+        ' runtime settings: give one.'
+      )
+    own['runtime_options'] = choice.runtime_options(own.get('runtime_options'), **runtime_values)
     for group, record in GROUPS.items():
       fields = {k: v for k, v in values.items() if OWNER.get(k) == group}
       if group in own:  # the record given whole
         if fields:
-          raise ConfigError(f'{", ".join(sorted(fields))} and {group}= both set {group}:'
-                            ' give one.')
+          raise ConfigError(f'{", ".join(sorted(fields))} and {group}= both set {group}: give one.')
         continue
       try:
         own[group] = record(**fields)
@@ -149,8 +186,11 @@ class ExperimentConfig:
 
   def input_files(self) -> list[str]:
     """The paths of the files its settings name as inputs (`settings.input_files`)."""
-    return [path for record in (self, *(getattr(self, group) for group in GROUPS))
-            for path in settings.input_files(record)]
+    return [
+      path
+      for record in (self, *(getattr(self, group) for group in GROUPS))
+      for path in settings.input_files(record)
+    ]
 
   def value(self, name: str) -> Any:
     """A setting by its flag's name, from this config or the record owning it."""
@@ -171,8 +211,9 @@ class ExperimentConfig:
       if not accepts('model'):
         raise ConfigError(f'--model: task {self.task!r} has no model option.')
       if args.get('model', self.model) != self.model:
-        raise ConfigError(f'--model={self.model} and --{self.task}_model={args["model"]}'
-                          ' disagree: give one.')
+        raise ConfigError(
+          f'--model={self.model} and --{self.task}_model={args["model"]} disagree: give one.'
+        )
       args['model'] = self.model
     return args
 
@@ -185,11 +226,19 @@ def declared(attribute: str) -> tuple[str, ...]:
   """The config.json names (`rounds`, `checkpoints.checkpoint_every`,
   `runtime_options.tff.workers`) of the settings declared with `attribute` true
   (`settings.setting`'s `resumable` or `per_trial`), registered runtimes' included."""
-  records = {'': ExperimentConfig, **{f'{group}.': record for group, record in GROUPS.items()},
-             **{f'runtime_options.{name}.': type(record)
-                for name, record in choice.runtime_options().items()}}
-  return tuple(f'{prefix}{spec.name}' for prefix, record in records.items()
-               for spec in settings.specs(record) if getattr(spec, attribute))
+  records = {
+    '': ExperimentConfig,
+    **{f'{group}.': record for group, record in GROUPS.items()},
+    **{
+      f'runtime_options.{name}.': type(record) for name, record in choice.runtime_options().items()
+    },
+  }
+  return tuple(
+    f'{prefix}{spec.name}'
+    for prefix, record in records.items()
+    for spec in settings.specs(record)
+    if getattr(spec, attribute)
+  )
 
 
 def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +257,7 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
 
 
 # The records ExperimentConfig collects, by attribute, and which owns each setting.
-GROUPS = {f.name: f.type for f in dataclasses.fields(ExperimentConfig)
-          if dataclasses.is_dataclass(f.type)}
-OWNER = {spec.name: group for group, record in GROUPS.items()
-         for spec in settings.specs(record)}
+GROUPS = {
+  f.name: f.type for f in dataclasses.fields(ExperimentConfig) if dataclasses.is_dataclass(f.type)
+}
+OWNER = {spec.name: group for group, record in GROUPS.items() for spec in settings.specs(record)}

@@ -19,9 +19,7 @@ import sys
 import threading
 from typing import Any
 
-from tff_comp import paths
-from tff_comp import registry
-from tff_comp import run_config
+from tff_comp import paths, registry, run_config
 from tff_comp.settings import ConfigError
 
 RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
@@ -51,16 +49,21 @@ def _check_length(path: pathlib.Path) -> None:
   absolute = path.absolute()
   longest = max(absolute.parts, key=len)
   if len(longest.encode()) > name_max:
-    raise ConfigError(f'--output_dir: the name {longest[:40]}... has {len(longest.encode())}'
-                      f' bytes; a name here holds at most {name_max}.')
+    raise ConfigError(
+      f'--output_dir: the name {longest[:40]}... has {len(longest.encode())}'
+      f' bytes; a name here holds at most {name_max}.'
+    )
   if len(str(absolute).encode()) + _ROOM_FOR_FILES > path_max:
-    raise ConfigError(f'--output_dir: the path has {len(str(absolute).encode())} bytes;'
-                      f' with the run\'s files under it, it must stay under'
-                      f' {path_max - _ROOM_FOR_FILES}.')
+    raise ConfigError(
+      f'--output_dir: the path has {len(str(absolute).encode())} bytes;'
+      f" with the run's files under it, it must stay under"
+      f' {path_max - _ROOM_FOR_FILES}.'
+    )
 
 
-def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
-                     resume: bool = False) -> None:
+def check_output_dir(
+  output_dir: str | os.PathLike, overwrite: bool = False, resume: bool = False
+) -> None:
   """Raises ConfigError unless a run can write to `output_dir` without touching
   anything: creates nothing. A directory holding another run (any of `RUN_FILES`) is
   refused unless `overwrite` or `resume` (`check_resumable` then compares the
@@ -73,8 +76,9 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
     found = [name for name in RUN_FILES if (path / name).exists()]
     if found and not (overwrite or resume):
       raise ConfigError(
-          f'--output_dir={path} holds another run ({", ".join(found)}); choose another'
-          ' directory, pass --resume to continue it or --overwrite to replace it.')
+        f'--output_dir={path} holds another run ({", ".join(found)}); choose another'
+        ' directory, pass --resume to continue it or --overwrite to replace it.'
+      )
     existing = path
   else:
     existing = next(p for p in path.absolute().parents if p.exists())
@@ -84,9 +88,13 @@ def check_output_dir(output_dir: str | os.PathLike, overwrite: bool = False,
     raise ConfigError(f'--output_dir={path}: {existing} is not writable.')
 
 
-def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
-                    force: bool = False, extra_later: bool = False,
-                    inputs: Mapping[str, Any] | None = None) -> None:
+def check_resumable(
+  output_dir: pathlib.Path,
+  config: dict[str, Any],
+  force: bool = False,
+  extra_later: bool = False,
+  inputs: Mapping[str, Any] | None = None,
+) -> None:
   """Raises ConfigError if the run recorded in `output_dir` was configured otherwise
   than `config` (besides its resumable settings), read other input files than `inputs`
   ({path: fingerprint}, `paths.fingerprint`; None: not checked) or holds a run
@@ -97,12 +105,15 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
   try:
     recorded = json.loads((output_dir / 'config.json').read_text())
   except FileNotFoundError:
-    if force or not ((output_dir / 'metrics.csv').exists()
-                     or any((output_dir / 'checkpoints').glob('state_*.npz'))):
+    if force or not (
+      (output_dir / 'metrics.csv').exists() or any((output_dir / 'checkpoints').glob('state_*.npz'))
+    ):
       return
-    raise ConfigError(f'--resume: {output_dir} holds a run but not its config.json, so'
-                      ' its settings cannot be checked against these; --force_resume'
-                      ' continues it with these settings all the same.') from None
+    raise ConfigError(
+      f'--resume: {output_dir} holds a run but not its config.json, so'
+      ' its settings cannot be checked against these; --force_resume'
+      ' continues it with these settings all the same.'
+    ) from None
   except ValueError as e:
     raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
   recorded = run_config.upgrade(recorded)  # an earlier version's layout, today's
@@ -112,20 +123,21 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
   def flat(values, prefix=''):  # {'algorithm_options': {'mu': 1}} -> algorithm_options.mu
     out = {}
     for key, value in values.items():
-      out.update(flat(value, f'{prefix}{key}.') if isinstance(value, dict) else
-                 {f'{prefix}{key}': value})
+      out.update(
+        flat(value, f'{prefix}{key}.') if isinstance(value, dict) else {f'{prefix}{key}': value}
+      )
     return out
 
   resumable = (*run_config.declared('resumable'), *_RESUMABLE_RECORDS)
 
   def comparable(c):  # (settings, resolved settings), flat, less what may change
     c = flat(json.loads(json.dumps(c, default=str)))
+
     def free(key, names):  # `key` is one of `names` or inside one
       return any(key == n or key.startswith(f'{n}.') for n in names)
 
-    kept = {k: v for k, v in c.items()
-            if not k.startswith('resolved.') and not free(k, resumable)}
-    resolved = {k[len('resolved.'):]: v for k, v in c.items() if k.startswith('resolved.')}
+    kept = {k: v for k, v in c.items() if not k.startswith('resolved.') and not free(k, resumable)}
+    resolved = {k[len('resolved.') :]: v for k, v in c.items() if k.startswith('resolved.')}
     return kept, {k: v for k, v in resolved.items() if not free(k, _RESUMABLE_RESOLVED)}
 
   if extra_later:
@@ -138,13 +150,16 @@ def check_resumable(output_dir: pathlib.Path, config: dict[str, Any],
         differ[key] = (before.get(key), after.get(key))
   if differ:
     changes = '; '.join(f'{k}: recorded {a!r}, now {b!r}' for k, (a, b) in differ.items())
-    raise ConfigError(f'--resume: the run in {output_dir} was configured differently'
-                      f' ({changes}); resume it with its own settings or choose another'
-                      ' --output_dir.')
+    raise ConfigError(
+      f'--resume: the run in {output_dir} was configured differently'
+      f' ({changes}); resume it with its own settings or choose another'
+      ' --output_dir.'
+    )
 
 
-def _check_inputs(output_dir: pathlib.Path, recorded: Mapping[str, Any],
-                  inputs: Mapping[str, Any]) -> None:
+def _check_inputs(
+  output_dir: pathlib.Path, recorded: Mapping[str, Any], inputs: Mapping[str, Any]
+) -> None:
   """Raises ConfigError naming the first input file whose fingerprint differs between
   the recorded run and this one (a device trace edited between a run and its resume
   trained the resumed rounds on the new trace)."""
@@ -160,9 +175,11 @@ def _check_inputs(output_dir: pathlib.Path, recorded: Mapping[str, Any],
       what = f'{before.get("bytes")} bytes then, {now.get("bytes")} now'
     else:
       what = 'its content differs'
-    raise ConfigError(f'--resume: {path}, an input of the run in {output_dir}, changed since'
-                      f' the run was recorded ({what}); restore it, or start a new run'
-                      ' (--overwrite or another --output_dir).')
+    raise ConfigError(
+      f'--resume: {path}, an input of the run in {output_dir}, changed since'
+      f' the run was recorded ({what}); restore it, or start a new run'
+      ' (--overwrite or another --output_dir).'
+    )
 
 
 def input_files(named: Sequence[str], data_files: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,16 +223,23 @@ def _read_environment() -> dict[str, Any]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
-  record = {'tff_comp': importlib.metadata.version('tff_comp'), 'tensorflow': tf.__version__,
-            'tensorflow_federated': tff.__version__, 'numpy': np.__version__,
-            'python': platform.python_version(),
-            'plugins': registry.plugin_versions(),
-            'command': shlex.join([os.path.basename(sys.executable), *sys.argv])}
+  record = {
+    'tff_comp': importlib.metadata.version('tff_comp'),
+    'tensorflow': tf.__version__,
+    'tensorflow_federated': tff.__version__,
+    'numpy': np.__version__,
+    'python': platform.python_version(),
+    'plugins': registry.plugin_versions(),
+    'command': shlex.join([os.path.basename(sys.executable), *sys.argv]),
+  }
   checkout = pathlib.Path(__file__).resolve().parent.parent
   if (checkout / '.git').exists():
+
     def git(*args):
-      return subprocess.run(['git', '-C', str(checkout), *args], capture_output=True,
-                            text=True, timeout=30, check=False).stdout.strip()
+      return subprocess.run(
+        ['git', '-C', str(checkout), *args], capture_output=True, text=True, timeout=30, check=False
+      ).stdout.strip()
+
     record['git_commit'] = git('rev-parse', 'HEAD')
     record['git_dirty'] = bool(git('status', '--porcelain', '--untracked-files=no'))
   return record
@@ -233,18 +257,32 @@ def out_of_space(error: BaseException, output_dir: str | os.PathLike) -> str:
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if ((isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS)
-        or any(m in str(error) for m in _NO_SPACE_MESSAGES)):
-      cause = next((m for m in _NO_SPACE_MESSAGES if m in str(error)),
-                   os.strerror(error.errno) if isinstance(error, OSError) and error.errno
-                   else type(error).__name__)
-      existing = next((p for p in (pathlib.Path(output_dir).absolute(),
-                                   *pathlib.Path(output_dir).absolute().parents)
-                       if p.exists()), pathlib.Path('/'))
+    if (isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS) or any(
+      m in str(error) for m in _NO_SPACE_MESSAGES
+    ):
+      cause = next(
+        (m for m in _NO_SPACE_MESSAGES if m in str(error)),
+        os.strerror(error.errno)
+        if isinstance(error, OSError) and error.errno
+        else type(error).__name__,
+      )
+      existing = next(
+        (
+          p
+          for p in (
+            pathlib.Path(output_dir).absolute(),
+            *pathlib.Path(output_dir).absolute().parents,
+          )
+          if p.exists()
+        ),
+        pathlib.Path('/'),
+      )
       usage = shutil.disk_usage(existing)
-      return (f'cannot write to {output_dir} ({cause}; {usage.free / 2**20:,.0f} MB free on'
-              ' its file system, or a file-size limit: ulimit -f): the rows and'
-              ' checkpoints written before are intact; make room and continue with'
-              ' --resume.')
+      return (
+        f'cannot write to {output_dir} ({cause}; {usage.free / 2**20:,.0f} MB free on'
+        ' its file system, or a file-size limit: ulimit -f): the rows and'
+        ' checkpoints written before are intact; make room and continue with'
+        ' --resume.'
+      )
     error = error.__cause__ or error.__context__
   return ''

@@ -28,12 +28,15 @@ class Schedule:
 
   def __post_init__(self):
     if self.name not in NAMES:
-      raise ValueError(f'learning-rate schedule {self.name!r} is unknown; choose one of'
-                       f' {", ".join(NAMES)}.')
+      raise ValueError(
+        f'learning-rate schedule {self.name!r} is unknown; choose one of {", ".join(NAMES)}.'
+      )
     if not 0 < self.decay_rate <= 1:
       raise ValueError(f'--lr_decay_rate must be in (0, 1], got {self.decay_rate}.')
-    for label, value in (('lr_decay_rounds', self.decay_rounds),
-                         ('lr_warmup_rounds', self.warmup_rounds)):
+    for label, value in (
+      ('lr_decay_rounds', self.decay_rounds),
+      ('lr_warmup_rounds', self.warmup_rounds),
+    ):
       if value < 1:
         raise ValueError(f'--{label} must be >= 1, got {value}.')
 
@@ -55,23 +58,33 @@ class ScheduleOptions:
   """The run's client and server learning-rate schedules (`--client_lr_schedule` ...)."""
 
   client_lr_schedule: str = settings.setting(
-      'constant', 'The client learning rate over rounds: constant, exponential (times'
-      ' --lr_decay_rate every --lr_decay_rounds rounds, continuously; --lr_staircase: in'
-      ' steps) or inverse_sqrt (linear warmup over --lr_warmup_rounds, then'
-      ' sqrt(warmup / round)).', choices=NAMES)
+    'constant',
+    'The client learning rate over rounds: constant, exponential (times'
+    ' --lr_decay_rate every --lr_decay_rounds rounds, continuously; --lr_staircase: in'
+    ' steps) or inverse_sqrt (linear warmup over --lr_warmup_rounds, then'
+    ' sqrt(warmup / round)).',
+    choices=NAMES,
+  )
   server_lr_schedule: str = settings.setting(
-      'constant', 'The server learning rate over rounds (as --client_lr_schedule).',
-      choices=NAMES)
+    'constant', 'The server learning rate over rounds (as --client_lr_schedule).', choices=NAMES
+  )
   lr_decay_rate: float = settings.setting(
-      0.5, 'Exponential schedules\' factor per --lr_decay_rounds rounds, in (0, 1].')
+    0.5, "Exponential schedules' factor per --lr_decay_rounds rounds, in (0, 1]."
+  )
   lr_decay_rounds: int = settings.setting(
-      100, 'Rounds over which an exponential schedule decays by --lr_decay_rate.',
-      lower=1, upper=settings.MAX_COUNT)
+    100,
+    'Rounds over which an exponential schedule decays by --lr_decay_rate.',
+    lower=1,
+    upper=settings.MAX_COUNT,
+  )
   lr_warmup_rounds: int = settings.setting(
-      10, 'Warmup rounds of an inverse_sqrt schedule.', lower=1, upper=settings.MAX_COUNT)
+    10, 'Warmup rounds of an inverse_sqrt schedule.', lower=1, upper=settings.MAX_COUNT
+  )
   lr_staircase: bool = settings.setting(
-      False, 'Exponential schedules decay in steps, by --lr_decay_rate at the end of every'
-      ' --lr_decay_rounds rounds (default: continuously, a little every round).')
+    False,
+    'Exponential schedules decay in steps, by --lr_decay_rate at the end of every'
+    ' --lr_decay_rounds rounds (default: continuously, a little every round).',
+  )
 
   def __post_init__(self):
     settings.check(self)
@@ -79,6 +92,9 @@ class ScheduleOptions:
 
   def pair(self) -> tuple[Schedule, Schedule]:
     """The (client, server) schedules."""
-    return tuple(Schedule(name, self.lr_decay_rate, self.lr_decay_rounds,
-                          self.lr_warmup_rounds, self.lr_staircase)
-                 for name in (self.client_lr_schedule, self.server_lr_schedule))
+    return tuple(
+      Schedule(
+        name, self.lr_decay_rate, self.lr_decay_rounds, self.lr_warmup_rounds, self.lr_staircase
+      )
+      for name in (self.client_lr_schedule, self.server_lr_schedule)
+    )

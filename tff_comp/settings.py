@@ -26,14 +26,21 @@ class ConfigError(ValueError):
   """Bad experiment settings; the message is one line for the user."""
 
 
-def setting(default: Any = None, help: str = '', *,  # pylint: disable=redefined-builtin
-            choices: Sequence[str] | Callable[[], Sequence[str]] = (),
-            lower: float | None = None, upper: float | None = None,
-            above: float | None = None, flag: str | None = None,
-            parse: Callable[[str], Any] | None = None,
-            default_factory: Callable[[], Any] | None = None,
-            input_file: bool = False, resumable: bool = False,
-            per_trial: bool = False) -> Any:
+def setting(
+  default: Any = None,
+  help: str = '',
+  *,  # pylint: disable=redefined-builtin
+  choices: Sequence[str] | Callable[[], Sequence[str]] = (),
+  lower: float | None = None,
+  upper: float | None = None,
+  above: float | None = None,
+  flag: str | None = None,
+  parse: Callable[[str], Any] | None = None,
+  default_factory: Callable[[], Any] | None = None,
+  input_file: bool = False,
+  resumable: bool = False,
+  per_trial: bool = False,
+) -> Any:
   """A record field: `default`, the flag's `help`, its `choices` (or a function giving
   them, for registries filled later), inclusive `lower`/`upper` or exclusive `above`
   bounds, another `flag` name than the field's, and `parse` for a flag given as a
@@ -45,9 +52,18 @@ def setting(default: Any = None, help: str = '', *,  # pylint: disable=redefined
   `per_trial`: trials of a grid that differ in it may share one compiled program
   (`tff_comp.trials`): it lives in the loop, the sampler or the hyperparameters, never
   in what is compiled."""
-  metadata = dict(help=help, choices=choices, lower=lower, upper=upper, above=above,
-                  flag=flag, parse=parse, input_file=input_file, resumable=resumable,
-                  per_trial=per_trial)
+  metadata = dict(
+    help=help,
+    choices=choices,
+    lower=lower,
+    upper=upper,
+    above=above,
+    flag=flag,
+    parse=parse,
+    input_file=input_file,
+    resumable=resumable,
+    per_trial=per_trial,
+  )
   if default_factory is not None:
     return dataclasses.field(default_factory=default_factory, metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
@@ -90,19 +106,32 @@ def specs(record: type) -> Iterator[Spec]:
     if not meta.get('help'):
       continue
     choices = meta['choices']() if callable(meta['choices']) else meta['choices']
-    default = (field.default_factory() if field.default is dataclasses.MISSING
-               else field.default)
-    yield Spec(field.name, meta['flag'] or field.name, _base_type(hints[field.name]),
-               default, meta['help'], tuple(choices), meta['lower'], meta['upper'],
-               meta['above'], meta['parse'], meta.get('input_file', False),
-               meta.get('resumable', False), meta.get('per_trial', False))
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    yield Spec(
+      field.name,
+      meta['flag'] or field.name,
+      _base_type(hints[field.name]),
+      default,
+      meta['help'],
+      tuple(choices),
+      meta['lower'],
+      meta['upper'],
+      meta['above'],
+      meta['parse'],
+      meta.get('input_file', False),
+      meta.get('resumable', False),
+      meta.get('per_trial', False),
+    )
 
 
 def input_files(record: Any) -> list[str]:
   """The paths of the files `record`'s settings name as inputs (`setting(input_file=
   True)`), those set."""
-  return [getattr(record, spec.name) for spec in specs(type(record))
-          if spec.input_file and getattr(record, spec.name) is not None]
+  return [
+    getattr(record, spec.name)
+    for spec in specs(type(record))
+    if spec.input_file and getattr(record, spec.name) is not None
+  ]
 
 
 def check(record: Any) -> None:
@@ -114,14 +143,20 @@ def check(record: Any) -> None:
     if value is None or isinstance(value, bool):
       continue
     if spec.choices and isinstance(value, str) and value not in spec.choices:
-      raise ValueError(f'--{spec.flag}={value!r} is unknown; choose one of'
-                       f' {", ".join(spec.choices)}.')
+      raise ValueError(
+        f'--{spec.flag}={value!r} is unknown; choose one of {", ".join(spec.choices)}.'
+      )
     if isinstance(value, (int, float)):
       check_bounds(spec.flag, value, spec.lower, spec.upper, spec.above)
 
 
-def check_bounds(flag: str, value: float, lower: float | None = None,
-                 upper: float | None = None, above: float | None = None) -> None:
+def check_bounds(
+  flag: str,
+  value: float,
+  lower: float | None = None,
+  upper: float | None = None,
+  above: float | None = None,
+) -> None:
   """Raises ValueError ('--flag must be ...') for `value` outside the bounds or not
   finite (also `binaries/flag_check`'s, before TensorFlow loads)."""
   if isinstance(value, float) and not math.isfinite(value):
@@ -137,5 +172,9 @@ def check_bounds(flag: str, value: float, lower: float | None = None,
 def from_dict(record: type, values: dict[str, Any]) -> Any:
   """`record` from its fields' values (config.json's lists back as tuples)."""
   hints = typing.get_type_hints(record)
-  return record(**{k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple
-                   else v for k, v in values.items()})
+  return record(
+    **{
+      k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
+      for k, v in values.items()
+    }
+  )

@@ -55,21 +55,22 @@ class Task(Protocol):
   reference: Callable[[], Metrics] | None
   evaluate_personal: Callable[[Mapping[str, Weights]], Metrics] | None
   evaluate_clients: Callable[[Weights], list[dict[str, Any]]] | None
-  evaluate_personal_clients: Callable[[Mapping[str, Weights]],
-                                      list[dict[str, Any]]] | None
-  evaluate_many: Callable[[Sequence[tuple[Weights, regularizers.Regularizer]]],
-                          list[Metrics]] | None
+  evaluate_personal_clients: Callable[[Mapping[str, Weights]], list[dict[str, Any]]] | None
+  evaluate_many: (
+    Callable[[Sequence[tuple[Weights, regularizers.Regularizer]]], list[Metrics]] | None
+  )
 
   @property
-  def num_clients(self) -> int:
-    ...
+  def num_clients(self) -> int: ...
 
   @property
-  def weight_shapes(self) -> list[tuple[int, ...]]:
-    ...
+  def weight_shapes(self) -> list[tuple[int, ...]]: ...
 
 
 def missing(task: Any) -> list[str]:
   """The members of `Task` that `task` lacks (none: it implements the contract)."""
-  return [name for name in (*Task.__annotations__, 'num_clients', 'weight_shapes')
-          if not hasattr(task, name)]
+  return [
+    name
+    for name in (*Task.__annotations__, 'num_clients', 'weight_shapes')
+    if not hasattr(task, name)
+  ]

@@ -30,15 +30,10 @@ import numpy as np
 import tensorflow as tf
 import threadpoolctl
 
-from tff_comp import experiment
-from tff_comp import evaluation
-from tff_comp import run_config
-from tff_comp.run_config import ExperimentConfig
-from tff_comp.runtime import base
+from tff_comp import evaluation, experiment, run_config
 from tff_comp.run import buffered_async
-from tff_comp.runtime import learning_state
-from tff_comp.runtime import streaming
-from tff_comp.runtime import inprocess_trials
+from tff_comp.run_config import ExperimentConfig
+from tff_comp.runtime import base, inprocess_trials, learning_state, streaming
 
 # Of the per-trial settings, what a private aggregator is built from (its noise calibrated to the rounds,
 # the cohort and the sampling): private trials share a build only when they agree.
@@ -105,13 +100,16 @@ def _why_not_merged(tasks: Sequence[Any], budget_mb: float) -> str:
   the in-process runtime's `--data_memory_budget`."""
   first = tasks[0]
   shapes = [tf.nest.map_structure(np.shape, t.model.initial_weights) for t in tasks]
-  if (any(t.train_data.element_type_structure != first.train_data.element_type_structure
-          for t in tasks) or any(s != shapes[0] for s in shapes)):
-    return 'their tasks\' data or models differ in shape'
+  if any(
+    t.train_data.element_type_structure != first.train_data.element_type_structure for t in tasks
+  ) or any(s != shapes[0] for s in shapes):
+    return "their tasks' data or models differ in shape"
   megabytes = sum(streaming.estimate_bytes(t.train_data) for t in tasks) / 2**20
   if megabytes > budget_mb:
-    return (f'their tasks\' data, about {megabytes:,.0f} MB together, exceed'
-            f' --data_memory_budget={budget_mb:g} MB')
+    return (
+      f"their tasks' data, about {megabytes:,.0f} MB together, exceed"
+      f' --data_memory_budget={budget_mb:g} MB'
+    )
   return ''
 
 
@@ -135,9 +133,11 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
     return _Program(members, prepared, experiment.build_runner(first))
   prefixes = {id(task): f'{k}/' for k, task in enumerate(tasks)}
   data = inprocess_trials.merged_client_data(
-      [(prefixes[id(task)], task.train_data) for task in tasks])
-  runner = experiment.build_runner(dataclasses.replace(
-      first, task=dataclasses.replace(first.task, train_data=data)))
+    [(prefixes[id(task)], task.train_data) for task in tasks]
+  )
+  runner = experiment.build_runner(
+    dataclasses.replace(first, task=dataclasses.replace(first.task, train_data=data))
+  )
   initial = {}
   for p in prepared:  # each trial from its own task's model (the data seed's)
     if id(p.task) not in initial:
@@ -147,14 +147,22 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
         raise experiment.ConfigError(f'algorithm {p.config.algorithm!r}: {e}') from e
       initial[id(p.task)] = learning_state.initial_state(algorithm, runner.runtime.device)
   return _Program(
-      members, prepared, runner,
-      [inprocess_trials.TrialClients(prefixes[id(p.task)], {
-          cid: i for i, cid in enumerate(p.task.train_data.client_ids)}) for p in prepared],
-      [initial[id(p.task)] for p in prepared])
+    members,
+    prepared,
+    runner,
+    [
+      inprocess_trials.TrialClients(
+        prefixes[id(p.task)], {cid: i for i, cid in enumerate(p.task.train_data.client_ids)}
+      )
+      for p in prepared
+    ],
+    [initial[id(p.task)] for p in prepared],
+  )
 
 
-def _programs(members: list[int], prepared: list[experiment.Prepared], batch: bool,
-              say: Any) -> list[_Program]:
+def _programs(
+  members: list[int], prepared: list[experiment.Prepared], batch: bool, say: Any
+) -> list[_Program]:
   """The builds a group's trials run on: one, over every task seed's data where they
   can share it (else one per task seed, said in one line)."""
   by_seed: dict[int, list[int]] = {}
@@ -171,8 +179,7 @@ def _programs(members: list[int], prepared: list[experiment.Prepared], batch: bo
       parts = list(by_seed.values())
   elif len(by_seed) > 1:
     parts = list(by_seed.values())
-  return [_build([members[k] for k in part], [prepared[k] for k in part])
-          for part in parts]
+  return [_build([members[k] for k in part], [prepared[k] for k in part]) for part in parts]
 
 
 def _label(prepared: experiment.Prepared) -> str:
@@ -180,8 +187,7 @@ def _label(prepared: experiment.Prepared) -> str:
 
 
 def _rates(prepared: experiment.Prepared) -> tuple[float, float]:
-  return (prepared.settings.client_learning_rate,
-          prepared.settings.server_learning_rate)
+  return (prepared.settings.client_learning_rate, prepared.settings.server_learning_rate)
 
 
 def _train(prepared: experiment.Prepared, runner: experiment.Runner, trial: Trial) -> Any:
@@ -189,9 +195,14 @@ def _train(prepared: experiment.Prepared, runner: experiment.Runner, trial: Tria
   interruption too: the trials on other threads stop by themselves)."""
   try:
     return experiment.train_runner(
-        prepared, runner, show_progress=False, learning_rates=_rates(prepared),
-        client_hparams=trial.client_hparams, extra_config=trial.extra_config,
-        callbacks=experiment.default_callbacks(prepared, runner, show_progress=False))
+      prepared,
+      runner,
+      show_progress=False,
+      learning_rates=_rates(prepared),
+      client_hparams=trial.client_hparams,
+      extra_config=trial.extra_config,
+      callbacks=experiment.default_callbacks(prepared, runner, show_progress=False),
+    )
   except BaseException as error:  # pylint: disable=broad-except  (the trial's result)
     return error
 
@@ -209,6 +220,7 @@ def trial_bytes(runtime: base.Runtime, clients_per_round: int) -> int:
   """A trial's memory in a batched round, estimated: its state four times (stacked in
   and out, on the device and the host) and, per client of its cohort, eight copies of
   the model (payload row, lane and stored local state, update, outputs)."""
+
   def size(structure) -> int:
     return sum(np.asarray(leaf).nbytes for leaf in tf.nest.flatten(structure))
 
@@ -216,8 +228,13 @@ def trial_bytes(runtime: base.Runtime, clients_per_round: int) -> int:
   return 4 * size(state) + 8 * clients_per_round * size(state.global_model_weights)
 
 
-def run_trials(trials: Sequence[Trial], *, batch: bool = True, say: Any = print,
-               memory_budget: float = DEFAULT_MEMORY_BUDGET) -> list[Any]:
+def run_trials(
+  trials: Sequence[Trial],
+  *,
+  batch: bool = True,
+  say: Any = print,
+  memory_budget: float = DEFAULT_MEMORY_BUDGET,
+) -> list[Any]:
   """Runs every trial (see the module docstring); returns each one's final evaluation
   metrics, or the exception that ended it (a divergence, bad settings), in order.
   `batch=False` runs them one after another (one build per group and data seed). `say`
@@ -232,8 +249,7 @@ def run_trials(trials: Sequence[Trial], *, batch: bool = True, say: Any = print,
   with threadpoolctl.threadpool_limits(limits=1, user_api='blas'):  # `one_blas_thread`
     for members in groups(trials):
       try:
-        programs = _programs(members, _prepare([trials[i].config for i in members]),
-                             batch, say)
+        programs = _programs(members, _prepare([trials[i].config for i in members]), batch, say)
       except experiment.ConfigError as error:
         for i in members:
           results[i] = error
@@ -243,8 +259,14 @@ def run_trials(trials: Sequence[Trial], *, batch: bool = True, say: Any = print,
   return results
 
 
-def _run_program(program: _Program, trials: Sequence[Trial], results: list[Any],
-                 batch: bool, say: Any, memory_budget: float) -> None:
+def _run_program(
+  program: _Program,
+  trials: Sequence[Trial],
+  results: list[Any],
+  batch: bool,
+  say: Any,
+  memory_budget: float,
+) -> None:
   """Runs one build's trials, batched (in chunks within `memory_budget`) or one after
   another; their results into `results`."""
   runner, label, size = program.runner, _label(program.prepared[0]), len(program.members)
@@ -256,30 +278,34 @@ def _run_program(program: _Program, trials: Sequence[Trial], results: list[Any],
       if isinstance(results[i], KeyboardInterrupt):
         raise results[i]
     return
-  per_trial = max(trial_bytes(runner.runtime, p.settings.clients_per_round)
-                  for p in program.prepared) / 2**20
+  per_trial = (
+    max(trial_bytes(runner.runtime, p.settings.clients_per_round) for p in program.prepared) / 2**20
+  )
   chunk = max(1, min(size, int(memory_budget // per_trial)))
   seeds = len({id(p.task) for p in program.prepared})
-  on = f', on {seeds} data seeds\' clients' if seeds > 1 else ''
+  on = f", on {seeds} data seeds' clients" if seeds > 1 else ''
   if chunk < size:
-    say(f'{label}: {size} trials batched in {-(-size // chunk)} programs of up to {chunk}'
-        f' (about {per_trial:,.1f} MB a trial, --batch_memory_budget={memory_budget:g}'
-        f' MB){on} ({runner.runtime.description}).')
+    say(
+      f'{label}: {size} trials batched in {-(-size // chunk)} programs of up to {chunk}'
+      f' (about {per_trial:,.1f} MB a trial, --batch_memory_budget={memory_budget:g}'
+      f' MB){on} ({runner.runtime.description}).'
+    )
   else:
-    say(f'{label}: {size} trials batched into one program{on}'
-        f' ({runner.runtime.description}).')
+    say(f'{label}: {size} trials batched into one program{on} ({runner.runtime.description}).')
   for start in range(0, size, chunk):
     _run_batched(program, range(start, min(size, start + chunk)), trials, results, say)
 
 
-def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
-                 results: list[Any], say: Any) -> None:
+def _run_batched(
+  program: _Program, part: range, trials: Sequence[Trial], results: list[Any], say: Any
+) -> None:
   """The trials `part` of `program` (positions in it) as one group, each on a thread;
   says how long its rounds took, and how much of it the compiled round."""
   started = time.monotonic()
   group = program.runner.runtime.trial_group(
-      [program.prepared[k].config.seed for k in part],
-      None if program.clients is None else [program.clients[k] for k in part])
+    [program.prepared[k].config.seed for k in part],
+    None if program.clients is None else [program.clients[k] for k in part],
+  )
   # A task's evaluation was not written for threads (tasks.base.Scorer built its graph
   # lazily and raced in two trials): the program's trials evaluate one at a time, their
   # models together when every trial waits (`_together`), the rows per client under
@@ -289,11 +315,12 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
   for t, k in enumerate(part):
     i, p = program.members[k], program.prepared[k]
     member = group.member(t, None if program.initial is None else program.initial[k])
-    trial_runner = experiment.runner_on(p, member, member.description,
-                                        program.runner.algorithm)
+    trial_runner = experiment.runner_on(p, member, member.description, program.runner.algorithm)
     trial_runner = dataclasses.replace(
-        trial_runner, evaluate=_together(member, trial_runner.evaluate),
-        evaluate_clients=_holding(evaluating, trial_runner.evaluate_clients))
+      trial_runner,
+      evaluate=_together(member, trial_runner.evaluate),
+      evaluate_clients=_holding(evaluating, trial_runner.evaluate_clients),
+    )
 
     def run(i=i, p=p, member=member, trial_runner=trial_runner):
       try:
@@ -306,11 +333,16 @@ def _run_batched(program: _Program, part: range, trials: Sequence[Trial],
     thread.start()
   for thread in threads:
     thread.join()
-  say(f'{_label(program.prepared[0])}: {len(part)} trials, {group.rounds_run} batched rounds'
-      f' in {time.monotonic() - started:.1f} s; the compiled round {group.round_seconds:.1f}'
-      f' s of them (rounds 2 on).')
-  stopped = [results[program.members[k]] for k in part
-             if isinstance(results[program.members[k]], KeyboardInterrupt)]
+  say(
+    f'{_label(program.prepared[0])}: {len(part)} trials, {group.rounds_run} batched rounds'
+    f' in {time.monotonic() - started:.1f} s; the compiled round {group.round_seconds:.1f}'
+    f' s of them (rounds 2 on).'
+  )
+  stopped = [
+    results[program.members[k]]
+    for k in part
+    if isinstance(results[program.members[k]], KeyboardInterrupt)
+  ]
   if stopped:
     raise stopped[0]
 
@@ -340,14 +372,17 @@ def _holding(lock: threading.Lock, fn: Any) -> Any:
   return held
 
 
-def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared
-                  ) -> experiment.Runner:
+def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared) -> experiment.Runner:
   """`runner` for `prepared`'s trial: an async run's schedule is its seed's (the build
   shared)."""
   if prepared.config.asynchrony.mode != 'async':
     return runner
-  return dataclasses.replace(runner, runtime=buffered_async.for_run(
-      prepared.config, runner.runtime.driver, prepared.task.train_data, runner.algorithm))
+  return dataclasses.replace(
+    runner,
+    runtime=buffered_async.for_run(
+      prepared.config, runner.runtime.driver, prepared.task.train_data, runner.algorithm
+    ),
+  )
 
 
 def _why_not_batched(runner: experiment.Runner, size: int, batch: bool) -> str:

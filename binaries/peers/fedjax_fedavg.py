@@ -33,9 +33,14 @@ NUM_CLIENTS, EXAMPLES = 64, 128
 
 def main() -> None:
   parser = argparse.ArgumentParser()
-  for name, kind, default in (('rounds', int, 30), ('repeats', int, 3), ('clients', int, 10),
-                              ('batch_size', int, 10), ('learning_rate', float, 1e-3),
-                              ('dim', int, 1024)):
+  for name, kind, default in (
+    ('rounds', int, 30),
+    ('repeats', int, 3),
+    ('clients', int, 10),
+    ('batch_size', int, 10),
+    ('learning_rate', float, 1e-3),
+    ('dim', int, 1024),
+  ):
     parser.add_argument(f'--{name}', type=kind, default=default)
   parser.add_argument('--serve', action='store_true')
   args = parser.parse_args()
@@ -51,12 +56,16 @@ def main() -> None:
     return hk.Linear(1)(batch['x'])[:, 0]
 
   model = fedjax.create_model_from_haiku(
-      hk.transform(forward), {'x': np.zeros((1, args.dim), np.float32)},
-      train_loss=lambda batch, prediction: 0.5 * jnp.square(prediction - batch['y']))
+    hk.transform(forward),
+    {'x': np.zeros((1, args.dim), np.float32)},
+    train_loss=lambda batch, prediction: 0.5 * jnp.square(prediction - batch['y']),
+  )
   algorithm = fedjax.algorithms.fed_avg.federated_averaging(
-      fedjax.model_grad(model), fedjax.optimizers.sgd(args.learning_rate),
-      fedjax.optimizers.sgd(1.0),
-      fedjax.ShuffleRepeatBatchHParams(batch_size=args.batch_size, num_epochs=1))
+    fedjax.model_grad(model),
+    fedjax.optimizers.sgd(args.learning_rate),
+    fedjax.optimizers.sgd(1.0),
+    fedjax.ShuffleRepeatBatchHParams(batch_size=args.batch_size, num_epochs=1),
+  )
   state = algorithm.init(model.init(jax.random.PRNGKey(0)))
   picks = np.random.default_rng(1)
   keys = (jax.random.fold_in(jax.random.PRNGKey(1), r) for r in itertools.count())
@@ -65,8 +74,14 @@ def main() -> None:
     nonlocal state
     ids = [str(i).encode() for i in picks.choice(NUM_CLIENTS, args.clients, replace=False)]
     state, _ = algorithm.apply(
-        state, [(cid, dataset, key) for (cid, dataset), key in zip(
-            data.get_clients(ids), jax.random.split(next(keys), len(ids)))])
+      state,
+      [
+        (cid, dataset, key)
+        for (cid, dataset), key in zip(
+          data.get_clients(ids), jax.random.split(next(keys), len(ids))
+        )
+      ],
+    )
     jax.block_until_ready(state.params)
 
   for _ in range(3):

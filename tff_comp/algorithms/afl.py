@@ -11,29 +11,25 @@ indexed by client, so clients receive datasets of `client_work.IndexedExample`
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
+from tff_comp.ops import aggregation, client_round, model_ops, per_client, sgd
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import aggregation
-from tff_comp.ops import model_ops
-from tff_comp.ops import per_client
-from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('afl', home_task='imbalanced_digits')
 def afl(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    num_clients: int,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    lambda_learning_rate: float = 0.08,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  num_clients: int,
+  client_learning_rate: float,
+  server_learning_rate: float = 1.0,
+  lambda_learning_rate: float = 0.08,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08).
 
@@ -41,17 +37,28 @@ def afl(
     lambda_learning_rate: step size of the projected gradient ascent on the client
       weights lambda (the paper's lr_lambda: 0.08).
   """
-  common.check_positive(client_learning_rate=client_learning_rate,
-                        lambda_learning_rate=lambda_learning_rate, num_clients=num_clients)
-  rule = per_client.AgnosticWeighted(sgd.SGD(model, learning_rate=client_learning_rate),
-                                     num_clients=num_clients)
+  common.check_positive(
+    client_learning_rate=client_learning_rate,
+    lambda_learning_rate=lambda_learning_rate,
+    num_clients=num_clients,
+  )
+  rule = per_client.AgnosticWeighted(
+    sgd.SGD(model, learning_rate=client_learning_rate), num_clients=num_clients
+  )
   server_rule = per_client.AgnosticServer(
-      model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
-      num_clients=num_clients, lambda_learning_rate=lambda_learning_rate)
-  return common.algorithm(model, rule, server_rule,
-                        client_round.ClientOptions(batch_size, local_epochs, weighting='uniform'),
-                        aggregation_kind=aggregation.SLOTS,
-                        model_aggregator=model_aggregator)
+    model_ops.trainable_specs(model),
+    server_optimizer or common.server_sgd(server_learning_rate),
+    num_clients=num_clients,
+    lambda_learning_rate=lambda_learning_rate,
+  )
+  return common.algorithm(
+    model,
+    rule,
+    server_rule,
+    client_round.ClientOptions(batch_size, local_epochs, weighting='uniform'),
+    aggregation_kind=aggregation.SLOTS,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_afl = common.process_builder(afl)

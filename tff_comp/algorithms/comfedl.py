@@ -15,37 +15,36 @@ As gamma grows, DRFL's step tends to grad F_i / gamma: ComFedL(eta_c, gamma) beh
 like FedAvg with uniform weights and client rate eta_c / gamma.
 """
 
-
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import compositional
-from tff_comp.ops import objectives
+from tff_comp.ops import client_round, compositional, objectives
 
 
 # Home: the paper's gamma = 0.2 at eta_c = 0.01; with shuffled local data, the task's
 # eta_c = 0.02 diverged for 2 of 3 seeds (0.01: none of 3, worst accuracy 0.80-0.85).
 @registry.register_algorithm(
-    'comfedl', home_task='imbalanced_digits',
-    home_settings=dict(client_learning_rate=0.01),
-    divergence_hint=objectives.DIVERGENCE_HINT)
+  'comfedl',
+  home_task='imbalanced_digits',
+  home_settings=dict(client_learning_rate=0.01),
+  divergence_hint=objectives.DIVERGENCE_HINT,
+)
 def comfedl(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    objective: objectives.ObjectiveName = 'drfl',
-    gamma: float = 0.2,
-    inner_learning_rate: float = 0.05,
-    local_steps: int = 5,
-    batch_size: int = 10,
-    client_weighting: str = 'uniform',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  client_learning_rate: float,
+  server_learning_rate: float = 1.0,
+  objective: objectives.ObjectiveName = 'drfl',
+  gamma: float = 0.2,
+  inner_learning_rate: float = 0.05,
+  local_steps: int = 5,
+  batch_size: int = 10,
+  client_weighting: str = 'uniform',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds ComFedL with `local_steps` (tau) compositional steps per round.
 
@@ -61,14 +60,23 @@ def comfedl(
   """
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = compositional.CompositionalSGD(
-      model, learning_rate=client_learning_rate,
-      objective=objectives.make_objective(
-          objective, gamma=gamma, inner_learning_rate=inner_learning_rate))
-  options = client_round.ClientOptions(batch_size, local_steps=local_steps,
-                                   weighting=client_weighting)
+    model,
+    learning_rate=client_learning_rate,
+    objective=objectives.make_objective(
+      objective, gamma=gamma, inner_learning_rate=inner_learning_rate
+    ),
+  )
+  options = client_round.ClientOptions(
+    batch_size, local_steps=local_steps, weighting=client_weighting
+  )
   return common.fedavg_like(
-      model, rule, options, server_learning_rate=server_learning_rate,
-      server_optimizer=server_optimizer, model_aggregator=model_aggregator)
+    model,
+    rule,
+    options,
+    server_learning_rate=server_learning_rate,
+    server_optimizer=server_optimizer,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_comfedl = common.process_builder(comfedl)

@@ -8,14 +8,10 @@ import inspect
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
-from tff_comp.learning_process import composer
-from tff_comp.ops import aggregation
+from tff_comp.learning_process import aggregation_factories, composer
+from tff_comp.ops import aggregation, client_round, model_ops, sgd
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import model_ops
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import sgd
 
 
 def check_positive(**values: float) -> None:
@@ -36,57 +32,86 @@ def server_sgd(learning_rate: float, momentum: float = 0.0) -> tff.learning.opti
   """SGD (with heavy-ball momentum when momentum > 0) at the server."""
   check_positive(server_learning_rate=learning_rate)
   check_nonnegative(server_momentum=momentum)
-  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate,
-                                            momentum=momentum or None)
+  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate, momentum=momentum or None)
 
 
-def algorithm(model, client_rule: rule_lib.ClientRule, server_rule: rule_lib.ServerRule,
-              options: client_round.ClientOptions, *,
-              aggregation_kind: str = aggregation.MEAN,
-              model_aggregator: aggregation_factories.Factory | None = None,
-              ) -> algorithm_lib.Algorithm:
+def algorithm(
+  model,
+  client_rule: rule_lib.ClientRule,
+  server_rule: rule_lib.ServerRule,
+  options: client_round.ClientOptions,
+  *,
+  aggregation_kind: str = aggregation.MEAN,
+  model_aggregator: aggregation_factories.Factory | None = None,
+) -> algorithm_lib.Algorithm:
   """Algorithm(model, client_rule, server_rule, options, aggregation, model_aggregator)."""
-  return algorithm_lib.Algorithm(model, client_rule, server_rule, options, aggregation_kind,
-                                 model_aggregator)
+  return algorithm_lib.Algorithm(
+    model, client_rule, server_rule, options, aggregation_kind, model_aggregator
+  )
 
 
-def composite(model, client_rule_class, server_rule_class, regularizer, *,
-              client_learning_rate: float, server_learning_rate: float,
-              batch_size: int, local_epochs: int, client_weighting: str,
-              client_prox: bool, model_aggregator: aggregation_factories.Factory | None = None,
-              ) -> algorithm_lib.Algorithm:
+def composite(
+  model,
+  client_rule_class,
+  server_rule_class,
+  regularizer,
+  *,
+  client_learning_rate: float,
+  server_learning_rate: float,
+  batch_size: int,
+  local_epochs: int,
+  client_weighting: str,
+  client_prox: bool,
+  model_aggregator: aggregation_factories.Factory | None = None,
+) -> algorithm_lib.Algorithm:
   """A composite-optimization algorithm (`ops.composite`): a client rule of
   `client_rule_class` with psi, and a server rule of `server_rule_class` with SGD(eta_s)
   and psi, weights averaged by the plain weighted mean."""
   check_positive(client_learning_rate=client_learning_rate)
-  rule = client_rule_class(model, learning_rate=client_learning_rate,
-                           regularizer=regularizer, client_prox=client_prox)
-  server_rule = server_rule_class(model_ops.trainable_specs(model),
-                                  server_sgd(server_learning_rate), regularizer)
-  return algorithm(model, rule, server_rule,
-                   client_round.ClientOptions(batch_size, local_epochs,
-                                              weighting=client_weighting),
-                   model_aggregator=model_aggregator)
+  rule = client_rule_class(
+    model, learning_rate=client_learning_rate, regularizer=regularizer, client_prox=client_prox
+  )
+  server_rule = server_rule_class(
+    model_ops.trainable_specs(model), server_sgd(server_learning_rate), regularizer
+  )
+  return algorithm(
+    model,
+    rule,
+    server_rule,
+    client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
+    model_aggregator=model_aggregator,
+  )
 
 
 def fedavg_like(
-    model, client_rule: rule_lib.ClientRule, options: client_round.ClientOptions, *,
-    server_learning_rate: float = 1.0, server_momentum: float = 0.0,
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    aggregation_kind: str = aggregation.MEAN,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model,
+  client_rule: rule_lib.ClientRule,
+  options: client_round.ClientOptions,
+  *,
+  server_learning_rate: float = 1.0,
+  server_momentum: float = 0.0,
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  aggregation_kind: str = aggregation.MEAN,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """FedAvg's skeleton around any client rule: a server optimizer (default SGD(eta_s,
   momentum)) on the aggregated update."""
   server_rule = sgd.OptimizerServer(
-      model_ops.trainable_specs(model),
-      server_optimizer or server_sgd(server_learning_rate, server_momentum))
-  return algorithm(model, client_rule, server_rule, options,
-                   aggregation_kind=aggregation_kind, model_aggregator=model_aggregator)
+    model_ops.trainable_specs(model),
+    server_optimizer or server_sgd(server_learning_rate, server_momentum),
+  )
+  return algorithm(
+    model,
+    client_rule,
+    server_rule,
+    options,
+    aggregation_kind=aggregation_kind,
+    model_aggregator=model_aggregator,
+  )
 
 
 def process_builder(
-    algorithm_fn: Callable[..., algorithm_lib.Algorithm],
+  algorithm_fn: Callable[..., algorithm_lib.Algorithm],
 ) -> Callable[..., composer.ComposedLearningProcess]:
   """`build_<algo>`: `algorithm_fn`'s arguments in, its Algorithm composed into a
   genuine `tff.learning.templates.LearningProcess` out (`composer.compose`), for
@@ -99,15 +124,19 @@ def process_builder(
   takes_seed = 'seed' in inspect.signature(algorithm_fn).parameters
 
   @functools.wraps(algorithm_fn)
-  def build(*args, shuffle: bool = True, seed: int = 0,
-            **kwargs) -> composer.ComposedLearningProcess:
+  def build(
+    *args, shuffle: bool = True, seed: int = 0, **kwargs
+  ) -> composer.ComposedLearningProcess:
     if takes_seed:
       kwargs['seed'] = seed
     return composer.compose(
-        algorithm_fn(*args, **kwargs).with_client_options(shuffle=shuffle, seed=seed))
+      algorithm_fn(*args, **kwargs).with_client_options(shuffle=shuffle, seed=seed)
+    )
 
   build.__name__ = build.__qualname__ = f'build_{algorithm_fn.__name__}'
-  build.__doc__ = (f'The TFF LearningProcess of `{algorithm_fn.__name__}` (same'
-                   f' arguments, and `shuffle` and `seed` of the clients\' local data'
-                   f' order: `common.process_builder`).\n\n{algorithm_fn.__doc__ or ""}')
+  build.__doc__ = (
+    f'The TFF LearningProcess of `{algorithm_fn.__name__}` (same'
+    f" arguments, and `shuffle` and `seed` of the clients' local data"
+    f' order: `common.process_builder`).\n\n{algorithm_fn.__doc__ or ""}'
+  )
   return build

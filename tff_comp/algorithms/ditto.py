@@ -14,31 +14,27 @@ global model.
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
+from tff_comp.ops import aggregation, client_round, model_ops, per_client, sgd
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import aggregation
-from tff_comp.ops import model_ops
-from tff_comp.ops import per_client
-from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('ditto', home_task='dominant_class')
 def ditto(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    num_clients: int,
-    client_learning_rate: float,
-    lam: float = 0.1,
-    personal_learning_rate: float = 0.0,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'examples',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  num_clients: int,
+  client_learning_rate: float,
+  lam: float = 0.1,
+  personal_learning_rate: float = 0.0,
+  server_learning_rate: float = 1.0,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  client_weighting: str = 'examples',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 ties eta_p to
   the client learning rate (also when that is later set through the hparams).
@@ -51,16 +47,24 @@ def ditto(
   common.check_positive(client_learning_rate=client_learning_rate, num_clients=num_clients)
   common.check_nonnegative(lam=lam, personal_learning_rate=personal_learning_rate)
   rule = per_client.Ditto(
-      sgd.SGD(model, learning_rate=client_learning_rate), num_clients=num_clients,
-      lam=lam, personal_learning_rate=personal_learning_rate or None)
+    sgd.SGD(model, learning_rate=client_learning_rate),
+    num_clients=num_clients,
+    lam=lam,
+    personal_learning_rate=personal_learning_rate or None,
+  )
   server_rule = per_client.PersonalModelsServer(
-      model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
-      num_clients=num_clients)
-  return common.algorithm(model, rule, server_rule,
-                        client_round.ClientOptions(batch_size, local_epochs,
-                                               weighting=client_weighting),
-                        aggregation_kind=aggregation.SLOTS,
-                        model_aggregator=model_aggregator)
+    model_ops.trainable_specs(model),
+    server_optimizer or common.server_sgd(server_learning_rate),
+    num_clients=num_clients,
+  )
+  return common.algorithm(
+    model,
+    rule,
+    server_rule,
+    client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
+    aggregation_kind=aggregation.SLOTS,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_ditto = common.process_builder(ditto)

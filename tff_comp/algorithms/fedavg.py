@@ -15,30 +15,29 @@ Example:
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
-from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import sgd
+from tff_comp.ops import client_round, sgd
+from tff_comp.ops import regularizers as regularizers_lib
 
 
 @registry.register_algorithm('fedavg', home_task='lasso')
 def fedavg(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    server_momentum: float = 0.0,
-    client_momentum: float = 0.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    local_epochs_max: int = 0,
-    seed: int = 0,
-    client_weighting: str = 'examples',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  client_learning_rate: float,
+  server_learning_rate: float = 1.0,
+  server_momentum: float = 0.0,
+  client_momentum: float = 0.0,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  local_epochs_max: int = 0,
+  seed: int = 0,
+  client_weighting: str = 'examples',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
 
@@ -53,28 +52,33 @@ def fedavg(
   """
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(client_momentum=client_momentum)
-  options = client_round.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
-                                   seed=seed, weighting=client_weighting)
+  options = client_round.ClientOptions(
+    batch_size, local_epochs, local_epochs_max or None, seed=seed, weighting=client_weighting
+  )
   return common.fedavg_like(
-      model, sgd.SGD(model, learning_rate=client_learning_rate, momentum=client_momentum),
-      options,
-      server_learning_rate=server_learning_rate, server_momentum=server_momentum,
-      server_optimizer=server_optimizer, model_aggregator=model_aggregator)
+    model,
+    sgd.SGD(model, learning_rate=client_learning_rate, momentum=client_momentum),
+    options,
+    server_learning_rate=server_learning_rate,
+    server_momentum=server_momentum,
+    server_optimizer=server_optimizer,
+    model_aggregator=model_aggregator,
+  )
 
 
 @registry.register_algorithm('fedavg_subgrad', home_task='lasso')
 def fedavg_subgradient(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    regularizer: regularizers_lib.Regularizer,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    server_momentum: float = 0.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'uniform',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  regularizer: regularizers_lib.Regularizer,
+  client_learning_rate: float,
+  server_learning_rate: float = 1.0,
+  server_momentum: float = 0.0,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  client_weighting: str = 'uniform',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedAvg whose clients step along g_k + a subgradient of psi at w_k.
 
@@ -84,9 +88,14 @@ def fedavg_subgradient(
   common.check_positive(client_learning_rate=client_learning_rate)
   rule = sgd.SGD(model, learning_rate=client_learning_rate, subgradient_of=regularizer)
   return common.fedavg_like(
-      model, rule, client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
-      server_learning_rate=server_learning_rate, server_momentum=server_momentum,
-      server_optimizer=server_optimizer, model_aggregator=model_aggregator)
+    model,
+    rule,
+    client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
+    server_learning_rate=server_learning_rate,
+    server_momentum=server_momentum,
+    server_optimizer=server_optimizer,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_fedavg = common.process_builder(fedavg)

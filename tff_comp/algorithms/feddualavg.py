@@ -16,27 +16,27 @@ With psi = 0 it reduces to FedAvg.
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops import composite
+from tff_comp.ops import regularizers as regularizers_lib
 
 
 @registry.register_algorithm('feddualavg', home_task='lasso')
 @registry.register_algorithm('feddualavg_osp', home_task='lasso', client_prox=False)
 def feddualavg(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    regularizer: regularizers_lib.Regularizer,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'uniform',
-    client_prox: bool = True,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  regularizer: regularizers_lib.Regularizer,
+  client_learning_rate: float,
+  server_learning_rate: float = 1.0,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  client_weighting: str = 'uniform',
+  client_prox: bool = True,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox).
 
@@ -47,10 +47,18 @@ def feddualavg(
   # The dual-state mean is the plain weighted mean: averaging is linear in the dual,
   # which is why dual averaging keeps the sparsity that primal averaging loses.
   return common.composite(
-      model, composite.DualAveraging, composite.DualAveragingServer, regularizer,
-      client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,
-      batch_size=batch_size, local_epochs=local_epochs, client_weighting=client_weighting,
-      client_prox=client_prox, model_aggregator=model_aggregator)
+    model,
+    composite.DualAveraging,
+    composite.DualAveragingServer,
+    regularizer,
+    client_learning_rate=client_learning_rate,
+    server_learning_rate=server_learning_rate,
+    batch_size=batch_size,
+    local_epochs=local_epochs,
+    client_weighting=client_weighting,
+    client_prox=client_prox,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_feddualavg = common.process_builder(feddualavg)

@@ -11,27 +11,27 @@ With psi = 0 both reduce to FedAvg.
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops import composite
+from tff_comp.ops import regularizers as regularizers_lib
 
 
 @registry.register_algorithm('fedmid', home_task='lasso')
 @registry.register_algorithm('fedmid_osp', home_task='lasso', client_prox=False)
 def fedmid(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    regularizer: regularizers_lib.Regularizer,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'uniform',
-    client_prox: bool = True,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  regularizer: regularizers_lib.Regularizer,
+  client_learning_rate: float,
+  server_learning_rate: float = 1.0,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  client_weighting: str = 'uniform',
+  client_prox: bool = True,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox).
 
@@ -40,10 +40,18 @@ def fedmid(
       server applies the prox (FedMiD-OSP).
   """
   return common.composite(
-      model, composite.ProximalSGD, composite.MirrorDescentServer, regularizer,
-      client_learning_rate=client_learning_rate, server_learning_rate=server_learning_rate,
-      batch_size=batch_size, local_epochs=local_epochs, client_weighting=client_weighting,
-      client_prox=client_prox, model_aggregator=model_aggregator)
+    model,
+    composite.ProximalSGD,
+    composite.MirrorDescentServer,
+    regularizer,
+    client_learning_rate=client_learning_rate,
+    server_learning_rate=server_learning_rate,
+    batch_size=batch_size,
+    local_epochs=local_epochs,
+    client_weighting=client_weighting,
+    client_prox=client_prox,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_fedmid = common.process_builder(fedmid)

@@ -13,34 +13,34 @@ drawn per client per round from [local_epochs, local_epochs_max] (`fedavg` and
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
+from tff_comp.ops import aggregation, client_round, sgd
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import aggregation
-from tff_comp.ops import sgd
 
 
 # Home: Wang et al.'s Synthetic(1, 1) with local epochs drawn from U(2, 5).
 @registry.register_algorithm(
-    'fednova', home_task='synthetic',
-    home_settings=dict(local_epochs=2, local_epochs_max=5, batch_size=50))
+  'fednova',
+  home_task='synthetic',
+  home_settings=dict(local_epochs=2, local_epochs_max=5, batch_size=50),
+)
 def fednova(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    server_momentum: float = 0.0,
-    client_momentum: float = 0.0,
-    mu: float = 0.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    local_epochs_max: int = 0,
-    seed: int = 0,
-    client_weighting: str = 'examples',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  client_learning_rate: float,
+  server_learning_rate: float = 1.0,
+  server_momentum: float = 0.0,
+  client_momentum: float = 0.0,
+  mu: float = 0.0,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  local_epochs_max: int = 0,
+  seed: int = 0,
+  client_weighting: str = 'examples',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedNova; local solver: SGD, momentum (client_momentum) or prox (mu).
 
@@ -55,14 +55,24 @@ def fednova(
   """
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(mu=mu, client_momentum=client_momentum)
-  rule = sgd.NormalizedSGD(sgd.SGD(model, learning_rate=client_learning_rate,
-                                proximal_strength=mu, momentum=client_momentum))
-  options = client_round.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
-                                   seed=seed, weighting=client_weighting)
+  rule = sgd.NormalizedSGD(
+    sgd.SGD(
+      model, learning_rate=client_learning_rate, proximal_strength=mu, momentum=client_momentum
+    )
+  )
+  options = client_round.ClientOptions(
+    batch_size, local_epochs, local_epochs_max or None, seed=seed, weighting=client_weighting
+  )
   return common.fedavg_like(
-      model, rule, options, server_learning_rate=server_learning_rate,
-      server_momentum=server_momentum, server_optimizer=server_optimizer,
-      aggregation_kind=aggregation.NORMALIZED, model_aggregator=model_aggregator)
+    model,
+    rule,
+    options,
+    server_learning_rate=server_learning_rate,
+    server_momentum=server_momentum,
+    server_optimizer=server_optimizer,
+    aggregation_kind=aggregation.NORMALIZED,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_fednova = common.process_builder(fednova)

@@ -9,29 +9,28 @@ opposite sign; with that sign flipped this equals it (tests/test_parity.py).
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import sgd
+from tff_comp.ops import client_round, sgd
 
 
 @registry.register_algorithm('fedprox', home_task='lasso')
 def fedprox(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    client_learning_rate: float,
-    mu: float = 0.01,
-    server_learning_rate: float = 1.0,
-    server_momentum: float = 0.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    local_epochs_max: int = 0,
-    seed: int = 0,
-    client_weighting: str = 'examples',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  client_learning_rate: float,
+  mu: float = 0.01,
+  server_learning_rate: float = 1.0,
+  server_momentum: float = 0.0,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  local_epochs_max: int = 0,
+  seed: int = 0,
+  client_weighting: str = 'examples',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedProx with proximal strength `mu`.
 
@@ -44,12 +43,18 @@ def fedprox(
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(mu=mu)
   rule = sgd.SGD(model, learning_rate=client_learning_rate, proximal_strength=mu)
-  options = client_round.ClientOptions(batch_size, local_epochs, local_epochs_max or None,
-                                   seed=seed, weighting=client_weighting)
+  options = client_round.ClientOptions(
+    batch_size, local_epochs, local_epochs_max or None, seed=seed, weighting=client_weighting
+  )
   return common.fedavg_like(
-      model, rule, options, server_learning_rate=server_learning_rate,
-      server_momentum=server_momentum, server_optimizer=server_optimizer,
-      model_aggregator=model_aggregator)
+    model,
+    rule,
+    options,
+    server_learning_rate=server_learning_rate,
+    server_momentum=server_momentum,
+    server_optimizer=server_optimizer,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_fedprox = common.process_builder(fedprox)

@@ -25,33 +25,31 @@ Example:
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import aggregation
+from tff_comp.learning_process import aggregation_factories
+from tff_comp.ops import aggregation, client_round, maml, model_ops
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import maml
-from tff_comp.ops import model_ops
 
 
-@registry.register_algorithm('local_moml', home_task='sinewave',
-                             divergence_hint=maml.DIVERGENCE_HINT)
+@registry.register_algorithm(
+  'local_moml', home_task='sinewave', divergence_hint=maml.DIVERGENCE_HINT
+)
 def local_moml(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    num_clients: int,
-    client_learning_rate: float,
-    alpha: float = 0.01,
-    beta: float = 0.9,
-    variant: maml.MomlVariant = 'fo',
-    memory: maml.Memory = 'persistent',
-    local_steps: int = 10,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 5,
-    client_weighting: str = 'uniform',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  num_clients: int,
+  client_learning_rate: float,
+  alpha: float = 0.01,
+  beta: float = 0.9,
+  variant: maml.MomlVariant = 'fo',
+  memory: maml.Memory = 'persistent',
+  local_steps: int = 10,
+  server_learning_rate: float = 1.0,
+  batch_size: int = 5,
+  client_weighting: str = 'uniform',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Local-MOML.
 
@@ -64,23 +62,44 @@ def local_moml(
       every round).
     local_steps: steps per round, two batches each.
   """
-  common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha,
-                        num_clients=num_clients)
-  rule = maml.LocalMoml(model, learning_rate=client_learning_rate, alpha=alpha, beta=beta,
-                        variant=variant, memory=memory, num_clients=num_clients)
+  common.check_positive(
+    client_learning_rate=client_learning_rate, alpha=alpha, num_clients=num_clients
+  )
+  rule = maml.LocalMoml(
+    model,
+    learning_rate=client_learning_rate,
+    alpha=alpha,
+    beta=beta,
+    variant=variant,
+    memory=memory,
+    num_clients=num_clients,
+  )
   rule.check_hparams(rule.initial_hparams())
-  options = client_round.ClientOptions(batch_size, local_steps=local_steps,
-                                       weighting=client_weighting)
+  options = client_round.ClientOptions(
+    batch_size, local_steps=local_steps, weighting=client_weighting
+  )
   if memory == 'round':
     return common.fedavg_like(
-        model, rule, options, server_learning_rate=server_learning_rate,
-        server_optimizer=server_optimizer, model_aggregator=model_aggregator)
+      model,
+      rule,
+      options,
+      server_learning_rate=server_learning_rate,
+      server_optimizer=server_optimizer,
+      model_aggregator=model_aggregator,
+    )
   server_rule = maml.MemoryServer(
-      model_ops.trainable_specs(model),
-      server_optimizer or common.server_sgd(server_learning_rate), num_clients=num_clients)
-  return common.algorithm(model, rule, server_rule, options,
-                          aggregation_kind=aggregation.SLOTS,
-                          model_aggregator=model_aggregator)
+    model_ops.trainable_specs(model),
+    server_optimizer or common.server_sgd(server_learning_rate),
+    num_clients=num_clients,
+  )
+  return common.algorithm(
+    model,
+    rule,
+    server_rule,
+    options,
+    aggregation_kind=aggregation.SLOTS,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_local_moml = common.process_builder(local_moml)

@@ -16,36 +16,32 @@ own gamma is `gamma`. With DRFL, m is rescaled exactly when the round's referenc
 (see ops.objectives.DRFL).
 """
 
-
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import compositional
-from tff_comp.ops import model_ops
-from tff_comp.ops import objectives
+from tff_comp.ops import client_round, compositional, model_ops, objectives
 
 
 @registry.register_algorithm(
-    'local_scgdm', home_task='imbalanced_digits',
-    divergence_hint=objectives.DIVERGENCE_HINT)
+  'local_scgdm', home_task='imbalanced_digits', divergence_hint=objectives.DIVERGENCE_HINT
+)
 def local_scgdm(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    client_learning_rate: float,
-    momentum_rate: float = 1.0,
-    beta: float = 1.0,
-    tracking_gamma: float = 1.0,
-    objective: objectives.ObjectiveName = 'drfl',
-    gamma: float = 0.2,
-    inner_learning_rate: float = 0.05,
-    local_steps: int = 5,
-    batch_size: int = 10,
-    client_weighting: str = 'uniform',
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  client_learning_rate: float,
+  momentum_rate: float = 1.0,
+  beta: float = 1.0,
+  tracking_gamma: float = 1.0,
+  objective: objectives.ObjectiveName = 'drfl',
+  gamma: float = 0.2,
+  inner_learning_rate: float = 0.05,
+  local_steps: int = 5,
+  batch_size: int = 10,
+  client_weighting: str = 'uniform',
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Local-SCGDM with period `local_steps` (p).
 
@@ -60,21 +56,32 @@ def local_scgdm(
       objectives.
     local_steps: local steps between the server's averages of x, u and m (the period p).
   """
-  common.check_positive(client_learning_rate=client_learning_rate,
-                        momentum_rate=momentum_rate, beta=beta,
-                        tracking_gamma=tracking_gamma)
-  obj = objectives.make_objective(objective, gamma=gamma,
-                                  inner_learning_rate=inner_learning_rate)
-  rule = compositional.TrackedMomentum(model, learning_rate=client_learning_rate, objective=obj,
-                             momentum_rate=momentum_rate, beta=beta,
-                             tracking_gamma=tracking_gamma)
+  common.check_positive(
+    client_learning_rate=client_learning_rate,
+    momentum_rate=momentum_rate,
+    beta=beta,
+    tracking_gamma=tracking_gamma,
+  )
+  obj = objectives.make_objective(objective, gamma=gamma, inner_learning_rate=inner_learning_rate)
+  rule = compositional.TrackedMomentum(
+    model,
+    learning_rate=client_learning_rate,
+    objective=obj,
+    momentum_rate=momentum_rate,
+    beta=beta,
+    tracking_gamma=tracking_gamma,
+  )
   rule.check_hparams(rule.initial_hparams())
   server_rule = compositional.TrackerServer(
-      model_ops.trainable_specs(model), common.server_sgd(1.0), obj.value_spec(model))
-  return common.algorithm(model, rule, server_rule,
-                        client_round.ClientOptions(batch_size, local_steps=local_steps,
-                                               weighting=client_weighting),
-                        model_aggregator=model_aggregator)
+    model_ops.trainable_specs(model), common.server_sgd(1.0), obj.value_spec(model)
+  )
+  return common.algorithm(
+    model,
+    rule,
+    server_rule,
+    client_round.ClientOptions(batch_size, local_steps=local_steps, weighting=client_weighting),
+    model_aggregator=model_aggregator,
+  )
 
 
 build_local_scgdm = common.process_builder(local_scgdm)

@@ -11,32 +11,31 @@ the mean of client models. The exact meta-gradient can be several times larger t
 the first-order one at initialization; it may need a smaller beta.
 """
 
-
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import maml
+from tff_comp.ops import client_round, maml
 
 
-@registry.register_algorithm('per_fedavg', home_task='sinewave',
-                             divergence_hint=maml.DIVERGENCE_HINT)
+@registry.register_algorithm(
+  'per_fedavg', home_task='sinewave', divergence_hint=maml.DIVERGENCE_HINT
+)
 def per_fedavg(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    client_learning_rate: float,
-    alpha: float = 0.01,
-    variant: maml.Variant = 'fo',
-    delta: float = 1e-3,
-    local_steps: int = 10,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 5,
-    client_weighting: str = 'uniform',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  client_learning_rate: float,
+  alpha: float = 0.01,
+  variant: maml.Variant = 'fo',
+  delta: float = 1e-3,
+  local_steps: int = 10,
+  server_learning_rate: float = 1.0,
+  batch_size: int = 5,
+  client_weighting: str = 'uniform',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Per-FedAvg; `variant` is 'exact', 'fo' or 'hf'.
 
@@ -48,13 +47,20 @@ def per_fedavg(
     local_steps: MAML steps per round, three batches each.
   """
   common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha, delta=delta)
-  rule = maml.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha,
-                        variant=variant, delta=delta)
-  options = client_round.ClientOptions(batch_size, local_steps=local_steps,
-                                   weighting=client_weighting)
+  rule = maml.PerFedAvg(
+    model, learning_rate=client_learning_rate, alpha=alpha, variant=variant, delta=delta
+  )
+  options = client_round.ClientOptions(
+    batch_size, local_steps=local_steps, weighting=client_weighting
+  )
   return common.fedavg_like(
-      model, rule, options, server_learning_rate=server_learning_rate,
-      server_optimizer=server_optimizer, model_aggregator=model_aggregator)
+    model,
+    rule,
+    options,
+    server_learning_rate=server_learning_rate,
+    server_optimizer=server_optimizer,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_per_fedavg = common.process_builder(per_fedavg)

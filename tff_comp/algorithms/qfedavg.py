@@ -8,24 +8,22 @@ high-loss clients more; q = 0 is FedAvg with uniform client weights.
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import model_ops
-from tff_comp.ops import sgd
+from tff_comp.ops import client_round, model_ops, sgd
 
 
 @registry.register_algorithm('qfedavg', home_task='imbalanced_digits')
 def qfedavg(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    client_learning_rate: float,
-    q: float = 0.2,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  client_learning_rate: float,
+  q: float = 0.2,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2).
 
@@ -37,8 +35,13 @@ def qfedavg(
   common.check_nonnegative(q=q)
   rule = sgd.FairnessWeightedSGD(model, learning_rate=client_learning_rate, q=q)
   options = client_round.ClientOptions(batch_size, local_epochs, weighting='uniform')
-  return common.algorithm(model, rule, sgd.RatioServer(model_ops.trainable_specs(model)),
-                        options, model_aggregator=model_aggregator)
+  return common.algorithm(
+    model,
+    rule,
+    sgd.RatioServer(model_ops.trainable_specs(model)),
+    options,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_qfedavg = common.process_builder(qfedavg)

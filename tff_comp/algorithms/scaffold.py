@@ -18,40 +18,45 @@ Example:
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
-from tff_comp.ops import aggregation
+from tff_comp.learning_process import aggregation_factories
+from tff_comp.ops import aggregation, client_round, model_ops
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import model_ops
 from tff_comp.ops import scaffold as scaffold_lib
 
 
 @registry.register_algorithm('scaffold', home_task='synthetic')
 def scaffold(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    num_clients: int,
-    client_learning_rate: float,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 10,
-    local_epochs: int = 1,
-    client_weighting: str = 'uniform',
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  num_clients: int,
+  client_learning_rate: float,
+  server_learning_rate: float = 1.0,
+  batch_size: int = 10,
+  local_epochs: int = 1,
+  client_weighting: str = 'uniform',
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """SCAFFOLD over `num_clients` clients (option II control variates)."""
   common.check_positive(client_learning_rate=client_learning_rate, num_clients=num_clients)
-  rule = scaffold_lib.ScaffoldClient(model, learning_rate=client_learning_rate,
-                                     num_clients=num_clients)
+  rule = scaffold_lib.ScaffoldClient(
+    model, learning_rate=client_learning_rate, num_clients=num_clients
+  )
   server_rule = scaffold_lib.ControlVariateServer(
-      model_ops.trainable_specs(model),
-      server_optimizer or common.server_sgd(server_learning_rate), num_clients=num_clients)
+    model_ops.trainable_specs(model),
+    server_optimizer or common.server_sgd(server_learning_rate),
+    num_clients=num_clients,
+  )
   return common.algorithm(
-      model, rule, server_rule,
-      client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
-      aggregation_kind=aggregation.SLOTS, model_aggregator=model_aggregator)
+    model,
+    rule,
+    server_rule,
+    client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
+    aggregation_kind=aggregation.SLOTS,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_scaffold = common.process_builder(scaffold)

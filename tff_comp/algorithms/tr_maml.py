@@ -10,33 +10,32 @@ post-adaptation losses. p is per client, so clients receive IndexedExamples (as 
 
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import aggregation_factories
 from tff_comp import registry
 from tff_comp.algorithms import common
+from tff_comp.learning_process import aggregation_factories
+from tff_comp.ops import aggregation, client_round, maml, model_ops, per_client
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import aggregation
-from tff_comp.ops import maml
-from tff_comp.ops import model_ops
-from tff_comp.ops import per_client
 
 
 # Home: the ComFedL paper's DA-MAML setup (inner step 0.05, 5 local steps).
-@registry.register_algorithm('tr_maml', home_task='dominant_class',
-                             home_settings=dict(alpha=0.05, local_steps=5),
-                             divergence_hint=maml.DIVERGENCE_HINT)
+@registry.register_algorithm(
+  'tr_maml',
+  home_task='dominant_class',
+  home_settings=dict(alpha=0.05, local_steps=5),
+  divergence_hint=maml.DIVERGENCE_HINT,
+)
 def tr_maml(
-    model: tff.learning.models.FunctionalModel,
-    *,
-    num_clients: int,
-    client_learning_rate: float,
-    alpha: float = 0.01,
-    task_weight_learning_rate: float = 0.1,
-    local_steps: int = 10,
-    server_learning_rate: float = 1.0,
-    batch_size: int = 5,
-    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-    model_aggregator: aggregation_factories.Factory | None = None,
+  model: tff.learning.models.FunctionalModel,
+  *,
+  num_clients: int,
+  client_learning_rate: float,
+  alpha: float = 0.01,
+  task_weight_learning_rate: float = 0.1,
+  local_steps: int = 10,
+  server_learning_rate: float = 1.0,
+  batch_size: int = 5,
+  server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+  model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds TR-MAML; `task_weight_learning_rate` is the exponentiated-gradient step.
 
@@ -46,20 +45,30 @@ def tr_maml(
       task weights.
     local_steps: MAML steps per round.
   """
-  common.check_positive(client_learning_rate=client_learning_rate, alpha=alpha,
-                        task_weight_learning_rate=task_weight_learning_rate)
+  common.check_positive(
+    client_learning_rate=client_learning_rate,
+    alpha=alpha,
+    task_weight_learning_rate=task_weight_learning_rate,
+  )
   rule = per_client.AgnosticWeighted(
-      maml.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha, variant='fo'),
-      num_clients=num_clients)
+    maml.PerFedAvg(model, learning_rate=client_learning_rate, alpha=alpha, variant='fo'),
+    num_clients=num_clients,
+  )
   server_rule = per_client.AgnosticServer(
-      model_ops.trainable_specs(model), server_optimizer or common.server_sgd(server_learning_rate),
-      num_clients=num_clients, lambda_learning_rate=task_weight_learning_rate,
-      ascent='exponentiated')
-  return common.algorithm(model, rule, server_rule,
-                        client_round.ClientOptions(batch_size, local_steps=local_steps,
-                                               weighting='uniform'),
-                        aggregation_kind=aggregation.SLOTS,
-                        model_aggregator=model_aggregator)
+    model_ops.trainable_specs(model),
+    server_optimizer or common.server_sgd(server_learning_rate),
+    num_clients=num_clients,
+    lambda_learning_rate=task_weight_learning_rate,
+    ascent='exponentiated',
+  )
+  return common.algorithm(
+    model,
+    rule,
+    server_rule,
+    client_round.ClientOptions(batch_size, local_steps=local_steps, weighting='uniform'),
+    aggregation_kind=aggregation.SLOTS,
+    model_aggregator=model_aggregator,
+  )
 
 
 build_tr_maml = common.process_builder(tr_maml)

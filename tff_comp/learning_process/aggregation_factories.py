@@ -19,8 +19,7 @@ import collections
 
 import tensorflow_federated as tff
 
-from tff_comp.ops import aggregation
-from tff_comp.ops import privacy
+from tff_comp.ops import aggregation, privacy
 
 Factory = tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
 
@@ -36,9 +35,10 @@ class _AsWeighted(tff.aggregators.WeightedAggregationFactory):
     inner = self._inner.create(value_type)
 
     @tff.federated_computation(
-        inner.initialize.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS))
+      inner.initialize.type_signature.result,
+      tff.FederatedType(value_type, tff.CLIENTS),
+      tff.FederatedType(weight_type, tff.CLIENTS),
+    )
     def next_fn(state, value, weight):
       del weight  # 1 for every client
       return inner.next(state, value)
@@ -75,16 +75,22 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
     self._kind, self._inner = kind, _weighted(inner)
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    names = ([name for name, _ in tff.structure.iter_elements(value_type)]
-             if isinstance(value_type, tff.StructType) else [])
+    names = (
+      [name for name, _ in tff.structure.iter_elements(value_type)]
+      if isinstance(value_type, tff.StructType)
+      else []
+    )
     if 'delta' not in names:
       if self._kind != aggregation.MEAN:
-        raise TypeError(f'{self._kind} aggregation needs updates with a `delta` field,'
-                        f' got {value_type}.')
+        raise TypeError(
+          f'{self._kind} aggregation needs updates with a `delta` field, got {value_type}.'
+        )
       return self._inner.create(value_type, weight_type)
     if self._kind == aggregation.NORMALIZED and 'a_norm' not in names:
-      raise TypeError('FedNova aggregates NormalizedUpdate(delta, a_norm) values, got'
-                      f' {value_type}. Hint: wrap the client rule in ops.sgd.NormalizedSGD.')
+      raise TypeError(
+        'FedNova aggregates NormalizedUpdate(delta, a_norm) values, got'
+        f' {value_type}. Hint: wrap the client rule in ops.sgd.NormalizedSGD.'
+      )
     sides = [name for name in names if name != 'delta']
     normalized = self._kind == aggregation.NORMALIZED
     container = value_type.python_container
@@ -104,8 +110,9 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
     @tff.tensorflow.computation(delta_type, side_type)
     def join(delta, sides_mean):
       if normalized:
-        return aggregation.rescale(collections.OrderedDict(
-            normalized=delta, a_norm=sides_mean['a_norm']))
+        return aggregation.rescale(
+          collections.OrderedDict(normalized=delta, a_norm=sides_mean['a_norm'])
+        )
       return container(delta=delta, **sides_mean)
 
     @tff.federated_computation
@@ -113,9 +120,10 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
       return tff.federated_zip((inner.initialize(), side.initialize()))
 
     @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS))
+      init_fn.type_signature.result,
+      tff.FederatedType(value_type, tff.CLIENTS),
+      tff.FederatedType(weight_type, tff.CLIENTS),
+    )
     def next_fn(state, value, weight):
       parts = tff.federated_map(split, value)
       delta_out = inner.next(state[0], parts[0], weight)
@@ -127,9 +135,10 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
       if normalized:
         measurements['tau_eff'] = tff.federated_map(_a_norm_of, side_out.result)
       return tff.templates.MeasuredProcessOutput(
-          tff.federated_zip((delta_out.state, side_out.state)),
-          tff.federated_map(join, (delta_out.result, side_out.result)),
-          tff.federated_zip(measurements))
+        tff.federated_zip((delta_out.state, side_out.state)),
+        tff.federated_map(join, (delta_out.result, side_out.result)),
+        tff.federated_zip(measurements),
+      )
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
@@ -147,13 +156,18 @@ def privacy_factory(spec: privacy.PrivateMean) -> Factory:
   if spec.kind == privacy.DP:
     return dp.gaussian_fixed(spec.noise_multiplier, spec.clients_per_round, spec.clip_norm)
   return dp.gaussian_adaptive(
-      spec.noise_multiplier, spec.clients_per_round, initial_l2_norm_clip=spec.clip_norm,
-      target_unclipped_quantile=spec.target_quantile,
-      learning_rate=spec.clip_learning_rate, clipped_count_stddev=spec.count_stddev)
+    spec.noise_multiplier,
+    spec.clients_per_round,
+    initial_l2_norm_clip=spec.clip_norm,
+    target_unclipped_quantile=spec.target_quantile,
+    learning_rate=spec.clip_learning_rate,
+    clipped_count_stddev=spec.count_stddev,
+  )
 
 
-def factory_for(kind: str, inner: Factory | privacy.PrivateMean | None = None
-                ) -> tff.aggregators.WeightedAggregationFactory:
+def factory_for(
+  kind: str, inner: Factory | privacy.PrivateMean | None = None
+) -> tff.aggregators.WeightedAggregationFactory:
   """The factory placing `ops.aggregation` kind `kind`; `inner` (default MeanFactory)
   aggregates the model delta (a `PrivateMean`, or TFF's clipping, compression or DP
   factories)."""

@@ -65,18 +65,17 @@ class CompositionError(TypeError):
 def _check_link(producer: str, produced, consumer: str, expected, hint: str):
   if not expected.is_assignable_from(produced):
     raise CompositionError(
-        f'{producer} produces\n  {produced}\nbut {consumer} expects\n'
-        f'  {expected}\nHint: {hint}'
+      f'{producer} produces\n  {produced}\nbut {consumer} expects\n  {expected}\nHint: {hint}'
     )
 
 
 def compose_learning_process(
-    *,
-    initial_model_weights_fn: tff.Computation,
-    client_work: tff.learning.templates.ClientWorkProcess,
-    aggregator: tff.aggregators.WeightedAggregationFactory,
-    server_update: server_update_lib.ServerUpdateProcess,
-    algorithm: algorithm_lib.Algorithm | None = None,
+  *,
+  initial_model_weights_fn: tff.Computation,
+  client_work: tff.learning.templates.ClientWorkProcess,
+  aggregator: tff.aggregators.WeightedAggregationFactory,
+  server_update: server_update_lib.ServerUpdateProcess,
+  algorithm: algorithm_lib.Algorithm | None = None,
 ) -> ComposedLearningProcess:
   """Builds a LearningProcess from blocks; see the module docstring for the flow.
 
@@ -97,34 +96,34 @@ def compose_learning_process(
   """
   if not isinstance(server_update, server_update_lib.ServerUpdateProcess):
     raise CompositionError(
-        f'server_update must be a ServerUpdateProcess, got {type(server_update)}.'
-        ' Hint: wrap a TFF finalizer with server_update.from_finalizer.'
+      f'server_update must be a ServerUpdateProcess, got {type(server_update)}.'
+      ' Hint: wrap a TFF finalizer with server_update.from_finalizer.'
     )
   if not isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
     raise CompositionError(
-        f'aggregator must be a weighted tff.aggregators factory, got'
-        f' {type(aggregator).__name__}. Hint: client work weighs updates;'
-        ' use tff.aggregators.MeanFactory() (uniform weighting is a client'
-        ' work option).'
+      f'aggregator must be a weighted tff.aggregators factory, got'
+      f' {type(aggregator).__name__}. Hint: client work weighs updates;'
+      ' use tff.aggregators.MeanFactory() (uniform weighting is a client'
+      ' work option).'
     )
   weights_type = initial_model_weights_fn.type_signature.result
   payload_fn = server_update.client_payload
   payload_type = payload_fn.type_signature.result
   _check_link(
-      'initial_model_weights_fn',
-      weights_type,
-      'server_update.client_payload',
-      payload_fn.type_signature.parameter[1],
-      'the server update was built for a different model.',
+    'initial_model_weights_fn',
+    weights_type,
+    'server_update.client_payload',
+    payload_fn.type_signature.parameter[1],
+    'the server update was built for a different model.',
   )
   work_param = client_work.next.type_signature.parameter
   _check_link(
-      'server_update.client_payload',
-      payload_type,
-      'client_work',
-      work_param[1].member,
-      'the client update rule and the server update must agree on what the'
-      ' server broadcasts (model weights, or a DualPayload for dual averaging).',
+    'server_update.client_payload',
+    payload_type,
+    'client_work',
+    work_param[1].member,
+    'the client update rule and the server update must agree on what the'
+    ' server broadcasts (model weights, or a DualPayload for dual averaging).',
   )
   client_result = client_work.next.type_signature.result.result.member
   update_type = client_result.update
@@ -132,65 +131,58 @@ def compose_learning_process(
     aggregation = aggregator.create(update_type, client_result.update_weight)
   except (TypeError, ValueError) as e:
     raise CompositionError(
-        f'aggregator {type(aggregator).__name__} cannot aggregate client_work'
-        f' updates of type\n  {update_type}\n({e})'
+      f'aggregator {type(aggregator).__name__} cannot aggregate client_work'
+      f' updates of type\n  {update_type}\n({e})'
     ) from e
   _check_link(
-      'aggregator',
-      aggregation.next.type_signature.result.result.member,
-      'server_update',
-      server_update.next.type_signature.parameter[2].member,
-      'the client update rule and the server update disagree on the update'
-      ' (for example an ElapsedUpdate with lr_sum versus a plain model delta).',
+    'aggregator',
+    aggregation.next.type_signature.result.result.member,
+    'server_update',
+    server_update.next.type_signature.parameter[2].member,
+    'the client update rule and the server update disagree on the update'
+    ' (for example an ElapsedUpdate with lr_sum versus a plain model delta).',
   )
   distributor = tff.learning.templates.build_broadcast_process(payload_type)
+
   @tff.federated_computation
   def init_fn():
     weights = tff.federated_eval(initial_model_weights_fn, tff.SERVER)
-    server_state = tff.federated_map(
-        server_update.reset, (server_update.initialize(), weights)
-    )
+    server_state = tff.federated_map(server_update.reset, (server_update.initialize(), weights))
     return tff.federated_zip(
-        tff.learning.templates.LearningAlgorithmState(
-            weights,
-            distributor.initialize(),
-            client_work.initialize(),
-            aggregation.initialize(),
-            server_state,
-        )
+      tff.learning.templates.LearningAlgorithmState(
+        weights,
+        distributor.initialize(),
+        client_work.initialize(),
+        aggregation.initialize(),
+        server_state,
+      )
     )
 
   state_type = init_fn.type_signature.result
 
   @tff.federated_computation(state_type, work_param[2])
   def next_fn(state, client_data):
-    payload = tff.federated_map(
-        payload_fn, (state.finalizer, state.global_model_weights)
-    )
+    payload = tff.federated_map(payload_fn, (state.finalizer, state.global_model_weights))
     distributed = distributor.next(state.distributor, payload)
     work = client_work.next(state.client_work, distributed.result, client_data)
-    aggregated = aggregation.next(
-        state.aggregator, work.result.update, work.result.update_weight
-    )
-    finalized = server_update.next(
-        state.finalizer, state.global_model_weights, aggregated.result
-    )
+    aggregated = aggregation.next(state.aggregator, work.result.update, work.result.update_weight)
+    finalized = server_update.next(state.finalizer, state.global_model_weights, aggregated.result)
     new_state = tff.federated_zip(
-        tff.learning.templates.LearningAlgorithmState(
-            finalized.result,
-            distributed.state,
-            work.state,
-            aggregated.state,
-            finalized.state,
-        )
+      tff.learning.templates.LearningAlgorithmState(
+        finalized.result,
+        distributed.state,
+        work.state,
+        aggregated.state,
+        finalized.state,
+      )
     )
     metrics = tff.federated_zip(
-        collections.OrderedDict(
-            distributor=distributed.measurements,
-            client_work=work.measurements,
-            aggregator=aggregated.measurements,
-            finalizer=finalized.measurements,
-        )
+      collections.OrderedDict(
+        distributor=distributed.measurements,
+        client_work=work.measurements,
+        aggregator=aggregated.measurements,
+        finalizer=finalized.measurements,
+      )
     )
     return tff.learning.templates.LearningProcessOutput(new_state, metrics)
 
@@ -203,33 +195,32 @@ def compose_learning_process(
   @tff.tensorflow.computation(member_type, member_type.global_model_weights)
   def set_model_weights(state, weights):
     return tff.learning.templates.LearningAlgorithmState(
-        weights,
-        state.distributor,
-        state.client_work,
-        state.aggregator,
-        server_update.reset(state.finalizer, weights),
+      weights,
+      state.distributor,
+      state.client_work,
+      state.aggregator,
+      server_update.reset(state.finalizer, weights),
     )
 
   @tff.tensorflow.computation(member_type)
   def get_hparams(state):
     return collections.OrderedDict(
-        client_work=client_work.get_hparams(state.client_work),
-        finalizer=server_update.get_hparams(state.finalizer),
+      client_work=client_work.get_hparams(state.client_work),
+      finalizer=server_update.get_hparams(state.finalizer),
     )
 
   @tff.tensorflow.computation(member_type, get_hparams.type_signature.result)
   def set_hparams(state, hparams):
     return tff.learning.templates.LearningAlgorithmState(
-        state.global_model_weights,
-        state.distributor,
-        client_work.set_hparams(state.client_work, hparams['client_work']),
-        state.aggregator,
-        server_update.set_hparams(state.finalizer, hparams['finalizer']),
+      state.global_model_weights,
+      state.distributor,
+      client_work.set_hparams(state.client_work, hparams['client_work']),
+      state.aggregator,
+      server_update.set_hparams(state.finalizer, hparams['finalizer']),
     )
 
   args = (init_fn, next_fn, get_model_weights, set_model_weights)
-  kwargs = dict(get_hparams_fn=get_hparams, set_hparams_fn=set_hparams,
-                algorithm=algorithm)
+  kwargs = dict(get_hparams_fn=get_hparams, set_hparams_fn=set_hparams, algorithm=algorithm)
   if server_update.personal_weights is None:
     return ComposedLearningProcess(*args, **kwargs)
 
@@ -237,8 +228,7 @@ def compose_learning_process(
   def get_personal_weights(state):
     return server_update.personal_weights(state.finalizer)
 
-  return PersonalizedLearningProcess(
-      *args, **kwargs, get_personal_weights_fn=get_personal_weights)
+  return PersonalizedLearningProcess(*args, **kwargs, get_personal_weights_fn=get_personal_weights)
 
 
 def initial_weights_fn(model: tff.learning.models.FunctionalModel) -> tff.Computation:
@@ -269,13 +259,16 @@ def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
   weights_type = client_work_lib.model_weights_type(algorithm.model)
   server_update = server_update_lib.build_server_update(algorithm.server_rule, weights_type)
   return compose_learning_process(
-      initial_model_weights_fn=initial_weights_fn(algorithm.model),
-      client_work=client_work_lib.build_local_client_work(
-          algorithm.client_rule, server_update.client_payload.type_signature.result,
-          algorithm.client_options),
-      aggregator=aggregation_factories.factory_for(algorithm.aggregation, model_aggregator),
-      server_update=server_update,
-      algorithm=algorithm)
+    initial_model_weights_fn=initial_weights_fn(algorithm.model),
+    client_work=client_work_lib.build_local_client_work(
+      algorithm.client_rule,
+      server_update.client_payload.type_signature.result,
+      algorithm.client_options,
+    ),
+    aggregator=aggregation_factories.factory_for(algorithm.aggregation, model_aggregator),
+    server_update=server_update,
+    algorithm=algorithm,
+  )
 
 
 def algorithm_of(program: Any) -> Any:

@@ -26,13 +26,20 @@ from tff_comp.ops import rule as rule_lib
 class ServerUpdateProcess(tff.learning.templates.FinalizerProcess):
   """A FinalizerProcess with a client payload and a reset; see the module doc."""
 
-  def __init__(self, initialize_fn: tff.Computation, next_fn: tff.Computation, *,
-               client_payload_fn: tff.Computation, reset_fn: tff.Computation,
-               get_hparams_fn: tff.Computation | None = None,
-               set_hparams_fn: tff.Computation | None = None,
-               personal_weights_fn: tff.Computation | None = None):
-    super().__init__(initialize_fn, next_fn, get_hparams_fn=get_hparams_fn,
-                     set_hparams_fn=set_hparams_fn)
+  def __init__(
+    self,
+    initialize_fn: tff.Computation,
+    next_fn: tff.Computation,
+    *,
+    client_payload_fn: tff.Computation,
+    reset_fn: tff.Computation,
+    get_hparams_fn: tff.Computation | None = None,
+    set_hparams_fn: tff.Computation | None = None,
+    personal_weights_fn: tff.Computation | None = None,
+  ):
+    super().__init__(
+      initialize_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn
+    )
     self._client_payload_fn = client_payload_fn
     self._reset_fn = reset_fn
     self._personal_weights_fn = personal_weights_fn
@@ -67,18 +74,23 @@ def _payload_and_reset_of_weights(state_type: tff.Type, weights_type: tff.Type):
   return client_payload, reset
 
 
-def from_finalizer(finalizer: tff.learning.templates.FinalizerProcess,
-                   weights_type: tff.Type) -> ServerUpdateProcess:
+def from_finalizer(
+  finalizer: tff.learning.templates.FinalizerProcess, weights_type: tff.Type
+) -> ServerUpdateProcess:
   """Wraps a TFF finalizer whose clients need only the model weights."""
   state_type = finalizer.initialize.type_signature.result.member
   payload, reset = _payload_and_reset_of_weights(state_type, weights_type)
   return ServerUpdateProcess(
-      finalizer.initialize, finalizer.next, client_payload_fn=payload, reset_fn=reset,
-      get_hparams_fn=finalizer.get_hparams, set_hparams_fn=finalizer.set_hparams)
+    finalizer.initialize,
+    finalizer.next,
+    client_payload_fn=payload,
+    reset_fn=reset,
+    get_hparams_fn=finalizer.get_hparams,
+    set_hparams_fn=finalizer.set_hparams,
+  )
 
 
-def build_server_update(rule: rule_lib.ServerRule,
-                        weights_type: tff.Type) -> ServerUpdateProcess:
+def build_server_update(rule: rule_lib.ServerRule, weights_type: tff.Type) -> ServerUpdateProcess:
   """Places `rule`'s initialize, step, payload, reset and hyperparameters at the server.
 
   Its `next` takes the aggregated update of `rule.update_spec()`'s type and measures
@@ -124,17 +136,22 @@ def build_server_update(rule: rule_lib.ServerRule,
     return tff.federated_eval(init_state, tff.SERVER)
 
   @tff.federated_computation(
-      tff.FederatedType(state_type, tff.SERVER),
-      tff.FederatedType(weights_type, tff.SERVER),
-      tff.FederatedType(update_type, tff.SERVER),
+    tff.FederatedType(state_type, tff.SERVER),
+    tff.FederatedType(weights_type, tff.SERVER),
+    tff.FederatedType(update_type, tff.SERVER),
   )
   def next_fn(state, weights, update):
     new_state, new_weights = tff.federated_map(server_step, (state, weights, update))
     return tff.templates.MeasuredProcessOutput(
-        new_state, new_weights, tff.federated_value((), tff.SERVER))
+      new_state, new_weights, tff.federated_value((), tff.SERVER)
+    )
 
   return ServerUpdateProcess(
-      init_fn, next_fn, client_payload_fn=client_payload, reset_fn=reset,
-      get_hparams_fn=get_hparams, set_hparams_fn=set_hparams,
-      personal_weights_fn=personal_weights)
-
+    init_fn,
+    next_fn,
+    client_payload_fn=client_payload,
+    reset_fn=reset,
+    get_hparams_fn=get_hparams,
+    set_hparams_fn=set_hparams,
+    personal_weights_fn=personal_weights,
+  )

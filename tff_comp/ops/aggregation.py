@@ -33,8 +33,9 @@ def normalize(update) -> collections.OrderedDict:
   if not tf.nest.is_nested(a_norm):
     a_norm = tf.nest.map_structure(lambda _: update.a_norm, update.delta)
   return collections.OrderedDict(
-      normalized=tf.nest.map_structure(tf.math.divide_no_nan, update.delta, a_norm),
-      a_norm=update.a_norm)
+    normalized=tf.nest.map_structure(tf.math.divide_no_nan, update.delta, a_norm),
+    a_norm=update.a_norm,
+  )
 
 
 def rescale(means) -> Any:
@@ -55,7 +56,8 @@ def model_part(kind: str, stacked: Any) -> Any:
     return stacked
   if kind == NORMALIZED:
     return tf.nest.map_structure(
-        lambda d: tf.math.divide_no_nan(d, _per_client(stacked.a_norm, d)), stacked.delta)
+      lambda d: tf.math.divide_no_nan(d, _per_client(stacked.a_norm, d)), stacked.delta
+    )
   return stacked.delta
 
 
@@ -71,9 +73,9 @@ class Sums(NamedTuple):
 
 def sums(kind: str, stacked: Any, weights: tf.Tensor) -> Sums:
   """The cohort share's `Sums` (see above)."""
+
   def weighted(tree):
-    return tf.nest.map_structure(
-        lambda u: tf.reduce_sum(_per_client(weights, u) * u, axis=0), tree)
+    return tf.nest.map_structure(lambda u: tf.reduce_sum(_per_client(weights, u) * u, axis=0), tree)
 
   model = weighted(model_part(kind, stacked))
   if not hasattr(stacked, 'delta'):
@@ -82,8 +84,11 @@ def sums(kind: str, stacked: Any, weights: tf.Tensor) -> Sums:
     update = type(stacked)(delta=model, a_norm=weighted(stacked.a_norm))
   else:
     sides = {name: getattr(stacked, name) for name in slot_fields(stacked)}
-    sides = (tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sides)
-             if kind == SLOTS else weighted(sides))
+    sides = (
+      tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sides)
+      if kind == SLOTS
+      else weighted(sides)
+    )
     update = type(stacked)(delta=model, **sides)
   return Sums(update, tf.reduce_sum(weights))
 
@@ -91,6 +96,7 @@ def sums(kind: str, stacked: Any, weights: tf.Tensor) -> Sums:
 def from_sums(kind: str, total: Sums, model_mean: Any = None) -> Any:
   """`aggregate`'s update from the cohort's `Sums` (every share's added); `model_mean`
   in place of the model part's weighted mean (a private aggregator's)."""
+
   def mean(tree):
     return tf.nest.map_structure(lambda u: tf.math.divide_no_nan(u, total.weight), tree)
 
@@ -108,8 +114,7 @@ def measurements(kind: str, total: Sums) -> collections.OrderedDict:
   """What the aggregation reports besides the update: FedNova's effective steps
   tau_eff = sum_i p_i ||a_i||_1 (as TFF's aggregator reports it); else nothing."""
   if kind == NORMALIZED:
-    return collections.OrderedDict(
-        tau_eff=tf.math.divide_no_nan(total.update.a_norm, total.weight))
+    return collections.OrderedDict(tau_eff=tf.math.divide_no_nan(total.update.a_norm, total.weight))
   return collections.OrderedDict()
 
 

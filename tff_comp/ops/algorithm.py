@@ -20,9 +20,7 @@ import dataclasses
 from typing import Any
 
 from tff_comp.ops import aggregation as aggregation_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import contract
-from tff_comp.ops import privacy
+from tff_comp.ops import client_round, contract, privacy
 from tff_comp.ops import rule as rule_lib
 
 
@@ -46,13 +44,15 @@ class Algorithm:
   def with_client_options(self, **changes) -> 'Algorithm':
     """This algorithm with `client_options` fields replaced (a run's seed, shuffling)."""
     return dataclasses.replace(
-        self, client_options=dataclasses.replace(self.client_options, **changes))
+      self, client_options=dataclasses.replace(self.client_options, **changes)
+    )
 
   def __post_init__(self):
     """Raises ValueError (`contract.ContractError` for blocks that do not fit)."""
     if self.aggregation not in aggregation_lib.KINDS:
-      raise ValueError(f'aggregation={self.aggregation!r} is unknown; choose one of'
-                       f' {aggregation_lib.KINDS}.')
+      raise ValueError(
+        f'aggregation={self.aggregation!r} is unknown; choose one of {aggregation_lib.KINDS}.'
+      )
     if isinstance(self.model_aggregator, privacy.PrivateMean) and self.model_aggregator.private:
       privacy.check_uniform(self)
     contract.check(self)

@@ -61,8 +61,11 @@ class ClientOptions:
 
   def __post_init__(self):
     # Steps are int32: epochs x examples must stay below 2^31.
-    for name, most in (('local_epochs', MAX_EPOCHS), ('local_epochs_max', MAX_EPOCHS),
-                       ('local_steps', MAX_STEPS)):
+    for name, most in (
+      ('local_epochs', MAX_EPOCHS),
+      ('local_epochs_max', MAX_EPOCHS),
+      ('local_steps', MAX_STEPS),
+    ):
       if (getattr(self, name) or 0) > most:
         raise ValueError(f'{name} must be <= {most}, got {getattr(self, name)}.')
     if self.batch_size < 1:
@@ -72,20 +75,19 @@ class ClientOptions:
     if self.local_steps is not None and self.local_steps < 1:
       raise ValueError(f'local_steps must be >= 1, got {self.local_steps}.')
     if self.local_epochs_max is not None and self.local_epochs_max < self.local_epochs:
-      raise ValueError(f'local_epochs_max ({self.local_epochs_max}) must be >='
-                       f' local_epochs ({self.local_epochs}).')
+      raise ValueError(
+        f'local_epochs_max ({self.local_epochs_max}) must be >= local_epochs ({self.local_epochs}).'
+      )
     if self.weighting not in WEIGHTINGS:
-      raise ValueError(f'client_weighting={self.weighting!r} is unknown; choose one of'
-                       f' {list(WEIGHTINGS)}.')
-
+      raise ValueError(
+        f'client_weighting={self.weighting!r} is unknown; choose one of {list(WEIGHTINGS)}.'
+      )
 
   @property
   def single_pass(self) -> bool:
     """Whether every client makes exactly one pass over its examples (no full batch
     wraps around them, so batches are slices)."""
-    return (self.local_steps is None and self.local_epochs_max is None
-            and self.local_epochs == 1)
-
+    return self.local_steps is None and self.local_epochs_max is None and self.local_epochs == 1
 
   @property
   def uses_client_key(self) -> bool:
@@ -121,29 +123,44 @@ def step_batch_size(rule: rule_lib.ClientRule, options: ClientOptions) -> int:
   return options.batch_size * rule.batches_per_step
 
 
-def plan_cohort(rule: rule_lib.ClientRule, options: ClientOptions, counts, keys,
-                round_num, seed=None) -> local_loop.BatchPlan:
+def plan_cohort(
+  rule: rule_lib.ClientRule, options: ClientOptions, counts, keys, round_num, seed=None
+) -> local_loop.BatchPlan:
   """The batch plan of clients with `counts` examples and `keys`
   (`local_loop.client_key`) in round `round_num`, one client or a cohort ([m]);
   `seed` (per client, for batched trials) in place of `options.seed`."""
   return local_loop.plan(
-      counts, keys, round_num, batch_size=step_batch_size(rule, options),
-      epochs=options.local_epochs, epochs_max=options.local_epochs_max,
-      steps=options.local_steps, seed=options.seed if seed is None else seed,
-      shuffle=options.shuffle)
+    counts,
+    keys,
+    round_num,
+    batch_size=step_batch_size(rule, options),
+    epochs=options.local_epochs,
+    epochs_max=options.local_epochs_max,
+    steps=options.local_steps,
+    seed=options.seed if seed is None else seed,
+    shuffle=options.shuffle,
+  )
 
 
-def client_context(rule: rule_lib.ClientRule, payload, examples, hparams,
-                   context: rule_lib.RoundContext) -> rule_lib.RoundContext:
+def client_context(
+  rule: rule_lib.ClientRule, payload, examples, hparams, context: rule_lib.RoundContext
+) -> rule_lib.RoundContext:
   """`context` with the client's start loss when the rule uses it."""
   if rule.uses_start_loss:
     return context._replace(start_loss=rule.start_loss(payload, examples, hparams))
   return context
 
 
-def finish_client(rule: rule_lib.ClientRule, state: rule_lib.LocalState, steps, payload,
-                  hparams, context: rule_lib.RoundContext, options: ClientOptions,
-                  num_examples: tf.Tensor) -> ClientOutput:
+def finish_client(
+  rule: rule_lib.ClientRule,
+  state: rule_lib.LocalState,
+  steps,
+  payload,
+  hparams,
+  context: rule_lib.RoundContext,
+  options: ClientOptions,
+  num_examples: tf.Tensor,
+) -> ClientOutput:
   """The update, weight and stats of a client whose local steps ended in `state`."""
   weight = rule.client_weight(payload, hparams, context)
   if weight is None and options.weighting == 'examples':
@@ -151,30 +168,49 @@ def finish_client(rule: rule_lib.ClientRule, state: rule_lib.LocalState, steps, 
   elif weight is None:
     weight = tf.constant(1.0)
   stats = collections.OrderedDict(
-      loss_sum=state.loss_sum,
-      num_examples=tf.cast(state.examples, tf.float32),
-      num_steps=tf.cast(steps, tf.float32))
+    loss_sum=state.loss_sum,
+    num_examples=tf.cast(state.examples, tf.float32),
+    num_steps=tf.cast(steps, tf.float32),
+  )
   return ClientOutput(rule.finalize(state, payload, hparams, context), weight, stats)
 
 
-def run_planned(rule: rule_lib.ClientRule, payload, examples, hparams, plan: ClientPlan,
-                options: ClientOptions) -> ClientOutput:
+def run_planned(
+  rule: rule_lib.ClientRule, payload, examples, hparams, plan: ClientPlan, options: ClientOptions
+) -> ClientOutput:
   """A client's round from its plan: the rule's local steps on `examples`."""
   state = local_loop.run_scheduled_steps(
-      lambda s, batch: rule.step(s, batch, payload, hparams, plan.context),
-      rule.initialize(payload, hparams, plan.context), examples, plan.batches,
-      batch_size=step_batch_size(rule, options), contiguous=options.single_pass,
-      shuffle=options.shuffle)
-  return finish_client(rule, state, plan.batches.steps, payload, hparams, plan.context,
-                       options, local_loop.num_examples(examples))
+    lambda s, batch: rule.step(s, batch, payload, hparams, plan.context),
+    rule.initialize(payload, hparams, plan.context),
+    examples,
+    plan.batches,
+    batch_size=step_batch_size(rule, options),
+    contiguous=options.single_pass,
+    shuffle=options.shuffle,
+  )
+  return finish_client(
+    rule,
+    state,
+    plan.batches.steps,
+    payload,
+    hparams,
+    plan.context,
+    options,
+    local_loop.num_examples(examples),
+  )
 
 
-def run_client(rule: rule_lib.ClientRule, payload, examples, hparams,
-               context: rule_lib.RoundContext, options: ClientOptions,
-               round_num: tf.Tensor) -> ClientOutput:
+def run_client(
+  rule: rule_lib.ClientRule,
+  payload,
+  examples,
+  hparams,
+  context: rule_lib.RoundContext,
+  options: ClientOptions,
+  round_num: tf.Tensor,
+) -> ClientOutput:
   """One client's round: the rule's local steps on `examples` from `payload`."""
-  key = (local_loop.client_key(examples) if options.uses_client_key
-         else tf.constant(0, tf.int64))
+  key = local_loop.client_key(examples) if options.uses_client_key else tf.constant(0, tf.int64)
   batches = plan_cohort(rule, options, local_loop.num_examples(examples), key, round_num)
   plan = ClientPlan(client_context(rule, payload, examples, hparams, context), batches)
   return run_planned(rule, payload, examples, hparams, plan, options)
@@ -184,9 +220,10 @@ def train_metrics(stats_sum, reference_loss: tf.Tensor | None) -> collections.Or
   """Round measurements from the clients' summed stats: the example-weighted mean
   training loss at the visited iterates, examples and steps (and the reference loss)."""
   metrics = collections.OrderedDict(
-      train_loss=tf.math.divide_no_nan(stats_sum['loss_sum'], stats_sum['num_examples']),
-      num_examples=stats_sum['num_examples'],
-      num_steps=stats_sum['num_steps'])
+    train_loss=tf.math.divide_no_nan(stats_sum['loss_sum'], stats_sum['num_examples']),
+    num_examples=stats_sum['num_examples'],
+    num_steps=stats_sum['num_steps'],
+  )
   if reference_loss is not None:
     metrics['reference_loss'] = reference_loss
   return metrics

@@ -17,25 +17,29 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tff_comp.ops import messages, server_steps
 from tff_comp.ops import regularizers as regularizers_lib
-from tff_comp.ops import messages
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import server_steps
 
 
 class CompositeRule(rule_lib.ClientRule):
   """A client rule for F + psi: holds psi and whether clients apply its prox; reports
   an `ElapsedUpdate` (its extras are the elapsed sum of eta_c)."""
 
-  def __init__(self, model, *, learning_rate: float,
-               regularizer: regularizers_lib.Regularizer, client_prox: bool = True):
+  def __init__(
+    self,
+    model,
+    *,
+    learning_rate: float,
+    regularizer: regularizers_lib.Regularizer,
+    client_prox: bool = True,
+  ):
     super().__init__(model, learning_rate=learning_rate)
     self._regularizer = regularizer
     self._client_prox = client_prox
 
   def update(self, start, state, hparams, context):
-    return messages.ElapsedUpdate(super().update(start, state, hparams, context),
-                                  state.extras)
+    return messages.ElapsedUpdate(super().update(start, state, hparams, context), state.extras)
 
 
 class ProximalSGD(CompositeRule):
@@ -96,9 +100,11 @@ class MirrorDescentServer(_CompositeServer):
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
     trainable = server_steps.mirror_descent_server_step(
-        trainable, self.regularizer, self.learning_rate(opt_state), update.lr_sum)
-    return rule_lib.ServerStepResult(rule_lib.OptimizerState(opt_state),
-                                     rule_lib.with_trainable(weights, trainable))
+      trainable, self.regularizer, self.learning_rate(opt_state), update.lr_sum
+    )
+    return rule_lib.ServerStepResult(
+      rule_lib.OptimizerState(opt_state), rule_lib.with_trainable(weights, trainable)
+    )
 
 
 class DualState(NamedTuple):
@@ -121,14 +127,16 @@ class DualAveragingServer(_CompositeServer):
   def step(self, state, weights, update):
     opt_state, dual = self.optimizer_step(state, state.dual, update.delta)
     trainable, elapsed = server_steps.dual_averaging_server_step(
-        dual, state.elapsed, self.regularizer, self.learning_rate(opt_state),
-        update.lr_sum)
-    return rule_lib.ServerStepResult(DualState(opt_state, dual, elapsed),
-                                     rule_lib.with_trainable(weights, trainable))
+      dual, state.elapsed, self.regularizer, self.learning_rate(opt_state), update.lr_sum
+    )
+    return rule_lib.ServerStepResult(
+      DualState(opt_state, dual, elapsed), rule_lib.with_trainable(weights, trainable)
+    )
 
   def payload(self, state, weights):
-    return messages.DualPayload(dual=rule_lib.with_trainable(weights, state.dual),
-                                elapsed=state.elapsed)
+    return messages.DualPayload(
+      dual=rule_lib.with_trainable(weights, state.dual), elapsed=state.elapsed
+    )
 
   def reset(self, state, weights):
     return DualState(state.optimizer, tuple(weights.trainable), tf.constant(0.0))

@@ -18,8 +18,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import messages
-from tff_comp.ops import model_ops
+from tff_comp.ops import messages, model_ops
 from tff_comp.ops import objectives as objectives_lib
 from tff_comp.ops import rule as rule_lib
 
@@ -28,8 +27,9 @@ def split_batches(batch: Any, parts: int) -> tuple[Any, ...]:
   """A concatenation of `parts` batches split back into `parts` consecutive pieces; a
   short batch gives its first pieces one example more (ceil division)."""
   size = (model_ops.batch_size_of(batch) + parts - 1) // parts
-  return tuple(tf.nest.map_structure(lambda t, i=i: t[i * size:(i + 1) * size], batch)
-               for i in range(parts))
+  return tuple(
+    tf.nest.map_structure(lambda t, i=i: t[i * size : (i + 1) * size], batch) for i in range(parts)
+  )
 
 
 class ObjectiveRule(rule_lib.ClientRule):
@@ -37,8 +37,9 @@ class ObjectiveRule(rule_lib.ClientRule):
   when the outer function reads data, and takes the round's reference loss when the
   objective says it uses one (DRFL, DA-MAML)."""
 
-  def __init__(self, model, *, learning_rate: float,
-               objective: objectives_lib.CompositionalObjective):
+  def __init__(
+    self, model, *, learning_rate: float, objective: objectives_lib.CompositionalObjective
+  ):
     super().__init__(model, learning_rate=learning_rate)
     self.objective = objective
 
@@ -53,8 +54,7 @@ class ObjectiveRule(rule_lib.ClientRule):
 
   def reference_value(self, payload, examples, hparams):
     trainable, non_trainable, _ = self.start(payload)
-    return self.objective.reference_value(self.model, trainable, non_trainable, examples,
-                                          hparams)
+    return self.objective.reference_value(self.model, trainable, non_trainable, examples, hparams)
 
   def inner_and_outer_batches(self, batch: Any) -> tuple[Any, Any]:
     """(B, B~): the step's two halves, or the same batch twice when outer reads none."""
@@ -73,8 +73,15 @@ class CompositionalSGD(ObjectiveRule):
     _, non_trainable, _ = self.start(payload)
     inner_batch, outer_batch = self.inner_and_outer_batches(batch)
     g, inner_value, direction = objectives_lib.compositional_gradient(
-        self.objective, self.model, weights, non_trainable, inner_batch, outer_batch,
-        hparams, context.reference_loss)
+      self.objective,
+      self.model,
+      weights,
+      non_trainable,
+      inner_batch,
+      outer_batch,
+      hparams,
+      context.reference_loss,
+    )
     lr = hparams[rule_lib.LEARNING_RATE]
     loss = self.objective.reported_loss(self.model, inner_value, outer_batch, g, hparams)
     return rule_lib.StepResult(loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras)
@@ -95,34 +102,48 @@ class TrackedMomentum(ObjectiveRule):
   averaged u and m, re-expressed in this round's reference (DRFL). `tracking_gamma` is
   the gamma above (not DRFL's gamma). Payload: TrackerPayload; update: TrackerUpdate."""
 
-  def __init__(self, model, *, learning_rate: float, objective, momentum_rate: float,
-               beta: float, tracking_gamma: float):
+  def __init__(
+    self,
+    model,
+    *,
+    learning_rate: float,
+    objective,
+    momentum_rate: float,
+    beta: float,
+    tracking_gamma: float,
+  ):
     super().__init__(model, learning_rate=learning_rate, objective=objective)
     self._momentum_rate, self._beta = float(momentum_rate), float(beta)
     self._tracking_gamma = float(tracking_gamma)
 
   def initial_hparams(self):
     hparams = super().initial_hparams()
-    hparams.update(momentum_rate=self._momentum_rate, beta=self._beta,
-                   tracking_gamma=self._tracking_gamma)
+    hparams.update(
+      momentum_rate=self._momentum_rate, beta=self._beta, tracking_gamma=self._tracking_gamma
+    )
     return hparams
 
   def check_hparams(self, hparams):
     for name in ('momentum_rate', 'tracking_gamma'):
       rate = float(hparams[name]) * float(hparams[rule_lib.LEARNING_RATE])
       if rate > 1:
-        raise ValueError(f'{name} x client_learning_rate must be <= 1 (a convex'
-                         f' combination), got {rate:g}.')
+        raise ValueError(
+          f'{name} x client_learning_rate must be <= 1 (a convex combination), got {rate:g}.'
+        )
 
   def start(self, payload):
     weights = payload.weights
-    return tuple(weights.trainable), tuple(weights.non_trainable), TrackerExtras(
-        payload.u, tuple(payload.m), payload.started)
+    return (
+      tuple(weights.trainable),
+      tuple(weights.non_trainable),
+      TrackerExtras(payload.u, tuple(payload.m), payload.started),
+    )
 
   def initialize(self, payload, hparams, context):
     state = super().initialize(payload, hparams, context)
     m = self.objective.rescale_direction(
-        state.extras.m, payload.reference_loss, context.reference_loss, hparams)
+      state.extras.m, payload.reference_loss, context.reference_loss, hparams
+    )
     return state._replace(extras=state.extras._replace(m=tuple(m)))
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
@@ -137,24 +158,32 @@ class TrackedMomentum(ObjectiveRule):
     first = tf.equal(started, 0.0)
     rate = hparams['tracking_gamma'] * eta
     u = tf.nest.map_structure(
-        lambda old, new: tf.where(first, new, (1 - rate) * old + rate * new), u, value)
+      lambda old, new: tf.where(first, new, (1 - rate) * old + rate * new), u, value
+    )
     with tf.GradientTape() as outer_tape:
       outer_tape.watch(u)
       g = self.objective.outer(self.model, u, outer_batch, hparams, reference)
     z = tuple(tape.gradient(value, weights, output_gradients=outer_tape.gradient(g, u)))
     momentum = hparams['momentum_rate'] * eta
-    m = tuple(tf.where(first, zi, (1 - momentum) * mi + momentum * zi)
-              for mi, zi in zip(m, z))
+    m = tuple(tf.where(first, zi, (1 - momentum) * mi + momentum * zi) for mi, zi in zip(m, z))
     new_weights = tuple(w - hparams['beta'] * eta * mi for w, mi in zip(weights, m))
     # The loss reported is the objective's at the current iterate (not at tracker u).
     loss = self.objective.reported_loss(
-        self.model, value, outer_batch,
-        self.objective.outer(self.model, value, outer_batch, hparams, reference), hparams)
+      self.model,
+      value,
+      outer_batch,
+      self.objective.outer(self.model, value, outer_batch, hparams, reference),
+      hparams,
+    )
     return rule_lib.StepResult(loss, new_weights, TrackerExtras(u, m, tf.constant(1.0)))
 
   def update(self, start, state, hparams, context):
-    return messages.TrackerUpdate(super().update(start, state, hparams, context),
-                                  state.extras.u, state.extras.m, context.reference_loss)
+    return messages.TrackerUpdate(
+      super().update(start, state, hparams, context),
+      state.extras.u,
+      state.extras.m,
+      context.reference_loss,
+    )
 
 
 class TrackerState(NamedTuple):
@@ -180,27 +209,43 @@ class TrackerServer(rule_lib.ServerRule):
 
   def _fresh(self, optimizer_state) -> TrackerState:
     return TrackerState(
-        optimizer_state,
-        u=tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), self.tracker_spec),
-        m=self.zeros(), reference_loss=tf.constant(0.0), started=tf.constant(0.0))
+      optimizer_state,
+      u=tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), self.tracker_spec),
+      m=self.zeros(),
+      reference_loss=tf.constant(0.0),
+      started=tf.constant(0.0),
+    )
 
   def initialize(self):
     return self._fresh(self.optimizer_state())
 
   def update_spec(self):
-    return messages.TrackerUpdate(delta=self.specs, u=self.tracker_spec, m=self.specs,
-                                  reference_loss=tf.TensorSpec([], tf.float32))
+    return messages.TrackerUpdate(
+      delta=self.specs,
+      u=self.tracker_spec,
+      m=self.specs,
+      reference_loss=tf.TensorSpec([], tf.float32),
+    )
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
-    new_state = TrackerState(opt_state, u=update.u, m=tuple(update.m),
-                             reference_loss=update.reference_loss, started=tf.constant(1.0))
+    new_state = TrackerState(
+      opt_state,
+      u=update.u,
+      m=tuple(update.m),
+      reference_loss=update.reference_loss,
+      started=tf.constant(1.0),
+    )
     return rule_lib.ServerStepResult(new_state, rule_lib.with_trainable(weights, trainable))
 
   def payload(self, state, weights):
-    return messages.TrackerPayload(weights=weights, u=state.u, m=state.m,
-                                   reference_loss=state.reference_loss,
-                                   started=state.started)
+    return messages.TrackerPayload(
+      weights=weights,
+      u=state.u,
+      m=state.m,
+      reference_loss=state.reference_loss,
+      started=state.started,
+    )
 
   def reset(self, state, weights):
     del weights

@@ -56,27 +56,32 @@ def _check_kind(kind: str, update: Any) -> None:
   """The client update against the aggregation kind: NORMALIZED needs `delta` and
   `a_norm` (FedNova's ||a_i||_1); SLOTS a `delta` beside its per-client tables."""
   fields = getattr(update, '_fields', ())
-  needed = {aggregation_lib.NORMALIZED: ('delta', 'a_norm'),
-            aggregation_lib.SLOTS: ('delta',)}.get(kind, ())
+  needed = {aggregation_lib.NORMALIZED: ('delta', 'a_norm'), aggregation_lib.SLOTS: ('delta',)}.get(
+    kind, ()
+  )
   missing = [name for name in needed if name not in fields]
   if missing:
     raise ContractError(
-        f'aggregation {kind!r} needs a client update with fields {list(needed)}; the'
-        f' client rule\'s update ({type(update).__name__}) has no {", ".join(missing)}.')
+      f'aggregation {kind!r} needs a client update with fields {list(needed)}; the'
+      f" client rule's update ({type(update).__name__}) has no {', '.join(missing)}."
+    )
 
 
 def _check_update_spec(aggregated: Any, spec: Any) -> None:
   try:
     tf.nest.assert_same_structure(aggregated, spec, check_types=False)
   except (TypeError, ValueError) as e:
-    raise ContractError(f'the aggregated update ({type(aggregated).__name__}) does not have'
-                        f' the structure server_rule.update_spec() declares'
-                        f' ({type(spec).__name__}): {_first_line(e)}') from e
+    raise ContractError(
+      f'the aggregated update ({type(aggregated).__name__}) does not have'
+      f' the structure server_rule.update_spec() declares'
+      f' ({type(spec).__name__}): {_first_line(e)}'
+    ) from e
   for got, want in zip(tf.nest.flatten(aggregated), tf.nest.flatten(spec)):
     if got.dtype != want.dtype or not want.shape.is_compatible_with(got.shape):
       raise ContractError(
-          f'the aggregated update holds {got.dtype.name}{got.shape.as_list()} where'
-          f' server_rule.update_spec() declares {want.dtype.name}{want.shape.as_list()}.')
+        f'the aggregated update holds {got.dtype.name}{got.shape.as_list()} where'
+        f' server_rule.update_spec() declares {want.dtype.name}{want.shape.as_list()}.'
+      )
 
 
 def check(algorithm: Any) -> None:
@@ -92,16 +97,34 @@ def check(algorithm: Any) -> None:
     payload = _stage('server_rule.payload', server.payload, state, weights)
     hparams = {k: tf.constant(v, tf.float32) for k, v in rule.initial_hparams().items()}
     context = rule_lib.RoundContext.of()
-    local = _stage(f'the payload ({type(payload).__name__}) against'
-                   f' {type(rule).__name__}.initialize/start', rule.initialize, payload,
-                   hparams, context)
-    output = _stage(f'{type(rule).__name__}.finalize', client_round.finish_client, rule,
-                    local, tf.constant(0), payload, hparams, context,
-                    algorithm.client_options, tf.constant(1))
+    local = _stage(
+      f'the payload ({type(payload).__name__}) against {type(rule).__name__}.initialize/start',
+      rule.initialize,
+      payload,
+      hparams,
+      context,
+    )
+    output = _stage(
+      f'{type(rule).__name__}.finalize',
+      client_round.finish_client,
+      rule,
+      local,
+      tf.constant(0),
+      payload,
+      hparams,
+      context,
+      algorithm.client_options,
+      tf.constant(1),
+    )
     _check_kind(algorithm.aggregation, output.update)
     stacked = tf.nest.map_structure(lambda t: t[None], output.update)
-    aggregated = _stage(f'aggregation {algorithm.aggregation!r}', aggregation_lib.aggregate,
-                        algorithm.aggregation, stacked, output.weight[None])
+    aggregated = _stage(
+      f'aggregation {algorithm.aggregation!r}',
+      aggregation_lib.aggregate,
+      algorithm.aggregation,
+      stacked,
+      output.weight[None],
+    )
     _check_update_spec(_specs(aggregated), server.update_spec())
     _stage('server_rule.step', server.step, state, weights, aggregated)
     return tf.constant(0)

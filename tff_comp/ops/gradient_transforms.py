@@ -36,8 +36,9 @@ class Transform:
     del start, payload
     return ()
 
-  def apply(self, direction: Weights, weights: Weights, state: Any, hparams,
-            start: Weights) -> tuple[Weights, Any]:
+  def apply(
+    self, direction: Weights, weights: Weights, state: Any, hparams, start: Weights
+  ) -> tuple[Weights, Any]:
     raise NotImplementedError
 
 
@@ -115,15 +116,21 @@ class Momentum(Transform):
     return velocity, velocity
 
 
-def init(transforms: tuple[Transform, ...], start: Weights,
-         payload: Any) -> collections.OrderedDict:
+def init(
+  transforms: tuple[Transform, ...], start: Weights, payload: Any
+) -> collections.OrderedDict:
   """The transforms' states at the round's start, by name."""
   return collections.OrderedDict((t.name, t.init(start, payload)) for t in transforms)
 
 
-def chain(transforms: tuple[Transform, ...], gradient: Weights, weights: Weights,
-          states: collections.OrderedDict, hparams,
-          start: Weights) -> tuple[Weights, collections.OrderedDict]:
+def chain(
+  transforms: tuple[Transform, ...],
+  gradient: Weights,
+  weights: Weights,
+  states: collections.OrderedDict,
+  hparams,
+  start: Weights,
+) -> tuple[Weights, collections.OrderedDict]:
   """(the step's direction, the new states): `gradient` through each transform, from
   the round's start point `start`."""
   direction, new = gradient, collections.OrderedDict()

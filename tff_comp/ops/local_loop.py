@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-
 _MAX_EXAMPLES = 2**31 - 1
 
 
@@ -31,10 +30,10 @@ def materialize(dataset: tf.data.Dataset) -> Any:
   An empty dataset gives tensors with a leading dimension of 0.
   """
   empty = tf.data.Dataset.from_tensors(
-      tf.nest.map_structure(
-          lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype),
-          dataset.element_spec,
-      )
+    tf.nest.map_structure(
+      lambda s: tf.zeros([0] + s.shape.as_list(), s.dtype),
+      dataset.element_spec,
+    )
   )
   batched = dataset.batch(_MAX_EXAMPLES)
   return batched.concatenate(empty).take(1).get_single_element()
@@ -49,25 +48,27 @@ def client_key(examples: Any) -> tf.Tensor:
   """A client's int64 identity from its data: a fingerprint of its first example and
   its size (the same on every runtime, known without the client's index)."""
   first = tf.nest.map_structure(lambda t: t[:1], examples)
-  data_bytes = tf.strings.reduce_join(
-      [tf.io.serialize_tensor(t) for t in tf.nest.flatten(first)])
+  data_bytes = tf.strings.reduce_join([tf.io.serialize_tensor(t) for t in tf.nest.flatten(first)])
   return tf.strings.to_hash_bucket_fast(
-      tf.strings.join([data_bytes, tf.strings.as_string(num_examples(examples))]),
-      2**31 - 1)
+    tf.strings.join([data_bytes, tf.strings.as_string(num_examples(examples))]), 2**31 - 1
+  )
 
 
-def draw_epochs(key: tf.Tensor, seed: int, round_num: tf.Tensor, low: int,
-                high: int) -> tf.Tensor:
+def draw_epochs(key: tf.Tensor, seed: int, round_num: tf.Tensor, low: int, high: int) -> tf.Tensor:
   """Epochs ~ U{low..high}, a stateless function of (seed, round, the client's `key`
   (`client_key`)): different across clients and rounds, the same across runs.
   Elementwise over a vector of keys."""
   key = tf.convert_to_tensor(key, tf.int64)
-  mixed = tf.broadcast_to(tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64),
-                          tf.shape(key))  # seed and round: one, or one per key
+  mixed = tf.broadcast_to(
+    tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64), tf.shape(key)
+  )  # seed and round: one, or one per key
   draws = tf.map_fn(
-      lambda mk: tf.random.stateless_uniform([], tf.stack(mk), minval=low,
-                                             maxval=high + 1, dtype=tf.int32),
-      (tf.reshape(mixed, [-1]), tf.reshape(key, [-1])), fn_output_signature=tf.int32)
+    lambda mk: tf.random.stateless_uniform(
+      [], tf.stack(mk), minval=low, maxval=high + 1, dtype=tf.int32
+    ),
+    (tf.reshape(mixed, [-1]), tf.reshape(key, [-1])),
+    fn_output_signature=tf.int32,
+  )
   return tf.reshape(draws, tf.shape(key))
 
 
@@ -89,8 +90,9 @@ def _mix(x: tf.Tensor) -> tf.Tensor:
 _SHUFFLE_ROUNDS = 12
 
 
-def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor, *,
-                  compiled: bool = False) -> tf.Tensor:
+def shuffle_index(
+  i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor, *, compiled: bool = False
+) -> tf.Tensor:
   """Position i of a stateless pseudorandom permutation of [0, n) chosen by `seed`
   (elementwise; the swap-or-not shuffle of Hoang, Morris and Rogaway, 2012).
   `compiled`: traced for XLA, where each round's (pivot - i) mod n is a select (an
@@ -112,14 +114,12 @@ def shuffle_index(i: tf.Tensor, n: tf.Tensor, seed: tf.Tensor, *,
       partner = tf.where(partner < 0, partner + n, partner)
     else:
       partner = (pivot - i) % n
-    swap = tf.bitwise.bitwise_and(_mix(_mix(seed + r * 0x85EBCA6B) + tf.maximum(i, partner)),
-                                  1)
+    swap = tf.bitwise.bitwise_and(_mix(_mix(seed + r * 0x85EBCA6B) + tf.maximum(i, partner)), 1)
     return r + 1, tf.where(swap > 0, partner, i)
 
   # A loop, not unrolled: a twelfth of the graph to trace and compile in every round
   # function that shuffles.
-  _, i = tf.while_loop(lambda r, _: r < _SHUFFLE_ROUNDS, swap_or_not,
-                       (tf.constant(0, tf.int64), i))
+  _, i = tf.while_loop(lambda r, _: r < _SHUFFLE_ROUNDS, swap_or_not, (tf.constant(0, tf.int64), i))
   return i
 
 
@@ -141,9 +141,18 @@ class BatchPlan(NamedTuple):
     return self.full + tf.cast(self.remainder > 0, tf.int32)
 
 
-def plan(counts: tf.Tensor, keys: tf.Tensor, round_num: tf.Tensor, *, batch_size: int,
-         epochs: int = 1, epochs_max: int | None = None, steps: int | None = None,
-         seed: int = 0, shuffle: bool = False) -> BatchPlan:
+def plan(
+  counts: tf.Tensor,
+  keys: tf.Tensor,
+  round_num: tf.Tensor,
+  *,
+  batch_size: int,
+  epochs: int = 1,
+  epochs_max: int | None = None,
+  steps: int | None = None,
+  seed: int = 0,
+  shuffle: bool = False,
+) -> BatchPlan:
   """The batches of clients with `counts` examples and `keys` (`client_key`) in round
   `round_num`: the one place batches are derived, for every runtime.
 
@@ -157,8 +166,10 @@ def plan(counts: tf.Tensor, keys: tf.Tensor, round_num: tf.Tensor, *, batch_size
   n = tf.convert_to_tensor(counts, tf.int32)
   order_seed = tf.zeros_like(n, tf.int64)
   if shuffle:
-    order_seed = _mix(_mix(tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64))
-                      + tf.cast(keys, tf.int64)) + tf.zeros_like(n, tf.int64)
+    order_seed = _mix(
+      _mix(tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64))
+      + tf.cast(keys, tf.int64)
+    ) + tf.zeros_like(n, tf.int64)
   if steps is not None:
     return BatchPlan(tf.where(n > 0, steps, 0), tf.zeros_like(n), order_seed)
   if epochs_max is not None:
@@ -175,12 +186,16 @@ def limit(batches: BatchPlan, work: tf.Tensor) -> BatchPlan:
   steps = batches.steps
   kept = tf.cast(tf.floor(tf.cast(work, tf.float32) * tf.cast(steps, tf.float32)), tf.int32)
   kept = tf.where(work >= 1, steps, tf.clip_by_value(kept, tf.minimum(steps, 1), steps))
-  return BatchPlan(tf.minimum(batches.full, kept),
-                   tf.where(kept > batches.full, batches.remainder, 0), batches.seed)
+  return BatchPlan(
+    tf.minimum(batches.full, kept),
+    tf.where(kept > batches.full, batches.remainder, 0),
+    batches.seed,
+  )
 
 
-def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = None, *,
-              compiled: bool = False) -> tf.Tensor:
+def positions(
+  first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = None, *, compiled: bool = False
+) -> tf.Tensor:
   """Examples of the batch of `size` starting at sequence position `first`: position p
   is example p mod n, permuted per epoch p // n when `seed` (a BatchPlan's) is given.
   Broadcasts over leading dimensions of `first`, `n` and `seed` (lanes, cohorts)."""
@@ -192,23 +207,43 @@ def positions(first: tf.Tensor, size, n: tf.Tensor, seed: tf.Tensor | None = Non
   return tf.cast(shuffle_index(p % n, n, epoch_seed, compiled=compiled), tf.int32)
 
 
-def full_batch(batches: BatchPlan, k, batch_size: int, n: tf.Tensor, shuffle: bool = False,
-               *, compiled: bool = False) -> tf.Tensor:
+def full_batch(
+  batches: BatchPlan,
+  k,
+  batch_size: int,
+  n: tf.Tensor,
+  shuffle: bool = False,
+  *,
+  compiled: bool = False,
+) -> tf.Tensor:
   """Examples of full batch k (k < full) of the clients `batches` plans: positions
   [k B, (k + 1) B) of their example sequences. Elementwise over the plan's shape (one
   client, or lanes: `take`), with a trailing batch axis. Every engine takes its batches
   from this function and `short_batch`."""
-  return positions(k * batch_size, batch_size, n, batches.seed if shuffle else None,
-                   compiled=compiled)
+  return positions(
+    k * batch_size, batch_size, n, batches.seed if shuffle else None, compiled=compiled
+  )
 
 
-def short_batch(batches: BatchPlan, batch_size: int, n: tf.Tensor, shuffle: bool = False,
-                size=None, *, compiled: bool = False) -> tf.Tensor:
+def short_batch(
+  batches: BatchPlan,
+  batch_size: int,
+  n: tf.Tensor,
+  shuffle: bool = False,
+  size=None,
+  *,
+  compiled: bool = False,
+) -> tf.Tensor:
   """Examples of the short last batch: positions [full B, full B + remainder). `size`:
   its length when every client of the call has the same remainder (the lanes engine
   groups clients by it), else the plan's remainder (one client)."""
-  return positions(batches.full * batch_size, batches.remainder if size is None else size,
-                   n, batches.seed if shuffle else None, compiled=compiled)
+  return positions(
+    batches.full * batch_size,
+    batches.remainder if size is None else size,
+    n,
+    batches.seed if shuffle else None,
+    compiled=compiled,
+  )
 
 
 def take(batches: BatchPlan, clients: tf.Tensor) -> BatchPlan:
@@ -217,24 +252,27 @@ def take(batches: BatchPlan, clients: tf.Tensor) -> BatchPlan:
   return BatchPlan(*(tf.gather(field, clients)[:, None] for field in batches))
 
 
-def batch_index(k, batches: BatchPlan, batch_size: int, n: tf.Tensor, shuffle: bool = False
-                ) -> tf.Tensor:
+def batch_index(
+  k, batches: BatchPlan, batch_size: int, n: tf.Tensor, shuffle: bool = False
+) -> tf.Tensor:
   """Examples of local step k of one client's `batches` (k < steps): full batch k, or
   the short batch at k = full."""
-  return tf.cond(k < batches.full,
-                 lambda: full_batch(batches, k, batch_size, n, shuffle),
-                 lambda: short_batch(batches, batch_size, n, shuffle))
+  return tf.cond(
+    k < batches.full,
+    lambda: full_batch(batches, k, batch_size, n, shuffle),
+    lambda: short_batch(batches, batch_size, n, shuffle),
+  )
 
 
 def run_scheduled_steps(
-    step_fn: Callable[[Any, Any], Any],
-    initial_state: Any,
-    examples: Any,
-    batches: BatchPlan,
-    *,
-    batch_size: int,
-    contiguous: bool = False,
-    shuffle: bool = False,
+  step_fn: Callable[[Any, Any], Any],
+  initial_state: Any,
+  examples: Any,
+  batches: BatchPlan,
+  *,
+  batch_size: int,
+  contiguous: bool = False,
+  shuffle: bool = False,
 ) -> Any:
   """`state = step_fn(state, batch)` over the batches `batches` plans (one client).
   `contiguous`: no full batch wraps around the examples (one epoch in stored order),
@@ -251,19 +289,18 @@ def run_scheduled_steps(
 
   def full(k):
     if shuffle:
-      return gather(order[k * batch_size:(k + 1) * batch_size])
+      return gather(order[k * batch_size : (k + 1) * batch_size])
     if contiguous:
-      return tf.nest.map_structure(lambda t: t[k * batch_size:(k + 1) * batch_size], examples)
+      return tf.nest.map_structure(lambda t: t[k * batch_size : (k + 1) * batch_size], examples)
     return gather(full_batch(batches, k, batch_size, n))
 
   def short():
     if shuffle:
-      return gather(order[batches.full * batch_size:])
+      return gather(order[batches.full * batch_size :])
     return gather(short_batch(batches, batch_size, n))
 
   def body(k, state):
     return k + 1, step_fn(state, full(k))
 
-  _, state = tf.while_loop(lambda k, _: k < batches.full, body,
-                           (tf.constant(0), initial_state))
+  _, state = tf.while_loop(lambda k, _: k < batches.full, body, (tf.constant(0), initial_state))
   return tf.cond(batches.remainder > 0, lambda: step_fn(state, short()), lambda: state)

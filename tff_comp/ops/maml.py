@@ -36,21 +36,19 @@ from typing import Any, Literal, NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import compositional
-from tff_comp.ops import messages
-from tff_comp.ops import model_ops
-from tff_comp.ops import per_client
+from tff_comp.ops import compositional, messages, model_ops, per_client, server_steps
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import server_steps
 
 # The Hessian-vector product variants (builders annotate their option with it).
 Variant = Literal['exact', 'fo', 'hf']
 
 
 # Why a MAML run diverges, most often.
-DIVERGENCE_HINT = ('the meta-gradient (with the exact Hessian term especially) can be'
-                   ' several times the first-order one: try a smaller'
-                   ' --client_learning_rate (beta) or --alpha')
+DIVERGENCE_HINT = (
+  'the meta-gradient (with the exact Hessian term especially) can be'
+  ' several times the first-order one: try a smaller'
+  ' --client_learning_rate (beta) or --alpha'
+)
 
 
 class PerFedAvg(rule_lib.ClientRule):
@@ -61,8 +59,9 @@ class PerFedAvg(rule_lib.ClientRule):
   batches_per_step = 3
   VARIANTS = typing.get_args(Variant)
 
-  def __init__(self, model, *, learning_rate: float, alpha: float, variant: str = 'fo',
-               delta: float = 1e-3):
+  def __init__(
+    self, model, *, learning_rate: float, alpha: float, variant: str = 'fo', delta: float = 1e-3
+  ):
     if variant not in self.VARIANTS:
       raise ValueError(f'variant={variant!r} is unknown; choose one of {self.VARIANTS}.')
     super().__init__(model, learning_rate=learning_rate)
@@ -80,12 +79,10 @@ class PerFedAvg(rule_lib.ClientRule):
 
   def start_loss(self, payload, examples, hparams):
     trainable, non_trainable, _ = self.start(payload)
-    _, adapted = model_ops.adapt(self.model, trainable, non_trainable, examples,
-                                 hparams['alpha'])
+    _, adapted = model_ops.adapt(self.model, trainable, non_trainable, examples, hparams['alpha'])
     return model_ops.batch_loss(self.model, adapted, non_trainable, examples)
 
-  def meta_gradient(self, weights, batches, hparams,
-                    non_trainable) -> tuple:
+  def meta_gradient(self, weights, batches, hparams, non_trainable) -> tuple:
     """(loss on D at w, the variant's estimate of the gradient of f(w - alpha grad f(w)))."""
     d, d_prime, d_second = batches
     alpha = hparams['alpha']
@@ -94,18 +91,19 @@ class PerFedAvg(rule_lib.ClientRule):
     if self._variant == 'fo':
       return loss, outer
     if self._variant == 'exact':
-      hv = model_ops.hessian_vector_product(self.model, weights, non_trainable, d_second,
-                                            outer)
+      hv = model_ops.hessian_vector_product(self.model, weights, non_trainable, d_second, outer)
     else:
       hv = model_ops.finite_difference_hvp(
-          self.model, weights, non_trainable, d_second, outer, hparams['delta'])
+        self.model, weights, non_trainable, d_second, outer, hparams['delta']
+      )
     return loss, tuple(g - alpha * h for g, h in zip(outer, hv))
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
     del context
     _, non_trainable, _ = self.start(payload)
     loss, direction = self.meta_gradient(
-        weights, compositional.split_batches(batch, 3), hparams, non_trainable)
+      weights, compositional.split_batches(batch, 3), hparams, non_trainable
+    )
     lr = hparams[rule_lib.LEARNING_RATE]
     return rule_lib.StepResult(loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras)
 
@@ -132,15 +130,23 @@ class LocalMoml(rule_lib.ClientRule):
   VARIANTS = typing.get_args(MomlVariant)
   MEMORIES = typing.get_args(Memory)
 
-  def __init__(self, model, *, learning_rate: float, alpha: float, beta: float,
-               variant: str = 'fo', memory: str = 'persistent',
-               num_clients: int | None = None):
+  def __init__(
+    self,
+    model,
+    *,
+    learning_rate: float,
+    alpha: float,
+    beta: float,
+    variant: str = 'fo',
+    memory: str = 'persistent',
+    num_clients: int | None = None,
+  ):
     if variant not in self.VARIANTS:
       raise ValueError(f'variant={variant!r} is unknown; choose one of {self.VARIANTS}.')
     if memory not in self.MEMORIES:
       raise ValueError(f'memory={memory!r} is unknown; choose one of {self.MEMORIES}.')
     if memory == 'persistent' and not num_clients:
-      raise ValueError('memory=\'persistent\' keeps a row per client: give num_clients.')
+      raise ValueError("memory='persistent' keeps a row per client: give num_clients.")
     super().__init__(model, learning_rate=learning_rate)
     self._alpha, self._beta, self._variant = float(alpha), float(beta), variant
     self._persistent, self.num_clients = memory == 'persistent', num_clients
@@ -166,17 +172,23 @@ class LocalMoml(rule_lib.ClientRule):
   def start(self, payload):
     weights = self.weights_of(payload)
     trainable = tuple(weights.trainable)
-    return trainable, tuple(weights.non_trainable), MemoryExtras(
-        tuple(tf.zeros_like(w) for w in trainable), tf.constant(0.0))
+    return (
+      trainable,
+      tuple(weights.non_trainable),
+      MemoryExtras(tuple(tf.zeros_like(w) for w in trainable), tf.constant(0.0)),
+    )
 
   def initialize(self, payload, hparams, context):
     state = super().initialize(payload, hparams, context)
     if not self._persistent:
       return state
     # tf.gather, not table[i]: XLA would compile a slice at a tensor index per client.
-    return state._replace(extras=MemoryExtras(
+    return state._replace(
+      extras=MemoryExtras(
         tuple(tf.gather(table, context.client_index) for table in payload.memory),
-        tf.gather(payload.seen, context.client_index)))
+        tf.gather(payload.seen, context.client_index),
+      )
+    )
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
     del context
@@ -192,8 +204,10 @@ class LocalMoml(rule_lib.ClientRule):
       outer = tuple(beta * (g - alpha * h) for g, h in zip(outer, hv))
     lr = hparams[rule_lib.LEARNING_RATE]
     return rule_lib.StepResult(
-        loss, tuple(w - lr * g for w, g in zip(weights, outer)),
-        MemoryExtras(tuple(tf.stop_gradient(x) for x in v), tf.constant(1.0)))
+      loss,
+      tuple(w - lr * g for w, g in zip(weights, outer)),
+      MemoryExtras(tuple(tf.stop_gradient(x) for x in v), tf.constant(1.0)),
+    )
 
   def update(self, start, state, hparams, context):
     delta = super().update(start, state, hparams, context)
@@ -201,9 +215,10 @@ class LocalMoml(rule_lib.ClientRule):
       return delta
     # A client that took no step (no examples) reports its memory as it was.
     return messages.MemoryUpdate(
-        delta, tuple(per_client.slot(u, context, self.num_clients)
-                     for u in state.extras.memory),
-        tf.one_hot(context.client_index, self.num_clients) * state.extras.started)
+      delta,
+      tuple(per_client.slot(u, context, self.num_clients) for u in state.extras.memory),
+      tf.one_hot(context.client_index, self.num_clients) * state.extras.started,
+    )
 
 
 class MemoryState(NamedTuple):
@@ -228,26 +243,26 @@ class MemoryServer(rule_lib.ServerRule):
     self.num_clients = num_clients
 
   def initialize(self):
-    return MemoryState(self.optimizer_state(),
-                       tuple(tf.zeros([self.num_clients, *s.shape], s.dtype)
-                             for s in self.specs),
-                       tf.zeros([self.num_clients]))
+    return MemoryState(
+      self.optimizer_state(),
+      tuple(tf.zeros([self.num_clients, *s.shape], s.dtype) for s in self.specs),
+      tf.zeros([self.num_clients]),
+    )
 
   def update_spec(self):
     return messages.MemoryUpdate(
-        delta=self.specs,
-        memory=tuple(tf.TensorSpec([self.num_clients, *s.shape], s.dtype)
-                     for s in self.specs),
-        visited=tf.TensorSpec([self.num_clients], tf.float32))
+      delta=self.specs,
+      memory=tuple(tf.TensorSpec([self.num_clients, *s.shape], s.dtype) for s in self.specs),
+      visited=tf.TensorSpec([self.num_clients], tf.float32),
+    )
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
-    memory = server_steps.replace_rows(tuple(state.memory), tuple(update.memory),
-                                       update.visited)
+    memory = server_steps.replace_rows(tuple(state.memory), tuple(update.memory), update.visited)
     return rule_lib.ServerStepResult(
-        MemoryState(opt_state, memory, tf.maximum(state.seen, update.visited)),
-        rule_lib.with_trainable(weights, trainable))
+      MemoryState(opt_state, memory, tf.maximum(state.seen, update.visited)),
+      rule_lib.with_trainable(weights, trainable),
+    )
 
   def payload(self, state, weights):
     return messages.MemoryPayload(weights=weights, memory=state.memory, seen=state.seen)
-

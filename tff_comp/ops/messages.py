@@ -106,7 +106,6 @@ def reports_client_state(update: Any) -> bool:
   return bool(getattr(type(update), 'reports_client_state', False))
 
 
-
 class MemoryPayload(NamedTuple):
   """Local-MOML's broadcast (its memory kept across rounds): the model, every client's
   memory and whether it holds one yet."""

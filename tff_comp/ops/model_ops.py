@@ -20,7 +20,8 @@ def batch_loss(model, trainable: Weights, non_trainable: Weights, batch: Any) ->
     # inputs as compile-time constants (a compile per cohort; XLA's const_analysis log).
     # TFF's FunctionalModel keeps them as `_predict_on_batch_fn` and `_loss_fn`.
     output = _inline(model._predict_on_batch_fn)(  # pylint: disable=protected-access
-        (trainable, non_trainable), x, True)
+      (trainable, non_trainable), x, True
+    )
     return _inline(model._loss_fn)(output, y)  # pylint: disable=protected-access
   output = model.predict_on_batch((trainable, non_trainable), x, training=True)
   return model.loss(output=output, label=y)
@@ -32,7 +33,7 @@ def _inline(fn):
 
 
 def batch_loss_and_gradient(
-    model, trainable: Weights, non_trainable: Weights, batch: Any
+  model, trainable: Weights, non_trainable: Weights, batch: Any
 ) -> tuple[tf.Tensor, Weights]:
   """Loss of `model` (a FunctionalModel) on `batch` and its gradient."""
   with tf.GradientTape() as tape:
@@ -50,16 +51,18 @@ def batch_size_of(batch: Any) -> tf.Tensor:
   return tf.shape(tf.nest.flatten(batch)[0])[0]
 
 
-def hessian_vector_product(model, trainable: Weights, non_trainable: Weights, batch: Any,
-                           vector: Weights) -> Weights:
+def hessian_vector_product(
+  model, trainable: Weights, non_trainable: Weights, batch: Any, vector: Weights
+) -> Weights:
   """H(w; batch) v by forward-over-reverse automatic differentiation (never forms H)."""
   with tf.autodiff.ForwardAccumulator(trainable, vector) as accumulator:
     _, gradient = batch_loss_and_gradient(model, trainable, non_trainable, batch)
   return tuple(accumulator.jvp(gradient))
 
 
-def finite_difference_hvp(model, trainable: Weights, non_trainable: Weights, batch: Any,
-                          vector: Weights, delta) -> Weights:
+def finite_difference_hvp(
+  model, trainable: Weights, non_trainable: Weights, batch: Any, vector: Weights, delta
+) -> Weights:
   """(grad f(w + delta v) - grad f(w - delta v)) / (2 delta): Per-FedAvg's HF estimate."""
   plus = tuple(w + delta * v for w, v in zip(trainable, vector))
   minus = tuple(w - delta * v for w, v in zip(trainable, vector))
@@ -68,8 +71,9 @@ def finite_difference_hvp(model, trainable: Weights, non_trainable: Weights, bat
   return tuple((a - b) / (2 * delta) for a, b in zip(g_plus, g_minus))
 
 
-def adapt(model, trainable: Weights, non_trainable: Weights, batch: Any,
-          step_size) -> tuple[tf.Tensor, Weights]:
+def adapt(
+  model, trainable: Weights, non_trainable: Weights, batch: Any, step_size
+) -> tuple[tf.Tensor, Weights]:
   """One MAML adaptation step: (loss at w on `batch`, w - step_size grad f(w; batch))."""
   loss, grads = batch_loss_and_gradient(model, trainable, non_trainable, batch)
   return loss, tuple(w - step_size * g for w, g in zip(trainable, grads))

@@ -38,15 +38,17 @@ class CompositionalObjective(abc.ABC):
   def hparams(self) -> dict[str, float]:
     return {}
 
-  def reference_value(self, model, trainable: Weights, non_trainable: Weights,
-                      examples: Any, hparams) -> tf.Tensor:
+  def reference_value(
+    self, model, trainable: Weights, non_trainable: Weights, examples: Any, hparams
+  ) -> tf.Tensor:
     """The loss whose largest value over a round's clients is the common reference c
     of exponential objectives: the full-data counterpart of the loss inside exp()."""
     del hparams
     return model_ops.batch_loss(model, trainable, non_trainable, examples)
 
-  def reported_loss(self, model, inner_value: Any, outer_batch: Any,
-                    outer_value: tf.Tensor, hparams) -> tf.Tensor:
+  def reported_loss(
+    self, model, inner_value: Any, outer_batch: Any, outer_value: tf.Tensor, hparams
+  ) -> tf.Tensor:
     """The training loss a client reports for a step (default: the outer value)."""
     del model, inner_value, outer_batch, hparams
     return outer_value
@@ -62,25 +64,23 @@ class CompositionalObjective(abc.ABC):
     return direction
 
   @abc.abstractmethod
-  def inner(self, model, trainable: Weights, non_trainable: Weights, batch: Any,
-            hparams) -> Any:
+  def inner(self, model, trainable: Weights, non_trainable: Weights, batch: Any, hparams) -> Any:
     """f(w; B)."""
 
   @abc.abstractmethod
-  def outer(self, model, value: Any, batch: Any, hparams,
-            reference_loss: tf.Tensor) -> tf.Tensor:
+  def outer(self, model, value: Any, batch: Any, hparams, reference_loss: tf.Tensor) -> tf.Tensor:
     """g(value; B~), a scalar; `reference_loss` is the round's common reference c."""
 
 
 def compositional_gradient(
-    objective: CompositionalObjective,
-    model,
-    trainable: Weights,
-    non_trainable: Weights,
-    inner_batch: Any,
-    outer_batch: Any,
-    hparams,
-    reference_loss: tf.Tensor,
+  objective: CompositionalObjective,
+  model,
+  trainable: Weights,
+  non_trainable: Weights,
+  inner_batch: Any,
+  outer_batch: Any,
+  hparams,
+  reference_loss: tf.Tensor,
 ) -> tuple[tf.Tensor, Any, Weights]:
   """(g value, inner value v = f(w; B), J f(w; B)^T grad g(v; B~)) as one VJP."""
   with tf.GradientTape() as inner_tape:
@@ -161,8 +161,9 @@ class MAML(CompositionalObjective):
     return {'inner_learning_rate': self.inner_learning_rate}
 
   def inner(self, model, trainable, non_trainable, batch, hparams):
-    return model_ops.adapt(model, trainable, non_trainable, batch,
-                           hparams['inner_learning_rate'])[1]
+    return model_ops.adapt(model, trainable, non_trainable, batch, hparams['inner_learning_rate'])[
+      1
+    ]
 
   def outer(self, model, value, batch, hparams, reference_loss):
     del hparams, reference_loss
@@ -206,18 +207,21 @@ class DAMAML(MAML):
 
 
 # Why a run of a compositional objective diverges, most often.
-DIVERGENCE_HINT = ('with --objective=drfl or da_maml the steps carry exp(loss / gamma),'
-                   ' which overflows when losses are large against --gamma: try a larger'
-                   ' --gamma (e.g. 2) before a smaller --client_learning_rate; with maml,'
-                   ' try a smaller --client_learning_rate or --server_learning_rate')
+DIVERGENCE_HINT = (
+  'with --objective=drfl or da_maml the steps carry exp(loss / gamma),'
+  ' which overflows when losses are large against --gamma: try a larger'
+  ' --gamma (e.g. 2) before a smaller --client_learning_rate; with maml,'
+  ' try a smaller --client_learning_rate or --server_learning_rate'
+)
 
 # The objectives by name: the one list (builders annotate their option with it).
 ObjectiveName = Literal['drfl', 'maml', 'da_maml']
 OBJECTIVES = dict(zip(typing.get_args(ObjectiveName), (DRFL, MAML, DAMAML)))
 
 
-def make_objective(name: str, *, gamma: float = 0.2,
-                   inner_learning_rate: float = 0.05) -> CompositionalObjective:
+def make_objective(
+  name: str, *, gamma: float = 0.2, inner_learning_rate: float = 0.05
+) -> CompositionalObjective:
   """An objective by name: 'drfl' (gamma), 'maml' (inner_learning_rate) or 'da_maml'
   (both)."""
   if name == 'drfl':

@@ -23,10 +23,8 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import messages
-from tff_comp.ops import model_ops
+from tff_comp.ops import messages, model_ops, server_steps
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import server_steps
 
 
 def slot(value: tf.Tensor, context: rule_lib.RoundContext, num_clients: int) -> tf.Tensor:
@@ -34,8 +32,9 @@ def slot(value: tf.Tensor, context: rule_lib.RoundContext, num_clients: int) -> 
 
   A select, not `tf.scatter_nd`: the lanes engine vectorizes it across clients, where
   a scatter has no vectorized form (it ran as a loop over the cohort's clients)."""
-  row = tf.reshape(tf.equal(tf.range(num_clients), context.client_index),
-                   [num_clients] + [1] * value.shape.rank)
+  row = tf.reshape(
+    tf.equal(tf.range(num_clients), context.client_index), [num_clients] + [1] * value.shape.rank
+  )
   return tf.where(row, value[tf.newaxis], tf.zeros_like(value)[tf.newaxis])
 
 
@@ -67,8 +66,9 @@ class AgnosticWeighted(PerClientRule):
     return tf.gather(payload.client_weights, context.client_index)
 
   def update(self, start, state, hparams, context):
-    return messages.SlotLossUpdate(self.inner.update(start, state, hparams, context),
-                              self.slot(context.start_loss, context))
+    return messages.SlotLossUpdate(
+      self.inner.update(start, state, hparams, context), self.slot(context.start_loss, context)
+    )
 
 
 class DittoExtras(NamedTuple):
@@ -85,8 +85,14 @@ class Ditto(PerClientRule):
   setting the learning rate sets both), personal_learning_rate. Payload: DittoPayload
   (v_i is row i of its table); update: DittoUpdate."""
 
-  def __init__(self, rule: rule_lib.ClientRule, *, num_clients: int, lam: float,
-               personal_learning_rate: float | None = None):
+  def __init__(
+    self,
+    rule: rule_lib.ClientRule,
+    *,
+    num_clients: int,
+    lam: float,
+    personal_learning_rate: float | None = None,
+  ):
     super().__init__(rule, num_clients=num_clients)
     self._personal_learning_rate, self._lam = personal_learning_rate, float(lam)
 
@@ -107,21 +113,24 @@ class Ditto(PerClientRule):
   def local_step(self, weights, extras, batch, hparams, payload, context):
     inner_extras, personal = extras.inner, extras.personal
     loss, weights, inner_extras = super().local_step(
-        weights, inner_extras, batch, hparams, payload, context)
+      weights, inner_extras, batch, hparams, payload, context
+    )
     _, grads = self.loss_and_gradient(personal, batch, payload)
     lr = hparams.get('personal_learning_rate', hparams[rule_lib.LEARNING_RATE])
     lam = hparams['lam']
-    personal = tuple(v - lr * (g + lam * (v - w0))
-                     for v, g, w0 in zip(personal, grads, payload.weights.trainable))
+    personal = tuple(
+      v - lr * (g + lam * (v - w0)) for v, g, w0 in zip(personal, grads, payload.weights.trainable)
+    )
     return rule_lib.StepResult(loss, weights, DittoExtras(inner_extras, personal))
 
   def update(self, start, state, hparams, context):
     personal = state.extras.personal
     inner_state = state._replace(extras=state.extras.inner)
     return messages.DittoUpdate(
-        self.inner.update(start, inner_state, hparams, context),
-        tuple(self.slot(v, context) for v in personal),
-        tf.one_hot(context.client_index, self.num_clients))
+      self.inner.update(start, inner_state, hparams, context),
+      tuple(self.slot(v, context) for v in personal),
+      tf.one_hot(context.client_index, self.num_clients),
+    )
 
 
 class AgnosticState(NamedTuple):
@@ -140,8 +149,15 @@ class AgnosticServer(rule_lib.ServerRule):
 
   ASCENTS = ('projected', 'exponentiated')
 
-  def __init__(self, specs, optimizer, *, num_clients: int, lambda_learning_rate: float,
-               ascent: str = 'projected'):
+  def __init__(
+    self,
+    specs,
+    optimizer,
+    *,
+    num_clients: int,
+    lambda_learning_rate: float,
+    ascent: str = 'projected',
+  ):
     if ascent not in self.ASCENTS:
       raise ValueError(f'ascent={ascent!r} must be one of {self.ASCENTS}.')
     super().__init__(specs, optimizer)
@@ -152,8 +168,9 @@ class AgnosticServer(rule_lib.ServerRule):
     return tf.fill([self.num_clients], 1.0 / self.num_clients)
 
   def initialize(self):
-    return AgnosticState(self.optimizer_state(), self._uniform(),
-                         tf.constant(self.lambda_learning_rate, tf.float32))
+    return AgnosticState(
+      self.optimizer_state(), self._uniform(), tf.constant(self.lambda_learning_rate, tf.float32)
+    )
 
   def get_hparams(self, state):
     hparams = super().get_hparams(state)
@@ -166,8 +183,9 @@ class AgnosticServer(rule_lib.ServerRule):
     return super().set_hparams(state._replace(lambda_learning_rate=rate), hparams)
 
   def update_spec(self):
-    return messages.SlotLossUpdate(delta=self.specs,
-                              losses=tf.TensorSpec([self.num_clients], tf.float32))
+    return messages.SlotLossUpdate(
+      delta=self.specs, losses=tf.TensorSpec([self.num_clients], tf.float32)
+    )
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
@@ -175,8 +193,7 @@ class AgnosticServer(rule_lib.ServerRule):
     if self.ascent == 'projected':
       lam = server_steps.project_simplex(state.client_weights + rate * update.losses)
     else:
-      lam = server_steps.exponentiated_gradient_step(state.client_weights, update.losses,
-                                                     rate)
+      lam = server_steps.exponentiated_gradient_step(state.client_weights, update.losses, rate)
     new_state = state._replace(optimizer=opt_state, client_weights=lam)
     return rule_lib.ServerStepResult(new_state, rule_lib.with_trainable(weights, trainable))
 
@@ -212,25 +229,26 @@ class PersonalModelsServer(rule_lib.ServerRule):
     self.num_clients = num_clients
 
   def _tile(self, trainable):
-    return tuple(tf.tile(w[tf.newaxis], [self.num_clients] + [1] * w.shape.rank)
-                 for w in trainable)
+    return tuple(tf.tile(w[tf.newaxis], [self.num_clients] + [1] * w.shape.rank) for w in trainable)
 
   def initialize(self):
     return PersonalState(self.optimizer_state(), self._tile(self.zeros()))
 
   def update_spec(self):
     return messages.DittoUpdate(
-        delta=self.specs,
-        personal=tuple(tf.TensorSpec([self.num_clients, *s.shape], s.dtype)
-                       for s in self.specs),
-        visited=tf.TensorSpec([self.num_clients], tf.float32))
+      delta=self.specs,
+      personal=tuple(tf.TensorSpec([self.num_clients, *s.shape], s.dtype) for s in self.specs),
+      visited=tf.TensorSpec([self.num_clients], tf.float32),
+    )
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
-    personal = server_steps.replace_rows(tuple(state.personal), tuple(update.personal),
-                                         update.visited)
-    return rule_lib.ServerStepResult(PersonalState(opt_state, personal),
-                                     rule_lib.with_trainable(weights, trainable))
+    personal = server_steps.replace_rows(
+      tuple(state.personal), tuple(update.personal), update.visited
+    )
+    return rule_lib.ServerStepResult(
+      PersonalState(opt_state, personal), rule_lib.with_trainable(weights, trainable)
+    )
 
   def payload(self, state, weights):
     return messages.DittoPayload(weights=weights, personal=state.personal)

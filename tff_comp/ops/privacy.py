@@ -74,10 +74,11 @@ class PrivateMean:
       stddev = self.count_stddev
       if self.noise_multiplier >= 2 * stddev:
         raise ValueError(
-            f'noise_multiplier={self.noise_multiplier:.4g} needs clipped_count_stddev >'
-            f' {self.noise_multiplier / 2:.3g} (it is {stddev:.3g}; default 0.05 x'
-            ' clients_per_round): adaptive clipping spends part of the noise on the'
-            ' clipped count.')
+          f'noise_multiplier={self.noise_multiplier:.4g} needs clipped_count_stddev >'
+          f' {self.noise_multiplier / 2:.3g} (it is {stddev:.3g}; default 0.05 x'
+          ' clients_per_round): adaptive clipping spends part of the noise on the'
+          ' clipped count.'
+        )
 
   @property
   def private(self) -> bool:
@@ -103,14 +104,15 @@ class PrivateMean:
     z = self.noise_multiplier
     if self.kind != DP_ADAPTIVE or z == 0:
       return z
-    return (z**-2 - (2 * self.count_stddev)**-2)**-0.5
+    return (z**-2 - (2 * self.count_stddev) ** -2) ** -0.5
 
   def initial_state(self) -> collections.OrderedDict:
     """The aggregator's state: the clip norm in force."""
     return collections.OrderedDict(clip_norm=tf.constant(self.clip_norm, tf.float32))
 
-  def aggregate(self, state, deltas: Any, weights: tf.Tensor, seed: tf.Tensor
-                ) -> tuple[Any, collections.OrderedDict, collections.OrderedDict]:
+  def aggregate(
+    self, state, deltas: Any, weights: tf.Tensor, seed: tf.Tensor
+  ) -> tuple[Any, collections.OrderedDict, collections.OrderedDict]:
     """(the mean of the stacked `deltas`, the new state, measurements) for one round;
     `seed` ([2] int) draws the noise, so a round's noise is fixed by the run and round.
 
@@ -132,36 +134,45 @@ class PrivateMean:
     else:
       summed = tf.nest.map_structure(lambda u: tf.reduce_sum(u, axis=0), clipped)
     return collections.OrderedDict(
-        total=summed,
-        weight=tf.reduce_sum(weights), clients=tf.cast(tf.size(norms), tf.float32),
-        clipped_count=tf.reduce_sum(tf.cast(was_clipped, tf.int32)),
-        norm_sum=tf.reduce_sum(norms),
-        below=tf.reduce_sum(tf.cast(~was_clipped, tf.float32) - 0.5))
+      total=summed,
+      weight=tf.reduce_sum(weights),
+      clients=tf.cast(tf.size(norms), tf.float32),
+      clipped_count=tf.reduce_sum(tf.cast(was_clipped, tf.int32)),
+      norm_sum=tf.reduce_sum(norms),
+      below=tf.reduce_sum(tf.cast(~was_clipped, tf.float32) - 0.5),
+    )
 
-  def from_sums(self, state, total: collections.OrderedDict, seed: tf.Tensor
-                ) -> tuple[Any, collections.OrderedDict, collections.OrderedDict]:
+  def from_sums(
+    self, state, total: collections.OrderedDict, seed: tf.Tensor
+  ) -> tuple[Any, collections.OrderedDict, collections.OrderedDict]:
     """`aggregate`'s (mean, new state, measurements) from the cohort's `sums`."""
     clip_norm = state['clip_norm']
     measurements = collections.OrderedDict(
-        clipping_norm=clip_norm, clipped_count=total['clipped_count'],
-        mean_update_norm=tf.math.divide_no_nan(total['norm_sum'], total['clients']))
+      clipping_norm=clip_norm,
+      clipped_count=total['clipped_count'],
+      mean_update_norm=tf.math.divide_no_nan(total['norm_sum'], total['clients']),
+    )
     if self.kind == CLIP:
-      mean = tf.nest.map_structure(lambda u: tf.math.divide_no_nan(u, total['weight']),
-                                   total['total'])
+      mean = tf.nest.map_structure(
+        lambda u: tf.math.divide_no_nan(u, total['weight']), total['total']
+      )
       return mean, state, measurements
     seeds = tf.random.experimental.stateless_split(
-        tf.cast(seed, tf.int64) + tf.constant([_NOISE_SALT, 0], tf.int64), 2)
+      tf.cast(seed, tf.int64) + tf.constant([_NOISE_SALT, 0], tf.int64), 2
+    )
     stddev = clip_norm * self.value_noise_multiplier
     n = tf.constant(self.clients_per_round, tf.float32)
-    mean = tf.nest.map_structure(lambda summed, noise: (summed + noise) / n, total['total'],
-                                 gaussian(total['total'], stddev, seeds[0]))
+    mean = tf.nest.map_structure(
+      lambda summed, noise: (summed + noise) / n,
+      total['total'],
+      gaussian(total['total'], stddev, seeds[0]),
+    )
     if self.kind == DP_ADAPTIVE:
-      below = total['below'] + tf.random.stateless_normal([], seeds[1],
-                                                          stddev=self.count_stddev)
+      below = total['below'] + tf.random.stateless_normal([], seeds[1], stddev=self.count_stddev)
       below = tf.clip_by_value(below / n + 0.5, 0.0, 1.0)
       new_clip = tf.maximum(
-          clip_norm * tf.exp(-self.clip_learning_rate * (below - self.target_quantile)),
-          0.0)
+        clip_norm * tf.exp(-self.clip_learning_rate * (below - self.target_quantile)), 0.0
+      )
       state = collections.OrderedDict(clip_norm=new_clip)
       measurements['dp_query_metrics'] = collections.OrderedDict(clip=new_clip)
     return mean, state, measurements
@@ -171,20 +182,34 @@ def clip(stacked: Any, clip_norm: tf.Tensor) -> tuple[Any, tf.Tensor]:
   """(every client's update scaled to global L2 norm at most `clip_norm`, the [m] norms
   before clipping), for a structure stacked on axis 0."""
   leaves = tf.nest.flatten(stacked)
-  norms = tf.sqrt(tf.add_n([tf.reduce_sum(tf.reshape(tf.square(leaf), [tf.shape(leaf)[0], -1]),
-                                          axis=1) for leaf in leaves]))
+  norms = tf.sqrt(
+    tf.add_n(
+      [
+        tf.reduce_sum(tf.reshape(tf.square(leaf), [tf.shape(leaf)[0], -1]), axis=1)
+        for leaf in leaves
+      ]
+    )
+  )
   # As tf.clip_by_global_norm: u C / max(||u||, C).
   scale = clip_norm / tf.maximum(norms, clip_norm)
   return tf.nest.map_structure(
-      lambda u: u * tf.reshape(scale, [-1] + [1] * (u.shape.rank - 1)), stacked), norms
+    lambda u: u * tf.reshape(scale, [-1] + [1] * (u.shape.rank - 1)), stacked
+  ), norms
 
 
 def gaussian(like: Any, stddev: tf.Tensor, seed: tf.Tensor) -> Any:
   """N(0, stddev^2) noise shaped as every leaf of `like`, a leaf's draw seeded by `seed`
   and its position."""
   leaves = tf.nest.flatten(like)
-  noise = [tf.random.stateless_normal(tf.shape(leaf), tf.random.experimental.stateless_fold_in(
-      seed, i), stddev=stddev, dtype=leaf.dtype) for i, leaf in enumerate(leaves)]
+  noise = [
+    tf.random.stateless_normal(
+      tf.shape(leaf),
+      tf.random.experimental.stateless_fold_in(seed, i),
+      stddev=stddev,
+      dtype=leaf.dtype,
+    )
+    for i, leaf in enumerate(leaves)
+  ]
   return tf.nest.pack_sequence_as(like, noise)
 
 
@@ -195,11 +220,17 @@ def check_uniform(algorithm) -> None:
   the delta (it would leave un-noised)."""
   name = type(algorithm.client_rule).__name__
   if algorithm.client_rule.weighs_clients:
-    raise ValueError(f'an unweighted model aggregator (differential privacy) cannot'
-                     f' apply {name}\'s per-client weights.')
+    raise ValueError(
+      f'an unweighted model aggregator (differential privacy) cannot'
+      f" apply {name}'s per-client weights."
+    )
   if algorithm.client_options.weighting != 'uniform':
-    raise ValueError('an unweighted model aggregator (differential privacy) weighs every'
-                     ' client alike: use client_weighting=\'uniform\'.')
+    raise ValueError(
+      'an unweighted model aggregator (differential privacy) weighs every'
+      " client alike: use client_weighting='uniform'."
+    )
   if messages.reports_client_state(algorithm.server_rule.update_spec()):
-    raise ValueError(f'{name} reports model-sized client state beside its delta, which an'
-                     ' unweighted (DP) model aggregator would leave un-noised; refused.')
+    raise ValueError(
+      f'{name} reports model-sized client state beside its delta, which an'
+      ' unweighted (DP) model aggregator would leave un-noised; refused.'
+    )

@@ -23,7 +23,6 @@ import tensorflow as tf
 from tff_comp.ops.model_ops import Weights
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Regularizer(abc.ABC):
   """A separable regularizer over the trainable weight tensors named in `targets`.
@@ -39,9 +38,7 @@ class Regularizer(abc.ABC):
 
   def __post_init__(self):
     if self.strength < 0:
-      raise ValueError(
-          f'{type(self).__name__}: strength must be >= 0, got {self.strength}.'
-      )
+      raise ValueError(f'{type(self).__name__}: strength must be >= 0, got {self.strength}.')
 
   @abc.abstractmethod
   def tensor_value(self, w: tf.Tensor) -> tf.Tensor:
@@ -54,8 +51,7 @@ class Regularizer(abc.ABC):
   def tensor_subgradient(self, w: tf.Tensor) -> tf.Tensor:
     """A subgradient of psi on one tensor (for FedAvg-with-subgradient baselines)."""
     raise NotImplementedError(
-        f'{type(self).__name__} has no subgradient (it is a constraint); use a'
-        ' proximal algorithm.'
+      f'{type(self).__name__} has no subgradient (it is a constraint); use a proximal algorithm.'
     )
 
   @property
@@ -64,24 +60,20 @@ class Regularizer(abc.ABC):
 
   def value(self, weights: Weights) -> tf.Tensor:
     """psi(weights), summed over the target tensors."""
-    return tf.add_n(
-        [tf.constant(0.0)]
-        + [self.tensor_value(weights[i]) for i in self.targets]
-    )
+    return tf.add_n([tf.constant(0.0)] + [self.tensor_value(weights[i]) for i in self.targets])
 
   def prox(self, weights: Weights, step) -> tuple[tf.Tensor, ...]:
     """prox_{step psi}(weights); tensors outside `targets` pass through."""
     step = tf.cast(step, tf.float32)
     return tuple(
-        self.tensor_prox(w, step) if i in self.targets else w
-        for i, w in enumerate(weights)
+      self.tensor_prox(w, step) if i in self.targets else w for i, w in enumerate(weights)
     )
 
   def subgradient(self, weights: Weights) -> tuple[tf.Tensor, ...]:
     """A subgradient of psi at weights (zeros outside `targets`)."""
     return tuple(
-        self.tensor_subgradient(w) if i in self.targets else tf.zeros_like(w)
-        for i, w in enumerate(weights)
+      self.tensor_subgradient(w) if i in self.targets else tf.zeros_like(w)
+      for i, w in enumerate(weights)
     )
 
   def check_applies_to(self, shapes: Sequence[Sequence[int]]) -> None:
@@ -89,8 +81,8 @@ class Regularizer(abc.ABC):
     for i in self.targets:
       if not 0 <= i < len(shapes):
         raise ValueError(
-            f'{self.name}: target tensor {i} does not exist; the model has'
-            f' {len(shapes)} trainable tensors.'
+          f'{self.name}: target tensor {i} does not exist; the model has'
+          f' {len(shapes)} trainable tensors.'
         )
 
 
@@ -165,8 +157,8 @@ class Nuclear(Regularizer):
     for i in self.targets:
       if len(shapes[i]) != 2:
         raise ValueError(
-            f'nuclear: target tensor {i} has shape {list(shapes[i])}; the'
-            ' nuclear norm needs a matrix.'
+          f'nuclear: target tensor {i} has shape {list(shapes[i])}; the'
+          ' nuclear norm needs a matrix.'
         )
 
 
@@ -241,16 +233,14 @@ class L1Ball(_Ball):
 
 
 REGULARIZERS: dict[str, type[Regularizer]] = {
-    cls.name: cls for cls in (NoRegularizer, L1, SquaredL2, Nuclear, L2Ball, L1Ball)
+  cls.name: cls for cls in (NoRegularizer, L1, SquaredL2, Nuclear, L2Ball, L1Ball)
 }
 
 
 def make_regularizer(
-    name: str, strength: float = 0.0, targets: tuple[int, ...] = (0,)
+  name: str, strength: float = 0.0, targets: tuple[int, ...] = (0,)
 ) -> Regularizer:
   """Builds a regularizer by name ('none', 'l1', 'l2_squared', 'nuclear', ...)."""
   if name not in REGULARIZERS:
-    raise ValueError(
-        f'regularizer={name!r} is unknown; choose one of {sorted(REGULARIZERS)}.'
-    )
+    raise ValueError(f'regularizer={name!r} is unknown; choose one of {sorted(REGULARIZERS)}.')
   return REGULARIZERS[name](strength=strength, targets=targets)

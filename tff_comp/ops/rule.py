@@ -97,8 +97,11 @@ class RoundContext(NamedTuple):
 
   @classmethod
   def of(cls, client_index=-1, reference_loss=0.0, start_loss=0.0) -> 'RoundContext':
-    return cls(tf.cast(client_index, tf.int32), tf.cast(reference_loss, tf.float32),
-               tf.cast(start_loss, tf.float32))
+    return cls(
+      tf.cast(client_index, tf.int32),
+      tf.cast(reference_loss, tf.float32),
+      tf.cast(start_loss, tf.float32),
+    )
 
 
 class StepResult(NamedTuple):
@@ -133,8 +136,13 @@ class LocalState(NamedTuple):
 
 
 # The capability flags of a client rule (class attributes; see ClientRule).
-CAPABILITIES = ('batches_per_step', 'weighs_clients', 'uses_reference_loss',
-                'uses_start_loss', 'uses_client_index')
+CAPABILITIES = (
+  'batches_per_step',
+  'weighs_clients',
+  'uses_reference_loss',
+  'uses_start_loss',
+  'uses_client_index',
+)
 
 
 class ClientRule(abc.ABC):
@@ -175,8 +183,9 @@ class ClientRule(abc.ABC):
     """(trainable start point, non-trainable weights, extras) from the payload."""
 
   @abc.abstractmethod
-  def local_step(self, weights: Weights, extras: Any, batch: Any, hparams, payload,
-                 context: RoundContext) -> StepResult:
+  def local_step(
+    self, weights: Weights, extras: Any, batch: Any, hparams, payload, context: RoundContext
+  ) -> StepResult:
     """One step on `batch`: (batch loss, new weights, new extras)."""
 
   def loss_and_gradient(self, weights: Weights, batch: Any, payload):
@@ -209,16 +218,22 @@ class ClientRule(abc.ABC):
   def initialize(self, payload, hparams, context: RoundContext) -> LocalState:
     del hparams, context
     trainable, _, extras = self.start(payload)
-    return LocalState(tuple(trainable), extras, tf.constant(0.0), tf.constant(0, tf.int32),
-                      tf.constant(0, tf.int32))
+    return LocalState(
+      tuple(trainable), extras, tf.constant(0.0), tf.constant(0, tf.int32), tf.constant(0, tf.int32)
+    )
 
-  def step(self, state: LocalState, batch, payload, hparams,
-           context: RoundContext) -> LocalState:
+  def step(self, state: LocalState, batch, payload, hparams, context: RoundContext) -> LocalState:
     loss, weights, extras = self.local_step(
-        state.weights, state.extras, batch, hparams, payload, context)
+      state.weights, state.extras, batch, hparams, payload, context
+    )
     size = model_ops.batch_size_of(batch)
-    return LocalState(weights, extras, state.loss_sum + loss * tf.cast(size, tf.float32),
-                      state.examples + size, state.steps + 1)
+    return LocalState(
+      weights,
+      extras,
+      state.loss_sum + loss * tf.cast(size, tf.float32),
+      state.examples + size,
+      state.steps + 1,
+    )
 
   def finalize(self, state: LocalState, payload, hparams, context: RoundContext) -> Any:
     trainable, _, _ = self.start(payload)
@@ -255,8 +270,7 @@ class RuleWrapper(ClientRule):
     return self.inner.start(self.payload_of(payload))
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
-    return self.inner.local_step(weights, extras, batch, hparams, self.payload_of(payload),
-                                 context)
+    return self.inner.local_step(weights, extras, batch, hparams, self.payload_of(payload), context)
 
   def update(self, start, state, hparams, context):
     return self.inner.update(start, state, hparams, context)
@@ -317,16 +331,17 @@ class ServerRule(abc.ABC):
 
   def optimizer_step(self, state, trainable: Weights, gradient) -> tuple[Any, Weights]:
     """(new optimizer state, trainable after the optimizer's step along `gradient`)."""
-    opt_state, trainable = self.optimizer.next(
-        state.optimizer, tuple(trainable), tuple(gradient))
+    opt_state, trainable = self.optimizer.next(state.optimizer, tuple(trainable), tuple(gradient))
     return opt_state, tuple(trainable)
 
   def learning_rate(self, optimizer_state) -> tf.Tensor:
     """The optimizer's learning rate (proximal steps scale with it)."""
     hparams = self.optimizer.get_hparams(optimizer_state)
     if LEARNING_RATE not in hparams:
-      raise ValueError('The server optimizer must have a learning_rate hyperparameter:'
-                       ' the proximal step size is server rate x client step sizes.')
+      raise ValueError(
+        'The server optimizer must have a learning_rate hyperparameter:'
+        ' the proximal step size is server rate x client step sizes.'
+      )
     return tf.cast(hparams[LEARNING_RATE], tf.float32)
 
   def initial_hparams(self) -> collections.OrderedDict:

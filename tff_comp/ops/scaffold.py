@@ -20,11 +20,8 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import gradient_transforms
-from tff_comp.ops import per_client
+from tff_comp.ops import gradient_transforms, per_client, server_steps, sgd
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import server_steps
-from tff_comp.ops import sgd
 from tff_comp.ops.model_ops import Weights
 
 
@@ -56,8 +53,9 @@ class ScaffoldClient(sgd.SGD):
   uses_client_index = True
 
   def __init__(self, model, *, learning_rate: float, num_clients: int):
-    super().__init__(model, learning_rate=learning_rate,
-                     transforms=(gradient_transforms.ControlVariate(),))
+    super().__init__(
+      model, learning_rate=learning_rate, transforms=(gradient_transforms.ControlVariate(),)
+    )
     self.num_clients = num_clients
 
   def weights_of(self, payload):
@@ -70,16 +68,20 @@ class ScaffoldClient(sgd.SGD):
 
   def update(self, start, state, hparams, context):
     delta = super().update(start, state, hparams, context)
-    scale = tf.math.divide_no_nan(1.0, tf.cast(state.steps, tf.float32)
-                                  * hparams[rule_lib.LEARNING_RATE])
+    scale = tf.math.divide_no_nan(
+      1.0, tf.cast(state.steps, tf.float32) * hparams[rule_lib.LEARNING_RATE]
+    )
     moved = state.steps > 0
     # c_i+ = c_i - c + (x - y_K) / (K eta_l) = (x - y_K) / (K eta_l) - correction.
     control = state.extras['control_variate']
-    own = tuple(tf.where(moved, scale * x - d, ci)
-                for ci, d, x in zip(control.own, control.correction, delta))
-    return ControlUpdate(delta, tuple(per_client.slot(c, context, self.num_clients)
-                                      for c in own),
-                         tf.one_hot(context.client_index, self.num_clients))
+    own = tuple(
+      tf.where(moved, scale * x - d, ci) for ci, d, x in zip(control.own, control.correction, delta)
+    )
+    return ControlUpdate(
+      delta,
+      tuple(per_client.slot(c, context, self.num_clients) for c in own),
+      tf.one_hot(context.client_index, self.num_clients),
+    )
 
 
 class ControlState(NamedTuple):
@@ -109,19 +111,22 @@ class ControlVariateServer(rule_lib.ServerRule):
 
   def update_spec(self):
     return ControlUpdate(
-        delta=self.specs,
-        controls=tuple(tf.TensorSpec([self.num_clients, *s.shape], s.dtype)
-                       for s in self.specs),
-        visited=tf.TensorSpec([self.num_clients], tf.float32))
+      delta=self.specs,
+      controls=tuple(tf.TensorSpec([self.num_clients, *s.shape], s.dtype) for s in self.specs),
+      visited=tf.TensorSpec([self.num_clients], tf.float32),
+    )
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update.delta)
     old = tuple(state.controls)
     new = server_steps.replace_rows(old, tuple(update.controls), update.visited)
-    control = tuple(c + tf.reduce_sum(n - o, axis=0) / self.num_clients
-                    for c, n, o in zip(state.control, new, old))
-    return rule_lib.ServerStepResult(ControlState(opt_state, control, new),
-                                     rule_lib.with_trainable(weights, trainable))
+    control = tuple(
+      c + tf.reduce_sum(n - o, axis=0) / self.num_clients
+      for c, n, o in zip(state.control, new, old)
+    )
+    return rule_lib.ServerStepResult(
+      ControlState(opt_state, control, new), rule_lib.with_trainable(weights, trainable)
+    )
 
   def payload(self, state, weights):
     return ControlPayload(weights=weights, control=state.control, controls=state.controls)

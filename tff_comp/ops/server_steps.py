@@ -6,29 +6,26 @@ from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.ops.model_ops import Weights
 
 
-
 def mirror_descent_server_step(
-    weights_after_optimizer: Weights,
-    regularizer: regularizers_lib.Regularizer,
-    server_learning_rate: tf.Tensor,
-    mean_lr_sum: tf.Tensor,
+  weights_after_optimizer: Weights,
+  regularizer: regularizers_lib.Regularizer,
+  server_learning_rate: tf.Tensor,
+  mean_lr_sum: tf.Tensor,
 ) -> Weights:
   """FedMiD: w_{r+1} = prox_{eta_s eta_c K psi}(w_r + eta_s Delta).
 
   `weights_after_optimizer` is w_r + eta_s Delta (the server optimizer's step);
   eta_c K is generalized to the clients' mean sum of eta_c.
   """
-  return regularizer.prox(
-      weights_after_optimizer, server_learning_rate * mean_lr_sum
-  )
+  return regularizer.prox(weights_after_optimizer, server_learning_rate * mean_lr_sum)
 
 
 def dual_averaging_server_step(
-    dual_after_optimizer: Weights,
-    elapsed: tf.Tensor,
-    regularizer: regularizers_lib.Regularizer,
-    server_learning_rate: tf.Tensor,
-    mean_lr_sum: tf.Tensor,
+  dual_after_optimizer: Weights,
+  elapsed: tf.Tensor,
+  regularizer: regularizers_lib.Regularizer,
+  server_learning_rate: tf.Tensor,
+  mean_lr_sum: tf.Tensor,
 ) -> tuple[Weights, tf.Tensor]:
   """FedDualAvg: c_{r+1} = c_r + eta_s mean(sum eta_c); w_{r+1} = prox_{c_{r+1} psi}(z_{r+1}).
 
@@ -54,5 +51,7 @@ def replace_rows(tables: Weights, new_tables: Weights, visited: tf.Tensor) -> We
   """Per-client tables (Ditto's personal models): row i of each table becomes row i of
   the corresponding new table where visited[i] > 0, and is kept otherwise."""
   mask = visited > 0
-  return tuple(tf.where(tf.reshape(mask, [-1] + [1] * (old.shape.rank - 1)), new, old)
-               for old, new in zip(tables, new_tables))
+  return tuple(
+    tf.where(tf.reshape(mask, [-1] + [1] * (old.shape.rank - 1)), new, old)
+    for old, new in zip(tables, new_tables)
+  )

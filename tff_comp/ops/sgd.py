@@ -11,12 +11,10 @@ FedProx's (Li et al. 2020); rho > 0 heavy-ball momentum (reset every round); a
 regularizer the naive composite baseline of Yuan et al. (2021).
 """
 
-
 import tensorflow as tf
 
-from tff_comp.ops import gradient_transforms
+from tff_comp.ops import gradient_transforms, messages
 from tff_comp.ops import regularizers as regularizers_lib
-from tff_comp.ops import messages
 from tff_comp.ops import rule as rule_lib
 
 
@@ -28,17 +26,27 @@ class SGD(rule_lib.ClientRule):
   broadcast ModelWeights (`weights_of`). The transforms' hyperparameters (mu, rho) are
   the rule's, settable after building (0 disables a term)."""
 
-  def __init__(self, model, *, learning_rate: float, proximal_strength: float = 0.0,
-               momentum: float = 0.0,
-               subgradient_of: regularizers_lib.Regularizer | None = None,
-               transforms: tuple[gradient_transforms.Transform, ...] | None = None):
+  def __init__(
+    self,
+    model,
+    *,
+    learning_rate: float,
+    proximal_strength: float = 0.0,
+    momentum: float = 0.0,
+    subgradient_of: regularizers_lib.Regularizer | None = None,
+    transforms: tuple[gradient_transforms.Transform, ...] | None = None,
+  ):
     super().__init__(model, learning_rate=learning_rate)
     self._subgradient_of = subgradient_of
     if transforms is None:
-      subgradient = () if subgradient_of is None else (
-          gradient_transforms.Subgradient(subgradient_of),)
-      transforms = (gradient_transforms.Proximal(proximal_strength), *subgradient,
-                    gradient_transforms.Momentum(momentum))
+      subgradient = (
+        () if subgradient_of is None else (gradient_transforms.Subgradient(subgradient_of),)
+      )
+      transforms = (
+        gradient_transforms.Proximal(proximal_strength),
+        *subgradient,
+        gradient_transforms.Momentum(momentum),
+      )
     self.transforms = tuple(transforms)
 
   def initial_hparams(self):
@@ -54,18 +62,20 @@ class SGD(rule_lib.ClientRule):
   def start(self, payload):
     weights = self.weights_of(payload)
     trainable = tuple(weights.trainable)
-    return trainable, tuple(weights.non_trainable), gradient_transforms.init(
-        self.transforms, trainable, payload)
+    return (
+      trainable,
+      tuple(weights.non_trainable),
+      gradient_transforms.init(self.transforms, trainable, payload),
+    )
 
   def local_step(self, weights, extras, batch, hparams, payload, context):
     del context
     loss, grads = self.loss_and_gradient(weights, batch, payload)
     direction, extras = gradient_transforms.chain(
-        self.transforms, grads, weights, extras, hparams,
-        tuple(self.weights_of(payload).trainable))
+      self.transforms, grads, weights, extras, hparams, tuple(self.weights_of(payload).trainable)
+    )
     lr = hparams[rule_lib.LEARNING_RATE]
-    return rule_lib.StepResult(loss, tuple(w - lr * d for w, d in zip(weights, direction)),
-                               extras)
+    return rule_lib.StepResult(loss, tuple(w - lr * d for w, d in zip(weights, direction)), extras)
 
   def gradient_weight_norm(self, steps: tf.Tensor, hparams) -> tf.Tensor:
     """||a||_1 with Delta = -eta G a over `steps` local steps (FedNova, Wang et al.
@@ -76,7 +86,8 @@ class SGD(rule_lib.ClientRule):
     tau = tf.cast(steps, tf.float32)
     rho, mu = hparams['momentum'], hparams['proximal_strength']
     with_momentum = tf.math.divide_no_nan(
-        tau - rho * tf.math.divide_no_nan(1 - rho**tau, 1 - rho), 1 - rho)
+      tau - rho * tf.math.divide_no_nan(1 - rho**tau, 1 - rho), 1 - rho
+    )
     decay = 1 - hparams[rule_lib.LEARNING_RATE] * mu
     with_prox = tf.math.divide_no_nan(1 - decay**tau, 1 - decay)
     return tf.where(rho > 0, with_momentum, tf.where(mu > 0, with_prox, tau))
@@ -94,14 +105,18 @@ class NormalizedSGD(rule_lib.RuleWrapper):
   def check_hparams(self, hparams) -> None:
     super().check_hparams(hparams)
     if float(hparams['momentum']) > 0 and float(hparams['proximal_strength']) > 0:
-      raise ValueError('choose one local solver: client_momentum > 0 or mu > 0, not both'
-                       ' (FedNova\'s ||a||_1 has a closed form for one of them).')
+      raise ValueError(
+        'choose one local solver: client_momentum > 0 or mu > 0, not both'
+        " (FedNova's ||a||_1 has a closed form for one of them)."
+      )
     if not 0 <= float(hparams['momentum']) < 1:
       raise ValueError(f'client_momentum must be in [0, 1), got {float(hparams["momentum"])}.')
 
   def update(self, start, state, hparams, context):
-    return messages.NormalizedUpdate(self.inner.update(start, state, hparams, context),
-                                     self.inner.gradient_weight_norm(state.steps, hparams))
+    return messages.NormalizedUpdate(
+      self.inner.update(start, state, hparams, context),
+      self.inner.gradient_weight_norm(state.steps, hparams),
+    )
 
 
 class FairnessWeightedSGD(SGD):
@@ -132,8 +147,9 @@ class FairnessWeightedSGD(SGD):
     dw = tuple(lipschitz * d for d in super().update(start, state, hparams, context))
     f, q = context.start_loss, hparams['q']
     norm_sq = tf.add_n([tf.reduce_sum(tf.square(d)) for d in dw])
-    return messages.QUpdate(tuple(f**q * d for d in dw),
-                            q * f ** (q - 1) * norm_sq + lipschitz * f**q)
+    return messages.QUpdate(
+      tuple(f**q * d for d in dw), q * f ** (q - 1) * norm_sq + lipschitz * f**q
+    )
 
 
 class OptimizerServer(rule_lib.ServerRule):
@@ -146,8 +162,9 @@ class OptimizerServer(rule_lib.ServerRule):
 
   def step(self, state, weights, update):
     opt_state, trainable = self.optimizer_step(state, weights.trainable, update)
-    return rule_lib.ServerStepResult(rule_lib.OptimizerState(opt_state),
-                                     rule_lib.with_trainable(weights, trainable))
+    return rule_lib.ServerStepResult(
+      rule_lib.OptimizerState(opt_state), rule_lib.with_trainable(weights, trainable)
+    )
 
 
 class RatioServer(rule_lib.ServerRule):
@@ -158,6 +175,7 @@ class RatioServer(rule_lib.ServerRule):
     return messages.QUpdate(delta=self.specs, h=tf.TensorSpec([], tf.float32))
 
   def step(self, state, weights, update):
-    trainable = tuple(w - tf.math.divide_no_nan(d, update.h)
-                      for w, d in zip(weights.trainable, update.delta))
+    trainable = tuple(
+      w - tf.math.divide_no_nan(d, update.h) for w, d in zip(weights.trainable, update.delta)
+    )
     return rule_lib.ServerStepResult(state, rule_lib.with_trainable(weights, trainable))

@@ -40,8 +40,13 @@ def tracing_across_lanes() -> bool:
   return getattr(_TRACING, 'lanes', False)
 
 
-def conv2d(inputs: tf.Tensor, kernel: tf.Tensor, strides: Sequence[int] = (1, 1),
-           padding: str = 'VALID', dilations: Sequence[int] = (1, 1)) -> tf.Tensor:
+def conv2d(
+  inputs: tf.Tensor,
+  kernel: tf.Tensor,
+  strides: Sequence[int] = (1, 1),
+  padding: str = 'VALID',
+  dilations: Sequence[int] = (1, 1),
+) -> tf.Tensor:
   """`tf.nn.conv2d(inputs, kernel, strides, padding, dilations=dilations)` for NHWC
   `inputs` of static spatial shape, as per-tap matmuls (see the module docstring)."""
   kh, kw, channels, filters = kernel.shape
@@ -61,17 +66,22 @@ def conv2d(inputs: tf.Tensor, kernel: tf.Tensor, strides: Sequence[int] = (1, 1)
   # side (tf.concat) and one matmul, the concatenation's gradient made XLA take the
   # lanes' weights as compile-time constants (a compile every round; XLA's
   # const_analysis log).
-  rows = 0.
+  rows = 0.0
   for i in range(kh):
     for j in range(kw):
-      tap = inputs[:, i * dh:i * dh + (height - 1) * sh + 1:sh,
-                   j * dw:j * dw + (width - 1) * sw + 1:sw, :]
+      tap = inputs[
+        :,
+        i * dh : i * dh + (height - 1) * sh + 1 : sh,
+        j * dw : j * dw + (width - 1) * sw + 1 : sw,
+        :,
+      ]
       rows += tf.reshape(tap, [-1, channels]) @ kernel[i, j]
   return tf.reshape(rows, [batch, height, width, filters])
 
 
-def conv1d(inputs: tf.Tensor, kernel: tf.Tensor, stride: int = 1, padding: str = 'VALID',
-           dilation: int = 1) -> tf.Tensor:
+def conv1d(
+  inputs: tf.Tensor, kernel: tf.Tensor, stride: int = 1, padding: str = 'VALID', dilation: int = 1
+) -> tf.Tensor:
   """`tf.nn.conv1d(inputs, kernel, stride, padding, dilations=dilation)` for NWC `inputs`
   of static width, as `conv2d` over a height of 1."""
   return conv2d(inputs[:, None], kernel[None], (1, stride), padding, (1, dilation))[:, 0]

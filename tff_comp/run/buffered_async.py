@@ -45,13 +45,10 @@ import numpy as np
 import tensorflow as tf
 
 from tff_comp import settings
-from tff_comp.settings import ConfigError
 from tff_comp.ops import aggregation
-from tff_comp.runtime import base
-from tff_comp.run import devices
-from tff_comp.runtime import learning_state
-from tff_comp.runtime import round_stages
-from tff_comp.run import sampling
+from tff_comp.run import devices, sampling
+from tff_comp.runtime import base, learning_state, round_stages
+from tff_comp.settings import ConfigError
 
 MODES = ('sync', 'async')
 STALENESS = ('constant', 'poly')
@@ -62,20 +59,29 @@ class AsyncOptions:
   """Synchronous rounds or buffered asynchronous steps (module docstring)."""
 
   mode: str = settings.setting(
-      'sync', 'sync: rounds of --clients_per_round clients; async: buffered asynchronous'
-      ' aggregation (FedBuff), a server step after every --buffer_size arrivals of'
-      ' --concurrency clients training at once (--rounds counts server steps).',
-      choices=MODES)
+    'sync',
+    'sync: rounds of --clients_per_round clients; async: buffered asynchronous'
+    ' aggregation (FedBuff), a server step after every --buffer_size arrivals of'
+    ' --concurrency clients training at once (--rounds counts server steps).',
+    choices=MODES,
+  )
   concurrency: int = settings.setting(
-      10, 'Async: clients training at once.', lower=1, upper=settings.MAX_COUNT)
+    10, 'Async: clients training at once.', lower=1, upper=settings.MAX_COUNT
+  )
   buffer_size: int = settings.setting(
-      10, 'Async: arrivals per server step.', lower=1, upper=settings.MAX_COUNT)
+    10, 'Async: arrivals per server step.', lower=1, upper=settings.MAX_COUNT
+  )
   staleness: str = settings.setting(
-      'poly', 'Async: the weight of an update s steps stale: constant (1) or poly'
-      ' (1/sqrt(1+s), as FedBuff).', choices=STALENESS)
+    'poly',
+    'Async: the weight of an update s steps stale: constant (1) or poly (1/sqrt(1+s), as FedBuff).',
+    choices=STALENESS,
+  )
   max_staleness: int | None = settings.setting(
-      None, 'Async: drop updates more than this many steps stale (None: keep all).',
-      lower=0, upper=settings.MAX_COUNT)
+    None,
+    'Async: drop updates more than this many steps stale (None: keep all).',
+    lower=0,
+    upper=settings.MAX_COUNT,
+  )
 
   def __post_init__(self):
     settings.check(self)
@@ -116,8 +122,12 @@ class Schedule:
     options: concurrency, buffer size, staleness cut.
   """
 
-  def __init__(self, draw: Callable[[int], Sequence[str]], seconds: Callable[[str], float],
-               options: AsyncOptions):
+  def __init__(
+    self,
+    draw: Callable[[int], Sequence[str]],
+    seconds: Callable[[str], float],
+    options: AsyncOptions,
+  ):
     self._draw, self._seconds, self._options = draw, seconds, options
     self._stream: list[str] = []  # clients drawn, not yet dispatched
     self._blocks = 0
@@ -135,8 +145,9 @@ class Schedule:
       self._blocks += 1
       self._stream = list(self._draw(self._blocks))
     client = self._stream.pop(0)
-    heapq.heappush(self._flight, (self._clock + self._seconds(client), self._seq, client,
-                                  self._version))
+    heapq.heappush(
+      self._flight, (self._clock + self._seconds(client), self._seq, client, self._version)
+    )
     self._dispatched.append((self._seq, client))
     self._seq += 1
 
@@ -161,9 +172,15 @@ class Schedule:
         else:
           self._buffer.append((arrival, staleness))
         if len(self._buffer) == options.buffer_size:
-          self._plans.append(StepPlan(
-              tuple(self._dispatched), tuple(a for a, _ in self._buffer),
-              tuple(s for _, s in self._buffer), tuple(self._dropped), self._clock))
+          self._plans.append(
+            StepPlan(
+              tuple(self._dispatched),
+              tuple(a for a, _ in self._buffer),
+              tuple(s for _, s in self._buffer),
+              tuple(self._dropped),
+              self._clock,
+            )
+          )
           self._buffer, self._dropped, self._dispatched = [], [], []
           self._version += 1
       for _ in arrived:
@@ -205,8 +222,7 @@ class BufferedAsyncRuntime:
   name = 'inprocess'
   partial_work = False
 
-  def __init__(self, driver: base.ClientOutputs, schedule: Schedule,
-               options: AsyncOptions):
+  def __init__(self, driver: base.ClientOutputs, schedule: Schedule, options: AsyncOptions):
     self._driver, self.schedule, self.options = driver, schedule, options
     self.algorithm = driver.algorithm
     self.keeps_personal_models = False
@@ -223,8 +239,10 @@ class BufferedAsyncRuntime:
   @property
   def description(self) -> str:
     o = self.options
-    return (f'buffered async (concurrency {o.concurrency}, buffer {o.buffer_size},'
-            f' {o.staleness} staleness) on {self._driver.description}')
+    return (
+      f'buffered async (concurrency {o.concurrency}, buffer {o.buffer_size},'
+      f' {o.staleness} staleness) on {self._driver.description}'
+    )
 
   @property
   def record(self) -> dict[str, Any]:
@@ -235,14 +253,18 @@ class BufferedAsyncRuntime:
     if self._empty is None:  # the rows' shapes: one client's output
       client = self.schedule.plan(1).cohort[0][1]
       one = self._run_clients(state, [client], 0)
-      self._empty = InFlight(np.full(self.options.concurrency, -1, np.int64),
-                             tf.nest.map_structure(lambda a: np.zeros(
-                                 (self.options.concurrency, *a.shape[1:]), a.dtype), one))
+      self._empty = InFlight(
+        np.full(self.options.concurrency, -1, np.int64),
+        tf.nest.map_structure(
+          lambda a: np.zeros((self.options.concurrency, *a.shape[1:]), a.dtype), one
+        ),
+      )
     return self._with_flight(state, self._empty)
 
   def _with_flight(self, state: base.State, flight: InFlight) -> base.State:
-    return learning_state.assemble(state.global_model_weights, state.client_work,
-                                    state.finalizer, flight)
+    return learning_state.assemble(
+      state.global_model_weights, state.client_work, state.finalizer, flight
+    )
 
   def get_model_weights(self, state: base.State):
     return self._driver.get_model_weights(state)
@@ -272,23 +294,30 @@ class BufferedAsyncRuntime:
     """The clients' outputs (NumPy, stacked) from `state`'s model, as dispatched while
     version `version` was in force (their round number: shuffling, client keys)."""
     return self._driver.client_outputs(
-        self._host.payload(state),
-        tf.nest.map_structure(np.asarray, state.client_work.hparams), client_ids,
-        [1.0] * len(client_ids), [self._driver.population_index[c] for c in client_ids],
-        version)
+      self._host.payload(state),
+      tf.nest.map_structure(np.asarray, state.client_work.hparams),
+      client_ids,
+      [1.0] * len(client_ids),
+      [self._driver.population_index[c] for c in client_ids],
+      version,
+    )
 
-  def next(self, state: base.State, client_ids: Sequence[str],
-           work: Sequence[float] | None = None) -> base.RoundOutput:
+  def next(
+    self, state: base.State, client_ids: Sequence[str], work: Sequence[float] | None = None
+  ) -> base.RoundOutput:
     """Server step t + 1 (t: the steps done): runs the clients dispatched from x_t
     (`client_ids`, the plan's cohort), then aggregates the step's arrivals."""
     state = learning_state.as_tensors(state)
     step = int(state.client_work.round) + 1
     plan = self.schedule.plan(step)
     if list(client_ids) != [c for _, c in plan.cohort] or work is not None:
-      raise ValueError(f'step {step}: the clients given are not the schedule\'s cohort.')
+      raise ValueError(f"step {step}: the clients given are not the schedule's cohort.")
     flight = tf.nest.map_structure(np.asarray, state.aggregator)
-    waiting = {int(seq): tf.nest.map_structure(lambda a, i=i: a[i], flight.outputs)
-               for i, seq in enumerate(flight.seq) if seq >= 0}
+    waiting = {
+      int(seq): tf.nest.map_structure(lambda a, i=i: a[i], flight.outputs)
+      for i, seq in enumerate(flight.seq)
+      if seq >= 0
+    }
     if plan.cohort:  # none when steps come at one instant: nobody started between
       outputs = self._run_clients(state, client_ids, step - 1)
       for i, (seq, _) in enumerate(plan.cohort):
@@ -298,19 +327,24 @@ class BufferedAsyncRuntime:
       del waiting[late.seq]
     factors = np.array([self.options.weight(s) for s in plan.staleness], np.float32)
     outputs = tf.nest.map_structure(lambda *a: np.stack(a), *arrived)
-    outputs = outputs._replace(update=tf.nest.map_structure(
-        lambda u: u * factors.reshape([-1] + [1] * (u.ndim - 1)), outputs.update))
+    outputs = outputs._replace(
+      update=tf.nest.map_structure(
+        lambda u: u * factors.reshape([-1] + [1] * (u.ndim - 1)), outputs.update
+      )
+    )
     weights, server, _, metrics = self._host(outputs, state, (), None)
-    work_state = type(state.client_work)(state.client_work.hparams,
-                                         state.client_work.round + 1)
+    work_state = type(state.client_work)(state.client_work.hparams, state.client_work.round + 1)
     metrics = self._driver.stages.unpack_metrics(metrics)
     staleness = np.array(plan.staleness, np.float64)
-    metrics['async'] = dict(arrivals=float(len(plan.arrivals)),
-                            dropped=float(len(plan.dropped)),
-                            staleness_mean=float(staleness.mean()),
-                            staleness_max=float(staleness.max()))
-    return base.RoundOutput(learning_state.assemble(
-        weights, work_state, server, self._pack(waiting, flight)), metrics)
+    metrics['async'] = dict(
+      arrivals=float(len(plan.arrivals)),
+      dropped=float(len(plan.dropped)),
+      staleness_mean=float(staleness.mean()),
+      staleness_max=float(staleness.max()),
+    )
+    return base.RoundOutput(
+      learning_state.assemble(weights, work_state, server, self._pack(waiting, flight)), metrics
+    )
 
   def _pack(self, waiting: dict[int, Any], like: InFlight) -> InFlight:
     """`waiting` in `InFlight`'s fixed rows (`like`'s shapes)."""
@@ -318,7 +352,7 @@ class BufferedAsyncRuntime:
     if len(seqs) > len(like.seq):
       raise AssertionError(f'{len(seqs)} updates in flight exceed the concurrency')
     seq = np.full_like(like.seq, -1)
-    seq[:len(seqs)] = seqs
+    seq[: len(seqs)] = seqs
     outputs = tf.nest.map_structure(np.zeros_like, like.outputs)
     for i, key in enumerate(seqs):
       for row, value in zip(tf.nest.flatten(outputs), tf.nest.flatten(waiting[key])):
@@ -339,8 +373,9 @@ class AsyncSampler:
     plan = self._schedule.plan(round_num)
     before = self._schedule.plan(round_num - 1).clock if round_num > 1 else 0.0
     ids = tuple(c for _, c in plan.cohort)
-    return sampling.RoundClients(ids, ids, None, len(plan.dropped), plan.clock - before,
-                                 plan.clock, steps=True)
+    return sampling.RoundClients(
+      ids, ids, None, len(plan.dropped), plan.clock - before, plan.clock, steps=True
+    )
 
 
 def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
@@ -354,26 +389,38 @@ def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
       a deadline or over-selection, more clients at once than the task has.
   """
   if not isinstance(runtime, base.ClientOutputs):
-    raise ConfigError(f'--mode=async runs on the in-process runtime (a runtime giving each'
-                      f' client\'s outputs), not {runtime.name}.')
+    raise ConfigError(
+      f'--mode=async runs on the in-process runtime (a runtime giving each'
+      f" client's outputs), not {runtime.name}."
+    )
   reason = why_not(algorithm)
   if reason:
     raise ConfigError(f'--mode=async cannot run this algorithm: {reason}.')
   participation, options = config.participation, config.asynchrony
-  if (participation.sampling != 'uniform' or participation.dropout_rate
-      or participation.straggler_rate):
-    raise ConfigError('--mode=async draws clients uniformly (--sampling=uniform) and models'
-                      ' no dropout or stragglers: the device times decide who reports when.')
+  if (
+    participation.sampling != 'uniform'
+    or participation.dropout_rate
+    or participation.straggler_rate
+  ):
+    raise ConfigError(
+      '--mode=async draws clients uniformly (--sampling=uniform) and models'
+      ' no dropout or stragglers: the device times decide who reports when.'
+    )
   if config.devices.round_deadline is not None or config.devices.overselect > 1:
-    raise ConfigError('--round_deadline and --overselect are synchronous rounds\' settings;'
-                      ' with --mode=async use --max_staleness.')
+    raise ConfigError(
+      "--round_deadline and --overselect are synchronous rounds' settings;"
+      ' with --mode=async use --max_staleness.'
+    )
   clients = len(client_data.client_ids)
   if max(options.concurrency, options.buffer_size) > clients:
-    raise ConfigError(f'--concurrency={options.concurrency} and --buffer_size='
-                      f'{options.buffer_size} may not exceed the task\'s {clients}'
-                      ' clients.')
+    raise ConfigError(
+      f'--concurrency={options.concurrency} and --buffer_size='
+      f"{options.buffer_size} may not exceed the task's {clients}"
+      ' clients.'
+    )
   clock = devices.clock_for(config.devices, client_data, algorithm, config.seed)
   draws = sampling.ClientSampler(client_data.client_ids, options.buffer_size, config.seed)
-  schedule = Schedule(lambda r: draws.sample(r).sampled,
-                      (lambda c: 1.0) if clock is None else clock.seconds, options)
+  schedule = Schedule(
+    lambda r: draws.sample(r).sampled, (lambda c: 1.0) if clock is None else clock.seconds, options
+  )
   return BufferedAsyncRuntime(runtime, schedule, options)

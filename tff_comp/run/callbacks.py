@@ -15,10 +15,9 @@ import tensorflow as tf
 import tqdm
 
 from tff_comp.ops.rule import LEARNING_RATE
-from tff_comp.runtime import base
 from tff_comp.run import checkpoints as checkpoints_lib
-from tff_comp.runtime import client_rows
 from tff_comp.run import run_files
+from tff_comp.runtime import base, client_rows
 
 
 class DivergenceError(RuntimeError):
@@ -40,9 +39,13 @@ class StopTraining(Exception):
 _MAX_LOGGED_TABLE = 100
 
 
-def set_learning_rates(process, state, client_learning_rate: float,
-                       server_learning_rate: float,
-                       client_hparams: Mapping[str, float] | None = None):
+def set_learning_rates(
+  process,
+  state,
+  client_learning_rate: float,
+  server_learning_rate: float,
+  client_hparams: Mapping[str, float] | None = None,
+):
   """Returns `state` with the client work's and server update's learning rates set, and
   the client work's other hparams named in `client_hparams` (a grid's own axes).
 
@@ -57,8 +60,9 @@ def set_learning_rates(process, state, client_learning_rate: float,
 
   for name, value in (client_hparams or {}).items():
     if name not in hparams['client_work']:
-      raise ValueError(f'the client work has no hyperparameter {name!r}; it has'
-                       f' {sorted(hparams["client_work"])}.')
+      raise ValueError(
+        f'the client work has no hyperparameter {name!r}; it has {sorted(hparams["client_work"])}.'
+      )
     put('client_work', name, value)
   put('client_work', LEARNING_RATE, client_learning_rate)
   if LEARNING_RATE in hparams['finalizer']:
@@ -71,8 +75,10 @@ def set_learning_rates(process, state, client_learning_rate: float,
 def hparam_metrics(process, state) -> run_files.Metrics:
   """The hyperparameters in force (`hparams/...`, learning rates included), as given:
   the shortest decimal of their float32 value (0.001, not 0.0010000000474974513)."""
-  return {f'hparams/{k}': float(str(np.float32(v)))
-          for k, v in run_files.flatten_metrics(process.get_hparams(state)).items()}
+  return {
+    f'hparams/{k}': float(str(np.float32(v)))
+    for k, v in run_files.flatten_metrics(process.get_hparams(state)).items()
+  }
 
 
 def server_quantities(state) -> run_files.Metrics:
@@ -83,8 +89,13 @@ def server_quantities(state) -> run_files.Metrics:
   memory is set)."""
   quantities = {}
   finalizer = base.server_state(state)  # a server rule's NamedTuple (a plugin's mapping)
-  fields = (finalizer._asdict() if hasattr(finalizer, '_asdict') else
-            finalizer if isinstance(finalizer, Mapping) else {})
+  fields = (
+    finalizer._asdict()
+    if hasattr(finalizer, '_asdict')
+    else finalizer
+    if isinstance(finalizer, Mapping)
+    else {}
+  )
   counted = getattr(type(finalizer), 'counted', ())
   for name, value in fields.items():
     if name == 'optimizer' or tf.nest.is_nested(value):
@@ -197,8 +208,10 @@ class LearningRates(Callback):
     client_rate, server_rate = self._rates(round_num)
     loop.state = set_learning_rates(loop.runtime, loop.state, client_rate, server_rate)
     # The logged rates follow from the values just set (no second read of the state).
-    for key, rate in ((f'hparams/client_work/{LEARNING_RATE}', client_rate),
-                      (f'hparams/finalizer/{LEARNING_RATE}', server_rate)):
+    for key, rate in (
+      (f'hparams/client_work/{LEARNING_RATE}', client_rate),
+      (f'hparams/finalizer/{LEARNING_RATE}', server_rate),
+    ):
       if key in loop.hparams:
         loop.hparams[key] = float(str(np.float32(rate)))
 
@@ -214,12 +227,15 @@ class Schedules(LearningRates):
 
   def on_train_begin(self, loop: Loop) -> None:
     hparams = loop.initial_hparams
-    self._initial = (float(hparams['client_work'][LEARNING_RATE]),
-                     float(hparams['finalizer'].get(LEARNING_RATE, 1.0)))
+    self._initial = (
+      float(hparams['client_work'][LEARNING_RATE]),
+      float(hparams['finalizer'].get(LEARNING_RATE, 1.0)),
+    )
 
   def _scaled(self, round_num: int) -> tuple[float, float]:
-    return tuple(rate * schedule.factor(round_num)
-                 for rate, schedule in zip(self._initial, self._schedules))
+    return tuple(
+      rate * schedule.factor(round_num) for rate, schedule in zip(self._initial, self._schedules)
+    )
 
 
 class DivergenceGuard(Callback):
@@ -233,14 +249,18 @@ class DivergenceGuard(Callback):
 
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
     if self._evaluated:
-      watched = {name: value for name, value in metrics.items() if name.startswith('eval/')
-                 and ('loss' in name or 'objective' in name)}
+      watched = {
+        name: value
+        for name, value in metrics.items()
+        if name.startswith('eval/') and ('loss' in name or 'objective' in name)
+      }
     else:
       watched = {'train loss': metrics.get('train/client_work/train_loss', 0.0)}
     for name, value in watched.items():
       if not math.isfinite(value):
         raise DivergenceError(
-            f'training diverged at round {round_num}: {name} {value}; {self._hint}.')
+          f'training diverged at round {round_num}: {name} {value}; {self._hint}.'
+        )
 
 
 class Evaluator(Callback):
@@ -248,8 +268,12 @@ class Evaluator(Callback):
   (`eval/...` columns); with `evaluate_clients`, one CSV of per-client rows each time
   (`clients/eval_round_<r>.csv`)."""
 
-  def __init__(self, evaluate: Callable[[Any], run_files.Metrics], eval_period: int,
-               evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None):
+  def __init__(
+    self,
+    evaluate: Callable[[Any], run_files.Metrics],
+    eval_period: int,
+    evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
+  ):
     self._evaluate, self._period, self._clients = evaluate, eval_period, evaluate_clients
 
   def _run(self, loop: Loop, round_num: int) -> run_files.Metrics:
@@ -257,8 +281,9 @@ class Evaluator(Callback):
     `loop.eval_metrics`, which holds what the model scored)."""
     start = time.perf_counter()
     if self._clients is not None:
-      run_files.write_client_rows(loop.output_dir / 'clients' / f'eval_round_{round_num:05d}.csv',
-                        self._clients(loop.state))
+      run_files.write_client_rows(
+        loop.output_dir / 'clients' / f'eval_round_{round_num:05d}.csv', self._clients(loop.state)
+      )
     loop.eval_metrics = {f'eval/{k}': v for k, v in self._evaluate(loop.state).items()}
     return {**loop.eval_metrics, 'eval/seconds': time.perf_counter() - start}
 
@@ -279,8 +304,14 @@ class Progress(Callback):
     self._bar = None
 
   def on_train_begin(self, loop: Loop) -> None:
-    self._bar = tqdm.tqdm(total=loop.rounds, initial=loop.done, disable=not self._interactive,
-                          file=sys.stderr, unit='round', dynamic_ncols=True)
+    self._bar = tqdm.tqdm(
+      total=loop.rounds,
+      initial=loop.done,
+      disable=not self._interactive,
+      file=sys.stderr,
+      unit='round',
+      dynamic_ncols=True,
+    )
 
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
     if any(k.startswith('eval/') for k in metrics):
@@ -292,9 +323,12 @@ class Progress(Callback):
         loss = metrics.get('train/client_work/train_loss', 0.0)
         # One write, line and newline together: a Ctrl-C between them would glue the
         # next line (the interrupt's) to this one.
-        sys.stderr.write(f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s):'
-                         f' train/client_work/train_loss={loss:.4g} '
-                         + ' '.join(f'{k}={v}' for k, v in summary.items()) + '\n')
+        sys.stderr.write(
+          f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s):'
+          f' train/client_work/train_loss={loss:.4g} '
+          + ' '.join(f'{k}={v}' for k, v in summary.items())
+          + '\n'
+        )
         sys.stderr.flush()
     self._bar.update()
 
@@ -355,7 +389,9 @@ class RunRecord(Callback):
     config = dict(self._config, runtime_record=loop.runtime.record)
     if 'resolved' in config and hasattr(loop.runtime, 'description'):
       config['resolved'] = dict(config['resolved'], runtime=loop.runtime.description)
-    run_files.write_whole(loop.output_dir / 'config.json', json.dumps(config, indent=2, default=str))
+    run_files.write_whole(
+      loop.output_dir / 'config.json', json.dumps(config, indent=2, default=str)
+    )
 
   def on_train_begin(self, loop: Loop) -> None:
     if not loop.done:
@@ -391,8 +427,11 @@ class Checkpointer(Callback):
     if (completed or loop.interrupted) and loop.finished > loop.saved:
       loop.flush()
       seen, row = self._last
-      self._checkpoints.save(loop.runtime.whole_state(loop.finished_state),
-                             loop.finished, row if seen == loop.finished else None)
+      self._checkpoints.save(
+        loop.runtime.whole_state(loop.finished_state),
+        loop.finished,
+        row if seen == loop.finished else None,
+      )
       loop.saved = loop.finished
     self._checkpoints.close()
 
@@ -403,6 +442,6 @@ class FinalModel(Callback):
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
     if completed:
-      run_files.save_model(loop.output_dir / 'final_model.npz',
-                 loop.runtime.get_model_weights(loop.state))
-
+      run_files.save_model(
+        loop.output_dir / 'final_model.npz', loop.runtime.get_model_weights(loop.state)
+      )

@@ -5,8 +5,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import concurrent.futures
 import dataclasses
 import json
-import pathlib
 import os
+import pathlib
 import shutil
 import time
 from typing import Any
@@ -27,6 +27,7 @@ def layout(state: Any) -> Iterator[str]:
   """The paths of `state`'s leaves ('finalizer/dual/0'), in `tf.nest.flatten`'s order.
   tf.nest has no public path flattening; this walks the containers a state holds
   (NamedTuples by field, mappings by sorted key, sequences by index)."""
+
   def walk(tree: Any, path: str) -> Iterator[str]:
     if isinstance(tree, Mapping):
       items = ((str(k), tree[k]) for k in sorted(tree))
@@ -39,6 +40,7 @@ def layout(state: Any) -> Iterator[str]:
       return
     for name, value in items:
       yield from walk(value, f'{path}/{name}' if path else name)
+
   return walk(state, '')
 
 
@@ -115,11 +117,12 @@ class Checkpoints:
       f.flush()
       os.fsync(f.fileno())
     os.replace(temporary, path)
-    for old in self._on_disk()[:-self.options.keep_checkpoints]:
+    for old in self._on_disk()[: -self.options.keep_checkpoints]:
       (self._root / f'state_{old}.npz').unlink(missing_ok=True)
 
-  def load_latest(self, template, up_to: int | None = None,
-                  rows: Sequence[Mapping[str, str]] = ()) -> tuple[Any, int]:
+  def load_latest(
+    self, template, up_to: int | None = None, rows: Sequence[Mapping[str, str]] = ()
+  ) -> tuple[Any, int]:
     """(state, round) of the newest readable checkpoint (of a round <= `up_to`, if
     given; later ones are left alone), or (None, 0). A damaged one (cut short, garbled,
     of another structure than `template`, of another round than its name, or whose
@@ -140,16 +143,20 @@ class Checkpoints:
       try:
         with np.load(path, allow_pickle=False) as saved:
           if 'layout' not in saved.files:
-            raise OtherLayout(f'{path} was saved by an earlier version of tff_comp'
-                              ' (without its layout)')
+            raise OtherLayout(
+              f'{path} was saved by an earlier version of tff_comp (without its layout)'
+            )
           saved_paths = list(saved['layout'])
           if saved_paths != paths:
-            first = next((f'saved {a!r}, this run has {b!r}' for a, b in
-                          zip(saved_paths, paths) if a != b),
-                         f'{len(saved_paths)} values saved, this run has {len(paths)}')
-            raise OtherLayout(f'{path} holds another layout of the state ({first}):'
-                              ' saved by another version of tff_comp or for another'
-                              ' algorithm')
+            first = next(
+              (f'saved {a!r}, this run has {b!r}' for a, b in zip(saved_paths, paths) if a != b),
+              f'{len(saved_paths)} values saved, this run has {len(paths)}',
+            )
+            raise OtherLayout(
+              f'{path} holds another layout of the state ({first}):'
+              ' saved by another version of tff_comp or for another'
+              ' algorithm'
+            )
           if 'round' in saved.files:  # saved by 0.4 or later
             _check_round(saved, round_num, rows)
           leaf_files = [name for name in saved.files if name.startswith('leaf_')]
@@ -160,8 +167,7 @@ class Checkpoints:
         # state may hold a Python float where rounds hold float32).
         for i, (leaf, like) in enumerate(zip(leaves, expected)):
           if leaf.shape != like.shape:
-            raise ValueError(f'value {i} has shape {list(leaf.shape)}, expected'
-                             f' {list(like.shape)}')
+            raise ValueError(f'value {i} has shape {list(leaf.shape)}, expected {list(like.shape)}')
         return tf.nest.pack_sequence_as(template, leaves), round_num
       except OtherLayout:
         raise
@@ -173,8 +179,13 @@ class Checkpoints:
     self._damaged.mkdir(parents=True, exist_ok=True)
     aside = self._damaged / f'{path.stem}.{time.time_ns()}.npz'  # never over an earlier one
     os.replace(path, aside)
-    logging.warning('checkpoint of round %d is damaged (%s: %s); moved to %s.',
-                    _round_of(path), type(error).__name__, error, aside)
+    logging.warning(
+      'checkpoint of round %d is damaged (%s: %s); moved to %s.',
+      _round_of(path),
+      type(error).__name__,
+      error,
+      aside,
+    )
 
 
 def _comparable(row: Mapping[str, Any]) -> dict[str, str]:
@@ -194,8 +205,10 @@ def _check_round(saved: Any, round_num: int, rows: Sequence[Mapping[str, str]]) 
     written = {k: rows[round_num].get(k) for k in kept}
     if kept != written:
       name = next(k for k in kept if kept[k] != written[k])
-      raise ValueError(f'its round\'s {name} was {kept[name]}; metrics.csv has'
-                       f' {written[name]!r} (another run\'s checkpoint?)')
+      raise ValueError(
+        f"its round's {name} was {kept[name]}; metrics.csv has"
+        f" {written[name]!r} (another run's checkpoint?)"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,12 +216,22 @@ class CheckpointOptions:
   """How often a run saves its state for `--resume`."""
 
   checkpoint_every: int = settings.setting(
-      50, 'Save the process state every this many rounds (and at the last), for'
-      ' --resume.', lower=1, upper=settings.MAX_COUNT, resumable=True, per_trial=True)
+    50,
+    'Save the process state every this many rounds (and at the last), for --resume.',
+    lower=1,
+    upper=settings.MAX_COUNT,
+    resumable=True,
+    per_trial=True,
+  )
   keep_checkpoints: int = settings.setting(
-      2, 'How many of the newest checkpoints a run keeps (older ones are deleted as new'
-      ' ones are saved); more keep earlier states to study or resume from.', lower=1,
-      upper=settings.MAX_COUNT, resumable=True, per_trial=True)
+    2,
+    'How many of the newest checkpoints a run keeps (older ones are deleted as new'
+    ' ones are saved); more keep earlier states to study or resume from.',
+    lower=1,
+    upper=settings.MAX_COUNT,
+    resumable=True,
+    per_trial=True,
+  )
 
   def __post_init__(self):
     settings.check(self)
@@ -216,6 +239,5 @@ class CheckpointOptions:
 
 def _round_of(path: pathlib.Path) -> int | None:
   """The round of a checkpoint file `state_<round>.npz` (None: not one)."""
-  number = path.name[len('state_'):-len('.npz')]
+  number = path.name[len('state_') : -len('.npz')]
   return int(number) if number.isdigit() else None
-

@@ -36,9 +36,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_comp import settings
-from tff_comp.settings import ConfigError
 from tff_comp.ops import client_round
 from tff_comp.runtime import streaming
+from tff_comp.settings import ConfigError
 
 DEVICE_MODELS = ('none', 'lognormal', 'trace')
 DEADLINE_POLICIES = ('drop', 'partial')
@@ -51,32 +51,49 @@ class DeviceOptions:
   """The device model and the round's deadline (module docstring)."""
 
   device_model: str = settings.setting(
-      'none', 'Simulated device time: none; lognormal (each client\'s speed and network'
-      ' time drawn once from --seed around --device_speed and --network_seconds); or'
-      ' trace (--device_trace). Adds time/round_seconds and time/simulated_seconds.',
-      choices=DEVICE_MODELS)
+    'none',
+    "Simulated device time: none; lognormal (each client's speed and network"
+    ' time drawn once from --seed around --device_speed and --network_seconds); or'
+    ' trace (--device_trace). Adds time/round_seconds and time/simulated_seconds.',
+    choices=DEVICE_MODELS,
+  )
   device_speed: float = settings.setting(
-      100.0, 'Median examples a simulated device trains a second.', above=0.0)
+    100.0, 'Median examples a simulated device trains a second.', above=0.0
+  )
   device_speed_sigma: float = settings.setting(
-      0.5, 'Spread of the devices\' speeds: the standard deviation of their log.', lower=0.0)
+    0.5, "Spread of the devices' speeds: the standard deviation of their log.", lower=0.0
+  )
   network_seconds: float = settings.setting(
-      1.0, 'Median simulated seconds a client spends on the network a round (model down,'
-      ' update up).', lower=0.0)
+    1.0,
+    'Median simulated seconds a client spends on the network a round (model down, update up).',
+    lower=0.0,
+  )
   network_sigma: float = settings.setting(
-      0.5, 'Spread of the network times: the standard deviation of their log.', lower=0.0)
+    0.5, 'Spread of the network times: the standard deviation of their log.', lower=0.0
+  )
   device_trace: str | None = settings.setting(
-      None, 'CSV of client_id,speed,network_seconds[,windows] (windows: start-end'
-      ' simulated seconds, several joined by ;) for --device_model=trace.',
-      input_file=True)
+    None,
+    'CSV of client_id,speed,network_seconds[,windows] (windows: start-end'
+    ' simulated seconds, several joined by ;) for --device_model=trace.',
+    input_file=True,
+  )
   round_deadline: float | None = settings.setting(
-      None, 'Simulated seconds a round waits; later clients are dropped (or cut: see'
-      ' --deadline_policy).', above=0.0)
+    None,
+    'Simulated seconds a round waits; later clients are dropped (or cut: see --deadline_policy).',
+    above=0.0,
+  )
   deadline_policy: str = settings.setting(
-      'drop', 'A client the deadline would miss: drop (its work discarded) or partial'
-      ' (it does the local steps that fit; in-process runtime).', choices=DEADLINE_POLICIES)
+    'drop',
+    'A client the deadline would miss: drop (its work discarded) or partial'
+    ' (it does the local steps that fit; in-process runtime).',
+    choices=DEADLINE_POLICIES,
+  )
   overselect: float = settings.setting(
-      1.0, 'Sample this many times --clients_per_round and keep the first to finish.',
-      lower=1.0, upper=100.0)
+    1.0,
+    'Sample this many times --clients_per_round and keep the first to finish.',
+    lower=1.0,
+    upper=100.0,
+  )
 
   def __post_init__(self):
     settings.check(self)
@@ -84,8 +101,9 @@ class DeviceOptions:
     if (self.device_model == 'trace') != (self.device_trace is not None):
       raise ValueError('--device_trace goes with --device_model=trace (and it needs one).')
     if not modelled and (self.round_deadline is not None or self.overselect > 1.0):
-      raise ValueError('--round_deadline and --overselect need a device model'
-                       ' (--device_model=lognormal or trace).')
+      raise ValueError(
+        '--round_deadline and --overselect need a device model (--device_model=lognormal or trace).'
+      )
 
   @property
   def enabled(self) -> bool:
@@ -104,8 +122,7 @@ class Device(NamedTuple):
     return self.windows is None or any(a <= clock < b for a, b in self.windows)
 
 
-def draw_devices(client_ids: Sequence[str], options: DeviceOptions, seed: int
-                 ) -> dict[str, Device]:
+def draw_devices(client_ids: Sequence[str], options: DeviceOptions, seed: int) -> dict[str, Device]:
   """Each client's device: drawn from `seed` and its id (lognormal; the same in every
   run with `seed`, whatever the population) or read from the trace.
 
@@ -128,11 +145,11 @@ class _Drawn(dict):
 
   def __missing__(self, client: str) -> Device:
     o = self._options
-    z = np.random.default_rng([self._seed, _STREAM, zlib.crc32(client.encode())]
-                              ).standard_normal(2)
+    z = np.random.default_rng([self._seed, _STREAM, zlib.crc32(client.encode())]).standard_normal(2)
     device = self[client] = Device(
-        float(o.device_speed * np.exp(o.device_speed_sigma * z[0])),
-        float(o.network_seconds * np.exp(o.network_sigma * z[1])))
+      float(o.device_speed * np.exp(o.device_speed_sigma * z[0])),
+      float(o.network_seconds * np.exp(o.network_sigma * z[1])),
+    )
     return device
 
 
@@ -159,16 +176,20 @@ def read_trace(path: pathlib.Path, client_ids: Sequence[str]) -> dict[str, Devic
           raise ValueError('a window is start-end with start < end')
       device = Device(float(row['speed']), float(row['network_seconds']), windows)
     except (KeyError, TypeError, ValueError) as e:
-      raise ValueError(f'{where}, line {line}: needs client_id, speed > 0 and'
-                       f' network_seconds >= 0 ({e}).') from e
-    if not (device.speed > 0 and device.network >= 0 and math.isfinite(device.speed)
-            and math.isfinite(device.network)):
+      raise ValueError(
+        f'{where}, line {line}: needs client_id, speed > 0 and network_seconds >= 0 ({e}).'
+      ) from e
+    if not (
+      device.speed > 0
+      and device.network >= 0
+      and math.isfinite(device.speed)
+      and math.isfinite(device.network)
+    ):
       raise ValueError(f'{where}, line {line}: needs speed > 0 and network_seconds >= 0.')
     devices[row['client_id']] = device
   missing = [c for c in client_ids if c not in devices]
   if missing:
-    raise ValueError(f'{where} has no row for {len(missing)} of the clients, e.g.'
-                     f' {missing[0]!r}.')
+    raise ValueError(f'{where} has no row for {len(missing)} of the clients, e.g. {missing[0]!r}.')
   return devices
 
 
@@ -177,8 +198,14 @@ class ClientWork:
   (every client alike) or `local_epochs` x its examples (`counts`, by client id). With
   drawn epochs (--local_epochs_max) the device model times the lower bound."""
 
-  def __init__(self, counts: Callable[[str], int], *, step_batch: int,
-               local_epochs: int = 1, local_steps: int | None = None):
+  def __init__(
+    self,
+    counts: Callable[[str], int],
+    *,
+    step_batch: int,
+    local_epochs: int = 1,
+    local_steps: int | None = None,
+  ):
     self._counts, self._batch = counts, step_batch
     self._epochs, self._steps = local_epochs, local_steps
 
@@ -202,12 +229,14 @@ class Timing(NamedTuple):
 class DeviceClock:
   """Times rounds on the clients' devices (module docstring)."""
 
-  def __init__(self, devices: dict[str, Device], work: Callable[[str], float],
-               options: DeviceOptions):
+  def __init__(
+    self, devices: dict[str, Device], work: Callable[[str], float], options: DeviceOptions
+  ):
     self.devices, self._work, self.options = devices, work, options
     # Without windows every client is always available: no per-round pass over them.
     self._windows = options.device_model == 'trace' and any(
-        d.windows is not None for d in devices.values())
+      d.windows is not None for d in devices.values()
+    )
 
   def seconds(self, client_id: str) -> float:
     """t_i: the client's compute and network time for its whole round."""
@@ -228,8 +257,10 @@ class DeviceClock:
     """
     starts = [a for d in self.devices.values() for a, _ in d.windows or () if a > clock]
     if not starts:
-      raise ConfigError(f'--device_trace: no client is available after simulated second'
-                       f' {clock:g}; the trace\'s windows have ended.')
+      raise ConfigError(
+        f'--device_trace: no client is available after simulated second'
+        f" {clock:g}; the trace's windows have ended."
+      )
     return min(starts)
 
   def time_round(self, reporting: Sequence[str], keep: int | None) -> Timing:
@@ -256,15 +287,14 @@ class DeviceClock:
         work.append(min(fits, 1.0))
       else:
         late += 1
-    arrivals = [min(times[i], deadline) if deadline is not None else times[i]
-                for i in chosen]
+    arrivals = [min(times[i], deadline) if deadline is not None else times[i] for i in chosen]
     seconds = deadline if cut else max(arrivals, default=0.0)
-    return Timing(tuple(kept), tuple(work) if any(w < 1 for w in work) else None, late,
-                  float(seconds))
+    return Timing(
+      tuple(kept), tuple(work) if any(w < 1 for w in work) else None, late, float(seconds)
+    )
 
 
-def clock_for(options: DeviceOptions, client_data, algorithm, seed: int
-              ) -> DeviceClock | None:
+def clock_for(options: DeviceOptions, client_data, algorithm, seed: int) -> DeviceClock | None:
   """The run's clock (None without a device model): devices drawn from `seed` or read
   from the trace; a client's work from `algorithm`'s (`ops.algorithm.Algorithm`) local
   work and its examples in `client_data`, counted when it is first sampled.
@@ -276,16 +306,23 @@ def clock_for(options: DeviceOptions, client_data, algorithm, seed: int
   if not options.enabled:
     return None
   if algorithm is None:
-    raise ConfigError('--device_model times a registered algorithm\'s local work; this'
-                     ' program\'s is unknown.')
+    raise ConfigError(
+      "--device_model times a registered algorithm's local work; this program's is unknown."
+    )
   local = algorithm.client_options
-  counts = functools.cache(lambda c: len(tf.nest.flatten(
-      streaming.read_client(client_data, c))[0]))
-  work = ClientWork(counts, step_batch=client_round.step_batch_size(algorithm.client_rule, local),
-                    local_epochs=local.local_epochs, local_steps=local.local_steps)
+  counts = functools.cache(lambda c: len(tf.nest.flatten(streaming.read_client(client_data, c))[0]))
+  work = ClientWork(
+    counts,
+    step_batch=client_round.step_batch_size(algorithm.client_rule, local),
+    local_epochs=local.local_epochs,
+    local_steps=local.local_steps,
+  )
   try:
-    devices = (_Drawn(options, seed) if options.device_model == 'lognormal' else
-               draw_devices(list(client_data.client_ids), options, seed))
+    devices = (
+      _Drawn(options, seed)
+      if options.device_model == 'lognormal'
+      else draw_devices(list(client_data.client_ids), options, seed)
+    )
   except ValueError as e:
     raise ConfigError(str(e)) from e
   return DeviceClock(devices, work, options)
@@ -296,12 +333,17 @@ def check_run(options: DeviceOptions, straggler_rate: float, runtime) -> None:
   disagree: stragglers come from --straggler_rate or the device model, not both; a
   partial deadline needs a runtime running part of a client's steps."""
   if options.enabled and straggler_rate > 0:
-    raise ConfigError('--straggler_rate with --device_model: a device model makes its own'
-                     ' stragglers (--round_deadline with --deadline_policy=partial); give'
-                     ' one.')
-  partial = straggler_rate > 0 or (options.round_deadline is not None
-                                   and options.deadline_policy == 'partial')
+    raise ConfigError(
+      '--straggler_rate with --device_model: a device model makes its own'
+      ' stragglers (--round_deadline with --deadline_policy=partial); give'
+      ' one.'
+    )
+  partial = straggler_rate > 0 or (
+    options.round_deadline is not None and options.deadline_policy == 'partial'
+  )
   if partial and not runtime.partial_work:
     flag = '--straggler_rate' if straggler_rate > 0 else '--deadline_policy=partial'
-    raise ConfigError(f'{flag}: the {runtime.name} runtime cannot run clients doing part of'
-                     ' their local steps; use --runtime=inprocess.')
+    raise ConfigError(
+      f'{flag}: the {runtime.name} runtime cannot run clients doing part of'
+      ' their local steps; use --runtime=inprocess.'
+    )

@@ -9,11 +9,11 @@ call) is simpler to read, to plot and to cut back on resume.
 from collections.abc import Mapping
 import contextlib
 import csv
-import functools
 import fcntl
+import functools
 import io
-import pathlib
 import os
+import pathlib
 import shutil
 import signal
 import socket
@@ -23,13 +23,9 @@ import time
 from typing import Any
 
 import numpy as np
-from tensorboard.compat.proto import event_pb2
-from tensorboard.compat.proto import summary_pb2
-from tensorboard.compat.proto import tensor_pb2
-from tensorboard.compat.proto import types_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 import tensorflow as tf
-
 
 Metrics = dict[str, float]
 
@@ -46,16 +42,16 @@ def flatten_metrics(tree: Any, prefix: str = '') -> Metrics:
 
 
 # What `tf.summary.scalar` marks its summaries with, so TensorBoard plots them as scalars.
-_SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None,
-                                                           description=None)
+_SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 
 
 @functools.lru_cache(maxsize=4096)
 def _scalar_value(tag: str) -> summary_pb2.Summary.Value:
   """A scalar's summary value without its number, as `tf.summary.scalar` writes it (a
   float32 tensor marked as a scalar); copied for each round (never changed)."""
-  return summary_pb2.Summary.Value(tag=tag, metadata=_SCALAR_METADATA,
-                                   tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT))
+  return summary_pb2.Summary.Value(
+    tag=tag, metadata=_SCALAR_METADATA, tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT)
+  )
 
 
 def _scalar_event(step: int, metrics: Metrics) -> event_pb2.Event:
@@ -115,8 +111,9 @@ def _signals_held():
   `pthread_sigmask` lost them: threads TensorFlow started meanwhile kept the mask.)"""
   held = (signal.SIGINT, signal.SIGTERM)
   # A handler installed outside Python reads as None and could not be put back.
-  if (threading.current_thread() is not threading.main_thread()
-      or any(signal.getsignal(s) is None for s in held)):
+  if threading.current_thread() is not threading.main_thread() or any(
+    signal.getsignal(s) is None for s in held
+  ):
     yield
     return
   arrived = []
@@ -145,8 +142,13 @@ class MetricsWriter:
   a round twice nor a round the resumed run will redo.
   """
 
-  def __init__(self, output_dir: pathlib.Path, columns: list[str],
-               kept_rows: list[dict[str, str]] | None = None, flush_seconds: float = 2.0):
+  def __init__(
+    self,
+    output_dir: pathlib.Path,
+    columns: list[str],
+    kept_rows: list[dict[str, str]] | None = None,
+    flush_seconds: float = 2.0,
+  ):
     self._columns = ['round', 'seconds'] + columns
     self._flush_seconds, self._flushed = flush_seconds, time.monotonic()
     # The kept rows go to a new file renamed over the old one: a kill while writing
@@ -162,15 +164,21 @@ class MetricsWriter:
     shutil.rmtree(output_dir / 'tensorboard', ignore_errors=True)
     self._tb = _EventFile(output_dir / 'tensorboard')
     self._tb_rows: list[tuple[int, Metrics]] = [
-        (int(row['round']),
-         {k: float(v) for k, v in row.items() if k not in ('round', 'seconds') and v})
-        for row in kept_rows or []]
+      (
+        int(row['round']),
+        {k: float(v) for k, v in row.items() if k not in ('round', 'seconds') and v},
+      )
+      for row in kept_rows or []
+    ]
     self.flush()
 
   def write(self, round_num: int, seconds: float, metrics: Metrics) -> None:
     self._csv.writerow(
-        {'round': round_num, 'seconds': f'{seconds:.4f}',
-         **{k: v for k, v in metrics.items() if k in self._columns}}
+      {
+        'round': round_num,
+        'seconds': f'{seconds:.4f}',
+        **{k: v for k, v in metrics.items() if k in self._columns},
+      }
     )
     self._tb_rows.append((round_num, dict(metrics)))
     if time.monotonic() - self._flushed >= self._flush_seconds:
@@ -207,8 +215,9 @@ TEMPORARY_PREFIXES = ('.metrics.csv.', '.config.json.')
 def write_whole(path: pathlib.Path, text: str) -> None:
   """Writes `text` to `path` through a temporary file in the same directory, synced and
   renamed over it: a kill leaves the old file or the new one, never a part of one."""
-  with tempfile.NamedTemporaryFile('w', newline='', dir=path.parent, delete=False,
-                                   prefix=f'.{path.name}.') as new:
+  with tempfile.NamedTemporaryFile(
+    'w', newline='', dir=path.parent, delete=False, prefix=f'.{path.name}.'
+  ) as new:
     new.write(text)
     new.flush()
     os.fsync(new.fileno())
@@ -220,7 +229,7 @@ def write_whole(path: pathlib.Path, text: str) -> None:
 
 def _read_umask() -> int:
   current = os.umask(0)  # the only way to read it; set back at once, at import (before
-  os.umask(current)      # the run's threads, which would create files meanwhile)
+  os.umask(current)  # the run's threads, which would create files meanwhile)
   return current
 
 
@@ -254,15 +263,18 @@ def whole_rows(path: pathlib.Path) -> tuple[list[str], list[dict[str, str]], str
       number = row.get('round') or ''
       if number.isdigit() and int(number) > expected:
         return columns, rows, f'no row for round {expected}'
-      whole = (None not in row and None not in row.values() and number == str(expected)
-               and not any('\ufffd' in value for value in row.values()))
+      whole = (
+        None not in row
+        and None not in row.values()
+        and number == str(expected)
+        and not any('\ufffd' in value for value in row.values())
+      )
       try:
         float(row['seconds'] or 'nan')
       except (TypeError, ValueError):
         whole = False
       if not whole:
-        return columns, rows, (f'the row of round {expected} (line {reader.line_num}) is'
-                               ' damaged')
+        return columns, rows, (f'the row of round {expected} (line {reader.line_num}) is damaged')
       rows.append(row)
     return columns, rows, ''
 
@@ -270,8 +282,11 @@ def whole_rows(path: pathlib.Path) -> tuple[list[str], list[dict[str, str]], str
 def save_model(path: pathlib.Path, weights) -> None:
   """Writes ModelWeights to an .npz with one array per weight, named by its place:
   `trainable_<i>` and `non_trainable_<i>` (`load_model` reads it back)."""
-  arrays = {f'{part}_{i}': np.asarray(w) for part in ('trainable', 'non_trainable')
-            for i, w in enumerate(getattr(weights, part))}
+  arrays = {
+    f'{part}_{i}': np.asarray(w)
+    for part in ('trainable', 'non_trainable')
+    for i, w in enumerate(getattr(weights, part))
+  }
   np.savez(path, **arrays)
 
 
@@ -281,10 +296,13 @@ def load_model(path: str | os.PathLike) -> Any:
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
   with np.load(path) as saved:
+
     def part(name):
-      count = sum(key.startswith(f'{name}_') and key[len(name) + 1:].isdigit()
-                  for key in saved.files)
+      count = sum(
+        key.startswith(f'{name}_') and key[len(name) + 1 :].isdigit() for key in saved.files
+      )
       return tuple(saved[f'{name}_{i}'] for i in range(count))
+
     return tff.learning.models.ModelWeights(part('trainable'), part('non_trainable'))
 
 
@@ -302,18 +320,22 @@ def output_lock(output_dir: pathlib.Path):
   try:
     lock = open(output_dir / '.lock', 'a+')  # pylint: disable=consider-using-with
   except OSError as e:  # a directory, or unreadable, in its place
-    raise OutputDirInUse(f'--output_dir={output_dir}: its lock file {output_dir / ".lock"}'
-                         f' cannot be opened ({e.strerror}); remove it if no run uses the'
-                         ' directory.') from None
+    raise OutputDirInUse(
+      f'--output_dir={output_dir}: its lock file {output_dir / ".lock"}'
+      f' cannot be opened ({e.strerror}); remove it if no run uses the'
+      ' directory.'
+    ) from None
   try:
     try:
       fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       lock.seek(0)
       holder = lock.read().strip() or 'unknown'
-      raise OutputDirInUse(f'--output_dir={output_dir} is in use by another run (pid'
-                           f' {holder}); wait for it to end or choose another'
-                           ' directory.') from None
+      raise OutputDirInUse(
+        f'--output_dir={output_dir} is in use by another run (pid'
+        f' {holder}); wait for it to end or choose another'
+        ' directory.'
+      ) from None
     lock.seek(0)
     lock.truncate()
     lock.write(str(os.getpid()))
@@ -321,4 +343,3 @@ def output_lock(output_dir: pathlib.Path):
     yield
   finally:
     lock.close()  # releases the lock
-

@@ -9,10 +9,23 @@ from tff_comp import settings as settings_lib
 from tff_comp import task as task_lib
 
 # The run settings a task's (and a home pair's) defaults fill, and their fallbacks.
-DEFAULTED = ('rounds', 'clients_per_round', 'client_learning_rate', 'server_learning_rate',
-             'batch_size', 'local_epochs', 'eval_period')
-_FALLBACK = dict(rounds=100, clients_per_round=10, server_learning_rate=1.0, batch_size=10,
-                 local_epochs=1, eval_period=10)
+DEFAULTED = (
+  'rounds',
+  'clients_per_round',
+  'client_learning_rate',
+  'server_learning_rate',
+  'batch_size',
+  'local_epochs',
+  'eval_period',
+)
+_FALLBACK = dict(
+  rounds=100,
+  clients_per_round=10,
+  server_learning_rate=1.0,
+  batch_size=10,
+  local_epochs=1,
+  eval_period=10,
+)
 # Recorded only where a run sets them (a DP run's), as config.json always had them.
 _ONLY_WHEN_SET = ('client_weighting', 'noise_multiplier', 'target_delta')
 
@@ -44,12 +57,14 @@ class RunSettings:
 
   def record(self) -> dict[str, Any]:
     """What config.json's `resolved` holds of these."""
-    return {k: v for k, v in dataclasses.asdict(self).items()
-            if v is not None or k not in _ONLY_WHEN_SET}
+    return {
+      k: v for k, v in dataclasses.asdict(self).items() if v is not None or k not in _ONLY_WHEN_SET
+    }
 
 
-def resolve(value, task: task_lib.Task, home: dict[str, Any], *,
-            with_replacement: bool) -> RunSettings:
+def resolve(
+  value, task: task_lib.Task, home: dict[str, Any], *, with_replacement: bool
+) -> RunSettings:
   """The `DEFAULTED` settings: `value(name)` (a config's setting, None: not given), else
   `home`'s (the algorithm's on its home task), the task's defaults, the fallbacks.
   `with_replacement`: clients are drawn with replacement, so a cohort may exceed the
@@ -60,8 +75,7 @@ def resolve(value, task: task_lib.Task, home: dict[str, Any], *,
       population.
   """
   defaults = {**_FALLBACK, **task.defaults, **{k: v for k, v in home.items() if k in DEFAULTED}}
-  values = {name: defaults.get(name) if value(name) is None else value(name)
-            for name in DEFAULTED}
+  values = {name: defaults.get(name) if value(name) is None else value(name) for name in DEFAULTED}
   for name in ('rounds', 'clients_per_round', 'eval_period', 'batch_size', 'local_epochs'):
     if values[name] is None or values[name] < 1:
       raise settings_lib.ConfigError(f'--{name} must be >= 1, got {values[name]}.')
@@ -70,6 +84,7 @@ def resolve(value, task: task_lib.Task, home: dict[str, Any], *,
       raise settings_lib.ConfigError(f'--{name} must be > 0, got {values[name]}.')
   if values['clients_per_round'] > task.num_clients and not with_replacement:
     raise settings_lib.ConfigError(
-        f'--clients_per_round={values["clients_per_round"]} exceeds the'
-        f' {task.num_clients} clients of task {task.name!r}.')
+      f'--clients_per_round={values["clients_per_round"]} exceeds the'
+      f' {task.num_clients} clients of task {task.name!r}.'
+    )
   return RunSettings(**values)

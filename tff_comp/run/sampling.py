@@ -14,7 +14,6 @@ from tff_comp import settings
 from tff_comp.run import devices as devices_lib
 from tff_comp.run import run_files
 
-
 SAMPLINGS = ('uniform', 'with_replacement', 'poisson')
 
 
@@ -33,18 +32,34 @@ class Participation:
   """
 
   sampling: str = settings.setting(
-      'uniform', 'How each round\'s clients are drawn: uniform (--clients_per_round'
-      ' distinct clients), with_replacement, or poisson (each client with probability'
-      ' clients_per_round / population; cohorts vary in size).', choices=SAMPLINGS, per_trial=True)
+    'uniform',
+    "How each round's clients are drawn: uniform (--clients_per_round"
+    ' distinct clients), with_replacement, or poisson (each client with probability'
+    ' clients_per_round / population; cohorts vary in size).',
+    choices=SAMPLINGS,
+    per_trial=True,
+  )
   dropout_rate: float = settings.setting(
-      0.0, 'Chance that a sampled client fails to report (its update is lost; a round'
-      ' nobody reports leaves the model as it was).', lower=0.0, per_trial=True)
+    0.0,
+    'Chance that a sampled client fails to report (its update is lost; a round'
+    ' nobody reports leaves the model as it was).',
+    lower=0.0,
+    per_trial=True,
+  )
   straggler_rate: float = settings.setting(
-      0.0, 'Chance that a reporting client straggles, doing only --straggler_work of its'
-      ' local steps (in-process runtime).', lower=0.0, per_trial=True)
+    0.0,
+    'Chance that a reporting client straggles, doing only --straggler_work of its'
+    ' local steps (in-process runtime).',
+    lower=0.0,
+    per_trial=True,
+  )
   straggler_work: float = settings.setting(
-      0.5, 'The share of its local steps a straggler completes (at least one step).',
-      above=0.0, upper=1.0, per_trial=True)
+    0.5,
+    'The share of its local steps a straggler completes (at least one step).',
+    above=0.0,
+    upper=1.0,
+    per_trial=True,
+  )
 
   def __post_init__(self):
     settings.check(self)
@@ -73,13 +88,19 @@ class RoundClients(NamedTuple):
     """participation/sampled, /reporting, /straggling: clients counted per round; with
     a device model participation/late, time/round_seconds and time/simulated_seconds
     (the clock at the round's end)."""
-    metrics = {'participation/sampled': float(len(self.sampled)),
-               'participation/reporting': float(len(self.reporting)),
-               'participation/straggling': float(sum(w < 1 for w in self.work or ()))}
+    metrics = {
+      'participation/sampled': float(len(self.sampled)),
+      'participation/reporting': float(len(self.reporting)),
+      'participation/straggling': float(sum(w < 1 for w in self.work or ())),
+    }
     if self.seconds is not None:
-      metrics.update({'participation/late': float(self.late),
-                      'time/round_seconds': self.seconds,
-                      'time/simulated_seconds': self.clock})
+      metrics.update(
+        {
+          'participation/late': float(self.late),
+          'time/round_seconds': self.seconds,
+          'time/simulated_seconds': self.clock,
+        }
+      )
     return metrics
 
 
@@ -101,13 +122,21 @@ class ClientSampler:
   compile per cohort size).
   """
 
-  def __init__(self, client_ids: Sequence[str], clients_per_round: int, seed: int,
-               participation: Participation = Participation(),
-               clock: devices_lib.DeviceClock | None = None):
+  def __init__(
+    self,
+    client_ids: Sequence[str],
+    clients_per_round: int,
+    seed: int,
+    participation: Participation = Participation(),
+    clock: devices_lib.DeviceClock | None = None,
+  ):
     self._ids, self._k, self._seed = list(client_ids), clients_per_round, seed
     self.participation, self._clock = participation, clock
-    self._drawn = (clients_per_round if clock is None else
-                   min(len(self._ids), math.ceil(clock.options.overselect * clients_per_round)))
+    self._drawn = (
+      clients_per_round
+      if clock is None
+      else min(len(self._ids), math.ceil(clock.options.overselect * clients_per_round))
+    )
     self.capacity = _capacity(self._drawn, len(self._ids), participation.sampling)
     if clock is not None and clock.options.overselect > 1:
       self.capacity = min(self.capacity, clients_per_round)
@@ -121,8 +150,7 @@ class ClientSampler:
     draw depends on (seed, round) alone, so they are the same."""
     if self._clock is None:
       if round_num not in self._ahead:
-        self._ahead = {r: self._draw(r, self._ids)
-                       for r in range(round_num, round_num + AHEAD)}
+        self._ahead = {r: self._draw(r, self._ids) for r in range(round_num, round_num + AHEAD)}
       return self._ahead[round_num]
     while len(self._clocks) < round_num:  # the clock at this round's start, replayed
       self._timed(len(self._clocks))
@@ -138,11 +166,11 @@ class ClientSampler:
     else:
       chosen = rng.choice(n, k, replace=p.sampling == 'with_replacement')
     sampled = tuple(ids[i] for i in chosen)
-    reporting = tuple(c for c, u in zip(sampled, rng.random(len(sampled)), strict=True)
-                      if u >= p.dropout_rate)
+    reporting = tuple(
+      c for c, u in zip(sampled, rng.random(len(sampled)), strict=True) if u >= p.dropout_rate
+    )
     straggling = rng.random(len(reporting)) < p.straggler_rate
-    work = (tuple(p.straggler_work if s else 1.0 for s in straggling)
-            if straggling.any() else None)
+    work = tuple(p.straggler_work if s else 1.0 for s in straggling) if straggling.any() else None
     return RoundClients(sampled, reporting, work)
 
   def _timed(self, round_num: int) -> RoundClients:
@@ -156,8 +184,9 @@ class ClientSampler:
       drawn = self._draw(round_num, available)
       keep = self._k if self._clock.options.overselect > 1 else None
       timing = self._clock.time_round(drawn.reporting, keep)
-      clients = RoundClients(drawn.sampled, timing.kept, timing.work, timing.late,
-                             timing.seconds, start + timing.seconds)
+      clients = RoundClients(
+        drawn.sampled, timing.kept, timing.work, timing.late, timing.seconds, start + timing.seconds
+      )
     if len(self._clocks) == round_num:
       self._clocks.append(clients.clock)
     return clients
@@ -172,12 +201,17 @@ def _capacity(k: int, n: int, sampling: str) -> int:
   return min(n, math.ceil(k + 5 * math.sqrt(k * (1 - q)) + 1))
 
 
-
-def timed_sampler(client_data, clients_per_round: int, seed: int,
-                  participation: Participation, options: devices_lib.DeviceOptions,
-                  algorithm) -> ClientSampler | None:
+def timed_sampler(
+  client_data,
+  clients_per_round: int,
+  seed: int,
+  participation: Participation,
+  options: devices_lib.DeviceOptions,
+  algorithm,
+) -> ClientSampler | None:
   """The run's sampler on its devices' clock (`devices.clock_for`; None without a
   device model: the loop's own sampler)."""
   clock = devices_lib.clock_for(options, client_data, algorithm, seed)
-  return clock and ClientSampler(client_data.client_ids, clients_per_round, seed,
-                                 participation, clock)
+  return clock and ClientSampler(
+    client_data.client_ids, clients_per_round, seed, participation, clock
+  )

@@ -18,12 +18,11 @@ from typing import Any
 from absl import logging
 
 from tff_comp import signals
-from tff_comp.settings import ConfigError
-from tff_comp.runtime import base
 from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.run import checkpoints as checkpoints_lib
-from tff_comp.run import run_files
-from tff_comp.run import sampling
+from tff_comp.run import run_files, sampling
+from tff_comp.runtime import base
+from tff_comp.settings import ConfigError
 
 
 class Interrupted(KeyboardInterrupt):
@@ -39,8 +38,9 @@ class SignalStop(callbacks_lib.Callback):
   """Ends the run after the round in which Ctrl-C or SIGTERM arrived (`tff_comp.signals`),
   as an interrupted run (its state saved). Last in the list."""
 
-  def after_round(self, loop: callbacks_lib.Loop, round_num: int,
-                  metrics: run_files.Metrics) -> None:
+  def after_round(
+    self, loop: callbacks_lib.Loop, round_num: int, metrics: run_files.Metrics
+  ) -> None:
     name = signals.requested()
     if name:
       raise callbacks_lib.StopTraining(name, interrupt=True)
@@ -74,30 +74,45 @@ def _restore(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints)
   try:
     state, done = checkpoints.load_latest(loop.state, up_to=len(rows) - 1, rows=rows)
   except checkpoints_lib.OtherLayout as e:
-    raise ConfigError(f'--resume: {e}; it cannot be resumed. Start the run over with'
-                      ' --overwrite.') from e
-  if state is None and checkpoints.rounds():
-    what = ('is missing' if not path.exists() else
-            f'is whole up to round {len(rows) - 1} only ({problem})' if rows else
-            f'is without a whole row ({problem or "no row"})')
     raise ConfigError(
-        f'--resume: {path} {what}: the metrics of the saved rounds'
-        f' ({", ".join(map(str, checkpoints.rounds()))}) are lost. Restore the file, or'
-        ' start the run over with --overwrite.')
+      f'--resume: {e}; it cannot be resumed. Start the run over with --overwrite.'
+    ) from e
+  if state is None and checkpoints.rounds():
+    what = (
+      'is missing'
+      if not path.exists()
+      else f'is whole up to round {len(rows) - 1} only ({problem})'
+      if rows
+      else f'is without a whole row ({problem or "no row"})'
+    )
+    raise ConfigError(
+      f'--resume: {path} {what}: the metrics of the saved rounds'
+      f' ({", ".join(map(str, checkpoints.rounds()))}) are lost. Restore the file, or'
+      ' start the run over with --overwrite.'
+    )
   if state is None:  # every checkpoint was damaged (set aside)
     _start_fresh(loop, checkpoints)
     return
   if done < saved_rounds[-1]:
-    logging.warning('%s is whole up to round %d only (%s); resuming from the checkpoint of'
-                    ' round %d, the rounds after it run again.', path, len(rows) - 1,
-                    problem or 'it ends there', done)
+    logging.warning(
+      '%s is whole up to round %d only (%s); resuming from the checkpoint of'
+      ' round %d, the rounds after it run again.',
+      path,
+      len(rows) - 1,
+      problem or 'it ends there',
+      done,
+    )
   loop.state, loop.done = state, done
-  loop.kept_columns, loop.kept_rows = columns, rows[:done + 1]
+  loop.kept_columns, loop.kept_rows = columns, rows[: done + 1]
   loop.start -= float(loop.kept_rows[-1]['seconds'] or 0.0)
 
 
-def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
-             callbacks: list[callbacks_lib.Callback]) -> None:
+def run_loop(
+  runtime,
+  loop: callbacks_lib.Loop,
+  sampler: sampling.ClientSampler,
+  callbacks: list[callbacks_lib.Callback],
+) -> None:
   """The loop: rounds `loop.done + 1 .. loop.rounds` on the sampler's clients, each
   round's metrics (`train/...`, `participation/...`, `hparams/...`, `server/...`,
   `seconds_per_round`: the round's training, from its `before_round` to its metrics on
@@ -123,10 +138,15 @@ def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
       if clients.reporting or clients.steps:
         output = runtime.next(loop.state, list(clients.reporting), clients.work)
         loop.state = output.state
-        metrics.update({f'train/{k}': v for k, v in run_files.flatten_metrics(output.metrics).items()})
+        metrics.update(
+          {f'train/{k}': v for k, v in run_files.flatten_metrics(output.metrics).items()}
+        )
       else:
-        logging.warning('round %d: none of the %d sampled clients reported; the model is'
-                        ' unchanged.', round_num, len(clients.sampled))
+        logging.warning(
+          'round %d: none of the %d sampled clients reported; the model is unchanged.',
+          round_num,
+          len(clients.sampled),
+        )
       loop.round_num = round_num
       metrics.update(loop.hparams)
       metrics.update(callbacks_lib.server_quantities(loop.state))
@@ -151,14 +171,14 @@ def run_loop(runtime, loop: callbacks_lib.Loop, sampler: sampling.ClientSampler,
 
 
 def standard_callbacks(
-    evaluate: Callable[[Any], run_files.Metrics],
-    *,
-    eval_period: int,
-    evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
-    divergence_hint: str = 'try a smaller learning rate',
-    schedules: tuple[Any, Any] | None = None,
-    show_progress: bool = True,
-    extra: Sequence[callbacks_lib.Callback] = (),
+  evaluate: Callable[[Any], run_files.Metrics],
+  *,
+  eval_period: int,
+  evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
+  divergence_hint: str = 'try a smaller learning rate',
+  schedules: tuple[Any, Any] | None = None,
+  show_progress: bool = True,
+  extra: Sequence[callbacks_lib.Callback] = (),
 ) -> list[callbacks_lib.Callback]:
   """The callbacks of a standard run, in order: the learning-rate `schedules` (client,
   server; `schedules.Schedule`s, left out when both are constant), a divergence guard on
@@ -166,31 +186,38 @@ def standard_callbacks(
   (`evaluate` maps the state to metrics at the start, every `eval_period` rounds and at
   the last; `evaluate_clients` to one row per client), a guard on the evaluation's loss,
   `extra`, and the progress line. `run_simulation` adds the run directory's own."""
-  scheduled = ([] if schedules is None or all(s.constant for s in schedules)
-               else [callbacks_lib.Schedules(*schedules)])
-  return [*scheduled, callbacks_lib.DivergenceGuard(divergence_hint),
-          callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients),
-          callbacks_lib.DivergenceGuard(divergence_hint, evaluated=True), *extra,
-          callbacks_lib.Progress(show_progress)]
+  scheduled = (
+    []
+    if schedules is None or all(s.constant for s in schedules)
+    else [callbacks_lib.Schedules(*schedules)]
+  )
+  return [
+    *scheduled,
+    callbacks_lib.DivergenceGuard(divergence_hint),
+    callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients),
+    callbacks_lib.DivergenceGuard(divergence_hint, evaluated=True),
+    *extra,
+    callbacks_lib.Progress(show_progress),
+  ]
 
 
 def run_simulation(
-    runtime: base.Runtime,
-    *,
-    client_ids: list[str],
-    rounds: int,
-    clients_per_round: int,
-    seed: int,
-    output_dir: pathlib.Path,
-    config: Mapping[str, Any],
-    callbacks: Sequence[callbacks_lib.Callback],
-    show_progress: bool = True,
-    learning_rates: tuple[float, float] | None = None,
-    client_hparams: Mapping[str, float] | None = None,
-    checkpoints: checkpoints_lib.CheckpointOptions = checkpoints_lib.CheckpointOptions(),
-    resume: bool = False,
-    participation: sampling.Participation = sampling.Participation(),
-    sampler: Any = None,
+  runtime: base.Runtime,
+  *,
+  client_ids: list[str],
+  rounds: int,
+  clients_per_round: int,
+  seed: int,
+  output_dir: pathlib.Path,
+  config: Mapping[str, Any],
+  callbacks: Sequence[callbacks_lib.Callback],
+  show_progress: bool = True,
+  learning_rates: tuple[float, float] | None = None,
+  client_hparams: Mapping[str, float] | None = None,
+  checkpoints: checkpoints_lib.CheckpointOptions = checkpoints_lib.CheckpointOptions(),
+  resume: bool = False,
+  participation: sampling.Participation = sampling.Participation(),
+  sampler: Any = None,
 ) -> run_files.Metrics:
   """Trains `runtime` (`choice.runner_for` builds one) for `rounds` rounds with
   `callbacks` (composed by the caller: `standard_callbacks` gives a standard run's);
@@ -220,7 +247,9 @@ def run_simulation(
       the last finished round is saved first.
   """
   output_dir.mkdir(parents=True, exist_ok=True)
-  for prefix in run_files.TEMPORARY_PREFIXES:  # what a killed run was writing (this run holds the lock)
+  for (
+    prefix
+  ) in run_files.TEMPORARY_PREFIXES:  # what a killed run was writing (this run holds the lock)
     for stale in output_dir.glob(f'{prefix}*'):
       stale.unlink(missing_ok=True)
   saved = checkpoints_lib.Checkpoints(output_dir, checkpoints)
@@ -228,22 +257,36 @@ def run_simulation(
   loop = callbacks_lib.Loop(runtime, output_dir, rounds)
   loop.state = runtime.initialize()
   if learning_rates is not None:
-    loop.state = callbacks_lib.set_learning_rates(runtime, loop.state, *learning_rates,
-                                                  client_hparams)
+    loop.state = callbacks_lib.set_learning_rates(
+      runtime, loop.state, *learning_rates, client_hparams
+    )
   loop.initial_hparams = runtime.get_hparams(loop.state)
   if resume:
     _restore(loop, saved)
     if show_progress:
-      print(f'resuming from round {loop.done}' if loop.done else
-            'resuming: no checkpoint was saved, starting from round 0', flush=True)
+      print(
+        f'resuming from round {loop.done}'
+        if loop.done
+        else 'resuming: no checkpoint was saved, starting from round 0',
+        flush=True,
+      )
   else:
     _start_fresh(loop, saved)
   try:
-    run_loop(runtime, loop, sampler, [
-        callbacks_lib.CohortReader(sampler.capacity), *callbacks,
-        callbacks_lib.MetricsSink(), callbacks_lib.RunRecord(config),
+    run_loop(
+      runtime,
+      loop,
+      sampler,
+      [
+        callbacks_lib.CohortReader(sampler.capacity),
+        *callbacks,
+        callbacks_lib.MetricsSink(),
+        callbacks_lib.RunRecord(config),
         callbacks_lib.Checkpointer(saved),
-        callbacks_lib.FinalModel(), SignalStop()])
+        callbacks_lib.FinalModel(),
+        SignalStop(),
+      ],
+    )
   except KeyboardInterrupt as interrupt:
     raise Interrupted(loop.saved) from interrupt
   return loop.eval_metrics

@@ -10,13 +10,16 @@ that never outlives its Python process (`local_worker`). `simulation`: the train
 loop over any runtime.
 """
 
-from tff_comp.runtime import inprocess  # noqa: F401  (registers 'inprocess')
-from tff_comp.runtime import ray_runtime  # noqa: F401  (registers 'ray'; Ray imported when used)
-from tff_comp.runtime import tff_process  # noqa: F401  (registers 'tff')
-from tff_comp.runtime.local_worker import ensure_local_runtime
-from tff_comp.runtime.local_worker import install_local_runtime
-from tff_comp.runtime.local_worker import shutdown_local_runtime
-from tff_comp.runtime.local_worker import worker_pids
+from tff_comp.runtime import (
+  inprocess,  # noqa: F401  (registers 'inprocess')
+  ray_runtime,  # noqa: F401  (registers 'ray'; Ray imported when used)
+  tff_process,  # noqa: F401  (registers 'tff')
+)
+from tff_comp.runtime.local_worker import (
+  ensure_local_runtime,
+  install_local_runtime,
+  shutdown_local_runtime,
+  worker_pids,
+)
 
-__all__ = ['ensure_local_runtime', 'install_local_runtime', 'shutdown_local_runtime',
-           'worker_pids']
+__all__ = ['ensure_local_runtime', 'install_local_runtime', 'shutdown_local_runtime', 'worker_pids']

@@ -87,8 +87,9 @@ class Runtime(Protocol):
   def initialize(self) -> State:
     """The state before round 1."""
 
-  def next(self, state: State, client_ids: Sequence[str],
-           work: Sequence[float] | None = None) -> RoundOutput:
+  def next(
+    self, state: State, client_ids: Sequence[str], work: Sequence[float] | None = None
+  ) -> RoundOutput:
     """One round on the clients `client_ids` (ids of the client data, at least one; an
     id given twice runs twice). `work`: per client, the fraction of its local steps it
     completes (a straggler: max(1, floor(work x steps)) steps); None: all of them."""
@@ -138,8 +139,15 @@ class ClientOutputs(Protocol):
   device: str
   population_index: Mapping[str, int]
 
-  def client_outputs(self, payload, hparams, client_ids: Sequence[str],
-                     work: Sequence[float], indices: Sequence[int], round_num: int) -> Any:
+  def client_outputs(
+    self,
+    payload,
+    hparams,
+    client_ids: Sequence[str],
+    work: Sequence[float],
+    indices: Sequence[int],
+    round_num: int,
+  ) -> Any:
     """The clients' `ops.client_round.ClientOutput`s, stacked in NumPy, from `payload`
     and `hparams` as in round `round_num`."""
 

@@ -14,8 +14,11 @@ from tff_comp.settings import ConfigError
 
 
 def _with_options() -> dict[str, registry.Entry]:
-  return {name: entry for name in registry.RUNTIMES.names()
-          if (entry := registry.get_runtime(name)).options is not None}
+  return {
+    name: entry
+    for name in registry.RUNTIMES.names()
+    if (entry := registry.get_runtime(name)).options is not None
+  }
 
 
 def auto_order() -> list[str]:
@@ -35,8 +38,9 @@ def setting_owners() -> dict[str, str]:
   for name, entry in _with_options().items():
     for spec in settings_lib.specs(entry.options):
       if spec.name in owners:
-        raise registry.RegistryError(f'runtimes {owners[spec.name]!r} and {name!r} both'
-                                     f' declare the setting {spec.name!r}.')
+        raise registry.RegistryError(
+          f'runtimes {owners[spec.name]!r} and {name!r} both declare the setting {spec.name!r}.'
+        )
       owners[spec.name] = name
   return owners
 
@@ -72,8 +76,11 @@ def _set_away_from_defaults(options: Mapping[str, Any]) -> dict[str, list[str]]:
   found = {}
   for name, record in options.items():
     default = type(record)()
-    changed = [spec.flag for spec in settings_lib.specs(type(record))
-               if getattr(record, spec.name) != getattr(default, spec.name)]
+    changed = [
+      spec.flag
+      for spec in settings_lib.specs(type(record))
+      if getattr(record, spec.name) != getattr(default, spec.name)
+    ]
     if changed:
       found[name] = changed
   return found
@@ -92,12 +99,13 @@ def candidates(runtime: str, options: Mapping[str, Any]) -> list[str]:
   others = {name: flags for name, flags in set_for.items() if name != runtime}
   if runtime == 'auto' and len(others) > 1:
     asked = ' and '.join(f'--{flags[0]} ({name})' for name, flags in others.items())
-    raise ConfigError(f'{asked} set two runtimes\' settings; give one runtime\'s.')
+    raise ConfigError(f"{asked} set two runtimes' settings; give one runtime's.")
   if runtime != 'auto' and others:
     name, flags = next(iter(others.items()))
     what = 'a setting' if len(flags) == 1 else 'settings'
-    raise ConfigError(f'--{", --".join(flags)}: {what} of the {name} runtime; for'
-                      f' --runtime={name} or auto.')
+    raise ConfigError(
+      f'--{", --".join(flags)}: {what} of the {name} runtime; for --runtime={name} or auto.'
+    )
   if runtime != 'auto':
     return [runtime]
   return list(set_for) or auto_order()
@@ -114,10 +122,17 @@ def check(runtime: str, options: Mapping[str, Any]) -> None:
   candidates(runtime, options)
 
 
-def runner_for(program, client_data, runtime: str = 'auto', *,
-               options: Mapping[str, Any] | None = None, batch_size: int | None = None,
-               client_rounds: int | None = None, resumed: dict[str, Any] | None = None,
-               **values: Any) -> tuple[base.Runtime, str]:
+def runner_for(
+  program,
+  client_data,
+  runtime: str = 'auto',
+  *,
+  options: Mapping[str, Any] | None = None,
+  batch_size: int | None = None,
+  client_rounds: int | None = None,
+  resumed: dict[str, Any] | None = None,
+  **values: Any,
+) -> tuple[base.Runtime, str]:
   """(the runtime running `program` on `client_data`, one line saying which and why).
 
   `program` is an Algorithm or a LearningProcess. `runtime` names a registered runtime

@@ -20,8 +20,8 @@ where the rows are. The server step then runs on the round's rows alone. AFL's w
 on the simplex are projected together: server state, sent as rows above.
 """
 
-import dataclasses
 from collections.abc import Sequence
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -115,12 +115,19 @@ class ShardRows:
   def fill(self, payload: Any) -> Any:
     """`payload` with each of its `Rows` without values (a held table's) given these
     rows."""
+
     def own(name, value):
       if name not in self.tables:
         return value
       return tf.nest.map_structure(
-          lambda r, table: Rows(r.indices, table[self._at(r.indices)], r.total)
-          if isinstance(r, Rows) and r.values is None else r, value, self.tables[name])
+        lambda r, table: (
+          Rows(r.indices, table[self._at(r.indices)], r.total)
+          if isinstance(r, Rows) and r.values is None
+          else r
+        ),
+        value,
+        self.tables[name],
+      )
 
     return _map_rows(payload, own)
 
@@ -138,9 +145,12 @@ def _map_rows(structure: Any, fn) -> Any:
   fn(field name, value)."""
   if hasattr(structure, '_fields'):
     chosen = getattr(type(structure), 'client_rows', ())
-    return structure._replace(**{
+    return structure._replace(
+      **{
         name: fn(name, value) if name in chosen else _map_rows(value, fn)
-        for name, value in zip(structure._fields, structure)})
+        for name, value in zip(structure._fields, structure)
+      }
+    )
   if isinstance(structure, dict):
     return type(structure)((k, _map_rows(v, fn)) for k, v in structure.items())
   if isinstance(structure, (tuple, list)):
@@ -148,8 +158,9 @@ def _map_rows(structure: Any, fn) -> Any:
   return structure
 
 
-def select_payload(payload: Any, indices: Sequence[int], held: Sequence[str] = (),
-                   population: int = 0) -> Any:
+def select_payload(
+  payload: Any, indices: Sequence[int], held: Sequence[str] = (), population: int = 0
+) -> Any:
   """`payload` with each per-client table (its types' `client_rows`) as the `Rows` of
   `indices`, the population indices of a share's clients; a table of client state
   (a field in `held`, of `population` rows) as `Rows` without values, filled by the
@@ -166,8 +177,7 @@ def select_payload(payload: Any, indices: Sequence[int], held: Sequence[str] = (
 
 def expand(structure: Any) -> Any:
   """`structure` with each `Rows` as its whole table (zeros outside its rows)."""
-  return tf.nest.map_structure(lambda x: x.table() if isinstance(x, Rows) else x,
-                               structure)
+  return tf.nest.map_structure(lambda x: x.table() if isinstance(x, Rows) else x, structure)
 
 
 def select_sums(sums: Any, kind: str, indices: Sequence[int]) -> Any:
@@ -178,6 +188,8 @@ def select_sums(sums: Any, kind: str, indices: Sequence[int]) -> Any:
   if kind != aggregation.SLOTS or not hasattr(update, 'delta'):
     return sums
   indices = np.unique(np.asarray(indices, np.int64))
-  rows = {name: tf.nest.map_structure(lambda t: _rows(t, indices), getattr(update, name))
-          for name in aggregation.slot_fields(update)}
+  rows = {
+    name: tf.nest.map_structure(lambda t: _rows(t, indices), getattr(update, name))
+    for name in aggregation.slot_fields(update)
+  }
   return sums._replace(update=sums.update._replace(update=update._replace(**rows)))

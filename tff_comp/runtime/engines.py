@@ -18,28 +18,25 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
   client and the stage (initialize, local step k, finalize). Slow; for finding bugs.
 """
 
+from collections.abc import Callable, Sequence
 import contextlib
 import os
 import re
-from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import tensorflow as tf
 
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import local_loop
+from tff_comp.ops import client_round, local_loop, vectorizable
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import vectorizable
 from tff_comp.runtime import huge_pages
 from tff_comp.runtime import lanes as lanes_lib
 
 
 def choose_device(logical_devices: Sequence[Any] | None = None) -> str:
   """The device name rounds run on: the first logical GPU, else the first CPU."""
-  devices = (tf.config.list_logical_devices() if logical_devices is None
-             else logical_devices)
+  devices = tf.config.list_logical_devices() if logical_devices is None else logical_devices
   for kind in ('GPU', 'CPU'):
     for device in devices:
       if device.device_type == kind:
@@ -66,9 +63,12 @@ def _client_keys(examples: Any, counts: tf.Tensor) -> tf.Tensor:
   time, and TensorFlow warned of retracing after five builds in a process)."""
   offsets = tf.cumsum(counts, exclusive=True)
   return tf.map_fn(
-      lambda i: local_loop.client_key(tf.nest.map_structure(
-          lambda v: v[offsets[i]:offsets[i] + counts[i]], examples)),
-      tf.range(tf.shape(counts)[0]), fn_output_signature=tf.int64)
+    lambda i: local_loop.client_key(
+      tf.nest.map_structure(lambda v: v[offsets[i] : offsets[i] + counts[i]], examples)
+    ),
+    tf.range(tf.shape(counts)[0]),
+    fn_output_signature=tf.int64,
+  )
 
 
 class ResidentData:
@@ -77,24 +77,32 @@ class ResidentData:
   no memory), with each client's offset, count and `local_loop.client_key`; on a CPU
   on 2 MB pages where Linux allows (`huge_pages`: whether it did)."""
 
-  def __init__(self, examples: Any, counts: np.ndarray, client_ids: tuple[str, ...],
-               device: str, *, with_keys: bool):
+  def __init__(
+    self,
+    examples: Any,
+    counts: np.ndarray,
+    client_ids: tuple[str, ...],
+    device: str,
+    *,
+    with_keys: bool,
+  ):
     self.client_ids = client_ids
     self.index = {cid: i for i, cid in enumerate(client_ids)}
     with tf.device(device):
-      self.examples = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False),
-                                            examples)
+      self.examples = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False), examples)
       self.counts = tf.Variable(counts, trainable=False)
-      self.offsets = tf.Variable((np.cumsum(counts) - counts).astype(np.int32),
-                                 trainable=False)
-      keys = (_client_keys(examples, counts) if with_keys and len(counts) else
-              tf.zeros([len(counts)], tf.int64))
+      self.offsets = tf.Variable((np.cumsum(counts) - counts).astype(np.int32), trainable=False)
+      keys = (
+        _client_keys(examples, counts)
+        if with_keys and len(counts)
+        else tf.zeros([len(counts)], tf.int64)
+      )
       self.keys = tf.Variable(keys, trainable=False)
     self.huge_pages = huge_pages.advise(self.examples)
 
   def client_examples(self, index) -> Any:
     start, count = self.offsets[index], self.counts[index]
-    return tf.nest.map_structure(lambda v: v[start:start + count], self.examples)
+    return tf.nest.map_structure(lambda v: v[start : start + count], self.examples)
 
   def map_clients(self, fn, indices: tf.Tensor) -> Any:
     """[fn(p, indices[p], examples of client indices[p]) for each position p],
@@ -107,11 +115,17 @@ class ResidentData:
     # The outputs' spec from a trace of its own (map_fn's body calling a concrete
     # function instead cost 0.2 ms more a client on lasso).
     spec = tf.nest.map_structure(
-        lambda t: tf.TensorSpec(t.shape, t.dtype),
-        tf.function(one, autograph=False).get_concrete_function(
-            tf.TensorSpec([], tf.int32)).structured_outputs)
-    return tf.map_fn(one, tf.range(tf.shape(indices)[0]), fn_output_signature=spec,
-                     parallel_iterations=int(indices.shape[0] or 10))
+      lambda t: tf.TensorSpec(t.shape, t.dtype),
+      tf.function(one, autograph=False)
+      .get_concrete_function(tf.TensorSpec([], tf.int32))
+      .structured_outputs,
+    )
+    return tf.map_fn(
+      one,
+      tf.range(tf.shape(indices)[0]),
+      fn_output_signature=spec,
+      parallel_iterations=int(indices.shape[0] or 10),
+    )
 
 
 class Cohort(NamedTuple):
@@ -165,8 +179,9 @@ class Engine(Protocol):
   plans_in_kernel: bool
 
   @staticmethod
-  def why_not(algorithm, examples, device: str, payload, hparams,
-              run_steps: int | None = None) -> str:
+  def why_not(
+    algorithm, examples, device: str, payload, hparams, run_steps: int | None = None
+  ) -> str:
     """Why this engine would be slow or fail here, or ''."""
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
@@ -192,43 +207,59 @@ class MappedEngine:
   plans_in_kernel = False
   why_not = staticmethod(_always)
 
-  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int = 0, short_sizes: tuple[int, ...] = (),
-               full_batches: np.ndarray | None = None, threads: int = 1):
+  def __init__(
+    self,
+    algorithm: algorithm_lib.Algorithm,
+    data: ResidentData,
+    *,
+    lanes: int = 0,
+    short_sizes: tuple[int, ...] = (),
+    full_batches: np.ndarray | None = None,
+    threads: int = 1,
+  ):
     del lanes, short_sizes, full_batches, threads  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
     algorithm = self._algorithm
     return self._data.map_clients(
-        lambda position, _, examples: client_round.run_planned(
-            algorithm.client_rule, cohort.received(position)[0], examples,
-            cohort.received(position)[1], _row(cohort.plans, position),
-            algorithm.client_options),
-        cohort.indices)
+      lambda position, _, examples: client_round.run_planned(
+        algorithm.client_rule,
+        cohort.received(position)[0],
+        examples,
+        cohort.received(position)[1],
+        _row(cohort.plans, position),
+        algorithm.client_options,
+      ),
+      cohort.indices,
+    )
 
 
 # Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
 # (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
-_SLOW_UNDER_XLA_ON_CPU = frozenset({'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve',
-                                    'MatrixInverse', 'Cholesky'})
+_SLOW_UNDER_XLA_ON_CPU = frozenset(
+  {'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve', 'MatrixInverse', 'Cholesky'}
+)
 # Ops `tf.vectorized_map` cannot vectorize when each lane has its own weights: a
 # convolution's filter must be loop invariant, and the gradient of a while loop over
 # TensorLists (a Keras RNN) fails to convert. Such rules run mapped from the start,
 # rather than failing (with TF's pfor error dump) in the first round. (The Conv1D and
 # Conv2D layers of `keras_models.from_keras` models vectorize: traced for lanes, they
 # run as per-tap matmuls, `ops.vectorizable`.)
-_NOT_VECTORIZED = {'Conv2D': 'a convolution with each client\'s own filter',
-                   'Conv3D': 'a convolution with each client\'s own filter',
-                   'TensorListReserve': 'a recurrent loop (a Keras RNN)',
-                   'StatelessRandomGetKeyCounter': 'random draws seeded per lane (Dropout)'}
+_NOT_VECTORIZED = {
+  'Conv2D': "a convolution with each client's own filter",
+  'Conv3D': "a convolution with each client's own filter",
+  'TensorListReserve': 'a recurrent loop (a Keras RNN)',
+  'StatelessRandomGetKeyCounter': 'random draws seeded per lane (Dropout)',
+}
 # Convolutions that vectorize across lanes but are slow there on a CPU, and how slow.
 _CONVOLUTIONS_SLOW_ON_CPU_LANES = {
-    'Conv2D': 'per-tap matmuls under XLA, which on a CPU took 5-6x the mapped round'
-              ' (EMNIST CNN, bench part 6)',
-    # pfor vectorizes a per-lane depthwise filter into one grouped convolution.
-    'DepthwiseConv2dNative': 'one grouped convolution under XLA, which on a CPU took'
-                             ' 300x the mapped round (two DepthwiseConv2D layers)'}
+  'Conv2D': 'per-tap matmuls under XLA, which on a CPU took 5-6x the mapped round'
+  ' (EMNIST CNN, bench part 6)',
+  # pfor vectorizes a per-lane depthwise filter into one grouped convolution.
+  'DepthwiseConv2dNative': 'one grouped convolution under XLA, which on a CPU took'
+  ' 300x the mapped round (two DepthwiseConv2D layers)',
+}
 
 
 # Local steps a run needs before 'auto' compiles the lanes kernel. Measured on these
@@ -238,8 +269,9 @@ _CONVOLUTIONS_SLOW_ON_CPU_LANES = {
 AUTO_LANES_MIN_STEPS = 25_000
 
 
-def _step_nodes(algorithm: algorithm_lib.Algorithm, examples, payload, hparams,
-                across_lanes: bool = False) -> set[tuple[str, str]]:
+def _step_nodes(
+  algorithm: algorithm_lib.Algorithm, examples, payload, hparams, across_lanes: bool = False
+) -> set[tuple[str, str]]:
   """(name, op type) of the ops of one local step of the client rule (nested functions
   included), as traced for the lanes engine if `across_lanes`."""
   rule = algorithm.client_rule
@@ -247,11 +279,19 @@ def _step_nodes(algorithm: algorithm_lib.Algorithm, examples, payload, hparams,
   batch = tf.nest.map_structure(lambda v: v[:size], examples)
   context = rule_lib.RoundContext.of(client_index=0)
   with vectorizable.across_lanes() if across_lanes else contextlib.nullcontext():
-    graph = tf.function(lambda: rule.step(
-        rule.initialize(payload, hparams, context), batch, payload, hparams,
-        context), autograph=False).get_concrete_function().graph.as_graph_def()
-  return ({(node.name, node.op) for node in graph.node}
-          | {(node.name, node.op) for f in graph.library.function for node in f.node_def})
+    graph = (
+      tf.function(
+        lambda: rule.step(
+          rule.initialize(payload, hparams, context), batch, payload, hparams, context
+        ),
+        autograph=False,
+      )
+      .get_concrete_function()
+      .graph.as_graph_def()
+    )
+  return {(node.name, node.op) for node in graph.node} | {
+    (node.name, node.op) for f in graph.library.function for node in f.node_def
+  }
 
 
 class LanesEngine:
@@ -272,9 +312,16 @@ class LanesEngine:
   in_graph = True
   compiles_per_capacity = True
 
-  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int, short_sizes: tuple[int, ...] = (),
-               full_batches: np.ndarray | None = None, threads: int = 1):
+  def __init__(
+    self,
+    algorithm: algorithm_lib.Algorithm,
+    data: ResidentData,
+    *,
+    lanes: int,
+    short_sizes: tuple[int, ...] = (),
+    full_batches: np.ndarray | None = None,
+    threads: int = 1,
+  ):
     self._algorithm, self._data, self.lanes, self.threads = algorithm, data, lanes, threads
     self._full = full_batches
     self._first_cohort: int | None = None  # `note_cohort`
@@ -284,8 +331,14 @@ class LanesEngine:
     self._kernel = tf.function(self._local_steps, jit_compile=True, autograph=False)
 
   @staticmethod
-  def why_not(algorithm: algorithm_lib.Algorithm, examples, device: str, payload, hparams,
-              run_steps: int | None = None) -> str:
+  def why_not(
+    algorithm: algorithm_lib.Algorithm,
+    examples,
+    device: str,
+    payload,
+    hparams,
+    run_steps: int | None = None,
+  ) -> str:
     """Why this engine would be slow or fail for `algorithm` on `device`, or '' (a run of
     `run_steps` local steps too short to repay compiling included)."""
     nodes, on_cpu = _step_nodes(algorithm, examples, payload, hparams), 'CPU' in device.upper()
@@ -293,20 +346,26 @@ class LanesEngine:
     slow = ops & _SLOW_UNDER_XLA_ON_CPU
     if slow and on_cpu:
       return f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
-    lanes_ops = {op for _, op in _step_nodes(algorithm, examples, payload, hparams,
-                                             across_lanes=True)}
+    lanes_ops = {
+      op for _, op in _step_nodes(algorithm, examples, payload, hparams, across_lanes=True)
+    }
     unvectorized = sorted(lanes_ops & set(_NOT_VECTORIZED))
     if unvectorized:
       op = unvectorized[0]
-      return (f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
-              ' tf.vectorized_map cannot vectorize across lanes')
+      return (
+        f'its local step runs {op} ({_NOT_VECTORIZED[op]}), which'
+        ' tf.vectorized_map cannot vectorize across lanes'
+      )
     convolutions = sorted(ops & set(_CONVOLUTIONS_SLOW_ON_CPU_LANES))
     if on_cpu and convolutions:
-      return (f'its local step convolves ({convolutions[0]}): on lanes,'
-              f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[convolutions[0]]}')
+      return (
+        f'its local step convolves ({convolutions[0]}): on lanes,'
+        f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[convolutions[0]]}'
+      )
     if run_steps is not None and run_steps < AUTO_LANES_MIN_STEPS:
-      return (f'a run of about {run_steps} local steps is too short to repay compiling the'
-              ' lanes kernel')
+      return (
+        f'a run of about {run_steps} local steps is too short to repay compiling the lanes kernel'
+      )
     return ''
 
   def note_cohort(self, size: int) -> None:
@@ -337,20 +396,32 @@ class LanesEngine:
     if None; their states where short batches run outside), the share's rows).
     `fields`: the rows' (offsets, counts, plans), or (positions, m, DeferredPlans)."""
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
-    offsets, counts, plans = (self._planned(*fields) if isinstance(fields[2], DeferredPlans)
-                              else fields)
+    offsets, counts, plans = (
+      self._planned(*fields) if isinstance(fields[2], DeferredPlans) else fields
+    )
     clients = None
     if part is not None:  # a share's rows, taken here: in XLA they cost next to nothing
       clients = tf.gather(lanes_lib.shares(plans.batches.full, parts), part)
       offsets, counts, plans = lanes_lib.rows((offsets, counts, plans), clients)
       trial = None if trial is None else tf.gather(trial, clients)
     states = lanes_lib.run_batches(
-        rule, payload, hparams, options, self._data.examples, offsets, counts, plans,
-        lanes=lanes, sizes=self._kernel_sizes, trial=trial)
+      rule,
+      payload,
+      hparams,
+      options,
+      self._data.examples,
+      offsets,
+      counts,
+      plans,
+      lanes=lanes,
+      sizes=self._kernel_sizes,
+      trial=trial,
+    )
     if self._short_outside:
       return states, clients
-    return lanes_lib.finish_cohort(rule, payload, hparams, options, counts, plans, states,
-                                   trial=trial), clients
+    return lanes_lib.finish_cohort(
+      rule, payload, hparams, options, counts, plans, states, trial=trial
+    ), clients
 
   def _planned(self, positions: tf.Tensor, m: tf.Tensor, deferred: DeferredPlans):
     """(offsets, counts, plans) of the padded rows `positions` (the first `m` the
@@ -361,9 +432,11 @@ class LanesEngine:
       return tf.where(valid, t, tf.zeros_like(t))
 
     plans = deferred.plan(positions, deferred.client_indices, deferred.work)
-    return (cohort_only(tf.gather(self._data.offsets, positions)),
-            cohort_only(tf.gather(self._data.counts, positions)),
-            tf.nest.map_structure(cohort_only, plans))
+    return (
+      cohort_only(tf.gather(self._data.offsets, positions)),
+      cohort_only(tf.gather(self._data.counts, positions)),
+      tf.nest.map_structure(cohort_only, plans),
+    )
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
@@ -376,8 +449,13 @@ class LanesEngine:
     rows = tf.range(m)[:, None]
     pad = lambda t: tf.scatter_nd(rows, t, [size, *t.shape[1:]])  # pylint: disable=unnecessary-lambda-assignment
     if isinstance(cohort.plans, DeferredPlans):  # the plans derived in the kernel
-      fields = (pad(cohort.indices), m, cohort.plans._replace(
-          client_indices=pad(cohort.plans.client_indices), work=pad(cohort.plans.work)))
+      fields = (
+        pad(cohort.indices),
+        m,
+        cohort.plans._replace(
+          client_indices=pad(cohort.plans.client_indices), work=pad(cohort.plans.work)
+        ),
+      )
     else:
       fields = tf.nest.map_structure(pad, (cohort.offsets, cohort.counts, cohort.plans))
     trial = None if cohort.trial is None else pad(cohort.trial)
@@ -395,10 +473,27 @@ class LanesEngine:
     if not self._short_outside:
       return done
     states = lanes_lib.run_short_batches(
-        rule, cohort.payload, cohort.hparams, options, self._data.examples,
-        cohort.offsets, cohort.counts, cohort.plans, done, trial=cohort.trial)
-    return lanes_lib.finish_cohort(rule, cohort.payload, cohort.hparams, options,
-                                   cohort.counts, cohort.plans, states, trial=cohort.trial)
+      rule,
+      cohort.payload,
+      cohort.hparams,
+      options,
+      self._data.examples,
+      cohort.offsets,
+      cohort.counts,
+      cohort.plans,
+      done,
+      trial=cohort.trial,
+    )
+    return lanes_lib.finish_cohort(
+      rule,
+      cohort.payload,
+      cohort.hparams,
+      options,
+      cohort.counts,
+      cohort.plans,
+      states,
+      trial=cohort.trial,
+    )
 
 
 class ClientError(RuntimeError):
@@ -415,9 +510,16 @@ class DebugEngine:
   plans_in_kernel = False
   why_not = staticmethod(_always)
 
-  def __init__(self, algorithm: algorithm_lib.Algorithm, data: ResidentData, *,
-               lanes: int = 0, short_sizes: tuple[int, ...] = (),
-               full_batches: np.ndarray | None = None, threads: int = 1):
+  def __init__(
+    self,
+    algorithm: algorithm_lib.Algorithm,
+    data: ResidentData,
+    *,
+    lanes: int = 0,
+    short_sizes: tuple[int, ...] = (),
+    full_batches: np.ndarray | None = None,
+    threads: int = 1,
+  ):
     del lanes, short_sizes, full_batches, threads  # the lanes engine's
     self._algorithm, self._data = algorithm, data
 
@@ -437,18 +539,24 @@ class DebugEngine:
         for k in range(int(plan.batches.steps)):
           stage = f'local step {k}'
           batch = tf.nest.map_structure(
-              lambda t, k=k: tf.gather(t, local_loop.batch_index(
-                  k, plan.batches, size, n, options.shuffle)),
-              examples)
+            lambda t, k=k: tf.gather(
+              t, local_loop.batch_index(k, plan.batches, size, n, options.shuffle)
+            ),
+            examples,
+          )
           state = rule.step(state, batch, payload, hparams, plan.context)
         stage = 'finalize'
-        outputs.append(client_round.finish_client(
-            rule, state, plan.batches.steps, payload, hparams, plan.context, options, n))
+        outputs.append(
+          client_round.finish_client(
+            rule, state, plan.batches.steps, payload, hparams, plan.context, options, n
+          )
+        )
       except Exception as error:  # pylint: disable=broad-except  (re-raised, named)
         raise ClientError(
-            f'client {self._data.client_ids[client]!r} (index {client}) failed in'
-            f' {stage} of {type(rule).__name__}: {type(error).__name__}:'
-            f' {_last_line(error)}') from error
+          f'client {self._data.client_ids[client]!r} (index {client}) failed in'
+          f' {stage} of {type(rule).__name__}: {type(error).__name__}:'
+          f' {_last_line(error)}'
+        ) from error
     return tf.nest.map_structure(lambda *rows: tf.stack(rows), *outputs)
 
 
@@ -458,9 +566,13 @@ def _last_line(error: Exception) -> str:
 
 
 # How TensorFlow names the op in vectorization (pfor) and XLA compilation errors.
-_OP_PATTERNS = (r'No pfor vectorization defined for (\w+)', r"of op '(\w+)'",
-                r'No converter defined for (\w+)', r'unsupported operations?[^:]*:\s*(\w+)',
-                r'op: "(\w+)"')
+_OP_PATTERNS = (
+  r'No pfor vectorization defined for (\w+)',
+  r"of op '(\w+)'",
+  r'No converter defined for (\w+)',
+  r'unsupported operations?[^:]*:\s*(\w+)',
+  r'op: "(\w+)"',
+)
 
 
 def failing_op(error: Exception) -> str:

@@ -57,6 +57,9 @@ def advise(variables) -> bool:
     if end <= start:
       continue  # under one huge page
     advised = True
-    done = (madvise is not None and madvise(start, end - start, _MADV_HUGEPAGE) == 0
-            and madvise(start, end - start, _MADV_COLLAPSE) == 0) and done
+    done = (
+      madvise is not None
+      and madvise(start, end - start, _MADV_HUGEPAGE) == 0
+      and madvise(start, end - start, _MADV_COLLAPSE) == 0
+    ) and done
   return advised and done

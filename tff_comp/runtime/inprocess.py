@@ -28,30 +28,24 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.learning_process import composer
 from tff_comp import data as data_lib
-from tff_comp import models
-from tff_comp import registry
-from tff_comp import settings
+from tff_comp import models, registry, settings
+from tff_comp.learning_process import composer
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import local_loop
-from tff_comp.ops import privacy
-from tff_comp.runtime import base
+from tff_comp.ops import client_round, local_loop, privacy
+from tff_comp.runtime import base, inprocess_trials, learning_state, round_stages, streaming, traced
 from tff_comp.runtime import engines as engines_lib
-from tff_comp.runtime import inprocess_trials
-from tff_comp.runtime import learning_state
-from tff_comp.runtime import round_stages
-from tff_comp.runtime import streaming
-from tff_comp.runtime import traced
 
 UnsupportedError = base.UnsupportedError
 RoundOutput = base.RoundOutput
 choose_device = engines_lib.choose_device
 ENGINES = ('auto', *engines_lib.ENGINES)
 # A cohort's positions, population indices and work, traced for cohorts of every size.
-_ANY_SIZE = (tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
-             tf.TensorSpec([None], tf.float32))
+_ANY_SIZE = (
+  tf.TensorSpec([None], tf.int32),
+  tf.TensorSpec([None], tf.int32),
+  tf.TensorSpec([None], tf.float32),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +53,28 @@ class InProcessOptions:
   """The in-process runtime's settings."""
 
   engine: str = settings.setting(
-      'auto', 'The in-process runtime\'s engine: lanes (XLA, many small clients), mapped'
-      ' (client by client), debug (eager; a failure names the client and stage), or auto'
-      ' (lanes where the local step suits XLA).', choices=ENGINES)
+    'auto',
+    "The in-process runtime's engine: lanes (XLA, many small clients), mapped"
+    ' (client by client), debug (eager; a failure names the client and stage), or auto'
+    ' (lanes where the local step suits XLA).',
+    choices=ENGINES,
+  )
   data_memory_budget: float = settings.setting(
-      4096.0, 'MB the clients\' examples may take resident on the in-process runtime; a'
-      ' population estimated larger streams each round\'s cohort from its ClientData'
-      ' instead (the next cohort read while a round runs; mapped engine). 0: always'
-      ' stream.', lower=0.0, resumable=True)
+    4096.0,
+    "MB the clients' examples may take resident on the in-process runtime; a"
+    " population estimated larger streams each round's cohort from its ClientData"
+    ' instead (the next cohort read while a round runs; mapped engine). 0: always'
+    ' stream.',
+    lower=0.0,
+    resumable=True,
+  )
   kernel_threads: int = settings.setting(
-      0, 'Threads the lanes engine runs a round\'s clients on, a balanced share each (the'
-      ' same results); 0: the CPU cores this process may use (one on a GPU).', lower=0, resumable=True)
+    0,
+    "Threads the lanes engine runs a round's clients on, a balanced share each (the"
+    ' same results); 0: the CPU cores this process may use (one on a GPU).',
+    lower=0,
+    resumable=True,
+  )
 
   def __post_init__(self):
     settings.check(self)
@@ -105,11 +110,18 @@ class InProcessRuntime:
   partial_work = True
   sampler = None
 
-  def __init__(self, algorithm: algorithm_lib.Algorithm,
-               data: data_lib.ClientArrays | streaming.StreamedData, *,
-               device: str | None = None, engine: str = 'auto', lanes: int | None = None,
-               client_rounds: int | None = None, why_streaming: str = '',
-               kernel_threads: int | None = None):
+  def __init__(
+    self,
+    algorithm: algorithm_lib.Algorithm,
+    data: data_lib.ClientArrays | streaming.StreamedData,
+    *,
+    device: str | None = None,
+    engine: str = 'auto',
+    lanes: int | None = None,
+    client_rounds: int | None = None,
+    why_streaming: str = '',
+    kernel_threads: int | None = None,
+  ):
     if engine not in ENGINES:
       raise ValueError(f'engine={engine!r} is unknown; choose one of {list(ENGINES)}.')
     if lanes is not None and lanes < 1:
@@ -124,9 +136,13 @@ class InProcessRuntime:
     self.keeps_personal_models = algorithm.server_rule.keeps_personal_models
     rule, options = algorithm.client_rule, algorithm.client_options
     self.streaming = isinstance(data, streaming.StreamedData)
-    self.data = data if self.streaming else engines_lib.ResidentData(
-        data.examples, data.counts, data.client_ids, self.device,
-        with_keys=options.uses_client_key)
+    self.data = (
+      data
+      if self.streaming
+      else engines_lib.ResidentData(
+        data.examples, data.counts, data.client_ids, self.device, with_keys=options.uses_client_key
+      )
+    )
     # The short last batches' sizes: a client's remainder does not depend on the round
     # (fixed epochs; drawn epochs and fixed steps have none).
     batches = client_round.plan_cohort(rule, options, self.data.counts, self.data.keys, 0)
@@ -136,11 +152,17 @@ class InProcessRuntime:
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
     self.kernel_threads = engines_lib.kernel_threads(self.device, kernel_threads or 0)
-    self._engines = {name: engine_(algorithm, self.data, lanes=self.lanes,
-                                   threads=self.kernel_threads,
-                                   short_sizes=short_sizes,
-                                   full_batches=None if lanes else batches.full.numpy())
-                     for name, engine_ in engines_lib.ENGINES.items()}
+    self._engines = {
+      name: engine_(
+        algorithm,
+        self.data,
+        lanes=self.lanes,
+        threads=self.kernel_threads,
+        short_sizes=short_sizes,
+        full_batches=None if lanes else batches.full.numpy(),
+      )
+      for name, engine_ in engines_lib.ENGINES.items()
+    }
     # Traced once for cohorts of any size (see `next`); without AutoGraph, which
     # tff_comp's math does not need and which tripled the time of the first round.
     self._round_fn = traced.OnceTraced(self._round)
@@ -148,18 +170,23 @@ class InProcessRuntime:
     self._clients_fn = traced.OnceTraced(self._client_outputs)
     self._sums_fn = None  # their sums (`client_sums`), traced on first use
     self._candidates_fn = tf.function(
-        lambda payload, hparams, positions: self.stages.reference_candidates(
-            payload, hparams, positions), autograph=False,
-        reduce_retracing=True)
+      lambda payload, hparams, positions: self.stages.reference_candidates(
+        payload, hparams, positions
+      ),
+      autograph=False,
+      reduce_retracing=True,
+    )
     self._fallbacks: list[str] = []  # the engines 'auto' falls back to if a round fails
     self._whole_work: dict[int, tf.Tensor] = {}  # `_cohort`'s, by cohort size
     self._weights_reader = learning_state.WeightsReader()  # `get_model_weights`
     # Why the engine is not auto's first choice (or the data are streamed).
-    self.why = (why_streaming or 'streaming each cohort\'s data') if self.streaming else ''
+    self.why = (why_streaming or "streaming each cohort's data") if self.streaming else ''
     if engine != 'auto':
       if self.streaming and self._engines[engine].compiles_per_capacity:
-        raise UnsupportedError(f'the {engine} engine needs resident data (it compiles for'
-                               ' the data\'s shape); stream with another engine.')
+        raise UnsupportedError(
+          f'the {engine} engine needs resident data (it compiles for'
+          " the data's shape); stream with another engine."
+        )
       self.engine = engine
     else:
       self.engine = self._choose(batches, client_rounds)
@@ -171,17 +198,19 @@ class InProcessRuntime:
     algorithm, reasons = self.algorithm, []
     state = self.initialize()
     payload = algorithm.server_rule.payload(state.finalizer, state.global_model_weights)
-    run_steps = (None if client_rounds is None else
-                 int(client_rounds * np.mean(batches.steps.numpy())))
+    run_steps = (
+      None if client_rounds is None else int(client_rounds * np.mean(batches.steps.numpy()))
+    )
     for i, engine in enumerate(engines_lib.AUTO_ORDER):
       if self.streaming and engine.compiles_per_capacity:
         reasons.append(self.why)
         continue
-      reason = engine.why_not(algorithm, self.data.examples, self.device, payload,
-                              state.client_work.hparams, run_steps)
+      reason = engine.why_not(
+        algorithm, self.data.examples, self.device, payload, state.client_work.hparams, run_steps
+      )
       if not reason:
         self.why = reasons[0] if reasons else ''
-        self._fallbacks = [e.name for e in engines_lib.AUTO_ORDER[i + 1:]]
+        self._fallbacks = [e.name for e in engines_lib.AUTO_ORDER[i + 1 :]]
         return engine.name
       reasons.append(reason)
     raise AssertionError('unreachable: the last engine of AUTO_ORDER runs every rule')
@@ -189,16 +218,24 @@ class InProcessRuntime:
   @property
   def description(self) -> str:
     why = f' ({self.why})' if self.why else ''
-    threads = (f' on {self.kernel_threads} threads'
-               if self.engine == 'lanes' and self.kernel_threads > 1 else '')
+    threads = (
+      f' on {self.kernel_threads} threads'
+      if self.engine == 'lanes' and self.kernel_threads > 1
+      else ''
+    )
     return f'inprocess on {self.device}, {self.engine} engine{threads}{why}'
 
   @property
   def record(self) -> dict[str, Any]:
-    return {'name': self.name, 'device': self.device, 'engine': self.engine,
-            'why': self.why, 'data': 'streaming' if self.streaming else 'resident',
-            'kernel_threads': self.kernel_threads,
-            'huge_pages': not self.streaming and self.data.huge_pages}
+    return {
+      'name': self.name,
+      'device': self.device,
+      'engine': self.engine,
+      'why': self.why,
+      'data': 'streaming' if self.streaming else 'resident',
+      'kernel_threads': self.kernel_threads,
+      'huge_pages': not self.streaming and self.data.huge_pages,
+    }
 
   # --- state -------------------------------------------------------------------------
 
@@ -220,7 +257,8 @@ class InProcessRuntime:
 
   def get_personal_weights(self, state: base.State):
     return tf.nest.map_structure(
-        np.asarray, self.algorithm.server_rule.personal_weights(state.finalizer))
+      np.asarray, self.algorithm.server_rule.personal_weights(state.finalizer)
+    )
 
   def whole_state(self, state: base.State) -> base.State:
     return state
@@ -229,9 +267,9 @@ class InProcessRuntime:
     """`base.BatchesTrials`: why its trials run one at a time ('' when batched)."""
     return inprocess_trials.why_not(self)
 
-  def trial_group(self, seeds: Sequence[int],
-                  clients: Sequence[inprocess_trials.TrialClients] | None = None
-                  ) -> inprocess_trials.TrialGroup:
+  def trial_group(
+    self, seeds: Sequence[int], clients: Sequence[inprocess_trials.TrialClients] | None = None
+  ) -> inprocess_trials.TrialGroup:
     """`base.BatchesTrials`: a group of trials of its algorithm on its data."""
     return inprocess_trials.TrialGroup(self, seeds, clients)
 
@@ -246,8 +284,9 @@ class InProcessRuntime:
     """Lets the lanes kernel hold cohorts of up to `size` clients (compiled once)."""
     self.capacity = max(self.capacity, size)
 
-  def next(self, state: base.State, client_ids: Sequence[str],
-           work: Sequence[float] | None = None) -> base.RoundOutput:
+  def next(
+    self, state: base.State, client_ids: Sequence[str], work: Sequence[float] | None = None
+  ) -> base.RoundOutput:
     """One round on the clients `client_ids` (at least one; an id given twice runs
     twice), each doing the fraction `work` of its local steps (None: all)."""
     if not client_ids:
@@ -256,29 +295,41 @@ class InProcessRuntime:
       raise ValueError(f'work has {len(work)} entries for {len(client_ids)} clients.')
     positions, work = self._cohort(client_ids, work)
     # Resident data hold the population in its order: a client's position is its index.
-    indices = positions if not self.streaming else tf.constant(
-        [self.population_index[cid] for cid in client_ids], tf.int32)
+    indices = (
+      positions
+      if not self.streaming
+      else tf.constant([self.population_index[cid] for cid in client_ids], tf.int32)
+    )
     state = learning_state.as_tensors(state)
-    args = (state.global_model_weights, state.finalizer,
-            client_round.ClientWorkState(*state.client_work), state.aggregator)
+    args = (
+      state.global_model_weights,
+      state.finalizer,
+      client_round.ClientWorkState(*state.client_work),
+      state.aggregator,
+    )
     with tf.device(self.device):
       try:
         weights, server_state, aggregator, metrics, round_num = self._run_round(
-            args, positions, indices, work)
+          args, positions, indices, work
+        )
       except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as error:
         if not self._fallbacks:
           raise
         # A rule XLA or vectorization cannot run (the round is pure: nothing to undo).
         self._fall_back(error)
         weights, server_state, aggregator, metrics, round_num = self._run_round(
-            args, positions, indices, work)
+          args, positions, indices, work
+        )
     self._fallbacks = []  # a later failure is the algorithm's own, not the engine's
     work = client_round.ClientWorkState(state.client_work.hparams, round_num)
-    return base.RoundOutput(learning_state.assemble(weights, work, server_state, aggregator),
-                            self.stages.unpack_metrics(metrics))
+    return base.RoundOutput(
+      learning_state.assemble(weights, work, server_state, aggregator),
+      self.stages.unpack_metrics(metrics),
+    )
 
-  def _cohort(self, client_ids: Sequence[str],
-              work: Sequence[float] | None) -> tuple[tf.Tensor, tf.Tensor]:
+  def _cohort(
+    self, client_ids: Sequence[str], work: Sequence[float] | None
+  ) -> tuple[tf.Tensor, tf.Tensor]:
     """(positions of the clients' examples in `self.data`, their work): their data
     loaded where streamed, the lanes kernel's capacity grown to hold them."""
     if self.streaming:
@@ -292,9 +343,14 @@ class InProcessRuntime:
         work = self._whole_work[len(client_ids)] = tf.ones([len(client_ids)])
     if len(client_ids) > self.capacity:
       if self.capacity and self.engine_impl.compiles_per_capacity:
-        logging.info('in-process runtime: a cohort of %d clients exceeds the %s'
-                     ' kernel\'s %d; compiling it for %d.', len(client_ids), self.engine,
-                     self.capacity, len(client_ids))
+        logging.info(
+          'in-process runtime: a cohort of %d clients exceeds the %s'
+          " kernel's %d; compiling it for %d.",
+          len(client_ids),
+          self.engine,
+          self.capacity,
+          len(client_ids),
+        )
       self.capacity = len(client_ids)
     return positions, work
 
@@ -316,13 +372,14 @@ class InProcessRuntime:
     op = engines_lib.failing_op(error)
     rule = type(self.algorithm.client_rule).__name__
     failed, self.engine = self.engine, self._fallbacks.pop(0)
-    self.why = (f'{failed} cannot run {rule}\'s local step'
-                + (f' (op {op} does not vectorize or compile)' if op else
-                   f' ({type(error).__name__})'))
+    self.why = f"{failed} cannot run {rule}'s local step" + (
+      f' (op {op} does not vectorize or compile)' if op else f' ({type(error).__name__})'
+    )
     logging.warning('in-process runtime: %s; clients run %s.', self.why, self.engine)
 
-  def _round(self, weights, server_state, work_state, aggregator, positions, indices, work,
-             capacity: int):
+  def _round(
+    self, weights, server_state, work_state, aggregator, positions, indices, work, capacity: int
+  ):
     """One round; `positions` locate the cohort's examples in `self.data`, `indices`
     are the clients' indices in the population. Returns (weights, server state,
     aggregator state, packed metrics, the next round's number): the number counted
@@ -330,51 +387,82 @@ class InProcessRuntime:
     algorithm, hparams = self.algorithm, work_state.hparams
     payload = algorithm.server_rule.payload(server_state, weights)
     seed = algorithm.client_options.seed
-    outputs, reference = self._client_outputs(payload, hparams, positions, indices, work,
-                                              work_state.round, None, capacity)
-    return (*self.stages.finish(outputs, weights, server_state, aggregator,
-                                work_state.round, seed, reference), work_state.round + 1)
+    outputs, reference = self._client_outputs(
+      payload, hparams, positions, indices, work, work_state.round, None, capacity
+    )
+    return (
+      *self.stages.finish(
+        outputs, weights, server_state, aggregator, work_state.round, seed, reference
+      ),
+      work_state.round + 1,
+    )
 
-  def _client_outputs(self, payload, hparams, positions, indices, work, round_num,
-                      reference, capacity: int):
+  def _client_outputs(
+    self, payload, hparams, positions, indices, work, round_num, reference, capacity: int
+  ):
     """(the cohort's ClientOutput, the round's reference loss): its clients' work."""
     rule, engine = self.algorithm.client_rule, self.engine_impl
     seed = self.algorithm.client_options.seed
     if engine.plans_in_kernel and not (rule.uses_reference_loss or rule.uses_start_loss):
 
       def plan(positions, indices, work):  # in the lanes kernel, on its padded rows
-        return self.stages.client_plans(payload, hparams, positions, indices, work,
-                                        round_num, seed)[0]
+        return self.stages.client_plans(
+          payload, hparams, positions, indices, work, round_num, seed
+        )[0]
 
-      return engine.run(engines_lib.Cohort(
-          payload, hparams, positions, None, None,
-          engines_lib.DeferredPlans(indices, work, plan), capacity)), None
+      return engine.run(
+        engines_lib.Cohort(
+          payload,
+          hparams,
+          positions,
+          None,
+          None,
+          engines_lib.DeferredPlans(indices, work, plan),
+          capacity,
+        )
+      ), None
     plans, reference = self.stages.client_plans(
-        payload, hparams, positions, indices, work, round_num, seed, reference=reference)
-    return engine.run(engines_lib.Cohort(
-        payload, hparams, positions, tf.gather(self.data.offsets, positions),
-        tf.gather(self.data.counts, positions), plans, capacity)), reference
+      payload, hparams, positions, indices, work, round_num, seed, reference=reference
+    )
+    return engine.run(
+      engines_lib.Cohort(
+        payload,
+        hparams,
+        positions,
+        tf.gather(self.data.offsets, positions),
+        tf.gather(self.data.counts, positions),
+        plans,
+        capacity,
+      )
+    ), reference
 
   # --- a round's clients alone (its aggregation elsewhere: `runtime.ray_runtime`) ----
 
-  def client_outputs(self, payload, hparams, client_ids: Sequence[str],
-                     work: Sequence[float], indices: Sequence[int], round_num: int,
-                     reference: float | None = None) -> client_round.ClientOutput:
+  def client_outputs(
+    self,
+    payload,
+    hparams,
+    client_ids: Sequence[str],
+    work: Sequence[float],
+    indices: Sequence[int],
+    round_num: int,
+    reference: float | None = None,
+  ) -> client_round.ClientOutput:
     """The clients' `ClientOutput`s in NumPy, stacked in the order of `client_ids`, from
     the round's `payload` and `hparams`: a round's clients, whose aggregation runs
     elsewhere. `indices`: their rows of per-client state (their index in the whole
     population); `reference`: the whole cohort's reference loss (rules with
     `uses_reference_loss`). Each client's numbers are those of the whole round's."""
-    return tf.nest.map_structure(np.asarray, self._outputs(
-        payload, hparams, client_ids, work, indices, round_num, reference))
+    return tf.nest.map_structure(
+      np.asarray, self._outputs(payload, hparams, client_ids, work, indices, round_num, reference)
+    )
 
   def _outputs(self, payload, hparams, client_ids, work, indices, round_num, reference):
     """`client_outputs` as tensors on the device."""
     positions, work_ = self._cohort(client_ids, work)
     capacity = self.capacity if self.engine_impl.compiles_per_capacity else 0
     reference = tf.constant(0.0 if reference is None else reference, tf.float32)
-    args = (tf.constant(indices, tf.int32), work_, tf.constant(round_num), reference,
-            capacity)
+    args = (tf.constant(indices, tf.int32), work_, tf.constant(round_num), reference, capacity)
     if not self.engine_impl.in_graph:
       return self._client_outputs(payload, hparams, positions, *args)[0]
     if not self._clients_fn.traced(capacity):
@@ -384,25 +472,32 @@ class InProcessRuntime:
       outputs, _ = self._clients_fn(capacity, payload, hparams, positions, *args)
     return outputs
 
-  def client_sums(self, payload, hparams, client_ids: Sequence[str], work: Sequence[float],
-                  indices: Sequence[int], round_num: int, reference: float | None,
-                  aggregator) -> round_stages.RoundSums:
+  def client_sums(
+    self,
+    payload,
+    hparams,
+    client_ids: Sequence[str],
+    work: Sequence[float],
+    indices: Sequence[int],
+    round_num: int,
+    reference: float | None,
+    aggregator,
+  ) -> round_stages.RoundSums:
     """`client_outputs` summed for the round's end (`RoundStages.sums`, with the
     private aggregator's state `aggregator`), in NumPy: what a share of a cohort sends,
     whatever its number of clients. The outputs stay on the device for the sums."""
-    outputs = self._outputs(payload, hparams, client_ids, work, indices, round_num,
-                            reference)
+    outputs = self._outputs(payload, hparams, client_ids, work, indices, round_num, reference)
     if self._sums_fn is None:  # one trace for shares of every size
       self._sums_fn = tf.function(self.stages.sums, autograph=False).get_concrete_function(
-          tf.nest.map_structure(lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype),
-                                outputs),
-          tf.nest.map_structure(lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(
-              np.asarray(a).dtype)), aggregator))
+        tf.nest.map_structure(lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype), outputs),
+        tf.nest.map_structure(
+          lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)), aggregator
+        ),
+      )
     with tf.device(self.device):
       return tf.nest.map_structure(np.asarray, self._sums_fn(outputs, aggregator))
 
-  def reference_candidates(self, payload, hparams,
-                           client_ids: Sequence[str]) -> np.ndarray:
+  def reference_candidates(self, payload, hparams, client_ids: Sequence[str]) -> np.ndarray:
     """The clients' candidates for the round's reference loss (its cohort split across
     runtimes: the largest is the reference)."""
     positions, _ = self._cohort(client_ids, None)
@@ -430,19 +525,30 @@ def why_not(program, options: InProcessOptions | None = None) -> str:
   del options
   program = composer.algorithm_of(program)
   if not isinstance(program, algorithm_lib.Algorithm):
-    return 'this process was composed from hand-built blocks, not an Algorithm; run it on' \
-           ' the TFF runtime.'
+    return (
+      'this process was composed from hand-built blocks, not an Algorithm; run it on'
+      ' the TFF runtime.'
+    )
   if not isinstance(program.model_aggregator, (privacy.PrivateMean, type(None))):
-    return (f'its model_aggregator is a TFF factory'
-            f' ({type(program.model_aggregator).__name__}), which runs on the TFF runtime'
-            ' only; clipping and DP run in-process as ops.privacy.PrivateMean (--aggregator)')
+    return (
+      f'its model_aggregator is a TFF factory'
+      f' ({type(program.model_aggregator).__name__}), which runs on the TFF runtime'
+      ' only; clipping and DP run in-process as ops.privacy.PrivateMean (--aggregator)'
+    )
   return models.why_not_callable_outside_tff(program.model)
 
 
-def build(program, client_data, *, engine: str = 'auto', lanes: int | None = None,
-          device: str | None = None, client_rounds: int | None = None,
-          data_memory_budget: float | None = None,
-          kernel_threads: int | None = None) -> InProcessRuntime:
+def build(
+  program,
+  client_data,
+  *,
+  engine: str = 'auto',
+  lanes: int | None = None,
+  device: str | None = None,
+  client_rounds: int | None = None,
+  data_memory_budget: float | None = None,
+  kernel_threads: int | None = None,
+) -> InProcessRuntime:
   """The in-process runtime for an Algorithm (or a process composed from one) on
   `client_data`.
 
@@ -463,36 +569,60 @@ def build(program, client_data, *, engine: str = 'auto', lanes: int | None = Non
   reason = why_not(program)
   if reason:
     raise UnsupportedError(reason)
-  return _build(composer.algorithm_of(program), client_data, engine=engine, lanes=lanes,
-                device=device, client_rounds=client_rounds,
-                data_memory_budget=data_memory_budget, kernel_threads=kernel_threads)
+  return _build(
+    composer.algorithm_of(program),
+    client_data,
+    engine=engine,
+    lanes=lanes,
+    device=device,
+    client_rounds=client_rounds,
+    data_memory_budget=data_memory_budget,
+    kernel_threads=kernel_threads,
+  )
 
 
-def _build(program: algorithm_lib.Algorithm, client_data, *, data_memory_budget: float | None,
-           device: str | None, **options) -> InProcessRuntime:
+def _build(
+  program: algorithm_lib.Algorithm,
+  client_data,
+  *,
+  data_memory_budget: float | None,
+  device: str | None,
+  **options,
+) -> InProcessRuntime:
   """`build` for a program `why_not` accepted."""
   if data_memory_budget is not None:
     resident = streaming.estimate_bytes(client_data) / 2**20
     if resident > data_memory_budget:
-      why = (f'streaming each cohort\'s data: the population\'s examples, about'
-             f' {resident:,.0f} MB, exceed --data_memory_budget={data_memory_budget:g} MB')
-      data = streaming.StreamedData(client_data, device or choose_device(),
-                                    with_keys=program.client_options.uses_client_key)
+      why = (
+        f"streaming each cohort's data: the population's examples, about"
+        f' {resident:,.0f} MB, exceed --data_memory_budget={data_memory_budget:g} MB'
+      )
+      data = streaming.StreamedData(
+        client_data, device or choose_device(), with_keys=program.client_options.uses_client_key
+      )
       return InProcessRuntime(program, data, device=device, why_streaming=why, **options)
   return InProcessRuntime(program, data_lib.client_arrays(client_data), device=device, **options)
 
 
-@registry.register_runtime('inprocess', options=InProcessOptions, auto_rank=0,
-                           why_not=why_not, label='in-process')
-def build_from_settings(program, client_data, options: InProcessOptions,
-                        facts: base.RunFacts) -> InProcessRuntime:
+@registry.register_runtime(
+  'inprocess', options=InProcessOptions, auto_rank=0, why_not=why_not, label='in-process'
+)
+def build_from_settings(
+  program, client_data, options: InProcessOptions, facts: base.RunFacts
+) -> InProcessRuntime:
   """`build` with the run's settings; resuming with engine 'auto', the engine the run
   used (auto picks by the run's length, and a resume may change --rounds: the same
   engine keeps the resumed run bit for bit equal to an uninterrupted one)."""
   engine = options.engine
   if engine == 'auto' and (facts.resumed or {}).get('name') == 'inprocess':
     engine = facts.resumed.get('engine') or 'auto'
-  return _build(composer.algorithm_of(program), client_data, engine=engine, lanes=None,
-                device=None, client_rounds=facts.client_rounds,
-                data_memory_budget=options.data_memory_budget,
-                kernel_threads=options.kernel_threads)
+  return _build(
+    composer.algorithm_of(program),
+    client_data,
+    engine=engine,
+    lanes=None,
+    device=None,
+    client_rounds=facts.client_rounds,
+    data_memory_budget=options.data_memory_budget,
+    kernel_threads=options.kernel_threads,
+  )

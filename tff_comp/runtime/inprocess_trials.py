@@ -37,11 +37,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_comp.ops import client_round
-from tff_comp.runtime import base
+from tff_comp.runtime import base, learning_state, nested, traced
 from tff_comp.runtime import engines as engines_lib
-from tff_comp.runtime import learning_state
-from tff_comp.runtime import nested
-from tff_comp.runtime import traced
 
 
 def _host(value: Any) -> np.ndarray:
@@ -125,8 +122,9 @@ class TrialGroup:
       engine outside the graph); the caller runs those trials one by one.
   """
 
-  def __init__(self, runtime: GroupRuntime, seeds: Sequence[int],
-               clients: Sequence[TrialClients] | None = None):
+  def __init__(
+    self, runtime: GroupRuntime, seeds: Sequence[int], clients: Sequence[TrialClients] | None = None
+  ):
     reason = why_not(runtime)
     if reason:
       raise base.UnsupportedError(reason)
@@ -162,8 +160,9 @@ class TrialGroup:
     with self._lock:
       self._reserved[t] = max(self._reserved[t], size)
 
-  def submit(self, t: int, state: base.State, client_ids: Sequence[str],
-             work: Sequence[float] | None) -> base.RoundOutput:
+  def submit(
+    self, t: int, state: base.State, client_ids: Sequence[str], work: Sequence[float] | None
+  ) -> base.RoundOutput:
     """Trial `t`'s round; returns when the group has run it."""
     self._end_turn(t)
     with self._lock:
@@ -268,30 +267,42 @@ class TrialGroup:
     order = np.lexsort((np.arange(len(positions)), positions))
     restore = np.argsort(order)
     positions, indices, work, trial_in_kernel = (
-        np.asarray(v)[order] for v in (positions, indices, work, trial))
+      np.asarray(v)[order] for v in (positions, indices, work, trial)
+    )
     started = time.perf_counter()
     with tf.device(runtime.device):
       new = self._round_fn(
-          self._capacity, *args, tf.constant(positions, tf.int32), tf.constant(indices, tf.int32),
-          tf.constant(work, tf.float32), tf.constant(trial_in_kernel, tf.int32),
-          tf.constant(restore, tf.int32), tf.constant(trial, tf.int32), self._capacity)
+        self._capacity,
+        *args,
+        tf.constant(positions, tf.int32),
+        tf.constant(indices, tf.int32),
+        tf.constant(work, tf.float32),
+        tf.constant(trial_in_kernel, tf.int32),
+        tf.constant(restore, tf.int32),
+        tf.constant(trial, tf.int32),
+        self._capacity,
+      )
     *parts, packed = tf.nest.map_structure(lambda t: t.numpy(), new)
     if self.rounds_run:
       self.round_seconds += time.perf_counter() - started
     weights, server, aggregator, hparams = (
-        _Rows(self._packer(name, part), part) for name, part in zip(
-            ('weights', 'server', 'aggregator', 'hparams'),
-            (*parts, stacked.client_work.hparams)))
+      _Rows(self._packer(name, part), part)
+      for name, part in zip(
+        ('weights', 'server', 'aggregator', 'hparams'), (*parts, stacked.client_work.hparams)
+      )
+    )
     if self.rounds_run and self._round_fn.function.experimental_get_tracing_count() != traces:
       self.retraces += 1
     self.rounds_run += 1
     outputs = {}
     for t in batch:
       work_state = client_round.ClientWorkState(
-          hparams[t], np.int32(stacked.client_work.round[t] + 1))
+        hparams[t], np.int32(stacked.client_work.round[t] + 1)
+      )
       outputs[t] = base.RoundOutput(
-          learning_state.assemble(weights[t], work_state, server[t], aggregator[t]),
-          runtime.stages.unpack_metrics(packed[t]))
+        learning_state.assemble(weights[t], work_state, server[t], aggregator[t]),
+        runtime.stages.unpack_metrics(packed[t]),
+      )
     return outputs
 
   def _packer(self, name: str, structure: Any) -> nested.Packer:
@@ -313,19 +324,26 @@ class TrialGroup:
     leaves = [tf.nest.flatten(state) for state in states]
     packer = self._packer('state', states[0])
     if any(len(own) != packer.size for own in leaves):
-      raise ValueError('the trials\' states differ in structure.')
+      raise ValueError("the trials' states differ in structure.")
     return packer.pack([np.stack([_host(v) for v in leaf]) for leaf in zip(*leaves)])
 
   def _args(self, stacked: base.State) -> tuple[Any, ...]:
     """The round function's arguments for any cohort: the stacked states' parts, the
     seeds and the shapes of the per-client inputs."""
-    return (stacked.global_model_weights, stacked.finalizer,
-            client_round.ClientWorkState(*stacked.client_work), stacked.aggregator,
-            self._seeds,
-            tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
-            tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32),
-            tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
-            self._capacity)
+    return (
+      stacked.global_model_weights,
+      stacked.finalizer,
+      client_round.ClientWorkState(*stacked.client_work),
+      stacked.aggregator,
+      self._seeds,
+      tf.TensorSpec([None], tf.int32),
+      tf.TensorSpec([None], tf.int32),
+      tf.TensorSpec([None], tf.float32),
+      tf.TensorSpec([None], tf.int32),
+      tf.TensorSpec([None], tf.int32),
+      tf.TensorSpec([None], tf.int32),
+      self._capacity,
+    )
 
   def _trace(self, stacked: base.State) -> None:
     """Traces the round for the group's capacity, its model and server state in the
@@ -340,13 +358,27 @@ class TrialGroup:
 
   def _in_round_dtypes(self, stacked: base.State) -> base.State:
     weights, server, aggregator = tf.nest.map_structure(
-        lambda v, dtype: v.astype(dtype, copy=False),
-        (stacked.global_model_weights, stacked.finalizer, stacked.aggregator), self._dtypes)
-    return stacked._replace(global_model_weights=weights, finalizer=server,
-                            aggregator=aggregator)
+      lambda v, dtype: v.astype(dtype, copy=False),
+      (stacked.global_model_weights, stacked.finalizer, stacked.aggregator),
+      self._dtypes,
+    )
+    return stacked._replace(global_model_weights=weights, finalizer=server, aggregator=aggregator)
 
-  def _round(self, weights, server_state, work_state, aggregator, seeds, positions,
-             indices, work, trial, restore, trial_order, capacity: int):
+  def _round(
+    self,
+    weights,
+    server_state,
+    work_state,
+    aggregator,
+    seeds,
+    positions,
+    indices,
+    work,
+    trial,
+    restore,
+    trial_order,
+    capacity: int,
+  ):
     """One round of every trial (states stacked on axis 0); clients, in the kernel's
     order, tagged by `trial`; their outputs put back in the trials' order by `restore`,
     tagged there by `trial_order`. What a trial's separate round computes from its own
@@ -355,32 +387,67 @@ class TrialGroup:
     runtime = self.runtime
     server_rule, hparams = runtime.algorithm.server_rule, work_state.hparams
     payload = _per_trial(server_rule.payload, server_state, weights)
-    plans, reference = runtime.stages.client_plans(payload, hparams, positions, indices,
-                                                   work, work_state.round, seeds, trial=trial,
-                                                   trials=self.size)
-    outputs = runtime.engine_impl.run(engines_lib.Cohort(
-        payload, hparams, positions, tf.gather(runtime.data.offsets, positions),
-        tf.gather(runtime.data.counts, positions), plans, capacity, trial))
+    plans, reference = runtime.stages.client_plans(
+      payload,
+      hparams,
+      positions,
+      indices,
+      work,
+      work_state.round,
+      seeds,
+      trial=trial,
+      trials=self.size,
+    )
+    outputs = runtime.engine_impl.run(
+      engines_lib.Cohort(
+        payload,
+        hparams,
+        positions,
+        tf.gather(runtime.data.offsets, positions),
+        tf.gather(runtime.data.counts, positions),
+        plans,
+        capacity,
+        trial,
+      )
+    )
     outputs = tf.nest.map_structure(lambda x: tf.gather(x, restore), outputs)
     trial = trial_order
 
     def finish(t, weights, server_state, aggregator, round_num, seed, *reference):
       own = tf.reshape(tf.where(tf.equal(trial, t)), [-1])  # trial t's clients, in order
       return runtime.stages.finish(
-          tf.nest.map_structure(lambda x: tf.gather(x, own), outputs), weights,
-          server_state, aggregator, round_num, seed, *(reference or [None]))
+        tf.nest.map_structure(lambda x: tf.gather(x, own), outputs),
+        weights,
+        server_state,
+        aggregator,
+        round_num,
+        seed,
+        *(reference or [None]),
+      )
 
-    return _per_trial(finish, tf.range(self.size), weights, server_state, aggregator,
-                      work_state.round, seeds, *([] if reference is None else [reference]))
+    return _per_trial(
+      finish,
+      tf.range(self.size),
+      weights,
+      server_state,
+      aggregator,
+      work_state.round,
+      seeds,
+      *([] if reference is None else [reference]),
+    )
 
 
 def _per_trial(fn, *stacked) -> Any:
   """fn(row t of each of `stacked`) for every trial t, stacked: a loop (`tf.map_fn`),
   not a vectorization, so each trial runs a separate run's ops on its shapes."""
   spec = tf.nest.map_structure(
-      lambda t: tf.TensorSpec(t.shape, t.dtype),
-      tf.function(fn, autograph=False).get_concrete_function(*tf.nest.map_structure(
-          lambda t: tf.TensorSpec(t.shape[1:], t.dtype), stacked)).structured_outputs)
+    lambda t: tf.TensorSpec(t.shape, t.dtype),
+    tf.function(fn, autograph=False)
+    .get_concrete_function(
+      *tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), stacked)
+    )
+    .structured_outputs,
+  )
   return tf.map_fn(lambda rows: fn(*rows), stacked, fn_output_signature=spec)
 
 
@@ -406,8 +473,9 @@ class TrialRuntime:
   def initialize(self) -> base.State:
     return self._inner.initialize() if self._initial is None else self._initial
 
-  def next(self, state: base.State, client_ids: Sequence[str],
-           work: Sequence[float] | None = None) -> base.RoundOutput:
+  def next(
+    self, state: base.State, client_ids: Sequence[str], work: Sequence[float] | None = None
+  ) -> base.RoundOutput:
     if not client_ids:
       raise ValueError('a round needs at least one client.')
     return self._group.submit(self._t, state, client_ids, work)
@@ -439,4 +507,3 @@ class TrialRuntime:
 
   def whole_state(self, state: base.State) -> base.State:
     return state
-

@@ -37,10 +37,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.ops import local_loop
-from tff_comp.ops import client_round
+from tff_comp.ops import client_round, local_loop, vectorizable
 from tff_comp.ops import rule as rule_lib
-from tff_comp.ops import vectorizable
 
 
 def _vectorized_map(fn, elems, **options):
@@ -60,7 +58,8 @@ def rows(structure, index):
 def _put(buffers, row, values):
   """`buffers` with row `row` (a scalar index) replaced by `values`."""
   return tf.nest.map_structure(
-      lambda b, v: tf.tensor_scatter_nd_update(b, [[row]], v[None]), buffers, values)
+    lambda b, v: tf.tensor_scatter_nd_update(b, [[row]], v[None]), buffers, values
+  )
 
 
 def received(payload, hparams, trial: tf.Tensor | None, clients) -> tuple[Any, Any]:
@@ -71,25 +70,30 @@ def received(payload, hparams, trial: tf.Tensor | None, clients) -> tuple[Any, A
   return rows((payload, hparams), tf.gather(trial, clients))
 
 
-def _step_all(rule: rule_lib.ClientRule, payload, hparams, trial, clients, states, batches,
-              contexts, **options):
+def _step_all(
+  rule: rule_lib.ClientRule, payload, hparams, trial, clients, states, batches, contexts, **options
+):
   """`rule.step` of every client of `clients` ([k]) at once (vectorized): a shared
   payload stays out of the map, per-trial ones go in by row."""
   if trial is None:
     return _vectorized_map(
-        lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
-        (states, batches, contexts), **options)
+      lambda args: rule.step(args[0], args[1], payload, hparams, args[2]),
+      (states, batches, contexts),
+      **options,
+    )
   own = received(payload, hparams, trial, clients)
   return _vectorized_map(
-      lambda args: rule.step(args[0], args[1], args[3][0], args[3][1], args[2]),
-      (states, batches, contexts, own), **options)
+    lambda args: rule.step(args[0], args[1], args[3][0], args[3][1], args[2]),
+    (states, batches, contexts, own),
+    **options,
+  )
 
 
 def _select(mask, new, old):
   """Per lane (leading axis): `new` where mask, else `old`."""
   return tf.nest.map_structure(
-      lambda n, o: tf.where(tf.reshape(mask, [-1] + [1] * (n.shape.rank - 1)), n, o),
-      new, old)
+    lambda n, o: tf.where(tf.reshape(mask, [-1] + [1] * (n.shape.rank - 1)), n, o), new, old
+  )
 
 
 def makespan(full: np.ndarray, width: int) -> int:
@@ -114,8 +118,7 @@ def lane_width(full: np.ndarray, capacity: int, lanes: int, *, samples: int = 16
   if low == high or not len(full):
     return low
   rng = np.random.default_rng(0)  # the choice depends on the data alone
-  cohorts = [rng.choice(full, size=capacity, replace=capacity > len(full))
-             for _ in range(samples)]
+  cohorts = [rng.choice(full, size=capacity, replace=capacity > len(full)) for _ in range(samples)]
   cost = {w: sum(makespan(c, w) for c in cohorts) * w for w in range(low, high + 1)}
   return min(cost, key=lambda w: (cost[w], w))
 
@@ -137,11 +140,20 @@ def shares(full: tf.Tensor, parts: int) -> tf.Tensor:
 MAX_KERNEL_SHORT_SIZES = 8
 
 
-def run_batches(rule: rule_lib.ClientRule, payload, hparams,
-                options: client_round.ClientOptions, examples, offsets: tf.Tensor,
-                counts: tf.Tensor, plans: client_round.ClientPlan, *,
-                lanes: int, sizes: tuple[int, ...] = (), trial: tf.Tensor | None = None
-                ) -> rule_lib.LocalState:
+def run_batches(
+  rule: rule_lib.ClientRule,
+  payload,
+  hparams,
+  options: client_round.ClientOptions,
+  examples,
+  offsets: tf.Tensor,
+  counts: tf.Tensor,
+  plans: client_round.ClientPlan,
+  *,
+  lanes: int,
+  sizes: tuple[int, ...] = (),
+  trial: tf.Tensor | None = None,
+) -> rule_lib.LocalState:
   """Every cohort client's LocalState after its full batches and its short last batch
   when that has one of `sizes` (the others are left to `run_short_batches`), stacked
   in cohort order.
@@ -165,8 +177,7 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
     return rows(plans.context, c)
 
   template = rule.initialize(*received(payload, hparams, trial, 0), context(0))
-  lane_state = tf.nest.map_structure(
-      lambda t: tf.repeat(t[None], width, axis=0), template)
+  lane_state = tf.nest.map_structure(lambda t: tf.repeat(t[None], width, axis=0), template)
   states = tf.nest.map_structure(lambda t: tf.zeros([m + 1, *t.shape], t.dtype), template)
 
   def needs_service(lane_client, lane_k, taken):
@@ -177,26 +188,39 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
     """Store every lane whose client is done and give it the next client."""
 
     def body(lane_client, lane_k, lane_state, states, taken):
-      lane = tf.argmax(tf.cast(needs_service(lane_client, lane_k, taken), tf.int32),
-                       output_type=tf.int32)
+      lane = tf.argmax(
+        tf.cast(needs_service(lane_client, lane_k, taken), tf.int32), output_type=tf.int32
+      )
       c = tf.gather(lane_client, lane)
       # Unconditional, so XLA updates the buffer in place; a lane that had no client
       # writes the scratch row m.
       states = _put(states, tf.where(c >= 0, c, m), rows(lane_state, lane))
       following = tf.where(taken < m, tf.gather(order, tf.minimum(taken, m - 1)), -1)
       this_lane = tf.equal(tf.range(width), lane)
-      started = rule.initialize(*received(payload, hparams, trial, tf.maximum(following, 0)),
-                                context(tf.maximum(following, 0)))
-      lane_state = _select(this_lane, tf.nest.map_structure(
-          lambda s, v: tf.broadcast_to(v, s.shape), lane_state, started), lane_state)
-      return (tf.where(this_lane, following, lane_client),
-              tf.where(this_lane, 0, lane_k), lane_state, states,
-              taken + tf.cast(taken < m, tf.int32))
+      started = rule.initialize(
+        *received(payload, hparams, trial, tf.maximum(following, 0)),
+        context(tf.maximum(following, 0)),
+      )
+      lane_state = _select(
+        this_lane,
+        tf.nest.map_structure(lambda s, v: tf.broadcast_to(v, s.shape), lane_state, started),
+        lane_state,
+      )
+      return (
+        tf.where(this_lane, following, lane_client),
+        tf.where(this_lane, 0, lane_k),
+        lane_state,
+        states,
+        taken + tf.cast(taken < m, tf.int32),
+      )
 
     return tf.while_loop(
-        lambda lane_client, lane_k, _, __, taken: tf.reduce_any(
-            needs_service(lane_client, lane_k, taken)),
-        body, (lane_client, lane_k, lane_state, states, taken))
+      lambda lane_client, lane_k, _, __, taken: tf.reduce_any(
+        needs_service(lane_client, lane_k, taken)
+      ),
+      body,
+      (lane_client, lane_k, lane_state, states, taken),
+    )
 
   def step_lanes(lane_client, lane_k, lane_state, states, taken):
     """The lanes' steps until the first of their clients has run its full batches (no
@@ -208,23 +232,35 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
     steps = tf.reduce_min(tf.where(busy, tf.gather(full, clients) - lane_k, tf.int32.max))
 
     def step(j, lane_k, lane_state):
-      positions = start + local_loop.full_batch(batches, lane_k[:, None], size, n,
-                                                options.shuffle, compiled=True)
+      positions = start + local_loop.full_batch(
+        batches, lane_k[:, None], size, n, options.shuffle, compiled=True
+      )
       # No silent per-lane while loop for an op without a vectorization rule: the
       # kernel fails to build instead, and the runtime falls back to mapped clients.
-      stepped = _step_all(rule, payload, hparams, trial, clients, lane_state,
-                          rows(examples, positions), contexts,
-                          fallback_to_while_loop=False)
+      stepped = _step_all(
+        rule,
+        payload,
+        hparams,
+        trial,
+        clients,
+        lane_state,
+        rows(examples, positions),
+        contexts,
+        fallback_to_while_loop=False,
+      )
       return j + 1, lane_k + tf.cast(busy, tf.int32), _select(busy, stepped, lane_state)
 
-    _, lane_k, lane_state = tf.while_loop(lambda j, *_: j < steps, step,
-                                          (tf.constant(0), lane_k, lane_state))
+    _, lane_k, lane_state = tf.while_loop(
+      lambda j, *_: j < steps, step, (tf.constant(0), lane_k, lane_state)
+    )
     return serve(lane_client, lane_k, lane_state, states, taken)
 
-  loop_vars = serve(-tf.ones([width], tf.int32), tf.zeros([width], tf.int32), lane_state,
-                    states, tf.constant(0))
+  loop_vars = serve(
+    -tf.ones([width], tf.int32), tf.zeros([width], tf.int32), lane_state, states, tf.constant(0)
+  )
   _, _, _, states, _ = tf.while_loop(
-      lambda lane_client, *_: tf.reduce_any(lane_client >= 0), step_lanes, loop_vars)
+    lambda lane_client, *_: tf.reduce_any(lane_client >= 0), step_lanes, loop_vars
+  )
 
   # The short batches: clients ordered by their remainder, so each size's clients are
   # one run of that order, stepped `width` at a time (extra lanes write row m).
@@ -237,26 +273,47 @@ def run_batches(rule: rule_lib.ClientRule, payload, hparams,
       slots = first + tf.range(width)
       clients = tf.gather(by_size, tf.minimum(slots, m - 1))
       positions = tf.gather(offsets, clients)[:, None] + local_loop.short_batch(
-          local_loop.take(plans.batches, clients), size, tf.gather(counts, clients)[:, None],
-          options.shuffle, size=short, compiled=True)
-      stepped = _step_all(rule, payload, hparams, trial, clients, rows(states, clients),
-                          rows(examples, positions), rows(plans.context, clients),
-                          fallback_to_while_loop=False)
+        local_loop.take(plans.batches, clients),
+        size,
+        tf.gather(counts, clients)[:, None],
+        options.shuffle,
+        size=short,
+        compiled=True,
+      )
+      stepped = _step_all(
+        rule,
+        payload,
+        hparams,
+        trial,
+        clients,
+        rows(states, clients),
+        rows(examples, positions),
+        rows(plans.context, clients),
+        fallback_to_while_loop=False,
+      )
       written = tf.where(slots < end, clients, m)
       return first + width, tf.nest.map_structure(
-          lambda b, v: tf.tensor_scatter_nd_update(b, written[:, None], v), states, stepped)
+        lambda b, v: tf.tensor_scatter_nd_update(b, written[:, None], v), states, stepped
+      )
 
     first = tf.reduce_sum(tf.cast(remainders < short, tf.int32))
-    _, states = tf.while_loop(lambda first, _, end=end: first < end, step_short,
-                              (first, states))
+    _, states = tf.while_loop(lambda first, _, end=end: first < end, step_short, (first, states))
   return tf.nest.map_structure(lambda t: t[:m], states)
 
 
-def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
-                      options: client_round.ClientOptions, examples, offsets: tf.Tensor,
-                      counts: tf.Tensor, plans: client_round.ClientPlan,
-                      states: rule_lib.LocalState, *,
-                      trial: tf.Tensor | None = None) -> rule_lib.LocalState:
+def run_short_batches(
+  rule: rule_lib.ClientRule,
+  payload,
+  hparams,
+  options: client_round.ClientOptions,
+  examples,
+  offsets: tf.Tensor,
+  counts: tf.Tensor,
+  plans: client_round.ClientPlan,
+  states: rule_lib.LocalState,
+  *,
+  trial: tf.Tensor | None = None,
+) -> rule_lib.LocalState:
   """The clients' short last batches from the states of `run_batches` (run without
   `sizes`).
 
@@ -271,25 +328,44 @@ def run_short_batches(rule: rule_lib.ClientRule, payload, hparams,
   def one_size(k, stepped_states):
     members = tf.cast(tf.where(tf.equal(remainder, sizes[k]))[:, 0], tf.int32)
     positions = tf.gather(offsets, members)[:, None] + local_loop.short_batch(
-        local_loop.take(plans.batches, members), size, tf.gather(counts, members)[:, None],
-        options.shuffle, size=sizes[k])
-    stepped = _step_all(rule, payload, hparams, trial, members, rows(states, members),
-                        rows(examples, positions), rows(plans.context, members))
+      local_loop.take(plans.batches, members),
+      size,
+      tf.gather(counts, members)[:, None],
+      options.shuffle,
+      size=sizes[k],
+    )
+    stepped = _step_all(
+      rule,
+      payload,
+      hparams,
+      trial,
+      members,
+      rows(states, members),
+      rows(examples, positions),
+      rows(plans.context, members),
+    )
     return k + 1, tf.nest.map_structure(
-        lambda b, v: tf.tensor_scatter_nd_update(b, members[:, None], v), stepped_states,
-        stepped)
+      lambda b, v: tf.tensor_scatter_nd_update(b, members[:, None], v), stepped_states, stepped
+    )
 
   # Each size's step reads the incoming `states`, so the sizes' steps run in parallel.
-  _, stepped_states = tf.while_loop(lambda k, _: k < tf.size(sizes), one_size,
-                                    (tf.constant(0), states))
+  _, stepped_states = tf.while_loop(
+    lambda k, _: k < tf.size(sizes), one_size, (tf.constant(0), states)
+  )
   return stepped_states
 
 
-def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
-                  options: client_round.ClientOptions, counts: tf.Tensor,
-                  plans: client_round.ClientPlan,
-                  states: rule_lib.LocalState, *,
-                  trial: tf.Tensor | None = None) -> client_round.ClientOutput:
+def finish_cohort(
+  rule: rule_lib.ClientRule,
+  payload,
+  hparams,
+  options: client_round.ClientOptions,
+  counts: tf.Tensor,
+  plans: client_round.ClientPlan,
+  states: rule_lib.LocalState,
+  *,
+  trial: tf.Tensor | None = None,
+) -> client_round.ClientOutput:
   """Each client's `ClientOutput` from its state after its batches, stacked in
   cohort order."""
   steps = plans.batches.steps
@@ -297,11 +373,15 @@ def finish_cohort(rule: rule_lib.ClientRule, payload, hparams,
   # (the per-client tables' rows are a select, which vectorizes: `ops.per_client.slot`).
   if trial is None:
     return _vectorized_map(
-        lambda args: client_round.finish_client(rule, args[0], args[1], payload, hparams,
-                                                args[2], options, args[3]),
-        (states, steps, plans.context, counts))
+      lambda args: client_round.finish_client(
+        rule, args[0], args[1], payload, hparams, args[2], options, args[3]
+      ),
+      (states, steps, plans.context, counts),
+    )
   own = received(payload, hparams, trial, tf.range(tf.shape(counts)[0]))
   return _vectorized_map(
-      lambda args: client_round.finish_client(rule, args[0], args[1], *args[4], args[2],
-                                              options, args[3]),
-      (states, steps, plans.context, counts, own))
+    lambda args: client_round.finish_client(
+      rule, args[0], args[1], *args[4], args[2], options, args[3]
+    ),
+    (states, steps, plans.context, counts, own),
+  )

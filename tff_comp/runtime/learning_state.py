@@ -10,8 +10,7 @@ import tensorflow_federated as tff
 
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round
-from tff_comp.runtime import base
-from tff_comp.runtime import nested
+from tff_comp.runtime import base, nested
 
 
 def initial_state(algorithm: algorithm_lib.Algorithm, device: str) -> base.State:
@@ -20,15 +19,16 @@ def initial_state(algorithm: algorithm_lib.Algorithm, device: str) -> base.State
   private = algorithm.model_aggregator
   with tf.device(device):
     weights = tff.learning.models.ModelWeights(
-        tuple(tf.constant(w) for w in trainable),
-        tuple(tf.constant(w) for w in non_trainable))
+      tuple(tf.constant(w) for w in trainable), tuple(tf.constant(w) for w in non_trainable)
+    )
     server_state = algorithm.server_rule.reset(algorithm.server_rule.initialize(), weights)
     hparams = collections.OrderedDict(
-        (k, tf.constant(v, tf.float32))
-        for k, v in algorithm.client_rule.initial_hparams().items())
+      (k, tf.constant(v, tf.float32)) for k, v in algorithm.client_rule.initial_hparams().items()
+    )
     aggregator = private.initial_state() if private else ()
-  return assemble(weights, client_round.ClientWorkState(hparams, tf.constant(0)),
-                        server_state, aggregator)
+  return assemble(
+    weights, client_round.ClientWorkState(hparams, tf.constant(0)), server_state, aggregator
+  )
 
 
 def as_tensors(state: base.State) -> base.State:
@@ -39,16 +39,19 @@ def as_tensors(state: base.State) -> base.State:
   if all(isinstance(v, tf.Tensor) for v in tf.nest.flatten(state)):
     return state  # every round after the first: rebuilding the state would cost each one
   return tf.nest.map_structure(
-      lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else tf.constant(v),
-      state)
+    lambda v: tf.constant(v, tf.float32) if isinstance(v, float) else tf.constant(v), state
+  )
 
 
-def assemble(weights, work: client_round.ClientWorkState, server_state,
-             aggregator) -> base.State:
+def assemble(weights, work: client_round.ClientWorkState, server_state, aggregator) -> base.State:
   """The state of these parts (`base.State`'s fields; no distributor state)."""
   return tff.learning.templates.LearningAlgorithmState(
-      global_model_weights=weights, distributor=(), client_work=work,
-      aggregator=aggregator, finalizer=server_state)
+    global_model_weights=weights,
+    distributor=(),
+    client_work=work,
+    aggregator=aggregator,
+    finalizer=server_state,
+  )
 
 
 class WeightsReader:
@@ -68,22 +71,30 @@ class WeightsReader:
     return packer.pack([np.asarray(t) for t in tf.nest.flatten(weights)])
 
 
-def with_model_weights(algorithm: algorithm_lib.Algorithm, state: base.State,
-                       weights) -> base.State:
+def with_model_weights(
+  algorithm: algorithm_lib.Algorithm, state: base.State, weights
+) -> base.State:
   """`state` with the model `weights` (the server rule's state reset to them)."""
-  return assemble(weights, state.client_work,
-                  algorithm.server_rule.reset(state.finalizer, weights), state.aggregator)
+  return assemble(
+    weights,
+    state.client_work,
+    algorithm.server_rule.reset(state.finalizer, weights),
+    state.aggregator,
+  )
 
 
 def hparams(algorithm: algorithm_lib.Algorithm, state: base.State) -> collections.OrderedDict:
   """OrderedDict(client_work=..., finalizer=...) of the hyperparameters in force, NumPy."""
-  return tf.nest.map_structure(np.asarray, collections.OrderedDict(
+  return tf.nest.map_structure(
+    np.asarray,
+    collections.OrderedDict(
       client_work=collections.OrderedDict(state.client_work.hparams),
-      finalizer=algorithm.server_rule.get_hparams(state.finalizer)))
+      finalizer=algorithm.server_rule.get_hparams(state.finalizer),
+    ),
+  )
 
 
-def with_hparams(algorithm: algorithm_lib.Algorithm, state: base.State,
-                 values) -> base.State:
+def with_hparams(algorithm: algorithm_lib.Algorithm, state: base.State, values) -> base.State:
   """`state` with the hyperparameters `values` (the structure of `hparams`).
 
   Raises:
@@ -91,9 +102,14 @@ def with_hparams(algorithm: algorithm_lib.Algorithm, state: base.State,
   """
   algorithm.client_rule.check_hparams(values['client_work'])
   work = client_round.ClientWorkState(
-      collections.OrderedDict(
-          (k, tf.constant(v, tf.float32)) for k, v in values['client_work'].items()),
-      state.client_work.round)
-  return assemble(state.global_model_weights, work,
-                  algorithm.server_rule.set_hparams(state.finalizer, values['finalizer']),
-                  state.aggregator)
+    collections.OrderedDict(
+      (k, tf.constant(v, tf.float32)) for k, v in values['client_work'].items()
+    ),
+    state.client_work.round,
+  )
+  return assemble(
+    state.global_model_weights,
+    work,
+    algorithm.server_rule.set_hparams(state.finalizer, values['finalizer']),
+    state.aggregator,
+  )

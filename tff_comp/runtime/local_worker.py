@@ -32,24 +32,21 @@ import grpc
 import portpicker
 import tensorflow_federated as tff
 
-WORKER_BINARY = os.path.join(
-    os.path.dirname(tff.__file__), 'data', 'worker_binary'
-)
+WORKER_BINARY = os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
 _LOG_ENV = 'TFF_COMP_WORKER_LOG'
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 CHANNEL_OPTIONS = [
-    ('grpc.max_message_length', _MAX_MESSAGE_BYTES),
-    ('grpc.max_receive_message_length', _MAX_MESSAGE_BYTES),
-    ('grpc.max_send_message_length', _MAX_MESSAGE_BYTES),
+  ('grpc.max_message_length', _MAX_MESSAGE_BYTES),
+  ('grpc.max_receive_message_length', _MAX_MESSAGE_BYTES),
+  ('grpc.max_send_message_length', _MAX_MESSAGE_BYTES),
 ]
 _READY_TIMEOUT_S = 60.0
 
 
 def grpc_stub(address: str) -> tff.framework.RemoteExecutorGrpcStub:
   """A stub talking gRPC to the TFF worker at `address` (host:port)."""
-  return tff.framework.RemoteExecutorGrpcStub(
-      grpc.insecure_channel(address, CHANNEL_OPTIONS))
+  return tff.framework.RemoteExecutorGrpcStub(grpc.insecure_channel(address, CHANNEL_OPTIONS))
 
 
 def execution_context(stub_fn, context_class):
@@ -63,10 +60,11 @@ def execution_context(stub_fn, context_class):
     return executor
 
   return context_class(
-      executor_fn=tff.framework.ResourceManagingExecutorFactory(stack_fn),
-      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-      transform_args=tff.tensorflow.transform_args,
-      transform_result=tff.tensorflow.transform_result)
+    executor_fn=tff.framework.ResourceManagingExecutorFactory(stack_fn),
+    compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+    transform_args=tff.tensorflow.transform_args,
+    transform_result=tff.tensorflow.transform_result,
+  )
 
 
 def _die_with_parent() -> None:
@@ -83,9 +81,16 @@ def spawn_worker(port: int, max_concurrent_computation_calls: int = -1) -> subpr
   out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
   try:
     return subprocess.Popen(  # pylint: disable=consider-using-with
-        [WORKER_BINARY, f'--port={port}',
-         f'--max_concurrent_computation_calls={max_concurrent_computation_calls}'],
-        stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=_die_with_parent)
+      [
+        WORKER_BINARY,
+        f'--port={port}',
+        f'--max_concurrent_computation_calls={max_concurrent_computation_calls}',
+      ],
+      stdin=subprocess.DEVNULL,
+      stdout=out,
+      stderr=out,
+      preexec_fn=_die_with_parent,
+    )
   finally:
     if log_path:
       out.close()
@@ -119,8 +124,8 @@ class _Worker:
           code = self._process.poll()
           self.stop()
           raise RuntimeError(
-              f'TFF worker {WORKER_BINARY} did not start (exit code {code});'
-              f' set {_LOG_ENV}=<file> to capture its output.'
+            f'TFF worker {WORKER_BINARY} did not start (exit code {code});'
+            f' set {_LOG_ENV}=<file> to capture its output.'
           )
         time.sleep(0.05)
       logging.debug('TFF worker pid %d on port %d', self._process.pid, port)
@@ -148,7 +153,8 @@ def install_local_runtime(max_concurrent_computation_calls: int = -1) -> None:
   shutdown_local_runtime()
   worker = _Worker(max_concurrent_computation_calls)
   tff.framework.set_default_context(
-      execution_context(worker.stub, tff.framework.SyncExecutionContext))
+    execution_context(worker.stub, tff.framework.SyncExecutionContext)
+  )
   _worker = worker
 
 
@@ -180,6 +186,7 @@ def _at_exit() -> None:
   shutdown_local_runtime()
   # pylint: disable=g-import-not-at-top  (not in TFF's public API)
   from tensorflow_federated.python.core.impl.context_stack import set_default_context
+
   set_default_context.set_no_default_context()
 
 

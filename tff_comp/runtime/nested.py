@@ -26,19 +26,18 @@ def _recipe(indexed: Any) -> Build | None:
   if isinstance(indexed, tuple) and hasattr(indexed, '_fields'):
     parts = [_recipe(v) for v in indexed]
     kind = type(indexed)
-    return None if None in parts else (
-        lambda leaves: kind(*[part(leaves) for part in parts]))
+    return None if None in parts else (lambda leaves: kind(*[part(leaves) for part in parts]))
   if type(indexed) in (tuple, list):
     parts = [_recipe(v) for v in indexed]
     kind = type(indexed)
-    return None if None in parts else (
-        lambda leaves: kind([part(leaves) for part in parts]))
+    return None if None in parts else (lambda leaves: kind([part(leaves) for part in parts]))
   if type(indexed) in (dict, collections.OrderedDict):
     keys = list(indexed)
     parts = [_recipe(indexed[k]) for k in keys]
     kind = type(indexed)
-    return None if None in parts else (
-        lambda leaves: kind(zip(keys, [part(leaves) for part in parts])))
+    return (
+      None if None in parts else (lambda leaves: kind(zip(keys, [part(leaves) for part in parts])))
+    )
   return None
 
 
@@ -54,8 +53,7 @@ class Packer:
     if build is not None:
       # The recipe's containers are `tf.nest`'s own or it is not used.
       try:
-        tf.nest.assert_same_structure(build(list(range(self.size))), structure,
-                                      check_types=True)
+        tf.nest.assert_same_structure(build(list(range(self.size))), structure, check_types=True)
       except (TypeError, ValueError):
         build = None
     self._build = build

@@ -2,19 +2,15 @@
 the in-process runtime (`Shard`), pooled per process; and what travels to them (the
 algorithm pickled, a shard's client data)."""
 
+from collections.abc import Sequence
 import io
 import os
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.runtime import client_rows
-from tff_comp.runtime import inprocess
-from tff_comp.runtime import ray_cluster
-from tff_comp.runtime import streaming
-
+from tff_comp.runtime import client_rows, inprocess, ray_cluster, streaming
 
 # The lanes engine's threads in an actor: the actors, several to a host, are the
 # parallelism (`inprocess.InProcessOptions.kernel_threads`).
@@ -31,14 +27,19 @@ class Shard:
     self.runtime: inprocess.InProcessRuntime | None = None
     self.rows = client_rows.ShardRows()  # its clients' rows of client state
 
-  def setup(self, algorithm: bytes, client_data, engine: str, data_memory_budget: float,
-            capacity: int) -> None:
+  def setup(
+    self, algorithm: bytes, client_data, engine: str, data_memory_budget: float, capacity: int
+  ) -> None:
     """`algorithm`: the Algorithm pickled (`build`)."""
     if isinstance(client_data, Examples):
       client_data = client_data.client_data()
-    self.runtime = inprocess.build(ray_cluster.ray_module().cloudpickle.loads(algorithm), client_data,
-                                   engine=engine, data_memory_budget=data_memory_budget,
-                                   kernel_threads=ACTOR_KERNEL_THREADS)
+    self.runtime = inprocess.build(
+      ray_cluster.ray_module().cloudpickle.loads(algorithm),
+      client_data,
+      engine=engine,
+      data_memory_budget=data_memory_budget,
+      kernel_threads=ACTOR_KERNEL_THREADS,
+    )
     self.runtime.reserve_cohort(capacity)
     self.rows = client_rows.ShardRows()
 
@@ -63,15 +64,19 @@ class Shard:
   def reserve_cohort(self, size: int) -> None:
     self.runtime.reserve_cohort(size)
 
-  def client_sums(self, payload, hparams, client_ids, work, indices, round_num, reference,
-                  aggregator):
+  def client_sums(
+    self, payload, hparams, client_ids, work, indices, round_num, reference, aggregator
+  ):
     """(the clients' sums, with their rows of the slot tables alone; their rows of
     client state as the round found them) from a payload holding their rows of the
     per-client tables (`client_rows`: a held table's filled here)."""
-    sums = self.runtime.client_sums(self._payload(payload), hparams, client_ids, work,
-                                    indices, round_num, reference, aggregator)
-    return (client_rows.select_sums(sums, self.runtime.algorithm.aggregation, indices),
-            self.rows.take(np.unique(np.asarray(indices, np.int64))))
+    sums = self.runtime.client_sums(
+      self._payload(payload), hparams, client_ids, work, indices, round_num, reference, aggregator
+    )
+    return (
+      client_rows.select_sums(sums, self.runtime.algorithm.aggregation, indices),
+      self.rows.take(np.unique(np.asarray(indices, np.int64))),
+    )
 
   def reference_candidates(self, payload, hparams, client_ids) -> np.ndarray:
     return self.runtime.reference_candidates(self._payload(payload), hparams, client_ids)
@@ -94,17 +99,23 @@ def pool_key(ray, count: int, gpus: float) -> tuple[str, int, float]:
 def actor_pool(ray, count: int, gpus: float) -> list[Any]:
   key = pool_key(ray, count, gpus)
   if key not in POOL:
-    actor = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=ray_cluster.RETRIES,
-                       max_task_retries=0)(Shard)
+    actor = ray.remote(
+      num_cpus=0, num_gpus=gpus, max_restarts=ray_cluster.RETRIES, max_task_retries=0
+    )(Shard)
     POOL[key] = [actor.remote() for _ in range(count)]
   return POOL[key]
 
 
-def _function(python_function, input_signature, autograph: bool, jit_compile,
-              reduce_retracing: bool):
-  return tf.function(python_function, input_signature=input_signature,
-                     autograph=autograph, jit_compile=jit_compile,
-                     reduce_retracing=reduce_retracing)
+def _function(
+  python_function, input_signature, autograph: bool, jit_compile, reduce_retracing: bool
+):
+  return tf.function(
+    python_function,
+    input_signature=input_signature,
+    autograph=autograph,
+    jit_compile=jit_compile,
+    reduce_retracing=reduce_retracing,
+  )
 
 
 def dumps(algorithm) -> bytes:
@@ -115,12 +126,16 @@ def dumps(algorithm) -> bytes:
   from tensorflow.python.eager.polymorphic_function import polymorphic_function  # pylint: disable=g-import-not-at-top
 
   class Pickler(ray_cluster.ray_module().cloudpickle.CloudPickler):
-
     def reducer_override(self, obj):
       if isinstance(obj, polymorphic_function.Function):
         # pylint: disable=protected-access
-        return _function, (obj.python_function, obj.input_signature, obj._autograph,
-                           obj._jit_compile, obj._reduce_retracing)
+        return _function, (
+          obj.python_function,
+          obj.input_signature,
+          obj._autograph,
+          obj._jit_compile,
+          obj._reduce_retracing,
+        )
       return super().reducer_override(obj)
 
   buffer = io.BytesIO()
@@ -136,6 +151,7 @@ class Examples(NamedTuple):
 
   def client_data(self):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
     return tff.simulation.datasets.TestClientData(self.examples)
 
 
@@ -146,8 +162,10 @@ def sub_data(client_data, client_ids: Sequence[str]):
   does not pickle); where that function does not pickle either (TFF's TestClientData
   holds its ClientData), the clients' examples as arrays (`Examples`)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
   sub = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-      list(client_ids), client_data.serializable_dataset_fn)
+    list(client_ids), client_data.serializable_dataset_fn
+  )
   try:
     ray_cluster.ray_module().cloudpickle.dumps(sub)
     return sub

@@ -2,10 +2,10 @@
 (`ray_runtime`) and Ray grids (`reproduce.py --ray_address`) share. Ray is an optional
 dependency (`pip install tff_comp[ray]`), imported when a run asks for it."""
 
+from collections.abc import Callable, Sequence
 import logging as py_logging
 import os
 import socket
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from tff_comp.runtime import base
@@ -25,7 +25,8 @@ def ray_module():
     import ray  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise base.UnsupportedError(
-        'Ray is not installed: pip install \'tff_comp[ray]\' (BUILD_NOTES.md)') from e
+      "Ray is not installed: pip install 'tff_comp[ray]' (BUILD_NOTES.md)"
+    ) from e
   return ray
 
 
@@ -43,8 +44,7 @@ def connect(address: str) -> Any:
   # Ray's own setting of the accelerator variables kept as it is (it warns otherwise).
   os.environ.setdefault('RAY_enable_metrics_collection', '0')
   os.environ.setdefault('RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO', '0')
-  quiet = dict(include_dashboard=False, log_to_driver=False,
-               logging_level=py_logging.ERROR)
+  quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=py_logging.ERROR)
   if address not in (LOCAL, 'auto'):
     _check_reachable(address)
   try:
@@ -55,7 +55,8 @@ def connect(address: str) -> Any:
   except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise base.UnsupportedError(
-        f'the Ray cluster at --ray_address={address} cannot be reached ({first})') from e
+      f'the Ray cluster at --ray_address={address} cannot be reached ({first})'
+    ) from e
   return ray
 
 
@@ -69,15 +70,20 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
       pass
   except (OSError, ValueError) as e:
     raise base.UnsupportedError(
-        f'the Ray cluster at --ray_address={address} cannot be reached'
-        f' ({type(e).__name__}: {e or "no answer"}); give host:port of a running'
-        ' cluster\'s head (`ray start --head`), \'auto\' or \'local\'') from e
+      f'the Ray cluster at --ray_address={address} cannot be reached'
+      f' ({type(e).__name__}: {e or "no answer"}); give host:port of a running'
+      " cluster's head (`ray start --head`), 'auto' or 'local'"
+    ) from e
 
 
-def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple], *,
-              again: Callable[[tuple], tuple] = lambda args: args,
-              label: Callable[[tuple], str] = str,
-              done: Callable[[int, Any], None] = lambda i, result: None) -> list[Any]:
+def run_tasks(
+  fn: Callable[..., Any],
+  calls: Sequence[tuple],
+  *,
+  again: Callable[[tuple], tuple] = lambda args: args,
+  label: Callable[[tuple], str] = str,
+  done: Callable[[int, Any], None] = lambda i, result: None,
+) -> list[Any]:
   """[fn(*args) for args in calls] as Ray tasks of one CPU each on the cluster this
   process joined (`connect`), run together; `done(i, result)` as each finishes (the
   driver's progress). A task lost with its worker (the worker process died) runs again
@@ -99,8 +105,9 @@ def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple], *,
       attempts[i] += 1
       if attempts[i] > RETRIES:
         raise
-      print(f'ray: the task of {label(calls[i])} was lost with its worker; it runs again.',
-            flush=True)
+      print(
+        f'ray: the task of {label(calls[i])} was lost with its worker; it runs again.', flush=True
+      )
       pending[i] = remote.remote(*again(calls[i]))
     except ray.exceptions.RayTaskError as e:
       raise e.as_instanceof_cause() from None

@@ -43,27 +43,27 @@ dependency (`pip install tff_comp[ray]`); it is imported when a run asks for it
 (`--ray_address`).
 """
 
+from collections.abc import Sequence
 import dataclasses
 import time
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tff_comp import registry
-from tff_comp import settings
-from tff_comp.ops import aggregation
-from tff_comp.ops import client_round
-from tff_comp.runtime import base
-from tff_comp.runtime import client_rows
+from tff_comp import registry, settings
 from tff_comp.learning_process import composer
-from tff_comp.runtime import inprocess
-from tff_comp.runtime import learning_state
-from tff_comp.runtime import ray_actors
-from tff_comp.runtime import ray_cluster
-from tff_comp.runtime import round_stages
+from tff_comp.ops import aggregation, client_round
+from tff_comp.runtime import (
+  base,
+  client_rows,
+  inprocess,
+  learning_state,
+  ray_actors,
+  ray_cluster,
+  round_stages,
+)
 
 # Rows of client state sent to an actor since its last snapshot, kept by the driver to
 # restore a restarted actor: at most this many bytes an actor, then a new snapshot.
@@ -79,15 +79,20 @@ class RayOptions:
   """Where and how a run's clients run on Ray (`--ray_address` set: this runtime)."""
 
   ray_address: str = settings.setting(
-      '', 'Run each round\'s clients on Ray actors: \'local\' (a Ray cluster of this'
-      ' machine, started by the run), \'auto\' (the cluster this machine joined with `ray'
-      ' start`), or a cluster\'s address (host:port). Default: no Ray.')
+    '',
+    "Run each round's clients on Ray actors: 'local' (a Ray cluster of this"
+    " machine, started by the run), 'auto' (the cluster this machine joined with `ray"
+    " start`), or a cluster's address (host:port). Default: no Ray.",
+  )
   ray_actors: int = settings.setting(
-      2, 'Ray actors, each holding a share of the clients (one per GPU where hosts have'
-      ' several).', lower=1, upper=settings.MAX_COUNT)
+    2,
+    'Ray actors, each holding a share of the clients (one per GPU where hosts have several).',
+    lower=1,
+    upper=settings.MAX_COUNT,
+  )
   ray_gpus_per_actor: float = settings.setting(
-      0.0, 'GPUs each Ray actor takes (Ray\'s num_gpus; 1 for one actor per GPU).',
-      lower=0.0)
+    0.0, "GPUs each Ray actor takes (Ray's num_gpus; 1 for one actor per GPU).", lower=0.0
+  )
 
   def __post_init__(self):
     settings.check(self)
@@ -108,8 +113,10 @@ class RoundCosts(NamedTuple):
 
 
 def _nbytes(structure) -> int:
-  return sum(leaf.nbytes if isinstance(leaf, client_rows.Rows) else np.asarray(leaf).nbytes
-             for leaf in tf.nest.flatten(structure))
+  return sum(
+    leaf.nbytes if isinstance(leaf, client_rows.Rows) else np.asarray(leaf).nbytes
+    for leaf in tf.nest.flatten(structure)
+  )
 
 
 class RayRuntime:
@@ -122,8 +129,14 @@ class RayRuntime:
   partial_work = True
   sampler = None
 
-  def __init__(self, driver: inprocess.InProcessRuntime, shipped: bytes, client_data,
-               options: RayOptions, data_memory_budget: float):
+  def __init__(
+    self,
+    driver: inprocess.InProcessRuntime,
+    shipped: bytes,
+    client_data,
+    options: RayOptions,
+    data_memory_budget: float,
+  ):
     self._driver, self._options = driver, options
     ray = ray_cluster.connect(options.ray_address)
     self._ray = ray
@@ -136,8 +149,9 @@ class RayRuntime:
     # last snapshot, then the rows sent since: `_journal_size[k]` rows and bytes);
     # `_version` counts the changes; `_undo` (the version before the last round, each
     # actor's rows as the round found them) rebuilds that version's tables.
-    self._shards = [np.array([driver.population_index[c] for c in ids[k::count]], np.int64)
-                    for k in range(count)]
+    self._shards = [
+      np.array([driver.population_index[c] for c in ids[k::count]], np.int64) for k in range(count)
+    ]
     self._journal: list[list[Any]] = [[] for _ in range(count)]
     self._journal_size = [(0, 0)] * count
     self._version = 0
@@ -145,14 +159,24 @@ class RayRuntime:
     self._actors = ray_actors.actor_pool(ray, count, options.ray_gpus_per_actor)
     # Each actor on its share (streamed where it exceeds the budget, as in-process),
     # with the engine the whole run takes: a client's numbers depend on the engine.
-    self._setups = [(shipped, ray_actors.sub_data(client_data, ids[k::count]),
-                     driver.engine, data_memory_budget, driver.capacity)
-                    for k in range(count)]
-    self._data = ('arrays' if isinstance(self._setups[0][1], ray_actors.Examples) else
-                  'dataset function')
+    self._setups = [
+      (
+        shipped,
+        ray_actors.sub_data(client_data, ids[k::count]),
+        driver.engine,
+        data_memory_budget,
+        driver.capacity,
+      )
+      for k in range(count)
+    ]
+    self._data = (
+      'arrays' if isinstance(self._setups[0][1], ray_actors.Examples) else 'dataset function'
+    )
     if self._data == 'arrays':
-      logging.info('ray runtime: the task\'s ClientData does not pickle; each actor'
-                   ' receives its clients\' examples as arrays (once, at setup)')
+      logging.info(
+        "ray runtime: the task's ClientData does not pickle; each actor"
+        " receives its clients' examples as arrays (once, at setup)"
+      )
     self._pool = ray_actors.pool_key(ray, count, options.ray_gpus_per_actor)
     ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
     ray_actors.SERVING[self._pool] = id(self)
@@ -162,13 +186,20 @@ class RayRuntime:
 
   @property
   def description(self) -> str:
-    return (f'ray ({self._options.ray_address}), {len(self._actors)} actors, each'
-            f' {self._driver.description}')
+    return (
+      f'ray ({self._options.ray_address}), {len(self._actors)} actors, each'
+      f' {self._driver.description}'
+    )
 
   @property
   def record(self) -> dict[str, Any]:
-    return dict(self._driver.record, name=self.name, address=self._options.ray_address,
-                actors=len(self._actors), shipped_data=self._data)
+    return dict(
+      self._driver.record,
+      name=self.name,
+      address=self._options.ray_address,
+      actors=len(self._actors),
+      shipped_data=self._data,
+    )
 
   def actor_pids(self) -> list[int]:
     """The actors' processes (as they run now)."""
@@ -211,8 +242,9 @@ class RayRuntime:
     shards = self._call('snapshot', None, dict.fromkeys(range(len(self._actors)), ())).values()
     undone = self._undo[1].values() if version != self._version else ()
     for indices, rows in (*shards, *undone):
-      tf.nest.map_structure(lambda table, part, at=indices: table.__setitem__(at, part),
-                            whole, rows)
+      tf.nest.map_structure(
+        lambda table, part, at=indices: table.__setitem__(at, part), whole, rows
+      )
     return _with_tables(state, whole)
 
   def prefetch(self, client_ids: Sequence[str]) -> None:
@@ -227,8 +259,9 @@ class RayRuntime:
 
   # --- rounds --------------------------------------------------------------------------
 
-  def next(self, state: base.State, client_ids: Sequence[str],
-           work: Sequence[float] | None = None) -> base.RoundOutput:
+  def next(
+    self, state: base.State, client_ids: Sequence[str], work: Sequence[float] | None = None
+  ) -> base.RoundOutput:
     """One round on `client_ids` (as `InProcessRuntime.next`), their work on the
     actors holding them."""
     if not client_ids:
@@ -239,8 +272,12 @@ class RayRuntime:
     if held:
       state = self._hold(state)
       tables = self._tables(state)
-      state = _with_tables(state, tf.nest.map_structure(  # the server rule sees no rows
-          lambda table: table.empty(), tables))
+      state = _with_tables(
+        state,
+        tf.nest.map_structure(  # the server rule sees no rows
+          lambda table: table.empty(), tables
+        ),
+      )
     state = learning_state.as_tensors(state)
     round_num = int(state.client_work.round)
     payload = self._host.payload(state)
@@ -251,43 +288,77 @@ class RayRuntime:
     index = self._driver.population_index
     rows = {k: [index[client_ids[p]] for p in ps] for k, ps in parts.items()}
     # Each actor's payload holds its clients' rows of the per-client tables alone.
-    payloads = {k: client_rows.select_payload(payload, rows[k], held, len(index))
-                for k in parts}
+    payloads = {k: client_rows.select_payload(payload, rows[k], held, len(index)) for k in parts}
     rule = self._driver.algorithm.client_rule
     reference = None
     if rule.uses_reference_loss:
-      reference = float(max(np.max(c) for c in self._call(
-          'reference_candidates', round_num, {
-              k: (payloads[k], hparams, [client_ids[p] for p in ps])
-              for k, ps in parts.items()}).values()))
+      reference = float(
+        max(
+          np.max(c)
+          for c in self._call(
+            'reference_candidates',
+            round_num,
+            {k: (payloads[k], hparams, [client_ids[p] for p in ps]) for k, ps in parts.items()},
+          ).values()
+        )
+      )
     start = time.perf_counter()
     private = tf.nest.map_structure(np.asarray, state.aggregator)  # the clip in force
-    results = self._call('client_sums', round_num, {
-        k: (payloads[k], hparams, [client_ids[p] for p in ps], [work[p] for p in ps],
-            rows[k], round_num, reference, private)
-        for k, ps in parts.items()})
+    results = self._call(
+      'client_sums',
+      round_num,
+      {
+        k: (
+          payloads[k],
+          hparams,
+          [client_ids[p] for p in ps],
+          [work[p] for p in ps],
+          rows[k],
+          round_num,
+          reference,
+          private,
+        )
+        for k, ps in parts.items()
+      },
+    )
     gathered = time.perf_counter()
     shares = [share for share, _ in results.values()]  # in actor order
     committed = 0
     if held:
       total, found = _round_rows(shares, [old for _, old in results.values()])
       weights, server, aggregator, metrics = self._host.from_sums(
-          total, state._replace(finalizer=state.finalizer._replace(**found)),
-          state.aggregator, reference, rows=True)
-      server, committed = self._commit(server, tables, found, {  # in actor order
-          k: np.unique(np.asarray(rows[k], np.int64)) for k in results})
+        total,
+        state._replace(finalizer=state.finalizer._replace(**found)),
+        state.aggregator,
+        reference,
+        rows=True,
+      )
+      server, committed = self._commit(
+        server,
+        tables,
+        found,
+        {  # in actor order
+          k: np.unique(np.asarray(rows[k], np.int64)) for k in results
+        },
+      )
     else:
       total = round_stages.add_sums([client_rows.expand(share) for share in shares])
       weights, server, aggregator, metrics = self._host.from_sums(
-          total, state, state.aggregator, reference)
-    work_state = client_round.ClientWorkState(state.client_work.hparams,
-                                              state.client_work.round + 1)
-    output = base.RoundOutput(learning_state.assemble(weights, work_state, server, aggregator),
-                              self._driver.stages.unpack_metrics(metrics))
+        total, state, state.aggregator, reference
+      )
+    work_state = client_round.ClientWorkState(
+      state.client_work.hparams, state.client_work.round + 1
+    )
+    output = base.RoundOutput(
+      learning_state.assemble(weights, work_state, server, aggregator),
+      self._driver.stages.unpack_metrics(metrics),
+    )
     self.costs = RoundCosts(
-        sum(_nbytes((p, hparams, private)) for p in payloads.values()) + committed,
-        sum(_nbytes(result) for result in results.values()),
-        gathered - start, time.perf_counter() - gathered)
+      sum(_nbytes((p, hparams, private)) for p in payloads.values()) + committed,
+      sum(_nbytes(result) for result in results.values()),
+      gathered - start,
+      time.perf_counter() - gathered,
+    )
     return output
 
   # --- client state: held by the actors ----------------------------------------------
@@ -306,13 +377,19 @@ class RayRuntime:
     """
     leaves = tf.nest.flatten(tables)
     version = leaves[0].version if isinstance(leaves[0], client_rows.Held) else None
-    if version is None or version not in versions or any(
-        not isinstance(leaf, client_rows.Held) or leaf.holder != id(self)
-        or leaf.version != version for leaf in leaves):
+    if (
+      version is None
+      or version not in versions
+      or any(
+        not isinstance(leaf, client_rows.Held) or leaf.holder != id(self) or leaf.version != version
+        for leaf in leaves
+      )
+    ):
       raise ValueError(
-          'this state\'s per-client tables are held by another Ray run, or are of an'
-          ' earlier round than its actors hold; continue from the latest state (or from'
-          ' `whole_state` of an earlier one, taken at its round).')
+        "this state's per-client tables are held by another Ray run, or are of an"
+        ' earlier round than its actors hold; continue from the latest state (or from'
+        ' `whole_state` of an earlier one, taken at its round).'
+      )
     return version
 
   def _hold(self, state: base.State) -> base.State:
@@ -324,22 +401,36 @@ class RayRuntime:
       self._check_held(tables, (self._version,))
       return state
     if self._driver.algorithm.aggregation != aggregation.SLOTS:
-      raise base.UnsupportedError('client state on Ray needs the slots aggregation'
-                                  ' (ops.aggregation.SLOTS), whose slots carry its rows')
+      raise base.UnsupportedError(
+        'client state on Ray needs the slots aggregation'
+        ' (ops.aggregation.SLOTS), whose slots carry its rows'
+      )
     whole = tf.nest.map_structure(np.asarray, tables)
     for k in range(len(self._actors)):
-      self._journal[k] = [self._ray.put((self._shards[k], tf.nest.map_structure(
-          lambda table, at=self._shards[k]: table[at], whole)))]
+      self._journal[k] = [
+        self._ray.put(
+          (
+            self._shards[k],
+            tf.nest.map_structure(lambda table, at=self._shards[k]: table[at], whole),
+          )
+        )
+      ]
       self._journal_size[k] = (0, 0)
     self._call('restore', None, {k: tuple(journal) for k, journal in enumerate(self._journal)})
     self._version, self._undo = self._version + 1, None
-    return _with_tables(state, tf.nest.map_structure(
-        lambda table: client_rows.Held(table.shape, table.dtype,
-                                       float(table.sum(dtype=np.float64)), id(self),
-                                       self._version), whole))
+    return _with_tables(
+      state,
+      tf.nest.map_structure(
+        lambda table: client_rows.Held(
+          table.shape, table.dtype, float(table.sum(dtype=np.float64)), id(self), self._version
+        ),
+        whole,
+      ),
+    )
 
-  def _commit(self, server, tables: dict[str, Any], found: dict[str, Any],
-              indices: dict[int, np.ndarray]) -> tuple[Any, int]:
+  def _commit(
+    self, server, tables: dict[str, Any], found: dict[str, Any], indices: dict[int, np.ndarray]
+  ) -> tuple[Any, int]:
     """Sends each actor its clients' new rows of client state (the server step's
     `server` tables, the round's rows in actor order, as `found` was), notes them in
     its journal (a snapshot instead, once the rows since the last reach its shard's or
@@ -363,14 +454,20 @@ class RayRuntime:
         self._journal[k], self._journal_size[k] = [self._actors[k].snapshot.remote()], (0, 0)
     self._undo, self._version = (self._version, undo), self._version + 1
     held = tf.nest.map_structure(
-        lambda h, now, was: client_rows.Held(
-            h.shape, h.dtype, h.total + float(now.sum(dtype=np.float64)
-                                               - was.sum(dtype=np.float64)),
-            id(self), self._version), tables, new, found)
+      lambda h, now, was: client_rows.Held(
+        h.shape,
+        h.dtype,
+        h.total + float(now.sum(dtype=np.float64) - was.sum(dtype=np.float64)),
+        id(self),
+        self._version,
+      ),
+      tables,
+      new,
+      found,
+    )
     return server._replace(**held), sent
 
-  def _call(self, method: str, round_num: int | None,
-            args: dict[int, tuple]) -> dict[int, Any]:
+  def _call(self, method: str, round_num: int | None, args: dict[int, tuple]) -> dict[int, Any]:
     """{actor: actors[actor].method(*args[actor])}, run together; an actor that died is
     restarted by Ray, set up again with its rows of client state, and its call made
     again (up to `ray_cluster.RETRIES` times), said in one line (naming the round, if in one)."""
@@ -386,10 +483,13 @@ class RayRuntime:
         attempts[k] += 1
         if attempts[k] > ray_cluster.RETRIES:
           raise
-        print(f'ray: actor {k} died in round {round_num + 1}; its clients run again on'
-              ' its restarted actor.' if round_num is not None else
-              f'ray: actor {k} died; it is restarted with its rows of client state.',
-              flush=True)
+        print(
+          f'ray: actor {k} died in round {round_num + 1}; its clients run again on'
+          ' its restarted actor.'
+          if round_num is not None
+          else f'ray: actor {k} died; it is restarted with its rows of client state.',
+          flush=True,
+        )
         self._set_up_again(k)
         pending[k] = getattr(self._actors[k], method).remote(*args[k])
     return dict(sorted(results.items()))
@@ -399,8 +499,7 @@ class RayRuntime:
     of client state), if another runtime of this process took them since."""
     if ray_actors.SERVING.get(self._pool) == id(self):
       return
-    logging.info('ray runtime: the actors served another run; setting them up for this'
-                 ' one again')
+    logging.info('ray runtime: the actors served another run; setting them up for this one again')
     for k in range(len(self._actors)):
       self._set_up_again(k)
     ray_actors.SERVING[self._pool] = id(self)
@@ -427,8 +526,9 @@ def _with_tables(state, tables: dict[str, Any]):
   return state._replace(finalizer=state.finalizer._replace(**tables))
 
 
-def _round_rows(shares: Sequence[round_stages.RoundSums],
-                found: Sequence[dict[str, Any]]) -> tuple[round_stages.RoundSums, dict]:
+def _round_rows(
+  shares: Sequence[round_stages.RoundSums], found: Sequence[dict[str, Any]]
+) -> tuple[round_stages.RoundSums, dict]:
   """(the round's sums: the shares' added, their slots' rows (`client_rows.Rows`)
   concatenated instead; the tables of client state as the round found them, the same
   rows in the same order), from the actors' answers in actor order."""
@@ -437,14 +537,24 @@ def _round_rows(shares: Sequence[round_stages.RoundSums],
 
   def rows_of(parts):
     return tf.nest.map_structure(
-        lambda *rs: np.concatenate([r.values if isinstance(r, client_rows.Rows) else r
-                                    for r in rs]), *parts)
+      lambda *rs: np.concatenate([r.values if isinstance(r, client_rows.Rows) else r for r in rs]),
+      *parts,
+    )
 
-  without = [s._replace(update=s.update._replace(
-      update=s.update.update._replace(**dict.fromkeys(slots, ())))) for s in shares]
+  without = [
+    s._replace(
+      update=s.update._replace(update=s.update.update._replace(**dict.fromkeys(slots, ())))
+    )
+    for s in shares
+  ]
   total = round_stages.add_sums(without)
-  total = total._replace(update=total.update._replace(update=total.update.update._replace(
-      **{name: rows_of([getattr(s.update.update, name) for s in shares]) for name in slots})))
+  total = total._replace(
+    update=total.update._replace(
+      update=total.update.update._replace(
+        **{name: rows_of([getattr(s.update.update, name) for s in shares]) for name in slots}
+      )
+    )
+  )
   return total, {name: rows_of([f[name] for f in found]) for name in found[0]}
 
 
@@ -456,10 +566,15 @@ def why_not(program, options: RayOptions | None) -> str:
   return inprocess.why_not(program)
 
 
-def build(program, client_data, options: RayOptions, *, engine: str = 'auto',
-          client_rounds: int | None = None,
-          data_memory_budget: float = inprocess.InProcessOptions.data_memory_budget
-          ) -> RayRuntime:
+def build(
+  program,
+  client_data,
+  options: RayOptions,
+  *,
+  engine: str = 'auto',
+  client_rounds: int | None = None,
+  data_memory_budget: float = inprocess.InProcessOptions.data_memory_budget,
+) -> RayRuntime:
   """The Ray runtime of an Algorithm (or a process composed from one) on `client_data`,
   over the in-process runtime `inprocess.build` gives for `engine`, `client_rounds`
   and `data_memory_budget` (the engine a run of that length takes alone).
@@ -476,19 +591,22 @@ def build(program, client_data, options: RayOptions, *, engine: str = 'auto',
   except (TypeError, AttributeError) as e:
     raise base.UnsupportedError(f'the algorithm cannot be sent to Ray actors ({e})') from e
   # Built as each actor's runtime is (the run's description and record say the driver's).
-  driver = inprocess.build(algorithm, client_data, engine=engine,
-                           client_rounds=client_rounds,
-                           data_memory_budget=data_memory_budget,
-                           kernel_threads=ray_actors.ACTOR_KERNEL_THREADS)
+  driver = inprocess.build(
+    algorithm,
+    client_data,
+    engine=engine,
+    client_rounds=client_rounds,
+    data_memory_budget=data_memory_budget,
+    kernel_threads=ray_actors.ACTOR_KERNEL_THREADS,
+  )
   return RayRuntime(driver, shipped, client_data, options, data_memory_budget)
 
 
-@registry.register_runtime('ray', options=RayOptions, auto_rank=None, why_not=why_not,
-                           label='ray')
-def build_from_settings(program, client_data, options: RayOptions,
-                        facts: base.RunFacts) -> RayRuntime:
+@registry.register_runtime('ray', options=RayOptions, auto_rank=None, why_not=why_not, label='ray')
+def build_from_settings(
+  program, client_data, options: RayOptions, facts: base.RunFacts
+) -> RayRuntime:
   """`build` with the run's settings: the engine the in-process runtime would take
   (`inprocess.build_from_settings`; resumed, the one the run ran)."""
   engine = (facts.resumed or {}).get('engine') or 'auto'
-  return build(program, client_data, options, engine=engine,
-               client_rounds=facts.client_rounds)
+  return build(program, client_data, options, engine=engine, client_rounds=facts.client_rounds)

@@ -18,15 +18,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.ops import aggregation
+from tff_comp.ops import aggregation, client_round, local_loop
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round
-from tff_comp.ops import local_loop
 from tff_comp.ops import rule as rule_lib
-from tff_comp.runtime import client_rows
+from tff_comp.runtime import client_rows, nested, traced
 from tff_comp.runtime import lanes as lanes_lib
-from tff_comp.runtime import nested
-from tff_comp.runtime import traced
 
 
 class RoundSums(NamedTuple):
@@ -56,8 +52,9 @@ class RoundStages:
     self._metric_packer: nested.Packer | None = None
     self._metric_layout: list[tuple[int, int, tuple[int, ...], Any]] = []
 
-  def reference_candidates(self, payload, hparams, positions: tf.Tensor, *,
-                           trial: tf.Tensor | None = None) -> tf.Tensor:
+  def reference_candidates(
+    self, payload, hparams, positions: tf.Tensor, *, trial: tf.Tensor | None = None
+  ) -> tf.Tensor:
     """Each client's candidate for the round's reference loss ([m]; rules with
     `uses_reference_loss`)."""
     rule = self.algorithm.client_rule
@@ -66,12 +63,24 @@ class RoundStages:
       return lanes_lib.received(payload, hparams, trial, position)
 
     return self.data.map_clients(
-        lambda p, _, examples: rule.reference_value(received(p)[0], examples,
-                                                    received(p)[1]), positions)
+      lambda p, _, examples: rule.reference_value(received(p)[0], examples, received(p)[1]),
+      positions,
+    )
 
-  def client_plans(self, payload, hparams, positions: tf.Tensor, indices: tf.Tensor,
-                   work: tf.Tensor, round_num, seed, *, trial: tf.Tensor | None = None,
-                   trials: int = 1, reference=None) -> tuple[client_round.ClientPlan, Any]:
+  def client_plans(
+    self,
+    payload,
+    hparams,
+    positions: tf.Tensor,
+    indices: tf.Tensor,
+    work: tf.Tensor,
+    round_num,
+    seed,
+    *,
+    trial: tf.Tensor | None = None,
+    trials: int = 1,
+    reference=None,
+  ) -> tuple[client_round.ClientPlan, Any]:
     """The cohort's `ClientPlan`s and the round's reference loss (None unless the rule
     uses one: the largest of the clients' candidates; `reference` when given, the
     whole cohort's where its clients run in several places). With `trial` ([m],
@@ -88,44 +97,79 @@ class RoundStages:
 
     if rule.uses_reference_loss and reference is None:
       candidates = self.reference_candidates(payload, hparams, positions, trial=trial)
-      reference = (tf.reduce_max(candidates) if trial is None else
-                   tf.math.unsorted_segment_max(candidates, trial, trials))
+      reference = (
+        tf.reduce_max(candidates)
+        if trial is None
+        else tf.math.unsorted_segment_max(candidates, trial, trials)
+      )
     if not rule.uses_reference_loss:
       reference = None
     m = tf.shape(indices)[:1]
     context = rule_lib.RoundContext(
-        indices, tf.zeros(m) if reference is None else tf.broadcast_to(
-            tf.cast(per_client(reference), tf.float32), m), tf.zeros(m))
+      indices,
+      tf.zeros(m)
+      if reference is None
+      else tf.broadcast_to(tf.cast(per_client(reference), tf.float32), m),
+      tf.zeros(m),
+    )
     if rule.uses_start_loss:
-      context = context._replace(start_loss=self.data.map_clients(
+      context = context._replace(
+        start_loss=self.data.map_clients(
           lambda p, _, examples: rule.start_loss(received(p)[0], examples, received(p)[1]),
-          positions))
+          positions,
+        )
+      )
     counts = tf.gather(self.data.counts, positions)
-    batches = local_loop.limit(client_round.plan_cohort(
-        rule, options, counts, tf.gather(self.data.keys, positions), per_client(round_num),
-        seed=per_client(seed)), work)
+    batches = local_loop.limit(
+      client_round.plan_cohort(
+        rule,
+        options,
+        counts,
+        tf.gather(self.data.keys, positions),
+        per_client(round_num),
+        seed=per_client(seed),
+      ),
+      work,
+    )
     return client_round.ClientPlan(context, batches), reference
 
-  def finish(self, outputs: client_round.ClientOutput, weights, server_state, aggregator,
-             round_num, seed, reference):
+  def finish(
+    self,
+    outputs: client_round.ClientOutput,
+    weights,
+    server_state,
+    aggregator,
+    round_num,
+    seed,
+    reference,
+  ):
     """The round after its clients' work: aggregation (with the private aggregator's
     noise seeded by `seed` and the round), the server step and the round's metrics,
     packed (`pack_metrics`). Returns (weights, server state, aggregator state, metrics)."""
-    return self.finish_sums(self.sums(outputs, aggregator), weights, server_state,
-                            aggregator, round_num, seed, reference)
+    return self.finish_sums(
+      self.sums(outputs, aggregator), weights, server_state, aggregator, round_num, seed, reference
+    )
 
   def sums(self, outputs: client_round.ClientOutput, aggregator) -> RoundSums:
     """What the clients `outputs` (stacked) contribute to the round's end, as sums: a
     share of the cohort's (one Ray actor's) adds to the others' (`add_sums`)."""
     kind = self.algorithm.aggregation
-    private = () if self._private is None else self._private.sums(
-        aggregator, aggregation.model_part(kind, outputs.update), outputs.weight)
-    return RoundSums(aggregation.sums(kind, outputs.update, outputs.weight), private,
-                     tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0),
-                                           outputs.stats))
+    private = (
+      ()
+      if self._private is None
+      else self._private.sums(
+        aggregator, aggregation.model_part(kind, outputs.update), outputs.weight
+      )
+    )
+    return RoundSums(
+      aggregation.sums(kind, outputs.update, outputs.weight),
+      private,
+      tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats),
+    )
 
-  def finish_sums(self, total: 'RoundSums', weights, server_state, aggregator, round_num,
-                  seed, reference):
+  def finish_sums(
+    self, total: 'RoundSums', weights, server_state, aggregator, round_num, seed, reference
+  ):
     """`finish` from the whole cohort's `sums`."""
     algorithm = self.algorithm
     kind, measured = algorithm.aggregation, collections.OrderedDict()
@@ -134,16 +178,21 @@ class RoundStages:
     else:
       noise_seed = tf.stack([tf.cast(seed, tf.int64), tf.cast(round_num, tf.int64)])
       model_mean, aggregator, private = self._private.from_sums(
-          aggregator, total.private, noise_seed)
+        aggregator, total.private, noise_seed
+      )
       # Nested as TFF's factories report them (under 'mean' beside side channels).
-      measured.update(collections.OrderedDict(mean=private)
-                      if hasattr(total.update.update, 'delta') else private)
+      measured.update(
+        collections.OrderedDict(mean=private) if hasattr(total.update.update, 'delta') else private
+      )
       update = aggregation.from_sums(kind, total.update, model_mean)
     server_state, weights = algorithm.server_rule.step(server_state, weights, update)
     measured.update(aggregation.measurements(kind, total.update))
     metrics = collections.OrderedDict(
-        distributor=(), client_work=client_round.train_metrics(total.stats, reference),
-        aggregator=measured or (), finalizer=())
+      distributor=(),
+      client_work=client_round.train_metrics(total.stats, reference),
+      aggregator=measured or (),
+      finalizer=(),
+    )
     return weights, server_state, aggregator, self.pack_metrics(metrics)
 
   def pack_metrics(self, metrics) -> tf.Tensor:
@@ -157,8 +206,9 @@ class RoundStages:
       if not spec.shape.is_fully_defined():
         raise ValueError(f'a round metric has the unknown shape {spec.shape}.')
       size = spec.shape.num_elements()
-      self._metric_layout.append((start, start + size, tuple(spec.shape),
-                                  spec.dtype.as_numpy_dtype))
+      self._metric_layout.append(
+        (start, start + size, tuple(spec.shape), spec.dtype.as_numpy_dtype)
+      )
       start += size
     leaves = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(metrics)]
     return tf.concat(leaves, 0) if leaves else tf.zeros([0], tf.float64)
@@ -167,10 +217,11 @@ class RoundStages:
     """`pack_metrics`'s metrics (of one trial) as NumPy values, in their structure and
     dtypes."""
     values = np.asarray(packed)
-    leaves = [values[start:end].reshape(shape).astype(dtype)
-              for start, end, shape, dtype in self._metric_layout]
+    leaves = [
+      values[start:end].reshape(shape).astype(dtype)
+      for start, end, shape, dtype in self._metric_layout
+    ]
     return self._metric_packer.pack(leaves)
-
 
 
 class HostFinish:
@@ -186,45 +237,62 @@ class HostFinish:
     algorithm = stages.algorithm
     self._seed, self._device = algorithm.client_options.seed, device
     self._payload = tf.function(
-        lambda state: algorithm.server_rule.payload(state.finalizer,
-                                                    state.global_model_weights),
-        autograph=False)
-    self._finish = {name: traced.OnceTraced(fn) for name, fn in
-                    (('outputs', stages.finish), ('sums', stages.finish_sums),
-                     ('rows', stages.finish_sums))}
+      lambda state: algorithm.server_rule.payload(state.finalizer, state.global_model_weights),
+      autograph=False,
+    )
+    self._finish = {
+      name: traced.OnceTraced(fn)
+      for name, fn in (
+        ('outputs', stages.finish),
+        ('sums', stages.finish_sums),
+        ('rows', stages.finish_sums),
+      )
+    }
 
   def payload(self, state) -> Any:
     """The payload clients receive from `state` (in tensors), in NumPy."""
     return tf.nest.map_structure(np.asarray, self._payload(state))
 
-  def __call__(self, outputs: client_round.ClientOutput, state, aggregator,
-               reference: float | None):
+  def __call__(
+    self, outputs: client_round.ClientOutput, state, aggregator, reference: float | None
+  ):
     """`RoundStages.finish` of the cohort's `outputs` (stacked NumPy) from `state` (in
     tensors) with the aggregator state `aggregator`: (weights, server state,
     aggregator state, packed metrics)."""
     return self._run('outputs', outputs, state, aggregator, reference)
 
-  def from_sums(self, total: RoundSums, state, aggregator, reference: float | None, *,
-                rows: bool = False):
+  def from_sums(
+    self, total: RoundSums, state, aggregator, reference: float | None, *, rows: bool = False
+  ):
     """As `__call__`, from the whole cohort's sums (`RoundStages.finish_sums`); `rows`:
     the tables and slots of the round's rows alone (see the class docstring)."""
     return self._run('rows' if rows else 'sums', total, state, aggregator, reference)
 
   def _run(self, kind: str, clients, state, aggregator, reference):
-    args = (state.global_model_weights, state.finalizer, aggregator,
-            state.client_work.round, self._seed,
-            None if reference is None else tf.constant(reference, tf.float32))
+    args = (
+      state.global_model_weights,
+      state.finalizer,
+      aggregator,
+      state.client_work.round,
+      self._seed,
+      None if reference is None else tf.constant(reference, tf.float32),
+    )
     finish = self._finish[kind]
     if not finish.traced(kind):  # one trace for cohorts of every size
       specs = tf.nest.map_structure(
-          lambda o: tf.TensorSpec([None, *o.shape[1:]] if kind == 'outputs' else o.shape,
-                                  o.dtype), clients)
+        lambda o: tf.TensorSpec([None, *o.shape[1:]] if kind == 'outputs' else o.shape, o.dtype),
+        clients,
+      )
       traced_args = args
       if kind == 'rows':
         specs, server = _any_rows(specs), state.finalizer
-        traced_args = (args[0], server._replace(**{
-            name: _any_rows(getattr(server, name))
-            for name in client_rows.held_fields(server)}), *args[2:])
+        traced_args = (
+          args[0],
+          server._replace(
+            **{name: _any_rows(getattr(server, name)) for name in client_rows.held_fields(server)}
+          ),
+          *args[2:],
+        )
       finish.trace(kind, specs, *traced_args)
     with tf.device(self._device):
       return finish(kind, clients, *args)
@@ -233,13 +301,15 @@ class HostFinish:
 def _any_rows(structure: Any) -> Any:
   """TensorSpecs of `structure`'s per-client parts with any number of rows: a server
   state's tables, or the update slots of `RoundSums` (others keep their shapes)."""
+
   def free(leaf):
     return tf.TensorSpec([None, *leaf.shape[1:]], leaf.dtype)
 
   if isinstance(structure, RoundSums):
     update = structure.update.update
-    slots = {name: tf.nest.map_structure(free, getattr(update, name))
-             for name in aggregation.slot_fields(update)}
-    return structure._replace(update=structure.update._replace(
-        update=update._replace(**slots)))
+    slots = {
+      name: tf.nest.map_structure(free, getattr(update, name))
+      for name in aggregation.slot_fields(update)
+    }
+    return structure._replace(update=structure.update._replace(update=update._replace(**slots)))
   return tf.nest.map_structure(free, structure)

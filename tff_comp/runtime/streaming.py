@@ -29,16 +29,16 @@ _MAX_COHORT = 1 << 20  # more clients than any round has
 
 def read_client(client_data: tff.simulation.datasets.ClientData, client_id: str) -> Any:
   """One client's examples as a structure of NumPy arrays."""
-  return tf.nest.map_structure(np.asarray, local_loop.materialize(
-      client_data.create_tf_dataset_for_client(client_id)))
+  return tf.nest.map_structure(
+    np.asarray, local_loop.materialize(client_data.create_tf_dataset_for_client(client_id))
+  )
 
 
 def estimate_bytes(client_data: tff.simulation.datasets.ClientData, sample: int = 20) -> int:
   """The bytes of every client's examples, from `sample` clients spread over the ids."""
   ids = list(client_data.client_ids)
   picked = np.unique(np.linspace(0, len(ids) - 1, min(sample, len(ids))).astype(int))
-  sizes = [sum(a.nbytes for a in tf.nest.flatten(read_client(client_data, ids[i])))
-           for i in picked]
+  sizes = [sum(a.nbytes for a in tf.nest.flatten(read_client(client_data, ids[i]))) for i in picked]
   return int(np.mean(sizes) * len(ids))
 
 
@@ -46,27 +46,32 @@ class StreamedData(engines.ResidentData):
   """The cohort's examples on `device` (see the module docstring); the interface of
   `engines.ResidentData`, its `index` mapping the loaded clients' ids to positions."""
 
-  def __init__(self, client_data: tff.simulation.datasets.ClientData, device: str, *,
-               with_keys: bool):  # pylint: disable=super-init-not-called
+  def __init__(
+    self, client_data: tff.simulation.datasets.ClientData, device: str, *, with_keys: bool
+  ):  # pylint: disable=super-init-not-called
     self._client_data, self._with_keys = client_data, with_keys
     self.client_ids = tuple(client_data.client_ids)
     self.index: dict[str, int] = {}
     first = read_client(client_data, self.client_ids[0])
     with tf.device(device):
       self.examples = tf.nest.map_structure(
-          lambda a: tf.Variable(a, trainable=False, shape=tf.TensorShape([None, *a.shape[1:]])),
-          first)
+        lambda a: tf.Variable(a, trainable=False, shape=tf.TensorShape([None, *a.shape[1:]])), first
+      )
       self.counts, self.offsets, self.keys = (
-          tf.Variable(tf.zeros([0], dtype), trainable=False, shape=tf.TensorShape([None]))
-          for dtype in (tf.int32, tf.int32, tf.int64))
+        tf.Variable(tf.zeros([0], dtype), trainable=False, shape=tf.TensorShape([None]))
+        for dtype in (tf.int32, tf.int32, tf.int64)
+      )
     # Traced once for cohorts of every size: shapes other than the examples' own
     # dimensions are left open (without, `_keys` traced again for every cohort).
     examples_spec = tf.nest.map_structure(
-        lambda a: tf.TensorSpec([None, *a.shape[1:]], a.dtype), first)
-    self._read_cohort = tf.function(self._cohort_examples, autograph=False,
-                                    input_signature=[tf.TensorSpec([None], tf.string)])
-    self._keys_of = tf.function(_keys, autograph=False, input_signature=[
-        examples_spec, tf.TensorSpec([None], tf.int32)])
+      lambda a: tf.TensorSpec([None, *a.shape[1:]], a.dtype), first
+    )
+    self._read_cohort = tf.function(
+      self._cohort_examples, autograph=False, input_signature=[tf.TensorSpec([None], tf.string)]
+    )
+    self._keys_of = tf.function(
+      _keys, autograph=False, input_signature=[examples_spec, tf.TensorSpec([None], tf.int32)]
+    )
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     # Reads started by `prefetch`, by their clients: the simulation loop asks for the
     # next round's before this round's `load`, so two can be pending.
@@ -78,18 +83,28 @@ class StreamedData(engines.ResidentData):
     client's dataset read whole, in parallel, into one ragged batch, traced once (a
     dataset a client cost 2.3 ms; tagging each example with its client, 15% more)."""
     make = self._client_data.serializable_dataset_fn
-    cohort = tf.data.Dataset.from_tensor_slices(client_ids).map(
-        lambda cid: local_loop.materialize(make(cid)), num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True).ragged_batch(_MAX_COHORT).get_single_element()
-    return (tf.cast(tf.nest.flatten(cohort)[0].row_lengths(), tf.int32),
-            tf.nest.map_structure(lambda ragged: ragged.values, cohort))
+    cohort = (
+      tf.data.Dataset.from_tensor_slices(client_ids)
+      .map(
+        lambda cid: local_loop.materialize(make(cid)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+      )
+      .ragged_batch(_MAX_COHORT)
+      .get_single_element()
+    )
+    return (
+      tf.cast(tf.nest.flatten(cohort)[0].row_lengths(), tf.int32),
+      tf.nest.map_structure(lambda ragged: ragged.values, cohort),
+    )
 
   def _read(self, client_ids: tuple[str, ...]) -> tuple[tf.Tensor, Any, tf.Tensor]:
     """(the clients' example counts, their examples concatenated in order, their
     keys), all computed here, on the prefetching thread when there is one."""
     counts, examples = self._read_cohort(tf.constant(client_ids))
-    keys = (self._keys_of(examples, counts) if self._with_keys
-            else tf.zeros([len(client_ids)], tf.int64))
+    keys = (
+      self._keys_of(examples, counts) if self._with_keys else tf.zeros([len(client_ids)], tf.int64)
+    )
     return counts, examples, keys
 
   def prefetch(self, client_ids: Sequence[str]) -> None:
@@ -110,8 +125,7 @@ class StreamedData(engines.ResidentData):
       counts, examples, keys = read.result()
     else:
       counts, examples, keys = self._read(unique)
-    tf.nest.map_structure(lambda variable, value: variable.assign(value), self.examples,
-                          examples)
+    tf.nest.map_structure(lambda variable, value: variable.assign(value), self.examples, examples)
     self.counts.assign(counts)
     self.offsets.assign(tf.cumsum(counts, exclusive=True))
     self.keys.assign(keys)
@@ -121,6 +135,10 @@ class StreamedData(engines.ResidentData):
 def _keys(examples: Any, counts: tf.Tensor) -> tf.Tensor:
   """Each client's `local_loop.client_key`, from examples concatenated in client order."""
   offsets = tf.cumsum(counts, exclusive=True)
-  return tf.map_fn(lambda i: local_loop.client_key(tf.nest.map_structure(
-      lambda t: t[offsets[i]:offsets[i] + counts[i]], examples)),
-                   tf.range(tf.shape(counts)[0]), fn_output_signature=tf.int64)
+  return tf.map_fn(
+    lambda i: local_loop.client_key(
+      tf.nest.map_structure(lambda t: t[offsets[i] : offsets[i] + counts[i]], examples)
+    ),
+    tf.range(tf.shape(counts)[0]),
+    fn_output_signature=tf.int64,
+  )

@@ -14,18 +14,15 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_comp.learning_process import client_work
-from tff_comp.learning_process import composer
 from tff_comp import registry
+from tff_comp.learning_process import client_work, composer
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.runtime import base
-from tff_comp.runtime import local_worker
+from tff_comp.runtime import base, local_worker
 from tff_comp.runtime import workers as workers_lib
 from tff_comp.settings import ConfigError
 
 
-def dataset_computation_for(process, client_data,
-                            batch_size: int | None = None) -> tff.Computation:
+def dataset_computation_for(process, client_data, batch_size: int | None = None) -> tff.Computation:
   """The client-id -> dataset computation `process` needs: plain examples (tff_comp's
   client work batches them itself), IndexedExamples when its client work keeps
   per-client server state (AFL), or batches of `batch_size` for a process that takes
@@ -47,8 +44,9 @@ def dataset_computation_for(process, client_data,
   dataset_fn = client_data.serializable_dataset_fn
 
   def batched():
-    return tff.tensorflow.computation(lambda client_id: dataset_fn(client_id).batch(
-        batch_size), tf.string)
+    return tff.tensorflow.computation(
+      lambda client_id: dataset_fn(client_id).batch(batch_size), tf.string
+    )
 
   return _traced(batched)
 
@@ -61,10 +59,11 @@ def _traced(build: Callable[[], tff.Computation]) -> tff.Computation:
     return build()
   except (KeyError, TypeError, AttributeError, NotImplementedError, RuntimeError) as e:
     raise base.UnsupportedError(
-        'the task\'s ClientData builds its datasets with Python that a TF graph cannot'
-        f' trace ({type(e).__name__}: {str(e)[:80]}): TFF\'s runtime serializes its'
-        ' dataset function (ClientData.from_clients_and_tf_fn with TF ops on the client'
-        ' id); run it with --runtime=inprocess, which reads it in Python') from e
+      "the task's ClientData builds its datasets with Python that a TF graph cannot"
+      f" trace ({type(e).__name__}: {str(e)[:80]}): TFF's runtime serializes its"
+      ' dataset function (ClientData.from_clients_and_tf_fn with TF ops on the client'
+      ' id); run it with --runtime=inprocess, which reads it in Python'
+    ) from e
 
 
 class TFFRuntime:
@@ -76,11 +75,18 @@ class TFFRuntime:
   partial_work = False
   sampler = None
 
-  def __init__(self, process: tff.learning.templates.LearningProcess, client_data, *,
-               workers: Sequence[str] = (), batch_size: int | None = None):
+  def __init__(
+    self,
+    process: tff.learning.templates.LearningProcess,
+    client_data,
+    *,
+    workers: Sequence[str] = (),
+    batch_size: int | None = None,
+  ):
     self.process = process
     self._composed = tff.simulation.compose_dataset_computation_with_learning_process(
-        dataset_computation_for(process, client_data, batch_size), process)
+      dataset_computation_for(process, client_data, batch_size), process
+    )
     if workers:
       workers_lib.check_mergeable(self._composed)
       workers_lib.install_remote_runtime(workers)
@@ -94,11 +100,13 @@ class TFFRuntime:
   def initialize(self) -> base.State:
     return self._composed.initialize()
 
-  def next(self, state: base.State, client_ids: Sequence[str],
-           work: Sequence[float] | None = None) -> base.RoundOutput:
+  def next(
+    self, state: base.State, client_ids: Sequence[str], work: Sequence[float] | None = None
+  ) -> base.RoundOutput:
     if work is not None and min(work) < 1:
-      raise base.UnsupportedError('stragglers (clients doing part of their local work)'
-                                  ' run in-process only.')
+      raise base.UnsupportedError(
+        'stragglers (clients doing part of their local work) run in-process only.'
+      )
     output = self._composed.next(state, list(client_ids))
     return base.RoundOutput(output.state, output.metrics)
 
@@ -126,8 +134,9 @@ class TFFRuntime:
     return state
 
 
-def build_tff(program, client_data, *, workers: Sequence[str] = (),
-              batch_size: int | None = None) -> TFFRuntime:
+def build_tff(
+  program, client_data, *, workers: Sequence[str] = (), batch_size: int | None = None
+) -> TFFRuntime:
   """TFF's runtime for an Algorithm (composed here) or a LearningProcess.
 
   Args:
@@ -140,21 +149,20 @@ def build_tff(program, client_data, *, workers: Sequence[str] = (),
     workers.NotMergeableError, workers.WorkerError: the rounds cannot be split across
       `workers`, or a worker does not answer.
   """
-  process = (composer.compose(program) if isinstance(program, algorithm_lib.Algorithm)
-             else program)
+  process = composer.compose(program) if isinstance(program, algorithm_lib.Algorithm) else program
   return TFFRuntime(process, client_data, workers=workers, batch_size=batch_size)
 
 
 @registry.register_runtime('tff', options=workers_lib.WorkerOptions, auto_rank=1)
-def build_from_settings(program, client_data, options: workers_lib.WorkerOptions,
-                        facts: base.RunFacts) -> TFFRuntime:
+def build_from_settings(
+  program, client_data, options: workers_lib.WorkerOptions, facts: base.RunFacts
+) -> TFFRuntime:
   """`build_tff` with the run's settings.
 
   Raises:
     ConfigError: the rounds cannot be split across the workers, or one does not answer.
   """
   try:
-    return build_tff(program, client_data, workers=options.workers,
-                     batch_size=facts.batch_size)
+    return build_tff(program, client_data, workers=options.workers, batch_size=facts.batch_size)
   except (workers_lib.NotMergeableError, workers_lib.WorkerError) as e:
     raise ConfigError(f'--workers: {e}') from e

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import tensorflow as tf
+
 # TensorFlow's eager tensor class, not exported (its type found without making a tensor,
 # which would start TensorFlow's runtime at import, before its threads can be set).
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
@@ -59,7 +60,8 @@ class _FlatCall:
         got = value._shape_tuple()  # pylint: disable=protected-access
         if partial:
           if len(got) != len(shape) or any(
-              want is not None and want != have for want, have in zip(shape, got)):
+            want is not None and want != have for want, have in zip(shape, got)
+          ):
             return None
         elif got != shape:
           return None
@@ -69,7 +71,8 @@ class _FlatCall:
   def __call__(self, tensors: list[tf.Tensor]) -> Any:
     # The concrete function's own call after binding (TF 2.14's `_call_flat`).
     return self._concrete._call_flat(  # pylint: disable=protected-access
-        tensors, self._concrete.captured_inputs)
+      tensors, self._concrete.captured_inputs
+    )
 
 
 class OnceTraced:

@@ -57,8 +57,7 @@ def parse_addresses(spec: str) -> list[str]:
   for address in addresses:
     host, colon, port = address.rpartition(':')
     if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ValueError(f'worker address {address!r} is not host:port'
-                       ' (e.g. 10.0.0.2:8000).')
+      raise ValueError(f'worker address {address!r} is not host:port (e.g. 10.0.0.2:8000).')
   if len(set(addresses)) < len(addresses):
     raise ValueError(f'worker addresses repeat: {spec!r}.')
   return addresses
@@ -73,9 +72,13 @@ class WorkerOptions:
   """TFF's runtime split across remote workers."""
 
   workers: tuple[str, ...] = settings.setting(
-      help='host:port,... of TFF workers to split each round\'s clients across (TFF\'s'
-      ' runtime; start one per host with `python -m tff_comp.binaries.worker --port=PORT`;'
-      ' private network only).', default_factory=tuple, parse=_addresses, resumable=True)
+    help="host:port,... of TFF workers to split each round's clients across (TFF's"
+    ' runtime; start one per host with `python -m tff_comp.binaries.worker --port=PORT`;'
+    ' private network only).',
+    default_factory=tuple,
+    parse=_addresses,
+    resumable=True,
+  )
 
 
 class _WatchedContext(tff.framework.MergeableCompExecutionContext):
@@ -84,12 +87,14 @@ class _WatchedContext(tff.framework.MergeableCompExecutionContext):
 
   def __init__(self, stubs: dict[str, Any], deadline: float):
     super().__init__(
-        [local_worker.execution_context(lambda stub=stub: stub,
-                                        tff.framework.AsyncExecutionContext)
-         for stub in stubs.values()],
-        compiler_fn=tff.backends.native.compile_to_mergeable_comp_form,
-        transform_args=tff.tensorflow.transform_args,
-        transform_result=tff.tensorflow.transform_result)
+      [
+        local_worker.execution_context(lambda stub=stub: stub, tff.framework.AsyncExecutionContext)
+        for stub in stubs.values()
+      ],
+      compiler_fn=tff.backends.native.compile_to_mergeable_comp_form,
+      transform_args=tff.tensorflow.transform_args,
+      transform_result=tff.tensorflow.transform_result,
+    )
     self._stubs = stubs
     self._deadline = deadline
 
@@ -116,16 +121,17 @@ class _WatchedContext(tff.framework.MergeableCompExecutionContext):
           down_since.setdefault(address, now)
       dead = sorted(a for a, t in down_since.items() if now - t >= self._deadline)
       if thread.is_alive() and dead:
-        raise WorkerError(f'TFF worker(s) {", ".join(dead)} unreachable for'
-                          f' {self._deadline:g} s; restart them on the same address(es)'
-                          ' or run without them.')
+        raise WorkerError(
+          f'TFF worker(s) {", ".join(dead)} unreachable for'
+          f' {self._deadline:g} s; restart them on the same address(es)'
+          ' or run without them.'
+        )
     if 'error' in outcome:
       raise outcome['error']
     return outcome['value']
 
 
-def install_remote_runtime(addresses: Sequence[str], *,
-                           deadline_seconds: float = 60.0) -> None:
+def install_remote_runtime(addresses: Sequence[str], *, deadline_seconds: float = 60.0) -> None:
   """Makes TFF's default context split each round's clients across `addresses`.
 
   Raises:
@@ -136,9 +142,11 @@ def install_remote_runtime(addresses: Sequence[str], *,
   while not all(stub.is_ready for stub in stubs.values()):
     if time.monotonic() > wait_until:
       down = sorted(a for a, s in stubs.items() if not s.is_ready)
-      raise WorkerError(f'TFF worker(s) {", ".join(down)} did not answer within'
-                        f' {deadline_seconds:g} s; start one on each host with'
-                        ' `python -m tff_comp.binaries.worker --port=PORT`.')
+      raise WorkerError(
+        f'TFF worker(s) {", ".join(down)} did not answer within'
+        f' {deadline_seconds:g} s; start one on each host with'
+        ' `python -m tff_comp.binaries.worker --port=PORT`.'
+      )
     time.sleep(_POLL_SECONDS)
   local_worker.shutdown_local_runtime()
   tff.framework.set_default_context(_WatchedContext(stubs, deadline_seconds))
@@ -151,9 +159,10 @@ def check_mergeable(process) -> None:
     tff.backends.native.compile_to_mergeable_comp_form(process.next)
   except ValueError as error:
     raise NotMergeableError(
-        'its round has more than one aggregation stage (e.g. the round reference loss'
-        ' of DRFL/DA-MAML, a maximum over clients before the mean), which TFF cannot'
-        ' split across workers; run it on one worker or in-process.') from error
+      'its round has more than one aggregation stage (e.g. the round reference loss'
+      ' of DRFL/DA-MAML, a maximum over clients before the mean), which TFF cannot'
+      ' split across workers; run it on one worker or in-process.'
+    ) from error
 
 
 def start_local_workers(count: int) -> tuple[list[str], list[subprocess.Popen]]:
