@@ -33,8 +33,8 @@ the EMNIST CNN with each round's clients on N actors of a local Ray cluster agai
 process (no speedup is expected on one 2-core machine: it shows what Ray costs), with
 the bytes a round sends and receives and the driver's round end.
 Part 4, `--memory_rounds=R`: host memory (RSS of this process) over R rounds of FedAvg
-on `synthetic`, all `--population` clients every round (1,000), lanes engine; growth is measured from round
-50 (after warm-up) to round R.
+on `synthetic`, all `--population` clients every round (1,000), lanes engine; growth is
+measured from round 50 (after warm-up) to round R.
 Part 5, `--first_rounds`: what a user waits for before training: from building the
 runtime to the end of round 1 of `make run`'s job (feddualavg on lasso), each engine in
 two fresh processes one after the other (the second is "warm": the same configuration

@@ -2,8 +2,8 @@
 
 `personalized_losses`: the global model takes `steps` gradient steps of size `alpha` on
 each client's train part and is scored on its test part; reported: mean and worst
-client loss before and after adaptation (`adapted_scores`: per client). Works for any algorithm's model (the
-Per-FedAvg paper compares FedAvg and Per-FedAvg this way).
+client loss before and after adaptation (`adapted_scores`: per client). Works for any
+algorithm's model (the Per-FedAvg paper compares FedAvg and Per-FedAvg this way).
 `personal_model_losses`: each client's own personal model (Ditto's) scored on its test
 part.
 """

@@ -74,7 +74,10 @@ def build_sparse_logreg_task(
     dim, support, signal, num_clients, examples, validation_clients, mean_scale, seed
   )
   ids = [str(i) for i in range(num_clients)]
-  key = f'sparse_logreg-d{dim}-s{support}-sig{signal}-c{num_clients}x{examples}-m{mean_scale}-seed{seed}'
+  key = (
+    f'sparse_logreg-d{dim}-s{support}-sig{signal}-c{num_clients}x{examples}'
+    f'-m{mean_scale}-seed{seed}'
+  )
   train_data = array_data.cached_client_data(key, ids, (dim,), tf.float32, lambda i: train[i])
   x_val = np.concatenate([x for x, _ in validation])
   y_val = np.concatenate([y for _, y in validation])

@@ -1,4 +1,5 @@
-"""Independent NumPy implementations of the spec's update rules (the project spec of each algorithm).
+"""Independent NumPy implementations of the spec's update rules (the project spec of each
+algorithm).
 
 Linear regression y ~ <w, x> + b with loss 0.5 mean squared error; weights are
 (kernel, bias). Batches follow dataset.batch(batch_size) with one local epoch.

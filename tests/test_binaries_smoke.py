@@ -219,7 +219,8 @@ def test_summarizing_a_grid_not_run_there_is_one_line(repo_root, tmp_path):
   assert not (tmp_path / 'elsewhere').exists()
 
 
-@pytest.mark.slow  # three reproduce.py processes; test_reproduce_writes_table_and_plot runs by default
+# Three reproduce.py processes; test_reproduce_writes_table_and_plot runs by default.
+@pytest.mark.slow
 def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tmp_path):
   args = [
     '--experiment=fco_lasso',

@@ -48,7 +48,7 @@ def _expected(rule, options, payload, hparams, examples, cohort):
   offsets = np.cumsum(SIZES) - SIZES
   outs = []
   for c in cohort:
-    client = tf.nest.map_structure(lambda t: t[offsets[c] : offsets[c] + SIZES[c]], examples)
+    client = tf.nest.map_structure(lambda t: t[offsets[c] : offsets[c] + SIZES[c]], examples)  # noqa: B023 (called in this iteration)
     outs.append(
       client_round.run_client(
         rule,
@@ -128,7 +128,7 @@ def test_each_client_gets_run_clients_output(width, momentum, epochs, in_kernel)
     payload, hparams, *args
   )
   for i, expected in enumerate(_expected(rule, options, payload, hparams, examples, cohort)):
-    got = tf.nest.map_structure(lambda t: t[i], stacked)
+    got = tf.nest.map_structure(lambda t: t[i], stacked)  # noqa: B023 (called in this iteration)
     for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected), strict=True):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
   # The empty client (index 1 in the data, position 1 here) took no step, weighs 0.
@@ -267,7 +267,8 @@ for name in registry.ALGORITHMS.names():
 
 @pytest.mark.slow
 def test_every_algorithm_compiles_once_for_every_cohort(repo_root):
-  """Cohorts of changing members and sizes (up to the reserved capacity). XLA bakes a tensor used as a slice index (`t[i]`) into the program as a constant,
+  """Cohorts of changing members and sizes (up to the reserved capacity). XLA bakes a
+  tensor used as a slice index (`t[i]`) into the program as a constant,
   so a kernel or rule indexing by client compiled again for every new cohort (seconds
   a round; Ditto's row read did). XLA's log counts the compiles of each kernel."""
   _, counts = _compiles(repo_root, _COMPILES)

@@ -242,7 +242,7 @@ def test_local_scgdm_with_meta_learning_objectives(objective):
       ends.append((x, cu, cm))
 
     def mean(j):
-      return tuple(np.mean([e[j][k] for e in ends], 0) for k in range(2))
+      return tuple(np.mean([e[j][k] for e in ends], 0) for k in range(2))  # noqa: B023 (called in this iteration)
 
     w, u, m, c_old, started = mean(0), mean(1), mean(2), c, True
   _close(_weights(process, states[-1]), w)

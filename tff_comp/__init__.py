@@ -77,7 +77,7 @@ def __getattr__(name: str):
   raise AttributeError(f'module tff_comp has no attribute {name!r}')
 
 
-__all__ = [*_SUBMODULES, *_ALIASES, *_EXPORTS]
+__all__ = [*_SUBMODULES, *_ALIASES, *_EXPORTS]  # noqa: PLE0604 (names of strings)
 
 
 def __dir__() -> list[str]:

@@ -84,7 +84,7 @@ def evaluate_together(
       results[i] = (
         _alone(*requests[i])
         if scored is None
-        else _guarded(lambda k=k, i=i: evaluations[k].personal(requests[i][1], scored[k]))
+        else _guarded(lambda k=k, i=i: evaluations[k].personal(requests[i][1], scored[k]))  # noqa: B023 (called in this iteration)
       )
   return results
 

@@ -210,8 +210,8 @@ _ENVIRONMENT_LOCK = threading.Lock()
 def environment() -> dict[str, Any]:
   """Versions of what ran (tff_comp, TensorFlow, TFF, NumPy, Python, packages of
   plugins), the command line of the process and, run from a git checkout, its commit
-  and whether the tree had uncommitted changes. Read once a process (15 ms: two git
-  calls and every package's entry points), not once for each trial of a grid, whose
+  and whether the tree had uncommitted changes. Read once a process (two git calls and
+  every package's entry points), not once for each trial of a grid, whose
   threads ask at once."""
   with _ENVIRONMENT_LOCK:
     return _read_environment()

@@ -14,8 +14,9 @@ their noise). A group runs as one program on the in-process runtime; trials of d
 data seeds share it on their tasks' clients together, each sampling, indexing and
 evaluating its own, when the tasks' data agree in shape and fit in memory (else one
 program per data seed). TFF's runtime, streamed data, the debug engine and
-asynchronous steps (`--mode=async`) run a group's trials one after another. Each says how in one line. Each trial writes what its
-separate run writes, and equals it to the bit.
+asynchronous steps (`--mode=async`) run a group's trials one after another. Each says
+how in one line. Each trial writes what its separate run writes, and equals it to the
+bit.
 """
 
 from collections.abc import Sequence
@@ -35,8 +36,9 @@ from tff_comp.run import buffered_async
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base, inprocess_trials, learning_state, streaming
 
-# Of the per-trial settings, what a private aggregator is built from (its noise calibrated to the rounds,
-# the cohort and the sampling): private trials share a build only when they agree.
+# Of the per-trial settings, what a private aggregator is built from (its noise
+# calibrated to the rounds, the cohort and the sampling): private trials share a build
+# only when they agree.
 _CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
 # MB a batched group's trials may take together (`trial_bytes`); larger groups run in
 # chunks.

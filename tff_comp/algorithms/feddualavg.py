@@ -38,7 +38,8 @@ def feddualavg(
   client_prox: bool = True,
   model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
-  """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual without the prox).
+  """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual
+  without the prox).
 
   Args:
     client_prox: clients apply the prox at every local step (FedDualAvg); false: only

@@ -33,7 +33,8 @@ def fedmid(
   client_prox: bool = True,
   model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
-  """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the server applies the prox).
+  """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the
+  server applies the prox).
 
   Args:
     client_prox: clients take proximal steps (FedMiD); false: plain local SGD, only the

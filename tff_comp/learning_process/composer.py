@@ -246,8 +246,8 @@ def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
   """The LearningProcess placing `algorithm`: client work running its client rule,
   its aggregation as a `tff.aggregators` factory (`aggregation_factories.UpdateFactory`) whose
   model delta is aggregated by `algorithm.model_aggregator` (default MeanFactory; an
-  `ops.privacy.PrivateMean`, or TFF's robust, compression or DP factories) and side channels exactly, and a server update
-  running its server rule.
+  `ops.privacy.PrivateMean`, or TFF's robust, compression or DP factories) and side
+  channels exactly, and a server update running its server rule.
 
   Raises:
     ValueError: the model aggregator is unweighted (TFF's DP factories) and the

@@ -1,6 +1,7 @@
 """How client updates combine into the server's update, in pure TF over a cohort's
 updates stacked along a leading client axis (the in-process runtime); the TFF layer's
-`tff_comp.learning_process.aggregation_factories` places the same math in `tff.aggregators` factories.
+`tff_comp.learning_process.aggregation_factories` places the same math in
+`tff.aggregators` factories.
 
     MEAN        sum_i w_i u_i / sum_i w_i                      (FedAvg, dual-state mean)
     NORMALIZED  tau_eff sum_i p_i delta_i / ||a_i||_1,  tau_eff = sum_i p_i ||a_i||_1

@@ -1,7 +1,7 @@
 """Clipping and differential privacy for the model delta, in pure TF over a cohort's
 deltas stacked along a leading client axis (the in-process runtime).
-`tff_comp.learning_process.aggregation_factories.privacy_factory` maps a `PrivateMean` to the TFF factory with the
-same semantics, which TFF's runtime runs:
+`tff_comp.learning_process.aggregation_factories.privacy_factory` maps a `PrivateMean`
+to the TFF factory with the same semantics, which TFF's runtime runs:
 
     clip         sum_i w_i clip(u_i, C) / sum_i w_i
                  (`tff.aggregators.clipping_factory(C, MeanFactory())`)

@@ -54,9 +54,9 @@ class Checkpoints:
   another run), is set aside as a damaged one is.
 
   Why not TFF's `tff.program.FileProgramStateManager` (used before 0.3.0): it writes a
-  SavedModel, 50-80 ms a save on lasso, 1.5 ms a round at the default interval of 50
-  rounds, and CPU work a background thread does not hide on two cores. An .npz takes
-  about a millisecond. Each file is written to a temporary name, synced and renamed, so
+  SavedModel, tens of times an .npz's cost a save on lasso (more than a round at the
+  default interval of 50 rounds), and CPU work a background thread does not hide on two
+  cores. Each file is written to a temporary name, synced and renamed, so
   a kill never leaves a half-written checkpoint under a checkpoint's name; temporary
   files a killed run left are removed when the next run opens the directory. `save`
   writes in the background and returns at once; the next call waits for it, as do

@@ -57,7 +57,8 @@ def _scalar_value(tag: str) -> summary_pb2.Summary.Value:
 def _scalar_event(step: int, metrics: Metrics) -> event_pb2.Event:
   """An event of one round's metrics, each value as `tf.summary.scalar` writes it. Built
   in Python from a value per tag made once: 20 eager `tf.summary.scalar` calls cost
-  about 9 ms, building each value anew 49 us, copying made ones 22 us."""
+  hundreds of times as much, building each value anew twice as much as copying made
+  ones."""
   event = event_pb2.Event(wall_time=time.time(), step=step)
   for tag, value in metrics.items():
     made = event.summary.value.add()
@@ -70,7 +71,8 @@ class _EventFile:
   """A TensorBoard event file in `directory`, named and begun as TensorBoard's
   `EventFileWriter` does, written in the calling thread by TensorFlow's record writer
   (event files are TFRecord files): TensorBoard's own writer computes each record's
-  CRC32C in Python (87 us for a round's 1 kB of scalars, against 1.3 us), and its
+  CRC32C in Python (tens of times slower than TensorFlow's for a round's scalars), and
+  its
   `EventFileWriter`'s thread printed a traceback of its own when the disk filled,
   besides the run's one line. Write errors raise OSError."""
 
@@ -133,9 +135,9 @@ class MetricsWriter:
   checkpointer calls it before it saves, so every row up to a checkpoint is on disk
   before the checkpoint is) and by `close()`. TensorBoard's events are written by
   TensorFlow's record writer in this thread (`_EventFile`), each round's scalars as
-  `tf.summary.scalar` writes them (one eager `tf.summary.scalar` per metric cost about 9 ms a round; a
-  `tf.function` writing them was traced for every run: 43 ms against 10 ms for a
-  500-round run's writer, more in a grid whose trials' threads contend).
+  `tf.summary.scalar` writes them (one eager `tf.summary.scalar` per metric cost more
+  than a small model's round; a `tf.function` writing them was traced for every run,
+  more in a grid whose trials' threads contend: docs/speed.md).
 
   `kept_rows`: rows of an interrupted run to keep (a resumed run continues after
   them); the CSV and the TensorBoard events are rewritten from them, so neither holds

@@ -146,7 +146,7 @@ class ClientSampler:
   def sample(self, round_num: int) -> RoundClients:
     """Round `round_num`'s clients. Without a clock the rounds are drawn `AHEAD` at a
     time: a draw alone, between rounds whose kernels had evicted NumPy's code and data
-    from the caches, took 149 us of CPU in a lasso run (20 us in a row). Each round's
+    from the caches, took several times the CPU of draws in a row. Each round's
     draw depends on (seed, round) alone, so they are the same."""
     if self._clock is None:
       if round_num not in self._ahead:

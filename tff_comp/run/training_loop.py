@@ -214,9 +214,9 @@ def run_simulation(
   show_progress: bool = True,
   learning_rates: tuple[float, float] | None = None,
   client_hparams: Mapping[str, float] | None = None,
-  checkpoints: checkpoints_lib.CheckpointOptions = checkpoints_lib.CheckpointOptions(),
+  checkpoints: checkpoints_lib.CheckpointOptions = checkpoints_lib.CheckpointOptions(),  # noqa: B008 (a frozen record)
   resume: bool = False,
-  participation: sampling.Participation = sampling.Participation(),
+  participation: sampling.Participation = sampling.Participation(),  # noqa: B008 (a frozen record)
   sampler: Any = None,
 ) -> run_files.Metrics:
   """Trains `runtime` (`choice.runner_for` builds one) for `rounds` rounds with

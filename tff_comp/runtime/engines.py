@@ -113,7 +113,7 @@ class ResidentData:
       return fn(position, index, self.client_examples(index))
 
     # The outputs' spec from a trace of its own (map_fn's body calling a concrete
-    # function instead cost 0.2 ms more a client on lasso).
+    # function instead cost more a client on lasso than the client's steps).
     spec = tf.nest.map_structure(
       lambda t: tf.TensorSpec(t.shape, t.dtype),
       tf.function(one, autograph=False)
@@ -150,10 +150,11 @@ class Cohort(NamedTuple):
 class DeferredPlans(NamedTuple):
   """A cohort's plans left to the engine (`Cohort.plans`, where `plans_in_kernel`): the
   lanes kernel derives them from its padded rows, in XLA, where the 50-odd small ops of
-  a cohort's plans, padding and shares cost lasso's round about 50 us as TensorFlow ops
-  before its kernels. `plan(positions, client_indices, work)` gives the `ClientPlan`s of
-  clients at those positions of the resident data (`RoundStages.client_plans`, the
-  round bound); `offsets` and `counts` are then None."""
+  a cohort's plans, padding and shares cost lasso's round a measurable share as
+  TensorFlow ops before its kernels (docs/speed.md). `plan(positions, client_indices,
+  work)` gives the `ClientPlan`s of clients at those positions of the resident data
+  (`RoundStages.client_plans`, the round bound); `offsets` and `counts` are then
+  None."""
 
   client_indices: tf.Tensor  # [m] the clients' indices in the population
   work: tf.Tensor  # [m] the fraction of its local steps each client does
@@ -236,7 +237,8 @@ class MappedEngine:
 
 
 # Decompositions XLA runs as slow iterative loops on a CPU: with the nuclear-norm prox
-# (an SVD per local step) a FedDualAvg round took 290 ms on lanes, 20 ms mapped.
+# (an SVD per local step) a FedDualAvg round took over ten times as long on lanes as
+# mapped.
 _SLOW_UNDER_XLA_ON_CPU = frozenset(
   {'Svd', 'Qr', 'SelfAdjointEigV2', 'Eig', 'MatrixSolve', 'MatrixInverse', 'Cholesky'}
 )
@@ -264,8 +266,8 @@ _CONVOLUTIONS_SLOW_ON_CPU_LANES = {
 
 # Local steps a run needs before 'auto' compiles the lanes kernel. Measured on these
 # machines (feddualavg on lasso, shuffled, `binaries/bench.py` part 5): compiling the
-# lanes kernel costs about 1.4 s more than the mapped engine's first round, and lanes then
-# save about 50 us a local step (0.0024 s against 0.0085 s a round of 130 steps).
+# lanes kernel costs more than the mapped engine's first round, which lanes then make up
+# at about this many local steps (docs/speed.md part 5 measures both).
 AUTO_LANES_MIN_STEPS = 25_000
 
 
@@ -298,7 +300,7 @@ class LanesEngine:
   """Lockstep lanes (`runtime.lanes`): every local step and each client's output in one
   XLA kernel compiled once (short last batches of more than
   `lanes.MAX_KERNEL_SHORT_SIZES` sizes vectorized per size outside it, the outputs
-  after them; the outputs in the kernel took lasso's round 0.97 -> 0.85 ms).
+  after them; the outputs in the kernel made lasso's round faster: docs/speed.md).
   `short_sizes`: the distinct short-batch sizes of the population's clients.
   `full_batches`: each population client's full batches (round 0's plan); given, a
   kernel may run up to 2 x `lanes` clients together where that takes fewer lane-steps
@@ -540,7 +542,8 @@ class DebugEngine:
           stage = f'local step {k}'
           batch = tf.nest.map_structure(
             lambda t, k=k: tf.gather(
-              t, local_loop.batch_index(k, plan.batches, size, n, options.shuffle)
+              t,
+              local_loop.batch_index(k, plan.batches, size, n, options.shuffle),  # noqa: B023 (called in this iteration)
             ),
             examples,
           )

@@ -1,9 +1,9 @@
 """Lockstep lanes: a cohort's local steps, `lanes` clients at a time, one vectorized step.
 
 Mapping clients one by one pays TensorFlow's per-op cost on every local step of every
-client (about 21 us a step measured on the project's 2-core machines, whatever the
-model's size); vectorizing whole clients (`tf.vectorized_map` of a client's while loop)
-costs as much again in masking. Here the cohort's full batches run in `L` lanes:
+client (a fixed cost a step whatever the model's size: docs/speed.md); vectorizing
+whole clients (`tf.vectorized_map` of a client's while loop) costs as much again in
+masking. Here the cohort's full batches run in `L` lanes:
 
     lanes take clients longest first (most full batches; a greedy schedule);
     every iteration, each busy lane takes one full batch of its client, all lanes in
@@ -112,7 +112,7 @@ def lane_width(full: np.ndarray, capacity: int, lanes: int, *, samples: int = 16
   lanes included: a step costs about its width) over `samples` cohorts of `capacity`
   clients drawn from the population's full-batch counts `full`; ties go to fewer
   lanes. Ten equal clients take one 10-wide pass, not two 8-wide passes the second of
-  which steps 6 idle lanes (lasso's round: kernel 1.05 -> 0.87 ms); clients of
+  which steps 6 idle lanes (lasso's kernel is faster so); clients of
   heavy-tailed sizes keep `lanes`, since the largest client sets the makespan."""
   low, high = min(lanes, capacity), min(2 * lanes, capacity)
   if low == high or not len(full):
@@ -319,7 +319,7 @@ def run_short_batches(
 
   In plain TF (batch shapes vary), one vectorized step per distinct short-batch size in
   the cohort: at most B - 1 steps a round whatever the cohort's size (client by client
-  cost 86 us a client on `synthetic`). Ops without a vectorization rule loop.
+  cost a step's overhead a client). Ops without a vectorization rule loop.
   """
   size = client_round.step_batch_size(rule, options)
   remainder = plans.batches.remainder

@@ -1,11 +1,11 @@
 """A nested structure's layout, worked out once, for packing many lists of leaves into it.
 
-`tf.nest.pack_sequence_as` checks every container's type on every call: about 50 us
-for a five-leaf learning state on the project's machines. A round's driver packs
+`tf.nest.pack_sequence_as` checks every container's type on every call, a cost a small
+model's round notices for a five-leaf learning state. A round's driver packs
 structures every round (its metrics; each trial's state and metrics in a batched group,
 `runtime.inprocess_trials`), so `Packer` asks `tf.nest` once where each leaf goes (the
 structure packed with the leaves' positions) and rebuilds the containers from that
-recipe afterwards: about 4 us for the same state. Containers it does not know (attrs
+recipe afterwards, about a tenth of the time for the same state. Containers it does not know (attrs
 classes, TFF structures) are packed by `tf.nest` itself.
 """
 

@@ -68,8 +68,9 @@ from tff_comp.runtime import (
 # Rows of client state sent to an actor since its last snapshot, kept by the driver to
 # restore a restarted actor: at most this many bytes an actor, then a new snapshot.
 # Changes below Ray's inline size (its max_direct_call_object_size) go as they are and
-# stay in the driver's memory (Ray keeps such objects with their owner anyway; a
-# `ray.put` of one cost 0.56 ms here); larger ones go to Ray's object store.
+# stay in the driver's memory (Ray keeps such objects with their owner anyway, and a
+# `ray.put` of one costs more than the round's message); larger ones go to Ray's
+# object store.
 JOURNAL_BYTES = 4 * 2**20
 _INLINE_BYTES = 100 * 2**10
 
