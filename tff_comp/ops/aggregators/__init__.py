@@ -1,0 +1,66 @@
+"""Aggregators as blocks (pure TensorFlow, no TFF): a chain of stages ending in a combiner
+that turns a round's client updates into one (`base`: the contract).
+
+    combiners    Mean (weighted; DP's sum over n), MajorityVote, Median, TrimmedMean,
+                 Krum / Multi-Krum, GeometricMedian, CenteredClip
+    robust       Clip (fixed or adaptive to a quantile; the Gaussian mechanism), Zeroing
+    compression  Rotate, Quantize, QSGD, TopK, RandK, Sign, ErrorFeedback (EF, EF21)
+    secure       SecureSum (TFF's secure aggregation, modular, with its wrap-around)
+    attacks      Attack: Byzantine clients (sign flip, scaled, Gaussian, ALIE)
+
+    import tff_comp.ops.aggregators as agg
+    chain = agg.Chain((agg.Clip(1.0), agg.Quantize(8)), agg.Median())
+
+docs/aggregators.md gives each one's math and reference.
+"""
+
+from tff_comp.ops.aggregators.attacks import Attack
+from tff_comp.ops.aggregators.base import Chain, ChainState, Combiner, Encoded, Stage, Sums
+from tff_comp.ops.aggregators.combiners import (
+  CenteredClip,
+  GeometricMedian,
+  Krum,
+  MajorityVote,
+  Mean,
+  Median,
+  TrimmedMean,
+)
+from tff_comp.ops.aggregators.compression import (
+  QSGD,
+  ErrorFeedback,
+  Quantize,
+  RandK,
+  Rotate,
+  Sign,
+  TopK,
+)
+from tff_comp.ops.aggregators.robust import Clip, Quantile, Zeroing
+from tff_comp.ops.aggregators.secure import SecureSum
+
+__all__ = [
+  'Attack',
+  'CenteredClip',
+  'Chain',
+  'ChainState',
+  'Clip',
+  'Combiner',
+  'Encoded',
+  'ErrorFeedback',
+  'GeometricMedian',
+  'Krum',
+  'MajorityVote',
+  'Mean',
+  'Median',
+  'QSGD',
+  'Quantile',
+  'Quantize',
+  'RandK',
+  'Rotate',
+  'SecureSum',
+  'Sign',
+  'Stage',
+  'Sums',
+  'TopK',
+  'TrimmedMean',
+  'Zeroing',
+]

@@ -1,0 +1,335 @@
+"""The aggregator contract: how a round's client updates become the server's one.
+
+An aggregator is a chain of stages ending in a combiner (`Chain`), as optax chains its
+transforms. It acts on the model part of the clients' updates (the model delta; FedNova's
+normalized delta), each client's flattened to one row x_i of a cohort matrix X [m, d]:
+
+    client i:  x_i -> stage_1.encode -> ... -> stage_k.encode -> y_i   (in the round)
+    server:    y = combiner({y_i}, {w_i})    (decomposable: from sums shares add)
+               y -> stage_k.decode -> ... -> stage_1.decode -> the model update
+
+`Stage.encode` maps the cohort's rows row by row (a row never reads another's: a client's
+encoding is its own, whatever cohort or Ray actor it is in), with the clients' weights,
+their persistent rows (error feedback's residual, `rows`), a seed per client (stochastic
+rounding) and the stage's state; it returns the encoded rows and weights, the new
+persistent rows, and per-client counts (clipped or not) that the server sums. A stage's
+`decode` maps the combined vector at the server, sees the counts' sums and updates the
+stage's state (an adaptive clip norm). A combiner is `decomposable` (a mean, a secure
+sum, a majority vote: from sums that shares of a cohort add, as Ray's actors and FedBuff's
+buffer do) or needs every row (a median, a trimmed mean, Krum, a geometric median).
+
+The side channels of an update (FedNova's ||a_i||, trackers, per-client slots) never
+pass through an aggregator: `ops.aggregation` keeps their exact aggregation.
+"""
+
+import collections
+import dataclasses
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+State = Any
+Measurements = collections.OrderedDict
+
+
+class Encoded(NamedTuple):
+  """A cohort's (or a share's) rows after the stages' encodes.
+
+  values: [m, d] encoded rows. weights: [m] their weights. rows: the clients' new
+  persistent rows, [m, row_size] (row_size 0: none). counts: {name: [m]} per-client
+  numbers the stages' decodes see summed (in `Chain.sums`' `counts`).
+  """
+
+  values: tf.Tensor
+  weights: tf.Tensor
+  rows: tf.Tensor
+  counts: dict[str, tf.Tensor]
+
+
+class Context(NamedTuple):
+  """What a stage's decode knows of the round: the cohort's number of clients, its total
+  weight, and the factor the combiner scaled the sum of the rows by (1 / total weight,
+  1 / n; None for a combiner that is not a scaled sum)."""
+
+  clients: tf.Tensor
+  weight: tf.Tensor
+  scale: tf.Tensor | None
+
+
+class Stage:
+  """One step of a chain: a per-client encode and a server-side decode (identities by
+  default), each with the stage's state. Subclasses document their math."""
+
+  name = 'stage'
+  row_size = 0  # floats of persistent state each client keeps (error feedback: d)
+  randomized = False  # draws random numbers (per client, or per round at the server)
+
+  def bind(self, d: int) -> 'Stage':
+    """This stage for rows of `d` floats (a stage needing d, for its persistent rows or a
+    rotation's padding, returns a copy knowing it)."""
+    del d
+    return self
+
+  def initial_state(self) -> State:
+    return ()
+
+  def encode(
+    self, state: State, x: tf.Tensor, weights: tf.Tensor, rows: tf.Tensor, seeds: tf.Tensor
+  ) -> Encoded:
+    """The cohort's rows `x` [m, d] encoded; `rows` [m, row_size] its clients' persistent
+    rows; `seeds` [m, 2] a stateless seed per client."""
+    del state, seeds
+    return Encoded(x, weights, rows, {})
+
+  def decode(
+    self,
+    state: State,
+    y: tf.Tensor,
+    counts: dict[str, tf.Tensor],
+    context: Context,
+    seed: tf.Tensor,
+  ) -> tuple[tf.Tensor, State, Measurements]:
+    """(the combined vector `y` [d] decoded, the stage's new state, measurements);
+    `counts` the sums of its encode's counts; `seed` [2] the round's."""
+    del counts, context, seed
+    return y, state, Measurements()
+
+  def upload_bits(self, d: int, bits: float) -> float:
+    """Bits a client sends for a row of `d` floats that arrive here as `bits` bits
+    (a compressor's fewer; 32 d uncompressed)."""
+    del d
+    return bits
+
+  def output_size(self, d: int) -> int:
+    """The length of its encoded rows, for rows of `d` floats (a rotation pads)."""
+    return d
+
+  def why_not(self, chain: 'Chain') -> str:
+    """Why this stage cannot work in `chain` ('' when it can): a Gaussian mechanism
+    noises a sum, which a median is not."""
+    del chain
+    return ''
+
+
+class Combiner:
+  """How the encoded rows become one vector [d]. A `decomposable` combiner is computed
+  from `sums` of shares of the cohort, added (`from_sums`); another needs every row
+  (`combine`). Unweighted combiners (the robust ones) count every client alike."""
+
+  name = 'combiner'
+  decomposable = True
+  weighted = True  # uses the clients' weights (False: every client alike)
+  scaled_sum = False  # its result is the rows' sum times a scale (a mean, a secure sum)
+
+  def upload_bits(self, d: int, bits: float) -> float:
+    """Bits a client sends of a row of `d` values that arrive as `bits` (a secure sum's
+    modulus)."""
+    del d
+    return bits
+
+  def bind(self, d: int) -> 'Combiner':
+    """This combiner for rows of `d` floats (one with a state of d floats returns a copy
+    knowing it)."""
+    del d
+    return self
+
+  def initial_state(self) -> State:
+    return ()
+
+  def sums(self, state: State, values: tf.Tensor, weights: tf.Tensor) -> Any:
+    """A share's contribution, added elementwise across shares (decomposable only)."""
+    raise NotImplementedError
+
+  def from_sums(
+    self, state: State, total: Any
+  ) -> tuple[tf.Tensor, tf.Tensor | None, State, Measurements]:
+    """(the combined vector, the scale it applied to the rows' sum or None, the new
+    state, measurements) from the cohort's added `sums`."""
+    raise NotImplementedError
+
+  def combine(
+    self, state: State, values: tf.Tensor, weights: tf.Tensor
+  ) -> tuple[tf.Tensor, tf.Tensor | None, State, Measurements]:
+    """As `from_sums`, from every row."""
+    return self.from_sums(state, self.sums(state, values, weights))
+
+
+class ChainState(NamedTuple):
+  """A chain's state: each stage's, then the combiner's."""
+
+  stages: tuple[Any, ...]
+  combiner: Any
+
+
+class Sums(NamedTuple):
+  """What a share of a cohort contributes to the round's aggregate: the combiner's sums
+  (a decomposable combiner) or the encoded rows themselves (`values`, `weights`: [m, d],
+  [m]; empty otherwise), and the stages' counts summed, the clients and their weights.
+  Shares add leaf by leaf, but `values` and `weights`, which they concatenate."""
+
+  combined: Any
+  values: Any
+  weights: Any
+  counts: dict[str, tf.Tensor]
+  clients: tf.Tensor
+  weight: tf.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+  """Stages then a combiner (see the module docstring); every runtime's aggregator of the
+  model part. `Chain((), Mean())` is the weighted mean, what an algorithm aggregates
+  by without an aggregator."""
+
+  stages: tuple[Stage, ...]
+  combiner: Combiner
+
+  def __post_init__(self):
+    object.__setattr__(self, 'stages', tuple(self.stages))
+    for stage in self.stages:
+      if not isinstance(stage, Stage):
+        raise TypeError(f"a chain's stages are Stages, got {type(stage).__name__}.")
+    if not isinstance(self.combiner, Combiner):
+      raise TypeError(f'a chain ends in a Combiner, got {type(self.combiner).__name__}.')
+    self.check()
+
+  @property
+  def name(self) -> str:
+    return '+'.join([*(s.name for s in self.stages), self.combiner.name])
+
+  @property
+  def decomposable(self) -> bool:
+    return self.combiner.decomposable
+
+  @property
+  def weighted(self) -> bool:
+    """Whether the clients' weights count (False: every client alike, as DP and the
+    robust combiners)."""
+    return self.combiner.weighted
+
+  def bind(self, d: int) -> 'Chain':
+    """This chain for models of `d` floats (each stage bound to the length its rows
+    have there)."""
+    stages = []
+    for stage in self.stages:
+      stages.append(stage.bind(d))
+      d = stages[-1].output_size(d)
+    return Chain(tuple(stages), self.combiner.bind(d))
+
+  @property
+  def row_size(self) -> int:
+    return sum(s.row_size for s in self.stages)
+
+  @property
+  def randomized(self) -> bool:
+    return any(s.randomized for s in self.stages)
+
+  def initial_state(self) -> ChainState:
+    return ChainState(tuple(s.initial_state() for s in self.stages), self.combiner.initial_state())
+
+  def encode(
+    self, state: ChainState, x: tf.Tensor, weights: tf.Tensor, rows: tf.Tensor, seeds: tf.Tensor
+  ) -> Encoded:
+    """Every stage's encode in order; each stage reads and writes its own slice of the
+    persistent rows and draws from its own stream of each client's seed."""
+    counts, new_rows, start = {}, [], 0
+    for i, (stage, stage_state) in enumerate(zip(self.stages, state.stages)):
+      own = rows[:, start : start + stage.row_size]
+      start += stage.row_size
+      encoded = stage.encode(stage_state, x, weights, own, _fold(seeds, i))
+      x, weights = encoded.values, encoded.weights
+      new_rows.append(encoded.rows)
+      counts.update({f'{i}/{k}': v for k, v in encoded.counts.items()})
+    rows_out = tf.concat(new_rows, 1) if new_rows else tf.zeros([tf.shape(x)[0], 0], x.dtype)
+    return Encoded(x, weights, rows_out, counts)
+
+  def sums(self, state: ChainState, encoded: Encoded) -> Sums:
+    """A share's `Sums` (the combiner's, or its rows when it needs every row)."""
+    counts = {k: tf.reduce_sum(v, 0) for k, v in encoded.counts.items()}
+    clients = tf.cast(tf.shape(encoded.values)[0], tf.float32)
+    weight = tf.reduce_sum(encoded.weights)
+    if self.decomposable:
+      return Sums(
+        self.combiner.sums(state.combiner, encoded.values, encoded.weights),
+        (),
+        (),
+        counts,
+        clients,
+        weight,
+      )
+    return Sums((), encoded.values, encoded.weights, counts, clients, weight)
+
+  def finish(
+    self, state: ChainState, total: Sums, seed: tf.Tensor
+  ) -> tuple[tf.Tensor, ChainState, Measurements]:
+    """(the model update [d], the new state, measurements) from the cohort's `Sums`
+    (shares' added; rows concatenated); `seed` [2] the round's."""
+    if self.decomposable:
+      y, scale, combiner_state, measured = self.combiner.from_sums(state.combiner, total.combined)
+    else:
+      y, scale, combiner_state, measured = self.combiner.combine(
+        state.combiner, total.values, total.weights
+      )
+    context = Context(total.clients, total.weight, scale)
+    measurements, states = Measurements(), [None] * len(self.stages)
+    for i in reversed(range(len(self.stages))):
+      own = {k.split('/', 1)[1]: v for k, v in total.counts.items() if k.startswith(f'{i}/')}
+      y, states[i], stage_measured = self.stages[i].decode(
+        state.stages[i], y, own, context, _fold(seed, len(self.stages) + i)
+      )
+      measurements.update(stage_measured)
+    measurements.update(measured)
+    return y, ChainState(tuple(states), combiner_state), measurements
+
+  def aggregate(
+    self,
+    state: ChainState,
+    x: tf.Tensor,
+    weights: tf.Tensor,
+    rows: tf.Tensor,
+    seeds: tf.Tensor,
+    seed: tf.Tensor,
+  ) -> tuple[tf.Tensor, tf.Tensor, ChainState, Measurements]:
+    """(the model update, the clients' new persistent rows, the new state,
+    measurements) of one cohort whole: encode, sums, finish."""
+    encoded = self.encode(state, x, weights, rows, seeds)
+    update, state, measured = self.finish(state, self.sums(state, encoded), seed)
+    return update, encoded.rows, state, measured
+
+  def upload_bits(self, d: int) -> float:
+    """Bits each client sends for its model part of `d` floats (32 a float)."""
+    bits = 32.0 * d
+    for stage in self.stages:
+      bits = stage.upload_bits(d, bits)
+      d = stage.output_size(d)
+    return self.combiner.upload_bits(d, bits)
+
+  def check(self) -> None:
+    """Raises ValueError (one line) for a chain that cannot work (a stage's `why_not`)."""
+    for stage in self.stages:
+      reason = stage.why_not(self)
+      if reason:
+        raise ValueError(f'aggregator {self.name}: {reason}.')
+
+
+def _fold(seeds: tf.Tensor, i: int) -> tf.Tensor:
+  """Stream `i` of each seed ([..., 2] int64 seeds)."""
+  return seeds + tf.constant([0, 1_000_003], tf.int64) * (i + 1)
+
+
+def flatten(stacked: Any) -> tf.Tensor:
+  """A cohort's stacked structure ([m, ...] leaves) as rows [m, d], float32."""
+  leaves = tf.nest.flatten(stacked)
+  m = tf.shape(leaves[0])[0]
+  return tf.concat([tf.reshape(tf.cast(leaf, tf.float32), [m, -1]) for leaf in leaves], 1)
+
+
+def unflatten(vector: tf.Tensor, like: Any) -> Any:
+  """`vector` [d] in the structure of one row of `like` (stacked [m, ...] leaves)."""
+  leaves, parts, start = tf.nest.flatten(like), [], 0
+  for leaf in leaves:
+    shape = leaf.shape[1:]
+    size = shape.num_elements()
+    parts.append(tf.cast(tf.reshape(vector[start : start + size], shape), leaf.dtype))
+    start += size
+  return tf.nest.pack_sequence_as(like, parts)

@@ -1,0 +1,214 @@
+"""Combiners: how a cohort's encoded rows y_i [d] (weights w_i) become one vector.
+
+    Mean             sum_i w_i y_i / sum_i w_i  (weighted; decomposable), or, with a
+                     `denominator` n, sum_i y_i / n (DP's, every client alike)
+    MajorityVote     s sign(sum_i sign(y_i)), s the clients' mean max |y_ij| (signSGD
+                     with majority vote, Bernstein et al. 2019; decomposable: the signs
+                     and scales add)
+    Median           coordinate-wise median (Yin et al. 2018)
+    TrimmedMean      coordinate-wise mean of the rows left once the b = floor(beta m)
+                     largest and b smallest values of each coordinate are dropped
+                     (Yin et al. 2018)
+    Krum             the row minimizing the sum of squared distances to its m - f - 2
+                     nearest others; Multi-Krum (`select` > 1): the mean of the `select`
+                     rows of lowest such score (Blanchard et al. 2017)
+    GeometricMedian  argmin_v sum_i ||v - y_i|| by the smoothed Weiszfeld iteration
+                     v <- sum_i b_i y_i / sum_i b_i, b_i = 1 / max(nu, ||v - y_i||),
+                     from the mean (RFA, Pillutla et al. 2022)
+    CenteredClip     v <- v + (1/m) sum_i (y_i - v) min(1, tau / ||y_i - v||), `iters`
+                     times from the previous round's result (Karimireddy et al. 2021)
+
+The robust combiners (Median to CenteredClip) and MajorityVote count every client alike;
+the robust ones need every row.
+"""
+
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from tff_comp.ops.aggregators import base
+
+
+class MeanSums(NamedTuple):
+  """A share's weighted sum of rows and its weight (its clients for `denominator`)."""
+
+  total: tf.Tensor
+  weight: tf.Tensor
+
+
+class Mean(base.Combiner):
+  """The weighted mean; with `denominator` n, the rows' plain sum over n (the
+  denominator TFF's DP queries use: the expected clients of a round). 0 for a cohort of
+  total weight 0 (clients without examples), as TFF's `MeanFactory(no_nan_division)`."""
+
+  name = 'mean'
+  scaled_sum = True
+
+  def __init__(self, denominator: float | None = None):
+    if denominator is not None and not denominator > 0:
+      raise ValueError(f"a mean's denominator must be > 0, got {denominator}.")
+    self.denominator = denominator
+    self.weighted = denominator is None
+
+  def sums(self, state, values, weights) -> MeanSums:
+    if self.denominator is not None:
+      return MeanSums(tf.reduce_sum(values, 0), tf.cast(tf.shape(values)[0], tf.float32))
+    return MeanSums(tf.linalg.matvec(values, weights, transpose_a=True), tf.reduce_sum(weights))
+
+  def from_sums(self, state, total: MeanSums):
+    if self.denominator is not None:
+      scale = tf.constant(1.0 / self.denominator, tf.float32)
+    else:
+      scale = tf.math.divide_no_nan(1.0, total.weight)
+    return total.total * scale, scale, state, base.Measurements()
+
+
+class VoteSums(NamedTuple):
+  signs: tf.Tensor  # sum_i sign(y_i)
+  scale: tf.Tensor  # sum_i max_j |y_ij|
+  clients: tf.Tensor
+
+
+class MajorityVote(base.Combiner):
+  """signSGD's majority vote (module docstring); rows are signs scaled per client (the
+  `compression.Sign` stage's), so max |y_ij| is the client's scale."""
+
+  name = 'majority_vote'
+  weighted = False
+
+  def sums(self, state, values, weights) -> VoteSums:
+    return VoteSums(
+      tf.reduce_sum(tf.sign(values), 0),
+      tf.reduce_sum(tf.reduce_max(tf.abs(values), 1)),
+      tf.cast(tf.shape(values)[0], tf.float32),
+    )
+
+  def from_sums(self, state, total: VoteSums):
+    scale = tf.math.divide_no_nan(total.scale, total.clients)
+    return scale * tf.sign(total.signs), None, state, base.Measurements()
+
+
+class _Robust(base.Combiner):
+  """A combiner needing every row, every client alike."""
+
+  decomposable = False
+  weighted = False
+
+
+class Median(_Robust):
+  """The coordinate-wise median (the mean of the two middle values for even m)."""
+
+  name = 'median'
+
+  def combine(self, state, values, weights):
+    return _median(values), None, state, base.Measurements()
+
+
+def _median(values: tf.Tensor) -> tf.Tensor:
+  ordered = tf.sort(values, axis=0)
+  m = tf.shape(values)[0]
+  return 0.5 * (tf.gather(ordered, (m - 1) // 2) + tf.gather(ordered, m // 2))
+
+
+class TrimmedMean(_Robust):
+  """The coordinate-wise beta-trimmed mean: b = floor(beta m) values dropped at each end
+  of every coordinate (at most leaving one)."""
+
+  name = 'trimmed_mean'
+
+  def __init__(self, beta: float = 0.1):
+    if not 0 <= beta < 0.5:
+      raise ValueError(f"the trimmed mean's beta must be in [0, 0.5), got {beta}.")
+    self.beta = beta
+
+  def combine(self, state, values, weights):
+    m = tf.shape(values)[0]
+    b = tf.minimum(tf.cast(tf.floor(self.beta * tf.cast(m, tf.float32)), tf.int32), (m - 1) // 2)
+    kept = tf.sort(values, axis=0)[b : m - b]
+    return tf.reduce_mean(kept, 0), None, state, base.Measurements()
+
+
+def _squared_distances(values: tf.Tensor) -> tf.Tensor:
+  """[m, m] squared Euclidean distances between the rows."""
+  norms = tf.reduce_sum(tf.square(values), 1)
+  return tf.maximum(
+    norms[:, None] + norms[None, :] - 2.0 * tf.matmul(values, values, transpose_b=True), 0.0
+  )
+
+
+class Krum(_Robust):
+  """Krum / Multi-Krum (module docstring) for at most `byzantine` f attackers; `select`
+  rows averaged (1: Krum). Measurement `krum_selected`: how many rows were averaged."""
+
+  name = 'krum'
+
+  def __init__(self, byzantine: int = 0, select: int = 1):
+    if byzantine < 0 or select < 1:
+      raise ValueError(f'Krum needs byzantine >= 0 and select >= 1, got {byzantine}, {select}.')
+    self.byzantine, self.select = byzantine, select
+    self.name = 'krum' if select == 1 else 'multi_krum'
+
+  def combine(self, state, values, weights):
+    m = tf.shape(values)[0]
+    distances = _squared_distances(values)
+    # Each row's m - f - 2 nearest others (at least one): the smallest after itself (0).
+    k = tf.maximum(m - self.byzantine - 2, 1)
+    nearest = tf.sort(distances, axis=1)[:, 1:]
+    scores = tf.reduce_sum(tf.where(tf.range(m - 1)[None, :] < k, nearest, 0.0), 1)
+    chosen = tf.minimum(self.select, m)
+    best = tf.argsort(scores, stable=True)[:chosen]
+    result = tf.reduce_mean(tf.gather(values, best), 0)
+    return result, None, state, base.Measurements(krum_selected=tf.cast(chosen, tf.float32))
+
+
+class GeometricMedian(_Robust):
+  """The geometric median by `iters` smoothed Weiszfeld steps with smoothing `nu`
+  (RFA's); measurement `geometric_median_iterations`."""
+
+  name = 'geometric_median'
+
+  def __init__(self, iters: int = 10, nu: float = 1e-6):
+    if iters < 1 or not nu > 0:
+      raise ValueError(f'the geometric median needs iters >= 1 and nu > 0, got {iters}, {nu}.')
+    self.iters, self.nu = iters, nu
+
+  def combine(self, state, values, weights):
+    v = tf.reduce_mean(values, 0)
+    for _ in range(self.iters):
+      b = 1.0 / tf.maximum(self.nu, tf.norm(values - v[None, :], axis=1))
+      v = tf.linalg.matvec(values, b, transpose_a=True) / tf.reduce_sum(b)
+    return (
+      v,
+      None,
+      state,
+      base.Measurements(geometric_median_iterations=tf.constant(float(self.iters))),
+    )
+
+
+class CenteredClip(_Robust):
+  """Centered clipping (module docstring) with radius `tau`, `iters` steps, centered at
+  the previous round's result (its state; zero at first)."""
+
+  name = 'centered_clip'
+
+  def __init__(self, tau: float = 1.0, iters: int = 3):
+    if not tau > 0 or iters < 1:
+      raise ValueError(f'centered clipping needs tau > 0 and iters >= 1, got {tau}, {iters}.')
+    self.tau, self.iters = tau, iters
+    self._d: int | None = None
+
+  def initial_state(self) -> Any:
+    return tf.zeros([self._d or 0], tf.float32)
+
+  def bind(self, d: int) -> 'CenteredClip':
+    bound = CenteredClip(self.tau, self.iters)
+    bound._d = d  # pylint: disable=protected-access
+    return bound
+
+  def combine(self, state, values, weights):
+    v = state
+    for _ in range(self.iters):
+      diff = values - v[None, :]
+      scale = tf.minimum(1.0, self.tau / tf.maximum(tf.norm(diff, axis=1), 1e-12))
+      v = v + tf.reduce_mean(diff * scale[:, None], 0)
+    return v, None, v, base.Measurements()

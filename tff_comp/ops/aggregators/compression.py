@@ -1,0 +1,255 @@
+"""Compression stages: what a client sends in fewer bits, simulated by the value the
+server reconstructs (each stage's `upload_bits` says what would travel).
+
+    Rotate     x <- H D x / sqrt(D) with x zero-padded to D = 2^ceil(log2 d), D a random
+               +-1 diagonal drawn per round (the server's state, broadcast) and H the
+               Walsh-Hadamard matrix; the server rotates the combined vector back
+               (Suresh et al. 2017; TFF's HadamardTransformFactory)
+    Quantize   b-bit stochastic uniform quantization of each row between its min and
+               max: t = (x - lo) (2^b - 1) / (hi - lo), x' = lo + (floor(t) +
+               Bernoulli(t - floor(t))) (hi - lo) / (2^b - 1); unbiased
+               (b d + 64 bits; TFF's uniform quantization)
+    QSGD       x' = ||x|| sign(x) xi / s, xi = floor(s |x| / ||x||) + Bernoulli(frac),
+               s levels (Alistarh et al. 2017; (1 + log2(s + 1)) d + 32 bits)
+    TopK       the k = max(1, round(f d)) largest |x_j| kept, the rest 0
+               (k (32 + log2 d) bits)
+    RandK      k coordinates drawn per client and round kept, scaled by d / k when
+               `unbiased` (k (32 + log2 d) bits, the indices from the shared seed: 32 k)
+    Sign       x' = (||x||_1 / d) sign(x) (scaled sign; d + 32 bits); with the
+               MajorityVote combiner, signSGD with majority vote
+    ErrorFeedback(C)
+               EF (Karimireddy et al. 2019): p = x + e_i, send C(p), e_i <- p - C(p);
+               EF21 (Richtarik et al. 2021): send c = C(x - g_i), g_i <- g_i + c, and
+               the server's g <- g + combined(c); e_i, g_i kept per client (d floats)
+
+Random draws come from each client's stateless seed (run, round, client), so a client's
+encoding is the same on every runtime and in any cohort.
+"""
+
+import math
+
+import tensorflow as tf
+
+from tff_comp.ops.aggregators import base
+
+
+def _uniform(seeds: tf.Tensor, d: tf.Tensor | int) -> tf.Tensor:
+  """[m, d] uniform draws in [0, 1), row i from `seeds[i]`."""
+  return tf.map_fn(
+    lambda seed: tf.random.stateless_uniform([d], seed), seeds, fn_output_signature=tf.float32
+  )
+
+
+def _index_bits(d: int) -> float:
+  return float(max(1, math.ceil(math.log2(max(d, 2)))))
+
+
+class Rotate(base.Stage):
+  """The randomized Hadamard rotation (module docstring)."""
+
+  name = 'rotate'
+  randomized = True
+
+  def __init__(self, d: int | None = None):
+    self.d = d
+    self.padded = None if d is None else 2 ** max(0, math.ceil(math.log2(max(d, 1))))
+
+  def bind(self, d: int) -> 'Rotate':
+    return Rotate(d)
+
+  def initial_state(self):
+    return tf.constant([0x5EED, 0], tf.int64)  # the round's sign seed, advanced each round
+
+  def _signs(self, state: tf.Tensor) -> tf.Tensor:
+    return tf.sign(tf.random.stateless_uniform([self.padded], state) - 0.5)
+
+  def encode(self, state, x, weights, rows, seeds):
+    padded = tf.pad(x, [[0, 0], [0, self.padded - self.d]])
+    return base.Encoded(hadamard(padded * self._signs(state)[None, :]), weights, rows, {})
+
+  def decode(self, state, y, counts, context, seed):
+    back = hadamard(y[None, :])[0] * self._signs(state)
+    return back[: self.d], state + tf.constant([0, 1], tf.int64), base.Measurements()
+
+  def output_size(self, d: int) -> int:
+    return self.padded
+
+  def upload_bits(self, d, bits):
+    return bits * self.padded / d
+
+
+def hadamard(x: tf.Tensor) -> tf.Tensor:
+  """The normalized Walsh-Hadamard transform of each row of `x` [m, D], D a power of two
+  (its own inverse)."""
+  m, size = tf.shape(x)[0], x.shape[1]
+  h = 1
+  while h < size:
+    pairs = tf.reshape(x, [m, size // (2 * h), 2, h])
+    a, b = pairs[:, :, 0, :], pairs[:, :, 1, :]
+    x = tf.reshape(tf.stack([a + b, a - b], 2), [m, size])
+    h *= 2
+  return x / math.sqrt(size)
+
+
+class Quantize(base.Stage):
+  """b-bit stochastic uniform quantization per row (module docstring)."""
+
+  name = 'quantize'
+  randomized = True
+
+  def __init__(self, bits: int = 8):
+    if not 1 <= bits <= 16:
+      raise ValueError(f'quantization takes 1 to 16 bits, got {bits}.')
+    self.bits = bits
+
+  def encode(self, state, x, weights, rows, seeds):
+    lo = tf.reduce_min(x, 1, keepdims=True)
+    span = tf.reduce_max(x, 1, keepdims=True) - lo
+    levels = float(2**self.bits - 1)
+    t = tf.math.divide_no_nan(x - lo, span) * levels
+    low = tf.floor(t)
+    q = low + tf.cast(_uniform(seeds, tf.shape(x)[1]) < t - low, tf.float32)
+    return base.Encoded(lo + q * span / levels, weights, rows, {})
+
+  def upload_bits(self, d, bits):
+    return bits / 32.0 * self.bits + 64.0
+
+
+class QSGD(base.Stage):
+  """QSGD with `levels` s (module docstring)."""
+
+  name = 'qsgd'
+  randomized = True
+
+  def __init__(self, levels: int = 16):
+    if levels < 1:
+      raise ValueError(f'QSGD needs levels >= 1, got {levels}.')
+    self.levels = levels
+
+  def encode(self, state, x, weights, rows, seeds):
+    norm = tf.norm(x, axis=1, keepdims=True)
+    t = tf.math.divide_no_nan(tf.abs(x), norm) * self.levels
+    low = tf.floor(t)
+    xi = low + tf.cast(_uniform(seeds, tf.shape(x)[1]) < t - low, tf.float32)
+    return base.Encoded(norm * tf.sign(x) * xi / self.levels, weights, rows, {})
+
+  def upload_bits(self, d, bits):
+    return bits / 32.0 * (1.0 + math.log2(self.levels + 1)) + 32.0
+
+
+def _keep(x: tf.Tensor, scores: tf.Tensor, k: int) -> tf.Tensor:
+  """`x` with each row's `k` entries of highest score kept, the others 0."""
+  _, indices = tf.math.top_k(scores, k)
+  m = tf.shape(x)[0]
+  rows = tf.tile(tf.range(m)[:, None], [1, k])
+  where = tf.stack([tf.reshape(rows, [-1]), tf.reshape(indices, [-1])], 1)
+  mask = tf.scatter_nd(where, tf.ones([m * k]), tf.shape(x))
+  return x * mask
+
+
+class _Sparsify(base.Stage):
+  """Keeps k = max(1, round(fraction d)) coordinates of each row."""
+
+  randomized = False
+
+  def __init__(self, fraction: float, d: int | None = None):
+    if not 0 < fraction <= 1:
+      raise ValueError(f'the kept fraction must be in (0, 1], got {fraction}.')
+    self.fraction, self.d = fraction, d
+    self.k = None if d is None else max(1, round(fraction * d))
+
+  def bind(self, d: int):
+    return type(self)(self.fraction, d=d, **self._options())
+
+  def _options(self) -> dict:
+    return {}
+
+  def upload_bits(self, d, bits):
+    return self.k * (32.0 + _index_bits(d))
+
+
+class TopK(_Sparsify):
+  """Top-k sparsification (module docstring)."""
+
+  name = 'top_k'
+
+  def encode(self, state, x, weights, rows, seeds):
+    return base.Encoded(_keep(x, tf.abs(x), self.k), weights, rows, {})
+
+
+class RandK(_Sparsify):
+  """Rand-k sparsification (module docstring), scaled by d / k when `unbiased`."""
+
+  name = 'rand_k'
+  randomized = True
+
+  def __init__(self, fraction: float, d: int | None = None, unbiased: bool = True):
+    super().__init__(fraction, d)
+    self.unbiased = unbiased
+
+  def _options(self) -> dict:
+    return {'unbiased': self.unbiased}
+
+  def encode(self, state, x, weights, rows, seeds):
+    kept = _keep(x, _uniform(seeds, tf.shape(x)[1]), self.k)
+    if self.unbiased:
+      kept *= self.d / self.k
+    return base.Encoded(kept, weights, rows, {})
+
+  def upload_bits(self, d, bits):
+    return self.k * 32.0  # the indices follow from the shared seed
+
+
+class Sign(base.Stage):
+  """The scaled sign (module docstring)."""
+
+  name = 'sign'
+
+  def encode(self, state, x, weights, rows, seeds):
+    scale = tf.reduce_mean(tf.abs(x), 1, keepdims=True)
+    return base.Encoded(scale * tf.sign(x), weights, rows, {})
+
+  def upload_bits(self, d, bits):
+    return bits / 32.0 + 32.0
+
+
+class ErrorFeedback(base.Stage):
+  """EF or EF21 around a compression stage (module docstring); `variant` 'ef' or
+  'ef21'. Each client keeps d floats (`row_size`); EF21's server keeps g (d floats)."""
+
+  def __init__(self, compressor: base.Stage, variant: str = 'ef', d: int | None = None):
+    if variant not in ('ef', 'ef21'):
+      raise ValueError(f'error feedback is ef or ef21, got {variant!r}.')
+    if compressor.row_size:
+      raise ValueError('error feedback wraps a compressor without rows of its own.')
+    self.compressor, self.variant, self.d = compressor, variant, d
+    self.name = f'{variant}({compressor.name})'
+    self.row_size = d or 0
+    self.randomized = compressor.randomized
+
+  def bind(self, d: int) -> 'ErrorFeedback':
+    return ErrorFeedback(self.compressor.bind(d), self.variant, d)
+
+  def initial_state(self):
+    inner = self.compressor.initial_state()
+    return (inner, tf.zeros([self.d], tf.float32)) if self.variant == 'ef21' else (inner, ())
+
+  def encode(self, state, x, weights, rows, seeds):
+    inner = state[0]
+    none = rows[:, :0]
+    if self.variant == 'ef':
+      p = x + rows
+      c = self.compressor.encode(inner, p, weights, none, seeds).values
+      return base.Encoded(c, weights, p - c, {})
+    c = self.compressor.encode(inner, x - rows, weights, none, seeds).values
+    return base.Encoded(c, weights, rows + c, {})
+
+  def decode(self, state, y, counts, context, seed):
+    y, inner, measured = self.compressor.decode(state[0], y, counts, context, seed)
+    if self.variant == 'ef21':
+      g = state[1] + y
+      return g, (inner, g), measured
+    return y, (inner, ()), measured
+
+  def upload_bits(self, d, bits):
+    return self.compressor.upload_bits(d, bits)
