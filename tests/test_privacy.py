@@ -11,6 +11,7 @@ import tensorflow as tf
 from tests import algorithm_cases
 from tff_comp import accounting, experiment, privacy_settings, registry
 from tff_comp.ops import privacy
+import tff_comp.ops.aggregators as agg
 from tff_comp.run import checkpoints, run_files
 from tff_comp.runtime import choice
 
@@ -36,20 +37,6 @@ def _run(algorithm, runtime_name: str, rounds: int = 3):
     output = runtime.next(state, IDS[r : r + 3])
     state = output.state
   return runtime.get_model_weights(state).trainable, output.metrics['aggregator']
-
-
-def test_clipping_is_tfs_clip_by_global_norm_per_client():
-  rng = np.random.default_rng(0)
-  stacked = (
-    rng.normal(size=(4, 3, 2)).astype(np.float32),
-    (rng.normal(size=(4,)) * [0.01, 1, 5, 0.1]).astype(np.float32),
-  )
-  clipped, norms = privacy.clip(tf.nest.map_structure(tf.constant, stacked), 1.5)
-  for i in range(4):
-    want, norm = tf.clip_by_global_norm([stacked[0][i], stacked[1][i]], 1.5)
-    np.testing.assert_allclose(norms[i], norm, rtol=1e-6)
-    for got, expected in zip((clipped[0][i], clipped[1][i]), want):
-      np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
 @pytest.mark.parametrize('z, stddev', [(0.5, None), (1.0, 2.0), (0.0, None)])
@@ -324,11 +311,19 @@ def test_adaptive_clipping_noises_the_clipped_count():
     clip_learning_rate=0.2,
     clipped_count_stddev=0.4,
   )
-  deltas = (tf.constant([[0.5, 0.0], [0.0, 0.5], [2.0, 0.0], [0.0, 2.0]]),)
+  chain = mean.chain().bind(2)
+  deltas = tf.constant([[0.5, 0.0], [0.0, 0.5], [2.0, 0.0], [0.0, 2.0]])
   steps = []
   for seed in range(400):
-    _, state, _ = mean.aggregate(mean.initial_state(), deltas, tf.ones([4]), tf.constant([seed, 0]))
-    steps.append(np.log(float(state['clip_norm']) / 1.0))
+    _, _, state, _ = chain.aggregate(
+      chain.initial_state(),
+      deltas,
+      tf.ones([4]),
+      tf.zeros([4, 0]),
+      agg.client_seeds(seed, 0, tf.range(4)),
+      agg.round_seed(seed, 0),
+    )
+    steps.append(np.log(float(state.stages[0]) / 1.0))
   assert np.mean(steps) == pytest.approx(0.0, abs=0.005)
   assert np.std(steps) == pytest.approx(0.2 * 0.4 / 4, rel=0.12)
 

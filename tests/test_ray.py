@@ -23,6 +23,7 @@ from tests import algorithm_cases
 from tff_comp import experiment, keras_models, registry
 from tff_comp.binaries import grid, reproductions
 from tff_comp.ops import privacy
+import tff_comp.ops.aggregators as agg
 from tff_comp.run import callbacks, run_files, sampling
 from tff_comp.runtime import client_rows, inprocess, ray_cluster, ray_runtime, streaming
 
@@ -243,14 +244,29 @@ def test_two_actors_equal_the_single_process_on_lanes(name):
   [
     privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
     privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
+    agg.Chain((agg.Clip(0.5), agg.Quantize(6)), agg.Median()),
+    agg.Chain((agg.Attack('sign_flip', 0.3), agg.RandK(0.5)), agg.SecureSum(4.0, 16)),
   ],
-  ids=['dp', 'dp_adaptive'],
+  ids=['dp', 'dp_adaptive', 'clip_quantize_median', 'attack_rand_k_secure_sum'],
 )
-def test_private_rounds_on_ray_add_the_noise_once_as_the_single_process(spec):
+def test_aggregators_on_ray_equal_the_single_process(spec):
+  """DP's noise once; a median of the rows the actors send; per-client draws (rounding,
+  coordinates, attackers) alike wherever a client runs."""
   single, on_ray, _ = _both(
     'fedavg', 'mapped', dict(model_aggregator=spec, client_weighting='uniform')
   )
-  _assert_same(on_ray, single, spec.kind)
+  _assert_same(on_ray, single, getattr(spec, 'kind', None))
+
+
+def test_a_chain_ray_cannot_hold_yet_is_refused_in_one_line():
+  for chain, says in (
+    (agg.Chain((agg.ErrorFeedback(agg.TopK(0.5)),), agg.Mean()), 'keeps a row per client'),
+    (agg.Chain((agg.Attack('alie', 0.2),), agg.Median()), 'reads the whole cohort'),
+  ):
+    algorithm = algorithm_cases.algorithm(
+      'fedavg', dict(model_aggregator=chain, client_weighting='uniform')
+    )
+    assert says in ray_runtime.why_not(algorithm, OPTIONS)
 
 
 @pytest.mark.ray

@@ -147,7 +147,9 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
         algorithm = p.build()
       except ValueError as e:
         raise experiment.ConfigError(f'algorithm {p.config.algorithm!r}: {e}') from e
-      initial[id(p.task)] = learning_state.initial_state(algorithm, runner.runtime.device)
+      initial[id(p.task)] = learning_state.initial_state(
+        algorithm, runner.runtime.device, len(data.client_ids)
+      )
   return _Program(
     members,
     prepared,

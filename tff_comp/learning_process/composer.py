@@ -255,7 +255,7 @@ def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
   """
   model_aggregator = algorithm.model_aggregator
   if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
-    privacy.check_uniform(algorithm)
+    privacy.check_uniform(algorithm, private=True)
   weights_type = client_work_lib.model_weights_type(algorithm.model)
   server_update = server_update_lib.build_server_update(algorithm.server_rule, weights_type)
   return compose_learning_process(

@@ -17,10 +17,13 @@ one line at construction on every runtime, not an error deep inside a round.
 """
 
 import dataclasses
+import functools
 from typing import Any
 
+import tensorflow as tf
+
 from tff_comp.ops import aggregation as aggregation_lib
-from tff_comp.ops import client_round, contract, privacy
+from tff_comp.ops import aggregators, client_round, contract, privacy
 from tff_comp.ops import rule as rule_lib
 
 
@@ -28,10 +31,12 @@ from tff_comp.ops import rule as rule_lib
 class Algorithm:
   """model: a FunctionalModel; aggregation: one of `ops.aggregation.KINDS`.
 
-  model_aggregator: what averages the model delta in place of the weighted mean (side
-  channels stay exact): None; an `ops.privacy.PrivateMean` (clipping, DP; every
-  runtime runs it); or any `tff.aggregators` factory (TFF's robust, compression or DP
-  factories), which only TFF's runtime runs.
+  model_aggregator: what aggregates the model delta in place of the weighted mean
+  (side channels stay exact): None; a chain of the aggregator blocks
+  (`ops.aggregators.Chain`: robust, Byzantine-robust, compressed, secure) or an
+  `ops.privacy.PrivateMean` (clipping, DP: a chain too), which the in-process runtimes
+  run; or any `tff.aggregators` factory (TFF's robust, compression or DP factories),
+  which only TFF's runtime runs.
   """
 
   model: Any
@@ -53,6 +58,21 @@ class Algorithm:
       raise ValueError(
         f'aggregation={self.aggregation!r} is unknown; choose one of {aggregation_lib.KINDS}.'
       )
-    if isinstance(self.model_aggregator, privacy.PrivateMean) and self.model_aggregator.private:
-      privacy.check_uniform(self)
+    chain = self.model_chain
+    if chain is not None and not chain.weighted:
+      private = isinstance(self.model_aggregator, privacy.PrivateMean)
+      privacy.check_uniform(self, private=private and self.model_aggregator.private)
     contract.check(self)
+
+  @functools.cached_property
+  def model_chain(self) -> aggregators.Chain | None:
+    """The chain aggregating the model part of the updates (the delta; FedNova's
+    normalized delta), bound to its size; None: the weighted mean, or a TFF factory."""
+    given = self.model_aggregator
+    if isinstance(given, privacy.PrivateMean):
+      given = given.chain()
+    if not isinstance(given, aggregators.Chain):
+      return None
+    spec = self.server_rule.update_spec()
+    part = spec.delta if hasattr(spec, 'delta') else spec
+    return given.bind(sum(leaf.shape.num_elements() for leaf in tf.nest.flatten(part)))

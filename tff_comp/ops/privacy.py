@@ -1,5 +1,6 @@
-"""Clipping and differential privacy for the model delta, in pure TF over a cohort's
-deltas stacked along a leading client axis (the in-process runtime).
+"""Clipping and differential privacy for the model delta (the `--aggregator` choices
+clip, dp and dp_adaptive), as a chain of the aggregator blocks (`PrivateMean.chain`,
+`ops.aggregators`) that every runtime runs.
 `tff_comp.learning_process.aggregation_factories.privacy_factory` maps a `PrivateMean`
 to the TFF factory with the same semantics, which TFF's runtime runs:
 
@@ -18,19 +19,12 @@ tensors; n is the expected number of clients per round (the denominator TFF's DP
 queries use, also under Poisson sampling); the DP kinds weigh every client alike.
 """
 
-import collections
 import dataclasses
-from typing import Any
 
-import tensorflow as tf
-
-from tff_comp.ops import messages
+from tff_comp.ops import aggregators, messages
 
 CLIP, DP, DP_ADAPTIVE = 'clip', 'dp', 'dp_adaptive'
 KINDS = (CLIP, DP, DP_ADAPTIVE)
-# Salt of the noise's seed, so the server's noise draws never repeat a client's draws
-# of the same run seed.
-_NOISE_SALT = 0x5EED_D9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,130 +100,50 @@ class PrivateMean:
       return z
     return (z**-2 - (2 * self.count_stddev) ** -2) ** -0.5
 
-  def initial_state(self) -> collections.OrderedDict:
-    """The aggregator's state: the clip norm in force."""
-    return collections.OrderedDict(clip_norm=tf.constant(self.clip_norm, tf.float32))
-
-  def aggregate(
-    self, state, deltas: Any, weights: tf.Tensor, seed: tf.Tensor
-  ) -> tuple[Any, collections.OrderedDict, collections.OrderedDict]:
-    """(the mean of the stacked `deltas`, the new state, measurements) for one round;
-    `seed` ([2] int) draws the noise, so a round's noise is fixed by the run and round.
-
-    Measurements: clipping_norm (the clip used), clipped_count, and for dp_adaptive
-    dp_query_metrics/clip (the next round's clip), as TFF's factories name them; also
-    mean_update_norm (a simulation's diagnostic: the un-noised norms are not private).
-    """
-    return self.from_sums(state, self.sums(state, deltas, weights), seed)
-
-  def sums(self, state, deltas: Any, weights: tf.Tensor) -> collections.OrderedDict:
-    """A share of the cohort's clipped updates, summed (weighted by `weights` for clip,
-    the Gaussian mechanisms' sum unweighted), with the counts the round needs: added
-    across shares (Ray's actors) before `from_sums`, which adds the noise once."""
-    clip_norm = state['clip_norm']
-    clipped, norms = clip(deltas, clip_norm)
-    was_clipped = norms > clip_norm
+  def chain(self) -> aggregators.Chain:
+    """This mean as a chain of the aggregator blocks (`ops.aggregators`): clipping (the
+    Gaussian mechanism with z_v, its clip adapted to the quantile with the count's
+    noise s for dp_adaptive), then the weighted mean (clip) or the sum over n (dp,
+    dp_adaptive). Measurements as TFF's factories name them: clipping_norm,
+    clipped_count, and for dp_adaptive dp_query_metrics/clip (the next round's clip);
+    also mean_update_norm (a simulation's diagnostic: the un-noised norms are not
+    private)."""
     if self.kind == CLIP:
-      summed = tf.nest.map_structure(lambda u: tf.tensordot(weights, u, axes=1), clipped)
-    else:
-      summed = tf.nest.map_structure(lambda u: tf.reduce_sum(u, axis=0), clipped)
-    return collections.OrderedDict(
-      total=summed,
-      weight=tf.reduce_sum(weights),
-      clients=tf.cast(tf.size(norms), tf.float32),
-      clipped_count=tf.reduce_sum(tf.cast(was_clipped, tf.int32)),
-      norm_sum=tf.reduce_sum(norms),
-      below=tf.reduce_sum(tf.cast(~was_clipped, tf.float32) - 0.5),
-    )
-
-  def from_sums(
-    self, state, total: collections.OrderedDict, seed: tf.Tensor
-  ) -> tuple[Any, collections.OrderedDict, collections.OrderedDict]:
-    """`aggregate`'s (mean, new state, measurements) from the cohort's `sums`."""
-    clip_norm = state['clip_norm']
-    measurements = collections.OrderedDict(
-      clipping_norm=clip_norm,
-      clipped_count=total['clipped_count'],
-      mean_update_norm=tf.math.divide_no_nan(total['norm_sum'], total['clients']),
-    )
-    if self.kind == CLIP:
-      mean = tf.nest.map_structure(
-        lambda u: tf.math.divide_no_nan(u, total['weight']), total['total']
-      )
-      return mean, state, measurements
-    seeds = tf.random.experimental.stateless_split(
-      tf.cast(seed, tf.int64) + tf.constant([_NOISE_SALT, 0], tf.int64), 2
-    )
-    stddev = clip_norm * self.value_noise_multiplier
-    n = tf.constant(self.clients_per_round, tf.float32)
-    mean = tf.nest.map_structure(
-      lambda summed, noise: (summed + noise) / n,
-      total['total'],
-      gaussian(total['total'], stddev, seeds[0]),
-    )
+      return aggregators.Chain((aggregators.Clip(self.clip_norm),), aggregators.Mean())
+    adaptive = None
     if self.kind == DP_ADAPTIVE:
-      below = total['below'] + tf.random.stateless_normal([], seeds[1], stddev=self.count_stddev)
-      below = tf.clip_by_value(below / n + 0.5, 0.0, 1.0)
-      new_clip = tf.maximum(
-        clip_norm * tf.exp(-self.clip_learning_rate * (below - self.target_quantile)), 0.0
+      adaptive = aggregators.Quantile(
+        self.target_quantile,
+        self.clip_learning_rate,
+        count_stddev=self.count_stddev,
+        denominator=self.clients_per_round,
       )
-      state = collections.OrderedDict(clip_norm=new_clip)
-      measurements['dp_query_metrics'] = collections.OrderedDict(clip=new_clip)
-    return mean, state, measurements
-
-
-def clip(stacked: Any, clip_norm: tf.Tensor) -> tuple[Any, tf.Tensor]:
-  """(every client's update scaled to global L2 norm at most `clip_norm`, the [m] norms
-  before clipping), for a structure stacked on axis 0."""
-  leaves = tf.nest.flatten(stacked)
-  norms = tf.sqrt(
-    tf.add_n(
-      [
-        tf.reduce_sum(tf.reshape(tf.square(leaf), [tf.shape(leaf)[0], -1]), axis=1)
-        for leaf in leaves
-      ]
+    clip = aggregators.Clip(
+      self.clip_norm,
+      adaptive=adaptive,
+      noise_multiplier=self.value_noise_multiplier,
+      private=True,
     )
-  )
-  # As tf.clip_by_global_norm: u C / max(||u||, C).
-  scale = clip_norm / tf.maximum(norms, clip_norm)
-  return tf.nest.map_structure(
-    lambda u: u * tf.reshape(scale, [-1] + [1] * (u.shape.rank - 1)), stacked
-  ), norms
+    return aggregators.Chain((clip,), aggregators.Mean(denominator=self.clients_per_round))
 
 
-def gaussian(like: Any, stddev: tf.Tensor, seed: tf.Tensor) -> Any:
-  """N(0, stddev^2) noise shaped as every leaf of `like`, a leaf's draw seeded by `seed`
-  and its position."""
-  leaves = tf.nest.flatten(like)
-  noise = [
-    tf.random.stateless_normal(
-      tf.shape(leaf),
-      tf.random.experimental.stateless_fold_in(seed, i),
-      stddev=stddev,
-      dtype=leaf.dtype,
-    )
-    for i, leaf in enumerate(leaves)
-  ]
-  return tf.nest.pack_sequence_as(like, noise)
-
-
-def check_uniform(algorithm) -> None:
-  """Raises ValueError (one line) unless a uniformly weighted model aggregator (TFF's DP
-  factories, `PrivateMean`'s DP kinds) computes `algorithm`'s aggregation: uniform client
-  weights, no per-client weights of the rule, no model-sized client state reported beside
-  the delta (it would leave un-noised)."""
+def check_uniform(algorithm, *, private: bool) -> None:
+  """Raises ValueError (one line) unless an unweighted model aggregator (DP, a robust
+  combiner; TFF's DP factories) computes `algorithm`'s aggregation: uniform client
+  weights, no per-client weights of the rule, and for a `private` one no model-sized
+  client state reported beside the delta (it would leave un-noised)."""
   name = type(algorithm.client_rule).__name__
+  what = 'differential privacy' if private else 'a robust combiner'
   if algorithm.client_rule.weighs_clients:
     raise ValueError(
-      f'an unweighted model aggregator (differential privacy) cannot'
-      f" apply {name}'s per-client weights."
+      f"an unweighted model aggregator ({what}) cannot apply {name}'s per-client weights."
     )
   if algorithm.client_options.weighting != 'uniform':
     raise ValueError(
-      'an unweighted model aggregator (differential privacy) weighs every'
+      f'an unweighted model aggregator ({what}) weighs every'
       " client alike: use client_weighting='uniform'."
     )
-  if messages.reports_client_state(algorithm.server_rule.update_spec()):
+  if private and messages.reports_client_state(algorithm.server_rule.update_spec()):
     raise ValueError(
       f'{name} reports model-sized client state beside its delta, which an'
       ' unweighted (DP) model aggregator would leave un-noised; refused.'

@@ -195,7 +195,10 @@ def why_not(algorithm) -> str:
   if algorithm.aggregation != aggregation.MEAN:
     return f'its updates are aggregated as {algorithm.aggregation!r}, not a weighted mean'
   if algorithm.model_aggregator is not None:
-    return 'a private aggregator (clipping, DP) accounts rounds, not buffered steps'
+    return (
+      'a model aggregator (clipping, DP, a robust combiner, compression) runs on'
+      ' synchronous rounds (--mode=sync) so far'
+    )
   if rule.uses_client_index or algorithm.server_rule.keeps_personal_models:
     return 'it keeps per-client state on the server'
   if rule.uses_reference_loss:
@@ -332,7 +335,8 @@ class BufferedAsyncRuntime:
         lambda u: u * factors.reshape([-1] + [1] * (u.ndim - 1)), outputs.update
       )
     )
-    weights, server, _, metrics = self._host(outputs, state, (), None)
+    indices = [self._driver.population_index[a.client] for a in plan.arrivals]
+    weights, server, _, metrics = self._host(outputs, state, (), None, indices)
     work_state = type(state.client_work)(state.client_work.hparams, state.client_work.round + 1)
     metrics = self._driver.stages.unpack_metrics(metrics)
     staleness = np.array(plan.staleness, np.float64)

@@ -32,7 +32,7 @@ from tff_comp import data as data_lib
 from tff_comp import models, registry, settings
 from tff_comp.learning_process import composer
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round, local_loop, privacy
+from tff_comp.ops import client_round, local_loop
 from tff_comp.runtime import base, inprocess_trials, learning_state, round_stages, streaming, traced
 from tff_comp.runtime import engines as engines_lib
 
@@ -240,7 +240,7 @@ class InProcessRuntime:
   # --- state -------------------------------------------------------------------------
 
   def initialize(self) -> base.State:
-    return learning_state.initial_state(self.algorithm, self.device)
+    return learning_state.initial_state(self.algorithm, self.device, len(self.client_ids))
 
   # Readers return NumPy values, as TFF's computations do (`learning_state`).
   def get_model_weights(self, state: base.State):
@@ -392,7 +392,7 @@ class InProcessRuntime:
     )
     return (
       *self.stages.finish(
-        outputs, weights, server_state, aggregator, work_state.round, seed, reference
+        outputs, weights, server_state, aggregator, work_state.round, seed, reference, indices
       ),
       work_state.round + 1,
     )
@@ -484,18 +484,28 @@ class InProcessRuntime:
     aggregator,
   ) -> round_stages.RoundSums:
     """`client_outputs` summed for the round's end (`RoundStages.sums`, with the
-    private aggregator's state `aggregator`), in NumPy: what a share of a cohort sends,
-    whatever its number of clients. The outputs stay on the device for the sums."""
+    aggregator chain's state `aggregator`), in NumPy: what a share of a cohort sends,
+    whatever its number of clients (a chain needing every row: their encoded rows).
+    The outputs stay on the device for the sums."""
     outputs = self._outputs(payload, hparams, client_ids, work, indices, round_num, reference)
+    indices = tf.constant(indices, tf.int32)
+    round_num = tf.constant(round_num, tf.int32)
+    seed = self.algorithm.client_options.seed
     if self._sums_fn is None:  # one trace for shares of every size
-      self._sums_fn = tf.function(self.stages.sums, autograph=False).get_concrete_function(
+      self._sums_fn = tf.function(
+        lambda o, a, i, r: self.stages.sums(o, a, i, r, seed), autograph=False
+      ).get_concrete_function(
         tf.nest.map_structure(lambda o: tf.TensorSpec([None, *o.shape[1:]], o.dtype), outputs),
         tf.nest.map_structure(
           lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)), aggregator
         ),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([], tf.int32),
       )
     with tf.device(self.device):
-      return tf.nest.map_structure(np.asarray, self._sums_fn(outputs, aggregator))
+      return tf.nest.map_structure(
+        np.asarray, self._sums_fn(outputs, aggregator, indices, round_num)
+      )
 
   def reference_candidates(self, payload, hparams, client_ids: Sequence[str]) -> np.ndarray:
     """The clients' candidates for the round's reference loss (its cohort split across
@@ -519,9 +529,9 @@ class InProcessRuntime:
 def why_not(program, options: InProcessOptions | None = None) -> str:
   """Why the in-process runtime cannot run `program` ('' when it can): a process
   composed from hand-built blocks (no Algorithm), a model aggregator that is a TFF
-  factory (compression, robust zeroing, a DP query of its own: those run on TFF's
-  runtime only; clipping and DP run here as an `ops.privacy.PrivateMean`), or a Keras
-  model converted by TFF. `options` are not consulted: every engine runs these."""
+  factory (TFF's own runtime runs those; the aggregator blocks, `ops.aggregators`, and
+  `ops.privacy.PrivateMean` run here), or a Keras model converted by TFF. `options`
+  are not consulted: every engine runs these."""
   del options
   program = composer.algorithm_of(program)
   if not isinstance(program, algorithm_lib.Algorithm):
@@ -529,11 +539,12 @@ def why_not(program, options: InProcessOptions | None = None) -> str:
       'this process was composed from hand-built blocks, not an Algorithm; run it on'
       ' the TFF runtime.'
     )
-  if not isinstance(program.model_aggregator, (privacy.PrivateMean, type(None))):
+  if program.model_aggregator is not None and program.model_chain is None:
     return (
       f'its model_aggregator is a TFF factory'
       f' ({type(program.model_aggregator).__name__}), which runs on the TFF runtime'
-      ' only; clipping and DP run in-process as ops.privacy.PrivateMean (--aggregator)'
+      ' only; the aggregator blocks of ops.aggregators (--aggregator, --compression,'
+      ' --secure_aggregation) run in-process'
     )
   return models.why_not_callable_outside_tff(program.model)
 

@@ -411,6 +411,7 @@ class TrialGroup:
       )
     )
     outputs = tf.nest.map_structure(lambda x: tf.gather(x, restore), outputs)
+    indices = tf.gather(indices, restore)
     trial = trial_order
 
     def finish(t, weights, server_state, aggregator, round_num, seed, *reference):
@@ -423,6 +424,7 @@ class TrialGroup:
         round_num,
         seed,
         *(reference or [None]),
+        tf.gather(indices, own),
       )
 
     return _per_trial(

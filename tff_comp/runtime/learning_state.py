@@ -2,7 +2,7 @@
 trials): TFF's `LearningAlgorithmState` (`base.State`), made, read and changed here."""
 
 import collections
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -13,10 +13,9 @@ from tff_comp.ops import client_round
 from tff_comp.runtime import base, nested
 
 
-def initial_state(algorithm: algorithm_lib.Algorithm, device: str) -> base.State:
-  """The state a run of `algorithm` starts from, on `device`."""
+def initial_state(algorithm: algorithm_lib.Algorithm, device: str, population: int) -> base.State:
+  """The state a run of `algorithm` on `population` clients starts from, on `device`."""
   trainable, non_trainable = algorithm.model.initial_weights
-  private = algorithm.model_aggregator
   with tf.device(device):
     weights = tff.learning.models.ModelWeights(
       tuple(tf.constant(w) for w in trainable), tuple(tf.constant(w) for w in non_trainable)
@@ -25,10 +24,28 @@ def initial_state(algorithm: algorithm_lib.Algorithm, device: str) -> base.State
     hparams = collections.OrderedDict(
       (k, tf.constant(v, tf.float32)) for k, v in algorithm.client_rule.initial_hparams().items()
     )
-    aggregator = private.initial_state() if private else ()
+    aggregator = initial_aggregator_state(algorithm, population)
   return assemble(
     weights, client_round.ClientWorkState(hparams, tf.constant(0)), server_state, aggregator
   )
+
+
+class AggregatorState(NamedTuple):
+  """A model aggregator chain's state on the in-process runtimes: the chain's
+  (`ops.aggregators.ChainState`) and its clients' persistent rows [population,
+  row_size] (error feedback's residuals; () without)."""
+
+  chain: Any
+  rows: Any
+
+
+def initial_aggregator_state(algorithm: algorithm_lib.Algorithm, population: int) -> Any:
+  """The aggregator part of a run's initial state (() without a chain)."""
+  chain = algorithm.model_chain
+  if chain is None:
+    return ()
+  rows = tf.zeros([population, chain.row_size]) if chain.row_size else ()
+  return AggregatorState(chain.initial_state(), rows)
 
 
 def as_tensors(state: base.State) -> base.State:

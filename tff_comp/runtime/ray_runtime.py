@@ -561,10 +561,26 @@ def _round_rows(
 
 def why_not(program, options: RayOptions | None) -> str:
   """Why the Ray runtime cannot run `program` ('' when it can): what the in-process
-  runtime cannot run, or no `--ray_address`."""
+  runtime cannot run, no `--ray_address`, or an aggregator chain whose clients keep
+  persistent rows (error feedback's, kept by the in-process runtime's state) or whose
+  encoding reads the whole cohort (ALIE), which the actors split."""
   if options is None or not options.ray_address:
     return 'no --ray_address'
-  return inprocess.why_not(program)
+  reason = inprocess.why_not(program)
+  if reason:
+    return reason
+  chain = composer.algorithm_of(program).model_chain
+  if chain is not None and chain.row_size:
+    return (
+      f"the aggregator {chain.name} keeps a row per client (error feedback's), which"
+      " Ray's actors do not hold yet; run it in-process"
+    )
+  if chain is not None and chain.cohort_wide:
+    return (
+      f"the aggregator {chain.name} reads the whole cohort in each client's encoding,"
+      " which Ray's actors split; run it in-process"
+    )
+  return ''
 
 
 def build(

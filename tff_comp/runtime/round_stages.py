@@ -5,8 +5,9 @@ trial on that trial's clients):
     client_plans    the cohort's batch plans and round context (the reference and start
                     losses of rules that use them)
     (an engine runs the clients' work: `runtime.engines`)
-    finish          the aggregation (with a private aggregator's noise seeded by the run
-                    and the round), the server step and the round's metrics, packed
+    finish          the aggregation (the model part by the algorithm's aggregator chain,
+                    `ops.aggregators`, its draws seeded by the run, the round and each
+                    client), the server step and the round's metrics, packed
     unpack_metrics  those metrics on the host, in their structure
 """
 
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.ops import aggregation, client_round, local_loop
+from tff_comp.ops import aggregation, aggregators, client_round, local_loop
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import client_rows, nested, traced
@@ -27,17 +28,25 @@ from tff_comp.runtime import lanes as lanes_lib
 
 class RoundSums(NamedTuple):
   """A cohort's (or a share's) clients summed for the round's end: the aggregation's
-  `aggregation.Sums`, the private aggregator's sums (`ops.privacy.PrivateMean.sums`;
-  () without one) and the clients' stats."""
+  `aggregation.Sums`, the aggregator chain's (`ops.aggregators.Sums`; () without a
+  chain) and the clients' stats."""
 
   update: aggregation.Sums
-  private: Any
+  model: Any
   stats: Any
 
 
 def add_sums(shares: Sequence[Any]) -> Any:
-  """The sum of the shares' `RoundSums` (NumPy), in the order given."""
-  return tf.nest.map_structure(lambda *parts: functools.reduce(np.add, parts), *shares)
+  """The sum of the shares' `RoundSums` (NumPy), in the order given; a chain needing
+  every row (a median) gets the shares' rows concatenated instead."""
+  first = shares[0].model
+  if not (isinstance(first, aggregators.Sums) and not isinstance(first.values, tuple)):
+    return tf.nest.map_structure(lambda *parts: functools.reduce(np.add, parts), *shares)
+  values = np.concatenate([share.model.values for share in shares])
+  weights = np.concatenate([share.model.weights for share in shares])
+  apart = [share._replace(model=share.model._replace(values=(), weights=())) for share in shares]
+  total = tf.nest.map_structure(lambda *parts: functools.reduce(np.add, parts), *apart)
+  return total._replace(model=total.model._replace(values=values, weights=weights))
 
 
 class RoundStages:
@@ -45,7 +54,7 @@ class RoundStages:
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: Any):
     self.algorithm, self.data = algorithm, data
-    self._private = algorithm.model_aggregator  # a privacy.PrivateMean or None
+    self._chain = algorithm.model_chain  # an ops.aggregators.Chain, or None: the mean
     # The round's metrics' structure (`pack_metrics`) and each leaf's (start, end, shape,
     # dtype) in the packed vector, noted when traced, so that unpacking a round's
     # metrics is a slice per leaf and one `nested.Packer` call.
@@ -142,30 +151,54 @@ class RoundStages:
     round_num,
     seed,
     reference,
+    indices,
   ):
-    """The round after its clients' work: aggregation (with the private aggregator's
-    noise seeded by `seed` and the round), the server step and the round's metrics,
-    packed (`pack_metrics`). Returns (weights, server state, aggregator state, metrics)."""
-    return self.finish_sums(
-      self.sums(outputs, aggregator), weights, server_state, aggregator, round_num, seed, reference
-    )
+    """The round after its clients' work: aggregation (the aggregator chain's draws
+    seeded by `seed`, the round and the clients' population `indices`), the server step
+    and the round's metrics, packed (`pack_metrics`). Returns (weights, server state,
+    aggregator state, metrics)."""
+    if self._chain is None:
+      total = self._sums(outputs, ())
+    else:
+      encoded = self._encode(outputs, aggregator, indices, round_num, seed)
+      if self._chain.row_size:  # each client's persistent rows, written back
+        aggregator = aggregator._replace(
+          rows=tf.tensor_scatter_nd_update(
+            aggregator.rows, tf.cast(indices, tf.int32)[:, None], encoded.rows
+          )
+        )
+      total = self._sums(outputs, self._chain.sums(aggregator.chain, encoded))
+    return self.finish_sums(total, weights, server_state, aggregator, round_num, seed, reference)
 
-  def sums(self, outputs: client_round.ClientOutput, aggregator) -> RoundSums:
-    """What the clients `outputs` (stacked) contribute to the round's end, as sums: a
-    share of the cohort's (one Ray actor's) adds to the others' (`add_sums`)."""
-    kind = self.algorithm.aggregation
-    private = (
-      ()
-      if self._private is None
-      else self._private.sums(
-        aggregator, aggregation.model_part(kind, outputs.update), outputs.weight
-      )
-    )
+  def sums(
+    self, outputs: client_round.ClientOutput, aggregator, indices, round_num, seed
+  ) -> RoundSums:
+    """What the clients `outputs` (stacked; population `indices`) contribute to the
+    round's end, as sums: a share of the cohort's (one Ray actor's) adds to the others'
+    (`add_sums`). Their persistent rows (error feedback's) are not written back here:
+    runtimes summing shares apart refuse chains with rows."""
+    if self._chain is None:
+      return self._sums(outputs, ())
+    encoded = self._encode(outputs, aggregator, indices, round_num, seed)
+    return self._sums(outputs, self._chain.sums(aggregator.chain, encoded))
+
+  def _sums(self, outputs: client_round.ClientOutput, model: Any) -> RoundSums:
     return RoundSums(
-      aggregation.sums(kind, outputs.update, outputs.weight),
-      private,
+      aggregation.sums(self.algorithm.aggregation, outputs.update, outputs.weight),
+      model,
       tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats),
     )
+
+  def _encode(
+    self, outputs: client_round.ClientOutput, aggregator, indices, round_num, seed
+  ) -> aggregators.Encoded:
+    """The clients' model parts, flattened to rows, through the chain's encodes."""
+    x = aggregators.flatten(aggregation.model_part(self.algorithm.aggregation, outputs.update))
+    rows = (
+      tf.gather(aggregator.rows, indices) if self._chain.row_size else tf.zeros([tf.shape(x)[0], 0])
+    )
+    seeds = aggregators.client_seeds(seed, round_num, indices)
+    return self._chain.encode(aggregator.chain, x, outputs.weight, rows, seeds)
 
   def finish_sums(
     self, total: 'RoundSums', weights, server_state, aggregator, round_num, seed, reference
@@ -173,18 +206,20 @@ class RoundStages:
     """`finish` from the whole cohort's `sums`."""
     algorithm = self.algorithm
     kind, measured = algorithm.aggregation, collections.OrderedDict()
-    if self._private is None:
+    if self._chain is None:
       update = aggregation.from_sums(kind, total.update)
     else:
-      noise_seed = tf.stack([tf.cast(seed, tf.int64), tf.cast(round_num, tf.int64)])
-      model_mean, aggregator, private = self._private.from_sums(
-        aggregator, total.private, noise_seed
+      vector, chain_state, chained = self._chain.finish(
+        aggregator.chain, total.model, aggregators.round_seed(seed, round_num)
       )
+      aggregator = aggregator._replace(chain=chain_state)
+      summed = total.update.update
+      one_row = summed.delta if hasattr(summed, 'delta') else summed
       # Nested as TFF's factories report them (under 'mean' beside side channels).
       measured.update(
-        collections.OrderedDict(mean=private) if hasattr(total.update.update, 'delta') else private
+        collections.OrderedDict(mean=chained) if hasattr(summed, 'delta') else chained
       )
-      update = aggregation.from_sums(kind, total.update, model_mean)
+      update = aggregation.from_sums(kind, total.update, aggregators.unflatten(vector, one_row))
     server_state, weights = algorithm.server_rule.step(server_state, weights, update)
     measured.update(aggregation.measurements(kind, total.update))
     metrics = collections.OrderedDict(
@@ -254,12 +289,19 @@ class HostFinish:
     return tf.nest.map_structure(np.asarray, self._payload(state))
 
   def __call__(
-    self, outputs: client_round.ClientOutput, state, aggregator, reference: float | None
+    self,
+    outputs: client_round.ClientOutput,
+    state,
+    aggregator,
+    reference: float | None,
+    indices: Sequence[int],
   ):
-    """`RoundStages.finish` of the cohort's `outputs` (stacked NumPy) from `state` (in
-    tensors) with the aggregator state `aggregator`: (weights, server state,
-    aggregator state, packed metrics)."""
-    return self._run('outputs', outputs, state, aggregator, reference)
+    """`RoundStages.finish` of the cohort's `outputs` (stacked NumPy; its clients'
+    population `indices`) from `state` (in tensors) with the aggregator state
+    `aggregator`: (weights, server state, aggregator state, packed metrics)."""
+    return self._run(
+      'outputs', outputs, state, aggregator, reference, tf.constant(indices, tf.int32)
+    )
 
   def from_sums(
     self, total: RoundSums, state, aggregator, reference: float | None, *, rows: bool = False
@@ -268,7 +310,7 @@ class HostFinish:
     the tables and slots of the round's rows alone (see the class docstring)."""
     return self._run('rows' if rows else 'sums', total, state, aggregator, reference)
 
-  def _run(self, kind: str, clients, state, aggregator, reference):
+  def _run(self, kind: str, clients, state, aggregator, reference, *indices):
     args = (
       state.global_model_weights,
       state.finalizer,
@@ -276,6 +318,7 @@ class HostFinish:
       state.client_work.round,
       self._seed,
       None if reference is None else tf.constant(reference, tf.float32),
+      *indices,
     )
     finish = self._finish[kind]
     if not finish.traced(kind):  # one trace for cohorts of every size
@@ -293,6 +336,8 @@ class HostFinish:
           ),
           *args[2:],
         )
+      if indices:
+        traced_args = (*traced_args[:-1], tf.TensorSpec([None], tf.int32))
       finish.trace(kind, specs, *traced_args)
     with tf.device(self._device):
       return finish(kind, clients, *args)

@@ -15,7 +15,18 @@ docs/aggregators.md gives each one's math and reference.
 """
 
 from tff_comp.ops.aggregators.attacks import Attack
-from tff_comp.ops.aggregators.base import Chain, ChainState, Combiner, Encoded, Stage, Sums
+from tff_comp.ops.aggregators.base import (
+  Chain,
+  ChainState,
+  Combiner,
+  Encoded,
+  Stage,
+  Sums,
+  client_seeds,
+  flatten,
+  round_seed,
+  unflatten,
+)
 from tff_comp.ops.aggregators.combiners import (
   CenteredClip,
   GeometricMedian,
@@ -63,4 +74,8 @@ __all__ = [
   'TopK',
   'TrimmedMean',
   'Zeroing',
+  'client_seeds',
+  'flatten',
+  'round_seed',
+  'unflatten',
 ]

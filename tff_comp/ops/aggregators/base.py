@@ -63,6 +63,7 @@ class Stage:
   name = 'stage'
   row_size = 0  # floats of persistent state each client keeps (error feedback: d)
   randomized = False  # draws random numbers (per client, or per round at the server)
+  cohort_wide = False  # a row's encoding reads other rows of the cohort (ALIE's attack)
 
   def bind(self, d: int) -> 'Stage':
     """This stage for rows of `d` floats (a stage needing d, for its persistent rows or a
@@ -224,6 +225,10 @@ class Chain:
   def randomized(self) -> bool:
     return any(s.randomized for s in self.stages)
 
+  @property
+  def cohort_wide(self) -> bool:
+    return any(s.cohort_wide for s in self.stages)
+
   def initial_state(self) -> ChainState:
     return ChainState(tuple(s.initial_state() for s in self.stages), self.combiner.initial_state())
 
@@ -325,11 +330,28 @@ def flatten(stacked: Any) -> tf.Tensor:
 
 
 def unflatten(vector: tf.Tensor, like: Any) -> Any:
-  """`vector` [d] in the structure of one row of `like` (stacked [m, ...] leaves)."""
+  """`vector` [d] in the structure and dtypes of `like`, one row's leaves."""
   leaves, parts, start = tf.nest.flatten(like), [], 0
   for leaf in leaves:
-    shape = leaf.shape[1:]
-    size = shape.num_elements()
-    parts.append(tf.cast(tf.reshape(vector[start : start + size], shape), leaf.dtype))
+    size = leaf.shape.num_elements()
+    parts.append(tf.cast(tf.reshape(vector[start : start + size], leaf.shape), leaf.dtype))
     start += size
   return tf.nest.pack_sequence_as(like, parts)
+
+
+# Salt of the aggregators' seeds, so their draws never repeat the clients' draws of the
+# same run seed (shuffling, epochs).
+_SALT = 0x5EED_D9
+
+
+def round_seed(run_seed: Any, round_num: Any) -> tf.Tensor:
+  """The round's server-side seed [2] (a chain's decodes: DP noise)."""
+  return tf.stack([tf.cast(run_seed, tf.int64) + _SALT, tf.cast(round_num, tf.int64)])
+
+
+def client_seeds(run_seed: Any, round_num: Any, indices: tf.Tensor) -> tf.Tensor:
+  """Each client's seed [m, 2] of a round, from (run seed, round, its index in the
+  population): the same whatever cohort, runtime or Ray actor it is in."""
+  second = tf.cast(round_num, tf.int64) * 2**24 + tf.cast(indices, tf.int64)
+  first = tf.fill(tf.shape(second), tf.cast(run_seed, tf.int64) + 2 * _SALT)
+  return tf.stack([first, second], 1)
