@@ -15,7 +15,7 @@ from tff_comp.runtime import choice, inprocess
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
-COHORT = IDS[:4]
+COHORT = [IDS[3], IDS[0], IDS[4], IDS[1]]  # positions not the population's indices
 
 CHAINS = {
   'clip_median': agg.Chain((agg.Clip(0.5),), agg.Median()),
