@@ -76,7 +76,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import csv
 import importlib.util
-import re
 import statistics
 import subprocess
 import sys
@@ -91,7 +90,13 @@ import tensorflow_federated as tff
 from tff_comp import data as data_lib
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg
-from tff_comp.binaries import bench_grid, bench_workloads, flags_lib
+from tff_comp.binaries import (
+  bench_first_rounds,
+  bench_grid,
+  bench_peers,
+  bench_workloads,
+  flags_lib,
+)
 from tff_comp.binaries import bench_timing as timing
 from tff_comp.runtime import choice, inprocess, workers
 from tff_comp.tasks import lasso, synthetic
@@ -212,7 +217,9 @@ def part1(rounds: int, repeats: int) -> None:
     builtin_state[0] = builtin.next(builtin_state[0], datasets).state
 
   plain = _plain_round(task.model, task.client_arrays())
-  with _FedJAX(rounds) as fedjax:
+  with bench_peers.FedJAX(
+    _FEDJAX_PYTHON.value, rounds, clients=CLIENTS, batch=BATCH, lr=LR, dim=lasso.DIM
+  ) as fedjax:
     a, fedjax_a = timing.time_rounds_between(
       timing.round_runner(fast, ids, picks), rounds, repeats, fedjax.block
     )
@@ -305,58 +312,6 @@ def _run_py(rounds: int) -> tuple[float, float]:
   )
 
 
-class _FedJAX:
-  """FedJAX's FedAvg on part 1's shape, running beside the bench in `--fedjax_python`
-  (`binaries/peers/fedjax_fedavg.py --serve`): `block()` times `rounds` of its rounds
-  (s/round); without `--fedjax_python`, None. Its process is killed on exit."""
-
-  def __init__(self, rounds: int):
-    self._rounds, self._process = rounds, None
-    self._log = tempfile.TemporaryFile('w+')  # its stderr (a pipe left unread could fill)
-
-  def __enter__(self) -> '_FedJAX':
-    if _FEDJAX_PYTHON.value:
-      self._process = subprocess.Popen(
-        [
-          _FEDJAX_PYTHON.value,
-          os.path.join(_HERE, 'peers', 'fedjax_fedavg.py'),
-          '--serve',
-          f'--clients={CLIENTS}',
-          f'--batch_size={BATCH}',
-          f'--learning_rate={LR}',
-          f'--dim={lasso.DIM}',
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=self._log,
-        text=True,
-      )
-      if self._process.stdout.readline().strip() != 'ready':
-        self._failed()
-    return self
-
-  def block(self) -> float | None:
-    if self._process is None:
-      return None
-    self._process.stdin.write(f'{self._rounds}\n')
-    self._process.stdin.flush()
-    line = self._process.stdout.readline()
-    if not line:
-      self._failed()
-    return float(line)
-
-  def _failed(self) -> None:
-    code = self._process.wait()
-    self._log.seek(0)
-    raise RuntimeError(f'FedJAX failed (exit {code}): {self._log.read()[-2000:]}')
-
-  def __exit__(self, *exc) -> None:
-    if self._process is not None:
-      self._process.kill()
-      self._process.wait()
-    self._log.close()
-
-
 def part2(sweep: list[int], population: int, rounds: int, repeats: int, tff_max: int) -> None:
   task = synthetic.build_synthetic_task(num_clients=max(population, max(sweep)))
   ids = task.train_data.client_ids
@@ -434,95 +389,6 @@ def part4(rounds: int, per_round: int) -> None:
   )
 
 
-# Runs in a fresh Python: seconds from building the runtime to the end of round 1.
-_FIRST_ROUND = """
-import sys, tempfile, time
-from tff_comp import experiment
-engine = sys.argv[1]
-prepared = experiment.prepare(experiment.ExperimentConfig.of(
-    algorithm='feddualavg', task='lasso', engine=engine, output_dir=tempfile.mkdtemp()))
-ids, k = prepared.task.train_data.client_ids, prepared.settings.clients_per_round
-start = time.perf_counter()
-runner = experiment.build_runner(prepared)
-runner.runtime.next(runner.runtime.initialize(), ids[:k])
-print(time.perf_counter() - start, runner.runtime.engine)
-"""
-
-# Runs in a fresh Python with XLA's compile log: 20 rounds with 30% dropout, lanes.
-_DROPOUT = """
-from tff_comp.algorithms import fedavg
-from tff_comp.runtime import inprocess, sampling
-from tff_comp.tasks import lasso
-task = lasso.build_lasso_task(dataset='I')
-runtime = inprocess.build(fedavg.fedavg(task.model, client_learning_rate=1e-3), task.train_data,
-                          engine='lanes')
-sampler = sampling.ClientSampler(task.train_data.client_ids, 10, seed=0,
-    participation=sampling.Participation(dropout_rate=0.3))
-runtime.reserve_cohort(sampler.capacity)
-state, sizes = runtime.initialize(), set()
-for r in range(1, 21):
-  clients = sampler.sample(r)
-  sizes.add(len(clients.reporting))
-  if clients.reporting:
-    state = runtime.next(state, list(clients.reporting)).state
-print(len(sizes))
-"""
-
-
-def _child(script: str, *args: str, env=None) -> subprocess.CompletedProcess:
-  out = subprocess.run(
-    [sys.executable, '-c', script, *args],
-    capture_output=True,
-    text=True,
-    timeout=600,
-    stdin=subprocess.DEVNULL,
-    env=env,
-  )
-  if out.returncode:
-    raise RuntimeError(f'a part 5 child failed: {out.stderr[-2000:]}')
-  return out
-
-
-def part5() -> None:
-  print('Part 5: build to the end of round 1, feddualavg on lasso (fresh processes)')
-  for engine in ('lanes', 'mapped', 'auto'):
-    runs = [_child(_FIRST_ROUND, engine).stdout.split() for _ in range(2)]
-    print(
-      f'  {engine:6s} first {float(runs[0][0]):.2f} s, warm {float(runs[1][0]):.2f} s'
-      f' (engine {runs[0][1]})'
-      + (' (target: warm <= 1 s, first <= 3 s)' if engine == 'auto' else '')
-    )
-  run_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'run.py')
-  seconds = []
-  with tempfile.TemporaryDirectory() as cache:  # no flags recorded yet
-    for _ in range(2):  # the first start records them
-      start = time.perf_counter()
-      subprocess.run(
-        [sys.executable, run_py, '--rounds=ten'],
-        capture_output=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-        env=dict(os.environ, TFF_COMP_DATA_DIR=cache),
-      )
-      seconds.append(time.perf_counter() - start)
-  print(
-    f'  run.py --rounds=ten: error after {seconds[1]:.2f} s ({seconds[0]:.2f} s when'
-    ' its flags were not yet recorded) (target < 1 s)'
-  )
-  out = _child(
-    _DROPOUT,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0', TF_CPP_VMODULE='device_compilation_profiler=1'),
-  )
-  compiles = [
-    int(n) for n in re.findall(r'Compiled __inference__local_steps_\d+ (\d+) times', out.stderr)
-  ]
-  print(
-    f'  20 rounds, 30% dropout, {out.stdout.strip()} cohort sizes: the lanes kernel'
-    f' compiled {max(compiles, default=0)} time(s), recompiles'
-    f' {max(compiles, default=1) - 1} (target 0)'
-  )
-
-
 def main(argv):
   if len(argv) > 1:
     flags_lib.fail(f'unexpected arguments: {" ".join(argv[1:])}')
@@ -555,7 +421,7 @@ def main(argv):
   if _MEMORY_ROUNDS.value:
     part4(_MEMORY_ROUNDS.value, _POPULATION.value)
   if _FIRST_ROUNDS.value:
-    part5()
+    bench_first_rounds.part5()
 
 
 if __name__ == '__main__':

@@ -22,7 +22,7 @@ from tff_comp import trials as trials_lib
 from tff_comp.binaries import reproductions
 from tff_comp.run import callbacks
 from tff_comp.runtime import base as runtime_base
-from tff_comp.runtime import engines, ray_cluster
+from tff_comp.runtime import ray_cluster, resident_data
 
 
 def column(metric: str) -> str:
@@ -365,7 +365,7 @@ def run_grid(
       parallel,
       mp_context=multiprocessing.get_context('spawn'),
       initializer=_share_cores,
-      initargs=(max(1, engines.kernel_threads('CPU') // parallel),),
+      initargs=(max(1, resident_data.kernel_threads('CPU') // parallel),),
     ) as pool:
       results = list(pool.map(run, *zip(*args)))
   else:
@@ -384,7 +384,7 @@ def run_grid(
 def _share_cores(threads: int) -> None:
   """A grid's process on its share of the machine's cores: NumPy's BLAS on one thread
   (`trials.one_blas_thread`), TensorFlow's inter-op pool, which runs the lanes engine's
-  kernels side by side (`engines.kernel_threads`), on `threads`. A Ray worker that ran
+  kernels side by side (`resident_data.kernel_threads`), on `threads`. A Ray worker that ran
   TensorFlow before keeps its pool (its runs' `runtime_record` says how many)."""
   trials_lib.one_blas_thread()
   try:

@@ -31,7 +31,7 @@ flag_check.check(sys.argv, flag_check.program())
 from absl import app, flags
 import tensorflow as tf
 
-from tff_comp import experiment, privacy_settings, registry, run_directory, signals
+from tff_comp import experiment, registry, run_directory, signals
 from tff_comp.binaries import flags_lib
 from tff_comp.run import callbacks, training_loop
 from tff_comp.runtime import workers
@@ -107,8 +107,9 @@ def _header(prepared: experiment.Prepared) -> str:
       else 'no regularizer'
     ),
   ]
-  if config.privacy.aggregator != privacy_settings.MEAN:
-    parts.append(f'aggregator {config.privacy.aggregator}')
+  aggregator = prepared.builder_args.get('model_aggregator')
+  if aggregator is not None:  # its chain's stages and combiner, or a private mean's kind
+    parts.append(f'aggregator {aggregator.name}')
   if config.server.server_optimizer:
     parts.append(f'server optimizer {config.server.server_optimizer}')
   for side, schedule in (

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp.runtime import engines, huge_pages
+from tff_comp.runtime import huge_pages, resident_data
 
 
 def _huge_kb(address: int) -> int:
@@ -22,7 +22,7 @@ def _huge_kb(address: int) -> int:
 
 
 def test_a_resident_buffer_advised_is_backed_by_huge_pages():
-  data = engines.ResidentData(
+  data = resident_data.ResidentData(
     (np.random.default_rng(0).random((4096, 1024), np.float32),),
     np.full(32, 128),
     tuple(str(i) for i in range(32)),

@@ -17,7 +17,7 @@ from tests import algorithm_cases
 from tff_comp import models, registry
 from tff_comp.ops import client_round, sgd
 from tff_comp.ops import rule as rule_lib
-from tff_comp.runtime import engines, inprocess, lanes
+from tff_comp.runtime import engines, inprocess, lanes, resident_data
 
 D = 3
 MODEL = models.linear_regression((D,))
@@ -149,7 +149,7 @@ def test_the_kernels_width_takes_the_fewest_lane_steps():
   # 24 equal clients: 8 lanes (3 passes) and 12 (2 passes) tie; 16 would idle 8 lanes.
   assert lanes.lane_width(np.full(40, 12), 24, 8) == 8
   x = np.random.default_rng(0).normal(size=(10 * 48, D)).astype(np.float32)
-  data = engines.ResidentData(
+  data = resident_data.ResidentData(
     (x, x[:, 0]),
     np.full(10, 48, np.int32),
     tuple(str(i) for i in range(10)),

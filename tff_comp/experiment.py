@@ -10,16 +10,15 @@ layers over these two functions.
 from collections.abc import Callable, Sequence
 import dataclasses
 import inspect
-import math
 import pathlib
 from typing import Any
 
 from tff_comp import (
   accounting,
   evaluation,
-  paths,
   privacy_settings,
   registry,
+  run_arguments,
   run_config,
   run_directory,
   settings,
@@ -27,7 +26,7 @@ from tff_comp import (
 from tff_comp import task as task_lib
 from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import regularizers as regularizers_lib
+from tff_comp.ops import communication as communication_lib
 from tff_comp.ops import rule as rule_lib
 from tff_comp.run import buffered_async, devices, run_files, run_settings, sampling, training_loop
 from tff_comp.run import callbacks as callbacks_lib
@@ -35,23 +34,10 @@ from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import choice
 
-# Builder parameters that every run sets from the common flags.
-COMMON_ALGORITHM_ARGS = (
-  'client_learning_rate',
-  'server_learning_rate',
-  'batch_size',
-  'local_epochs',
-  'client_weighting',
-  'regularizer',
-  'seed',
-  'num_clients',
-)
-# Task parameters fed from common settings rather than task flags.
-COMMON_TASK_ARGS = ('seed',)
-
-
+COMMON_ALGORITHM_ARGS = run_arguments.COMMON_ALGORITHM_ARGS
+COMMON_TASK_ARGS = run_arguments.COMMON_TASK_ARGS
+DEFAULT_TASK = run_arguments.DEFAULT_TASK
 ConfigError = settings.ConfigError  # bad settings; the message is one line for the user
-DEFAULT_TASK = 'lasso'
 
 
 @dataclasses.dataclass
@@ -80,175 +66,6 @@ class Prepared:
     return self.algorithm.process(self.task.model, **self.builder_args)
 
 
-def _regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
-  chosen = config.regularizer is not None or config.regularizer_strength is not None
-  if not algorithm.accepts('regularizer'):
-    if chosen:
-      raise ConfigError(
-        f'--regularizer/--regularizer_strength do not apply to algorithm'
-        f' {config.algorithm!r}, which ignores regularizers.'
-      )
-    return None
-  name = config.regularizer or task.regularizer.name
-  strength = (
-    task.regularizer.strength
-    if config.regularizer_strength is None
-    else config.regularizer_strength
-  )
-  if strength < 0:
-    raise ConfigError(f'--regularizer_strength must be >= 0, got {strength}.')
-  try:
-    psi = regularizers_lib.make_regularizer(name, strength, task.regularizer_targets)
-    psi.check_applies_to(task.weight_shapes)
-  except ValueError as e:
-    raise ConfigError(f'task {task.name!r} cannot apply this regularizer: {e}') from e
-  return psi
-
-
-def _check_finite(config: ExperimentConfig) -> None:
-  """Algorithm and task options are finite numbers (the records check their own)."""
-  values = dict(config.algorithm_options)
-  values.update({f'{config.task}_{k}': v for k, v in config.task_options.items()})
-  for name, value in values.items():
-    if isinstance(value, float) and not math.isfinite(value):
-      raise ConfigError(f'--{name} must be a finite number, got {value}.')
-
-
-def _with_names(
-  config: ExperimentConfig, algorithm: registry.Entry
-) -> tuple[ExperimentConfig, registry.Entry]:
-  """(config with its task and output directory resolved, the task's entry)."""
-  task_name = config.task or algorithm.home_task or DEFAULT_TASK
-  config = dataclasses.replace(
-    config, task=task_name, output_dir=config.output_dir or f'runs/{config.algorithm}-{task_name}'
-  )
-  return config, registry.get_task(task_name)
-
-
-def _check_options(
-  config: ExperimentConfig, algorithm: registry.Entry, task_entry: registry.Entry
-) -> None:
-  """Algorithm and task options exist for the chosen pair; numbers finite; the output
-  directory usable; run-management settings coherent."""
-  known = {h.name for h in algorithm.hparams}
-  for name in config.algorithm_options:
-    if name not in known or name in COMMON_ALGORITHM_ARGS:
-      raise ConfigError(
-        f'--{name} does not apply to algorithm {config.algorithm!r}'
-        f' (its options: {", ".join(sorted(known - set(COMMON_ALGORITHM_ARGS))) or "none"}).'
-      )
-  task_known = {h.name for h in task_entry.hparams}
-  for name in config.task_options:
-    if name not in task_known:
-      raise ConfigError(f'task {config.task!r} has no option {name!r}.')
-  _check_finite(config)
-  run_directory.check_output_dir(config.output_dir, config.overwrite, config.resume)
-  if config.resume and config.overwrite:
-    raise ConfigError(
-      '--resume continues the run in --output_dir, --overwrite replaces it: choose one.'
-    )
-  try:
-    paths.check_cache_root()
-  except ValueError as e:
-    raise ConfigError(str(e)) from e
-
-
-def _build_task(
-  config: ExperimentConfig, task_entry: registry.Entry
-) -> tuple[task_lib.Task, dict[str, Any]]:
-  """(the task, {path: fingerprint} of the data files its build read)."""
-  task_args = config.task_arguments(task_entry.accepts)
-  try:
-    with paths.recording_data_files() as files:
-      task = task_entry.builder(**task_args)
-    lacks = task_lib.missing(task)
-    if lacks:
-      raise ConfigError(
-        f'task {config.task!r}: its builder returned a'
-        f' {type(task).__name__} without {", ".join(lacks)}'
-        ' (tff_comp.task.Task).'
-      )
-    return task, files
-  except ValueError as e:
-    raise ConfigError(f'task {config.task!r}: {e}') from e
-  except MemoryError as e:  # NumPy's "Unable to allocate ..." for an absurd size option
-    raise ConfigError(
-      f'task {config.task!r}: its data do not fit in memory with these options ({e}).'
-    ) from e
-
-
-def _server_optimizer(
-  config: ExperimentConfig,
-  algorithm: registry.Entry,
-  builder_args: dict[str, Any],
-  settings_: run_settings.RunSettings,
-) -> None:
-  """Puts the named server optimizer (at the run's server learning rate) into
-  `builder_args`, or raises ConfigError for a setting that cannot apply."""
-  if config.server.server_optimizer is None:
-    return
-  if not algorithm.accepts('server_optimizer'):
-    takers = [
-      n
-      for n in registry.ALGORITHMS.names()
-      if registry.get_algorithm(n).accepts('server_optimizer')
-    ]
-    raise ConfigError(
-      f'--server_optimizer: algorithm {config.algorithm!r} runs no server'
-      f' optimizer (its server step is its own math); these do:'
-      f' {", ".join(takers)}.'
-    )
-  if builder_args.get('server_momentum'):
-    raise ConfigError(
-      "--server_momentum and --server_optimizer both choose the server's"
-      ' optimizer; for momentum use --server_optimizer=sgdm'
-      ' --server_beta_1=MOMENTUM.'
-    )
-  try:
-    builder_args['server_optimizer'] = config.server.build(settings_.server_learning_rate)
-  except ValueError as e:
-    raise ConfigError(str(e)) from e
-
-
-def _builder_args(
-  config: ExperimentConfig,
-  algorithm: registry.Entry,
-  task: task_lib.Task,
-  home: dict[str, Any],
-  settings: run_settings.RunSettings,
-) -> tuple[dict[str, Any], run_settings.RunSettings]:
-  """(the algorithm builder's arguments: home options, given options, common settings,
-  the run seed, the population size and the regularizer; `settings` with the
-  regularizer in force)."""
-  builder_args = {k: v for k, v in home.items() if k not in run_settings.DEFAULTED}
-  builder_args.update(config.algorithm_options)
-  for name in ('client_learning_rate', 'server_learning_rate', 'batch_size', 'local_epochs'):
-    if algorithm.accepts(name):
-      builder_args[name] = getattr(settings, name)
-    elif config.value(name) is not None:
-      raise ConfigError(f'--{name} does not apply to algorithm {config.algorithm!r}.')
-  if config.local_work.client_weighting is not None:
-    if not algorithm.accepts('client_weighting'):
-      raise ConfigError(
-        f'--client_weighting does not apply to algorithm'
-        f' {config.algorithm!r}, whose math fixes the client weights.'
-      )
-    builder_args['client_weighting'] = config.local_work.client_weighting
-  if algorithm.accepts('seed'):
-    builder_args['seed'] = config.seed
-  if algorithm.accepts('num_clients'):
-    builder_args['num_clients'] = task.num_clients
-  _server_optimizer(config, algorithm, builder_args, settings)
-  psi = _regularizer(config, task, algorithm)
-  if psi is not None:
-    builder_args['regularizer'] = psi
-  return builder_args, dataclasses.replace(
-    settings,
-    regularizer=psi.name if psi else None,
-    regularizer_strength=psi.strength if psi else None,
-  )
-
-
 def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepared:
   """Validates `config` and builds the task; runs no TFF computation. Steps: the
   runtime settings, the algorithm and task names, their options, the task, the run
@@ -261,19 +78,22 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
   """
   config.check()
   algorithm = registry.get_algorithm(config.algorithm)
-  config, task_entry = _with_names(config, algorithm)
+  config, task_entry = run_arguments.with_names(config, algorithm)
   # Settings and options that work for the (algorithm, home task) pair.
   home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
-  _check_options(config, algorithm, task_entry)
+  run_arguments.check_options(config, algorithm, task_entry)
   task, task_files = (
-    (like.task, like.task_files) if like is not None else _build_task(config, task_entry)
+    (like.task, like.task_files)
+    if like is not None
+    else run_arguments.build_task(config, task_entry)
   )
   settings = run_settings.resolve(
     config.value, task, home, with_replacement=config.participation.sampling == 'with_replacement'
   )
-  builder_args, settings = _builder_args(config, algorithm, task, home, settings)
+  builder_args, settings = run_arguments.builder_args(config, algorithm, task, home, settings)
   plan = privacy_settings.configure(
     config.privacy,
+    config.aggregation,
     algorithm,
     builder_args,
     rounds=settings.rounds,
@@ -412,8 +232,18 @@ def default_callbacks(
   """The callbacks of a run as configured (`training_loop.standard_callbacks`: schedules,
   divergence guards, the evaluator, progress), with the privacy ledger's (epsilon spent,
   the end of the budget) and `extra` before the progress line. The binaries compose
-  their runs from this list; a researcher may add, drop or reorder."""
+  their runs from this list; a researcher may add, drop or reorder. A run of an
+  Algorithm counts the bytes its rounds send (`callbacks.Communication`)."""
   config, settings_ = prepared.config, prepared.settings
+  communication = (
+    ()
+    if runner.algorithm is None
+    else (
+      callbacks_lib.Communication(
+        *communication_lib.client_bytes(runner.algorithm, prepared.task.num_clients)
+      ),
+    )
+  )
   return training_loop.standard_callbacks(
     runner.evaluate,
     eval_period=settings_.eval_period,
@@ -425,6 +255,7 @@ def default_callbacks(
       *config.privacy.callbacks(
         prepared.ledger, settings_.rounds, settings_.eval_period, show_progress
       ),
+      *communication,
       *extra,
     ),
   )

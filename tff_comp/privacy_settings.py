@@ -14,12 +14,12 @@ import json
 import pathlib
 from typing import Any
 
-from tff_comp import accounting, settings
+from tff_comp import accounting, aggregation_settings, settings
 from tff_comp.ops import privacy
 from tff_comp.run import callbacks
 
 MEAN = 'mean'  # the algorithm's own aggregation
-AGGREGATORS = (MEAN, *privacy.KINDS)
+AGGREGATORS = (MEAN, *privacy.KINDS, *aggregation_settings.ROBUST)
 _NOISE_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
 _ADAPTIVE_FLAGS = ('clip_quantile', 'clip_learning_rate', 'clipped_count_stddev')
 DEFAULT_ADAPTIVE_CLIP = 0.1  # TFF's initial_l2_norm_clip
@@ -41,12 +41,14 @@ class PrivacyOptions:
 
   aggregator: str = settings.setting(
     MEAN,
-    'What averages the model delta (side channels stay exact): mean (the'
+    'What combines the model deltas (side channels stay exact): mean (the'
     " algorithm's own); clip (each client's update clipped to --clip_norm, then the"
     ' weighted mean); dp (clipped, summed, Gaussian noise of std noise_multiplier x'
     " clip_norm, divided by --clients_per_round: TFF's DP-FedAvg semantics, uniform"
     ' client weights); dp_adaptive (dp with the clip adapting to --clip_quantile of the'
-    ' update norms). Both runtimes run all four.',
+    ' update norms); the Byzantine-robust median, trimmed_mean (--trim_fraction), krum,'
+    ' multi_krum (--byzantine_clients), geometric_median and centered_clip'
+    ' (--centered_clip_tau), every client alike (docs/aggregators.md).',
     choices=AGGREGATORS,
   )
   clip_norm: float | None = settings.setting(
@@ -92,7 +94,7 @@ class PrivacyOptions:
   def __post_init__(self):
     settings.check(self)
     given = [n for n in ('clip_norm', *_NOISE_FLAGS) if getattr(self, n) is not None]
-    if self.aggregator == MEAN and given:
+    if self.aggregator not in privacy.KINDS and given:
       raise ValueError(
         f'--{given[0]} sets a clipping or DP aggregator: add --aggregator=clip, dp or dp_adaptive.'
       )
@@ -128,7 +130,7 @@ class PrivacyOptions:
   @property
   def private(self) -> bool:
     """Adds noise (dp, dp_adaptive)."""
-    return self.aggregator not in (MEAN, privacy.CLIP)
+    return self.aggregator in (privacy.DP, privacy.DP_ADAPTIVE)
 
   def plan(
     self,
@@ -143,7 +145,7 @@ class PrivacyOptions:
     by `sampling` from `population`; a resumed DP run keeps its
     `recorded_noise_multiplier` (calibrating again for a changed --rounds would change
     the noise mid-run). Raises ValueError ('--aggregator=...: why')."""
-    if self.aggregator == MEAN:
+    if self.aggregator not in privacy.KINDS:
       return Plan(None, None, {})
     ledger, z, resolved = None, 0.0, {}
     n = clients_per_round
@@ -221,6 +223,7 @@ def privacy_line(ledger: accounting.Ledger, budget: float | None, last: int) -> 
 
 def configure(
   options: PrivacyOptions,
+  aggregation: aggregation_settings.AggregationOptions,
   algorithm: Any,
   builder_args: dict[str, Any],
   *,
@@ -231,28 +234,38 @@ def configure(
   sampling: str,
   resuming: str | None,
 ) -> Plan:
-  """Puts the --aggregator's `ops.privacy.PrivateMean` into the builder's arguments
-  `builder_args` of the registered `algorithm` (a DP run weighs clients uniformly) and
-  returns the plan, its `resolved` the run settings it fixes (the noise multiplier and
+  """Puts the run's model aggregator into the builder's arguments `builder_args` of the
+  registered `algorithm`: --aggregator's `ops.privacy.PrivateMean` (clip, dp,
+  dp_adaptive), or with a robust combiner, compression, secure aggregation or attackers
+  the chain of all of them (`aggregation_settings.AggregationOptions.chain`); an
+  aggregator counting every client alike (DP, the robust ones) weighs them uniformly.
+  Returns the plan, its `resolved` the run settings it fixes (the noise multiplier and
   delta; 'uniform' client weighting where it forces it). `resuming`: the output
   directory of a run being resumed, whose recorded noise multiplier is kept.
 
   Raises:
     ConfigError: a setting that cannot apply.
   """
-  if options.aggregator == MEAN:
+  robust = options.aggregator in aggregation_settings.ROBUST
+  if options.aggregator == MEAN and not aggregation.active:
     return Plan(None, None, {})
   if not algorithm.accepts('model_aggregator'):
     raise settings.ConfigError(
-      f'--aggregator: algorithm {algorithm.name!r} takes no model'
-      ' aggregator (its aggregation is its own math).'
+      f'--aggregator and --compression, --secure_aggregation, --attack: algorithm'
+      f' {algorithm.name!r} takes no model aggregator (its aggregation is its own math).'
+    )
+  if sampling == 'with_replacement' and aggregation.error_feedback != 'none':
+    raise settings.ConfigError(
+      '--error_feedback keeps a residual per client, which a client drawn twice a round'
+      ' would overwrite; use uniform or poisson sampling.'
     )
   forced = {}
-  if options.private:
+  if options.private or robust:
     if client_weighting not in (None, 'uniform'):
+      why = "TFF's DP semantics" if options.private else 'a robust combiner'
       raise settings.ConfigError(
-        f"--aggregator={options.aggregator} weighs every client alike (TFF's DP"
-        ' semantics): drop --client_weighting or set it to uniform.'
+        f'--aggregator={options.aggregator} weighs every client alike ({why}): drop'
+        ' --client_weighting or set it to uniform.'
       )
     if algorithm.accepts('client_weighting'):
       builder_args['client_weighting'] = forced['client_weighting'] = 'uniform'
@@ -264,9 +277,14 @@ def configure(
       sampling=sampling,
       recorded_noise_multiplier=(None if resuming is None else recorded_noise_multiplier(resuming)),
     )
+    model_aggregator = plan.mean
+    if robust or aggregation.active:
+      model_aggregator = aggregation.chain(
+        options.aggregator, None if plan.mean is None else plan.mean.chain(), clients_per_round
+      )
   except ValueError as e:
     raise settings.ConfigError(str(e)) from e
-  builder_args['model_aggregator'] = plan.mean
+  builder_args['model_aggregator'] = model_aggregator
   return dataclasses.replace(plan, resolved={**forced, **plan.resolved})
 
 

@@ -5,7 +5,14 @@ from collections.abc import Callable
 import dataclasses
 from typing import Any
 
-from tff_comp import client_settings, privacy_settings, registry, server_optimizers, settings
+from tff_comp import (
+  aggregation_settings,
+  client_settings,
+  privacy_settings,
+  registry,
+  server_optimizers,
+  settings,
+)
 from tff_comp import schedules as schedules_lib
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.run import buffered_async
@@ -121,6 +128,9 @@ class ExperimentConfig:
   privacy: privacy_settings.PrivacyOptions = dataclasses.field(
     default_factory=privacy_settings.PrivacyOptions
   )
+  aggregation: aggregation_settings.AggregationOptions = dataclasses.field(
+    default_factory=aggregation_settings.AggregationOptions
+  )
   checkpoints: checkpoints_lib.CheckpointOptions = dataclasses.field(
     default_factory=checkpoints_lib.CheckpointOptions
   )
@@ -174,12 +184,16 @@ class ExperimentConfig:
     return cls(**values)
 
   def check(self) -> None:
-    """Raises ConfigError for a value outside its choices or bounds."""
+    """Raises ConfigError for a value outside its choices or bounds, or a setting the
+    run would ignore (`settings.setting(applies_when=...)`)."""
     for record in (self, *(getattr(self, group) for group in GROUPS)):
       try:
         settings.check(record)
       except ValueError as e:
         raise ConfigError(str(e)) from e
+      ignored = settings.ignored_settings(record, self.value)
+      if ignored:
+        raise ConfigError(ignored)
     choice.check(self.runtime, self.runtime_options)
     if self.force_resume and not self.resume:
       raise ConfigError('--force_resume goes with --resume.')

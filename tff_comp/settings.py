@@ -12,7 +12,7 @@ absl's flags could declare these themselves, but a record is also the Python API
 without absl or a command line: so the fields are the one source and flags derive.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 import dataclasses
 import math
 import types
@@ -40,6 +40,7 @@ def setting(
   input_file: bool = False,
   resumable: bool = False,
   per_trial: bool = False,
+  applies_when: Mapping[str, Sequence[Any]] | None = None,
 ) -> Any:
   """A record field: `default`, the flag's `help`, its `choices` (or a function giving
   them, for registries filled later), inclusive `lower`/`upper` or exclusive `above`
@@ -51,7 +52,10 @@ def setting(
   saves, where its rounds run), the rest must match the recorded run's.
   `per_trial`: trials of a grid that differ in it may share one compiled program
   (`tff_comp.trials`): it lives in the loop, the sampler or the hyperparameters, never
-  in what is compiled."""
+  in what is compiled. `applies_when` {setting: its values}: the setting only matters
+  where every named setting (of any record, by its flag's name) has one of those
+  values; set otherwise, it would be ignored, and the run refuses it
+  (`ignored_settings`)."""
   metadata = dict(
     help=help,
     choices=choices,
@@ -63,6 +67,7 @@ def setting(
     input_file=input_file,
     resumable=resumable,
     per_trial=per_trial,
+    applies_when=dict(applies_when or {}),
   )
   if default_factory is not None:
     return dataclasses.field(default_factory=default_factory, metadata=metadata)
@@ -86,6 +91,7 @@ class Spec:
   input_file: bool
   resumable: bool
   per_trial: bool
+  applies_when: Mapping[str, Sequence[Any]]
 
 
 def _base_type(hint: Any) -> type:
@@ -121,7 +127,31 @@ def specs(record: type) -> Iterator[Spec]:
       meta.get('input_file', False),
       meta.get('resumable', False),
       meta.get('per_trial', False),
+      meta.get('applies_when', {}),
     )
+
+
+def ignored_settings(record: Any, value: Callable[[str], Any]) -> str:
+  """One line naming the first setting of `record` changed from its default whose
+  `applies_when` does not hold ('' when none): `value(name)` reads any setting by its
+  flag's name (`ExperimentConfig.value`). Settings a run would ignore are refused by this
+  one rule, not one check per flag."""
+  for spec in specs(type(record)):
+    current = getattr(record, spec.name)
+    if not spec.applies_when or current == spec.default:
+      continue
+    for governing, values in spec.applies_when.items():
+      if value(governing) not in values:
+        shown = ', '.join(_flag_value(v) for v in values)
+        return (
+          f"--{spec.flag} applies with --{governing}={shown} (this run's is"
+          f' {_flag_value(value(governing))}); it would be ignored.'
+        )
+  return ''
+
+
+def _flag_value(value: Any) -> str:
+  return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def input_files(record: Any) -> list[str]:

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 from absl import logging
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
 import threadpoolctl
 
 from tff_comp import evaluation, experiment, run_config
@@ -96,6 +97,20 @@ def _prepare(configs: Sequence[ExperimentConfig]) -> list[experiment.Prepared]:
   return prepared
 
 
+def _merged_client_data(sources: Sequence[tuple[str, Any]]) -> Any:
+  """The clients of several `ClientData` ((prefix, data) pairs; prefixes end in '/')
+  as one, each under its prefix + its id: the data of trials whose tasks differ only
+  in their seed, run as one group. In-process only (its dataset function is Python)."""
+  by_prefix = dict(sources)
+  ids = [prefix + cid for prefix, data in sources for cid in data.client_ids]
+
+  def dataset(client_id: str):
+    prefix, _, own = client_id.partition('/')
+    return by_prefix[prefix + '/'].create_tf_dataset_for_client(own)
+
+  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids, dataset)
+
+
 def _why_not_merged(tasks: Sequence[Any], budget_mb: float) -> str:
   """Why the trials on `tasks` (one per task seed) cannot share one program ('' if
   they can): their examples or models differ in shape, or their data together exceed
@@ -128,15 +143,13 @@ class _Program(NamedTuple):
 
 def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
   """One build for the trials `members` (their runs `prepared`), on their tasks' clients
-  together when they are several (`inprocess_trials.merged_client_data`)."""
+  together when they are several (`_merged_client_data`)."""
   first = prepared[0]  # built for one trial's run, as each trial's separate run is
   tasks = list({id(p.task): p.task for p in prepared}.values())
   if len(tasks) == 1:
     return _Program(members, prepared, experiment.build_runner(first))
   prefixes = {id(task): f'{k}/' for k, task in enumerate(tasks)}
-  data = inprocess_trials.merged_client_data(
-    [(prefixes[id(task)], task.train_data) for task in tasks]
-  )
+  data = _merged_client_data([(prefixes[id(task)], task.train_data) for task in tasks])
   runner = experiment.build_runner(
     dataclasses.replace(first, task=dataclasses.replace(first.task, train_data=data))
   )

@@ -130,3 +130,15 @@ def check(algorithm: Any) -> None:
     return tf.constant(0)
 
   tf.function(round_of_one_client, autograph=False).get_concrete_function()
+
+
+def payload_spec(algorithm: Any) -> Any:
+  """The structure and shapes of what `algorithm`'s server broadcasts (traced, not run)."""
+  server = algorithm.server_rule
+  trainable, non_trainable = algorithm.model.initial_weights
+
+  def payload():
+    weights = ModelWeights(_zeros(trainable), _zeros(non_trainable))
+    return server.payload(server.reset(server.initialize(), weights), weights)
+
+  return _specs(tf.function(payload, autograph=False).get_concrete_function().structured_outputs)

@@ -75,6 +75,10 @@ class PrivateMean:
         )
 
   @property
+  def name(self) -> str:
+    return self.kind
+
+  @property
   def private(self) -> bool:
     """Whether this mean is a Gaussian mechanism (uniform weights, accounted)."""
     return self.kind != CLIP

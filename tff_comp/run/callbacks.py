@@ -337,6 +337,18 @@ class Progress(Callback):
       self._bar.close()
 
 
+class Communication(Callback):
+  """comm/upload_bytes and comm/download_bytes of each round: what its reporting clients
+  send and its sampled clients receive (`ops.communication.client_bytes`: per client)."""
+
+  def __init__(self, upload: float, download: float):
+    self._upload, self._download = upload, download
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    metrics['comm/upload_bytes'] = metrics['participation/reporting'] * self._upload
+    metrics['comm/download_bytes'] = metrics['participation/sampled'] * self._download
+
+
 class MetricsSink(Callback):
   """metrics.csv and TensorBoard (`MetricsWriter`): round 0 holds the initial
   evaluation, then a row per round with its `seconds` since the start; a resumed run

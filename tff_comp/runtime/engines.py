@@ -18,9 +18,8 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
   client and the stage (initialize, local step k, finalize). Slow; for finding bugs.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 import contextlib
-import os
 import re
 from typing import Any, NamedTuple, Protocol
 
@@ -30,102 +29,8 @@ import tensorflow as tf
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, local_loop, vectorizable
 from tff_comp.ops import rule as rule_lib
-from tff_comp.runtime import huge_pages
 from tff_comp.runtime import lanes as lanes_lib
-
-
-def choose_device(logical_devices: Sequence[Any] | None = None) -> str:
-  """The device name rounds run on: the first logical GPU, else the first CPU."""
-  devices = tf.config.list_logical_devices() if logical_devices is None else logical_devices
-  for kind in ('GPU', 'CPU'):
-    for device in devices:
-      if device.device_type == kind:
-        return device.name
-  raise RuntimeError('TensorFlow sees no CPU or GPU device.')
-
-
-def kernel_threads(device: str, requested: int = 0) -> int:
-  """Threads the lanes engine runs a cohort's kernels on (`LanesEngine`): `requested`,
-  or 0 for one on a GPU and on a CPU the cores this process may use, at most the
-  threads of TensorFlow's inter-op pool (which runs them; 0 there: one a core)."""
-  if requested:
-    return requested
-  if 'GPU' in device.upper():
-    return 1
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  return max(1, min(cores or 1, tf.config.threading.get_inter_op_parallelism_threads() or cores))
-
-
-@tf.function(autograph=False, reduce_retracing=True)
-def _client_keys(examples: Any, counts: tf.Tensor) -> tf.Tensor:
-  """Each client's `local_loop.client_key`, its examples the `counts` concatenated in
-  `examples`. One function for every build (a function per build traced anew each
-  time, and TensorFlow warned of retracing after five builds in a process)."""
-  offsets = tf.cumsum(counts, exclusive=True)
-  return tf.map_fn(
-    lambda i: local_loop.client_key(
-      tf.nest.map_structure(lambda v: v[offsets[i] : offsets[i] + counts[i]], examples)
-    ),
-    tf.range(tf.shape(counts)[0]),
-    fn_output_signature=tf.int64,
-  )
-
-
-class ResidentData:
-  """Every client's examples resident on `device` in variables (never constants in a
-  graph): concatenated in client order (no padding, so heavy-tailed client sizes cost
-  no memory), with each client's offset, count and `local_loop.client_key`; on a CPU
-  on 2 MB pages where Linux allows (`huge_pages`: whether it did)."""
-
-  def __init__(
-    self,
-    examples: Any,
-    counts: np.ndarray,
-    client_ids: tuple[str, ...],
-    device: str,
-    *,
-    with_keys: bool,
-  ):
-    self.client_ids = client_ids
-    self.index = {cid: i for i, cid in enumerate(client_ids)}
-    with tf.device(device):
-      self.examples = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False), examples)
-      self.counts = tf.Variable(counts, trainable=False)
-      self.offsets = tf.Variable((np.cumsum(counts) - counts).astype(np.int32), trainable=False)
-      keys = (
-        _client_keys(examples, counts)
-        if with_keys and len(counts)
-        else tf.zeros([len(counts)], tf.int64)
-      )
-      self.keys = tf.Variable(keys, trainable=False)
-    self.huge_pages = huge_pages.advise(self.examples)
-
-  def client_examples(self, index) -> Any:
-    start, count = self.offsets[index], self.counts[index]
-    return tf.nest.map_structure(lambda v: v[start : start + count], self.examples)
-
-  def map_clients(self, fn, indices: tf.Tensor) -> Any:
-    """[fn(p, indices[p], examples of client indices[p]) for each position p],
-    stacked on a leading axis."""
-
-    def one(position):
-      index = tf.gather(indices, position)
-      return fn(position, index, self.client_examples(index))
-
-    # The outputs' spec from a trace of its own (map_fn's body calling a concrete
-    # function instead cost more a client on lasso than the client's steps).
-    spec = tf.nest.map_structure(
-      lambda t: tf.TensorSpec(t.shape, t.dtype),
-      tf.function(one, autograph=False)
-      .get_concrete_function(tf.TensorSpec([], tf.int32))
-      .structured_outputs,
-    )
-    return tf.map_fn(
-      one,
-      tf.range(tf.shape(indices)[0]),
-      fn_output_signature=spec,
-      parallel_iterations=int(indices.shape[0] or 10),
-    )
+from tff_comp.runtime import resident_data
 
 
 class Cohort(NamedTuple):
@@ -211,7 +116,7 @@ class MappedEngine:
   def __init__(
     self,
     algorithm: algorithm_lib.Algorithm,
-    data: ResidentData,
+    data: resident_data.ResidentData,
     *,
     lanes: int = 0,
     short_sizes: tuple[int, ...] = (),
@@ -317,7 +222,7 @@ class LanesEngine:
   def __init__(
     self,
     algorithm: algorithm_lib.Algorithm,
-    data: ResidentData,
+    data: resident_data.ResidentData,
     *,
     lanes: int,
     short_sizes: tuple[int, ...] = (),
@@ -515,7 +420,7 @@ class DebugEngine:
   def __init__(
     self,
     algorithm: algorithm_lib.Algorithm,
-    data: ResidentData,
+    data: resident_data.ResidentData,
     *,
     lanes: int = 0,
     short_sizes: tuple[int, ...] = (),

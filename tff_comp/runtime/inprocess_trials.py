@@ -34,7 +34,6 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_comp.ops import client_round
 from tff_comp.runtime import base, learning_state, nested, traced
@@ -72,27 +71,13 @@ class TrialClients(NamedTuple):
   population_index: dict[str, int]
 
 
-def merged_client_data(sources: Sequence[tuple[str, Any]]) -> Any:
-  """The clients of several `ClientData` ((prefix, data) pairs; prefixes end in '/')
-  as one, each under its prefix + its id: the data of trials whose tasks differ only
-  in their seed, run as one group. In-process only (its dataset function is Python)."""
-  by_prefix = dict(sources)
-  ids = [prefix + cid for prefix, data in sources for cid in data.client_ids]
-
-  def dataset(client_id: str):
-    prefix, _, own = client_id.partition('/')
-    return by_prefix[prefix + '/'].create_tf_dataset_for_client(own)
-
-  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids, dataset)
-
-
 class GroupRuntime(base.Runtime, Protocol):
   """What a group of trials needs of the runtime it batches (the in-process runtime,
   `inprocess.InProcessRuntime`, which makes groups of itself: `trial_group`)."""
 
   algorithm: Any
   stages: Any  # round_stages.RoundStages
-  data: Any  # engines.ResidentData
+  data: Any  # resident_data.ResidentData
   device: str
   engine: str
   engine_impl: Any  # the engines.Engine running its cohorts

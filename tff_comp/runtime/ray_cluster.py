@@ -3,16 +3,42 @@
 dependency (`pip install tff_comp[ray]`), imported when a run asks for it."""
 
 from collections.abc import Callable, Sequence
+import dataclasses
 import logging as py_logging
 import os
 import socket
 from typing import Any
 
+from tff_comp import settings
 from tff_comp.runtime import base
 
 LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
 # Times an actor's part of a round, or a task lost with its worker, runs again.
 RETRIES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class RayOptions:
+  """Where and how a run's clients run on Ray (`--ray_address` set: this runtime)."""
+
+  ray_address: str = settings.setting(
+    '',
+    "Run each round's clients on Ray actors: 'local' (a Ray cluster of this"
+    " machine, started by the run), 'auto' (the cluster this machine joined with `ray"
+    " start`), or a cluster's address (host:port). Default: no Ray.",
+  )
+  ray_actors: int = settings.setting(
+    2,
+    'Ray actors, each holding a share of the clients (one per GPU where hosts have several).',
+    lower=1,
+    upper=settings.MAX_COUNT,
+  )
+  ray_gpus_per_actor: float = settings.setting(
+    0.0, "GPUs each Ray actor takes (Ray's num_gpus; 1 for one actor per GPU).", lower=0.0
+  )
+
+  def __post_init__(self):
+    settings.check(self)
 
 
 def ray_module():

@@ -50,7 +50,7 @@ def add_sums(shares: Sequence[Any]) -> Any:
 
 
 class RoundStages:
-  """The stages of `algorithm`'s round on `data` (`engines.ResidentData` or streamed)."""
+  """The stages of `algorithm`'s round on `data` (`resident_data.ResidentData` or streamed)."""
 
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: Any):
     self.algorithm, self.data = algorithm, data

@@ -1,6 +1,6 @@
 """Streamed client data for the in-process runtime: only the round's cohort on the device.
 
-`engines.ResidentData` copies every client's examples to the device once. For a
+`resident_data.ResidentData` copies every client's examples to the device once. For a
 population larger than memory (StackOverflow's 342,477 clients), `StreamedData` holds
 only the current cohort's examples: `load(client_ids)` reads them from the
 `ClientData` (e.g. TFF's SQLite files) into the same variables, reshaped to the cohort,
@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_comp.ops import local_loop
-from tff_comp.runtime import engines
+from tff_comp.runtime import resident_data
 
 _MAX_COHORT = 1 << 20  # more clients than any round has
 
@@ -42,9 +42,9 @@ def estimate_bytes(client_data: tff.simulation.datasets.ClientData, sample: int 
   return int(np.mean(sizes) * len(ids))
 
 
-class StreamedData(engines.ResidentData):
+class StreamedData(resident_data.ResidentData):
   """The cohort's examples on `device` (see the module docstring); the interface of
-  `engines.ResidentData`, its `index` mapping the loaded clients' ids to positions."""
+  `resident_data.ResidentData`, its `index` mapping the loaded clients' ids to positions."""
 
   def __init__(
     self, client_data: tff.simulation.datasets.ClientData, device: str, *, with_keys: bool
