@@ -282,7 +282,7 @@ def test_the_run_stops_when_the_budget_is_spent_and_a_resume_stops_too(tmp_path)
       'clipped_count_stddev',
     ),
     (dict(aggregator='dp', clip_norm=-1.0, noise_multiplier=1.0), 'clip_norm must be > 0'),
-    (dict(aggregator='median'), 'unknown'),
+    (dict(aggregator='medain'), 'unknown'),
     # Settings the run's aggregator would ignore.
     (dict(clip_quantile=0.3), 'adapting clip of --aggregator=dp_adaptive'),
     (

@@ -97,6 +97,33 @@ SETTINGS = {
     lr_decay_rounds=3,
   ),
   'server-adam': dict(engine='mapped', server_optimizer='adam'),
+  # Every combiner and compressor of the aggregator blocks, with attackers.
+  'median-rotated-quantized-alie': dict(
+    engine='lanes',
+    aggregator='median',
+    compression='quantize',
+    quantize_bits=4,
+    hadamard_rotation=True,
+    attack='alie',
+    attack_fraction=0.3,
+  ),
+  'trimmed-mean-qsgd': dict(engine='mapped', aggregator='trimmed_mean', compression='qsgd'),
+  'krum-rand-k-sign-flip': dict(
+    engine='lanes', aggregator='krum', compression='rand_k', attack='sign_flip'
+  ),
+  'multi-krum-sign': dict(engine='mapped', aggregator='multi_krum', compression='sign'),
+  'geometric-median-top-k-ef21': dict(
+    engine='lanes',
+    aggregator='geometric_median',
+    compression='top_k',
+    sparsity_fraction=0.5,
+    error_feedback='ef21',
+  ),
+  'centered-clip-gaussian': dict(engine='mapped', aggregator='centered_clip', attack='gaussian'),
+  'secure-sum-ef-majority': dict(
+    engine='lanes', compression='top_k', error_feedback='ef', secure_aggregation=True
+  ),
+  'sign-majority-vote': dict(engine='mapped', compression='sign'),
   'feddualavg': dict(algorithm='feddualavg', engine='lanes'),
   'scaffold-streaming': dict(algorithm='scaffold', data_memory_budget=0.0),
   # Cohorts of every size the deadline leaves, some clients doing part of their steps.

@@ -86,7 +86,7 @@ BAD_INPUT = [
     'target_delta must be in',
   ),
   (['--noise_multiplier=1'], 'add --aggregator=clip, dp or dp_adaptive'),
-  (['--aggregator=median'], 'flag --aggregator=median: value should be one of'),
+  (['--aggregator=medain'], 'flag --aggregator=medain: value should be one of'),
   (
     [
       '--aggregator=dp',

@@ -159,6 +159,7 @@ def test_a_run_is_the_callbacks_its_caller_composes(tmp_path):
     'DivergenceGuard',
     'Evaluator',
     'DivergenceGuard',
+    'Communication',
     'Progress',
   ]
   kept = [c for c in composed if not isinstance(c, callbacks.Evaluator)]

@@ -15,7 +15,7 @@ import pathlib
 from typing import Any
 
 from tff_comp import accounting, aggregation_settings, settings
-from tff_comp.ops import privacy
+from tff_comp.ops import aggregators, privacy
 from tff_comp.run import callbacks
 
 MEAN = 'mean'  # the algorithm's own aggregation
@@ -259,16 +259,6 @@ def configure(
       '--error_feedback keeps a residual per client, which a client drawn twice a round'
       ' would overwrite; use uniform or poisson sampling.'
     )
-  forced = {}
-  if options.private or robust:
-    if client_weighting not in (None, 'uniform'):
-      why = "TFF's DP semantics" if options.private else 'a robust combiner'
-      raise settings.ConfigError(
-        f'--aggregator={options.aggregator} weighs every client alike ({why}): drop'
-        ' --client_weighting or set it to uniform.'
-      )
-    if algorithm.accepts('client_weighting'):
-      builder_args['client_weighting'] = forced['client_weighting'] = 'uniform'
   try:
     plan = options.plan(
       clients_per_round=clients_per_round,
@@ -284,6 +274,25 @@ def configure(
       )
   except ValueError as e:
     raise settings.ConfigError(str(e)) from e
+  chain = (
+    model_aggregator
+    if isinstance(model_aggregator, aggregators.Chain)
+    else model_aggregator.chain()
+  )
+  forced = {}
+  if options.private or not chain.weighted:
+    if client_weighting not in (None, 'uniform'):
+      named = (
+        '--compression=sign (a majority vote)'
+        if isinstance(chain.combiner, aggregators.MajorityVote)
+        else f'--aggregator={options.aggregator}'
+      )
+      why = "TFF's DP semantics" if options.private else 'a robust combiner'
+      raise settings.ConfigError(
+        f'{named} weighs every client alike ({why}): drop --client_weighting or set it to uniform.'
+      )
+    if algorithm.accepts('client_weighting'):
+      builder_args['client_weighting'] = forced['client_weighting'] = 'uniform'
   builder_args['model_aggregator'] = model_aggregator
   return dataclasses.replace(plan, resolved={**forced, **plan.resolved})
 
