@@ -12,14 +12,15 @@ TFF's differential-privacy factories are unweighted. An unweighted `inner` is ac
 where the algorithm's math is a uniform mean (`ops.privacy.check_uniform`): its result
 is then the weighted mean's, every client's weight being 1. `privacy_factory` maps an
 `ops.privacy.PrivateMean` (what the in-process runtime runs) to TFF's factory with its
-semantics.
+semantics; an `ops.aggregators.Chain` is placed by `chain_factory`.
 """
 
 import collections
 
 import tensorflow_federated as tff
 
-from tff_comp.ops import aggregation, privacy
+from tff_comp.learning_process import chain_factory
+from tff_comp.ops import aggregation, aggregators, privacy
 
 Factory = tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
 
@@ -166,11 +167,21 @@ def privacy_factory(spec: privacy.PrivateMean) -> Factory:
 
 
 def factory_for(
-  kind: str, inner: Factory | privacy.PrivateMean | None = None
+  kind: str,
+  inner: Factory | privacy.PrivateMean | aggregators.Chain | None = None,
+  *,
+  seed: int = 0,
 ) -> tff.aggregators.WeightedAggregationFactory:
   """The factory placing `ops.aggregation` kind `kind`; `inner` (default MeanFactory)
-  aggregates the model delta (a `PrivateMean`, or TFF's clipping, compression or DP
-  factories)."""
+  aggregates the model delta: a `PrivateMean` (as TFF's own factories), an
+  `ops.aggregators.Chain` (`chain_factory.ChainFactory`, its draws seeded by `seed`),
+  or TFF's clipping, compression or DP factories.
+
+  Raises:
+    ValueError: a chain TFF's clients cannot run (`chain_factory.why_not`).
+  """
   if isinstance(inner, privacy.PrivateMean):
     inner = privacy_factory(inner)
+  elif isinstance(inner, aggregators.Chain):
+    inner = chain_factory.ChainFactory(inner, seed)
   return UpdateFactory(kind, inner)

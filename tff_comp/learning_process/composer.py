@@ -246,12 +246,14 @@ def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
   """The LearningProcess placing `algorithm`: client work running its client rule,
   its aggregation as a `tff.aggregators` factory (`aggregation_factories.UpdateFactory`) whose
   model delta is aggregated by `algorithm.model_aggregator` (default MeanFactory; an
-  `ops.privacy.PrivateMean`, or TFF's robust, compression or DP factories) and side
-  channels exactly, and a server update running its server rule.
+  `ops.privacy.PrivateMean`, an `ops.aggregators.Chain`, or TFF's robust, compression
+  or DP factories) and side channels exactly, and a server update running its server
+  rule.
 
   Raises:
     ValueError: the model aggregator is unweighted (TFF's DP factories) and the
-      algorithm's aggregation is not a uniform mean (`ops.privacy.check_uniform`).
+      algorithm's aggregation is not a uniform mean (`ops.privacy.check_uniform`), or
+      a chain TFF's clients cannot run (error feedback's rows; ALIE).
   """
   model_aggregator = algorithm.model_aggregator
   if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
@@ -265,7 +267,9 @@ def compose(algorithm: algorithm_lib.Algorithm) -> ComposedLearningProcess:
       server_update.client_payload.type_signature.result,
       algorithm.client_options,
     ),
-    aggregator=aggregation_factories.factory_for(algorithm.aggregation, model_aggregator),
+    aggregator=aggregation_factories.factory_for(
+      algorithm.aggregation, model_aggregator, seed=algorithm.client_options.seed
+    ),
     server_update=server_update,
     algorithm=algorithm,
   )

@@ -15,7 +15,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_comp import registry
-from tff_comp.learning_process import client_work, composer
+from tff_comp.learning_process import chain_factory, client_work, composer
+from tff_comp.ops import aggregators
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.runtime import base, local_worker
 from tff_comp.runtime import workers as workers_lib
@@ -153,7 +154,15 @@ def build_tff(
   return TFFRuntime(process, client_data, workers=workers, batch_size=batch_size)
 
 
-@registry.register_runtime('tff', options=workers_lib.WorkerOptions, auto_rank=1)
+def why_not(program, options: workers_lib.WorkerOptions | None = None) -> str:
+  """Why TFF's process cannot run `program` ('' when it can): an aggregator chain whose
+  clients would need state between rounds (`chain_factory.why_not`)."""
+  del options
+  chain = getattr(program, 'model_aggregator', None)
+  return chain_factory.why_not(chain) if isinstance(chain, aggregators.Chain) else ''
+
+
+@registry.register_runtime('tff', options=workers_lib.WorkerOptions, auto_rank=1, why_not=why_not)
 def build_from_settings(
   program, client_data, options: workers_lib.WorkerOptions, facts: base.RunFacts
 ) -> TFFRuntime:
