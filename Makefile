@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint format test-slow test-ray bench bench-peers reproduce clean
+.PHONY: install run test lint format test-slow test-ray bench bench-aggregators bench-peers reproduce clean
 
 install: $(STAMP)
 
@@ -52,6 +52,10 @@ test-ray: install
 
 bench: install
 	$(PY) binaries/bench.py
+
+# Part 9: what aggregator chains cost a round (binaries/bench_aggregators.py).
+bench-aggregators: install
+	$(PY) binaries/bench.py --workload=aggregators
 
 # Part 1 with FedJAX timed in the same run, from its own virtual environment (its JAX
 # cannot share TFF's pins; requirements/fedjax.txt).

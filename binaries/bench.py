@@ -58,6 +58,10 @@ these machines, so only CPU numbers are printed.
 through `reproduce.py`, batched trials against one run after another, both with
 `--grid_parallel` processes, in the same bench run: wall time, the ratio and whether
 the two results tables are identical.
+`--workload=aggregators` runs part 9 instead (`bench_aggregators.part9`): part 1's round
+with aggregator chains (clipping + 8-bit quantization, rotation, top-k with error
+feedback, the median, Krum) against the plain mean, each timed right after it; TFF's
+`compression_aggregator` beside TFF's default mean, and a chain placed on TFF's runtime.
 `--workload=streaming` runs part 7 instead: a StackOverflow-shaped synthetic population
 (342,477 clients, lognormal sizes around the real mean of 397 sentences, 20 token ids a
 sentence; generated on demand, never stored whole), FedAvg of a small bag-of-words
@@ -91,6 +95,7 @@ from tff_comp import data as data_lib
 from tff_comp import runtime
 from tff_comp.algorithms import fedavg
 from tff_comp.binaries import (
+  bench_aggregators,
   bench_first_rounds,
   bench_grid,
   bench_peers,
@@ -129,8 +134,8 @@ _MEMORY_ROUNDS = flags.DEFINE_integer(
 _WORKLOAD = flags.DEFINE_enum(
   'workload',
   'lasso',
-  ['lasso', 'emnist_cnn', 'streaming', 'grid'],
-  'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7; grid: part 8.',
+  ['lasso', 'emnist_cnn', 'streaming', 'grid', 'aggregators'],
+  'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7; grid: part 8; aggregators: part 9.',
 )
 _GRID_EXPERIMENT = flags.DEFINE_string(
   'grid_experiment', 'fco_lasso', 'Part 8: the reproduction whose grid is timed.'
@@ -402,6 +407,9 @@ def main(argv):
     return
   if _WORKLOAD.value == 'grid':
     bench_grid.part8(_GRID_EXPERIMENT.value, _GRID_ROUNDS.value, _GRID_PARALLEL.value)
+    return
+  if _WORKLOAD.value == 'aggregators':
+    bench_aggregators.part9(_ROUNDS.value, _REPEATS.value)
     return
   part1(_ROUNDS.value, _REPEATS.value)
   if _SWEEP.value:
