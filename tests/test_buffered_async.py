@@ -167,7 +167,7 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_sta
 @pytest.mark.parametrize(
   'settings,match',
   [
-    (dict(algorithm='scaffold'), "aggregated as 'slots'"),
+    (dict(algorithm='scaffold'), 'aggregated as slots'),
     (dict(algorithm='fednova'), 'not a weighted mean'),
     (dict(algorithm='fedavg', sampling='poisson'), 'uniformly'),
     (dict(algorithm='fedavg', device_model='lognormal', round_deadline=1.0), 'max_staleness'),

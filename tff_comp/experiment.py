@@ -24,7 +24,6 @@ from tff_comp import (
   settings,
 )
 from tff_comp import task as task_lib
-from tff_comp.ops import aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import communication as communication_lib
 from tff_comp.ops import rule as rule_lib
@@ -157,7 +156,7 @@ def build_runner(prepared: Prepared) -> Runner:
   if (
     config.participation.sampling == 'with_replacement'
     and algorithm is not None
-    and algorithm.aggregation == aggregation.SLOTS
+    and algorithm.aggregation.slots
   ):
     raise ConfigError(
       f'--sampling=with_replacement: algorithm {config.algorithm!r} keeps'

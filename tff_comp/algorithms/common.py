@@ -41,7 +41,7 @@ def algorithm(
   server_rule: rule_lib.ServerRule,
   options: client_round.ClientOptions,
   *,
-  aggregation_kind: str = aggregation.MEAN,
+  aggregation_kind: aggregation.UpdateAggregation = aggregation.MEAN,
   model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """Algorithm(model, client_rule, server_rule, options, aggregation, model_aggregator)."""
@@ -91,7 +91,7 @@ def fedavg_like(
   server_learning_rate: float = 1.0,
   server_momentum: float = 0.0,
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  aggregation_kind: str = aggregation.MEAN,
+  aggregation_kind: aggregation.UpdateAggregation = aggregation.MEAN,
   model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
   """FedAvg's skeleton around any client rule: a server optimizer (default SGD(eta_s,

@@ -1,5 +1,5 @@
 """Aggregators: `tff.aggregators` factories for client updates, placing the math of
-`ops.aggregation` (`factory_for` maps each of its kinds to a factory).
+`ops.aggregation` (`factory_for` maps an `UpdateAggregation` to a factory).
 
 A client update is the model delta, alone or in a NamedTuple beside side channels
 (FedNova's ||a_i||_1, the composite methods' sum of eta_c, q-FFL's h_i, Local-SCGDM's
@@ -56,65 +56,55 @@ def _weighted(inner: Factory | None) -> tff.aggregators.WeightedAggregationFacto
 
 
 class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
-  """Aggregates one `ops.aggregation` kind's updates (see the module docstring):
-
-      MEAN        delta by `inner`; side channels by the exact weighted mean
-      NORMALIZED  FedNova: tau_eff sum_i p_i delta_i / ||a_i||_1 with the normalized
-                  deltas by `inner` and tau_eff = sum_i p_i ||a_i||_1 exact
-                  (measurement `tau_eff`)
-      SLOTS       delta by `inner`; every other field (a client fills its own slot) by
-                  the plain sum: AFL's and TR-MAML's losses, Ditto's personal models.
-                  Sampled clients are distinct, so no slot is summed twice.
-
-  The result has the update's structure (NORMALIZED: the delta's). Measurements: the
-  inner factory's (and `tau_eff`).
+  """Aggregates updates as an `ops.aggregation.UpdateAggregation` says (see its module
+  docstring): the model part (`one_model_part`: the delta; FedNova's normalized delta)
+  by `inner`, the side channels exactly beside it (per-client `slots` by the plain
+  sum, a client filling its own slot; otherwise the weighted mean), joined by its
+  `join` (FedNova: rescaled by tau_eff). Measurements: the inner factory's under
+  `mean`, and the aggregation's `measured` side channels' means (FedNova's `tau_eff`).
   """
 
-  def __init__(self, kind: str, inner: Factory | None = None):
-    if kind not in aggregation.KINDS:
-      raise ValueError(f'aggregation {kind!r} is unknown; choose one of {aggregation.KINDS}.')
+  def __init__(self, kind: aggregation.UpdateAggregation, inner: Factory | None = None):
+    if not isinstance(kind, aggregation.UpdateAggregation):
+      raise TypeError(f'aggregation {kind!r} is not an ops.aggregation.UpdateAggregation.')
     self._kind, self._inner = kind, _weighted(inner)
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    kind = self._kind
     names = (
       [name for name, _ in tff.structure.iter_elements(value_type)]
       if isinstance(value_type, tff.StructType)
       else []
     )
-    if 'delta' not in names:
-      if self._kind != aggregation.MEAN:
-        raise TypeError(
-          f'{self._kind} aggregation needs updates with a `delta` field, got {value_type}.'
-        )
-      return self._inner.create(value_type, weight_type)
-    if self._kind == aggregation.NORMALIZED and 'a_norm' not in names:
+    missing = [name for name in kind.needs if name not in names]
+    if missing:
       raise TypeError(
-        'FedNova aggregates NormalizedUpdate(delta, a_norm) values, got'
-        f' {value_type}. Hint: wrap the client rule in ops.sgd.NormalizedSGD.'
+        f'{kind.name} aggregation needs updates with fields {list(kind.needs)}, got'
+        f' {value_type}.' + (f' Hint: {kind.hint}.' if kind.hint else '')
       )
+    if 'delta' not in names:
+      return self._inner.create(value_type, weight_type)
     sides = [name for name in names if name != 'delta']
-    normalized = self._kind == aggregation.NORMALIZED
     container = value_type.python_container
 
     @tff.tensorflow.computation(value_type)
     def split(update):
-      delta = aggregation.normalize(update)['normalized'] if normalized else update.delta
-      return delta, collections.OrderedDict((n, getattr(update, n)) for n in sides)
+      return kind.one_model_part(update), collections.OrderedDict(
+        (n, getattr(update, n)) for n in sides
+      )
 
     delta_type, side_type = split.type_signature.result
     inner = self._inner.create(delta_type, weight_type)
-    if self._kind == aggregation.SLOTS:
+    if kind.slots:
       side = tff.aggregators.SumFactory().create(side_type)
     else:
       side = tff.aggregators.MeanFactory(no_nan_division=True).create(side_type, weight_type)
 
     @tff.tensorflow.computation(delta_type, side_type)
-    def join(delta, sides_mean):
-      if normalized:
-        return aggregation.rescale(
-          collections.OrderedDict(normalized=delta, a_norm=sides_mean['a_norm'])
-        )
-      return container(delta=delta, **sides_mean)
+    def join(delta, sides_aggregated):
+      return kind.join(container, delta, sides_aggregated)
+
+    picks = {name: _pick(field, side_type) for name, field in kind.measured}
 
     @tff.federated_computation
     def init_fn():
@@ -128,13 +118,13 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
     def next_fn(state, value, weight):
       parts = tff.federated_map(split, value)
       delta_out = inner.next(state[0], parts[0], weight)
-      if self._kind == aggregation.SLOTS:
+      if kind.slots:
         side_out = side.next(state[1], parts[1])
       else:
         side_out = side.next(state[1], parts[1], weight)
       measurements = collections.OrderedDict(mean=delta_out.measurements)
-      if normalized:
-        measurements['tau_eff'] = tff.federated_map(_a_norm_of, side_out.result)
+      for name, pick in picks.items():
+        measurements[name] = tff.federated_map(pick, side_out.result)
       return tff.templates.MeasuredProcessOutput(
         tff.federated_zip((delta_out.state, side_out.state)),
         tff.federated_map(join, (delta_out.result, side_out.result)),
@@ -144,9 +134,9 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
-@tff.tensorflow.computation
-def _a_norm_of(means):
-  return means['a_norm']
+def _pick(field: str, side_type: tff.Type) -> tff.Computation:
+  """The TF computation reading `field` of the aggregated side channels."""
+  return tff.tensorflow.computation(lambda sides: sides[field], side_type)
 
 
 def privacy_factory(spec: privacy.PrivateMean) -> Factory:
@@ -167,13 +157,13 @@ def privacy_factory(spec: privacy.PrivateMean) -> Factory:
 
 
 def factory_for(
-  kind: str,
+  kind: aggregation.UpdateAggregation,
   inner: Factory | privacy.PrivateMean | aggregators.Chain | None = None,
   *,
   seed: int = 0,
 ) -> tff.aggregators.WeightedAggregationFactory:
-  """The factory placing `ops.aggregation` kind `kind`; `inner` (default MeanFactory)
-  aggregates the model delta: a `PrivateMean` (as TFF's own factories), an
+  """The factory placing `kind` (an `ops.aggregation.UpdateAggregation`); `inner`
+  (default MeanFactory) aggregates the model delta: a `PrivateMean` (as TFF's own factories), an
   `ops.aggregators.Chain` (`chain_factory.ChainFactory`, its draws seeded by `seed`),
   or TFF's clipping, compression or DP factories.
 

@@ -1,25 +1,27 @@
-"""How client updates combine into the server's update, in pure TF over a cohort's
-updates stacked along a leading client axis (the in-process runtime); the TFF layer's
-`tff_comp.learning_process.aggregation_factories` places the same math in
-`tff.aggregators` factories.
+"""How a client update's fields combine into the server's update, in pure TF over a
+cohort's updates stacked along a leading client axis (the in-process runtimes); the TFF
+layer's `learning_process.aggregation_factories.UpdateFactory` places the same objects'
+math in a `tff.aggregators` factory. An update is its model part (the `delta`, which an
+aggregator chain may combine instead of the weighted mean) beside side channels:
 
-    MEAN        sum_i w_i u_i / sum_i w_i                      (FedAvg, dual-state mean)
+    MEAN        sum_i w_i u_i / sum_i w_i, every field        (FedAvg, dual-state mean)
     NORMALIZED  tau_eff sum_i p_i delta_i / ||a_i||_1,  tau_eff = sum_i p_i ||a_i||_1
                 (FedNova; p_i = w_i / sum_j w_j)
     SLOTS       the weighted mean of `delta`, the plain sum of every other field
                 (per-client tables: AFL/TR-MAML losses, Ditto's personal models)
 
-Every kind is computed from sums over the clients (`sums`, then `from_sums`), so shares
-of a cohort summed apart (Ray's actors) and added give the same update.
+Each is an `UpdateAggregation` object whose few hooks (the model part of one update, how
+the side channels add, how the parts join) define both placements, so another way of
+combining updates is one subclass. Every one is computed from sums over the clients
+(`sums`, then `from_sums`), so shares of a cohort summed apart (Ray's actors) and added
+give the same update.
 """
 
 import collections
+import dataclasses
 from typing import Any, NamedTuple
 
 import tensorflow as tf
-
-MEAN, NORMALIZED, SLOTS = 'mean', 'normalized', 'slots'
-KINDS = (MEAN, NORMALIZED, SLOTS)
 
 
 def _per_client(values: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
@@ -39,27 +41,9 @@ def normalize(update) -> collections.OrderedDict:
   )
 
 
-def rescale(means) -> Any:
-  """tau_eff x the mean normalized delta, from the means of `normalize`'s output."""
-  return tf.nest.map_structure(lambda d: means['a_norm'] * d, means['normalized'])
-
-
 def slot_fields(update) -> list[str]:
-  """The per-client slot fields of an update: every field but `delta`."""
+  """The side channels of an update: every field but `delta`."""
   return [name for name in update._fields if name != 'delta']
-
-
-def model_part(kind: str, stacked: Any) -> Any:
-  """The part of the stacked updates a model aggregator (clipping, DP) averages: the
-  delta (NORMALIZED: each client's delta / ||a_i||_1), or the whole update when it has
-  no `delta` field."""
-  if not hasattr(stacked, 'delta'):
-    return stacked
-  if kind == NORMALIZED:
-    return tf.nest.map_structure(
-      lambda d: tf.math.divide_no_nan(d, _per_client(stacked.a_norm, d)), stacked.delta
-    )
-  return stacked.delta
 
 
 class Sums(NamedTuple):
@@ -72,57 +56,122 @@ class Sums(NamedTuple):
   weight: tf.Tensor
 
 
-def sums(kind: str, stacked: Any, weights: tf.Tensor) -> Sums:
-  """The cohort share's `Sums` (see above)."""
+@dataclasses.dataclass(frozen=True)
+class UpdateAggregation:
+  """How an update's fields combine (module docstring); this class is MEAN's math. An
+  update without a `delta` field is all model part. Subclasses override the hooks:
 
-  def weighted(tree):
-    return tf.nest.map_structure(lambda u: tf.reduce_sum(_per_client(weights, u) * u, axis=0), tree)
+      needs, hint          the fields an update must have; how to give them
+      one_model_part(u)    one client's model part (the delta)
+      slots                side channels are per-client tables, summed (else averaged)
+      join(model, sides)   the server's update from the aggregated parts
+      measured             {measurement: side channel} reported from the sides' means
+  """
 
-  model = weighted(model_part(kind, stacked))
-  if not hasattr(stacked, 'delta'):
-    update = model
-  elif kind == NORMALIZED:
-    update = type(stacked)(delta=model, a_norm=weighted(stacked.a_norm))
-  else:
+  name = 'mean'
+  needs = ()
+  hint = ''  # how to fix an update lacking a needed field
+  slots = False
+  measured = ()
+
+  def __repr__(self) -> str:
+    return f'aggregation.{self.name.upper()}'
+
+  def one_model_part(self, update) -> Any:
+    return update.delta
+
+  def join(self, container: type, model: Any, sides: dict[str, Any]) -> Any:
+    return container(delta=model, **sides)
+
+  def model_part(self, stacked: Any) -> Any:
+    """The part of the stacked updates a model aggregator (clipping, DP, a chain)
+    combines: the delta (NORMALIZED: each client's delta / ||a_i||_1), or the whole
+    update when it has no `delta` field."""
+    if not hasattr(stacked, 'delta'):
+      return stacked
+    return self._stacked_model_part(stacked)
+
+  def _stacked_model_part(self, stacked: Any) -> Any:
+    return stacked.delta
+
+  def sums(self, stacked: Any, weights: tf.Tensor) -> Sums:
+    """The cohort share's `Sums` (see `Sums`)."""
+
+    def weighted(tree):
+      return tf.nest.map_structure(
+        lambda u: tf.reduce_sum(_per_client(weights, u) * u, axis=0), tree
+      )
+
+    model = weighted(self.model_part(stacked))
+    if not hasattr(stacked, 'delta'):
+      return Sums(model, tf.reduce_sum(weights))
     sides = {name: getattr(stacked, name) for name in slot_fields(stacked)}
     sides = (
       tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sides)
-      if kind == SLOTS
+      if self.slots
       else weighted(sides)
     )
-    update = type(stacked)(delta=model, **sides)
-  return Sums(update, tf.reduce_sum(weights))
+    return Sums(type(stacked)(delta=model, **sides), tf.reduce_sum(weights))
+
+  def from_sums(self, total: Sums, model_mean: Any = None) -> Any:
+    """The server's update from the cohort's `Sums` (every share's added);
+    `model_mean` in place of the model part's weighted mean (a chain's result)."""
+
+    def mean(tree):
+      return tf.nest.map_structure(lambda u: tf.math.divide_no_nan(u, total.weight), tree)
+
+    update = total.update
+    if not hasattr(update, 'delta'):
+      return mean(update) if model_mean is None else model_mean
+    model = mean(update.delta) if model_mean is None else model_mean
+    sides = {name: getattr(update, name) for name in slot_fields(update)}
+    return self.join(type(update), model, sides if self.slots else mean(sides))
+
+  def measurements(self, total: Sums) -> collections.OrderedDict:
+    """What the aggregation reports besides the update (`measured`: FedNova's
+    effective steps tau_eff = sum_i p_i ||a_i||_1, as TFF's aggregator names it)."""
+    return collections.OrderedDict(
+      (name, tf.math.divide_no_nan(getattr(total.update, field), total.weight))
+      for name, field in self.measured
+    )
+
+  def aggregate(self, stacked: Any, weights: tf.Tensor) -> Any:
+    """The server's update from a cohort's stacked updates and weights; 0 for a cohort
+    of total weight 0 (clients without examples), as TFF's
+    `MeanFactory(no_nan_division=True)`."""
+    return self.from_sums(self.sums(stacked, weights))
 
 
-def from_sums(kind: str, total: Sums, model_mean: Any = None) -> Any:
-  """`aggregate`'s update from the cohort's `Sums` (every share's added); `model_mean`
-  in place of the model part's weighted mean (a private aggregator's)."""
+@dataclasses.dataclass(frozen=True)
+class Normalized(UpdateAggregation):
+  """FedNova's: the normalized deltas' weighted mean rescaled by tau_eff."""
 
-  def mean(tree):
-    return tf.nest.map_structure(lambda u: tf.math.divide_no_nan(u, total.weight), tree)
+  name = 'normalized'
+  needs = ('delta', 'a_norm')
+  hint = 'wrap the client rule in ops.sgd.NormalizedSGD'
+  measured = (('tau_eff', 'a_norm'),)
 
-  update = total.update
-  if not hasattr(update, 'delta'):
-    return mean(update) if model_mean is None else model_mean
-  model = mean(update.delta) if model_mean is None else model_mean
-  if kind == NORMALIZED:
-    return rescale(collections.OrderedDict(normalized=model, a_norm=mean(update.a_norm)))
-  sides = {name: getattr(update, name) for name in slot_fields(update)}
-  return type(update)(delta=model, **(sides if kind == SLOTS else mean(sides)))
+  def one_model_part(self, update) -> Any:
+    return normalize(update)['normalized']
 
+  def _stacked_model_part(self, stacked: Any) -> Any:
+    return tf.nest.map_structure(
+      lambda d: tf.math.divide_no_nan(d, _per_client(stacked.a_norm, d)), stacked.delta
+    )
 
-def measurements(kind: str, total: Sums) -> collections.OrderedDict:
-  """What the aggregation reports besides the update: FedNova's effective steps
-  tau_eff = sum_i p_i ||a_i||_1 (as TFF's aggregator reports it); else nothing."""
-  if kind == NORMALIZED:
-    return collections.OrderedDict(tau_eff=tf.math.divide_no_nan(total.update.a_norm, total.weight))
-  return collections.OrderedDict()
+  def join(self, container: type, model: Any, sides: dict[str, Any]) -> Any:
+    del container  # the update is the rescaled delta alone
+    return tf.nest.map_structure(lambda d: sides['a_norm'] * d, model)
 
 
-def aggregate(kind: str, stacked: Any, weights: tf.Tensor) -> Any:
-  """The server's update from a cohort's stacked updates and weights (see above); 0 for
-  a cohort of total weight 0 (clients without examples), as TFF's
-  `MeanFactory(no_nan_division=True)`."""
-  if kind not in KINDS:
-    raise ValueError(f'aggregation {kind!r} is unknown; choose one of {KINDS}.')
-  return from_sums(kind, sums(kind, stacked, weights))
+@dataclasses.dataclass(frozen=True)
+class Slots(UpdateAggregation):
+  """The delta's weighted mean beside per-client tables, summed (a client fills its
+  own slot; sampled clients are distinct, so none is summed twice)."""
+
+  name = 'slots'
+  needs = ('delta',)
+  slots = True
+
+
+MEAN, NORMALIZED, SLOTS = UpdateAggregation(), Normalized(), Slots()

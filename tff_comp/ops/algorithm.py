@@ -29,7 +29,8 @@ from tff_comp.ops import rule as rule_lib
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-  """model: a FunctionalModel; aggregation: one of `ops.aggregation.KINDS`.
+  """model: a FunctionalModel; aggregation: how the update's fields combine
+  (`ops.aggregation`: MEAN, NORMALIZED, SLOTS, or another `UpdateAggregation`).
 
   model_aggregator: what aggregates the model delta in place of the weighted mean
   (side channels stay exact): None; a chain of the aggregator blocks
@@ -43,7 +44,7 @@ class Algorithm:
   client_rule: rule_lib.ClientRule
   server_rule: rule_lib.ServerRule
   client_options: client_round.ClientOptions
-  aggregation: str = aggregation_lib.MEAN
+  aggregation: aggregation_lib.UpdateAggregation = aggregation_lib.MEAN
   model_aggregator: Any = None
 
   def with_client_options(self, **changes) -> 'Algorithm':
@@ -54,9 +55,10 @@ class Algorithm:
 
   def __post_init__(self):
     """Raises ValueError (`contract.ContractError` for blocks that do not fit)."""
-    if self.aggregation not in aggregation_lib.KINDS:
+    if not isinstance(self.aggregation, aggregation_lib.UpdateAggregation):
       raise ValueError(
-        f'aggregation={self.aggregation!r} is unknown; choose one of {aggregation_lib.KINDS}.'
+        f'aggregation={self.aggregation!r} is not an ops.aggregation.UpdateAggregation'
+        ' (MEAN, NORMALIZED, SLOTS).'
       )
     chain = self.model_chain
     if chain is not None and not chain.weighted:

@@ -3,7 +3,7 @@ its blocks fit one another.
 
     server_rule.payload(reset(initialize(), W), W)  ->  client_rule.initialize accepts it
     client update U (client_rule.finalize)           ->  fits the aggregation kind
-    aggregate(kind, [U])                             ->  server_rule.update_spec(), and
+    kind.aggregate([U])                              ->  server_rule.update_spec(), and
                                                          server_rule.step accepts it
 
 Each stage is traced once in a graph (`tf.function.get_concrete_function`), never run,
@@ -52,17 +52,14 @@ def _stage(link: str, fn, *args) -> Any:
     raise ContractError(f'{link}: {type(e).__name__}: {_first_line(e)}') from e
 
 
-def _check_kind(kind: str, update: Any) -> None:
-  """The client update against the aggregation kind: NORMALIZED needs `delta` and
-  `a_norm` (FedNova's ||a_i||_1); SLOTS a `delta` beside its per-client tables."""
+def _check_kind(kind: aggregation_lib.UpdateAggregation, update: Any) -> None:
+  """The client update against the aggregation's `needs`: NORMALIZED needs `delta`
+  and `a_norm` (FedNova's ||a_i||_1); SLOTS a `delta` beside its per-client tables."""
   fields = getattr(update, '_fields', ())
-  needed = {aggregation_lib.NORMALIZED: ('delta', 'a_norm'), aggregation_lib.SLOTS: ('delta',)}.get(
-    kind, ()
-  )
-  missing = [name for name in needed if name not in fields]
+  missing = [name for name in kind.needs if name not in fields]
   if missing:
     raise ContractError(
-      f'aggregation {kind!r} needs a client update with fields {list(needed)}; the'
+      f'aggregation {kind.name!r} needs a client update with fields {list(kind.needs)}; the'
       f" client rule's update ({type(update).__name__}) has no {', '.join(missing)}."
     )
 
@@ -119,9 +116,8 @@ def check(algorithm: Any) -> None:
     _check_kind(algorithm.aggregation, output.update)
     stacked = tf.nest.map_structure(lambda t: t[None], output.update)
     aggregated = _stage(
-      f'aggregation {algorithm.aggregation!r}',
-      aggregation_lib.aggregate,
-      algorithm.aggregation,
+      f'aggregation {algorithm.aggregation.name!r}',
+      algorithm.aggregation.aggregate,
       stacked,
       output.weight[None],
     )

@@ -193,7 +193,7 @@ def why_not(algorithm) -> str:
     return 'the program is not a registered algorithm'
   rule = algorithm.client_rule
   if algorithm.aggregation != aggregation.MEAN:
-    return f'its updates are aggregated as {algorithm.aggregation!r}, not a weighted mean'
+    return f'its updates are aggregated as {algorithm.aggregation.name}, not a weighted mean'
   if algorithm.model_aggregator is not None:
     return (
       'a model aggregator (clipping, DP, a robust combiner, compression) runs on'

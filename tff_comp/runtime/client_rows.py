@@ -180,12 +180,12 @@ def expand(structure: Any) -> Any:
   return tf.nest.map_structure(lambda x: x.table() if isinstance(x, Rows) else x, structure)
 
 
-def select_sums(sums: Any, kind: str, indices: Sequence[int]) -> Any:
+def select_sums(sums: Any, kind: aggregation.UpdateAggregation, indices: Sequence[int]) -> Any:
   """A share's sums (`round_stages.RoundSums`) of aggregation `kind` with each slot
-  table (`aggregation.SLOTS`) as the `Rows` of `indices`, its clients' population
-  indices."""
+  table (`kind.slots`: per-client tables) as the `Rows` of `indices`, its clients'
+  population indices."""
   update = sums.update.update
-  if kind != aggregation.SLOTS or not hasattr(update, 'delta'):
+  if not kind.slots or not hasattr(update, 'delta'):
     return sums
   indices = np.unique(np.asarray(indices, np.int64))
   rows = {

@@ -333,10 +333,10 @@ class RayRuntime:
     if client_rows.is_held(tables):
       self._check_held(tables, (self._version,))
       return state
-    if self._driver.algorithm.aggregation != aggregation.SLOTS:
+    if not self._driver.algorithm.aggregation.slots:
       raise base.UnsupportedError(
-        'client state on Ray needs the slots aggregation'
-        ' (ops.aggregation.SLOTS), whose slots carry its rows'
+        'client state on Ray needs an aggregation with per-client slots'
+        ' (ops.aggregation.SLOTS), which carry its rows'
       )
     whole = tf.nest.map_structure(np.asarray, tables)
     for k in range(len(self._actors)):

@@ -184,7 +184,7 @@ class RoundStages:
 
   def _sums(self, outputs: client_round.ClientOutput, model: Any) -> RoundSums:
     return RoundSums(
-      aggregation.sums(self.algorithm.aggregation, outputs.update, outputs.weight),
+      self.algorithm.aggregation.sums(outputs.update, outputs.weight),
       model,
       tf.nest.map_structure(lambda s: tf.reduce_sum(s, axis=0), outputs.stats),
     )
@@ -193,7 +193,7 @@ class RoundStages:
     self, outputs: client_round.ClientOutput, aggregator, indices, round_num, seed
   ) -> aggregators.Encoded:
     """The clients' model parts, flattened to rows, through the chain's encodes."""
-    x = aggregators.flatten(aggregation.model_part(self.algorithm.aggregation, outputs.update))
+    x = aggregators.flatten(self.algorithm.aggregation.model_part(outputs.update))
     rows = (
       tf.gather(aggregator.rows, indices) if self._chain.row_size else tf.zeros([tf.shape(x)[0], 0])
     )
@@ -207,7 +207,7 @@ class RoundStages:
     algorithm = self.algorithm
     kind, measured = algorithm.aggregation, collections.OrderedDict()
     if self._chain is None:
-      update = aggregation.from_sums(kind, total.update)
+      update = kind.from_sums(total.update)
     else:
       vector, chain_state, chained = self._chain.finish(
         aggregator.chain, total.model, aggregators.round_seed(seed, round_num)
@@ -219,9 +219,9 @@ class RoundStages:
       measured.update(
         collections.OrderedDict(mean=chained) if hasattr(summed, 'delta') else chained
       )
-      update = aggregation.from_sums(kind, total.update, aggregators.unflatten(vector, one_row))
+      update = kind.from_sums(total.update, aggregators.unflatten(vector, one_row))
     server_state, weights = algorithm.server_rule.step(server_state, weights, update)
-    measured.update(aggregation.measurements(kind, total.update))
+    measured.update(kind.measurements(total.update))
     metrics = collections.OrderedDict(
       distributor=(),
       client_work=client_round.train_metrics(total.stats, reference),
