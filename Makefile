@@ -16,8 +16,8 @@ $(STAMP): requirements/tff.txt requirements/dev.txt requirements/ray.txt setup.c
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
 	  echo "error: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'), need 3.11."; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# setuptools below 81: TensorBoard 2.14 imports pkg_resources, which 82 removed.
-	$(PY) -m pip install --quiet --upgrade pip 'setuptools<81' wheel
+	# setuptools below 80.9: TensorBoard 2.14 imports pkg_resources (82 removed it; 80.9+ warn on import).
+	$(PY) -m pip install --quiet --upgrade pip 'setuptools<80.9' wheel
 	$(PY) -m pip install --quiet -r requirements/tff.txt -r requirements/dev.txt \
 	  -r requirements/ray.txt
 	# TFF itself without its unsatisfiable jax/jaxlib 0.4.14 pins (BUILD_NOTES.md).

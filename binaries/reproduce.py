@@ -55,7 +55,7 @@ _EXPERIMENT = flags.DEFINE_enum(
   registry.REPRODUCTIONS.names(),
   'Which comparison (built-in: binaries/reproductions.py; plugins register their own).',
 )
-_ROUNDS = flags.DEFINE_integer('rounds', None, "Override the experiment's rounds.")
+_ROUNDS = flags.DEFINE_integer('rounds', None, "Override the experiment's rounds.", lower_bound=1)
 _SEED = flags.DEFINE_integer(
   'seed', 0, 'Run seed (client sampling) of experiments without their own seeds.'
 )
@@ -105,6 +105,11 @@ _BATCH_MEMORY_BUDGET = flags.DEFINE_float(
   "MB a batched program's trials may take together (their states and cohorts); a"
   ' larger group runs in several programs, said in one line.',
   lower_bound=1.0,
+)
+flags.register_validator(
+  'batch_memory_budget',
+  math.isfinite,  # NaN passes absl's lower bound
+  '--batch_memory_budget must be a finite number of MB.',
 )
 _RUNTIME = flags.DEFINE_enum(
   'runtime', 'auto', run_config.runtime_names(), 'Where rounds run (see run.py --helpfull).'
@@ -182,7 +187,7 @@ def _reproduce(argv):
     flags_lib.fail(str(e))
   if _RAY_ADDRESS.value and _PARALLEL.value > 1:
     flags_lib.fail("--parallel and --ray_address both choose where the grid's units run: give one.")
-  rounds = _ROUNDS.value or spec.rounds
+  rounds = spec.rounds if _ROUNDS.value is None else _ROUNDS.value
   root = pathlib.Path(_OUTPUT.value) / name
   seeds = spec.seeds or (_SEED.value,)
   if _SEEDS.value:

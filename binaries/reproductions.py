@@ -325,5 +325,64 @@ _BUILT_IN['fedbuff_emnist'] = Reproduction(
   seeds=SEEDS,
 )
 
+# Aggregation as a block (#56), on Synthetic(1, 1) (non-IID logistic regression), FedAvg
+# with 20 clients a round, 2 client learning rates each, 3 seeds.
+# Robust aggregation under attack: every combiner (as labels aliasing fedavg) under one
+# attack setting a grid; Krum assumes f = 4 (20% of 20), the trimmed mean drops 20% at
+# each end. Baruch et al. (2019): ALIE gets past Krum and the median.
+ROBUST = dict(
+  mean={},
+  median=dict(aggregator='median'),
+  trimmed_mean=dict(aggregator='trimmed_mean', trim_fraction=0.2),
+  krum=dict(aggregator='krum', byzantine_clients=4),
+  geometric_median=dict(aggregator='geometric_median'),
+  centered_clip=dict(aggregator='centered_clip', centered_clip_tau=0.1),
+)
+ATTACKS = {
+  'robust_none': {},
+  'robust_sign_flip_10': dict(attack='sign_flip', attack_fraction=0.1),
+  'robust_sign_flip_20': dict(attack='sign_flip', attack_fraction=0.2),
+  'robust_alie_10': dict(attack='alie', attack_fraction=0.1),
+  'robust_alie_20': dict(attack='alie', attack_fraction=0.2),
+}
+for _name, _attack in ATTACKS.items():
+  _BUILT_IN[_name] = Reproduction(
+    task='synthetic',
+    algorithms=tuple(ROBUST),
+    aliases={label: 'fedavg' for label in ROBUST},
+    client_learning_rates=(0.03, 0.1),
+    server_learning_rates=(1.0,),
+    rounds=200,
+    checkpoints=(50, 100, 200),
+    metric='test_accuracy',
+    select_on='validation_accuracy',
+    task_options=dict(alpha=1.0, beta=1.0),
+    settings=dict(clients_per_round=20, batch_size=50, **_attack),
+    algorithm_settings=ROBUST,
+    plot_metrics=('train_loss', 'test_accuracy'),
+    seeds=SEEDS,
+  )
+
+# Compression against the bytes a round uploads: b-bit stochastic quantization after a
+# Hadamard rotation (TFF's compression), top-k, with and without error feedback.
+# Karimireddy et al. (2019): error feedback recovers what top-k loses.
+COMPRESSED = dict(
+  fp32={},
+  q8=dict(compression='quantize', quantize_bits=8, hadamard_rotation=True),
+  q4=dict(compression='quantize', quantize_bits=4, hadamard_rotation=True),
+  q2=dict(compression='quantize', quantize_bits=2, hadamard_rotation=True),
+  top10=dict(compression='top_k', sparsity_fraction=0.1),
+  top10_ef=dict(compression='top_k', sparsity_fraction=0.1, error_feedback='ef'),
+  top1=dict(compression='top_k', sparsity_fraction=0.01),
+  top1_ef=dict(compression='top_k', sparsity_fraction=0.01, error_feedback='ef'),
+)
+_BUILT_IN['compression_synthetic'] = dataclasses.replace(
+  _BUILT_IN['robust_none'],
+  algorithms=tuple(COMPRESSED),
+  aliases={label: 'fedavg' for label in COMPRESSED},
+  algorithm_settings=COMPRESSED,
+  plot_metrics=('train_loss', 'test_accuracy', 'comm/upload_bytes'),
+)
+
 for _name, _spec in _BUILT_IN.items():
   registry.register_reproduction(_name, _spec)

@@ -219,6 +219,23 @@ def test_summarizing_a_grid_not_run_there_is_one_line(repo_root, tmp_path):
   assert not (tmp_path / 'elsewhere').exists()
 
 
+@pytest.mark.parametrize(
+  'arg, says',
+  [
+    ('--rounds=0', 'flag --rounds=0: 0 is not a positive integer'),
+    ('--batch_memory_budget=nan', '--batch_memory_budget must be a finite number of MB'),
+  ],
+)
+def test_a_bad_grid_flag_is_one_line_before_any_work(repo_root, tmp_path, arg, says):
+  """`--rounds=0` ran the whole grid at the experiment's own rounds; NaN passed the
+  memory budget's bound and traced back in trials.py."""
+  out = _reproduce(repo_root, ['--experiment=fco_lasso', arg, f'--output_dir={tmp_path / "g"}'])
+  assert out.returncode == 2, out.stderr
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and says in lines[0], lines
+  assert not (tmp_path / 'g').exists()
+
+
 # Three reproduce.py processes; test_reproduce_writes_table_and_plot runs by default.
 @pytest.mark.slow
 def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tmp_path):

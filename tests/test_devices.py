@@ -126,6 +126,18 @@ def test_lognormal_devices_come_from_the_seed_around_their_medians():
     (dict(device_model='lognormal', straggler_rate=0.2), 'makes its own stragglers'),
     (dict(device_model='trace', device_trace='/nonexistent.csv'), '/nonexistent.csv'),
     (dict(device_model='lognormal', overselect=0.5), '--overselect must be >= 1.0'),
+    # Settings the run would ignore (one rule: settings.setting(applies_when=...)).
+    (dict(device_speed=50.0), '--device_speed applies with --device_model=lognormal'),
+    (
+      dict(device_model='trace', device_trace=__file__, network_sigma=0.1),
+      '--network_sigma applies with --device_model=lognormal',
+    ),
+    (
+      dict(device_model='lognormal', deadline_policy='partial'),
+      '--deadline_policy applies with --round_deadline set',
+    ),
+    (dict(concurrency=5), "--concurrency applies with --mode=async \\(this run's is sync\\)"),
+    (dict(max_staleness=3), '--max_staleness applies with --mode=async'),
   ],
 )
 def test_bad_device_settings_are_one_line(settings, message, tmp_path):

@@ -54,8 +54,8 @@ def setting(
   (`tff_comp.trials`): it lives in the loop, the sampler or the hyperparameters, never
   in what is compiled. `applies_when` {setting: its values}: the setting only matters
   where every named setting (of any record, by its flag's name) has one of those
-  values; set otherwise, it would be ignored, and the run refuses it
-  (`ignored_settings`)."""
+  values (`GIVEN`: any but None); set otherwise, it would be ignored, and the run
+  refuses it (`ignored_settings`)."""
   metadata = dict(
     help=help,
     choices=choices,
@@ -131,6 +131,10 @@ def specs(record: type) -> Iterator[Spec]:
     )
 
 
+# `applies_when={name: GIVEN}`: the setting applies where `name` is set (not None).
+GIVEN = ('<given>',)
+
+
 def ignored_settings(record: Any, value: Callable[[str], Any]) -> str:
   """One line naming the first setting of `record` changed from its default whose
   `applies_when` does not hold ('' when none): `value(name)` reads any setting by its
@@ -141,7 +145,10 @@ def ignored_settings(record: Any, value: Callable[[str], Any]) -> str:
     if not spec.applies_when or current == spec.default:
       continue
     for governing, values in spec.applies_when.items():
-      if value(governing) not in values:
+      if values is GIVEN:
+        if value(governing) is None:
+          return f'--{spec.flag} applies with --{governing} set (it is not); it would be ignored.'
+      elif value(governing) not in values:
         shown = ', '.join(_flag_value(v) for v in values)
         return (
           f"--{spec.flag} applies with --{governing}={shown} (this run's is"

@@ -54,6 +54,9 @@ MODES = ('sync', 'async')
 STALENESS = ('constant', 'poly')
 
 
+_ASYNC = {'mode': ('async',)}  # the settings that only buffered async reads
+
+
 @dataclasses.dataclass(frozen=True)
 class AsyncOptions:
   """Synchronous rounds or buffered asynchronous steps (module docstring)."""
@@ -66,21 +69,31 @@ class AsyncOptions:
     choices=MODES,
   )
   concurrency: int = settings.setting(
-    10, 'Async: clients training at once.', lower=1, upper=settings.MAX_COUNT
+    10,
+    'Async: clients training at once.',
+    lower=1,
+    upper=settings.MAX_COUNT,
+    applies_when=_ASYNC,
   )
   buffer_size: int = settings.setting(
-    10, 'Async: arrivals per server step.', lower=1, upper=settings.MAX_COUNT
+    10,
+    'Async: arrivals per server step.',
+    lower=1,
+    upper=settings.MAX_COUNT,
+    applies_when=_ASYNC,
   )
   staleness: str = settings.setting(
     'poly',
     'Async: the weight of an update s steps stale: constant (1) or poly (1/sqrt(1+s), as FedBuff).',
     choices=STALENESS,
+    applies_when=_ASYNC,
   )
   max_staleness: int | None = settings.setting(
     None,
     'Async: drop updates more than this many steps stale (None: keep all).',
     lower=0,
     upper=settings.MAX_COUNT,
+    applies_when=_ASYNC,
   )
 
   def __post_init__(self):

@@ -46,6 +46,9 @@ DEADLINE_POLICIES = ('drop', 'partial')
 _STREAM = 0xDE71CE
 
 
+_LOGNORMAL = {'device_model': ('lognormal',)}  # the lognormal model's parameters
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceOptions:
   """The device model and the round's deadline (module docstring)."""
@@ -58,18 +61,28 @@ class DeviceOptions:
     choices=DEVICE_MODELS,
   )
   device_speed: float = settings.setting(
-    100.0, 'Median examples a simulated device trains a second.', above=0.0
+    100.0,
+    'Median examples a simulated device trains a second.',
+    above=0.0,
+    applies_when=_LOGNORMAL,
   )
   device_speed_sigma: float = settings.setting(
-    0.5, "Spread of the devices' speeds: the standard deviation of their log.", lower=0.0
+    0.5,
+    "Spread of the devices' speeds: the standard deviation of their log.",
+    lower=0.0,
+    applies_when=_LOGNORMAL,
   )
   network_seconds: float = settings.setting(
     1.0,
     'Median simulated seconds a client spends on the network a round (model down, update up).',
     lower=0.0,
+    applies_when=_LOGNORMAL,
   )
   network_sigma: float = settings.setting(
-    0.5, 'Spread of the network times: the standard deviation of their log.', lower=0.0
+    0.5,
+    'Spread of the network times: the standard deviation of their log.',
+    lower=0.0,
+    applies_when=_LOGNORMAL,
   )
   device_trace: str | None = settings.setting(
     None,
@@ -87,6 +100,7 @@ class DeviceOptions:
     'A client the deadline would miss: drop (its work discarded) or partial'
     ' (it does the local steps that fit; in-process runtime).',
     choices=DEADLINE_POLICIES,
+    applies_when={'round_deadline': settings.GIVEN},
   )
   overselect: float = settings.setting(
     1.0,
