@@ -138,13 +138,31 @@ def test_lognormal_devices_come_from_the_seed_around_their_medians():
     ),
     (dict(concurrency=5), "--concurrency applies with --mode=async \\(this run's is sync\\)"),
     (dict(max_staleness=3), '--max_staleness applies with --mode=async'),
+    (dict(device_model='trace', device_trace='{twice}'), "line 3: client '0' has a row already"),
+    (dict(device_model='trace', device_trace='{short}'), 'has no row for 5 of the clients'),
   ],
 )
 def test_bad_device_settings_are_one_line(settings, message, tmp_path):
+  """One line, and the output directory untouched (no lock file left: a trace was
+  read only after the run locked its directory)."""
+  traces = {'twice': [('0', 1, 1), ('0', 2, 1)], 'short': [('0', 1, 1)]}
+  for name, rows in traces.items():
+    with open(tmp_path / f'{name}.csv', 'w', newline='') as f:
+      csv.writer(f).writerows([('client_id', 'speed', 'network_seconds'), *rows])
+  settings = {
+    k: v.format(**{n: tmp_path / f'{n}.csv' for n in traces}) if isinstance(v, str) else v
+    for k, v in settings.items()
+  }
   with pytest.raises(ConfigError, match=message):
     experiment.train(
-      'fedavg', 'quadratic', rounds=1, output_dir=str(tmp_path), show_progress=False, **settings
+      'fedavg',
+      'quadratic',
+      rounds=1,
+      output_dir=str(tmp_path / 'run'),
+      show_progress=False,
+      **settings,
     )
+  assert not (tmp_path / 'run').exists()
 
 
 def _train(tmp_path, name, rounds, **settings):

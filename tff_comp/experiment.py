@@ -103,6 +103,11 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
     resuming=config.output_dir if config.resume else None,
   )
   settings = dataclasses.replace(settings, **plan.resolved)
+  if config.devices.device_model == 'trace':  # read before the run locks its directory
+    try:
+      devices.read_trace(pathlib.Path(config.devices.device_trace), task.train_data.client_ids)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
   prepared = Prepared(
     config,
     task,

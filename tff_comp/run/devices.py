@@ -172,7 +172,8 @@ def read_trace(path: pathlib.Path, client_ids: Sequence[str]) -> dict[str, Devic
   and optionally windows ('0-3600;7200-10800': simulated seconds, start inclusive).
 
   Raises:
-    ValueError: the file is missing or malformed, or lacks a client of `client_ids`.
+    ValueError: the file is missing or malformed, lists a client twice, or lacks a
+      client of `client_ids`.
   """
   where = f'--device_trace={path}'
   try:
@@ -200,6 +201,8 @@ def read_trace(path: pathlib.Path, client_ids: Sequence[str]) -> dict[str, Devic
       and math.isfinite(device.network)
     ):
       raise ValueError(f'{where}, line {line}: needs speed > 0 and network_seconds >= 0.')
+    if row['client_id'] in devices:
+      raise ValueError(f'{where}, line {line}: client {row["client_id"]!r} has a row already.')
     devices[row['client_id']] = device
   missing = [c for c in client_ids if c not in devices]
   if missing:
