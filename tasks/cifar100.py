@@ -32,6 +32,8 @@ from tff_comp import keras_models, models, registry
 from tff_comp.tasks import base, classification, generated, tff_files
 
 CLASSES, TRAIN_CLIENTS, TEST_CLIENTS, CLIENT_SIZE = 100, 500, 100, 100
+# The task's own models (--model); a registered model plugin may take another name.
+MODELS = ('cnn', 'resnet18')
 
 
 @registry.register_task('cifar100')
@@ -58,6 +60,7 @@ def build_cifar100_task(
   if not 1 <= crop <= 32 or max_clients < 0:
     raise ValueError('crop must be in [1, 32] and max_clients >= 0.')
   shape = (crop, crop, 3)
+  keras_models.check_model_name(model, MODELS)  # before the data is built
   if source == 'tff':
     image_map = tff_preprocessing.build_image_map(shape)
 
@@ -90,7 +93,7 @@ def build_cifar100_task(
   elif model == 'cnn':
     network = models.reshaped_input(models.small_cnn(shape, CLASSES, seed=seed), shape)
   else:
-    network = keras_models.registered_classifier(model, shape, CLASSES, seed)
+    network = keras_models.registered_classifier(model, shape, CLASSES, seed, built_in=MODELS)
   return classification.classification_task(
     'cifar100' if source == 'tff' else 'cifar100[synthetic]',
     train,

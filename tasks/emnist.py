@@ -34,6 +34,8 @@ from tff_comp.tasks import base, classification, generated, tff_files
 
 # Writers, examples in train and test (TFF's emnist.load_data documentation).
 POPULATION = {False: (3400, 671_585, 77_483), True: (3383, 341_873, 40_832)}
+# The task's own models (--model); a registered model plugin may take another name.
+MODELS = ('softmax', 'cnn', 'cnn_dropout')
 
 
 def cnn(num_classes: int, seed: int = 0, dropout: bool = False) -> tf.keras.Model:
@@ -110,6 +112,7 @@ def build_emnist_task(
   if max_clients < 0:
     raise ValueError(f'max_clients must be >= 0, got {max_clients}.')
   classes = 10 if only_digits else 62
+  keras_models.check_model_name(model, MODELS)  # before the data is built
   if source == 'tff':
     train, test = tff_files.load('emnist', data_dir, only_digits=only_digits)
     train, test = train.preprocess(_to_examples), test.preprocess(_to_examples)
@@ -127,7 +130,7 @@ def build_emnist_task(
       (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int32)),
     )
   else:
-    network = keras_models.registered_classifier(model, (28, 28, 1), classes, seed)
+    network = keras_models.registered_classifier(model, (28, 28, 1), classes, seed, built_in=MODELS)
   name = 'emnist' if source == 'tff' else 'emnist[synthetic]'
   return classification.classification_task(
     name,

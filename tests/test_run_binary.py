@@ -105,6 +105,10 @@ BAD_INPUT = [
   (['--regularizer=nuclear'], 'needs a matrix'),
   (['--algo=fedprox', '--mu=-1'], 'mu must be >= 0'),
   (['--lasso_dataset=V'], 'flag --lasso_dataset=V: value should be one of <I|II|III|IV>'),
+  (
+    ['--task=emnist', '--emnist_source=synthetic', '--model=tiny_cnn'],
+    "unknown model 'tiny_cnn'. This task's own: softmax, cnn, cnn_dropout; registered: none",
+  ),
   (['stray'], 'unexpected arguments: stray'),
   (['--algo=ditto', '--task=sinewave'], "task 'sinewave' cannot evaluate them"),
   (

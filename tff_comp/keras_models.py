@@ -26,6 +26,7 @@ drawing random numbers (GaussianNoise, GaussianDropout, AlphaDropout).
 
 from collections.abc import Callable, Sequence
 import contextlib
+import difflib
 from typing import Any
 
 import numpy as np
@@ -286,12 +287,35 @@ def _dense_gradient(weight: tf.Tensor):
   return tf.identity(weight), tf.convert_to_tensor
 
 
+def check_model_name(name: str, built_in: Sequence[str]) -> None:
+  """Raises ValueError (one line naming the task's own models and the registered ones)
+  unless `name` is one of them; a task checks before it builds its data."""
+  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+
+  registered = registry.MODELS.names()
+  if name in built_in or name in registered:
+    return
+  # The registry's own message lists only the registered models; a task's own are not.
+  close = difflib.get_close_matches(name, [*built_in, *registered], n=1)
+  raise ValueError(
+    f'unknown model {name!r}.'
+    + (f' Did you mean {close[0]!r}?' if close else '')
+    + f" This task's own: {', '.join(built_in) or 'none'}; registered:"
+    f' {", ".join(registered) or "none"} (registry.register_model adds one).'
+  )
+
+
 def registered_classifier(
-  name: str, input_shape: tuple[int, ...], num_classes: int, seed: int
+  name: str,
+  input_shape: tuple[int, ...],
+  num_classes: int,
+  seed: int,
+  built_in: Sequence[str] = (),
 ) -> tff.learning.models.FunctionalModel:
   """The model plugin `name` (`registry.register_model`) built for images of
   `input_shape` and `num_classes` labels (its initial weights from `seed`), trained on
-  the cross-entropy of its logits.
+  the cross-entropy of its logits. `built_in`: the task's own models, named with the
+  registered ones when `name` is neither.
 
   Raises:
     ValueError: no model is registered under `name`, or its builder's model is not one
@@ -299,10 +323,8 @@ def registered_classifier(
   """
   from tff_comp import registry  # pylint: disable=g-import-not-at-top
 
-  try:
-    builder = registry.MODELS.get(name).builder
-  except registry.RegistryError as e:
-    raise ValueError(str(e)) from e
+  check_model_name(name, built_in)
+  builder = registry.MODELS.get(name).builder
   tf.keras.utils.set_random_seed(seed)
   return from_keras(
     builder(input_shape, num_classes, seed),
