@@ -327,8 +327,8 @@ _BUILT_IN['fedbuff_emnist'] = Reproduction(
 
 # Aggregation as a block (#56), on Synthetic(1, 1) (non-IID logistic regression), FedAvg
 # with 20 clients a round, 2 client learning rates each, 3 seeds.
-# Robust aggregation under attack: every combiner (as labels aliasing fedavg) under one
-# attack setting a grid; Krum assumes f = 4 (20% of 20), the trimmed mean drops 20% at
+# Robust aggregation under attack (docs/results.md): every combiner (as labels aliasing
+# fedavg) under one attack setting a grid; Krum assumes f = 4 (20% of 20), the trimmed mean drops 20% at
 # each end. Baruch et al. (2019): ALIE gets past Krum and the median.
 ROBUST = dict(
   mean={},
@@ -342,8 +342,9 @@ ATTACKS = {
   'robust_none': {},
   'robust_sign_flip_10': dict(attack='sign_flip', attack_fraction=0.1),
   'robust_sign_flip_20': dict(attack='sign_flip', attack_fraction=0.2),
-  'robust_alie_10': dict(attack='alie', attack_fraction=0.1),
   'robust_alie_20': dict(attack='alie', attack_fraction=0.2),
+  # A large attack: updates of N(0, 10^2) per coordinate, which the mean cannot absorb.
+  'robust_gaussian_20': dict(attack='gaussian', attack_fraction=0.2, attack_scale=10.0),
 }
 for _name, _attack in ATTACKS.items():
   _BUILT_IN[_name] = Reproduction(
