@@ -328,8 +328,8 @@ _BUILT_IN['fedbuff_emnist'] = Reproduction(
 # Aggregation as a block (#56), on Synthetic(1, 1) (non-IID logistic regression), FedAvg
 # with 20 clients a round, 2 client learning rates each, 3 seeds.
 # Robust aggregation under attack (docs/results.md): every combiner (as labels aliasing
-# fedavg) under one attack setting a grid; Krum assumes f = 4 (20% of 20), the trimmed mean drops 20% at
-# each end. Baruch et al. (2019): ALIE gets past Krum and the median.
+# fedavg) under one attack setting a grid; Krum assumes f = 4 (20% of 20), the trimmed
+# mean drops 20% at each end. Baruch et al. (2019): ALIE gets past Krum and the median.
 ROBUST = dict(
   mean={},
   median=dict(aggregator='median'),
