@@ -2,7 +2,7 @@
 that turns a round's client updates into one (`base`: the contract).
 
     combiners    Mean (weighted; DP's sum over n), MajorityVote, Median, TrimmedMean,
-                 Krum / Multi-Krum, GeometricMedian, CenteredClip
+                 Krum / Multi-Krum, GeometricMedian, CenteredClip; Bulyan (bulyan)
     robust       Clip (fixed or adaptive to a quantile; the Gaussian mechanism), Zeroing
     compression  Rotate, Quantize, QSGD, TopK, RandK, Sign, ErrorFeedback (EF, EF21)
     secure       SecureSum (TFF's secure aggregation, modular, with its wrap-around)
@@ -27,6 +27,7 @@ from tff_comp.ops.aggregators.base import (
   round_seed,
   unflatten,
 )
+from tff_comp.ops.aggregators.bulyan import Bulyan
 from tff_comp.ops.aggregators.combiners import (
   CenteredClip,
   GeometricMedian,
@@ -50,6 +51,7 @@ from tff_comp.ops.aggregators.secure import SecureSum
 
 __all__ = [
   'Attack',
+  'Bulyan',
   'CenteredClip',
   'Chain',
   'ChainState',

@@ -1,0 +1,79 @@
+"""Bulyan (El Mhamdi, Guerraoui and Rouault, ICML 2018): Krum's selection, then a
+coordinate-wise trimmed mean around the median, for at most f attackers of m clients:
+
+    S     theta = m - 2f rows chosen one at a time, each the Krum choice (the row whose
+          squared distances to its r - f - 2 nearest others, r the rows left, sum least)
+          of the rows not yet chosen
+    y_j   the mean of the beta = theta - 2f values of coordinate j among S closest to
+          their median
+
+The paper needs m >= 4f + 3; a smaller cohort (clients dropped) keeps at least one row in
+each step (theta, beta >= 1), and with f = 0 Bulyan is the mean. Every client counts
+alike; the combiner needs every row.
+"""
+
+import tensorflow as tf
+
+from tff_comp.ops.aggregators import base
+
+
+class Bulyan(base.Combiner):
+  """Bulyan for at most `byzantine` f attackers (module docstring). Measurement
+  `bulyan_selected`: theta, the rows Krum's steps chose."""
+
+  name = 'bulyan'
+  decomposable = False
+  weighted = False
+
+  def __init__(self, byzantine: int = 1):
+    if byzantine < 0:
+      raise ValueError(f'Bulyan needs byzantine >= 0, got {byzantine}.')
+    self.byzantine = byzantine
+
+  def combine(self, state, values, weights):
+    f = self.byzantine
+    m = tf.shape(values)[0]
+    theta = tf.maximum(m - 2 * f, 1)
+    norms = tf.reduce_sum(tf.square(values), 1)
+    distances = tf.maximum(
+      norms[:, None] + norms[None, :] - 2.0 * tf.matmul(values, values, transpose_b=True), 0.0
+    )
+    big = tf.fill([m, m], tf.constant(float('inf')))
+
+    def choose(step, left, chosen):
+      """One Krum step over the rows still `left` (a [m] mask); `chosen` [m] orders."""
+      among = tf.logical_and(left[:, None], left[None, :])
+      among = tf.logical_and(among, tf.logical_not(tf.eye(m, dtype=tf.bool)))
+      nearest = tf.sort(tf.where(among, distances, big), axis=1)
+      r = tf.reduce_sum(tf.cast(left, tf.int32))
+      k = tf.maximum(r - f - 2, 1)
+      scores = tf.reduce_sum(
+        tf.where(tf.range(m)[None, :] < k, tf.where(tf.math.is_inf(nearest), 0.0, nearest), 0.0),
+        1,
+      )
+      best = tf.argmin(tf.where(left, scores, float('inf')), output_type=tf.int32)
+      return (
+        step + 1,
+        tf.tensor_scatter_nd_update(left, [[best]], [False]),
+        tf.tensor_scatter_nd_update(chosen, [[best]], [True]),
+      )
+
+    _, _, chosen = tf.while_loop(
+      lambda step, *_: step < theta,
+      choose,
+      (tf.constant(0), tf.ones([m], tf.bool), tf.zeros([m], tf.bool)),
+    )
+    selected = tf.boolean_mask(values, chosen)
+    beta = tf.maximum(theta - 2 * f, 1)
+    ordered = tf.sort(selected, axis=0)
+    median = 0.5 * (tf.gather(ordered, (theta - 1) // 2) + tf.gather(ordered, theta // 2))
+    # The beta values of each coordinate nearest its median (ties by position).
+    nearest = tf.argsort(tf.abs(selected - median[None, :]), axis=0, stable=True)[:beta]
+    closest = tf.gather(tf.transpose(selected), tf.transpose(nearest), batch_dims=1)
+    result = tf.reduce_mean(closest, 1)
+    return (
+      result,
+      None,
+      state,
+      base.Measurements(bulyan_selected=tf.cast(theta, tf.float32)),
+    )
