@@ -14,7 +14,7 @@ alike; the combiner needs every row.
 
 import tensorflow as tf
 
-from tff_comp.ops.aggregators import base
+from tff_comp.ops.aggregators import base, combiners
 
 
 class Bulyan(base.Combiner):
@@ -34,10 +34,7 @@ class Bulyan(base.Combiner):
     f = self.byzantine
     m = tf.shape(values)[0]
     theta = tf.maximum(m - 2 * f, 1)
-    norms = tf.reduce_sum(tf.square(values), 1)
-    distances = tf.maximum(
-      norms[:, None] + norms[None, :] - 2.0 * tf.matmul(values, values, transpose_b=True), 0.0
-    )
+    distances = combiners.squared_distances(values)
     big = tf.fill([m, m], tf.constant(float('inf')))
 
     def choose(step, left, chosen):
@@ -65,8 +62,7 @@ class Bulyan(base.Combiner):
     )
     selected = tf.boolean_mask(values, chosen)
     beta = tf.maximum(theta - 2 * f, 1)
-    ordered = tf.sort(selected, axis=0)
-    median = 0.5 * (tf.gather(ordered, (theta - 1) // 2) + tf.gather(ordered, theta // 2))
+    median = combiners.median(selected)
     # The beta values of each coordinate nearest its median (ties by position).
     nearest = tf.argsort(tf.abs(selected - median[None, :]), axis=0, stable=True)[:beta]
     closest = tf.gather(tf.transpose(selected), tf.transpose(nearest), batch_dims=1)

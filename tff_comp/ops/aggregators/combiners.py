@@ -101,10 +101,10 @@ class Median(_Robust):
   name = 'median'
 
   def combine(self, state, values, weights):
-    return _median(values), None, state, base.Measurements()
+    return median(values), None, state, base.Measurements()
 
 
-def _median(values: tf.Tensor) -> tf.Tensor:
+def median(values: tf.Tensor) -> tf.Tensor:
   ordered = tf.sort(values, axis=0)
   m = tf.shape(values)[0]
   return 0.5 * (tf.gather(ordered, (m - 1) // 2) + tf.gather(ordered, m // 2))
@@ -128,7 +128,7 @@ class TrimmedMean(_Robust):
     return tf.reduce_mean(kept, 0), None, state, base.Measurements()
 
 
-def _squared_distances(values: tf.Tensor) -> tf.Tensor:
+def squared_distances(values: tf.Tensor) -> tf.Tensor:
   """[m, m] squared Euclidean distances between the rows."""
   norms = tf.reduce_sum(tf.square(values), 1)
   return tf.maximum(
@@ -150,7 +150,7 @@ class Krum(_Robust):
 
   def combine(self, state, values, weights):
     m = tf.shape(values)[0]
-    distances = _squared_distances(values)
+    distances = squared_distances(values)
     # Each row's m - f - 2 nearest others (at least one): the smallest after itself (0).
     k = tf.maximum(m - self.byzantine - 2, 1)
     nearest = tf.sort(distances, axis=1)[:, 1:]
