@@ -86,6 +86,7 @@ def _reference(
   for _ in range(concurrency):
     dispatch()
   buffer, kept_staleness = [], []
+  steps_seen = []  # per server step: (its time, the staleness of the updates it took)
   while version < steps:
     now = min(f[0] for f in flight)
     arrived = sorted((f for f in flight if f[0] == now), key=lambda f: f[1])
@@ -102,9 +103,10 @@ def _reference(
         total = sum(w for w, _ in buffer)
         x = x + eta_s * sum(w * d for w, d in buffer) / total
         buffer, version = [], version + 1
+        steps_seen.append((now, kept_staleness[-buffer_size:]))
     for _ in arrived:
       dispatch()
-  return x, kept_staleness
+  return x, kept_staleness, steps_seen[:steps]
 
 
 @pytest.mark.parametrize(
@@ -141,7 +143,7 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_sta
     config.devices, data, experiment.build_runner(prepared).algorithm, config.seed
   )
   draws = sampling.ClientSampler(ids, 2, config.seed)
-  want, kept = _reference(
+  want, kept, steps_seen = _reference(
     centers,
     counts,
     {c: clock.seconds(c) if clock else 1.0 for c in ids},
@@ -162,6 +164,15 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_sta
   ) == pytest.approx(sum(kept))
   if max_staleness is not None:
     assert sum(r['train/async/dropped'] for r in buffered.rows) > 0
+  # Each step's clock, its length and its staleness columns, as the simulation's.
+  times = [t for t, _ in steps_seen]
+  np.testing.assert_allclose([r['time/simulated_seconds'] for r in buffered.rows], times)
+  np.testing.assert_allclose(
+    [r['time/round_seconds'] for r in buffered.rows], np.diff(times, prepend=0.0), atol=1e-9
+  )
+  assert [r['train/async/staleness_max'] for r in buffered.rows] == [max(s) for _, s in steps_seen]
+  if devices:  # steps whose max is not their mean
+    assert any(max(s) > np.mean(s) for _, s in steps_seen)
 
 
 @pytest.mark.parametrize(

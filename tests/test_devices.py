@@ -75,6 +75,9 @@ def test_overselection_keeps_the_first_to_finish(tmp_path):
   assert set(clients.reporting) == {'d', 'a'} and clients.late == 3
   assert clients.seconds == pytest.approx(SECONDS['a'])  # the second arrival
   assert _sampler(tmp_path, k=2, overselect=2.5).capacity == 2
+  # ceil, not floor: 1.2 x 2 = 2.4 draws 3 (the first two to finish kept).
+  assert len(_sampler(tmp_path, k=2, overselect=1.2).sample(1).sampled) == 3
+  assert len(_sampler(tmp_path, k=3, overselect=1.5).sample(1).sampled) == 5
 
 
 def test_windows_decide_who_may_be_sampled_and_an_empty_round_waits(tmp_path):
@@ -208,3 +211,38 @@ def test_a_run_writes_its_clock_records_its_devices_and_resumes_to_the_same_cloc
       'participation/straggling',
     ):
       assert a[column] == b[column], column
+
+
+@pytest.mark.parametrize(
+  'algorithm,settings,examples',
+  [
+    # local_epochs x n_i examples.
+    ('fedavg', dict(local_epochs=3, batch_size=2), lambda n: 3 * n),
+    # local_steps x batch_size x the rule's batches per step (MAML's three), any n_i.
+    ('per_fedavg', dict(algorithm_options=dict(local_steps=4), batch_size=2), lambda n: 4 * 2 * 3),
+  ],
+)
+def test_a_clients_time_is_the_local_work_its_algorithm_does(
+  tmp_path, algorithm, settings, examples
+):
+  path = tmp_path / 'trace.csv'
+  ids = [str(i) for i in range(6)]
+  path.write_text(
+    'client_id,speed,network_seconds\n'
+    + ''.join(f'{c},{10 * (i + 1)},{i}\n' for i, c in enumerate(ids))
+  )
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(
+      algorithm=algorithm,
+      task='quadratic',
+      device_model='trace',
+      device_trace=str(path),
+      output_dir=str(tmp_path / 'run'),
+      **settings,
+    )
+  )
+  data = prepared.task.train_data
+  clock = devices.clock_for(prepared.config.devices, data, prepared.build(), seed=0)
+  for i, c in enumerate(ids):
+    n = sum(1 for _ in data.create_tf_dataset_for_client(c))
+    assert clock.seconds(c) == pytest.approx(examples(n) / (10 * (i + 1)) + i), c

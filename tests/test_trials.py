@@ -496,3 +496,22 @@ def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):
     assert not isinstance(result, Exception)
     rows = run_files.whole_rows(tmp_path / str(rate) / 'metrics.csv')[1]
     assert [row['round'] for row in rows] == ['0', '1', '2', '3', '4', '5']
+
+
+def test_trials_share_a_build_only_where_one_build_runs_them_all():
+  """A trial's local work (batch size, epochs) is in its build; a private trial's noise
+  is calibrated to its rounds, cohort and sampling: trials differing in them never
+  share a group (a 3-epoch trial once returned the 1-epoch trial's numbers)."""
+
+  def key(**settings):
+    settings = dict(dict(algorithm='fedavg', task='lasso', rounds=5, engine='lanes'), **settings)
+    return trials.group_key(trials.Trial(ExperimentConfig.of(**settings)))
+
+  assert key(client_learning_rate=0.1, seed=1) == key(client_learning_rate=0.2, seed=2)
+  assert key(batch_size=16) != key(batch_size=32)
+  assert key(local_epochs=1) != key(local_epochs=3)
+  assert key(sampling='uniform') == key(sampling='poisson')
+  assert key(rounds=5) == key(rounds=6)
+  private = dict(aggregator='dp', clip_norm=1.0, noise_multiplier=0.5)
+  assert key(sampling='uniform', **private) != key(sampling='poisson', **private)
+  assert key(rounds=5, **private) != key(rounds=6, **private)
