@@ -92,7 +92,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_comp import data as data_lib
-from tff_comp import runtime
+from tff_comp import registry, runtime, settings
 from tff_comp.algorithms import fedavg
 from tff_comp.binaries import (
   bench_aggregators,
@@ -101,25 +101,37 @@ from tff_comp.binaries import (
   bench_peers,
   bench_workloads,
   flags_lib,
+  reproductions,  # noqa: F401 (registers the built-in grids: --grid_experiment)
 )
 from tff_comp.binaries import bench_timing as timing
 from tff_comp.runtime import choice, inprocess, workers
 from tff_comp.tasks import lasso, synthetic
 
-_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Timed rounds per repeat.', lower_bound=1)
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Repeats; the median is reported.', lower_bound=1)
+_ROUNDS = flags.DEFINE_integer(
+  'rounds', 30, 'Timed rounds per repeat.', lower_bound=1, upper_bound=settings.MAX_COUNT
+)
+_REPEATS = flags.DEFINE_integer(
+  'repeats', 3, 'Repeats; the median is reported.', lower_bound=1, upper_bound=settings.MAX_COUNT
+)
 _SWEEP = flags.DEFINE_list(
   'sweep', ['10', '100', '1000'], 'Clients per round for part 2 (empty: skip part 2).'
 )
-_POPULATION = flags.DEFINE_integer('population', 1000, 'Clients of the part 2 task.', lower_bound=1)
+_POPULATION = flags.DEFINE_integer(
+  'population', 1000, 'Clients of the part 2 task.', lower_bound=1, upper_bound=settings.MAX_COUNT
+)
 _SWEEP_TFF_MAX = flags.DEFINE_integer(
   'sweep_tff_max',
   100,
   "Largest clients per round part 2 also times on TFF's worker.",
   lower_bound=0,
+  upper_bound=settings.MAX_COUNT,
 )
 _TFF_WORKERS = flags.DEFINE_integer(
-  'tff_workers', 2, 'Part 3: local TFF workers to split rounds across (0: skip).', lower_bound=0
+  'tff_workers',
+  2,
+  'Part 3: local TFF workers to split rounds across (0: skip).',
+  lower_bound=0,
+  upper_bound=settings.MAX_COUNT,
 )
 _FIRST_ROUNDS = flags.DEFINE_bool('first_rounds', True, 'Part 5: time to the first round.')
 _RAY_ACTORS = flags.DEFINE_integer(
@@ -127,9 +139,14 @@ _RAY_ACTORS = flags.DEFINE_integer(
   2,
   'Part 3: Ray actors of a local cluster for the Ray lines (0: skip; skipped without Ray).',
   lower_bound=0,
+  upper_bound=settings.MAX_COUNT,
 )
 _MEMORY_ROUNDS = flags.DEFINE_integer(
-  'memory_rounds', 0, 'Part 4: rounds to watch host memory over (0: skip).', lower_bound=0
+  'memory_rounds',
+  0,
+  'Part 4: rounds to watch host memory over (0: skip).',
+  lower_bound=0,
+  upper_bound=settings.MAX_COUNT,
 )
 _WORKLOAD = flags.DEFINE_enum(
   'workload',
@@ -137,20 +154,31 @@ _WORKLOAD = flags.DEFINE_enum(
   ['lasso', 'emnist_cnn', 'streaming', 'grid', 'aggregators'],
   'lasso: parts 1-5; emnist_cnn: part 6; streaming: part 7; grid: part 8; aggregators: part 9.',
 )
-_GRID_EXPERIMENT = flags.DEFINE_string(
-  'grid_experiment', 'fco_lasso', 'Part 8: the reproduction whose grid is timed.'
+_GRID_EXPERIMENT = flags.DEFINE_enum(
+  'grid_experiment',
+  'fco_lasso',
+  registry.REPRODUCTIONS.names(),
+  'Part 8: the reproduction whose grid is timed.',
 )
 _GRID_ROUNDS = flags.DEFINE_integer(
-  'grid_rounds', 500, 'Part 8: rounds of every run.', lower_bound=1
+  'grid_rounds', 500, 'Part 8: rounds of every run.', lower_bound=1, upper_bound=settings.MAX_COUNT
 )
 _GRID_PARALLEL = flags.DEFINE_integer(
-  'grid_parallel', 2, 'Part 8: reproduce.py --parallel, both ways.', lower_bound=1
+  'grid_parallel',
+  2,
+  'Part 8: reproduce.py --parallel, both ways.',
+  lower_bound=1,
+  upper_bound=settings.MAX_COUNT,
 )
 _EMNIST_CLIENTS = flags.DEFINE_integer(
-  'emnist_clients', 10, 'Part 6: clients per round.', lower_bound=1
+  'emnist_clients', 10, 'Part 6: clients per round.', lower_bound=1, upper_bound=settings.MAX_COUNT
 )
 _RUN_PY_ROUNDS = flags.DEFINE_integer(
-  'run_py_rounds', 400, 'Part 1 (e): rounds of the end-to-end run.py run (0: skip).', lower_bound=0
+  'run_py_rounds',
+  400,
+  'Part 1 (e): rounds of the end-to-end run.py run (0: skip).',
+  lower_bound=0,
+  upper_bound=settings.MAX_COUNT,
 )
 _FEDJAX_PYTHON = flags.DEFINE_string(
   'fedjax_python',
@@ -163,12 +191,34 @@ flags.register_validator(
   lambda values: all(v.isdigit() and int(v) > 0 for v in values),
   '--sweep takes positive whole numbers of clients per round (e.g. 10,100).',
 )
-flags.register_validator(
-  'fedjax_python',
-  lambda path: path is None or (os.path.isfile(path) and os.access(path, os.X_OK)),
-  '--fedjax_python is not an executable file (`make .venv-fedjax/.installed` builds'
-  ' .venv-fedjax/bin/python).',
-)
+
+
+@flags.validator('fedjax_python')
+def _imports_fedjax(path: str | None) -> bool:
+  """A Python that imports FedJAX (tried once, before any part runs: a file that is
+  not one failed only when part 1 started it)."""
+  if path is None:
+    return True
+  hint = '`make .venv-fedjax/.installed` builds .venv-fedjax/bin/python'
+  try:
+    done = subprocess.run(
+      [path, '-c', 'import fedjax; print("fedjax")'],
+      stdin=subprocess.DEVNULL,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+    )
+  except (OSError, subprocess.TimeoutExpired) as e:
+    raise flags.ValidationError(
+      f'cannot be run ({getattr(e, "strerror", None) or e}); {hint}.'
+    ) from e
+  if done.returncode or done.stdout.strip() != 'fedjax':
+    said = (done.stderr.strip().splitlines() or [f'exit {done.returncode}, no answer'])[-1]
+    raise flags.ValidationError(f'is not a Python that imports fedjax ({said}); {hint}.')
+  return True
+
+
 CLIENTS, BATCH, LR = 10, 10, 1e-3
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

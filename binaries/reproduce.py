@@ -47,7 +47,8 @@ from tff_comp import experiment as experiment_lib
 from tff_comp import registry, run_config, signals
 from tff_comp import trials as trials_lib
 from tff_comp.binaries import flags_lib, grid, reproductions, summary
-from tff_comp.runtime import inprocess
+from tff_comp.runtime import base as runtime_base
+from tff_comp.runtime import inprocess, ray_cluster
 
 _EXPERIMENT = flags.DEFINE_enum(
   'experiment',
@@ -78,11 +79,17 @@ _RESUME = flags.DEFINE_bool(
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
   'checkpoint_every', 100, 'Rounds between saved states of each run (for --resume).'
 )
+# Processes a grid may run at once: each holds its own TensorFlow (hundreds of MB), and
+# more than a few per core only contend for the cores.
+_PROCESSES_PER_CORE = 4
+_MOST_PARALLEL = _PROCESSES_PER_CORE * (os.cpu_count() or 1)
 _PARALLEL = flags.DEFINE_integer(
   'parallel',
   1,
-  'Run algorithms (with --batch_trials; else (algorithm, seed) groups) in this many processes.',
+  'Run algorithms (with --batch_trials; else (algorithm, seed) groups) in this many'
+  f' processes (at most {_MOST_PARALLEL}: {_PROCESSES_PER_CORE} per core of this machine).',
   lower_bound=1,
+  upper_bound=_MOST_PARALLEL,
 )
 _BATCH_TRIALS = flags.DEFINE_bool(
   'batch_trials',
@@ -187,6 +194,11 @@ def _reproduce(argv):
     flags_lib.fail(str(e))
   if _RAY_ADDRESS.value and _PARALLEL.value > 1:
     flags_lib.fail("--parallel and --ray_address both choose where the grid's units run: give one.")
+  if _RAY_ADDRESS.value and not _SUMMARIZE_ONLY.value:
+    try:  # joined before the grid's directory is made: a cluster not there writes nothing
+      ray_cluster.connect(_RAY_ADDRESS.value)
+    except runtime_base.UnsupportedError as e:
+      flags_lib.fail(str(e))
   rounds = spec.rounds if _ROUNDS.value is None else _ROUNDS.value
   root = pathlib.Path(_OUTPUT.value) / name
   seeds = spec.seeds or (_SEED.value,)

@@ -3,6 +3,7 @@ the library's task contract (`tff_comp.task.Task`)."""
 
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
+import os
 import threading
 from typing import Any
 
@@ -182,6 +183,26 @@ class ClassifierScorer:
       loss=loss / max(len(y), 1),
       accuracy=float(accuracies[0]),
       **{name: float(a) for name, a in zip(self._also, accuracies[1:])},
+    )
+
+
+# Copies of the model a round holds at once (the server's, the clients' being trained,
+# their updates and the optimizers' state): a lower bound, to refuse the hopeless.
+_MODEL_COPIES = 4
+
+
+def check_model_fits(weights: int, sizes: str) -> None:
+  """Raises ValueError, before anything is built, when `_MODEL_COPIES` copies of a
+  model of `weights` float32 weights exceed this machine's memory (TensorFlow's own
+  out-of-memory error comes as a long traceback, after the data is generated).
+  `sizes`: the settings that gave the model its size, for the message."""
+  memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  need = _MODEL_COPIES * 4 * weights
+  if need > memory:
+    raise ValueError(
+      f'{sizes} make a model of {weights:,} weights: {need / 2**30:,.1f} GB for the'
+      f' {_MODEL_COPIES} copies a round holds, more than the {memory / 2**30:.1f} GB of'
+      ' this machine.'
     )
 
 

@@ -97,6 +97,15 @@ def build_stackoverflow_nwp_task(
   if min(vocab_size, lstm_units, eval_examples) < 1 or max_clients < 0:
     raise ValueError('vocab_size, lstm_units and eval_examples must be >= 1, max_clients >= 0.')
   extended = vocab_size + 4  # pad, one out-of-vocabulary id, begin, end
+  # TFF's recurrent model: embedding, LSTM, dense to the embedding, dense to the words.
+  embedding = 96
+  base.check_model_fits(
+    extended * embedding
+    + 4 * lstm_units * (embedding + lstm_units + 1)
+    + (lstm_units + 1) * embedding
+    + (embedding + 1) * extended,
+    f'vocab_size={vocab_size}, lstm_units={lstm_units}',
+  )
   special = tff_preprocessing.get_special_tokens(vocab_size)
   if source == 'tff':
     to_ids = tff_preprocessing.build_to_ids_fn(vocabulary(data_dir, vocab_size), SEQUENCE_LENGTH)

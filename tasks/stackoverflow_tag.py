@@ -134,6 +134,9 @@ def build_stackoverflow_tag_task(
   """
   if min(vocab_size, tag_vocab_size, eval_examples) < 1 or max_clients < 0:
     raise ValueError('vocab_size, tag_vocab_size and eval_examples must be >= 1, max_clients >= 0.')
+  base.check_model_fits(
+    (vocab_size + 1) * tag_vocab_size, f'vocab_size={vocab_size}, tag_vocab_size={tag_vocab_size}'
+  )
   if source == 'tff':
     words = stackoverflow.vocabulary(data_dir, vocab_size, 'stackoverflow_tag')
     tags = tag_vocabulary(data_dir, tag_vocab_size)

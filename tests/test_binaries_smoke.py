@@ -224,11 +224,14 @@ def test_summarizing_a_grid_not_run_there_is_one_line(repo_root, tmp_path):
   [
     ('--rounds=0', 'flag --rounds=0: 0 is not a positive integer'),
     ('--batch_memory_budget=nan', '--batch_memory_budget must be a finite number of MB'),
+    ('--parallel=100000', 'flag --parallel=100000: 100000 is not an integer in the range'),
+    ('--ray_address=127.0.0.1:1', 'the Ray cluster at --ray_address=127.0.0.1:1 cannot be'),
   ],
 )
 def test_a_bad_grid_flag_is_one_line_before_any_work(repo_root, tmp_path, arg, says):
   """`--rounds=0` ran the whole grid at the experiment's own rounds; NaN passed the
-  memory budget's bound and traced back in trials.py."""
+  memory budget's bound and traced back in trials.py; --parallel had no ceiling; a Ray
+  cluster not there was found after the grid's directory was made."""
   out = _reproduce(repo_root, ['--experiment=fco_lasso', arg, f'--output_dir={tmp_path / "g"}'])
   assert out.returncode == 2, out.stderr
   lines = out.stderr.strip().splitlines()
@@ -301,6 +304,27 @@ def test_a_bad_bench_flag_is_one_line_and_exit_2(repo_root):
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert lines[0].startswith(f'bench.py: error: flag {bad.split("=")[0]}='), lines
+
+
+@pytest.mark.parametrize(
+  'bad, says',
+  [
+    ('--rounds=100000000000', 'is not an integer in the range [1, 100000000]'),
+    ('--workload=grid --grid_experiment=bogus', 'value should be one of <'),
+    ('--fedjax_python=/bin/true', 'is not a Python that imports fedjax'),
+    ('--fedjax_python={tmp}/not_python', 'cannot be run (Exec format error)'),
+  ],
+)
+def test_a_bench_flag_it_cannot_use_is_one_line_before_any_part(repo_root, tmp_path, bad, says):
+  """Accepted once: 1e11 rounds (no ceiling); a grid that is not one (exit 0 after
+  "failed"); an executable that is not FedJAX's Python (part 1 traced back with
+  `Exec format error` after the other parts' minutes)."""
+  (tmp_path / 'not_python').write_bytes(b'\x7fELF')
+  (tmp_path / 'not_python').chmod(0o755)
+  out = _bench(repo_root, *bad.format(tmp=tmp_path).split())
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+  assert says in lines[0], lines
 
 
 @pytest.mark.parametrize('bad', ['--port=0', 'extra'])

@@ -10,7 +10,7 @@ from tff_comp import experiment
 from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.run import devices as devices_lib
 from tff_comp.run import sampling
-from tff_comp.runtime import streaming
+from tff_comp.runtime import ray_cluster, streaming
 
 
 class _Final(callbacks_lib.Callback):
@@ -183,10 +183,13 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_sta
     (dict(algorithm='fedavg', sampling='poisson'), 'uniformly'),
     (dict(algorithm='fedavg', device_model='lognormal', round_deadline=1.0), 'max_staleness'),
     (dict(algorithm='fedavg', runtime='tff'), 'in-process runtime'),
+    (dict(algorithm='fedavg', ray_address='local'), 'in-process runtime.*not ray'),
     (dict(algorithm='fedavg', concurrency=7), 'may not exceed the task.s 6 clients'),
   ],
 )
-def test_what_async_cannot_run_is_refused_in_one_line(tmp_path, settings, match):
+def test_what_async_cannot_run_is_refused_in_one_line(tmp_path, monkeypatch, settings, match):
+  # Before any runtime starts (a local Ray cluster took 30 s to start, then was refused).
+  monkeypatch.setattr(ray_cluster, 'connect', lambda *_: pytest.fail('Ray started'))
   prepared = experiment.prepare(
     experiment.ExperimentConfig.of(
       task='quadratic', rounds=2, mode='async', output_dir=str(tmp_path), **settings

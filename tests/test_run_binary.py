@@ -136,6 +136,17 @@ BAD_INPUT = [
     ' directory, pass --resume to continue it or --overwrite',
   ),
   (['--algo=nope'], 'Known algorithms: afl, comfedl, ditto, fedavg, fedavg_subgrad,'),
+  # A run's directory whose tensorboard/ is a file (FileExistsError in run_files.py).
+  (['--resume', '--output_dir={tb_file}'], 'tensorboard is a file where the run keeps a directory'),
+  # A model TensorFlow cannot allocate (a 49-line out-of-memory traceback).
+  (
+    [
+      '--task=stackoverflow_tag',
+      '--stackoverflow_tag_source=synthetic',
+      '--stackoverflow_tag_vocab_size=2147483647',
+    ],
+    'vocab_size=2147483647, tag_vocab_size=500 make a model of 1,073,741,824,000 weights',
+  ),
   (
     ['--algo=fedavg', '--client_learning_rate=1e6', '--rounds=5', '--output_dir={diverged}'],
     'training diverged at round',
@@ -176,12 +187,16 @@ def cli_runs(repo_root, tmp_path_factory):
       'rerun',
       'flagfile_out',
       'per_fedavg',
+      'tb_file',
     )
   }
   paths['binary'].write_bytes(bytes(range(256)))
   paths['file'].write_text('x')
   paths['run'].mkdir()
   (paths['run'] / 'metrics.csv').write_text('round\n0\n')
+  paths['tb_file'].mkdir()
+  (paths['tb_file'] / 'metrics.csv').write_text('round\n0\n')
+  (paths['tb_file'] / 'tensorboard').write_text('x')
   paths['flagfile'].write_text(
     '--algo=fedprox\n--mu=0.1\n--task=lasso\n--lasso_dataset=III\n--rounds=2\n'
     f'--clients_per_round=3\n--output_dir={paths["flagfile_out"]}\n'
@@ -205,7 +220,9 @@ def cli_runs(repo_root, tmp_path_factory):
   )
   assert out.returncode == 0, out.stderr
   results = json.loads(out.stdout.strip().splitlines()[-1])
-  assert (paths['run'] / 'metrics.csv').read_text() == 'round\n0\n'  # left alone
+  for run in ('run', 'tb_file'):  # left alone
+    assert (paths[run] / 'metrics.csv').read_text() == 'round\n0\n'
+  assert (paths['tb_file'] / 'tensorboard').read_text() == 'x'
   assert not (root / 'never-written').exists()
   keys = [' '.join(a) for a, _ in BAD_INPUT] + [' '.join(a) for a in GOOD_INPUT]
   return dict(zip(keys, results)), paths

@@ -169,6 +169,13 @@ def build_runner(prepared: Prepared) -> Runner:
       ' twice; use uniform or poisson sampling.'
     )
   settings = prepared.settings
+  if config.asynchrony.mode == 'async':
+    buffered_async.check(
+      config,
+      prepared.task.train_data,
+      algorithm,
+      choice.candidates(config.runtime, config.runtime_options),
+    )
   runtime, description = choice.runner_for(
     program,
     prepared.task.train_data,

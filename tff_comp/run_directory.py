@@ -23,6 +23,8 @@ from tff_comp import paths, registry, run_config
 from tff_comp.settings import ConfigError
 
 RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
+# Of those, the directories: a plain file in their place stops the run's writes.
+RUN_DIRS = ('tensorboard', 'checkpoints')
 # Records of config.json a resumed run may change besides its resumable settings
 # (`settings.setting(resumable=True)`): the runtime's (an engine that fell back records
 # it) and the environment's (its input files are compared apart, `_check_inputs`).
@@ -74,6 +76,12 @@ def check_output_dir(
     raise ConfigError(f'--output_dir={path} is a file, not a directory.')
   if path.is_dir():
     found = [name for name in RUN_FILES if (path / name).exists()]
+    blocked = [name for name in RUN_DIRS if name in found and not (path / name).is_dir()]
+    if blocked:
+      raise ConfigError(
+        f'--output_dir={path}: {path / blocked[0]} is a file where the run keeps a'
+        ' directory; move it away.'
+      )
     if found and not (overwrite or resume):
       raise ConfigError(
         f'--output_dir={path} holds another run ({", ".join(found)}); choose another'

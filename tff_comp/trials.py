@@ -394,6 +394,8 @@ def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared) -> e
   shared)."""
   if prepared.config.asynchrony.mode != 'async':
     return runner
+  # The trial's own sampling and async settings (they may differ from the build's).
+  buffered_async.check(prepared.config, prepared.task.train_data, runner.algorithm)
   return dataclasses.replace(
     runner,
     runtime=buffered_async.for_run(

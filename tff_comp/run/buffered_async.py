@@ -395,21 +395,19 @@ class AsyncSampler:
     )
 
 
-def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
-  """The async runtime (its `sampler` the loop's) over a run's in-process `runtime`;
-  `config`: the run's `run_config.ExperimentConfig` (seed, participation, devices,
-  asynchrony, resume).
+# Built-in runtimes that give no client's own outputs (`base.ClientOutputs`): async is
+# refused on them before they start (a local Ray cluster takes half a minute to start).
+_WHOLE_ROUND_RUNTIMES = ('tff', 'ray')
 
-  Raises:
-    ConfigError: (one line) async with a runtime other than in-process, an algorithm
-      it cannot run (`why_not`), a sampling other than uniform, dropout or stragglers,
-      a deadline or over-selection, more clients at once than the task has.
-  """
-  if not isinstance(runtime, base.ClientOutputs):
-    raise ConfigError(
-      f'--mode=async runs on the in-process runtime (a runtime giving each'
-      f" client's outputs), not {runtime.name}."
-    )
+
+def check(config, client_data, algorithm, runtimes: Sequence[str] = ()) -> None:
+  """Raises ConfigError (one line), before any runtime is built, for an async run
+  (`config`: its `run_config.ExperimentConfig`) that cannot be: on the built-in
+  `runtimes` (`choice.candidates`; () when built) none of which gives each client's outputs, an
+  algorithm it cannot run (`why_not`), a sampling other than uniform, dropout or
+  stragglers, a deadline or over-selection, more clients at once than the task has."""
+  if runtimes and all(name in _WHOLE_ROUND_RUNTIMES for name in runtimes):
+    _refuse_runtime(runtimes[0])
   reason = why_not(algorithm)
   if reason:
     raise ConfigError(f'--mode=async cannot run this algorithm: {reason}.')
@@ -435,6 +433,26 @@ def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
       f"{options.buffer_size} may not exceed the task's {clients}"
       ' clients.'
     )
+
+
+def _refuse_runtime(name: str) -> None:
+  raise ConfigError(
+    "--mode=async runs on the in-process runtime (a runtime giving each client's"
+    f' outputs), not {name}.'
+  )
+
+
+def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
+  """The async runtime (its `sampler` the loop's) over a run's in-process `runtime`;
+  `config`: the run's `run_config.ExperimentConfig` (seed, participation, devices,
+  asynchrony, resume), `check`ed before `runtime` was built.
+
+  Raises:
+    ConfigError: (one line) `runtime` gives no client's outputs (a plugin's).
+  """
+  if not isinstance(runtime, base.ClientOutputs):
+    _refuse_runtime(runtime.name)
+  options = config.asynchrony
   clock = devices.clock_for(config.devices, client_data, algorithm, config.seed)
   draws = sampling.ClientSampler(client_data.client_ids, options.buffer_size, config.seed)
   schedule = Schedule(
