@@ -269,6 +269,16 @@ def test_a_chain_ray_cannot_hold_yet_is_refused_in_one_line():
     assert says in ray_runtime.why_not(algorithm, OPTIONS)
 
 
+def test_gpus_the_cluster_cannot_give_are_refused_before_any_actor_waits():
+  """--ray_gpus_per_actor=1 on a host without GPUs waited forever with no message (Ray
+  holds an actor until a node has its resources). 10^6 GPUs: no node has them."""
+  options = ray_runtime.RayOptions(
+    ray_address=ray_cluster.LOCAL, ray_actors=2, ray_gpus_per_actor=1e6
+  )
+  with pytest.raises(ray_runtime.base.UnsupportedError, match='can place 0 such actor'):
+    ray_runtime.build(algorithm_cases.algorithm('fedavg', {}), DATA, options)
+
+
 @pytest.mark.ray
 def test_a_keras_cnn_on_ray_equals_the_single_process():
   """A Keras model reaches the actors as its conversion (`keras_models._KerasModel`

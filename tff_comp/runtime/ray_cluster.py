@@ -5,6 +5,7 @@ dependency (`pip install tff_comp[ray]`), imported when a run asks for it."""
 from collections.abc import Callable, Sequence
 import dataclasses
 import logging as py_logging
+import math
 import os
 import socket
 from typing import Any
@@ -84,6 +85,24 @@ def connect(address: str) -> Any:
       f'the Ray cluster at --ray_address={address} cannot be reached ({first})'
     ) from e
   return ray
+
+
+def check_gpus(ray, address: str, actors: int, per_actor: float) -> None:
+  """Raises UnsupportedError unless the cluster's nodes can place `actors` actors of
+  `per_actor` GPUs each: Ray waits, silently and forever, for resources no node has.
+  Nodes an autoscaler has not started yet are not counted."""
+  if not per_actor:
+    return
+  nodes = [n.get('Resources', {}).get('GPU', 0.0) for n in ray.nodes() if n.get('Alive')]
+  # Equal actors pack node by node: floor(node's GPUs / per actor) each (1e-9: Ray's
+  # fractional GPUs are float sums).
+  places = sum(math.floor(gpus / per_actor + 1e-9) for gpus in nodes)
+  if places < actors:
+    raise base.UnsupportedError(
+      f'--ray_gpus_per_actor={per_actor:g} x --ray_actors={actors}: the Ray cluster at'
+      f' --ray_address={address} can place {places} such actor(s) (GPUs by node:'
+      f' {", ".join(f"{g:g}" for g in nodes) or "none"}); Ray would wait for them forever'
+    )
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:

@@ -89,6 +89,7 @@ class RayRuntime:
     self._journal_size = [(0, 0)] * count
     self._version = 0
     self._undo: tuple[int, dict[int, tuple[np.ndarray, Any]]] | None = None
+    ray_cluster.check_gpus(ray, options.ray_address, count, options.ray_gpus_per_actor)
     self._actors = ray_actors.actor_pool(ray, count, options.ray_gpus_per_actor)
     # Each actor on its share (streamed where it exceeds the budget, as in-process),
     # with the engine the whole run takes: a client's numbers depend on the engine.
