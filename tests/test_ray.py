@@ -13,8 +13,10 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -496,3 +498,65 @@ def test_a_task_lost_with_its_worker_runs_again(tmp_path, capsys):
   assert (
     'ray: the task of the unit was lost with its worker; it runs again.' in capsys.readouterr().out
   )
+
+
+def _ray_run(repo_root, path, rows: int = 3) -> subprocess.Popen:
+  """run.py training on a local Ray cluster of one actor, once metrics.csv has `rows`
+  rounds."""
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'run.py'),
+      '--algo=fedavg',
+      '--task=quadratic',
+      '--rounds=100000',
+      '--eval_period=100000',
+      '--checkpoint_every=100000',
+      '--ray_address=local',
+      '--ray_actors=1',
+      f'--output_dir={path}',
+    ],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
+  deadline, csv = time.monotonic() + 240, path / 'metrics.csv'
+  while not csv.exists() or len(csv.read_text().splitlines()) < rows + 2:
+    if proc.poll() is not None or time.monotonic() > deadline:
+      proc.kill()
+      pytest.fail(f'run.py on Ray did not train: {proc.communicate()[1][-2000:]}')
+    time.sleep(0.2)
+  return proc
+
+
+def test_sigterm_on_ray_saves_the_last_round_and_exits_143(repo_root, tmp_path):
+  """ray.init replaced the run's SIGTERM handler: the run exited 15 with no line and no
+  checkpoint of its last finished round."""
+  proc = _ray_run(repo_root, tmp_path)
+  try:
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 143, stderr[-2000:]
+  assert 'Traceback' not in stderr
+  last = re.search(r'run.py: terminated \(SIGTERM\); saved the state of round (\d+)', stderr)
+  assert last, stderr[-2000:]
+  rows = (tmp_path / 'metrics.csv').read_text().splitlines()
+  assert rows[-1].split(',')[0] == last[1]
+  assert (tmp_path / 'checkpoints' / f'state_{last[1]}.npz').exists()
+
+
+@pytest.mark.ray
+def test_a_killed_drivers_cluster_is_gone_within_seconds(repo_root, tmp_path):
+  """After kill -9 of a driver, Ray's dashboard and runtime_env agents lived on for
+  60-120 s (reporting the raylet's death to the GCS that died with it)."""
+  proc = _ray_run(repo_root, tmp_path)
+  started = psutil.Process(proc.pid).children(recursive=True)
+  assert any('raylet' in ' '.join(p.cmdline()) for p in started)
+  proc.kill()
+  proc.communicate()
+  _, alive = psutil.wait_procs(started, timeout=15)
+  assert not alive, [' '.join(p.cmdline())[:200] for p in alive]

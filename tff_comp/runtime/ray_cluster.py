@@ -7,7 +7,9 @@ import dataclasses
 import logging as py_logging
 import math
 import os
+import signal
 import socket
+import threading
 from typing import Any
 
 from tff_comp import settings
@@ -16,6 +18,8 @@ from tff_comp.runtime import base
 LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
 # Times an actor's part of a round, or a task lost with its worker, runs again.
 RETRIES = 3
+# Seconds the processes of a local cluster (`LOCAL`) wait for its GCS to come back.
+_LOCAL_GCS_RECONNECT_S = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +75,23 @@ def connect(address: str) -> Any:
   # Ray's own setting of the accelerator variables kept as it is (it warns otherwise).
   os.environ.setdefault('RAY_enable_metrics_collection', '0')
   os.environ.setdefault('RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO', '0')
+  if address == LOCAL:
+    # A cluster this run starts dies with it: its GCS and raylet at once (Ray's fate
+    # sharing); its dashboard and runtime_env agents first report the raylet's death to
+    # the dead GCS, waiting out this reconnect timeout (Ray's default 60 s: they lived on
+    # for a minute after a killed driver). No reconnect is awaited on a machine's own
+    # cluster: its GCS gone is its end.
+    os.environ.setdefault('RAY_gcs_rpc_server_reconnect_timeout_s', str(_LOCAL_GCS_RECONNECT_S))
   quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=py_logging.ERROR)
   if address not in (LOCAL, 'auto'):
     _check_reachable(address)
+  # ray.init replaces SIGTERM's handler with its own (sys.exit): the run's
+  # (`tff_comp.signals`: stop at the round's end, saved, exit 143) is put back.
+  handlers = (
+    {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if threading.current_thread() is threading.main_thread()
+    else {}
+  )
   try:
     if address == LOCAL:
       ray.init(num_cpus=os.cpu_count(), **quiet)
@@ -84,6 +102,10 @@ def connect(address: str) -> Any:
     raise base.UnsupportedError(
       f'the Ray cluster at --ray_address={address} cannot be reached ({first})'
     ) from e
+  finally:
+    for sig, handler in handlers.items():
+      if handler is not None:
+        signal.signal(sig, handler)
   return ray
 
 
