@@ -54,7 +54,7 @@ def main(argv: list[str]) -> None:
   with signals.stop_at_round_end():
     try:
       _run(argv)
-    except KeyboardInterrupt as e:  # a second signal before the run started
+    except KeyboardInterrupt as e:  # a signal before the run started
       name = e.args[0] if e.args else 'SIGINT'
       print(signals.stopped_before_training('run.py', name), file=sys.stderr)
       sys.exit(signals.exit_code(name))
@@ -131,9 +131,11 @@ def _run(argv: list[str]) -> None:
   except (registry.RegistryError, experiment.ConfigError) as e:
     _fail(str(e))
   config = prepared.config  # its task and output directory resolved
+  signals.stop_if_requested()  # a signal while the task was built: nothing written yet
   print(_header(prepared), flush=True)
   try:
     runner = experiment.build_runner(prepared)
+    signals.stop_if_requested()
     final = experiment.train_runner(
       prepared, runner, callbacks=experiment.default_callbacks(prepared, runner)
     )

@@ -2,13 +2,14 @@
 callback, not an edit of the loop."""
 
 import csv
+import signal
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp import experiment, registry
+from tff_comp import experiment, registry, signals
 from tff_comp.run import callbacks, checkpoints, run_files, training_loop
 from tff_comp.runtime import inprocess
 
@@ -136,6 +137,29 @@ def test_train_from_code_takes_callbacks(tmp_path):
     callbacks=[sink],
   )
   assert [r for r, _ in sink.losses] == [1, 2, 3] and sink.ended
+
+
+class _SignalAtStart(callbacks.Callback):
+  """A Ctrl-C arriving while the run starts (its initial evaluation)."""
+
+  def on_train_begin(self, loop):
+    signals._request(signal.SIGINT, None)  # pylint: disable=protected-access
+
+
+def test_a_signal_while_the_run_starts_stops_it_before_its_first_round(tmp_path):
+  """It ran the first round (a compile, minutes under load) and saved it."""
+  sink = _Sink()
+  with signals.stop_at_round_end(), pytest.raises(training_loop.Interrupted) as stopped:
+    experiment.train(
+      'fedavg',
+      'quadratic',
+      rounds=3,
+      output_dir=str(tmp_path),
+      show_progress=False,
+      callbacks=[_SignalAtStart(), sink],
+    )
+  assert stopped.value.saved_round == 0 and sink.losses == []
+  assert not list((tmp_path / 'checkpoints').glob('state_*'))
 
 
 def test_a_run_is_the_callbacks_its_caller_composes(tmp_path):

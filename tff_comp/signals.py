@@ -76,6 +76,14 @@ def stop_at_round_end() -> Iterator[None]:
     _requested.clear()
 
 
+def stop_if_requested() -> None:
+  """Raises KeyboardInterrupt(name) if a signal asked the run to stop: a run still
+  starting stops between its steps, before the first round (under load, a build and
+  a first round took minutes after a Ctrl-C)."""
+  if _requested:
+    raise KeyboardInterrupt(_requested[0])
+
+
 def requested() -> str | None:
   """The signal asking the runs to stop ('SIGINT', 'SIGTERM'), None if none: every run
   of the process sees it (the trials of a batched grid each stop at their round's end),

@@ -36,7 +36,11 @@ class Interrupted(KeyboardInterrupt):
 
 class SignalStop(callbacks_lib.Callback):
   """Ends the run after the round in which Ctrl-C or SIGTERM arrived (`tff_comp.signals`),
-  as an interrupted run (its state saved). Last in the list."""
+  as an interrupted run (its state saved), or before its first round when one arrived
+  while it started. Last in the list."""
+
+  def before_round(self, loop: callbacks_lib.Loop, round_num: int, clients) -> None:
+    signals.stop_if_requested()
 
   def after_round(
     self, loop: callbacks_lib.Loop, round_num: int, metrics: run_files.Metrics
