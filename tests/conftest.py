@@ -1,10 +1,11 @@
 """Test-wide setup: quiet TensorFlow, private data cache, a core per test process, and no
-leftover TFF worker or Ray process."""
+leftover TFF worker or Ray process of the session's own."""
 
 import os
 import pathlib
 import signal
 import tempfile
+import uuid
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault(
@@ -23,6 +24,10 @@ if _WORKER and _WORKERS and hasattr(os, 'sched_setaffinity'):
   _CORES = sorted(os.sched_getaffinity(0))
   if int(_WORKERS) >= len(_CORES) > 1:
     os.sched_setaffinity(0, {_CORES[int(_WORKER.removeprefix('gw')) % len(_CORES)]})
+
+# Marks every process the session starts (`workers.SESSION`); test processes of one
+# session (pytest-xdist's) inherit the controller's mark.
+os.environ.setdefault('TFF_COMP_TEST_SESSION', uuid.uuid4().hex)
 
 # A suite started with Ctrl-C ignored (in the background of a non-interactive shell, under
 # nohup) would hand that on to every run it starts, and the tests that send a run SIGINT
@@ -57,13 +62,20 @@ def pytest_sessionfinish(session, exitstatus):
   runtime.shutdown_local_runtime()
   if hasattr(session.config, 'workerinput'):  # an xdist test process
     return
-  left = set(workers.wait_for_exit(exclude=_SESSION_START.get('workers', set())))
+  mark = os.environ[workers.SESSION]
+  left = set(
+    workers.wait_for_exit(
+      exclude=_SESSION_START.get('workers', set()), find=lambda: workers.worker_pids(mark)
+    )
+  )
   if left:
     print(f'\nERROR: TFF worker process(es) left running: {sorted(left)}')
     session.exitstatus = 1
   left = set(
     workers.wait_for_exit(
-      exclude=_SESSION_START.get('ray', set()), timeout=15.0, find=workers.ray_pids
+      exclude=_SESSION_START.get('ray', set()),
+      timeout=15.0,
+      find=lambda: workers.ray_pids(mark),
     )
   )
   if left:

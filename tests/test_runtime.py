@@ -92,3 +92,26 @@ def test_math_layer_imports_no_tff():
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
   )
   assert out.stdout.strip() == 'no tff', out.stderr[-2000:]
+
+
+def test_the_leftover_check_counts_only_the_sessions_own_processes():
+  """The suite failed on a shared machine for Ray processes of other jobs (#58)."""
+  mine = os.environ[workers.SESSION]
+  others = [
+    subprocess.Popen(
+      [sys.executable, '-c', 'import time; time.sleep(60)', 'raylet'],
+      env=dict(os.environ, **{workers.SESSION: mark}),
+    )
+    for mark in (mine, 'another-session')
+  ]
+  try:
+    deadline = time.monotonic() + 30
+    while not {p.pid for p in others} <= set(workers.ray_pids()):
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    found = set(workers.ray_pids(mine))
+    assert others[0].pid in found and others[1].pid not in found
+  finally:
+    for p in others:
+      p.kill()
+      p.wait()

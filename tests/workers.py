@@ -8,17 +8,28 @@ import time
 _RAY = (b'gcs_server', b'raylet', b'ray/_private/workers/default_worker.py')
 
 
-def worker_pids() -> list[int]:
-  """Pids of live (non-zombie) TFF worker_binary processes on this machine."""
-  return _pids(lambda cmdline: b'worker_binary' in cmdline and b'tensorflow_federated' in cmdline)
+# The test session's mark, in the environment of every process it starts (test processes,
+# runs, TFF workers, Ray's processes all inherit it): the leftover checks count only the
+# session's own, not other jobs' on a shared machine.
+SESSION = 'TFF_COMP_TEST_SESSION'
 
 
-def ray_pids() -> list[int]:
-  """Pids of live (non-zombie) Ray processes on this machine."""
-  return _pids(lambda cmdline: any(name in cmdline for name in _RAY))
+def worker_pids(session: str | None = None) -> list[int]:
+  """Pids of live (non-zombie) TFF worker_binary processes on this machine (of the test
+  session `session` only, if given)."""
+  return _pids(
+    lambda cmdline: b'worker_binary' in cmdline and b'tensorflow_federated' in cmdline, session
+  )
 
 
-def _pids(matches) -> list[int]:
+def ray_pids(session: str | None = None) -> list[int]:
+  """Pids of live (non-zombie) Ray processes on this machine (of `session` only, if
+  given)."""
+  return _pids(lambda cmdline: any(name in cmdline for name in _RAY), session)
+
+
+def _pids(matches, session: str | None = None) -> list[int]:
+  mark = None if session is None else f'{SESSION}={session}'.encode()
   pids = []
   for entry in os.listdir('/proc'):
     if not entry.isdigit():
@@ -28,6 +39,10 @@ def _pids(matches) -> list[int]:
         cmdline = f.read()
       with open(f'/proc/{entry}/stat', 'rb') as f:
         state = f.read().rsplit(b')', 1)[1].split()[0]
+      if mark is not None and matches(cmdline):
+        with open(f'/proc/{entry}/environ', 'rb') as f:
+          if mark not in f.read().split(b'\0'):
+            continue
     except OSError:
       continue
     if matches(cmdline) and state != b'Z':
