@@ -6,7 +6,6 @@ and the curves read back from each run's metrics.csv."""
 
 import concurrent.futures
 import contextlib
-import csv
 import io
 import multiprocessing
 import pathlib
@@ -19,30 +18,11 @@ import threadpoolctl
 from tff_comp import experiment as experiment_lib
 from tff_comp import registry
 from tff_comp import trials as trials_lib
+from tff_comp.binaries import curves as curves_lib
 from tff_comp.binaries import reproductions
 from tff_comp.run import callbacks
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import ray_cluster, resident_data
-
-
-def column(metric: str) -> str:
-  """A metric's metrics.csv column: evaluation metrics by name, others by full path
-  (e.g. 'train/client_work/train_loss')."""
-  return metric if '/' in metric else f'eval/{metric}'
-
-
-def read_curves(path: pathlib.Path, metrics, sources) -> dict[str, dict[int, float]]:
-  """{metric: {round: value}} from a run's metrics.csv (rows that have the metric),
-  reading metric m from column `sources[m]` when given; and {'round': {r: r}} for every
-  row written (a run stopped between evaluations ends after its last row)."""
-  with open(path / 'metrics.csv') as f:
-    rows = list(csv.DictReader(f))
-  columns = {m: column(sources.get(m, m)) for m in metrics}
-  curves = {
-    m: {int(r['round']): float(r[columns[m]]) for r in rows if r.get(columns[m])} for m in metrics
-  }
-  curves['round'] = {int(r['round']): float(r['round']) for r in rows}
-  return curves
 
 
 def plotted(spec: reproductions.Reproduction) -> tuple[str, ...]:
@@ -212,7 +192,7 @@ def _run_batched(
       print(f'{algorithm} {label} seed {seed}: {result}')
     elif isinstance(result, Exception):
       raise result
-    curve = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
+    curve = curves_lib.read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
     curves[list(seeds).index(seed)][config] = curve
     print(
       f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curve, rounds)}'
@@ -271,7 +251,7 @@ def _run_group(
       )
     except callbacks.DivergenceError as e:
       print(f'{algorithm} {label} seed {seed}: {e}')
-    curves[config] = read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
+    curves[config] = curves_lib.read_curves(out, metrics, spec.metric_sources.get(algorithm, {}))
     print(
       f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curves[config], rounds)}'
       f' ({time.monotonic() - start:.0f}s)',
@@ -407,7 +387,7 @@ def _on_ray(run, label: str, *args) -> tuple[Any, str]:
 
 def diverged_at(run) -> int:
   """The round a stopped run diverged in: the loop writes no row for it, so the one
-  after its last row (`read_curves`'s 'round')."""
+  after its last row (`curves_lib.read_curves`'s 'round')."""
   return max(max(curve, default=0) for curve in run.values()) + 1
 
 
@@ -438,7 +418,9 @@ def read_grid(spec: reproductions.Reproduction, seeds, root: pathlib.Path):
   metrics = recorded(spec)
   return {
     a: {
-      config: [read_curves(path, metrics, spec.metric_sources.get(a, {})) for path in paths]
+      config: [
+        curves_lib.read_curves(path, metrics, spec.metric_sources.get(a, {})) for path in paths
+      ]
       for config, paths in by_config.items()
     }
     for a, by_config in runs.items()

@@ -16,10 +16,11 @@ hyperparameters, a grid of the same size for every algorithm), trains one run pe
 (metrics in --output_dir/<experiment>/<algorithm>/lr_<c>_<s>[_<name>_<value>...]/), then
 writes `results.md` (each algorithm at the configuration selected on validation data,
 its reported metrics at the checkpoint rounds, and every configuration's score) and
-`<experiment>.png` (the plotted metrics against rounds at the selected configurations).
+`<experiment>.png`, .pdf and .svg (the plotted metrics against rounds at the selected
+configurations; `binaries/figures.py`, as `compare.py`'s).
 The grids are data
 (`binaries/reproductions.py`, `registry.register_reproduction` for a plugin's own); the grid
-runner is `binaries/grid.py`, the tables and plots `binaries/summary.py`.
+runner is `binaries/grid.py`, the tables `binaries/summary.py`.
 """
 
 import os

@@ -2,23 +2,14 @@
 on validation data, mean and spread over seeds; every configuration's score) and the plot
 of each algorithm's curves at its selected configuration."""
 
-import itertools
-import math
 import os
 import pathlib
 import platform
 
-import matplotlib
 import numpy as np
 import tensorflow as tf
 
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from tff_comp.binaries import (
-  grid,  # pylint: disable=g-import-not-at-top,wrong-import-position
-  reproductions,  # pylint: disable=g-import-not-at-top,wrong-import-position
-)
+from tff_comp.binaries import figures, grid, reproductions
 
 
 def _at(runs, metric, round_num) -> list[float]:
@@ -87,18 +78,6 @@ def machine() -> str:
   return f'{os.cpu_count()} CPUs ({model}), {f"{gpus} GPU(s)" if gpus else "no GPU"}'
 
 
-def zoom(ax, values: list[float], log: bool) -> None:
-  """y-limits fit to `values` (the curves from the first checkpoint on), so the early
-  rounds' values (an untrained model's) do not flatten the differences that matter."""
-  values = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
-  if not values:
-    return
-  low, high = (np.log10(min(values)), np.log10(max(values))) if log else (min(values), max(values))
-  pad = 0.08 * (high - low) or 0.05 * (abs(high) or 1)
-  low, high = low - pad, high + pad
-  ax.set_ylim(*((10**low, 10**high) if log else (low, high)))
-
-
 def _score(runs, metric: str) -> float:
   """A configuration's selection score: the mean over seeds of `metric` averaged over
   every evaluation of the run (so it rewards early progress and the end alike)."""
@@ -138,8 +117,9 @@ def grid_edges(spec, algorithm: str, config: tuple[float, ...]) -> list[str]:
 def summarize(
   name, spec, curves, rounds, root: pathlib.Path, command: str, provenance: str = ''
 ) -> str:
-  """Writes results.md and the PNG; returns the markdown. `provenance`: how long the
-  grid took and on what machine (a line under the command).
+  """Writes results.md and the figure (`figures.draw`: PNG, PDF, SVG); returns the
+  markdown. `provenance`: how long the grid took and on what machine (a line under the
+  command).
 
   Each algorithm's configuration is selected once, on `reproductions.selection(spec)`
   (validation data where the task has it), and its reported metrics are read at that
@@ -148,9 +128,6 @@ def summarize(
   select, higher = reproductions.selection(spec)
   # A shortened run tables the checkpoints it reached, and always its last round.
   checkpoints = sorted({c for c in spec.checkpoints if c < rounds} | {rounds})
-  # The y-axes fit the curves from the first checkpoint on, or from mid-run when the
-  # last round is the only one (a shortened run): never the last point alone.
-  fit_from = checkpoints[0] if len(checkpoints) > 1 else rounds // 2
   plotted = grid.plotted(spec)
   reported = tuple(dict.fromkeys((spec.metric,) + plotted))
   seeds = max(len(runs) for by_config in curves.values() for runs in by_config.values())
@@ -184,7 +161,12 @@ def summarize(
     f' {"highest" if higher else "lowest"} mean over seeds of {on} averaged over'
     ' all evaluations; a configuration where any seed diverged is out. The'
     f" table reports that configuration's metrics (mean ± standard deviation{over});"
-    f' the curves are in `{name}.png`.',
+    f' the curves are in `{name}.png` (.pdf, .svg)'
+    + (
+      ': each the mean over seeds, its band from the lowest seed to the highest.'
+      if seeds > 1
+      else '.'
+    ),
     '',
     '| algorithm | selected configuration | '
     + ' | '.join(f'{m} @ {c}' for m in reported for c in checkpoints)
@@ -192,12 +174,9 @@ def summarize(
     + ' |',
     '|---|---|' + '---|' * (len(reported) * len(checkpoints) + bool(reach)),
   ]
-  rows = 2 if spec.x_axis else 1  # the curves against rounds, then against the x-axis
-  fig, axes = plt.subplots(
-    rows, len(plotted), figsize=(6.5 * len(plotted), 4.5 * rows), squeeze=False
-  )
-  markers = {m: itertools.cycle('osD^vP*X') for m in plotted}  # no line hides another
-  settled = {m: [] for m in plotted}  # values drawn from the first checkpoint on
+  # Panels: each plotted metric against rounds, then against the x-axis column.
+  by_rounds = {m: [] for m in plotted}
+  by_x = {m: [] for m in plotted}
   every = []  # the full table of configurations
   at_edges = []
   for algorithm, by_config in curves.items():
@@ -222,41 +201,17 @@ def summarize(
         + (' **selected** |' if config == best else ' |')
       )
     sources = spec.metric_sources.get(algorithm, {})
-    for ax, metric in zip(axes[0], plotted):
+    for metric in plotted:
       common = sorted(set.intersection(*(set(r[metric]) for r in runs)))
       values = np.array([[r[metric][x] for x in common] for r in runs])
       source = f' [{sources[metric]}]' if metric in sources else ''
-      settled[metric] += [
-        v for x, *drawn in zip(common, values.min(0), values.max(0)) if x >= fit_from for v in drawn
-      ]  # bands included
-      (line,) = ax.plot(
-        common,
-        values.mean(0),
-        marker=next(markers[metric]),
-        markevery=max(1, len(common) // 8),
-        markersize=5,
-        label=f'{algorithm}{source} ({label})',
-      )
-      if seeds > 1:  # the spread over seeds
-        ax.fill_between(
-          common, values.min(0), values.max(0), color=line.get_color(), alpha=0.15, linewidth=0
-        )
+      curve_label = f'{algorithm}{source} ({label})'
+      band = (values.min(0), values.max(0)) if seeds > 1 else (None, None)
+      by_rounds[metric].append(figures.Curve(curve_label, np.array(common), values.mean(0), *band))
       if spec.x_axis:
         x, by_seed = _against(runs, metric, spec.x_axis)
-        below = axes[1][list(plotted).index(metric)]
-        below.plot(
-          x,
-          by_seed.mean(0),
-          color=line.get_color(),
-          marker=line.get_marker(),
-          markevery=12,
-          markersize=5,
-          label=line.get_label(),
-        )
-        if seeds > 1:
-          below.fill_between(
-            x, by_seed.min(0), by_seed.max(0), color=line.get_color(), alpha=0.15, linewidth=0
-          )
+        band = (by_seed.min(0), by_seed.max(0)) if seeds > 1 else (None, None)
+        by_x[metric].append(figures.Curve(curve_label, x, by_seed.mean(0), *band))
   if at_edges:
     lines += [
       '',
@@ -284,28 +239,10 @@ def summarize(
     '|---|---|---|---|---|',
     *every,
   ]
-  for ax, metric in [*zip(axes[0], plotted), *(zip(axes[1], plotted) if rows > 1 else ())]:
-    log = 'loss' in metric or 'error' in metric
-    if log:
-      ax.set_yscale('log')  # one unstable method must not flatten the others
-    zoom(ax, settled[metric], log)
-    ax.set_xlabel('round' if ax in axes[0] else spec.x_axis)
-    ax.set_ylabel(metric)
-    spread = f'mean over {seeds} seeds, band: min to max; ' if seeds > 1 else ''
-    what = (
-      'of each algorithm at its selected configuration'
-      if ax in axes[0]
-      else f'against {spec.x_axis} (seeds interpolated)'
-    )
-    ax.set_title(
-      f'{metric} {what}\n{name} on {spec.task}\n{spread}y-axis fit to rounds >= {fit_from}',
-      fontsize=10,
-    )
-    ax.grid(alpha=0.3, which='both')
-    # Below the plot, where it hides no curve.
-    ax.legend(fontsize=8, loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=1)
-  fig.tight_layout()
-  fig.savefig(root / f'{name}.png', dpi=120, bbox_inches='tight')
+  panels = [figures.Panel('round', m, by_rounds[m]) for m in plotted]
+  if spec.x_axis:
+    panels += [figures.Panel(spec.x_axis, m, by_x[m]) for m in plotted]
+  figures.draw(panels, root / name, f'{name} ({spec.task})', per_row=len(plotted))
   table = '\n'.join(lines) + '\n'
   (root / 'results.md').write_text(table)
   return table

@@ -1,0 +1,150 @@
+r"""Compares runs: a table of their metrics at chosen rounds (or times) and figures of
+their curves, from the runs' own metrics.csv.
+
+    python binaries/compare.py runs/fedavg-lasso runs/feddualavg-lasso
+    python binaries/compare.py runs/a runs/b --metrics=f1,train_loss --at=50,100 \
+        --labels=FedAvg,FedDualAvg --output=figures/lasso
+    python binaries/compare.py runs/async runs/sync --x=time/simulated_seconds
+
+A metric is an evaluation metric by its name (`f1`: column `eval/f1`) or any column by
+its full name (`train/client_work/train_loss`, docs/metrics.md). A table cell is the
+metric's value at the last row at or before the `--at` value of the `--x` column (the
+row named beside the value when it is an earlier one). Writes `--output`.md (the table,
+printed too) and `--output`.png, .pdf and .svg (`figures.py`). Bad input exits with
+status 2 and one line. Needs no TensorFlow.
+"""
+
+import pathlib
+import sys
+
+from absl import app, flags
+
+from tff_comp.binaries import curves, figures
+from tff_comp.binaries.flag_check import fail
+
+_METRICS = flags.DEFINE_list(
+  'metrics',
+  None,
+  'Metrics to compare (default: every evaluation metric all the runs have).',
+)
+_X = flags.DEFINE_string(
+  'x', 'round', 'The column the curves run along: round, seconds, time/simulated_seconds.'
+)
+_AT = flags.DEFINE_list(
+  'at', None, 'Values of --x at which the table reads the metrics (default: the last all reached).'
+)
+_LABELS = flags.DEFINE_list('labels', None, "The runs' names (default: their directories').")
+_OUTPUT = flags.DEFINE_string('output', 'compare', 'Path and stem of the table and figures.')
+_TITLE = flags.DEFINE_string('title', '', "The figure's title (default: none).")
+
+
+def _labels(runs: list[pathlib.Path]) -> list[str]:
+  """The runs' names: `--labels`, else their directories' (with the parent's where two
+  share a name)."""
+  if _LABELS.value:
+    if len(_LABELS.value) != len(runs):
+      fail(f'--labels names {len(_LABELS.value)} runs; {len(runs)} are given.')
+    return list(_LABELS.value)
+  names = [r.name for r in runs]
+  return [f'{r.parent.name}/{r.name}' if names.count(r.name) > 1 else r.name for r in runs]
+
+
+def _metrics(runs: list[pathlib.Path]) -> list[str]:
+  """`--metrics` as columns, each checked in every run; by default the evaluation
+  columns (but its seconds) every run has."""
+  headers = {run: curves.header(run) for run in runs}
+  if not _METRICS.value:
+    common = [
+      c
+      for c in headers[runs[0]]
+      if c.startswith('eval/') and c != 'eval/seconds' and all(c in h for h in headers.values())
+    ]
+    if not common:
+      fail('the runs have no evaluation metric in common; name some with --metrics.')
+    return common
+  for metric in [*_METRICS.value, _X.value]:
+    for run, header in headers.items():
+      if curves.column(metric) not in header:
+        fail(
+          f'{run}/metrics.csv has no column {curves.column(metric)} (its evaluation'
+          f' columns: {", ".join(c for c in header if c.startswith("eval/")) or "none"}).'
+        )
+  return [curves.column(m) for m in _METRICS.value]
+
+
+def _along(curve: dict[int, float], x: dict[int, float]) -> list[tuple[float, float, int]]:
+  """(x, value, round) of each round that has both, in order of rounds."""
+  return [(x[r], v, r) for r, v in sorted(curve.items()) if r in x]
+
+
+def _cell(points: list[tuple[float, float, int]], at: float) -> str:
+  before = [p for p in points if p[0] <= at]
+  if not before:
+    return '—'
+  x, value, round_num = before[-1]
+  return f'{value:.4g}' if x == at else f'{value:.4g} (round {round_num})'
+
+
+def main(argv: list[str]) -> None:
+  runs = [pathlib.Path(a) for a in argv[1:]]
+  if not runs:
+    fail('give the run directories to compare (each holding a metrics.csv).')
+  for run in runs:
+    if not (run / 'metrics.csv').is_file():
+      fail(f'{run} holds no metrics.csv: not a run directory.')
+  metrics = _metrics(runs)
+  labels = _labels(runs)
+  read = {run: curves.read_curves(run, [*metrics, _X.value], {_X.value: _X.value}) for run in runs}
+  x_of = {
+    run: ({0: 0.0} | c[_X.value]) if _X.value != 'round' else c['round'] for run, c in read.items()
+  }
+  points = {run: {m: _along(read[run][m], x_of[run]) for m in metrics} for run in runs}
+  try:
+    at = (
+      [float(v) for v in _AT.value] if _AT.value else [min(max(x.values()) for x in x_of.values())]
+    )
+  except ValueError:
+    fail(f'--at takes numbers of --x={_X.value}, not {",".join(_AT.value)}.')
+  x_name = 'round' if _X.value == 'round' else figures.label(_X.value).lower()
+  lines = [
+    '| run | '
+    + ' | '.join(f'{figures.label(m)} @ {x_name} {a:g}' for m in metrics for a in at)
+    + ' |',
+    '|---|' + '---|' * (len(metrics) * len(at)),
+  ]
+  for run, name in zip(runs, labels):
+    lines.append(
+      f'| {name} | ' + ' | '.join(_cell(points[run][m], a) for m in metrics for a in at) + ' |'
+    )
+  table = '\n'.join(lines) + '\n'
+  stem = pathlib.Path(_OUTPUT.value)
+  panels = [
+    figures.Panel(
+      _X.value,
+      m,
+      [
+        figures.Curve(name, [p[0] for p in points[run][m]], [p[1] for p in points[run][m]])
+        for run, name in zip(runs, labels)
+        if points[run][m]
+      ],
+    )
+    for m in metrics
+  ]
+  written = figures.draw(panels, stem, _TITLE.value)
+  stem.parent.mkdir(parents=True, exist_ok=True)
+  (stem.parent / f'{stem.name}.md').write_text(table)
+  print(table)
+  print(f'wrote {stem.parent / f"{stem.name}.md"}, ' + ', '.join(str(p) for p in written))
+
+
+def _parse(argv: list[str]) -> list[str]:
+  """absl's parser with bad flags as one line and exit 2 (not its usage text)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(e)
+  return []
+
+
+if __name__ == '__main__':
+  sys.exit(app.run(main, flags_parser=_parse))

@@ -1,0 +1,82 @@
+"""figures.py, the plots of compare.py and reproduce.py: labels from the metrics' names,
+each axis fitted to what it draws (bands included, early rounds kept), a log axis with
+several labels where a curve spans decades, one legend, three formats."""
+
+import numpy as np
+import pytest
+
+from tff_comp.binaries import figures
+
+
+@pytest.mark.parametrize(
+  'column, says',
+  [
+    ('eval/test_accuracy', 'Test accuracy'),
+    ('time/simulated_seconds', 'Simulated time (s)'),
+    ('eval/f1', 'F1'),
+    ('train/aggregator/mean/clipped_count', 'Clipped count'),
+    ('round', 'Round'),
+    ('eval/seconds', 'Evaluation time (s)'),
+    ('train/async/staleness_max', 'Staleness max'),
+  ],
+)
+def test_axis_labels_come_from_the_metrics_names(column, says):
+  assert figures.label(column) == says
+
+
+def _panels():
+  rounds = np.arange(0, 101, 10.0)
+  loss = 500.0 * 0.9**rounds + 0.5  # from 500 to ~0.5: three decades
+  accuracy = np.linspace(0.04, 0.9, len(rounds))  # 22x: a share stays linear
+  return [
+    figures.Panel(
+      'round',
+      'eval/test_loss',
+      [
+        figures.Curve('A', rounds, loss, loss * 0.8, loss * 1.3),
+        figures.Curve('B', rounds[:6], 2 * loss[:6]),  # stops at round 50
+      ],
+    ),
+    figures.Panel(
+      'time/simulated_seconds',
+      'eval/test_accuracy',
+      [figures.Curve('A', 6.0 * rounds, accuracy), figures.Curve('B', 6.0 * rounds, accuracy / 2)],
+    ),
+  ]
+
+
+def test_each_axis_fits_what_it_draws_and_the_legend_is_said_once():
+  fig = figures.figure(_panels(), 'a title')
+  try:
+    loss_ax, accuracy_ax = fig.axes
+    # The loss panel: log, every value (bands and round 0 included) inside, labels at
+    # 1-2-5 steps across the decades.
+    assert loss_ax.get_yscale() == 'log'
+    low, high = loss_ax.get_ylim()
+    assert low < 0.5 * 0.8 and high > 2 * 500.5 and high < 3 * 500.5
+    shown = [t for t in loss_ax.get_yticks() if low <= t <= high]
+    assert len(shown) >= 6
+    assert loss_ax.get_xlim() == (0.0, 100.0)
+    # The accuracy panel: linear, fitted to 0.02-0.9 (not 0-1), x to the clock's end.
+    assert accuracy_ax.get_yscale() == 'linear'
+    low, high = accuracy_ax.get_ylim()
+    assert -0.03 < low < 0.02 and 0.9 < high < 0.95
+    assert accuracy_ax.get_xlim() == (0.0, 600.0)
+    assert accuracy_ax.get_xlabel() == 'Simulated time (s)'
+    assert accuracy_ax.get_ylabel() == 'Test accuracy'
+    # One legend for the figure, each run once; none on the panels; a one-line title.
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ['A', 'B']
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    assert fig._suptitle.get_text() == 'a title'  # pylint: disable=protected-access
+    # A label keeps its colour in every panel.
+    colors = [[line.get_color() for line in ax.get_lines()] for ax in fig.axes]
+    assert colors[0] == colors[1] and colors[0][0] != colors[0][1]
+  finally:
+    figures.plt.close(fig)
+
+
+def test_a_figure_is_written_as_png_pdf_and_svg(tmp_path):
+  paths = figures.draw(_panels(), tmp_path / 'out' / 'fig')
+  assert [p.name for p in paths] == ['fig.png', 'fig.pdf', 'fig.svg']
+  assert all(p.stat().st_size > 1000 for p in paths)
+  assert paths[0].read_bytes()[:4] == b'\x89PNG' and paths[1].read_bytes()[:4] == b'%PDF'
