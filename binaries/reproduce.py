@@ -270,6 +270,10 @@ def _reproduce(argv):
       + f', --{"" if _BATCH_TRIALS.value else "no"}batch_trials).'
     )
   print(summary.summarize(name, spec, curves, rounds, root, command, provenance))
+  print(
+    f'wrote {root / "results.md"} and {root / name}.png (.pdf, .svg); each run is under'
+    f' {root}/<algorithm>/'
+  )
 
 
 if __name__ == '__main__':

@@ -14,6 +14,7 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import pathlib
 import sys
 
 if __name__ == '__main__':  # Ctrl-C from here on stops at the end of a round (below)
@@ -33,7 +34,7 @@ import tensorflow as tf
 
 from tff_comp import experiment, registry, run_directory, signals
 from tff_comp.binaries import flags_lib
-from tff_comp.run import callbacks, training_loop
+from tff_comp.run import callbacks, run_files, training_loop
 from tff_comp.runtime import workers
 
 flags_lib.define_common_flags()
@@ -167,6 +168,11 @@ def _run(argv: list[str]) -> None:
     )
     sys.exit(143 if sigterm else 130)
   tables = {'final evaluation': {k.removeprefix('eval/'): v for k, v in final.items()}}
+  if prepared.ledger is not None:  # the budget spent, as the last row recorded it
+    _, rows, _ = run_files.whole_rows(pathlib.Path(config.output_dir) / 'metrics.csv')
+    spent = [float(r['privacy/epsilon']) for r in rows if r.get('privacy/epsilon')]
+    if spent:
+      tables['privacy spent'] = {'epsilon': spent[-1], 'delta': prepared.ledger.delta}
   if prepared.task.reference is not None and FLAGS.show_reference:
     tables['centralized reference'] = prepared.task.reference()
   width = max(len(key) for table in tables.values() for key in table)

@@ -256,6 +256,11 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   assert not out.stderr.strip(), out.stderr  # no INFO chatter (checkpoints, TF)
   table = (tmp_path / 'fco_lasso' / 'results.md').read_text()
   assert f'Command: `python binaries/reproduce.py {" ".join(args)}`' in table
+  # It ends saying where it wrote (it printed the table alone).
+  assert out.stdout.strip().splitlines()[-1] == (
+    f'wrote {tmp_path}/fco_lasso/results.md and {tmp_path}/fco_lasso/fco_lasso.png'
+    f' (.pdf, .svg); each run is under {tmp_path}/fco_lasso/<algorithm>/'
+  )
   # How long it took and on what machine.
   assert re.search(
     r'Took \d+ min \d+ s on \d+ CPUs \(.+\), (no GPU|\d+ GPU\(s\)),'

@@ -1,5 +1,6 @@
 """binaries/run.py end to end in a subprocess: outputs, flags, bad input, no leftover worker."""
 
+import csv
 import json
 import os
 import re
@@ -166,6 +167,19 @@ GOOD_INPUT = [
     '--seed=3',
     '--data_seed=5',
   ],
+  [
+    '--algo=fedavg',
+    '--task=quadratic',
+    '--rounds=2',
+    '--eval_period=2',
+    '--aggregator=dp',
+    '--clip_norm=1.0',
+    '--noise_multiplier=1.0',
+    '--client_weighting=uniform',
+    '--device_model=lognormal',
+    '--round_deadline=1.0',
+    '--output_dir={private}',
+  ],
 ]
 
 
@@ -188,6 +202,7 @@ def cli_runs(repo_root, tmp_path_factory):
       'flagfile_out',
       'per_fedavg',
       'tb_file',
+      'private',
     )
   }
   paths['binary'].write_bytes(bytes(range(256)))
@@ -284,12 +299,29 @@ def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
 
 def test_overwrite_replaces_a_run_and_seeds_are_separate(cli_runs):
   results, paths = cli_runs
-  assert [results[' '.join(a)][0] for a in GOOD_INPUT[2:]] == [0, 0]
+  assert [results[' '.join(a)][0] for a in GOOD_INPUT[2:4]] == [0, 0]
   # The header says when the task's batch size replaces the builder's.
   assert "batch 1 (task quadratic's; fedavg alone uses 10)" in results[' '.join(GOOD_INPUT[2])][1]
   assert len(list((paths['rerun'] / 'tensorboard').glob('events.*'))) == 1
   config = json.loads((paths['rerun'] / 'config.json').read_text())
   assert (config['seed'], config['data_seed']) == (3, 5)
+
+
+def test_the_console_shows_the_clock_late_clients_and_the_privacy_spent(cli_runs):
+  """A run with devices or DP showed neither its simulated time, nor its late clients,
+  nor, at the end, the epsilon it spent."""
+  results, paths = cli_runs
+  returncode, stdout, stderr = results[' '.join(GOOD_INPUT[4])]
+  assert returncode == 0, stderr
+  with open(paths['private'] / 'metrics.csv', newline='') as f:
+    last = list(csv.DictReader(f))[-1]
+  line = next(line for line in stderr.splitlines() if line.startswith('round 2/2'))
+  for column in ('time/simulated_seconds', 'participation/late', 'privacy/epsilon'):
+    assert f'{column}={float(last[column]):.4g}' in line, line
+  spent = stdout[stdout.index('privacy spent:') :].splitlines()[1].split()
+  assert spent[0] == 'epsilon' and float(spent[1]) == pytest.approx(
+    float(last['privacy/epsilon']), rel=1e-5
+  )
 
 
 def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):

@@ -295,6 +295,10 @@ class Evaluator(Callback):
       metrics.update(self._run(loop, round_num))
 
 
+# Columns the progress line shows beside the evaluation's, where a run writes them.
+_ALSO_SHOWN = ('time/simulated_seconds', 'participation/late', 'privacy/epsilon')
+
+
 class Progress(Callback):
   """A live bar on a terminal; one line per evaluation in logs (CI, files)."""
 
@@ -316,6 +320,9 @@ class Progress(Callback):
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
     if any(k.startswith('eval/') for k in metrics):
       summary = {k: f'{v:.4g}' for k, v in loop.eval_metrics.items()}  # the CSV's names
+      # Where the run has them: its simulated clock, the clients late this round, the
+      # privacy spent.
+      summary.update({k: f'{metrics[k]:.4g}' for k in _ALSO_SHOWN if k in metrics})
       self._bar.set_postfix(summary, refresh=False)
       if self._show and not self._interactive:
         # The round's loss at the visited iterates, then the evaluation's metrics
