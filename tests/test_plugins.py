@@ -292,3 +292,41 @@ def test_a_model_plugin_replaces_an_image_tasks_model(tmp_path, monkeypatch):
         task_options=dict(source='synthetic', max_clients=4, model='softmax'),
       )
     )
+
+
+def test_a_model_from_a_file_or_module_without_a_package(tmp_path, monkeypatch):
+  """`--model=path/to/file.py:function` or `module:function`: a model needed a plugin
+  package before; a file or function that is not there is one line."""
+  from tff_comp import experiment  # pylint: disable=g-import-not-at-top
+
+  (tmp_path / 'my_models.py').write_text(
+    'import tensorflow as tf\n\n'
+    'def tiny(input_shape, num_classes, seed):\n'
+    '  return tf.keras.Sequential([tf.keras.layers.InputLayer(input_shape),'
+    ' tf.keras.layers.Flatten(), tf.keras.layers.Dense(num_classes)])\n'
+  )
+  monkeypatch.syspath_prepend(str(tmp_path))
+
+  def prepare(model):
+    return experiment.prepare(
+      experiment.ExperimentConfig.of(
+        algorithm='fedavg',
+        task='emnist',
+        model=model,
+        clients_per_round=2,
+        output_dir=str(tmp_path / 'run'),
+        task_options=dict(source='synthetic', max_clients=4),
+      )
+    )
+
+  for model in (f'{tmp_path}/my_models.py:tiny', 'my_models:tiny'):
+    shapes = [tuple(w.shape) for w in prepare(model).task.model.initial_weights[0]]
+    assert shapes == [(784, 62), (62,)], model
+  for model, says in (
+    (f'{tmp_path}/my_models.py:huge', "my_models.py has no function 'huge'"),
+    (f'{tmp_path}/nowhere.py:tiny', 'does not load (FileNotFoundError: no file'),
+    ('no_such_module:tiny', "does not load (ModuleNotFoundError: No module named 'no_such"),
+    ('tiny', 'or give path/to/file.py:function or module:function'),
+  ):
+    with pytest.raises(experiment.ConfigError, match=re.escape(says)):
+      prepare(model)

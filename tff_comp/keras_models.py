@@ -27,6 +27,11 @@ drawing random numbers (GaussianNoise, GaussianDropout, AlphaDropout).
 from collections.abc import Callable, Sequence
 import contextlib
 import difflib
+import functools
+import importlib
+import importlib.util
+import pathlib
+import types
 from typing import Any
 
 import numpy as np
@@ -288,10 +293,15 @@ def _dense_gradient(weight: tf.Tensor):
 
 
 def check_model_name(name: str, built_in: Sequence[str]) -> None:
-  """Raises ValueError (one line naming the task's own models and the registered ones)
-  unless `name` is one of them; a task checks before it builds its data."""
+  """Raises ValueError (one line) unless `name` is one of the task's own models
+  (`built_in`), a registered one (named in the message), or `file.py:function` or
+  `module:function` naming a builder that loads (`model_builder`); a task checks before
+  it builds its data."""
   from tff_comp import registry  # pylint: disable=g-import-not-at-top
 
+  if ':' in name:
+    model_builder(name)
+    return
   registered = registry.MODELS.names()
   if name in built_in or name in registered:
     return
@@ -301,8 +311,48 @@ def check_model_name(name: str, built_in: Sequence[str]) -> None:
     f'unknown model {name!r}.'
     + (f' Did you mean {close[0]!r}?' if close else '')
     + f" This task's own: {', '.join(built_in) or 'none'}; registered:"
-    f' {", ".join(registered) or "none"} (registry.register_model adds one).'
+    f' {", ".join(registered) or "none"} (registry.register_model adds one; or'
+    ' give path/to/file.py:function or module:function).'
   )
+
+
+def model_builder(name: str) -> Callable[..., tf.keras.Model]:
+  """The model builder `name` names: `path/to/file.py:function` (the file loaded as a
+  module of its own) or `module:function` (imported), a function `(input_shape,
+  num_classes, seed) -> tf.keras.Model` as `registry.register_model` takes; else the
+  registered model `name`. A model without a package, from the command line.
+
+  Raises:
+    ValueError: (one line) the file or module does not load, or has no such function.
+  """
+  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+
+  if ':' not in name:
+    return registry.MODELS.get(name).builder
+  where, _, function = name.rpartition(':')
+  try:
+    module = _load(where)
+  except Exception as e:  # a user's file: whatever it raises, said in one line
+    raise ValueError(f'model {name!r}: {where} does not load ({type(e).__name__}: {e}).') from e
+  builder = getattr(module, function, None)
+  if not callable(builder):
+    raise ValueError(f'model {name!r}: {where} has no function {function!r}.')
+  return builder
+
+
+@functools.cache
+def _load(where: str) -> types.ModuleType:
+  """The module `where` names: a .py file (loaded once, under a name of its own) or an
+  importable module."""
+  if not where.endswith('.py'):
+    return importlib.import_module(where)
+  path = pathlib.Path(where).resolve()
+  if not path.is_file():
+    raise FileNotFoundError(f'no file {path}')
+  spec = importlib.util.spec_from_file_location(f'tff_comp_model_{path.stem}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def registered_classifier(
@@ -312,19 +362,17 @@ def registered_classifier(
   seed: int,
   built_in: Sequence[str] = (),
 ) -> tff.learning.models.FunctionalModel:
-  """The model plugin `name` (`registry.register_model`) built for images of
-  `input_shape` and `num_classes` labels (its initial weights from `seed`), trained on
-  the cross-entropy of its logits. `built_in`: the task's own models, named with the
-  registered ones when `name` is neither.
+  """The model `name` (a plugin's, `registry.register_model`, or `file.py:function`,
+  `model_builder`) built for images of `input_shape` and `num_classes` labels (its
+  initial weights from `seed`), trained on the cross-entropy of its logits. `built_in`:
+  the task's own models, named with the registered ones when `name` is neither.
 
   Raises:
-    ValueError: no model is registered under `name`, or its builder's model is not one
-      `from_keras` converts.
+    ValueError: `name` names no model (or one that does not load), or its builder's
+      model is not one `from_keras` converts.
   """
-  from tff_comp import registry  # pylint: disable=g-import-not-at-top
-
   check_model_name(name, built_in)
-  builder = registry.MODELS.get(name).builder
+  builder = model_builder(name)
   tf.keras.utils.set_random_seed(seed)
   return from_keras(
     builder(input_shape, num_classes, seed),
