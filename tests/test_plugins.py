@@ -307,7 +307,7 @@ def test_a_model_from_a_file_or_module_without_a_package(tmp_path, monkeypatch):
   )
   monkeypatch.syspath_prepend(str(tmp_path))
 
-  def prepare(model):
+  def prepare(model, **settings):
     return experiment.prepare(
       experiment.ExperimentConfig.of(
         algorithm='fedavg',
@@ -316,6 +316,7 @@ def test_a_model_from_a_file_or_module_without_a_package(tmp_path, monkeypatch):
         clients_per_round=2,
         output_dir=str(tmp_path / 'run'),
         task_options=dict(source='synthetic', max_clients=4),
+        **settings,
       )
     )
 
@@ -330,3 +331,10 @@ def test_a_model_from_a_file_or_module_without_a_package(tmp_path, monkeypatch):
   ):
     with pytest.raises(experiment.ConfigError, match=re.escape(says)):
       prepare(model)
+  # The file is an input of the run: edited, a resume is refused naming it.
+  from_file = f'{tmp_path}/my_models.py:tiny'
+  experiment.run_experiment(prepare(from_file, rounds=1), show_progress=False)
+  with (tmp_path / 'my_models.py').open('a') as f:
+    f.write('# edited\n')
+  with pytest.raises(experiment.ConfigError, match='my_models.py'):
+    prepare(from_file, rounds=2, resume=True)

@@ -199,12 +199,17 @@ class ExperimentConfig:
       raise ConfigError('--force_resume goes with --resume.')
 
   def input_files(self) -> list[str]:
-    """The paths of the files its settings name as inputs (`settings.input_files`)."""
-    return [
+    """The paths of the files its settings name as inputs (`settings.input_files`), and
+    a model's file (`--model=path/to/file.py:function`)."""
+    named = [
       path
       for record in (self, *(getattr(self, group) for group in GROUPS))
       for path in settings.input_files(record)
     ]
+    model = self.model or self.task_options.get('model')
+    if isinstance(model, str) and model.rpartition(':')[0].endswith('.py'):
+      named.append(model.rpartition(':')[0])
+    return named
 
   def value(self, name: str) -> Any:
     """A setting by its flag's name, from this config or the record owning it."""
