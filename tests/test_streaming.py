@@ -10,6 +10,7 @@ from tff_comp import data as data_lib
 from tff_comp import experiment, registry
 from tff_comp.run import callbacks, checkpoints, sampling, training_loop
 from tff_comp.runtime import inprocess, streaming
+from tff_comp.tasks import generated
 
 DATA = algorithm_cases.TEN
 
@@ -143,3 +144,26 @@ def test_an_engine_compiling_for_the_data_shape_is_refused_on_streamed_data():
     inprocess.build(_algorithm('fedavg'), DATA, engine='lanes', data_memory_budget=0)
   streamed = inprocess.build(_algorithm('fedavg'), DATA, data_memory_budget=0)
   assert streamed.record['engine'] == 'mapped' and 'streaming' in streamed.why
+
+
+def test_a_short_run_on_a_large_population_reads_only_its_cohorts():
+  """2 rounds of synthetic EMNIST read all 3,400 writers before round 1 (minutes)."""
+  sizes = np.full(inprocess.STREAM_SHORT_RUNS_FROM, 3, np.int32)
+  reads = []
+
+  def make(n, key):
+    reads.append(1)  # traced once per client read (a dataset built per client)
+    return (
+      tf.random.stateless_normal([n, 5], key),
+      tf.cast(tf.random.stateless_uniform([n], key, 0, 2, tf.int32), tf.float32),
+    )
+
+  population = generated.client_data('c', sizes, 0, make)
+  budget = inprocess.InProcessOptions.data_memory_budget
+  algorithm = _algorithm('fedavg')
+  short = inprocess.build(algorithm, population, client_rounds=10, data_memory_budget=budget)
+  assert 'streaming' in short.why and short.record['data'] == 'streaming'
+  assert len(reads) < 100  # the size estimate's sample and the first client, not all
+  # A run training every client at least once on average loads them all.
+  resident = inprocess.build(algorithm, population, client_rounds=1000, data_memory_budget=budget)
+  assert 'streaming' not in resident.why
