@@ -12,6 +12,7 @@ without a current manifest the check passes and the full parse reports errors as
 before.
 """
 
+from collections.abc import Callable
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -29,6 +30,8 @@ from tff_comp import (
   settings,  # stdlib only
 )
 
+# absl's help flags.
+_HELP = ('--help', '--helpfull', '--helpshort', '-h', '-?', '--help=true', '--helpfull=true')
 _KINDS = {
   'bool': flags.DEFINE_bool,
   'string': flags.DEFINE_string,
@@ -92,10 +95,13 @@ def record(
   flag_values: flags.FlagValues,
   binary: str,
   bounds: dict[str, dict[str, float | None]] | None = None,
+  help_text: Callable[[], str] | None = None,
 ) -> None:
   """Writes the manifest of `flag_values` (every flag the binary defines), with the
-  settings' `bounds` by flag (lower, upper, above: `settings.check_bounds`), atomically;
-  a cache directory that cannot be written only costs the fast check."""
+  settings' `bounds` by flag (lower, upper, above: `settings.check_bounds`), and the
+  binary's `help_text()` beside it (`--help` at the next start, before TensorFlow
+  loads), atomically; a cache directory that cannot be written only costs the fast
+  check."""
   target = _manifest(binary)
   if target.exists():
     return
@@ -105,11 +111,26 @@ def record(
       described[name]['bounds'] = limits
   try:
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile('w', dir=target.parent, delete=False) as f:
-      json.dump(described, f)
-    os.replace(f.name, target)
+    if help_text is not None:  # first: a manifest is only ever found with its help
+      _write(_help_file(binary), help_text())
+    _write(target, json.dumps(described))
   except OSError:
     pass
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+  with tempfile.NamedTemporaryFile('w', dir=path.parent, delete=False) as f:
+    f.write(text)
+  os.replace(f.name, path)
+
+
+def _help_file(binary: str) -> pathlib.Path:
+  return _manifest(binary).with_suffix('.help')
+
+
+def asks_help(argv: list[str]) -> bool:
+  """Whether `argv` asks for the binary's help (absl's help flags)."""
+  return any(arg.split('=')[0] in _HELP for arg in argv[1:])
 
 
 def _define(name: str, entry: dict, flag_values: flags.FlagValues) -> None:
@@ -175,13 +196,19 @@ def check_shape(argv: list[str]) -> None:
 
 def check(argv: list[str], binary: str) -> None:
   """Parses `argv` against the binary's manifest, if a current one exists; a bad flag,
-  value or flagfile exits 2 with one line (`fail`). `check_shape` first, manifest or
-  not."""
+  value or flagfile exits 2 with one line (`fail`), and `--help` prints the recorded
+  help and exits 0. `check_shape` first, manifest or not."""
   check_shape(argv)
   try:
     described = json.loads(_manifest(binary).read_text())
   except (OSError, ValueError):
     return
+  if asks_help(argv):
+    try:
+      print(_help_file(binary).read_text())
+    except OSError:
+      return  # the full parse prints it
+    sys.exit(0)
   flag_values = flags.FlagValues()
   for name, entry in described.items():
     if name not in flag_values:

@@ -30,19 +30,18 @@ _DEFINE = {
 fail = flag_check.fail
 
 
-_HELP = ('--help', '--helpfull', '--helpshort', '-h', '-?', '--help=true', '--helpfull=true')
-
-
-def _print_help() -> None:
+def _help_text() -> str:
   """The binary's usage and its own flags (not those every imported library defines,
-  absl.testing's and TensorFlow's TPU flags among them, which absl's --helpfull lists),
-  then exit 0."""
+  absl.testing's and TensorFlow's TPU flags among them, which absl's --helpfull lists)."""
   main = sys.modules['__main__']
-  print((main.__doc__ or '').strip() + '\n')
-  print(flags.FLAGS.main_module_help())
-  print(flags.FLAGS.module_help(__name__))
-  print('\nAlso --flagfile=FILE (flags, one a line) and --verbosity=N (absl logging).')
-  sys.exit(0)
+  return '\n'.join(
+    [
+      (main.__doc__ or '').strip() + '\n',
+      flags.FLAGS.main_module_help(),
+      flags.FLAGS.module_help(__name__),
+      '\nAlso --flagfile=FILE (flags, one a line) and --verbosity=N (absl logging).',
+    ]
+  )
 
 
 def quiet_logs() -> None:
@@ -65,10 +64,12 @@ def parse_or_fail(argv: list[str]) -> list[str]:
       for spec in _common_specs()
       if spec.type in (int, float) and (spec.lower, spec.upper, spec.above) != (None,) * 3
     },
+    help_text=_help_text,
   )
   flag_check.check_shape(argv)
-  if any(arg.split('=')[0] in _HELP for arg in argv[1:]):
-    _print_help()
+  if flag_check.asks_help(argv):
+    print(_help_text())
+    sys.exit(0)
   try:
     return flags.FLAGS(argv)
   except UnicodeDecodeError as e:

@@ -525,6 +525,31 @@ def test_a_bad_flag_is_one_line_before_tensorflow_loads(
   assert lines[0].startswith('run.py: error: ') and says in lines[0], lines
 
 
+def test_help_is_printed_without_loading_tensorflow(repo_root, tmp_path, flags_recorded):
+  """`--helpfull` imported TensorFlow (9-12 s) for a page of text the first start
+  recorded."""
+  blocked = tmp_path / 'no_tf'
+  (blocked / 'tensorflow').mkdir(parents=True)
+  (blocked / 'tensorflow' / '__init__.py').write_text('raise ImportError("TF imported")\n')
+  env = dict(
+    ENV,
+    TFF_COMP_DATA_DIR=str(flags_recorded),
+    PYTHONPATH=os.pathsep.join([str(blocked), ENV.get('PYTHONPATH', '')]),
+  )
+  out = subprocess.run(
+    [sys.executable, 'binaries/run.py', '--helpfull'],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    cwd=repo_root,
+    env=env,
+  )
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith('Runs one registered algorithm on one registered task.')
+  for flag in ('--algo', '--task', '--client_learning_rate', '--emnist_model'):
+    assert f'  {flag}:' in out.stdout, flag
+
+
 # Two run.py processes; the lock under the running pid is test_resume.py's signal test's.
 @pytest.mark.slow
 def test_a_second_run_into_a_running_runs_directory_is_refused(repo_root, tmp_path):
