@@ -29,6 +29,11 @@ and the rule family it uses:
 
 import importlib
 
+from tff_comp import native_logs
+
+# TensorFlow's C++ start-up notices kept out of the session (`native_logs`).
+native_logs.install()
+
 # Submodules load on first use, so the math layer (`tff_comp.ops`) imports without TFF.
 _SUBMODULES = (
   'learning_process',
