@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint format test-slow test-ray bench bench-aggregators bench-peers reproduce clean
+.PHONY: install run test lint format docs test-slow test-ray bench bench-aggregators bench-peers reproduce clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ run: install
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# The API reference from the docstrings (binaries/api_docs.py): build/api/index.html.
+# Fails on any warning pdoc gives; CI builds it.
+docs: install
+	$(PY) binaries/api_docs.py --output_dir=build/api
 
 format: install
 	$(PY) -m ruff check --fix --select I,F401 .

@@ -73,13 +73,18 @@ _EXPORTS = {
 
 
 def __getattr__(name: str):
+  """A lazy name, loaded on first use and kept in the module (so tools reading the
+  module's namespace, pdoc among them, find it after)."""
   if name in _SUBMODULES:
-    return importlib.import_module(f'tff_comp.{name}')
-  if name in _ALIASES:
-    return importlib.import_module(_ALIASES[name])
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-  raise AttributeError(f'module tff_comp has no attribute {name!r}')
+    value = importlib.import_module(f'tff_comp.{name}')
+  elif name in _ALIASES:
+    value = importlib.import_module(_ALIASES[name])
+  elif name in _EXPORTS:
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  else:
+    raise AttributeError(f'module tff_comp has no attribute {name!r}')
+  globals()[name] = value
+  return value
 
 
 __all__ = [*_SUBMODULES, *_ALIASES, *_EXPORTS]  # noqa: PLE0604 (names of strings)

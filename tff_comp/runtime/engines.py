@@ -33,25 +33,6 @@ from tff_comp.runtime import lanes as lanes_lib
 from tff_comp.runtime import resident_data
 
 
-class Cohort(NamedTuple):
-  """One round's cohort as an engine receives it (per-client fields stacked to [m]).
-  With `trial` (batched trials, `runtime.inprocess_trials`), `payload` and `hparams` are
-  stacked per trial and client i reads row `trial[i]` of each."""
-
-  payload: Any
-  hparams: Any
-  indices: tf.Tensor  # positions in ResidentData (clients' indices: plans.context)
-  offsets: tf.Tensor | None  # None with DeferredPlans
-  counts: tf.Tensor | None
-  plans: 'client_round.ClientPlan | DeferredPlans'
-  capacity: int  # clients the lanes kernel holds (its compiled shape); 0 on other engines
-  trial: tf.Tensor | None = None  # [m] int32: each client's trial (None: one run)
-
-  def received(self, position) -> tuple[Any, Any]:
-    """(payload, hparams) of the client at `position` (a scalar or [k] positions)."""
-    return lanes_lib.received(self.payload, self.hparams, self.trial, position)
-
-
 class DeferredPlans(NamedTuple):
   """A cohort's plans left to the engine (`Cohort.plans`, where `plans_in_kernel`): the
   lanes kernel derives them from its padded rows, in XLA, where the 50-odd small ops of
@@ -64,6 +45,25 @@ class DeferredPlans(NamedTuple):
   client_indices: tf.Tensor  # [m] the clients' indices in the population
   work: tf.Tensor  # [m] the fraction of its local steps each client does
   plan: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], client_round.ClientPlan]
+
+
+class Cohort(NamedTuple):
+  """One round's cohort as an engine receives it (per-client fields stacked to [m]).
+  With `trial` (batched trials, `runtime.inprocess_trials`), `payload` and `hparams` are
+  stacked per trial and client i reads row `trial[i]` of each."""
+
+  payload: Any
+  hparams: Any
+  indices: tf.Tensor  # positions in ResidentData (clients' indices: plans.context)
+  offsets: tf.Tensor | None  # None with DeferredPlans
+  counts: tf.Tensor | None
+  plans: client_round.ClientPlan | DeferredPlans
+  capacity: int  # clients the lanes kernel holds (its compiled shape); 0 on other engines
+  trial: tf.Tensor | None = None  # [m] int32: each client's trial (None: one run)
+
+  def received(self, position) -> tuple[Any, Any]:
+    """(payload, hparams) of the client at `position` (a scalar or [k] positions)."""
+    return lanes_lib.received(self.payload, self.hparams, self.trial, position)
 
 
 class Engine(Protocol):
