@@ -56,6 +56,23 @@ def test_the_flags_assemble_their_chain_and_the_round_counts_its_bytes(tmp_path)
   assert any(float(row['train/aggregator/byzantine_clients']) > 0 for row in rows)
 
 
+def test_bulyan_from_the_flags(tmp_path):
+  """--aggregator=bulyan --byzantine_clients=1: the block (tests/test_bulyan.py checks its
+  math) with that f, every client alike, the rows chosen (m - 2f) reported."""
+  from tff_comp.ops import aggregators  # pylint: disable=g-import-not-at-top
+
+  prepared = experiment.prepare(
+    _config(tmp_path, aggregator='bulyan', byzantine_clients=1, clients_per_round=6)
+  )
+  chain = prepared.builder_args['model_aggregator']
+  assert isinstance(chain.combiner, aggregators.Bulyan) and chain.combiner.byzantine == 1
+  assert prepared.settings.client_weighting == 'uniform'
+  experiment.run_experiment(prepared, show_progress=False)
+  rows = _rows(tmp_path)
+  assert all(float(r['train/aggregator/bulyan_selected']) == 4 for r in rows[1:])
+  assert float(rows[-1]['eval/objective']) < float(rows[0]['eval/objective'])
+
+
 def test_a_resumed_run_with_error_feedback_ends_as_an_uninterrupted_one(tmp_path):
   """The clients' residuals are in the checkpoint: a run interrupted and resumed ends
   with the uninterrupted run's rows and model, to the bit."""

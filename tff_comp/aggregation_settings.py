@@ -13,7 +13,15 @@ from tff_comp import settings
 from tff_comp.ops import aggregators
 from tff_comp.ops.aggregators import attacks
 
-ROBUST = ('median', 'trimmed_mean', 'krum', 'multi_krum', 'geometric_median', 'centered_clip')
+ROBUST = (
+  'median',
+  'trimmed_mean',
+  'krum',
+  'multi_krum',
+  'bulyan',
+  'geometric_median',
+  'centered_clip',
+)
 COMPRESSIONS = ('none', 'quantize', 'qsgd', 'top_k', 'rand_k', 'sign')
 ERROR_FEEDBACK = ('none', 'ef', 'ef21')
 ATTACKS = ('none', *attacks.KINDS)
@@ -32,11 +40,12 @@ class AggregationOptions:
   )
   byzantine_clients: int = settings.setting(
     1,
-    '--aggregator=krum/multi_krum: the attackers f a round is assumed to have (each'
-    " row's score sums its m - f - 2 nearest others).",
+    '--aggregator=krum/multi_krum/bulyan: the attackers f a round is assumed to have'
+    " (Krum: each row's score sums its m - f - 2 nearest others; Bulyan: m - 2f rows"
+    ' chosen, then 2f values a coordinate trimmed).',
     lower=0,
     upper=settings.MAX_COUNT,
-    applies_when={'aggregator': ('krum', 'multi_krum')},
+    applies_when={'aggregator': ('krum', 'multi_krum', 'bulyan')},
   )
   multi_krum_select: int | None = settings.setting(
     None,
@@ -210,6 +219,7 @@ class AggregationOptions:
         'multi_krum': lambda: aggregators.Krum(
           f, self.multi_krum_select or max(1, clients_per_round - f)
         ),
+        'bulyan': lambda: aggregators.Bulyan(f),
         'geometric_median': lambda: aggregators.GeometricMedian(self.geometric_median_iters),
         'centered_clip': lambda: aggregators.CenteredClip(self.centered_clip_tau),
       }[aggregator]()

@@ -47,7 +47,7 @@ class PrivacyOptions:
     " clip_norm, divided by --clients_per_round: TFF's DP-FedAvg semantics, uniform"
     ' client weights); dp_adaptive (dp with the clip adapting to --clip_quantile of the'
     ' update norms); the Byzantine-robust median, trimmed_mean (--trim_fraction), krum,'
-    ' multi_krum (--byzantine_clients), geometric_median and centered_clip'
+    ' multi_krum, bulyan (--byzantine_clients), geometric_median and centered_clip'
     ' (--centered_clip_tau), every client alike (docs/aggregators.md).',
     choices=AGGREGATORS,
   )
