@@ -482,6 +482,27 @@ def flags_recorded(repo_root, tmp_path_factory):
   return cache
 
 
+def _run_without_tensorflow(repo_root, tmp_path, cache, *args):
+  """run.py `args` with the flags `cache` recorded and a `tensorflow` that fails to
+  import (what it says came before TensorFlow would load)."""
+  blocked = tmp_path / 'no_tf'
+  (blocked / 'tensorflow').mkdir(parents=True)
+  (blocked / 'tensorflow' / '__init__.py').write_text('raise ImportError("TF imported")\n')
+  env = dict(
+    ENV,
+    TFF_COMP_DATA_DIR=str(cache),
+    PYTHONPATH=os.pathsep.join([str(blocked), ENV.get('PYTHONPATH', '')]),
+  )
+  return subprocess.run(
+    [sys.executable, 'binaries/run.py', *args],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    cwd=repo_root,
+    env=env,
+  )
+
+
 @pytest.mark.parametrize(
   'bad,says',
   [
@@ -504,21 +525,8 @@ def test_a_bad_flag_is_one_line_before_tensorflow_loads(
   without importing TensorFlow (a `tensorflow` that fails to import proves it)."""
   flagfile = tmp_path / 'bad.flags'
   flagfile.write_text('--algo=fedavg\n--client_learning_rate=fast\n')
-  blocked = tmp_path / 'no_tf'
-  (blocked / 'tensorflow').mkdir(parents=True)
-  (blocked / 'tensorflow' / '__init__.py').write_text('raise ImportError("TF imported")\n')
-  env = dict(
-    ENV,
-    TFF_COMP_DATA_DIR=str(flags_recorded),
-    PYTHONPATH=os.pathsep.join([str(blocked), ENV.get('PYTHONPATH', '')]),
-  )
-  out = subprocess.run(
-    [sys.executable, 'binaries/run.py', bad.replace('FILE', str(flagfile))],
-    capture_output=True,
-    text=True,
-    timeout=60,
-    cwd=repo_root,
-    env=env,
+  out = _run_without_tensorflow(
+    repo_root, tmp_path, flags_recorded, bad.replace('FILE', str(flagfile))
   )
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and len(lines) == 1, out.stderr
@@ -528,22 +536,7 @@ def test_a_bad_flag_is_one_line_before_tensorflow_loads(
 def test_help_is_printed_without_loading_tensorflow(repo_root, tmp_path, flags_recorded):
   """`--helpfull` imported TensorFlow (9-12 s) for a page of text the first start
   recorded."""
-  blocked = tmp_path / 'no_tf'
-  (blocked / 'tensorflow').mkdir(parents=True)
-  (blocked / 'tensorflow' / '__init__.py').write_text('raise ImportError("TF imported")\n')
-  env = dict(
-    ENV,
-    TFF_COMP_DATA_DIR=str(flags_recorded),
-    PYTHONPATH=os.pathsep.join([str(blocked), ENV.get('PYTHONPATH', '')]),
-  )
-  out = subprocess.run(
-    [sys.executable, 'binaries/run.py', '--helpfull'],
-    capture_output=True,
-    text=True,
-    timeout=60,
-    cwd=repo_root,
-    env=env,
-  )
+  out = _run_without_tensorflow(repo_root, tmp_path, flags_recorded, '--helpfull')
   assert out.returncode == 0, out.stderr
   assert out.stdout.startswith('Runs one registered algorithm on one registered task.')
   for flag in ('--algo', '--task', '--client_learning_rate', '--emnist_model'):
