@@ -258,13 +258,14 @@ def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
     assert recorded['resolved']['client_hparams']['proximal_strength'] in (0.1, 0.0, 1.0)
 
 
-def test_auto_takes_the_engine_each_trials_separate_run_takes(tmp_path, monkeypatch):
-  """'auto' picks the engine by a run's length: three 4-round trials batched run on the
-  engine a 4-round run takes (mapped here), not the one their 12 rounds together would
-  (lanes); and trials of other lengths form groups of their own."""
+def test_auto_counts_the_rounds_of_every_trial_sharing_the_build(tmp_path, monkeypatch):
+  """'auto' picks the engine by the local steps a compile serves: three 4-round trials
+  batched run on the engine their 12 rounds together take (lanes here), where a 4-round
+  run alone takes mapped; each equals its run on that engine. Trials of other lengths
+  form groups of their own."""
   monkeypatch.setattr(engines, 'AUTO_LANES_MIN_STEPS', 2 * _local_steps('fedavg', 4))
 
-  def grid(root, rounds=(4, 4, 4)):
+  def grid(root, rounds=(4, 4, 4), engine='auto'):
     return [
       trials.Trial(
         ExperimentConfig.of(
@@ -274,17 +275,20 @@ def test_auto_takes_the_engine_each_trials_separate_run_takes(tmp_path, monkeypa
           clients_per_round=3,
           eval_period=2,
           seed=seed,
+          engine=engine,
           output_dir=str(root / f'trial_{seed}'),
         )
       )
       for seed, r in enumerate(rounds)
     ]
 
+  alone = experiment.build_runner(experiment.prepare(grid(tmp_path / 'alone')[0].config))
+  assert alone.runtime.engine == 'mapped' and 'too short' in alone.runtime.why
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
   assert said[0].startswith('fedavg on quadratic: 3 trials batched into one program')
-  assert 'mapped engine' in said[0], said
-  assert batched == [_alone(trial) for trial in grid(tmp_path / 'separate')]
+  assert 'lanes engine' in said[0], said
+  assert batched == [_alone(trial) for trial in grid(tmp_path / 'separate', engine='lanes')]
   trials.run_trials(grid(tmp_path / 'lengths', rounds=(4, 4, 20)), say=said.append)
   said = _plans(said)
   assert said[1:] == [

@@ -142,9 +142,11 @@ class Runner:
   evaluate_clients: Callable[[Any], list[dict]] | None = None  # per-client rows
 
 
-def build_runner(prepared: Prepared) -> Runner:
+def build_runner(prepared: Prepared, trials: int = 1) -> Runner:
   """Builds the algorithm and places it on the configured runtime (the in-process
-  runtime builds no TFF computation).
+  runtime builds no TFF computation). `trials`: the runs sharing this build
+  (`tff_comp.trials`); their client rounds together are what a compile must repay, and
+  what a short run's streaming counts (`base.RunFacts.client_rounds`).
 
   Raises:
     ConfigError: the algorithm rejects its arguments, the runtime cannot run it, or the
@@ -182,7 +184,7 @@ def build_runner(prepared: Prepared) -> Runner:
     config.runtime,
     options=config.runtime_options,
     batch_size=settings.batch_size,
-    client_rounds=settings.rounds * settings.clients_per_round,
+    client_rounds=settings.rounds * settings.clients_per_round * trials,
     resumed=run_directory.recorded_runtime(config.output_dir) if config.resume else None,
   )
   devices.check_run(config.devices, config.participation.straggler_rate, runtime)

@@ -147,11 +147,12 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
   first = prepared[0]  # built for one trial's run, as each trial's separate run is
   tasks = list({id(p.task): p.task for p in prepared}.values())
   if len(tasks) == 1:
-    return _Program(members, prepared, experiment.build_runner(first))
+    return _Program(members, prepared, experiment.build_runner(first, len(members)))
   prefixes = {id(task): f'{k}/' for k, task in enumerate(tasks)}
   data = _merged_client_data([(prefixes[id(task)], task.train_data) for task in tasks])
   runner = experiment.build_runner(
-    dataclasses.replace(first, task=dataclasses.replace(first.task, train_data=data))
+    dataclasses.replace(first, task=dataclasses.replace(first.task, train_data=data)),
+    len(members),
   )
   initial = {}
   for p in prepared:  # each trial from its own task's model (the data seed's)
