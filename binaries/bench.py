@@ -55,9 +55,10 @@ A GPU, where lanes would fill the device with many small clients, is not availab
 these machines, so only CPU numbers are printed.
 `--workload=grid` runs part 8 instead (`bench_grid.part8`): a reproduction's whole grid
 (`--grid_experiment`, every method, configuration and seed, `--grid_rounds` rounds)
-through `reproduce.py`, batched trials against one run after another, both with
-`--grid_parallel` processes, in the same bench run: wall time, the ratio and whether
-the two results tables are identical.
+through `reproduce.py`, its defaults (batched trials, processes chosen for the machine)
+against one run after another on `--grid_parallel` processes (default one a core), in
+the same bench run: wall time, the ratio and whether the two results tables are
+identical.
 `--workload=aggregators` runs part 9 instead (`bench_aggregators.part9`): part 1's round
 with aggregator chains (clipping + 8-bit quantization, rotation, top-k with error
 feedback, the median, Krum) against the plain mean, each timed right after it; TFF's
@@ -165,8 +166,9 @@ _GRID_ROUNDS = flags.DEFINE_integer(
 )
 _GRID_PARALLEL = flags.DEFINE_integer(
   'grid_parallel',
-  2,
-  'Part 8: reproduce.py --parallel, both ways.',
+  None,
+  'Part 8: the processes of the one-by-one grid (reproduce.py --nobatch_trials'
+  ' --parallel) set against the defaults. Default: one a core.',
   lower_bound=1,
   upper_bound=settings.MAX_COUNT,
 )

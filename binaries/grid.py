@@ -4,10 +4,12 @@
 all of an algorithm's configurations and seeds as batched trials, `tff_comp.trials`),
 and the curves read back from each run's metrics.csv."""
 
+import collections
 import concurrent.futures
 import contextlib
 import io
 import multiprocessing
+import os
 import pathlib
 import time
 from typing import Any
@@ -19,7 +21,7 @@ from tff_comp import experiment as experiment_lib
 from tff_comp import registry
 from tff_comp import trials as trials_lib
 from tff_comp.binaries import curves as curves_lib
-from tff_comp.binaries import reproductions
+from tff_comp.binaries import grid_progress, reproductions
 from tff_comp.run import callbacks
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import ray_cluster, resident_data
@@ -54,6 +56,37 @@ def run_dir(root, algorithm, config, seed, seeds, names=()) -> pathlib.Path:
   return out / f'seed_{seed}' if len(seeds) > 1 else out
 
 
+# A grid's process holds TensorFlow, its task's data and a batched group's trials: 1.1
+# GB resident for fco_lasso's 48 trials of lasso (d = 1024); a default leaves room.
+_PROCESS_BYTES = 1.5 * 2**30
+
+
+def _available_bytes() -> float | None:
+  """The memory the kernel says is available for new work (MemAvailable), if it says."""
+  try:
+    with open('/proc/meminfo', encoding='ascii') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return float(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def default_processes(units: int) -> tuple[int, str]:
+  """The processes a grid of `units` units runs in by default (`reproduce.py
+  --parallel`), and why, in words: one a core this process may use, no more than its
+  units, and no more than the available memory holds (`_PROCESS_BYTES` each)."""
+  cores = len(os.sched_getaffinity(0))
+  processes = max(1, min(cores, units))
+  why = f'one a core ({cores}), at most one a unit'
+  available = _available_bytes()
+  if available is not None and available // _PROCESS_BYTES < processes:
+    processes = max(1, int(available // _PROCESS_BYTES))
+    why += f', as many as {available / 2**30:.1f} GB available hold'
+  return processes, f'{units} unit(s) on {processes} process(es): {why}'
+
+
 def _config(
   spec: reproductions.Reproduction,
   algorithm: str,
@@ -85,19 +118,11 @@ def _config(
   )
 
 
-def _prepare(
-  spec: reproductions.Reproduction,
-  algorithm: str,
-  seed: int,
-  rounds: int,
-  root: pathlib.Path,
-  options: dict,
-  algorithm_options: dict,
-):
-  prepared = experiment_lib.prepare(
-    _config(spec, algorithm, seed, rounds, root, options, algorithm_options)
-  )
-  return prepared, experiment_lib.build_runner(prepared)
+def _rule_hparams(prepared: experiment_lib.Prepared) -> set[str]:
+  """The hparams of the run's client rule (none for a plugin's TFF process): what a grid
+  sets without building again (`_split`)."""
+  program = prepared.build()
+  return set(program.client_rule.initial_hparams()) if hasattr(program, 'client_rule') else set()
 
 
 def _split(values: dict[str, float], hparams: set[str]) -> tuple[dict, dict]:
@@ -134,10 +159,9 @@ def _run_batched(
   those sharing a build run as one program). Returns per seed {configuration: {metric:
   curve}}."""
   names, metrics = list(reproductions.axes(spec, algorithm)), recorded(spec)
-  program = experiment_lib.prepare(
-    _config(spec, algorithm, seeds[0], rounds, root, options, {})
-  ).build()
-  hparams = set(program.client_rule.initial_hparams()) if hasattr(program, 'client_rule') else set()
+  hparams = _rule_hparams(
+    experiment_lib.prepare(_config(spec, algorithm, seeds[0], rounds, root, options, {}))
+  )
   accepts_server_rate = registry.get_algorithm(spec.aliases.get(algorithm, algorithm)).accepts(
     'server_learning_rate'
   )
@@ -217,17 +241,24 @@ def _run_group(
   a build per value. Returns {configuration: {metric: curve}}."""
   names = list(reproductions.axes(spec, algorithm))
   metrics = recorded(spec)
-  base = _prepare(spec, algorithm, seed, rounds, root, options, {})
-  rule = base[1].algorithm.client_rule if base[1].algorithm is not None else None
-  hparams = set(rule.initial_hparams()) if rule is not None else set()
-  built = {(): base}
-  curves = {}
-  for config in reproductions.configurations(spec, algorithm):
+  base = experiment_lib.prepare(_config(spec, algorithm, seed, rounds, root, options, {}))
+  hparams = _rule_hparams(base)
+  configs = reproductions.configurations(spec, algorithm)
+  splits = {config: _split(dict(zip(names, config)), hparams) for config in configs}
+  # The engine 'auto' takes counts the rounds of every run a build serves.
+  sharing = collections.Counter(tuple(sorted(b.items())) for _, b in splits.values())
+  built, curves = {}, {}
+  for config in configs:
     values = dict(zip(names, config))
-    client_hparams, build_options = _split(values, hparams)
+    client_hparams, build_options = splits[config]
     key = tuple(sorted(build_options.items()))
     if key not in built:
-      built[key] = _prepare(spec, algorithm, seed, rounds, root, options, build_options)
+      prepared = (
+        experiment_lib.prepare(_config(spec, algorithm, seed, rounds, root, options, build_options))
+        if key
+        else base
+      )
+      built[key] = prepared, experiment_lib.build_runner(prepared, sharing[key])
     prepared, runner = built[key]
     out = run_dir(root, algorithm, config, seed, seeds, names)
     start = time.monotonic()
@@ -277,6 +308,7 @@ def run_grid(
   batch_trials: bool = True,
   batch_memory_budget: float = trials_lib.DEFAULT_MEMORY_BUDGET,
   ray_address: str = '',
+  progress_every: float = 30.0,
 ):
   """Trains every (algorithm, configuration, seed); `data_seed` None: each run's data
   seed is its seed. `resume`: finished configurations are read back, an interrupted one
@@ -285,7 +317,8 @@ def run_grid(
   program), else one after another per (algorithm, seed). `parallel` > 1: those units
   (algorithms, or (algorithm, seed) groups) run in that many processes; `ray_address`:
   as Ray tasks on that cluster (`ray_cluster.run_tasks`; a unit lost with its worker
-  runs again, resuming its runs from their checkpoints).
+  runs again, resuming its runs from their checkpoints). Every `progress_every` seconds
+  one line says each unit's rounds so far (`grid_progress`).
 
   Returns {algorithm: {configuration: [{metric: curve} per seed]}}, a configuration
   being the values of `reproductions.axes` in order: (eta_c, eta_s, own values...).
@@ -310,47 +343,36 @@ def run_grid(
       _run_group,
       [(name, spec, a, seed, rounds, seeds, root, options) for a, seed in units],
     )
-  if ray_address:
-    try:
-      ray_cluster.connect(ray_address)
-    except runtime_base.UnsupportedError as e:
-      raise experiment_lib.ConfigError(str(e)) from e
-    labels = [a if seed is None else f'{a}, seed {seed}' for a, seed in units]
-    start, finished = time.monotonic(), []
-
-    def report(i: int, result: tuple[Any, str]) -> None:
-      """A unit's own lines, as it printed them on its worker, and the grid's progress."""
-      finished.append(i)
-      print(
-        f'{result[1]}ray: {labels[i]} done ({len(finished)} of {len(units)} units,'
-        f' {time.monotonic() - start:.0f}s)',
-        flush=True,
-      )
-
-    results = [
-      result
-      for result, _ in ray_cluster.run_tasks(
-        _on_ray,
-        [(run, label, *a) for label, a in zip(labels, args)],
-        again=lambda call: tuple(
-          dict(x, resume=True, overwrite=False) if x is options else x for x in call
-        ),
-        label=lambda call: call[1],
-        done=report,
-      )
+  labels = [a if seed is None else f'{a}, seed {seed}' for a, seed in units]
+  unit_runs = [
+    [
+      run_dir(root, a, config, s, seeds, list(reproductions.axes(spec, a)))
+      for s in (seeds if seed is None else [seed])
+      for config in reproductions.configurations(spec, a)
     ]
-  elif parallel > 1:
-    # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
-    with concurrent.futures.ProcessPoolExecutor(
-      parallel,
-      mp_context=multiprocessing.get_context('spawn'),
-      initializer=_share_cores,
-      initargs=(max(1, resident_data.kernel_threads('CPU') // parallel),),
-    ) as pool:
-      results = list(pool.map(run, *zip(*args)))
-  else:
-    with threadpoolctl.threadpool_limits(limits=1, user_api='blas'):
-      results = [run(*a) for a in args]
+    for a, seed in units
+  ]
+  with grid_progress.GridProgress(labels, unit_runs, rounds, every=progress_every) as progress:
+    if ray_address:
+      results = _on_cluster(run, args, labels, options, ray_address, progress)
+    elif parallel > 1:
+      # Fresh interpreters (spawn): TensorFlow's runtime does not survive a fork.
+      with concurrent.futures.ProcessPoolExecutor(
+        parallel,
+        mp_context=multiprocessing.get_context('spawn'),
+        initializer=_share_cores,
+        initargs=(max(1, resident_data.kernel_threads('CPU') // parallel),),
+      ) as pool:
+        futures = [pool.submit(run, *a) for a in args]
+        for i, future in enumerate(futures):
+          future.add_done_callback(lambda _, i=i: progress.done(i))
+        results = [future.result() for future in futures]
+    else:
+      with threadpoolctl.threadpool_limits(limits=1, user_api='blas'):
+        results = []
+        for i, a in enumerate(args):
+          results.append(run(*a))
+          progress.done(i)
   curves: dict[str, dict[tuple[float, ...], list]] = {
     a: {config: [] for config in reproductions.configurations(spec, a)} for a in spec.algorithms
   }
@@ -359,6 +381,41 @@ def run_grid(
       for config, curve in per_seed.items():
         curves[algorithm][config].append(curve)
   return curves
+
+
+def _on_cluster(
+  run, args: list[tuple], labels: list[str], options: dict, ray_address: str, progress
+) -> list[Any]:
+  """`run(*a)` for each of `args` as Ray tasks (`ray_cluster.run_tasks`), each unit's
+  lines shown as it ends; a unit lost with its worker runs again, resumed."""
+  try:
+    ray_cluster.connect(ray_address)
+  except runtime_base.UnsupportedError as e:
+    raise experiment_lib.ConfigError(str(e)) from e
+  start, finished = time.monotonic(), []
+
+  def report(i: int, result: tuple[Any, str]) -> None:
+    """A unit's own lines, as it printed them on its worker, and the grid's progress."""
+    finished.append(i)
+    progress.done(i)
+    print(
+      f'{result[1]}ray: {labels[i]} done ({len(finished)} of {len(labels)} units,'
+      f' {time.monotonic() - start:.0f}s)',
+      flush=True,
+    )
+
+  return [
+    result
+    for result, _ in ray_cluster.run_tasks(
+      _on_ray,
+      [(run, label, *a) for label, a in zip(labels, args)],
+      again=lambda call: tuple(
+        dict(x, resume=True, overwrite=False) if x is options else x for x in call
+      ),
+      label=lambda call: call[1],
+      done=report,
+    )
+  ]
 
 
 def _share_cores(threads: int) -> None:

@@ -86,9 +86,11 @@ _PROCESSES_PER_CORE = 4
 _MOST_PARALLEL = _PROCESSES_PER_CORE * (os.cpu_count() or 1)
 _PARALLEL = flags.DEFINE_integer(
   'parallel',
-  1,
-  'Run algorithms (with --batch_trials; else (algorithm, seed) groups) in this many'
-  f' processes (at most {_MOST_PARALLEL}: {_PROCESSES_PER_CORE} per core of this machine).',
+  None,
+  "Run the grid's units (algorithms with --batch_trials, else (algorithm, seed) groups)"
+  f' in this many processes (at most {_MOST_PARALLEL}: {_PROCESSES_PER_CORE} per core of'
+  ' this machine). Default: one a core, at most one a unit, as many as the memory holds'
+  ' (said in one line).',
   lower_bound=1,
   upper_bound=_MOST_PARALLEL,
 )
@@ -193,7 +195,7 @@ def _reproduce(argv):
     spec = _steered(registry.REPRODUCTIONS.get(name).build())
   except ValueError as e:
     flags_lib.fail(str(e))
-  if _RAY_ADDRESS.value and _PARALLEL.value > 1:
+  if _RAY_ADDRESS.value and (_PARALLEL.value or 1) > 1:
     flags_lib.fail("--parallel and --ray_address both choose where the grid's units run: give one.")
   if _RAY_ADDRESS.value and not _SUMMARIZE_ONLY.value:
     try:  # joined before the grid's directory is made: a cluster not there writes nothing
@@ -228,6 +230,11 @@ def _reproduce(argv):
       command, took = earlier
       provenance = f'{took} {provenance}'.strip()
   else:
+    parallel = _PARALLEL.value or 1
+    if _PARALLEL.value is None and not _RAY_ADDRESS.value:
+      units = len(spec.algorithms) * (1 if _BATCH_TRIALS.value else len(seeds))
+      parallel, why = grid.default_processes(units)
+      print(f'reproduce.py: {why} (--parallel sets it).', flush=True)
     start = time.monotonic()
     try:
       curves = grid.run_grid(
@@ -242,7 +249,7 @@ def _reproduce(argv):
         overwrite=_OVERWRITE.value,
         resume=_RESUME.value,
         checkpoint_every=_CHECKPOINT_EVERY.value,
-        parallel=_PARALLEL.value,
+        parallel=parallel,
         batch_trials=_BATCH_TRIALS.value,
         batch_memory_budget=_BATCH_MEMORY_BUDGET.value,
         ray_address=_RAY_ADDRESS.value,
@@ -262,11 +269,7 @@ def _reproduce(argv):
     provenance = (
       f'Took {minutes} min {seconds} s on {summary.machine()},'
       f' {datetime.date.today()} ('
-      + (
-        f'--ray_address={_RAY_ADDRESS.value}'
-        if _RAY_ADDRESS.value
-        else f'--parallel={_PARALLEL.value}'
-      )
+      + (f'--ray_address={_RAY_ADDRESS.value}' if _RAY_ADDRESS.value else f'--parallel={parallel}')
       + f', --{"" if _BATCH_TRIALS.value else "no"}batch_trials).'
     )
   print(summary.summarize(name, spec, curves, rounds, root, command, provenance))
