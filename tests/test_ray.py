@@ -446,6 +446,33 @@ def test_a_ray_run_ends_without_a_traceback(repo_root, tmp_path):
   assert 'Traceback' not in out.stderr and 'Exception ignored' not in out.stderr, out.stderr
 
 
+@pytest.mark.ray
+def test_the_drivers_line_about_a_metrics_agent_is_kept_out(repo_root):
+  """Ray's core package starts no metrics agent, and its driver logged so about 30 s
+  after joining (`ray_cluster._NO_METRICS_AGENT`); a task's work and the driver's own
+  lines pass."""
+  script = (
+    'import sys, time\n'
+    'from tff_comp.runtime import ray_cluster\n'
+    "ray = ray_cluster.connect('local')\n"
+    'double = ray.remote(num_cpus=1)(lambda x: 2 * x)\n'
+    "print('sum', sum(ray.get([double.remote(i) for i in range(4)])), file=sys.stderr)\n"
+    'time.sleep(45)\n'
+    "print('done', file=sys.stderr)\n"
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', script],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stderr.splitlines() == ['sum 12', 'done'], out.stderr
+
+
 def _tiny_grid() -> reproductions.Reproduction:
   return reproductions.Reproduction(
     task='quadratic',

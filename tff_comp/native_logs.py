@@ -9,8 +9,13 @@ first import write fd 2 to a temporary file, then writes back every line but the
 start-up notices (`_NOTICES`). Python's own warnings and TensorFlow's real errors pass
 through, in order. Nothing changes when TensorFlow was imported already, or when
 `TF_CPP_MIN_LOG_LEVEL` is set (the user chose). Stdlib only.
+
+Ray's core (2.52, without its dashboard's extras) logs one error from the driver about
+30 s after it joins a cluster: it found no metrics agent to export to (ray-project/ray
+#59665; no setting stops it). `drop_line` keeps that one line out while it may come.
 """
 
+import atexit
 from collections.abc import Iterator, Sequence
 import contextlib
 import importlib.abc
@@ -19,6 +24,8 @@ import os
 import re
 import sys
 import tempfile
+import threading
+import time
 
 # What TensorFlow and TFF print at import on a machine without CUDA or TensorRT.
 _NOTICES = re.compile(
@@ -83,3 +90,54 @@ def install() -> None:
     return
   if not any(isinstance(f, _QuietFirstImport) for f in sys.meta_path):
     sys.meta_path.insert(0, _QuietFirstImport())
+
+
+def drop_line(pattern: re.Pattern, seconds: float) -> None:
+  """Keeps the first line matching `pattern` that C++ or Python writes to file
+  descriptor 2 in the next `seconds` out; every other line passes at once, in order.
+
+  Descriptor 2 becomes a pipe that a daemon thread copies to the real one, until that
+  line came or the time is up; then descriptor 2 is the real one again, unless something
+  else took it meanwhile (pytest's capture: the thread then copies for as long as the
+  pipe has writers, so no writer ever meets a closed pipe)."""
+  sys.stderr.flush()
+  real = os.dup(2)
+  read, write = os.pipe()
+  os.dup2(write, 2)
+  os.close(write)
+  ours = os.fstat(2).st_ino
+  deadline = time.monotonic() + seconds
+
+  def copy() -> None:
+    waiting, rest = True, b''
+    with open(read, 'rb', buffering=0) as pipe:
+      while True:
+        chunk = pipe.read(65536)
+        if not chunk:  # no writer is left
+          break
+        waiting = waiting and time.monotonic() <= deadline
+        lines = (rest + chunk).split(b'\n')
+        rest = lines.pop()
+        for line in lines:
+          if waiting and pattern.search(line.decode(errors='replace')):
+            waiting = False
+            continue
+          os.write(real, line + b'\n')
+        if not waiting and os.fstat(2).st_ino == ours:
+          os.dup2(real, 2)  # the pipe's last writer closed: read() returns b'' next
+    if rest:
+      os.write(real, rest)
+    os.close(real)
+
+  thread = threading.Thread(target=copy, name='drop-line', daemon=True)
+  thread.start()
+
+  def finish() -> None:
+    """At exit, what the pipe holds reaches the real descriptor 2 before the process
+    ends (the thread is a daemon)."""
+    if os.fstat(2).st_ino == ours:
+      sys.stderr.flush()
+      os.dup2(real, 2)
+      thread.join(timeout=2.0)
+
+  atexit.register(finish)

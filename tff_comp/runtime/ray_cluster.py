@@ -7,12 +7,13 @@ import dataclasses
 import logging as py_logging
 import math
 import os
+import re
 import signal
 import socket
 import threading
 from typing import Any
 
-from tff_comp import settings
+from tff_comp import native_logs, settings
 from tff_comp.runtime import base
 
 LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the run
@@ -20,6 +21,11 @@ LOCAL = 'local'  # --ray_address: a Ray cluster of this machine, started by the 
 RETRIES = 3
 # Seconds the processes of a local cluster (`LOCAL`) wait for its GCS to come back.
 _LOCAL_GCS_RECONNECT_S = 5
+# The driver's one error about Ray's metrics agent, which Ray's core package does not
+# start: logged about 30 s after joining (`native_logs.drop_line`), kept out for up to
+# this many seconds.
+_NO_METRICS_AGENT = re.compile(r'Failed to establish connection to the metrics exporter agent')
+_NO_METRICS_AGENT_WITHIN_S = 120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +77,9 @@ def connect(address: str) -> Any:
   ray = ray_module()
   if ray.is_initialized():
     return ray
-  # No metrics agent (Ray's dashboard is off: its exporter would log an error), and
-  # Ray's own setting of the accelerator variables kept as it is (it warns otherwise).
+  # No metrics collected (Ray's core package starts no agent to export them to; the
+  # driver's error saying so is kept out: `_NO_METRICS_AGENT`), and Ray's own setting of
+  # the accelerator variables kept as it is (it warns otherwise).
   os.environ.setdefault('RAY_enable_metrics_collection', '0')
   os.environ.setdefault('RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO', '0')
   if address == LOCAL:
@@ -92,6 +99,7 @@ def connect(address: str) -> Any:
     if threading.current_thread() is threading.main_thread()
     else {}
   )
+  native_logs.drop_line(_NO_METRICS_AGENT, _NO_METRICS_AGENT_WITHIN_S)
   try:
     if address == LOCAL:
       ray.init(num_cpus=os.cpu_count(), **quiet)
