@@ -9,7 +9,10 @@ context with the same executor stack (remote executor over gRPC to a local worke
 but starts the worker itself:
 
 * on Linux the worker gets `PR_SET_PDEATHSIG = SIGKILL`, so the kernel kills it when
-  the Python process ends for any reason (exit, exception, SIGTERM, even SIGKILL);
+  the Python process ends for any reason (exit, exception, SIGTERM, even SIGKILL): set
+  by util-linux's `setpriv --pdeathsig`, which then executes the worker, so that no
+  Python runs in the forked child (a `preexec_fn` in a process with threads can abort
+  there); by `prctl` in a `preexec_fn` where `setpriv` is missing;
 * an `atexit` hook also stops it on a normal exit (and on platforms without prctl);
 * its output goes to a log file (or /dev/null), never to the parent's pipes.
 
@@ -21,6 +24,7 @@ run functions, the test configuration) through `install_local_runtime` or
 import atexit
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +39,7 @@ import tensorflow_federated as tff
 WORKER_BINARY = os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
 _LOG_ENV = 'TFF_COMP_WORKER_LOG'
 _PR_SET_PDEATHSIG = 1
+_SETPRIV = shutil.which('setpriv') if sys.platform.startswith('linux') else None
 _MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 CHANNEL_OPTIONS = [
   ('grpc.max_message_length', _MAX_MESSAGE_BYTES),
@@ -79,17 +84,18 @@ def spawn_worker(port: int, max_concurrent_computation_calls: int = -1) -> subpr
   output to `$TFF_COMP_WORKER_LOG` or nowhere (never this process's pipes)."""
   log_path = os.environ.get(_LOG_ENV)
   out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
+  command = [
+    WORKER_BINARY,
+    f'--port={port}',
+    f'--max_concurrent_computation_calls={max_concurrent_computation_calls}',
+  ]
   try:
     return subprocess.Popen(  # pylint: disable=consider-using-with
-      [
-        WORKER_BINARY,
-        f'--port={port}',
-        f'--max_concurrent_computation_calls={max_concurrent_computation_calls}',
-      ],
+      [_SETPRIV, '--pdeathsig', 'KILL', '--', *command] if _SETPRIV else command,
       stdin=subprocess.DEVNULL,
       stdout=out,
       stderr=out,
-      preexec_fn=_die_with_parent,
+      preexec_fn=None if _SETPRIV else _die_with_parent,
     )
   finally:
     if log_path:

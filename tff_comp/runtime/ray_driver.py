@@ -29,6 +29,11 @@ from tff_comp.runtime import (
 # object store.
 JOURNAL_BYTES = 4 * 2**20
 _INLINE_BYTES = 100 * 2**10
+# How long the driver waits while Ray says an actor is restarting (a new process that
+# imports TensorFlow: about 10 s on an idle machine, measured over 2 minutes at load 7
+# on 2 cores), and after how long it says so in one line.
+RESTART_WAIT = 900.0
+RESTART_NOTICE = 30.0
 
 
 class RoundCosts(NamedTuple):
@@ -112,7 +117,7 @@ class RayRuntime:
         " receives its clients' examples as arrays (once, at setup)"
       )
     self._pool = ray_actors.pool_key(ray, count, options.ray_gpus_per_actor)
-    ray.get([a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)])
+    self._set_up_all()
     ray_actors.SERVING[self._pool] = id(self)
     self._host = round_stages.HostFinish(driver.stages, driver.device)
     self.costs: RoundCosts | None = None  # the last round's
@@ -438,11 +443,22 @@ class RayRuntime:
       self._set_up_again(k)
     ray_actors.SERVING[self._pool] = id(self)
 
-  def _set_up_again(self, k: int, timeout: float = 120.0) -> None:
+  def _set_up_all(self) -> None:
+    """Every actor set up on its shard, together; one that Ray is still restarting
+    (an earlier run on this pool killed it) is waited for as `_set_up_again` does."""
+    ray = self._ray
+    refs = [a.setup.remote(*setup) for a, setup in zip(self._actors, self._setups)]
+    for k, ref in enumerate(refs):
+      try:
+        ray.get(ref)
+      except ray.exceptions.ActorUnavailableError:
+        self._set_up_again(k)
+
+  def _set_up_again(self, k: int) -> None:
     """Actor `k` set up on its shard again, with its rows of client state (after Ray
-    restarted it, waiting while Ray says it is restarting; or after another run took
-    it)."""
-    ray, deadline = self._ray, time.monotonic() + timeout
+    restarted it, waiting while Ray says it is restarting, up to `RESTART_WAIT` s and
+    said once past `RESTART_NOTICE` s; or after another run took it)."""
+    ray, start, said = self._ray, time.monotonic(), False
     while True:
       try:
         ray.get(self._actors[k].setup.remote(*self._setups[k]))
@@ -450,8 +466,16 @@ class RayRuntime:
           ray.get(self._actors[k].restore.remote(*self._journal[k]))
         return
       except ray.exceptions.ActorUnavailableError:
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - start
+        if waited > RESTART_WAIT:
           raise
+        if waited > RESTART_NOTICE and not said:
+          print(
+            f'ray: actor {k} is still restarting after {waited:.0f} s (a busy machine?);'
+            f' waiting up to {RESTART_WAIT / 60:.0f} min.',
+            flush=True,
+          )
+          said = True
         time.sleep(0.2)
 
 
