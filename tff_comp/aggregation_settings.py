@@ -9,7 +9,7 @@ simulated attackers, assembled into the aggregator chain every in-process runtim
 
 import dataclasses
 
-from tff_comp import settings
+from tff_comp import poisoning, settings
 from tff_comp.ops import aggregators
 from tff_comp.ops.aggregators import attacks
 
@@ -24,7 +24,7 @@ ROBUST = (
 )
 COMPRESSIONS = ('none', 'quantize', 'qsgd', 'top_k', 'rand_k', 'sign')
 ERROR_FEEDBACK = ('none', 'ef', 'ef21')
-ATTACKS = ('none', *attacks.KINDS)
+ATTACKS = ('none', *attacks.KINDS, poisoning.KIND)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,9 @@ class AggregationOptions:
     'Byzantine clients, simulated: each client of a round attacks with'
     ' probability --attack_fraction, drawn from (seed, round, client), sending'
     ' sign_flip (-u), scaled (--attack_scale x u), gaussian (N(0, --attack_scale^2)) or'
-    ' alie ("A Little Is Enough": mean - z std of the honest updates).',
+    ' alie ("A Little Is Enough": mean - z std of the honest updates); or label_flip:'
+    ' a fixed set of clients, drawn from (data seed, client), trains on labels'
+    ' C - 1 - y.',
     choices=ATTACKS,
   )
   attack_fraction: float = settings.setting(
@@ -166,7 +168,11 @@ class AggregationOptions:
   @property
   def active(self) -> bool:
     """Whether any of these settings changes the aggregation."""
-    return self.compression != 'none' or self.secure_aggregation or self.attack != 'none'
+    return (
+      self.compression != 'none'
+      or self.secure_aggregation
+      or self.attack not in ('none', poisoning.KIND)  # label flipping poisons the data
+    )
 
   def chain(
     self, aggregator: str, private: aggregators.Chain | None, clients_per_round: int
@@ -178,7 +184,7 @@ class AggregationOptions:
       ValueError: (one line) a combination that cannot work.
     """
     stages: list[aggregators.Stage] = []
-    if self.attack != 'none':
+    if self.attack not in ('none', poisoning.KIND):
       stages.append(aggregators.Attack(self.attack, self.attack_fraction, self.attack_scale))
     if private is not None:
       stages.extend(private.stages)

@@ -16,6 +16,7 @@ from typing import Any
 from tff_comp import (
   accounting,
   evaluation,
+  poisoning,
   privacy_settings,
   registry,
   run_arguments,
@@ -257,6 +258,17 @@ def default_callbacks(
       ),
     )
   )
+  poisoned = (
+    (
+      callbacks_lib.Poisoned(
+        poisoning.attackers(
+          prepared.task.train_data.client_ids, config.aggregation.attack_fraction, config.task_seed
+        )
+      ),
+    )
+    if config.aggregation.attack == poisoning.KIND
+    else ()
+  )
   return training_loop.standard_callbacks(
     runner.evaluate,
     eval_period=settings_.eval_period,
@@ -269,6 +281,7 @@ def default_callbacks(
         prepared.ledger, settings_.rounds, settings_.eval_period, show_progress
       ),
       *communication,
+      *poisoned,
       *extra,
     ),
   )

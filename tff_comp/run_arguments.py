@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Any
 
-from tff_comp import paths, registry, run_directory
+from tff_comp import paths, poisoning, registry, run_directory
 from tff_comp import task as task_lib
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.run import run_settings
@@ -120,6 +120,8 @@ def build_task(
         f' {type(task).__name__} without {", ".join(lacks)}'
         ' (tff_comp.task.Task).'
       )
+    if config.aggregation.attack == poisoning.KIND:
+      task = poisoning.poisoned_task(task, config.aggregation.attack_fraction, config.task_seed)
     return task, files
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e

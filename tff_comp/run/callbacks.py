@@ -356,6 +356,20 @@ class Communication(Callback):
     metrics['comm/download_bytes'] = metrics['participation/sampled'] * self._download
 
 
+class Poisoned(Callback):
+  """participation/poisoned: the round's reporting clients that train on flipped
+  labels (`--attack=label_flip`; `attackers` from `tff_comp.poisoning.attackers`)."""
+
+  def __init__(self, attackers: frozenset[str]):
+    self._attackers, self._count = attackers, 0
+
+  def before_round(self, loop: Loop, round_num: int, clients: Any) -> None:
+    self._count = sum(cid in self._attackers for cid in clients.reporting)
+
+  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    metrics['participation/poisoned'] = self._count
+
+
 class MetricsSink(Callback):
   """metrics.csv and TensorBoard (`MetricsWriter`): round 0 holds the initial
   evaluation, then a row per round with its `seconds` since the start; a resumed run
