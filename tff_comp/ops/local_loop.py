@@ -21,6 +21,8 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tff_comp.ops import stateless
+
 _MAX_EXAMPLES = 2**31 - 1
 
 
@@ -72,19 +74,6 @@ def draw_epochs(key: tf.Tensor, seed: int, round_num: tf.Tensor, low: int, high:
   return tf.reshape(draws, tf.shape(key))
 
 
-_MASK32 = 0xFFFFFFFF
-
-
-def _mix(x: tf.Tensor) -> tf.Tensor:
-  """A 32-bit integer hash (murmur-style finalizer) of int64 `x`, elementwise; integer
-  arithmetic only, so XLA, vectorization and every runtime give the same bits."""
-  x = tf.bitwise.bitwise_and(tf.cast(x, tf.int64), _MASK32)
-  for _ in range(2):
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
-    x = tf.bitwise.bitwise_and(x * 0x45D9F3B, _MASK32)
-  return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
-
-
 # Swap-or-not rounds: each is an involution of [0, n), so their composition is a
 # permutation for any n; 12 rounds mix well enough for ordering training examples.
 _SHUFFLE_ROUNDS = 12
@@ -108,13 +97,15 @@ def shuffle_index(
 
   def swap_or_not(r, i):
     r = tf.cast(r, tf.int64)
-    pivot = _mix(seed * 31 + r * 0x9E3779B1) % n
+    pivot = stateless.mix32(seed * 31 + r * 0x9E3779B1) % n
     if compiled:  # (pivot - i) mod n for pivot and i in [0, n)
       partner = pivot - i
       partner = tf.where(partner < 0, partner + n, partner)
     else:
       partner = (pivot - i) % n
-    swap = tf.bitwise.bitwise_and(_mix(_mix(seed + r * 0x85EBCA6B) + tf.maximum(i, partner)), 1)
+    swap = tf.bitwise.bitwise_and(
+      stateless.mix32(stateless.mix32(seed + r * 0x85EBCA6B) + tf.maximum(i, partner)), 1
+    )
     return r + 1, tf.where(swap > 0, partner, i)
 
   # A loop, not unrolled: a twelfth of the graph to trace and compile in every round
@@ -166,8 +157,8 @@ def plan(
   n = tf.convert_to_tensor(counts, tf.int32)
   order_seed = tf.zeros_like(n, tf.int64)
   if shuffle:
-    order_seed = _mix(
-      _mix(tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64))
+    order_seed = stateless.mix32(
+      stateless.mix32(tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(round_num, tf.int64))
       + tf.cast(keys, tf.int64)
     ) + tf.zeros_like(n, tf.int64)
   if steps is not None:
@@ -203,7 +194,7 @@ def positions(
   p = first + tf.range(size)
   if seed is None:
     return p % n
-  epoch_seed = _mix(tf.cast(seed, tf.int64) + tf.cast(p // n, tf.int64) * 0x2545F491)
+  epoch_seed = stateless.mix32(tf.cast(seed, tf.int64) + tf.cast(p // n, tf.int64) * 0x2545F491)
   return tf.cast(shuffle_index(p % n, n, epoch_seed, compiled=compiled), tf.int32)
 
 

@@ -30,14 +30,8 @@ import math
 
 import tensorflow as tf
 
+from tff_comp.ops import stateless
 from tff_comp.ops.aggregators import base
-
-
-def _uniform(seeds: tf.Tensor, d: tf.Tensor | int) -> tf.Tensor:
-  """[m, d] uniform draws in [0, 1), row i from `seeds[i]`."""
-  return tf.map_fn(
-    lambda seed: tf.random.stateless_uniform([d], seed), seeds, fn_output_signature=tf.float32
-  )
 
 
 def _index_bits(d: int) -> float:
@@ -108,7 +102,7 @@ class Quantize(base.Stage):
     levels = float(2**self.bits - 1)
     t = tf.math.divide_no_nan(x - lo, span) * levels
     low = tf.floor(t)
-    q = low + tf.cast(_uniform(seeds, tf.shape(x)[1]) < t - low, tf.float32)
+    q = low + tf.cast(stateless.row_uniform(seeds, tf.shape(x)[1]) < t - low, tf.float32)
     return base.Encoded(lo + q * span / levels, weights, rows, {})
 
   def upload_bits(self, d, bits):
@@ -130,7 +124,7 @@ class QSGD(base.Stage):
     norm = tf.norm(x, axis=1, keepdims=True)
     t = tf.math.divide_no_nan(tf.abs(x), norm) * self.levels
     low = tf.floor(t)
-    xi = low + tf.cast(_uniform(seeds, tf.shape(x)[1]) < t - low, tf.float32)
+    xi = low + tf.cast(stateless.row_uniform(seeds, tf.shape(x)[1]) < t - low, tf.float32)
     return base.Encoded(norm * tf.sign(x) * xi / self.levels, weights, rows, {})
 
   def upload_bits(self, d, bits):
@@ -191,7 +185,7 @@ class RandK(_Sparsify):
     return {'unbiased': self.unbiased}
 
   def encode(self, state, x, weights, rows, seeds):
-    kept = _keep(x, _uniform(seeds, tf.shape(x)[1]), self.k)
+    kept = _keep(x, stateless.row_uniform(seeds, tf.shape(x)[1]), self.k)
     if self.unbiased:
       kept *= self.d / self.k
     return base.Encoded(kept, weights, rows, {})
