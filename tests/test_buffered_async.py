@@ -36,12 +36,19 @@ def _run(tmp_path, name, **settings):
   return prepared, final
 
 
-@pytest.mark.parametrize('algorithm', ['fedavg', 'feddualavg'])
+# A chain with state (the rotation's seed, advanced each step) and draws (4-bit
+# stochastic rounding, seeded by step and client).
+ROTATE_QUANTIZE = dict(compression='quantize', quantize_bits=4, hadamard_rotation=True)
+
+
+@pytest.mark.parametrize(
+  'algorithm,chain', [('fedavg', {}), ('feddualavg', {}), ('fedavg', ROTATE_QUANTIZE)]
+)
 def test_with_concurrency_equal_to_the_buffer_and_equal_times_it_is_synchronous(
-  tmp_path, algorithm
+  tmp_path, algorithm, chain
 ):
   # LASSO with shuffling: each client's batches depend on its start version's round.
-  common = dict(algorithm=algorithm, task='lasso', rounds=5, shuffle=True, seed=2)
+  common = dict(algorithm=algorithm, task='lasso', rounds=5, shuffle=True, seed=2, **chain)
   _, sync = _run(tmp_path, 'sync', clients_per_round=3, **common)
   _, buffered = _run(
     tmp_path, 'async', mode='async', concurrency=3, buffer_size=3, staleness='poly', **common
@@ -65,11 +72,15 @@ def _reference(
   eta_s,
   staleness,
   max_staleness,
+  client_weights,
+  combine=lambda w, rows: w @ rows / w.sum(),
 ):
   """FedBuff on F_i(x) = 0.5 ||x - e_i||^2, written from the paper's Algorithm 1 (with
   ties at one instant all received before replacements start): a list of clients in
   flight scanned for the earliest arrival, each client's update in closed form (n_i
-  steps of size eta at batch 1: Delta = (1 - (1 - eta)^n_i) (e_i - x))."""
+  steps of size eta at batch 1: Delta = (1 - (1 - eta)^n_i) (e_i - x)); the buffer's
+  staleness-weighted updates combined by `combine(weights, rows)`, weights from
+  `client_weights`."""
   x, version, now = np.zeros(len(next(iter(centers.values())))), 0, 0.0
   stream, block, seq = [], 0, 0
   flight = []  # [arrival time, seq, client, model it started from, its version]
@@ -97,11 +108,11 @@ def _reference(
         continue
       weight = 1.0 if staleness == 'constant' else 1 / np.sqrt(1 + tau)
       delta = (1 - (1 - eta) ** counts[client]) * (centers[client] - start)
-      buffer.append((counts[client], weight * delta))
+      buffer.append((client_weights[client], weight * delta))
       kept_staleness.append(tau)
       if len(buffer) == buffer_size:
-        total = sum(w for w, _ in buffer)
-        x = x + eta_s * sum(w * d for w, d in buffer) / total
+        weights, rows = (np.array(part, np.float64) for part in zip(*buffer))
+        x = x + eta_s * combine(weights, rows)
         buffer, version = [], version + 1
         steps_seen.append((now, kept_staleness[-buffer_size:]))
     for _ in arrived:
@@ -109,28 +120,58 @@ def _reference(
   return x, kept_staleness, steps_seen[:steps]
 
 
+def _clipped_mean(norm):
+  def combine(weights, rows):
+    lengths = np.linalg.norm(rows, axis=1, keepdims=True)
+    return weights @ (rows * np.minimum(1.0, norm / np.maximum(lengths, 1e-30))) / weights.sum()
+
+  return combine
+
+
+# Aggregator chains over each step's arrivals: settings and the NumPy combine.
+CHAINS = {
+  'mean': ({}, None),
+  'median': (
+    dict(aggregator='median', client_weighting='uniform', buffer_size=3),
+    lambda weights, rows: np.median(rows, axis=0),
+  ),
+  'clip': (dict(aggregator='clip', clip_norm=0.05), _clipped_mean(0.05)),
+}
+
+
 @pytest.mark.parametrize(
-  'staleness,max_staleness,devices',
+  'staleness,max_staleness,devices,chain',
   [
-    ('poly', None, True),
-    ('constant', 2, True),
+    ('poly', None, True, 'mean'),
+    ('constant', 2, True, 'mean'),
     # Equal times: two steps at each instant, the second with no client started
     # between them (the loop runs it all the same).
-    ('poly', None, False),
+    ('poly', None, False, 'mean'),
+    ('poly', None, True, 'median'),
+    ('poly', 2, True, 'clip'),
   ],
 )
-def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_staleness, devices):
+def test_equals_a_numpy_event_simulation_of_fedbuff(
+  tmp_path, staleness, max_staleness, devices, chain
+):
+  chain_settings, combine = CHAINS[chain]
   settings = dict(
-    rounds=50,
-    mode='async',
-    concurrency=4,
-    buffer_size=2,
-    staleness=staleness,
-    max_staleness=max_staleness,
-    client_learning_rate=0.05,
-    seed=3,
-    **(dict(device_model='lognormal', device_speed=5.0, device_speed_sigma=1.0) if devices else {}),
+    dict(
+      rounds=50,
+      mode='async',
+      concurrency=4,
+      buffer_size=2,
+      staleness=staleness,
+      max_staleness=max_staleness,
+      client_learning_rate=0.05,
+      seed=3,
+      **(
+        dict(device_model='lognormal', device_speed=5.0, device_speed_sigma=1.0) if devices else {}
+      ),
+    ),
+    **chain_settings,
   )
+  buffer_size = settings['buffer_size']
   prepared, buffered = _run(tmp_path, f'async-{staleness}', **settings)
   data = prepared.task.train_data
   ids = list(data.client_ids)
@@ -142,19 +183,25 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_sta
   clock = devices_lib.clock_for(
     config.devices, data, experiment.build_runner(prepared).algorithm, config.seed
   )
-  draws = sampling.ClientSampler(ids, 2, config.seed)
+  draws = sampling.ClientSampler(ids, buffer_size, config.seed)
+  if settings.get('client_weighting') == 'uniform':
+    counts_weights = dict.fromkeys(ids, 1)
+  else:
+    counts_weights = counts
   want, kept, steps_seen = _reference(
     centers,
     counts,
     {c: clock.seconds(c) if clock else 1.0 for c in ids},
     lambda r: draws.sample(r).sampled,
     concurrency=4,
-    buffer_size=2,
+    buffer_size=buffer_size,
     steps=50,
     eta=0.05,
     eta_s=1.0,
     staleness=staleness,
     max_staleness=max_staleness,
+    client_weights=counts_weights,
+    **({} if combine is None else {'combine': combine}),
   )
   np.testing.assert_allclose(buffered.weights[0], want, rtol=1e-5, atol=1e-6)
   # The run was asynchronous: stale updates arrived (and, with a cut, some dropped).
@@ -173,6 +220,8 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_sta
   assert [r['train/async/staleness_max'] for r in buffered.rows] == [max(s) for _, s in steps_seen]
   if devices:  # steps whose max is not their mean
     assert any(max(s) > np.mean(s) for _, s in steps_seen)
+  if chain == 'clip':  # the clip was active
+    assert sum(r['train/aggregator/clipped_count'] for r in buffered.rows) > 0
 
 
 @pytest.mark.parametrize(
@@ -185,6 +234,14 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(tmp_path, staleness, max_sta
     (dict(algorithm='fedavg', runtime='tff'), 'in-process runtime'),
     (dict(algorithm='fedavg', ray_address='local'), 'in-process runtime.*not ray'),
     (dict(algorithm='fedavg', concurrency=7), 'may not exceed the task.s 6 clients'),
+    (
+      dict(algorithm='fedavg', aggregator='dp', noise_multiplier=1.0, clip_norm=1.0),
+      "DP's accounting",
+    ),
+    (
+      dict(algorithm='fedavg', compression='top_k', error_feedback='ef'),
+      'error feedback keeps a residual per client',
+    ),
   ],
 )
 def test_what_async_cannot_run_is_refused_in_one_line(tmp_path, monkeypatch, settings, match):
@@ -199,8 +256,10 @@ def test_what_async_cannot_run_is_refused_in_one_line(tmp_path, monkeypatch, set
     experiment.build_runner(prepared)
 
 
-def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize('chain', [{}, ROTATE_QUANTIZE])
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, chain):
   settings = dict(
+    **chain,
     mode='async',
     concurrency=5,
     buffer_size=2,

@@ -28,11 +28,17 @@ begins (`BufferedAsyncRuntime`); their updates wait for their arrival (at most C
 them held, in host memory).
 
 Algorithms: those whose clients send a model delta averaged by the weighted mean with
-no per-client server state, no round-wide reference and no private aggregator
-(`why_not`); others are refused in one line. Every field of an arrival's update is
-weighted by s (FedDualAvg's step-size sum with its dual delta). The updates in flight
-are the aggregator's state (`InFlight`), so checkpoints hold them and `--resume`
-continues exactly.
+no per-client server state and no round-wide reference (`why_not`); others are
+refused in one line. Every field of an arrival's update is weighted by s (FedDualAvg's
+step-size sum with its dual delta). An aggregator chain (`ops.aggregators`: clipping,
+zeroing, compression, a secure sum, a robust combiner, attackers) takes the model part
+of the step's arrivals in place of the weighted mean, each arrival weighted by s before
+its encoding: a client learns its staleness when it uploads and scales its update
+itself, as a secure sum needs (the server sees only the buffer's total). Refused: DP
+noise (its accounting counts sampled rounds) and error feedback (a client in flight
+twice would overwrite its residual). The updates in flight and the chain's state are
+the aggregator's state (`InFlight`), so checkpoints hold them and `--resume` continues
+exactly.
 """
 
 from collections.abc import Callable, Sequence
@@ -207,10 +213,17 @@ def why_not(algorithm) -> str:
   rule = algorithm.client_rule
   if algorithm.aggregation != aggregation.MEAN:
     return f'its updates are aggregated as {algorithm.aggregation.name}, not a weighted mean'
-  if algorithm.model_aggregator is not None:
+  chain = algorithm.model_chain
+  if algorithm.model_aggregator is not None and chain is None:
+    return "its model aggregator is a TFF factory, which runs on TFF's runtime"
+  if chain is not None and any(getattr(s, 'private', False) for s in chain.stages):
     return (
-      'a model aggregator (clipping, DP, a robust combiner, compression) runs on'
-      ' synchronous rounds (--mode=sync) so far'
+      "DP's accounting counts sampled rounds, and a buffer's arrivals are not one"
+      ' (clip without noise: --aggregator=clip)'
+    )
+  if chain is not None and chain.row_size:
+    return (
+      'error feedback keeps a residual per client, which a client in flight twice would overwrite'
     )
   if rule.uses_client_index or algorithm.server_rule.keeps_personal_models:
     return 'it keeps per-client state on the server'
@@ -223,10 +236,12 @@ class InFlight(NamedTuple):
   """The buffered aggregator's state: the updates computed and not yet arrived, as
   rows of fixed shape (at most C: `concurrency`), so a checkpoint holds them and a
   resumed run continues exactly. `seq`: each row's dispatch number (-1: empty);
-  `outputs`: the clients' `ClientOutput`s stacked."""
+  `outputs`: the clients' `ClientOutput`s stacked; `chain`: the driver's aggregator
+  state (an aggregator chain's: an adaptive clip norm, a rotation's seed; () without)."""
 
   seq: np.ndarray
   outputs: Any
+  chain: Any
 
 
 class BufferedAsyncRuntime:
@@ -274,8 +289,9 @@ class BufferedAsyncRuntime:
         tf.nest.map_structure(
           lambda a: np.zeros((self.options.concurrency, *a.shape[1:]), a.dtype), one
         ),
+        (),
       )
-    return self._with_flight(state, self._empty)
+    return self._with_flight(state, self._empty._replace(chain=state.aggregator))
 
   def _with_flight(self, state: base.State, flight: InFlight) -> base.State:
     return learning_state.assemble(
@@ -349,7 +365,7 @@ class BufferedAsyncRuntime:
       )
     )
     indices = [self._driver.population_index[a.client] for a in plan.arrivals]
-    weights, server, _, metrics = self._host(outputs, state, (), None, indices)
+    weights, server, chain, metrics = self._host(outputs, state, flight.chain, None, indices)
     work_state = type(state.client_work)(state.client_work.hparams, state.client_work.round + 1)
     metrics = self._driver.stages.unpack_metrics(metrics)
     staleness = np.array(plan.staleness, np.float64)
@@ -360,11 +376,13 @@ class BufferedAsyncRuntime:
       staleness_max=float(staleness.max()),
     )
     return base.RoundOutput(
-      learning_state.assemble(weights, work_state, server, self._pack(waiting, flight)), metrics
+      learning_state.assemble(weights, work_state, server, self._pack(waiting, flight, chain)),
+      metrics,
     )
 
-  def _pack(self, waiting: dict[int, Any], like: InFlight) -> InFlight:
-    """`waiting` in `InFlight`'s fixed rows (`like`'s shapes)."""
+  def _pack(self, waiting: dict[int, Any], like: InFlight, chain: Any) -> InFlight:
+    """`waiting` in `InFlight`'s fixed rows (`like`'s shapes), with the aggregator
+    state `chain`."""
     seqs = sorted(waiting)
     if len(seqs) > len(like.seq):
       raise AssertionError(f'{len(seqs)} updates in flight exceed the concurrency')
@@ -374,7 +392,7 @@ class BufferedAsyncRuntime:
     for i, key in enumerate(seqs):
       for row, value in zip(tf.nest.flatten(outputs), tf.nest.flatten(waiting[key])):
         row[i] = value
-    return InFlight(seq, outputs)
+    return InFlight(seq, outputs, chain)
 
 
 class AsyncSampler:
