@@ -342,6 +342,7 @@ ATTACKS = {
   'robust_none': {},
   'robust_sign_flip_10': dict(attack='sign_flip', attack_fraction=0.1),
   'robust_sign_flip_20': dict(attack='sign_flip', attack_fraction=0.2),
+  'robust_alie_10': dict(attack='alie', attack_fraction=0.1),
   'robust_alie_20': dict(attack='alie', attack_fraction=0.2),
   # A large attack: updates of N(0, 10^2) per coordinate, which the mean cannot absorb.
   'robust_gaussian_20': dict(attack='gaussian', attack_fraction=0.2, attack_scale=10.0),
