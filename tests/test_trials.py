@@ -519,3 +519,98 @@ def test_trials_share_a_build_only_where_one_build_runs_them_all():
   private = dict(aggregator='dp', clip_norm=1.0, noise_multiplier=0.5)
   assert key(sampling='uniform', **private) != key(sampling='poisson', **private)
   assert key(rounds=5, **private) != key(rounds=6, **private)
+
+
+@pytest.mark.parametrize(
+  'aggregator', [dict(aggregator='clip'), dict(aggregator='dp', noise_multiplier=0.3)]
+)
+def test_trials_of_their_own_clip_norm_share_a_build_and_equal_their_runs(tmp_path, aggregator):
+  """--clip_norm sets only where a Clip stage's state starts: trials differing in it
+  (and in seed) run as one program, batched or one by one, each its separate run."""
+
+  def grid(root):
+    return [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm='fedavg',
+          task='quadratic',
+          rounds=4,
+          clients_per_round=3,
+          eval_period=2,
+          seed=seed,
+          engine='mapped',
+          clip_norm=clip,
+          output_dir=str(root / f'trial_{seed}'),
+          **aggregator,
+        )
+      )
+      for seed, clip in ((1, 0.05), (2, 0.5), (3, 5.0))
+    ]
+
+  assert len(trials.groups(grid(tmp_path))) == 1
+  said = []
+  batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
+  assert 'fedavg on quadratic: 3 trials batched into one program' in said[0], said
+  separate = [_alone(trial) for trial in grid(tmp_path / 'separate')]
+  assert batched == separate
+  assert trials.run_trials(grid(tmp_path / 'one_by_one'), batch=False, say=said.append) == separate
+  clipped = []
+  for seed in (1, 2, 3):
+    (rows, model), (want_rows, want_model) = (
+      _files(tmp_path / kind / f'trial_{seed}') for kind in ('batched', 'separate')
+    )
+    assert rows == want_rows
+    for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
+      np.testing.assert_array_equal(a, b)
+    assert _files(tmp_path / 'one_by_one' / f'trial_{seed}')[0] == want_rows
+    columns, table, _ = run_files.whole_rows(tmp_path / 'batched' / f'trial_{seed}' / 'metrics.csv')
+    clipped.append(float(table[-1]['train/aggregator/clipped_count']))
+  assert clipped[0] > clipped[2]  # the trials' clips differed
+
+
+def test_trials_run_one_by_one_each_shuffle_with_their_own_seed(tmp_path):
+  """A build's compiled round holds its seed (shuffling, epoch draws, the aggregator's
+  draws): trials of other seeds run one by one on builds of their own (the second
+  trial took the first's shuffling before)."""
+
+  def grid(root):
+    return [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm='fedavg',
+          task='lasso',
+          rounds=3,
+          clients_per_round=3,
+          eval_period=3,
+          seed=seed,
+          shuffle=True,
+          engine='mapped',
+          output_dir=str(root / f'trial_{seed}'),
+        )
+      )
+      for seed in (1, 2)
+    ]
+
+  said = []
+  one_by_one = trials.run_trials(grid(tmp_path / 'one_by_one'), batch=False, say=said.append)
+  assert 'fedavg on lasso: one build per seed (2), whose compiled round' in said[1], said
+  assert one_by_one == [_alone(trial) for trial in grid(tmp_path / 'separate')]
+
+
+def test_a_tff_process_gets_a_build_per_clip_norm(monkeypatch):
+  """A TFF process bakes --clip_norm into its factories: trials differing in it are
+  built apart (an Algorithm starts each from its own, `_own_start`)."""
+  prepared = [
+    experiment.prepare(
+      ExperimentConfig.of(
+        algorithm='fedavg', task='quadratic', aggregator='clip', clip_norm=c, seed=s, rounds=2
+      )
+    )
+    for s, c in ((1, 0.5), (2, 1.0), (3, 0.5))
+  ]
+  builds = []
+  monkeypatch.setattr(trials, '_build', lambda members, ps: builds.append(members) or members)
+  process = trials._Program([10, 11, 12], prepared, experiment.Runner(None, None, 'a process'))
+  assert trials._by_chain_start(process) == [[10, 12], [11]] == builds
+  algorithm = process._replace(runner=process.runner.__class__(None, None, '', algorithm=object()))
+  assert trials._by_chain_start(algorithm) == [algorithm]

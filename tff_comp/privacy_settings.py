@@ -55,6 +55,7 @@ class PrivacyOptions:
     None,
     'L2 norm client updates are clipped to (clip, dp; dp_adaptive: the initial'
     f' clip, default {DEFAULT_ADAPTIVE_CLIP}).',
+    per_trial=True,
   )
   noise_multiplier: float | None = settings.setting(
     None,

@@ -7,16 +7,17 @@ rounds, participation) and the client rule's hyperparameters set through its hpa
 (`client_hparams`, by the rule's names: FedProx's `proximal_strength`), as
 `experiment.train_runner` takes them. Trials whose configurations agree but for the
 learning rates, `seed` and `data_seed`, rounds, evaluation period, cohort and
-participation, output directory and resume flags, and whose hparams differ, form a
+participation, output directory and resume flags, `--clip_norm` (where the aggregator
+chain starts: `_own_start`), and whose hparams differ, form a
 group (with `--engine=auto`, of one rounds and cohort size, by which their separate
 runs choose the engine; private trials: of one participation too, which calibrates
 their noise). A group runs as one program on the in-process runtime; trials of different
 data seeds share it on their tasks' clients together, each sampling, indexing and
 evaluating its own, when the tasks' data agree in shape and fit in memory (else one
 program per data seed). TFF's runtime, streamed data, the debug engine and
-asynchronous steps (`--mode=async`) run a group's trials one after another. Each says
-how in one line. Each trial writes what its separate run writes, and equals it to the
-bit.
+asynchronous steps (`--mode=async`) run a group's trials one after another, one build
+per seed (`_runner_per_seed`). Each says how in one line. Each trial writes what its
+separate run writes, and equals it to the bit.
 """
 
 from collections.abc import Sequence
@@ -41,6 +42,11 @@ from tff_comp.runtime import base, inprocess_trials, learning_state, streaming
 # calibrated to the rounds, the cohort and the sampling): private trials share a build
 # only when they agree.
 _CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
+# Per-trial settings that only set where the aggregator chain starts (`--clip_norm`: a
+# Clip stage's state is its bound): trials differing in them share a build, each run
+# starting from its own chain's state (`_own_start`). TFF's runtime bakes them into its
+# factories, so there they stay in the group key.
+_CHAIN_START = ('privacy.clip_norm',)
 # MB a batched group's trials may take together (`trial_bytes`); larger groups run in
 # chunks.
 DEFAULT_MEMORY_BUDGET = 4096.0
@@ -69,6 +75,8 @@ def group_key(trial: Trial) -> str:
   by_length = trial.config.runtime_options['inprocess'].engine == 'auto'
   for name in (*run_config.declared('per_trial'), 'data_seed'):
     if by_length and name in ('rounds', 'clients_per_round'):
+      continue
+    if name in _CHAIN_START and trial.config.runtime == 'tff':
       continue
     if not (private and name.split('.')[0] in _CALIBRATE_PRIVACY):
       *records, field = name.split('.')
@@ -197,7 +205,33 @@ def _programs(
       parts = list(by_seed.values())
   elif len(by_seed) > 1:
     parts = list(by_seed.values())
-  return [_build([members[k] for k in part], [prepared[k] for k in part]) for part in parts]
+  programs = [_build([members[k] for k in part], [prepared[k] for k in part]) for part in parts]
+  return [each for program in programs for each in _by_chain_start(program)]
+
+
+def _by_chain_start(program: _Program) -> list[_Program]:
+  """`program`, where its build starts each trial's aggregator chain from the trial's
+  own settings (`_own_start`: an Algorithm); a TFF process bakes them into its
+  factories, so its trials differing in them get one build per value."""
+  if program.runner.algorithm is not None:
+    return [program]
+  by_start: dict[str, list[int]] = {}
+  for k, p in enumerate(program.prepared):
+    values = [_value(p.config, name) for name in _CHAIN_START]
+    by_start.setdefault(json.dumps(values), []).append(k)
+  if len(by_start) == 1:
+    return [program]
+  return [
+    _build([program.members[k] for k in part], [program.prepared[k] for k in part])
+    for part in by_start.values()
+  ]
+
+
+def _value(config: ExperimentConfig, name: str) -> Any:
+  """The setting `name` (a config.json name: `privacy.clip_norm`) of `config`."""
+  for part in name.split('.'):
+    config = getattr(config, part)
+  return config
 
 
 def _label(prepared: experiment.Prepared) -> str:
@@ -291,8 +325,9 @@ def _run_program(
   why = _why_not_batched(runner, size, batch)
   if why:
     say(f'{label}: {size} trial(s) one after another ({why}).')
+    runners = _runner_per_seed(program, say)
     for i, p in zip(program.members, program.prepared):
-      results[i] = _train(p, _own_schedule(runner, p), trials[i])
+      results[i] = _train(p, _own_schedule(runners[p.config.seed], p), trials[i])
       if isinstance(results[i], KeyboardInterrupt):
         raise results[i]
     return
@@ -332,7 +367,12 @@ def _run_batched(
   threads = []
   for t, k in enumerate(part):
     i, p = program.members[k], program.prepared[k]
-    member = group.member(t, None if program.initial is None else program.initial[k])
+    member = group.member(
+      t,
+      _own_start(program.runner, p, program.runner.runtime)
+      if program.initial is None
+      else program.initial[k],
+    )
     trial_runner = experiment.runner_on(p, member, member.description, program.runner.algorithm)
     trial_runner = dataclasses.replace(
       trial_runner,
@@ -390,19 +430,88 @@ def _holding(lock: threading.Lock, fn: Any) -> Any:
   return held
 
 
+def _runner_per_seed(program: _Program, say: Any) -> dict[int, experiment.Runner]:
+  """{seed: the runner of the program's trials of that seed, run one by one}. A build's
+  compiled round holds its run's seed (clients' shuffling and epoch draws, the
+  aggregator's draws and noise): trials of another seed get a build of their own, on
+  their own task's data (said in one line)."""
+  counts: dict[int, int] = {}
+  for p in program.prepared:
+    counts[p.config.seed] = counts.get(p.config.seed, 0) + 1
+  first = program.prepared[0]
+  runners = {first.config.seed: program.runner}
+  if program.clients is not None:  # built on several tasks' clients: each its own
+    runners = {}
+  for p in program.prepared:
+    if p.config.seed not in runners:
+      runners[p.config.seed] = experiment.build_runner(p, counts[p.config.seed])
+  if len(counts) > 1:
+    say(
+      f'{_label(first)}: one build per seed ({len(counts)}), whose compiled round holds'
+      ' the seed of its draws.'
+    )
+  return runners
+
+
 def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared) -> experiment.Runner:
-  """`runner` for `prepared`'s trial: an async run's schedule is its seed's (the build
-  shared)."""
-  if prepared.config.asynchrony.mode != 'async':
-    return runner
-  # The trial's own sampling and async settings (they may differ from the build's).
-  buffered_async.check(prepared.config, prepared.task.train_data, runner.algorithm)
+  """`runner` for `prepared`'s trial run alone: an async run's schedule is its seed's
+  (the build shared), and it starts from its own aggregator chain's state."""
+  runtime = runner.runtime
+  if prepared.config.asynchrony.mode == 'async':
+    # The trial's own sampling and async settings (they may differ from the build's).
+    buffered_async.check(prepared.config, prepared.task.train_data, runner.algorithm)
+    runtime = buffered_async.for_run(
+      prepared.config, runtime.driver, prepared.task.train_data, runner.algorithm
+    )
+  start = _own_start(runner, prepared, runtime)
   return dataclasses.replace(
-    runner,
-    runtime=buffered_async.for_run(
-      prepared.config, runner.runtime.driver, prepared.task.train_data, runner.algorithm
-    ),
+    runner, runtime=runtime if start is None else _StartingAt(runtime, start)
   )
+
+
+def _own_start(
+  runner: experiment.Runner, prepared: experiment.Prepared, runtime: base.Runtime
+) -> base.State | None:
+  """Where `prepared`'s trial starts on `runtime` (of the build `runner`) when its
+  aggregator chain starts elsewhere than the build's (`_CHAIN_START`): the runtime's
+  initial state holding the trial's own chain state; None when they agree."""
+  built = None if runner.algorithm is None else runner.algorithm.model_chain
+  if built is None:
+    return None
+  try:
+    own = prepared.build().model_chain.initial_state()
+  except ValueError as e:
+    raise experiment.ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
+  leaves = zip(tf.nest.flatten(own), tf.nest.flatten(built.initial_state()), strict=True)
+  if all(np.array_equal(a, b) for a, b in leaves):
+    return None
+  state = runtime.initialize()
+  held = state.aggregator  # the in-process runtimes' and Ray's; async's in flight
+  inner = held.chain if isinstance(held, buffered_async.InFlight) else held
+  if not isinstance(inner, learning_state.AggregatorState):
+    raise experiment.ConfigError(
+      f'{runtime.description}: trials differing in {", ".join(_CHAIN_START)} share'
+      ' a build on the in-process runtimes and Ray only.'
+    )
+  inner = inner._replace(chain=own)
+  held = held._replace(chain=inner) if isinstance(held, buffered_async.InFlight) else inner
+  return learning_state.assemble(
+    state.global_model_weights, state.client_work, state.finalizer, held
+  )
+
+
+class _StartingAt:
+  """`runtime` whose runs start from `initial` (a trial's own aggregator start); all
+  else is `runtime`'s."""
+
+  def __init__(self, runtime: base.Runtime, initial: base.State):
+    self._runtime, self._initial = runtime, initial
+
+  def initialize(self) -> base.State:
+    return self._initial
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._runtime, name)
 
 
 def _why_not_batched(runner: experiment.Runner, size: int, batch: bool) -> str:
