@@ -16,11 +16,11 @@ data seeds share it on their tasks' clients together, each sampling, indexing an
 evaluating its own, when the tasks' data agree in shape and fit in memory (else one
 program per data seed). TFF's runtime, streamed data, the debug engine and
 asynchronous steps (`--mode=async`) run a group's trials one after another, one build
-per seed (`_runner_per_seed`). Each says how in one line. Each trial writes what its
+per seed (`_one_build_per_seed`). Each says how in one line. Each trial writes what its
 separate run writes, and equals it to the bit.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 import dataclasses
 import json
 import threading
@@ -325,9 +325,8 @@ def _run_program(
   why = _why_not_batched(runner, size, batch)
   if why:
     say(f'{label}: {size} trial(s) one after another ({why}).')
-    runners = _runner_per_seed(program, say)
-    for i, p in zip(program.members, program.prepared):
-      results[i] = _train(p, _own_schedule(runners[p.config.seed], p), trials[i])
+    for i, p, seed_runner in _one_build_per_seed(program, say):
+      results[i] = _train(p, _own_schedule(seed_runner, p), trials[i])
       if isinstance(results[i], KeyboardInterrupt):
         raise results[i]
     return
@@ -430,27 +429,29 @@ def _holding(lock: threading.Lock, fn: Any) -> Any:
   return held
 
 
-def _runner_per_seed(program: _Program, say: Any) -> dict[int, experiment.Runner]:
-  """{seed: the runner of the program's trials of that seed, run one by one}. A build's
-  compiled round holds its run's seed (clients' shuffling and epoch draws, the
-  aggregator's draws and noise): trials of another seed get a build of their own, on
-  their own task's data (said in one line)."""
-  counts: dict[int, int] = {}
-  for p in program.prepared:
-    counts[p.config.seed] = counts.get(p.config.seed, 0) + 1
+def _one_build_per_seed(
+  program: _Program, say: Any
+) -> Iterator[tuple[int, experiment.Prepared, experiment.Runner]]:
+  """(trial index, its prepared run, its runner) for the program's trials run one by one,
+  a seed's trials together. A build's compiled round holds its run's seed (clients'
+  shuffling and epoch draws, the aggregator's draws and noise): each seed gets a build
+  of its own, on its own task's data, the one before it released (said in one line)."""
+  by_seed: dict[int, list[int]] = {}
+  for k, p in enumerate(program.prepared):
+    by_seed.setdefault(p.config.seed, []).append(k)
   first = program.prepared[0]
-  runners = {first.config.seed: program.runner}
-  if program.clients is not None:  # built on several tasks' clients: each its own
-    runners = {}
-  for p in program.prepared:
-    if p.config.seed not in runners:
-      runners[p.config.seed] = experiment.build_runner(p, counts[p.config.seed])
-  if len(counts) > 1:
+  if len(by_seed) > 1:
     say(
-      f'{_label(first)}: one build per seed ({len(counts)}), whose compiled round holds'
+      f'{_label(first)}: one build per seed ({len(by_seed)}), whose compiled round holds'
       ' the seed of its draws.'
     )
-  return runners
+  for seed, ks in by_seed.items():
+    # The program's build serves its first trial's seed, unless built on several
+    # tasks' clients together.
+    reuse = seed == first.config.seed and program.clients is None
+    runner = program.runner if reuse else experiment.build_runner(program.prepared[ks[0]], len(ks))
+    for k in ks:
+      yield program.members[k], program.prepared[k], runner
 
 
 def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared) -> experiment.Runner:
