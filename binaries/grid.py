@@ -11,6 +11,7 @@ import io
 import multiprocessing
 import os
 import pathlib
+import signal
 import time
 from typing import Any
 
@@ -18,7 +19,7 @@ import tensorflow as tf
 import threadpoolctl
 
 from tff_comp import experiment as experiment_lib
-from tff_comp import registry
+from tff_comp import registry, signals
 from tff_comp import trials as trials_lib
 from tff_comp.binaries import curves as curves_lib
 from tff_comp.binaries import grid_progress, reproductions
@@ -360,12 +361,13 @@ def run_grid(
       with concurrent.futures.ProcessPoolExecutor(
         parallel,
         mp_context=multiprocessing.get_context('spawn'),
-        initializer=_share_cores,
-        initargs=(max(1, resident_data.kernel_threads('CPU') // parallel),),
+        initializer=_grid_process,
+        initargs=(max(1, resident_data.kernel_threads('CPU') // parallel), os.getpid()),
       ) as pool:
-        futures = [pool.submit(run, *a) for a in args]
+        futures = [pool.submit(_unless_stopped, run, *a) for a in args]
         for i, future in enumerate(futures):
           future.add_done_callback(lambda _, i=i: progress.done(i))
+        _forward_signals(futures)
         results = [future.result() for future in futures]
     else:
       with threadpoolctl.threadpool_limits(limits=1, user_api='blas'):
@@ -416,6 +418,47 @@ def _on_cluster(
       done=report,
     )
   ]
+
+
+def _forward_signals(futures: list[concurrent.futures.Future]) -> None:
+  """Waits for the grid's processes; a signal to this process (`kill`: SIGTERM reaches
+  the parent alone, where Ctrl-C reaches them all) goes to each of them, whose running
+  configuration stops at its round's end (`_grid_process` installs the handlers), and the
+  units not started are dropped. Raises KeyboardInterrupt(the signal's name) once they
+  stopped."""
+  forwarded = None
+  while not all(future.done() for future in futures):
+    concurrent.futures.wait(futures, timeout=0.5)
+    name = signals.requested()
+    if name and forwarded is None:
+      forwarded = name
+      for future in futures:
+        future.cancel()
+      for child in multiprocessing.active_children():
+        os.kill(child.pid, getattr(signal, name))
+  if forwarded:
+    raise KeyboardInterrupt(forwarded) from KeyboardInterrupt(forwarded)
+
+
+def _unless_stopped(run, *args) -> Any:
+  """`run(*args)` in a grid's process, unless a signal stopped one of its units before
+  (the process takes the units queued for it after the stop)."""
+  name = signals.received()
+  if name:
+    raise KeyboardInterrupt(name)
+  return run(*args)
+
+
+def _grid_process(threads: int, parent: int) -> None:
+  """A `--parallel` process of the grid: its share of the cores (`_share_cores`), a
+  signal stopping its running configuration at its round's end (`tff_comp.signals`),
+  and SIGTERM when its `parent` dies (a killed grid's processes ran on to their last
+  round)."""
+  signals.install()
+  signals.on_parent_death(signal.SIGTERM)
+  if os.getppid() != parent:  # it died before that was set
+    os.kill(os.getpid(), signal.SIGTERM)
+  _share_cores(threads)
 
 
 def _share_cores(threads: int) -> None:

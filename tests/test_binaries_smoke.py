@@ -5,9 +5,12 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from tff_comp.binaries import grid, reproductions, summary
@@ -396,3 +399,53 @@ def test_bench_workloads_run(repo_root, workload, says):
   out = _bench(repo_root, *workload)
   assert out.returncode == 0, out.stderr[-3000:]
   assert says in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL])
+def test_a_grids_processes_stop_with_it(repo_root, tmp_path, sig):
+  """`kill` (SIGTERM) reaches reproduce.py's parent alone: it forwards the signal to its
+  --parallel processes, whose configurations stop at their round's end, and exits 143
+  with one line; a parent killed outright (SIGKILL) sends them SIGTERM through the
+  kernel. The grid's processes ran on to their last round before, either way."""
+  out_dir = tmp_path / 'g'
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'reproduce.py'),
+      '--experiment=fco_lasso',
+      '--rounds=100000',
+      '--seeds=1',
+      '--parallel=2',
+      '--nobatch_trials',
+      f'--output_dir={out_dir}',
+    ],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=repo_root,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
+  children = []
+  try:
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:  # both processes in their rounds
+      started = [m for m in out_dir.rglob('metrics.csv') if len(m.read_text().splitlines()) > 2]
+      if len({m.relative_to(out_dir).parts[1] for m in started}) >= 2:
+        break
+      time.sleep(1)
+    else:
+      pytest.fail('the grid did not start')
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=300)
+    _, alive = psutil.wait_procs(children, timeout=120)
+  finally:
+    proc.kill()
+    for child in children:
+      if child.is_running():
+        child.kill()
+  assert not alive, alive
+  if sig == signal.SIGTERM:
+    assert proc.returncode == 143, stderr
+    assert 'reproduce.py: terminated (SIGTERM)' in stderr, stderr

@@ -549,7 +549,9 @@ def _ray_run(repo_root, path, rows: int = 3) -> subprocess.Popen:
     stdin=subprocess.DEVNULL,
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
   )
-  deadline, csv = time.monotonic() + 240, path / 'metrics.csv'
+  # A guard against a hang, not a budget: the run's start (a local cluster, an actor
+  # importing TensorFlow) took over 4 minutes at load 11 on 2 cores.
+  deadline, csv = time.monotonic() + 900, path / 'metrics.csv'
   while not csv.exists() or len(csv.read_text().splitlines()) < rows + 2:
     if proc.poll() is not None or time.monotonic() > deadline:
       proc.kill()

@@ -11,13 +11,16 @@ binary installs it before its slow imports.
 
 from collections.abc import Iterator
 import contextlib
+import ctypes
 import os
 import signal
 import sys
 import threading
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h)
 _requested: list[str] = []  # the first signal's name, until `stop_at_round_end` ends
+_received: list[str] = []  # the first signal's name, for the process's life (`received`)
 _starting: list[str] = []  # the program installing at its start, until its run begins
 
 
@@ -35,6 +38,7 @@ def stopped_before_training(program: str, name: str) -> str:
 def _request(signum, frame) -> None:
   del frame
   name = signal.Signals(signum).name
+  _received[:] = _received or [name]
   if not _requested:
     _requested.append(name)
     return
@@ -89,3 +93,17 @@ def requested() -> str | None:
   of the process sees it (the trials of a batched grid each stop at their round's end),
   until `stop_at_round_end` ends."""
   return _requested[0] if _requested else None
+
+
+def received() -> str | None:
+  """The first signal this process took since `install` ('SIGINT', 'SIGTERM'; None if
+  none), kept after its run stopped: a process serving several runs (a grid's) starts
+  no other."""
+  return _received[0] if _received else None
+
+
+def on_parent_death(sig: int) -> None:
+  """Linux: the kernel sends this process `sig` when the thread that started it ends
+  (`PR_SET_PDEATHSIG`, as a child's parent dies by any means); elsewhere nothing."""
+  if sys.platform.startswith('linux'):
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)

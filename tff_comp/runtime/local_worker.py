@@ -22,7 +22,6 @@ run functions, the test configuration) through `install_local_runtime` or
 """
 
 import atexit
-import ctypes
 import os
 import shutil
 import signal
@@ -36,9 +35,10 @@ import grpc
 import portpicker
 import tensorflow_federated as tff
 
+from tff_comp import signals
+
 WORKER_BINARY = os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
 _LOG_ENV = 'TFF_COMP_WORKER_LOG'
-_PR_SET_PDEATHSIG = 1
 _SETPRIV = shutil.which('setpriv') if sys.platform.startswith('linux') else None
 _MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 CHANNEL_OPTIONS = [
@@ -74,9 +74,7 @@ def execution_context(stub_fn, context_class):
 
 def _die_with_parent() -> None:
   """Runs in the child between fork and exec: SIGKILL it when the parent dies."""
-  if sys.platform.startswith('linux'):
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  signals.on_parent_death(signal.SIGKILL)
 
 
 def spawn_worker(port: int, max_concurrent_computation_calls: int = -1) -> subprocess.Popen:
