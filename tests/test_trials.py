@@ -568,6 +568,131 @@ def test_trials_of_their_own_clip_norm_share_a_build_and_equal_their_runs(tmp_pa
   assert clipped[0] > clipped[2]  # the trials' clips differed
 
 
+@pytest.mark.parametrize(
+  'shared, own',
+  [
+    (
+      dict(aggregator='trimmed_mean', attack='scaled'),
+      [
+        dict(trim_fraction=0.0, attack_fraction=0.2, attack_scale=2.0),
+        dict(trim_fraction=0.2, attack_fraction=0.4, attack_scale=2.0),
+        dict(trim_fraction=0.4, attack_fraction=0.4, attack_scale=5.0),
+      ],
+    ),
+    (dict(aggregator='multi_krum'), [dict(byzantine_clients=f) for f in (0, 1, 2)]),
+    (dict(aggregator='centered_clip'), [dict(centered_clip_tau=t) for t in (0.01, 0.1, 1.0)]),
+  ],
+  ids=['trimmed_mean_attacked', 'multi_krum', 'centered_clip'],
+)
+def test_trials_of_their_own_aggregator_settings_share_a_build_and_equal_their_runs(
+  tmp_path, shared, own
+):
+  """A trimmed mean's fraction, Krum's f (and Multi-Krum's m - f rows), centered
+  clipping's radius and the attackers' fraction and scale are their stages' states:
+  trials differing in them run as one program, each its separate run."""
+
+  def grid(root):
+    return [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm='fedavg',
+          task='quadratic',
+          rounds=3,
+          clients_per_round=5,
+          eval_period=3,
+          seed=1,
+          engine='mapped',
+          output_dir=str(root / f'trial_{k}'),
+          **shared,
+          **settings,
+        )
+      )
+      for k, settings in enumerate(own)
+    ]
+
+  assert len(trials.groups(grid(tmp_path))) == 1
+  said = []
+  batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
+  assert 'fedavg on quadratic: 3 trials batched into one program' in said[0], said
+  assert batched == [_alone(trial) for trial in grid(tmp_path / 'separate')]
+  models = []
+  for k in range(3):
+    (rows, model), (want_rows, want_model) = (
+      _files(tmp_path / kind / f'trial_{k}') for kind in ('batched', 'separate')
+    )
+    assert rows == want_rows
+    for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
+      np.testing.assert_array_equal(a, b)
+    models.append(np.concatenate([np.ravel(a) for a in tf.nest.flatten(model)]))
+  # One seed: the trials differ by their settings alone.
+  assert not np.array_equal(models[0], models[1]) and not np.array_equal(models[1], models[2])
+
+
+def test_trials_on_several_data_seeds_start_from_their_own_chains():
+  """A program over several tasks' clients starts each trial from its own task's model
+  and its own chain (two trials of one task took the first's clip before)."""
+  prepared = trials._prepare(
+    [
+      ExperimentConfig.of(
+        algorithm='fedavg',
+        task='sinewave',
+        aggregator='clip',
+        clip_norm=clip,
+        seed=seed,
+        data_seed=None,
+        rounds=2,
+        engine='mapped',
+      )
+      for seed, clip in ((1, 0.5), (2, 0.5), (1, 2.0))
+    ]
+  )
+  program = trials._build([0, 1, 2], prepared)
+  clips = [float(state.aggregator.chain.stages[0]) for state in program.initial]
+  assert clips == [0.5, 0.5, 2.0]
+  models = [tf.nest.flatten(state.global_model_weights)[0] for state in program.initial]
+  np.testing.assert_array_equal(models[0], models[2])
+  assert not np.array_equal(models[0], models[1])
+
+
+def test_label_flipping_trials_of_other_fractions_never_share_a_group():
+  """Label flipping poisons the task's data by --attack_fraction: not a chain's state."""
+
+  def key(**settings):
+    config = ExperimentConfig.of(algorithm='fedavg', task='emnist', rounds=2, **settings)
+    return trials.group_key(trials.Trial(config))
+
+  assert key(attack='sign_flip', attack_fraction=0.1) == key(
+    attack='sign_flip', attack_fraction=0.3
+  )
+  assert key(attack='label_flip', attack_fraction=0.1) != key(
+    attack='label_flip', attack_fraction=0.3
+  )
+
+
+def test_trials_whose_chains_differ_beyond_their_states_get_a_build_each(monkeypatch):
+  """A secure sum's modulus is sized to the cohort (a per-trial setting) and is in its
+  program: trials of other cohorts are built apart, the others share a build."""
+  prepared = [
+    experiment.prepare(
+      ExperimentConfig.of(
+        algorithm='fedavg',
+        task='quadratic',
+        secure_aggregation=True,
+        clients_per_round=m,
+        seed=s,
+        rounds=2,
+        engine='mapped',
+      )
+    )
+    for s, m in ((1, 3), (2, 6), (3, 3))
+  ]
+  builds = []
+  monkeypatch.setattr(trials, '_build', lambda members, ps: builds.append(members) or members)
+  runner = experiment.Runner(None, None, '', algorithm=prepared[0].build())
+  program = trials._Program([10, 11, 12], prepared, runner)
+  assert trials._by_chain_start(program) == [[10, 12], [11]] == builds
+
+
 def test_trials_run_one_by_one_each_shuffle_with_their_own_seed(tmp_path):
   """A build's compiled round holds its seed (shuffling, epoch draws, the aggregator's
   draws): trials of other seeds run one by one on builds of their own (the second

@@ -37,6 +37,7 @@ class AggregationOptions:
     lower=0.0,
     upper=0.49,
     applies_when={'aggregator': ('trimmed_mean',)},
+    per_trial=True,
   )
   byzantine_clients: int = settings.setting(
     1,
@@ -46,6 +47,7 @@ class AggregationOptions:
     lower=0,
     upper=settings.MAX_COUNT,
     applies_when={'aggregator': ('krum', 'multi_krum', 'bulyan')},
+    per_trial=True,
   )
   multi_krum_select: int | None = settings.setting(
     None,
@@ -53,6 +55,7 @@ class AggregationOptions:
     lower=1,
     upper=settings.MAX_COUNT,
     applies_when={'aggregator': ('multi_krum',)},
+    per_trial=True,
   )
   geometric_median_iters: int = settings.setting(
     10,
@@ -66,6 +69,7 @@ class AggregationOptions:
     "--aggregator=centered_clip: the radius tau around the previous round's result.",
     above=0.0,
     applies_when={'aggregator': ('centered_clip',)},
+    per_trial=True,
   )
   compression: str = settings.setting(
     'none',
@@ -154,12 +158,14 @@ class AggregationOptions:
     lower=0.0,
     upper=1.0,
     applies_when={'attack': ATTACKS[1:]},
+    per_trial=True,
   )
   attack_scale: float = settings.setting(
     1.0,
     "--attack=scaled/gaussian: the factor or the noise's std.",
     above=0.0,
     applies_when={'attack': ('scaled', 'gaussian')},
+    per_trial=True,
   )
 
   def __post_init__(self):

@@ -7,8 +7,9 @@ rounds, participation) and the client rule's hyperparameters set through its hpa
 (`client_hparams`, by the rule's names: FedProx's `proximal_strength`), as
 `experiment.train_runner` takes them. Trials whose configurations agree but for the
 learning rates, `seed` and `data_seed`, rounds, evaluation period, cohort and
-participation, output directory and resume flags, `--clip_norm` (where the aggregator
-chain starts: `_own_start`), and whose hparams differ, form a
+participation, output directory and resume flags, the aggregator settings its chain's
+states hold (`_CHAIN_START`: each trial starts its chain from its own, `_own_start`),
+and whose hparams differ, form a
 group (with `--engine=auto`, of one rounds and cohort size, by which their separate
 runs choose the engine; private trials: of one participation too, which calibrates
 their noise). A group runs as one program on the in-process runtime; trials of different
@@ -33,7 +34,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import threadpoolctl
 
-from tff_comp import evaluation, experiment, run_config
+from tff_comp import evaluation, experiment, poisoning, run_config
 from tff_comp.run import buffered_async
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base, inprocess_trials, learning_state, streaming
@@ -42,11 +43,21 @@ from tff_comp.runtime import base, inprocess_trials, learning_state, streaming
 # calibrated to the rounds, the cohort and the sampling): private trials share a build
 # only when they agree.
 _CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
-# Per-trial settings that only set where the aggregator chain starts (`--clip_norm`: a
-# Clip stage's state is its bound): trials differing in them share a build, each run
-# starting from its own chain's state (`_own_start`). TFF's runtime bakes them into its
-# factories, so there they stay in the group key.
-_CHAIN_START = ('privacy.clip_norm',)
+# Per-trial settings that only set where the aggregator chain starts (a stage's
+# `in_state`: a Clip's bound, a trimmed mean's fraction, Krum's f, the attackers'
+# fraction): trials differing in them share a build, each run starting from its own
+# chain's state (`_own_start`). TFF's runtime bakes them into its factories, so there
+# they stay in the group key; so does the attackers' fraction of label flipping, which
+# poisons the task's data.
+_CHAIN_START = (
+  'privacy.clip_norm',
+  'aggregation.trim_fraction',
+  'aggregation.byzantine_clients',
+  'aggregation.multi_krum_select',
+  'aggregation.centered_clip_tau',
+  'aggregation.attack_fraction',
+  'aggregation.attack_scale',
+)
 # MB a batched group's trials may take together (`trial_bytes`); larger groups run in
 # chunks.
 DEFAULT_MEMORY_BUDGET = 4096.0
@@ -77,6 +88,8 @@ def group_key(trial: Trial) -> str:
     if by_length and name in ('rounds', 'clients_per_round'):
       continue
     if name in _CHAIN_START and trial.config.runtime == 'tff':
+      continue
+    if name == 'aggregation.attack_fraction' and trial.config.aggregation.attack == poisoning.KIND:
       continue
     if not (private and name.split('.')[0] in _CALIBRATE_PRIVACY):
       *records, field = name.split('.')
@@ -162,16 +175,14 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
     dataclasses.replace(first, task=dataclasses.replace(first.task, train_data=data)),
     len(members),
   )
-  initial = {}
-  for p in prepared:  # each trial from its own task's model (the data seed's)
-    if id(p.task) not in initial:
-      try:
-        algorithm = p.build()
-      except ValueError as e:
-        raise experiment.ConfigError(f'algorithm {p.config.algorithm!r}: {e}') from e
-      initial[id(p.task)] = learning_state.initial_state(
-        algorithm, runner.runtime.device, len(data.client_ids)
+  initial, starts = {}, []
+  for p in prepared:  # each trial from its own task's model (the data seed's) and chain
+    start = (id(p.task), json.dumps([_value(p.config, name) for name in _CHAIN_START]))
+    if start not in initial:
+      initial[start] = learning_state.initial_state(
+        _built(p), runner.runtime.device, len(data.client_ids)
       )
+    starts.append(start)
   return _Program(
     members,
     prepared,
@@ -182,7 +193,7 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
       )
       for p in prepared
     ],
-    [initial[id(p.task)] for p in prepared],
+    [initial[start] for start in starts],
   )
 
 
@@ -211,14 +222,18 @@ def _programs(
 
 def _by_chain_start(program: _Program) -> list[_Program]:
   """`program`, where its build starts each trial's aggregator chain from the trial's
-  own settings (`_own_start`: an Algorithm); a TFF process bakes them into its
-  factories, so its trials differing in them get one build per value."""
-  if program.runner.algorithm is not None:
-    return [program]
+  own state (`_own_start`: an Algorithm, whose trials' chains agree in structure, as
+  `_CHAIN_START` keeps them); trials whose chains differ otherwise (a secure sum's
+  modulus sized to the cohort) get a build per structure, and a TFF process, which
+  bakes its chain into its factories, one per `_CHAIN_START` value."""
   by_start: dict[str, list[int]] = {}
   for k, p in enumerate(program.prepared):
-    values = [_value(p.config, name) for name in _CHAIN_START]
-    by_start.setdefault(json.dumps(values), []).append(k)
+    if program.runner.algorithm is None:
+      key = json.dumps([_value(p.config, name) for name in _CHAIN_START])
+    else:
+      chain = _built(p).model_chain
+      key = '' if chain is None else chain.structure()
+    by_start.setdefault(key, []).append(k)
   if len(by_start) == 1:
     return [program]
   return [
@@ -479,10 +494,7 @@ def _own_start(
   built = None if runner.algorithm is None else runner.algorithm.model_chain
   if built is None:
     return None
-  try:
-    own = prepared.build().model_chain.initial_state()
-  except ValueError as e:
-    raise experiment.ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
+  own = _built(prepared).model_chain.initial_state()
   leaves = zip(tf.nest.flatten(own), tf.nest.flatten(built.initial_state()), strict=True)
   if all(np.array_equal(a, b) for a, b in leaves):
     return None
@@ -499,6 +511,14 @@ def _own_start(
   return learning_state.assemble(
     state.global_model_weights, state.client_work, state.finalizer, held
   )
+
+
+def _built(prepared: experiment.Prepared) -> Any:
+  """`prepared`'s Algorithm (its build's; one line for a chain that cannot work)."""
+  try:
+    return prepared.build()
+  except ValueError as e:
+    raise experiment.ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
 
 
 class _StartingAt:

@@ -26,6 +26,7 @@ class Attack(base.Stage):
 
   name = 'attack'
   randomized = True
+  in_state = ('fraction', 'scale')
 
   def __init__(self, kind: str, fraction: float, scale: float = 1.0):
     if kind not in KINDS:
@@ -35,21 +36,21 @@ class Attack(base.Stage):
     self.kind, self.fraction, self.scale = kind, fraction, scale
     self.cohort_wide = kind == 'alie'
 
-  def attackers(self, seeds: tf.Tensor) -> tf.Tensor:
-    """[m] whether each client (by its seed) attacks this round."""
+  def initial_state(self) -> tf.Tensor:
+    return tf.constant([self.fraction, self.scale], tf.float32)
+
+  def encode(self, state, x, weights, rows, seeds):
+    fraction, scale = tf.unstack(state)
     draws = tf.map_fn(
       lambda seed: tf.random.stateless_uniform([], seed), seeds, fn_output_signature=tf.float32
     )
-    return draws < self.fraction
-
-  def encode(self, state, x, weights, rows, seeds):
-    bad = self.attackers(seeds)
+    bad = draws < fraction  # [m] whether each client (by its seed) attacks this round
     if self.kind == 'sign_flip':
       sent = -x
     elif self.kind == 'scaled':
-      sent = self.scale * x
+      sent = scale * x
     elif self.kind == 'gaussian':
-      sent = self.scale * tf.map_fn(
+      sent = scale * tf.map_fn(
         lambda seed: tf.random.stateless_normal([tf.shape(x)[1]], seed),
         seeds + tf.constant([0, 7], tf.int64),
         fn_output_signature=tf.float32,

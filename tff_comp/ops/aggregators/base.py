@@ -64,6 +64,8 @@ class Stage:
   row_size = 0  # floats of persistent state each client keeps (error feedback: d)
   randomized = False  # draws random numbers (per client, or per round at the server)
   cohort_wide = False  # a row's encoding reads other rows of the cohort (ALIE's attack)
+  # Its settings that its state holds, not its program (`Chain.structure`).
+  in_state: tuple[str, ...] = ()
 
   def bind(self, d: int) -> 'Stage':
     """This stage for rows of `d` floats (a stage needing d, for its persistent rows or a
@@ -121,6 +123,7 @@ class Combiner:
   decomposable = True
   weighted = True  # uses the clients' weights (False: every client alike)
   scaled_sum = False  # its result is the rows' sum times a scale (a mean, a secure sum)
+  in_state: tuple[str, ...] = ()  # as `Stage.in_state`
 
   def upload_bits(self, d: int, bits: float) -> float:
     """Bits a client sends of a row of `d` values that arrive as `bits` (a secure sum's
@@ -207,6 +210,12 @@ class Chain:
     """Whether the clients' weights count (False: every client alike, as DP and the
     robust combiners)."""
     return self.combiner.weighted
+
+  def structure(self) -> str:
+    """What a program of this chain holds: its stages' and combiner's settings but
+    those their states hold (`in_state`). Chains of one structure differ only in their
+    initial states, so one build runs them all, each from its own (`tff_comp.trials`)."""
+    return repr(_structure(self))
 
   def bind(self, d: int) -> 'Chain':
     """This chain for models of `d` floats (each stage bound to the length its rows
@@ -315,6 +324,22 @@ class Chain:
       reason = stage.why_not(self)
       if reason:
         raise ValueError(f'aggregator {self.name}: {reason}.')
+
+
+def _structure(value: Any) -> Any:
+  """`value`'s settings, recursively, as comparable tuples (`Chain.structure`)."""
+  if isinstance(value, (Stage, Combiner)):
+    held = (k for k in sorted(vars(value)) if k not in value.in_state)
+    return (type(value).__name__, tuple((k, _structure(getattr(value, k))) for k in held))
+  if isinstance(value, Chain) or dataclasses.is_dataclass(value):
+    fields = dataclasses.fields(value)
+    return (
+      type(value).__name__,
+      tuple((f.name, _structure(getattr(value, f.name))) for f in fields),
+    )
+  if isinstance(value, (tuple, list)):
+    return tuple(_structure(v) for v in value)
+  return repr(value)
 
 
 def _fold(seeds: tf.Tensor, i: int) -> tf.Tensor:

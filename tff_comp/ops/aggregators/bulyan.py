@@ -24,14 +24,18 @@ class Bulyan(base.Combiner):
   name = 'bulyan'
   decomposable = False
   weighted = False
+  in_state = ('byzantine',)
 
   def __init__(self, byzantine: int = 1):
     if byzantine < 0:
       raise ValueError(f'Bulyan needs byzantine >= 0, got {byzantine}.')
     self.byzantine = byzantine
 
+  def initial_state(self) -> tf.Tensor:
+    return tf.constant(self.byzantine, tf.int32)
+
   def combine(self, state, values, weights):
-    f = self.byzantine
+    f = state
     m = tf.shape(values)[0]
     theta = tf.maximum(m - 2 * f, 1)
     distances = combiners.squared_distances(values)

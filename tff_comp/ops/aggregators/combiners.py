@@ -22,7 +22,7 @@ The robust combiners (Median to CenteredClip) and MajorityVote count every clien
 the robust ones need every row.
 """
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -115,15 +115,19 @@ class TrimmedMean(_Robust):
   of every coordinate (at most leaving one)."""
 
   name = 'trimmed_mean'
+  in_state = ('beta',)
 
   def __init__(self, beta: float = 0.1):
     if not 0 <= beta < 0.5:
       raise ValueError(f"the trimmed mean's beta must be in [0, 0.5), got {beta}.")
     self.beta = beta
 
+  def initial_state(self) -> tf.Tensor:
+    return tf.constant(self.beta, tf.float32)
+
   def combine(self, state, values, weights):
     m = tf.shape(values)[0]
-    b = tf.minimum(tf.cast(tf.floor(self.beta * tf.cast(m, tf.float32)), tf.int32), (m - 1) // 2)
+    b = tf.minimum(tf.cast(tf.floor(state * tf.cast(m, tf.float32)), tf.int32), (m - 1) // 2)
     kept = tf.sort(values, axis=0)[b : m - b]
     return tf.reduce_mean(kept, 0), None, state, base.Measurements()
 
@@ -141,6 +145,7 @@ class Krum(_Robust):
   rows averaged (1: Krum). Measurement `krum_selected`: how many rows were averaged."""
 
   name = 'krum'
+  in_state = ('byzantine', 'select')
 
   def __init__(self, byzantine: int = 0, select: int = 1):
     if byzantine < 0 or select < 1:
@@ -148,14 +153,17 @@ class Krum(_Robust):
     self.byzantine, self.select = byzantine, select
     self.name = 'krum' if select == 1 else 'multi_krum'
 
+  def initial_state(self) -> tf.Tensor:
+    return tf.constant([self.byzantine, self.select], tf.int32)  # f, the rows averaged
+
   def combine(self, state, values, weights):
     m = tf.shape(values)[0]
     distances = squared_distances(values)
     # Each row's m - f - 2 nearest others (at least one): the smallest after itself (0).
-    k = tf.maximum(m - self.byzantine - 2, 1)
+    k = tf.maximum(m - state[0] - 2, 1)
     nearest = tf.sort(distances, axis=1)[:, 1:]
     scores = tf.reduce_sum(tf.where(tf.range(m - 1)[None, :] < k, nearest, 0.0), 1)
-    chosen = tf.minimum(self.select, m)
+    chosen = tf.minimum(state[1], m)
     best = tf.argsort(scores, stable=True)[:chosen]
     result = tf.reduce_mean(tf.gather(values, best), 0)
     return result, None, state, base.Measurements(krum_selected=tf.cast(chosen, tf.float32))
@@ -185,11 +193,17 @@ class GeometricMedian(_Robust):
     )
 
 
+class CenteredClipState(NamedTuple):
+  center: tf.Tensor  # [d], the previous round's result
+  tau: tf.Tensor
+
+
 class CenteredClip(_Robust):
   """Centered clipping (module docstring) with radius `tau`, `iters` steps, centered at
   the previous round's result (its state; zero at first)."""
 
   name = 'centered_clip'
+  in_state = ('tau',)
 
   def __init__(self, tau: float = 1.0, iters: int = 3):
     if not tau > 0 or iters < 1:
@@ -197,8 +211,10 @@ class CenteredClip(_Robust):
     self.tau, self.iters = tau, iters
     self._d: int | None = None
 
-  def initial_state(self) -> Any:
-    return tf.zeros([self._d or 0], tf.float32)
+  def initial_state(self) -> CenteredClipState:
+    return CenteredClipState(
+      tf.zeros([self._d or 0], tf.float32), tf.constant(self.tau, tf.float32)
+    )
 
   def bind(self, d: int) -> 'CenteredClip':
     bound = CenteredClip(self.tau, self.iters)
@@ -206,9 +222,9 @@ class CenteredClip(_Robust):
     return bound
 
   def combine(self, state, values, weights):
-    v = state
+    v = state.center
     for _ in range(self.iters):
       diff = values - v[None, :]
-      scale = tf.minimum(1.0, self.tau / tf.maximum(tf.norm(diff, axis=1), 1e-12))
+      scale = tf.minimum(1.0, state.tau / tf.maximum(tf.norm(diff, axis=1), 1e-12))
       v = v + tf.reduce_mean(diff * scale[:, None], 0)
-    return v, None, v, base.Measurements()
+    return v, None, state._replace(center=v), base.Measurements()

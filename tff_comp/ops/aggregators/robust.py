@@ -67,6 +67,7 @@ class Clip(base.Stage):
   factories' (`dp_query_metrics/clip`, the next bound)."""
 
   name = 'clip'
+  in_state = ('norm',)
 
   def __init__(
     self,
@@ -140,6 +141,7 @@ class Zeroing(base.Stage):
   weights kept (module docstring); `order` 1, 2 or inf."""
 
   name = 'zeroing'
+  in_state = ('norm',)
 
   def __init__(self, norm: float, *, order: float = math.inf, adaptive: Quantile | None = None):
     if order not in (1.0, 2.0, math.inf):
