@@ -353,7 +353,9 @@ def run_grid(
     ]
     for a, seed in units
   ]
-  with grid_progress.GridProgress(labels, unit_runs, rounds, every=progress_every) as progress:
+  with grid_progress.GridProgress(
+    labels, unit_runs, rounds, every=progress_every, replacing=overwrite
+  ) as progress:
     if ray_address:
       results = _on_cluster(run, args, labels, options, ray_address, progress)
     elif parallel > 1:

@@ -13,9 +13,12 @@ import time
 _TAIL_BYTES = 65536
 
 
-def last_round(metrics_csv: pathlib.Path) -> int:
-  """The round of a metrics.csv's last row (0 when it has none yet, or no file)."""
+def last_round(metrics_csv: pathlib.Path, since: float | None = None) -> int:
+  """The round of a metrics.csv's last row (0 when it has none yet, or no file, or one
+  last written before `since`, a time.time())."""
   try:
+    if since is not None and metrics_csv.stat().st_mtime < since:
+      return 0
     with metrics_csv.open('rb') as f:
       f.seek(0, 2)
       size = f.tell()
@@ -36,7 +39,9 @@ class GridProgress:
 
       grid, 2 min 5 s: fedmid 3,840 of 8,000 rounds; fedmid_osp 3,520 of 8,000; feddualavg done
 
-  `done(i)` marks unit i finished (its runs may stop early: a divergence)."""
+  `done(i)` marks unit i finished (its runs may stop early: a divergence). `replacing`:
+  the runs replace runs already there (`--overwrite`), whose files count only once
+  rewritten."""
 
   def __init__(
     self,
@@ -46,12 +51,14 @@ class GridProgress:
     *,
     every: float = 30.0,
     say: Callable[[str], None] = lambda line: print(line, flush=True),
+    replacing: bool = False,
   ):
     self._labels, self._runs, self._rounds = list(labels), [list(r) for r in runs], rounds
     self._every, self._say = every, say
     self._finished: set[int] = set()
     self._stopped = threading.Event()
     self._start = time.monotonic()
+    self._since = time.time() if replacing else None
     self._thread = threading.Thread(target=self._loop, name='grid-progress', daemon=True)
 
   def __enter__(self) -> 'GridProgress':
@@ -74,7 +81,7 @@ class GridProgress:
         parts.append(f'{label} done')
         continue
       total = len(runs) * self._rounds
-      so_far = sum(min(last_round(run / 'metrics.csv'), self._rounds) for run in runs)
+      so_far = sum(min(last_round(run / 'metrics.csv', self._since), self._rounds) for run in runs)
       parts.append(f'{label} {so_far:,} of {total:,} rounds' if so_far else f'{label} waiting')
     return f'grid, {minutes} min {seconds} s: ' + '; '.join(parts)
 

@@ -31,6 +31,20 @@ def test_the_line_counts_each_units_rounds_from_its_runs_files(tmp_path):
   assert progress.line().endswith(': a 17 of 30 rounds; b, seed 1 done')
 
 
+def test_runs_being_replaced_count_once_rewritten(tmp_path):
+  """With --overwrite, a run's old metrics.csv is not this grid's progress (the line
+  read 7,816 of 8,100 rounds at 30 s, then went down as the runs restarted)."""
+  runs = [tmp_path / f'run_{k}' for k in range(2)]
+  for run in runs:
+    _write_rows(run, 10)
+    os.utime(run / 'metrics.csv', (0, 1_000_000))  # from an earlier grid
+  assert grid_progress.GridProgress(['a'], [runs], 10).line().endswith(': a 20 of 20 rounds')
+  replacing = grid_progress.GridProgress(['a'], [runs], 10, replacing=True)
+  assert replacing.line().endswith(': a waiting')
+  _write_rows(runs[0], 3)  # rewritten by this grid
+  assert replacing.line().endswith(': a 3 of 20 rounds')
+
+
 def test_the_last_round_is_read_from_the_end_of_a_long_file(tmp_path):
   run = tmp_path / 'run'
   _write_rows(run, 20_000)  # far more than the tail read
