@@ -6,6 +6,7 @@ that turns a round's client updates into one (`base`: the contract).
     robust       Clip (fixed or adaptive to a quantile; the Gaussian mechanism), Zeroing
     compression  Rotate, Quantize, QSGD, TopK, RandK, Sign, ErrorFeedback (EF, EF21)
     secure       SecureSum (TFF's secure aggregation, modular, with its wrap-around)
+    tree         TreeNoise (DP-FTRL's tree aggregation: noise correlated across rounds)
     attacks      Attack: Byzantine clients (sign flip, scaled, Gaussian, ALIE)
 
     import tff_comp.ops.aggregators as agg
@@ -48,6 +49,7 @@ from tff_comp.ops.aggregators.compression import (
 )
 from tff_comp.ops.aggregators.robust import Clip, Quantile, Zeroing
 from tff_comp.ops.aggregators.secure import SecureSum
+from tff_comp.ops.aggregators.tree import TreeNoise
 
 __all__ = [
   'Attack',
@@ -74,6 +76,7 @@ __all__ = [
   'Stage',
   'Sums',
   'TopK',
+  'TreeNoise',
   'TrimmedMean',
   'Zeroing',
   'client_seeds',
