@@ -16,6 +16,7 @@ one line at construction on every runtime, not an error deep inside a round.
 `tff_comp.learning_process.composer.compose(algorithm)` places it in a genuine TFF LearningProcess.
 """
 
+import copy
 import dataclasses
 import functools
 from typing import Any
@@ -49,9 +50,15 @@ class Algorithm:
 
   def with_client_options(self, **changes) -> 'Algorithm':
     """This algorithm with `client_options` fields replaced (a run's seed, shuffling)."""
-    return dataclasses.replace(
-      self, client_options=dataclasses.replace(self.client_options, **changes)
-    )
+    options = dataclasses.replace(self.client_options, **changes)
+    if options.weighting != self.client_options.weighting:
+      return dataclasses.replace(self, client_options=options)  # checked again
+    # The checks of `__post_init__` read only the weighting of the client options (the
+    # contract traces no local step), so they hold for this copy: a builder's seed and
+    # shuffling, set on every build, would trace the contract again for nothing.
+    changed = copy.copy(self)
+    object.__setattr__(changed, 'client_options', options)
+    return changed
 
   def __post_init__(self):
     """Raises ValueError (`contract.ContractError` for blocks that do not fit)."""
