@@ -1,11 +1,13 @@
 """An algorithm checks its contract when built, in pure TF (`ops.contract`): blocks that
 do not fit fail at construction, in one line naming the link."""
 
+import dataclasses
+
 import pytest
 
 from tests import algorithm_cases
 from tff_comp import registry
-from tff_comp.ops import aggregation, contract
+from tff_comp.ops import aggregation, contract, privacy
 from tff_comp.ops import algorithm as algorithm_lib
 
 
@@ -51,3 +53,18 @@ def test_blocks_that_do_not_fit_fail_when_built(client, server, kind, link):
       a.model, a.client_rule, b.server_rule, a.client_options, kind or b.aggregation
     )
   assert '\n' not in str(error.value)
+
+
+def test_other_client_options_keep_the_checks_and_another_weighting_runs_them_again():
+  """`with_client_options` skips the checks only where they cannot change: a DP mean's
+  uniform weighting is checked again when the weighting changes."""
+  spec = privacy.PrivateMean('dp', 1.0, 0.5, 3.0)
+  dp = algorithm_cases.algorithm(
+    'fedavg', {'model_aggregator': spec, 'client_weighting': 'uniform'}
+  )
+  seeded = dp.with_client_options(seed=7, shuffle=False, local_epochs=2)
+  assert seeded == dataclasses.replace(
+    dp, client_options=dataclasses.replace(dp.client_options, seed=7, shuffle=False, local_epochs=2)
+  )
+  with pytest.raises(ValueError, match="client_weighting='uniform'"):
+    dp.with_client_options(weighting='examples')
