@@ -5,6 +5,8 @@ processes a grid runs in by default."""
 import os
 import re
 
+import pytest
+
 from tff_comp.binaries import grid, grid_progress, reproductions
 
 
@@ -52,6 +54,7 @@ def test_the_last_round_is_read_from_the_end_of_a_long_file(tmp_path):
   assert grid_progress.last_round(tmp_path / 'none' / 'metrics.csv') == 0
 
 
+@pytest.mark.slow  # a grid of processes; the progress it reads: the tests above
 def test_a_grid_in_other_processes_says_its_progress_as_it_runs(tmp_path, capsys):
   spec = reproductions.Reproduction(
     task='quadratic',

@@ -78,7 +78,12 @@ def _ours(kind, algorithm, engine='auto', shuffle=True, **extra):
   return runtime, runtime.get_model_weights(state).trainable
 
 
-@pytest.mark.parametrize('kind, engine', [('cnn', 'auto'), ('cnn', 'lanes'), ('lstm', 'auto')])
+@pytest.mark.parametrize(
+  'kind, engine',
+  # auto runs a CNN mapped on a CPU; lanes' per-tap convolutions: each layer below, and
+  # end to end under make test-slow.
+  [('cnn', 'auto'), pytest.param('cnn', 'lanes', marks=pytest.mark.slow), ('lstm', 'auto')],
+)
 def test_fedavg_with_a_keras_model_in_process_is_tffs_keras_fedavg(kind, engine):
   """Lanes run a CNN's convolutions as per-tap matmuls (`ops.vectorizable`)."""
   make, _ = MAKERS[kind]
@@ -103,7 +108,11 @@ def test_fedavg_with_a_keras_model_in_process_is_tffs_keras_fedavg(kind, engine)
 # FedAvg's test runs the CNN on lanes by default; FedDualAvg's, in the slow suite.
 @pytest.mark.parametrize(
   'kind, engine',
-  [('cnn', 'auto'), pytest.param('cnn', 'lanes', marks=pytest.mark.slow), ('lstm', 'auto')],
+  [
+    ('cnn', 'auto'),
+    pytest.param('cnn', 'lanes', marks=pytest.mark.slow),
+    pytest.param('lstm', 'auto', marks=pytest.mark.slow),  # FedAvg's LSTM above
+  ],
 )
 def test_feddualavg_with_a_keras_model_matches_tffs_conversion_on_tffs_runtime(kind, engine):
   make, _ = MAKERS[kind]
@@ -175,6 +184,7 @@ def test_layers_a_pure_function_cannot_run_are_refused_by_name(layer, says):
     keras_models.from_keras(model, LOSS, (tf.TensorSpec([None, 4]), tf.TensorSpec([None])))
 
 
+@pytest.mark.slow  # second order through Keras: the standard layers' gradients below
 def test_per_fedavg_exact_differentiates_a_keras_cnn_twice_as_tffs_conversion():
   """Second-order MAML through the substituted weights: Per-FedAvg's exact variant
   in-process equals it on TFF's runtime with TFF's own conversion."""
@@ -374,7 +384,13 @@ def test_a_standard_layer_computes_as_keras_itself(name):
     np.testing.assert_allclose(got, tf.convert_to_tensor(expected), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize('name', sorted(STANDARD_LAYERS))
+@pytest.mark.parametrize(
+  'name',
+  [  # a bidirectional LSTM's ops are an LSTM's twice (slow suite)
+    pytest.param(n, marks=pytest.mark.slow) if n == 'bidirectional_lstm' else n
+    for n in sorted(STANDARD_LAYERS)
+  ],
+)
 def test_a_standard_layer_vectorizes_across_lanes_or_the_runtime_knows_up_front(name):
   """Traced for the lanes engine, each lane's gradient with its own weights is its
   gradient alone; where a layer's ops do not vectorize, the trace holds an op the

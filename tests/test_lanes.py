@@ -167,36 +167,41 @@ def test_the_kernels_width_takes_the_fewest_lane_steps():
   assert dropped.width(10) == 8
 
 
-def test_a_cohort_split_across_threads_gives_each_client_its_result():
-  """`kernel_threads`: a cohort runs as kernels side by side, one a share of its
-  clients dealt back and forth by full batches, so each share's lane-steps are about
-  equal; every client's result and the round's are a single kernel's to the bit
-  (cohorts of 1 to 10 clients, 3 threads: shares padded; Ditto's per-client rows)."""
+def test_a_cohort_is_dealt_to_threads_in_shares_of_equal_lane_steps():
+  """`kernel_threads`: each share of a cohort is its clients dealt back and forth by
+  full batches, so each share's lane-steps are about equal."""
   full = np.array([3, 10, 8, 4, 9, 6, 7, 5])
   shares = lanes.shares(tf.constant(full), 2).numpy()
   assert sorted(shares.ravel()) == list(range(8))
   assert full[shares].sum(axis=1).tolist() == [26, 26]  # 10+7+6+3, 9+8+5+4
+
+
+# Ditto's per-client rows split across threads: make test-slow.
+@pytest.mark.parametrize('name', ['fedavg', pytest.param('ditto', marks=pytest.mark.slow)])
+def test_a_cohort_split_across_threads_gives_each_client_its_result(name):
+  """A cohort run as kernels side by side, one a share of its clients: every client's
+  result and the round's are a single kernel's to the bit (cohorts of 1 to 10 clients,
+  3 threads: shares padded)."""
   data = algorithm_cases.TEN
-  for name in ('fedavg', 'ditto'):
-    results = []
-    for threads in (1, 3):
-      runtime = inprocess.build(
-        algorithm_cases.algorithm(name, {}, shuffle=True),
-        data,
-        engine='lanes',
-        lanes=2,
-        kernel_threads=threads,
-      )
-      runtime.reserve_cohort(10)
-      assert runtime.engine_impl.parts(10) == threads
-      state, rng, metrics = runtime.initialize(), np.random.default_rng(5), []
-      for size in algorithm_cases.COHORT_SIZES:
-        cohort = [data.client_ids[i] for i in rng.choice(10, size, replace=False)]
-        output = runtime.next(state, cohort)
-        state = output.state
-        metrics.append(output.metrics)
-      results.append((tf.nest.map_structure(np.asarray, state), metrics))
-    tf.nest.map_structure(np.testing.assert_array_equal, *results)
+  results = []
+  for threads in (1, 3):
+    runtime = inprocess.build(
+      algorithm_cases.algorithm(name, {}, shuffle=True),
+      data,
+      engine='lanes',
+      lanes=2,
+      kernel_threads=threads,
+    )
+    runtime.reserve_cohort(10)
+    assert runtime.engine_impl.parts(10) == threads
+    state, rng, metrics = runtime.initialize(), np.random.default_rng(5), []
+    for size in algorithm_cases.COHORT_SIZES:
+      cohort = [data.client_ids[i] for i in rng.choice(10, size, replace=False)]
+      output = runtime.next(state, cohort)
+      state = output.state
+      metrics.append(output.metrics)
+    results.append((tf.nest.map_structure(np.asarray, state), metrics))
+  tf.nest.map_structure(np.testing.assert_array_equal, *results)
 
 
 def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares():

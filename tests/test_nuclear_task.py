@@ -45,6 +45,7 @@ def test_models_scored_together_equal_each_scored_alone():
     )
 
 
+@pytest.mark.slow  # a reproduction (200 rounds)
 def test_feddualavg_recovers_the_rank_within_200_rounds(tmp_path):
   prepared = experiment.prepare(
     experiment.ExperimentConfig.of(

@@ -117,7 +117,7 @@ def test_each_actor_sends_sums_of_one_updates_size_whatever_its_clients():
   assert len(IDS) > 4 and received[0] == received[1] < 2 * weights + 1024
 
 
-@pytest.mark.parametrize('name', ['scaffold', 'ditto'])
+@pytest.mark.parametrize('name', ['scaffold', pytest.param('ditto', marks=pytest.mark.ray)])
 def test_what_an_actor_sends_and_receives_does_not_grow_with_the_population(name):
   """Per-client tables (SCAFFOLD's c_i, Ditto's personal models) travel as the actor's
   clients' rows: one round of the same two clients costs the same bytes on a population
@@ -152,7 +152,10 @@ def _client_state_runs(name: str, rounds: int = 3):
   )
 
 
-@pytest.mark.parametrize('name', ['scaffold', 'local_moml', 'ditto'])
+@pytest.mark.parametrize(
+  'name',
+  ['scaffold', *(pytest.param(n, marks=pytest.mark.ray) for n in ('local_moml', 'ditto'))],
+)
 def test_client_state_lives_with_the_actors(name):
   """The driver's state holds a `Held` in each table's place of client state (SCAFFOLD's
   c_i, Local-MOML's memory and `seen`, Ditto's personal models); the tables gathered
@@ -195,6 +198,7 @@ def test_a_whole_state_given_again_is_sent_to_the_actors():
   del single
 
 
+@pytest.mark.ray
 def test_two_ray_runs_of_one_process_take_turns_on_its_actors():
   """A process's actors serve one run at a time: a run built later (Ditto) sets them up
   for itself, and the earlier run (SCAFFOLD) takes them back, its rows of client state

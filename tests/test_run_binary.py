@@ -443,6 +443,7 @@ def test_ctrl_c_during_startup_is_one_line_never_a_traceback(repo_root, tmp_path
   assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_is_not_an_error(repo_root, tmp_path):
   """`run.py ... | head -1`: the reader leaves after the header; training completes."""
   proc = _start(
@@ -576,6 +577,7 @@ def test_a_second_run_into_a_running_runs_directory_is_refused(repo_root, tmp_pa
   assert f'is in use by another run (pid {proc.pid})' in lines[0], lines
 
 
+@pytest.mark.slow  # a subprocess of its own; resume after damage: test_resume
 def test_a_full_disk_is_one_line_and_the_run_resumes(repo_root, tmp_path):
   """A write that finds no room (here a file-size limit, as `ulimit -f`: the same
   errors as a full disk) stops the run with one line naming the directory; what was

@@ -141,7 +141,8 @@ def test_each_trial_equals_its_separate_run_on_lanes(name):
 @pytest.mark.parametrize(
   'spec',
   [
-    privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
+    # dp_adaptive draws dp's noise and more (dp alone: make test-slow)
+    pytest.param(privacy.PrivateMean('dp', 0.5, 0.8, 3.0), marks=pytest.mark.slow),
     privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
   ],
   ids=['dp', 'dp_adaptive'],
@@ -522,7 +523,11 @@ def test_trials_share_a_build_only_where_one_build_runs_them_all():
 
 
 @pytest.mark.parametrize(
-  'aggregator', [dict(aggregator='clip'), dict(aggregator='dp', noise_multiplier=0.3)]
+  'aggregator',
+  [  # DP's per-trial noise: test_private_trials_each_draw_their_own_noise
+    dict(aggregator='clip'),
+    pytest.param(dict(aggregator='dp', noise_multiplier=0.3), marks=pytest.mark.slow),
+  ],
 )
 def test_trials_of_their_own_clip_norm_share_a_build_and_equal_their_runs(tmp_path, aggregator):
   """--clip_norm sets only where a Clip stage's state starts: trials differing in it
@@ -579,8 +584,17 @@ def test_trials_of_their_own_clip_norm_share_a_build_and_equal_their_runs(tmp_pa
         dict(trim_fraction=0.4, attack_fraction=0.4, attack_scale=5.0),
       ],
     ),
-    (dict(aggregator='multi_krum'), [dict(byzantine_clients=f) for f in (0, 1, 2)]),
-    (dict(aggregator='centered_clip'), [dict(centered_clip_tau=t) for t in (0.01, 0.1, 1.0)]),
+    # Each stage's own state, as the trimmed mean's and the attack's (make test-slow).
+    pytest.param(
+      dict(aggregator='multi_krum'),
+      [dict(byzantine_clients=f) for f in (0, 1, 2)],
+      marks=pytest.mark.slow,
+    ),
+    pytest.param(
+      dict(aggregator='centered_clip'),
+      [dict(centered_clip_tau=t) for t in (0.01, 0.1, 1.0)],
+      marks=pytest.mark.slow,
+    ),
   ],
   ids=['trimmed_mean_attacked', 'multi_krum', 'centered_clip'],
 )
