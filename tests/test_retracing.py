@@ -90,6 +90,14 @@ SETTINGS = {
     noise_multiplier=0.3,
     clipped_count_stddev=1.0,
   ),
+  # Trees of 2 rounds (a cyclic epoch of 3 of the 6 clients), restarting in the run.
+  'dp-ftrl-tree': dict(
+    engine='lanes',
+    aggregator='dp_ftrl_tree',
+    clip_norm=1.0,
+    noise_multiplier=0.3,
+    sampling='cyclic',
+  ),
   'schedules': dict(
     engine='lanes',
     client_lr_schedule='exponential',

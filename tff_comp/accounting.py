@@ -13,6 +13,13 @@ samples its cohort:
                       data replaced, not removed, and is larger than the Poisson one
     with_replacement  not accounted (a client drawn twice adds 2C): refused
 
+DP-FTRL's tree aggregation (`restart_every` k > 0) takes no sampling: with cyclic
+participation each client is in at most one round of every tree of k <= E rounds (E the
+rounds of an epoch), so each tree is dp_accounting's `SingleEpochTreeAggregationDpEvent`
+(RDP alpha ceil(log2(k + 1)) / (2 z^2): the client's update changes one node a level),
+trees composing (Kairouz et al. 2021, appendix D), for a client's update replaced by
+zeros (replace-special adjacency).
+
 Client dropout is not accounted: a data-independent dropout only removes contributions,
 so the epsilon stated is an upper bound. For adaptive clipping z is the effective total
 multiplier, covering the clipped-count query too (as TFF's `gaussian_adaptive`).
@@ -38,7 +45,8 @@ class Ledger:
 
   noise_multiplier: z; clients_per_round: n (expected, for Poisson); population: N;
   sampling: one of `SAMPLINGS`; delta: the run's delta; accountant: 'rdp' (fast, every
-  round) or 'pld' (tighter, Poisson only, about 0.3 s a call).
+  round) or 'pld' (tighter, Poisson only, about 0.3 s a call); restart_every: k, the
+  rounds of each tree of DP-FTRL's tree aggregation (0: a Gaussian mechanism a round).
   """
 
   noise_multiplier: float
@@ -47,15 +55,22 @@ class Ledger:
   sampling: str
   delta: float
   accountant: str = 'rdp'
+  restart_every: int = 0
 
   def __post_init__(self):
-    check(self.sampling, self.accountant, self.delta, self.population)
+    check(self.sampling, self.accountant, self.delta, self.population, self.restart_every)
     if self.noise_multiplier < 0:
       raise ValueError(f'noise_multiplier must be >= 0, got {self.noise_multiplier}.')
 
   @property
   def assumption(self) -> str:
     """One line: what the epsilon is a bound for."""
+    if self.restart_every:
+      return (
+        f'RDP accounting of tree aggregation restarted every {self.restart_every} rounds,'
+        ' each client in at most one round a tree (cyclic participation),'
+        f' replace-with-zeros adjacency, delta = {self.delta:.3g}'
+      )
     if self.sampling == 'poisson':
       return (
         f'{self.accountant.upper()} accounting of Poisson sampling (q ='
@@ -74,16 +89,19 @@ class Ledger:
       return 0.0
     if self.noise_multiplier == 0:
       return math.inf
-    accountant = _fresh(self.sampling, self.accountant)
-    accountant.compose(_round_event(self), rounds)
+    accountant = _fresh(self.sampling, self.accountant, self.restart_every)
+    if self.restart_every:
+      accountant.compose(_tree_event(self, rounds))
+    else:
+      accountant.compose(_round_event(self), rounds)
     return accountant.get_epsilon(self.delta)
 
   def per_round(self) -> Callable[[int], float]:
     """rounds -> epsilon, fast enough to call every round: the RDP of a round is
     computed once and scaled by the rounds (RDP composes additively), then converted
     at `delta`; PLD recomposes on each call."""
-    if self.accountant != 'rdp' or self.noise_multiplier == 0:
-      return self.epsilon
+    if self.accountant != 'rdp' or self.noise_multiplier == 0 or self.restart_every:
+      return self.epsilon  # a tree's RDP is a closed form
     accountant = _fresh(self.sampling, 'rdp')
     accountant.compose(_round_event(self))
     # The accountant's orders and one round's RDP at them (dp_accounting 0.4 keeps them
@@ -113,11 +131,27 @@ class Ledger:
     return low
 
 
-def check(sampling: str, accountant: str, delta: float, population: int) -> None:
-  """Raises ValueError (one line) for a run the accountant cannot account."""
+def check(
+  sampling: str, accountant: str, delta: float, population: int, restart_every: int = 0
+) -> None:
+  """Raises ValueError (one line) for a run the accountant cannot account
+  (`restart_every` > 0: DP-FTRL's trees)."""
   if accountant not in ACCOUNTANTS:
     raise ValueError(f'accountant={accountant!r} is unknown; choose one of {ACCOUNTANTS}.')
-  if sampling not in SAMPLINGS:
+  if restart_every:
+    if sampling != 'cyclic':
+      raise ValueError(
+        "tree aggregation's accounting assumes each client in at most one round of a"
+        f' tree (--sampling=cyclic), not {sampling} sampling.'
+      )
+    if accountant != 'rdp':
+      raise ValueError('tree aggregation is accounted by the RDP accountant: --accountant=rdp.')
+  elif sampling == 'cyclic':
+    raise ValueError(
+      "cyclic participation amplifies no Gaussian round's privacy (a client's rounds are"
+      ' fixed); use poisson or uniform sampling, or --aggregator=dp_ftrl_tree.'
+    )
+  elif sampling not in SAMPLINGS:
     raise ValueError(
       f'sampling={sampling!r} cannot be accounted (a client drawn twice'
       ' adds its update twice); use poisson or uniform sampling.'
@@ -149,22 +183,26 @@ def calibrate(
   sampling: str,
   delta: float,
   accountant: str = 'rdp',
+  restart_every: int = 0,
 ) -> float:
   """The smallest noise multiplier whose `rounds` rounds spend at most `target_epsilon`
   (`dp_accounting.calibrate_dp_mechanism`)."""
-  check(sampling, accountant, delta, population)
+  check(sampling, accountant, delta, population, restart_every)
   if not target_epsilon > 0:
     raise ValueError(f'target_epsilon must be > 0, got {target_epsilon}.')
 
+  def ledger(z: float) -> Ledger:
+    return Ledger(z, clients_per_round, population, sampling, delta, accountant, restart_every)
+
   def event(z: float) -> dp_accounting.DpEvent:
-    return dp_accounting.SelfComposedDpEvent(
-      _round_event(Ledger(z, clients_per_round, population, sampling, delta, accountant)), rounds
-    )
+    if restart_every:
+      return _tree_event(ledger(z), rounds)
+    return dp_accounting.SelfComposedDpEvent(_round_event(ledger(z)), rounds)
 
   # PLD's discretization grows without bound as z goes to 0 (38 GiB at z = 1e-3).
   low, high = (0.3 if accountant == 'pld' else 0.05), 1e3
   for z, outside in ((low, 'below'), (high, 'above')):
-    spent = Ledger(z, clients_per_round, population, sampling, delta, accountant).epsilon(rounds)
+    spent = ledger(z).epsilon(rounds)
     if (spent <= target_epsilon) == (outside == 'below'):
       raise ValueError(
         f'--target_epsilon={target_epsilon} needs a noise multiplier'
@@ -172,7 +210,7 @@ def calibrate(
         f' {spent:.3g}); set --noise_multiplier instead.'
       )
   return dp_accounting.calibrate_dp_mechanism(
-    lambda: _fresh(sampling, accountant),
+    lambda: _fresh(sampling, accountant, restart_every),
     event,
     target_epsilon,
     delta,
@@ -191,9 +229,26 @@ def _round_event(ledger: Ledger) -> dp_accounting.DpEvent:
   )
 
 
-def _fresh(sampling: str, accountant: str) -> dp_accounting.PrivacyAccountant:
+def _tree_event(ledger: Ledger, rounds: int) -> dp_accounting.DpEvent:
+  """`rounds` rounds of trees of `ledger.restart_every` rounds: the full trees, then the
+  last one's rounds so far."""
+  k, z = ledger.restart_every, ledger.noise_multiplier
+  trees, rest = divmod(rounds, k)
+  events = [
+    dp_accounting.SelfComposedDpEvent(dp_accounting.SingleEpochTreeAggregationDpEvent(z, k), trees)
+  ]
+  if rest:
+    events.append(dp_accounting.SingleEpochTreeAggregationDpEvent(z, rest))
+  return dp_accounting.ComposedDpEvent(events)
+
+
+def _fresh(
+  sampling: str, accountant: str, restart_every: int = 0
+) -> dp_accounting.PrivacyAccountant:
   if accountant == 'pld':
     return pld.PLDAccountant()
+  if restart_every:
+    return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
   relation = (
     dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     if sampling == 'poisson'

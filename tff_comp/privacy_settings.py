@@ -17,6 +17,7 @@ from typing import Any
 from tff_comp import accounting, aggregation_settings, settings
 from tff_comp.ops import aggregators, privacy
 from tff_comp.run import callbacks
+from tff_comp.run import sampling as sampling_lib
 
 MEAN = 'mean'  # the algorithm's own aggregation
 AGGREGATORS = (MEAN, *privacy.KINDS, *aggregation_settings.ROBUST)
@@ -46,7 +47,9 @@ class PrivacyOptions:
     ' weighted mean); dp (clipped, summed, Gaussian noise of std noise_multiplier x'
     " clip_norm, divided by --clients_per_round: TFF's DP-FedAvg semantics, uniform"
     ' client weights); dp_adaptive (dp with the clip adapting to --clip_quantile of the'
-    ' update norms); the Byzantine-robust median, trimmed_mean (--trim_fraction), krum,'
+    ' update norms); dp_ftrl_tree (DP-FTRL: the clipped sum with the noise of a binary'
+    ' tree over the rounds, no sampling assumed: --sampling=cyclic, --restart_every);'
+    ' the Byzantine-robust median, trimmed_mean (--trim_fraction), krum,'
     ' multi_krum, bulyan (--byzantine_clients), geometric_median and centered_clip'
     ' (--centered_clip_tau), every client alike (docs/aggregators.md).',
     choices=AGGREGATORS,
@@ -59,18 +62,19 @@ class PrivacyOptions:
   )
   noise_multiplier: float | None = settings.setting(
     None,
-    "dp/dp_adaptive: noise std over the clip norm (dp_adaptive: the effective total, as TFF's).",
+    'dp, dp_adaptive, dp_ftrl_tree: noise std over the clip norm (a tree: of each node;'
+    " dp_adaptive: the effective total, as TFF's).",
   )
   target_epsilon: float | None = settings.setting(
     None,
-    'dp/dp_adaptive: the privacy budget. Without --noise_multiplier, the noise is'
+    'dp, dp_adaptive, dp_ftrl_tree: the privacy budget. Without --noise_multiplier, the noise is'
     ' calibrated so that --rounds rounds spend it; with it, the run stops (state saved)'
     ' when it is spent.',
     above=0.0,
   )
   target_delta: float | None = settings.setting(
     None,
-    'dp/dp_adaptive: the delta epsilon is stated at (default population^-1.1;'
+    'dp, dp_adaptive, dp_ftrl_tree: the delta epsilon is stated at (default population^-1.1;'
     " must be below 1/population; --delta is Per-FedAvg's finite-difference step).",
   )
   clip_quantile: float = settings.setting(
@@ -85,9 +89,17 @@ class PrivacyOptions:
     ' --clients_per_round, or the noise multiplier where that is at most half of it;'
     ' must exceed half the noise multiplier).',
   )
+  restart_every: int = settings.setting(
+    0,
+    'dp_ftrl_tree: rounds of each tree (0: an epoch of --sampling=cyclic, population //'
+    ' clients_per_round rounds, the most that keeps each client in one round a tree).',
+    lower=0,
+    upper=settings.MAX_COUNT,
+    applies_when={'aggregator': (privacy.DP_FTRL_TREE,)},
+  )
   accountant: str = settings.setting(
     'rdp',
-    'dp/dp_adaptive: the privacy accountant (dp_accounting): rdp (epsilon every'
+    'dp, dp_adaptive, dp_ftrl_tree: the privacy accountant (dp_accounting): rdp (epsilon every'
     ' round; any sampling) or pld (tighter; Poisson sampling; epsilon at evaluations).',
     choices=accounting.ACCOUNTANTS,
   )
@@ -118,7 +130,11 @@ class PrivacyOptions:
         '--accountant counts the privacy of --aggregator=dp or dp_adaptive'
         f" (this run's is {self.aggregator})."
       )
-    if self.clip_norm is None and self.aggregator in (privacy.CLIP, privacy.DP):
+    if self.clip_norm is None and self.aggregator in (
+      privacy.CLIP,
+      privacy.DP,
+      privacy.DP_FTRL_TREE,
+    ):
       raise ValueError(
         f'--aggregator={self.aggregator} needs --clip_norm (the L2 norm'
         " each client's update is clipped to)."
@@ -130,8 +146,8 @@ class PrivacyOptions:
 
   @property
   def private(self) -> bool:
-    """Adds noise (dp, dp_adaptive)."""
-    return self.aggregator in (privacy.DP, privacy.DP_ADAPTIVE)
+    """Adds noise (dp, dp_adaptive, dp_ftrl_tree)."""
+    return self.aggregator in (privacy.DP, privacy.DP_ADAPTIVE, privacy.DP_FTRL_TREE)
 
   def plan(
     self,
@@ -149,15 +165,24 @@ class PrivacyOptions:
     if self.aggregator not in privacy.KINDS:
       return Plan(None, None, {})
     ledger, z, resolved = None, 0.0, {}
-    n = clients_per_round
+    n, restart = clients_per_round, 0
     try:
+      if self.aggregator == privacy.DP_FTRL_TREE:
+        epoch = sampling_lib.epoch_rounds(population, n)
+        restart = self.restart_every or epoch
+        if restart > epoch and sampling == 'cyclic':
+          raise ValueError(
+            f'--restart_every={restart} is over the {epoch} rounds of a cyclic epoch'
+            f' ({population} clients, {n} a round): a client would be in two rounds of a'
+            ' tree.'
+          )
       if self.private:
         delta = (
           self.target_delta
           if self.target_delta is not None
           else accounting.default_delta(population)
         )
-        accounting.check(sampling, self.accountant, delta, population)
+        accounting.check(sampling, self.accountant, delta, population, restart)
         z = self.noise_multiplier
         if z is None:
           z = recorded_noise_multiplier
@@ -170,14 +195,17 @@ class PrivacyOptions:
             sampling=sampling,
             delta=delta,
             accountant=self.accountant,
+            restart_every=restart,
           )
-        ledger = accounting.Ledger(z, n, population, sampling, delta, self.accountant)
+        ledger = accounting.Ledger(z, n, population, sampling, delta, self.accountant, restart)
         if self.target_epsilon is not None and ledger.epsilon(1) > self.target_epsilon:
           raise ValueError(
             f'one round with noise multiplier {z:.4g} already spends'
             f' epsilon {ledger.epsilon(1):.3g}, over --target_epsilon.'
           )
         resolved = dict(noise_multiplier=z, target_delta=delta)
+        if restart:
+          resolved['restart_every'] = restart
       clip_norm = self.clip_norm if self.clip_norm is not None else DEFAULT_ADAPTIVE_CLIP
       mean = privacy.PrivateMean(
         self.aggregator,
@@ -187,6 +215,7 @@ class PrivacyOptions:
         self.clip_quantile,
         self.clip_learning_rate,
         self.clipped_count_stddev,
+        restart,
       )
     except ValueError as e:
       raise ValueError(f'--aggregator={self.aggregator}: {e}') from e

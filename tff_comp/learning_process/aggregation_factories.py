@@ -139,8 +139,14 @@ def _pick(field: str, side_type: tff.Type) -> tff.Computation:
   return tff.tensorflow.computation(lambda sides: sides[field], side_type)
 
 
-def privacy_factory(spec: privacy.PrivateMean) -> Factory:
-  """TFF's factory computing `spec` (see `ops.privacy`; TFF draws its own noise)."""
+def privacy_factory(spec: privacy.PrivateMean, *, seed: int = 0) -> Factory:
+  """TFF's factory computing `spec` (see `ops.privacy`; TFF draws its own noise); for
+  dp_ftrl_tree, `spec`'s chain placed as a factory (`chain_factory.ChainFactory`, its
+  nodes seeded by `seed`): TFF's `tree_aggregation` keeps its tree in the state and
+  restarts only with adaptive clipping, while the chain draws the same tree's nodes
+  statelessly (tests/test_tree_noise.py)."""
+  if spec.kind == privacy.DP_FTRL_TREE:
+    return chain_factory.ChainFactory(spec.chain(), seed)
   if spec.kind == privacy.CLIP:
     return tff.aggregators.clipping_factory(spec.clip_norm, tff.aggregators.MeanFactory())
   dp = tff.aggregators.DifferentiallyPrivateFactory
@@ -163,7 +169,8 @@ def factory_for(
   seed: int = 0,
 ) -> tff.aggregators.WeightedAggregationFactory:
   """The factory placing `kind` (an `ops.aggregation.UpdateAggregation`); `inner`
-  (default MeanFactory) aggregates the model delta: a `PrivateMean` (as TFF's own factories), an
+  (default MeanFactory) aggregates the model delta: a `PrivateMean`
+  (`privacy_factory`), an
   `ops.aggregators.Chain` (`chain_factory.ChainFactory`, its draws seeded by `seed`),
   or TFF's clipping, compression or DP factories.
 
@@ -171,7 +178,7 @@ def factory_for(
     ValueError: a chain TFF's clients cannot run (`chain_factory.why_not`).
   """
   if isinstance(inner, privacy.PrivateMean):
-    inner = privacy_factory(inner)
+    inner = privacy_factory(inner, seed=seed)
   elif isinstance(inner, aggregators.Chain):
     inner = chain_factory.ChainFactory(inner, seed)
   return UpdateFactory(kind, inner)

@@ -14,6 +14,12 @@ to the TFF factory with the same semantics, which TFF's runtime runs:
                    C <- C exp(-lr (b - target_quantile))
                  (`DifferentiallyPrivateFactory.gaussian_adaptive(z, n, C, ...)`)
 
+    dp_ftrl_tree (sum_i clip(u_i, C) + z C (N(t) - N(t - 1))) / n, N(t) the noise of
+                 the prefix sum of rounds 1..t from a binary tree of Gaussian nodes,
+                 restarted every k rounds (DP-FTRL, Kairouz et al. 2021;
+                 `aggregators.TreeNoise`; an SGD server step on it is the FTRL step)
+                 (TFF: `DifferentiallyPrivateFactory` on TFP's `TreeResidualSumQuery`)
+
 clip(u, C) = u min(1, C / ||u||) with ||.|| the global L2 norm over the update's
 tensors; n is the expected number of clients per round (the denominator TFF's DP
 queries use, also under Poisson sampling); the DP kinds weigh every client alike.
@@ -23,8 +29,8 @@ import dataclasses
 
 from tff_comp.ops import aggregators, messages
 
-CLIP, DP, DP_ADAPTIVE = 'clip', 'dp', 'dp_adaptive'
-KINDS = (CLIP, DP, DP_ADAPTIVE)
+CLIP, DP, DP_ADAPTIVE, DP_FTRL_TREE = 'clip', 'dp', 'dp_adaptive', 'dp_ftrl_tree'
+KINDS = (CLIP, DP, DP_ADAPTIVE, DP_FTRL_TREE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +42,7 @@ class PrivateMean:
   the clipped-count query too, as TFF's; `value_noise_multiplier` is what the update
   gets). clients_per_round: n. target_quantile, clip_learning_rate,
   clipped_count_stddev: dp_adaptive's quantile estimate (TFF's defaults; stddev None:
-  `count_stddev`'s default).
+  `count_stddev`'s default). restart_every: dp_ftrl_tree's rounds a tree (0: one tree).
   """
 
   kind: str
@@ -46,6 +52,7 @@ class PrivateMean:
   target_quantile: float = 0.5
   clip_learning_rate: float = 0.2
   clipped_count_stddev: float | None = None
+  restart_every: int = 0
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -54,6 +61,10 @@ class PrivateMean:
       raise ValueError(f'clip_norm must be > 0, got {self.clip_norm}.')
     if not self.noise_multiplier >= 0:
       raise ValueError(f'noise_multiplier must be >= 0, got {self.noise_multiplier}.')
+    if not self.restart_every >= 0:
+      raise ValueError(f'restart_every must be >= 0, got {self.restart_every}.')
+    if self.restart_every and self.kind != DP_FTRL_TREE:
+      raise ValueError("restart_every is the tree's (dp_ftrl_tree).")
     if self.kind == CLIP and self.noise_multiplier:
       raise ValueError('the clip aggregator adds no noise; use dp for a noise_multiplier.')
     if not self.clients_per_round > 0:
@@ -107,13 +118,21 @@ class PrivateMean:
   def chain(self) -> aggregators.Chain:
     """This mean as a chain of the aggregator blocks (`ops.aggregators`): clipping (the
     Gaussian mechanism with z_v, its clip adapted to the quantile with the count's
-    noise s for dp_adaptive), then the weighted mean (clip) or the sum over n (dp,
-    dp_adaptive). Measurements as TFF's factories name them: clipping_norm,
-    clipped_count, and for dp_adaptive dp_query_metrics/clip (the next round's clip);
-    also mean_update_norm (a simulation's diagnostic: the un-noised norms are not
-    private)."""
+    noise s for dp_adaptive; the tree's noise after it for dp_ftrl_tree), then the
+    weighted mean (clip) or the sum over n (the others). Measurements as TFF's
+    factories name them: clipping_norm, clipped_count, and for dp_adaptive
+    dp_query_metrics/clip (the next round's clip); also mean_update_norm (a
+    simulation's diagnostic: the un-noised norms are not private)."""
     if self.kind == CLIP:
       return aggregators.Chain((aggregators.Clip(self.clip_norm),), aggregators.Mean())
+    if self.kind == DP_FTRL_TREE:
+      tree = aggregators.TreeNoise(
+        self.noise_multiplier * self.clip_norm, restart_every=self.restart_every
+      )
+      return aggregators.Chain(
+        (aggregators.Clip(self.clip_norm, private=True), tree),
+        aggregators.Mean(denominator=self.clients_per_round),
+      )
     adaptive = None
     if self.kind == DP_ADAPTIVE:
       adaptive = aggregators.Quantile(

@@ -27,7 +27,7 @@ _FALLBACK = dict(
   eval_period=10,
 )
 # Recorded only where a run sets them (a DP run's), as config.json always had them.
-_ONLY_WHEN_SET = ('client_weighting', 'noise_multiplier', 'target_delta')
+_ONLY_WHEN_SET = ('client_weighting', 'noise_multiplier', 'target_delta', 'restart_every')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,7 @@ class RunSettings:
     regularizer, regularizer_strength: psi in force (None: the algorithm takes none).
     client_weighting: 'uniform' where the aggregator requires it (DP), else None.
     noise_multiplier, target_delta: a DP run's, given or calibrated.
+    restart_every: a DP-FTRL run's rounds a tree, given or its cyclic epoch.
   """
 
   rounds: int
@@ -54,6 +55,7 @@ class RunSettings:
   client_weighting: str | None = None
   noise_multiplier: float | None = None
   target_delta: float | None = None
+  restart_every: int | None = None
 
   def record(self) -> dict[str, Any]:
     """What config.json's `resolved` holds of these."""

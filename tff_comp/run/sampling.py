@@ -14,7 +14,9 @@ from tff_comp import settings
 from tff_comp.run import devices as devices_lib
 from tff_comp.run import run_files
 
-SAMPLINGS = ('uniform', 'with_replacement', 'poisson')
+SAMPLINGS = ('uniform', 'with_replacement', 'poisson', 'cyclic')
+# Salt of the cyclic order's draw, apart from the rounds' draws (seed, round >= 1).
+_CYCLIC_ORDER = 0xC7C1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,8 +24,12 @@ class Participation:
   """How a round's clients are drawn and which of them finish their work.
 
   sampling: 'uniform' (k distinct clients), 'with_replacement' (k draws; a client drawn
-    twice trains twice) or 'poisson' (each client independently with probability
-    k / population: cohorts of varying size, as DP accounting assumes).
+    twice trains twice), 'poisson' (each client independently with probability
+    k / population: cohorts of varying size, as DP-FedAvg's accounting assumes) or
+    'cyclic' (the population in one order drawn from the seed, cut into E = floor(N / k)
+    blocks of k, round r taking block (r - 1) mod E: each client once an epoch of E
+    rounds, the N mod k left over never; the participation DP-FTRL's and banded matrix
+    factorization's accounting assume, Kairouz et al. 2021, Choquette-Choo et al. 2023).
   dropout_rate: the chance that a sampled client fails to report; its update is lost
     and the round aggregates the others' (none: the model is unchanged).
   straggler_rate: the chance that a reporting client is a straggler, completing only
@@ -34,8 +40,10 @@ class Participation:
   sampling: str = settings.setting(
     'uniform',
     "How each round's clients are drawn: uniform (--clients_per_round"
-    ' distinct clients), with_replacement, or poisson (each client with probability'
-    ' clients_per_round / population; cohorts vary in size).',
+    ' distinct clients), with_replacement, poisson (each client with probability'
+    ' clients_per_round / population; cohorts vary in size) or cyclic (blocks of'
+    ' --clients_per_round in one order drawn from the seed, each client once an epoch of'
+    ' population // clients_per_round rounds; as --aggregator=dp_ftrl_tree assumes).',
     choices=SAMPLINGS,
     per_trial=True,
   )
@@ -132,6 +140,11 @@ class ClientSampler:
   ):
     self._ids, self._k, self._seed = list(client_ids), clients_per_round, seed
     self.participation, self._clock = participation, clock
+    if clock is not None and participation.sampling == 'cyclic':
+      raise ValueError(
+        '--sampling=cyclic takes fixed blocks of clients in turn, which a device model'
+        " choosing the clients available at a round's time would break."
+      )
     self._drawn = (
       clients_per_round
       if clock is None
@@ -163,6 +176,10 @@ class ClientSampler:
     k = self._drawn if self._clock is None else min(self._drawn, n)
     if p.sampling == 'poisson':
       chosen = np.flatnonzero(rng.random(n) < min(1.0, self._drawn / max(n, 1)))
+    elif p.sampling == 'cyclic':
+      order = np.random.default_rng([self._seed, _CYCLIC_ORDER]).permutation(n)
+      block = (round_num - 1) % epoch_rounds(n, k)
+      chosen = order[block * k : (block + 1) * k]
     else:
       chosen = rng.choice(n, k, replace=p.sampling == 'with_replacement')
     sampled = tuple(ids[i] for i in chosen)
@@ -190,6 +207,11 @@ class ClientSampler:
     if len(self._clocks) == round_num:
       self._clocks.append(clients.clock)
     return clients
+
+
+def epoch_rounds(population: int, clients_per_round: int) -> int:
+  """E: the rounds of a cyclic epoch, each taking a block of `clients_per_round`."""
+  return max(1, population // max(1, clients_per_round))
 
 
 def _capacity(k: int, n: int, sampling: str) -> int:

@@ -1,0 +1,180 @@
+"""`--aggregator=dp_ftrl_tree` (DP-FTRL's tree aggregation, `ops.privacy`): the cyclic
+participation its accounting assumes, epsilon against the tree's closed-form RDP, the
+refusals of what it cannot account, the same rounds on the in-process and TFF runtimes,
+and a resumed run equal to an uninterrupted one (the tree's nodes are stateless). The
+noise itself is TFP's tree (tests/test_tree_noise.py)."""
+
+import csv
+import math
+
+from dp_accounting import rdp
+import numpy as np
+import pytest
+
+from tests import algorithm_cases
+from tff_comp import accounting, experiment, privacy_settings
+from tff_comp.ops import privacy
+from tff_comp.run import run_files, sampling
+from tff_comp.runtime import inprocess, tff_process
+
+
+def test_cyclic_participation_takes_each_client_once_an_epoch_in_one_order():
+  ids = [f'c{i}' for i in range(11)]
+  sampler = sampling.ClientSampler(ids, 3, 5, sampling.Participation('cyclic'))
+  epoch = sampling.epoch_rounds(11, 3)
+  assert epoch == 3
+  cohorts = [sampler.sample(r).reporting for r in range(1, 2 * epoch + 1)]
+  assert all(len(c) == 3 for c in cohorts)
+  first = [c for cohort in cohorts[:epoch] for c in cohort]
+  assert len(set(first)) == 9  # once each; 11 % 3 = 2 clients never
+  assert cohorts[epoch:] == cohorts[:epoch]  # the same order every epoch
+  again = sampling.ClientSampler(ids, 3, 5, sampling.Participation('cyclic'))
+  assert again.sample(5).reporting == cohorts[4]  # a round's cohort from (seed, round)
+  other = sampling.ClientSampler(ids, 3, 6, sampling.Participation('cyclic'))
+  assert [other.sample(r).reporting for r in (1, 2, 3)] != cohorts[:3]
+
+
+@pytest.mark.parametrize('rounds', [1, 7, 8, 20])
+def test_epsilon_is_the_trees_closed_form_rdp(rounds):
+  """Trees of k rounds compose; each has RDP alpha ceil(log2(k + 1)) / (2 z^2) (the
+  last tree's rounds so far), converted to epsilon at delta."""
+  z, k, delta = 1.3, 8, 1e-5
+  ledger = accounting.Ledger(z, 4, 1000, 'cyclic', delta, restart_every=k)
+  trees, rest = divmod(rounds, k)
+  depth = trees * math.ceil(math.log2(k + 1)) + (math.ceil(math.log2(rest + 1)) if rest else 0)
+  orders = np.array([1 + x / 10 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512])
+  want = rdp.rdp_privacy_accountant.compute_epsilon(orders, orders * depth / (2 * z**2), delta)[0]
+  assert ledger.epsilon(rounds) == pytest.approx(want, rel=1e-6)
+  assert ledger.per_round()(rounds) == ledger.epsilon(rounds)
+  assert 'tree aggregation restarted every 8 rounds' in ledger.assumption
+
+
+def test_the_noise_calibrated_to_a_target_spends_it():
+  z = accounting.calibrate(
+    4.0,
+    30,
+    clients_per_round=5,
+    population=100,
+    sampling='cyclic',
+    delta=1e-5,
+    restart_every=20,
+  )
+  ledger = accounting.Ledger(z, 5, 100, 'cyclic', 1e-5, restart_every=20)
+  assert ledger.epsilon(30) == pytest.approx(4.0, abs=2e-3)
+
+
+def _plan(**options):
+  settings = dict(aggregator='dp_ftrl_tree', clip_norm=1.0, noise_multiplier=1.0)
+  run = dict(clients_per_round=4, population=50, rounds=30, sampling='cyclic')
+  run.update({k: options.pop(k) for k in list(options) if k in run})
+  return privacy_settings.PrivacyOptions(**settings, **options).plan(**run)
+
+
+def test_the_tree_restarts_every_epoch_by_default_and_never_spans_two():
+  plan = _plan()
+  assert plan.mean.restart_every == plan.ledger.restart_every == 12  # 50 // 4
+  assert plan.resolved['restart_every'] == 12
+  assert _plan(restart_every=5).mean.restart_every == 5
+  for options, says in (
+    (dict(restart_every=13), 'over the 12 rounds of a cyclic epoch'),
+    (dict(sampling='uniform'), 'in at most one round of a tree'),
+    (dict(sampling='poisson'), 'in at most one round of a tree'),
+    (dict(accountant='pld'), 'RDP accountant'),
+  ):
+    with pytest.raises(ValueError, match=says):
+      _plan(**options)
+  with pytest.raises(ValueError, match='cyclic participation amplifies no'):
+    privacy_settings.PrivacyOptions(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0).plan(
+      clients_per_round=4, population=50, rounds=30, sampling='cyclic'
+    )
+  with pytest.raises(experiment.ConfigError, match='restart_every'):
+    experiment.ExperimentConfig.of(
+      algorithm='fedavg', aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, restart_every=3
+    ).check()
+
+
+def _rounds(runtime, rounds=5):
+  ids = list(algorithm_cases.DATA['unequal'].client_ids)
+  sampler = sampling.ClientSampler(ids, 2, 3, sampling.Participation('cyclic'))
+  state = runtime.initialize()
+  for round_num in range(1, rounds + 1):
+    state = runtime.next(state, list(sampler.sample(round_num).reporting)).state
+  return runtime.get_model_weights(state).trainable
+
+
+def test_a_tree_run_is_the_same_in_process_and_on_tffs_runtime():
+  """The chain's nodes are seeded by (run seed, tree, level, index) on both; two trees
+  of two rounds, then the third's first."""
+  spec = privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.8, 2.0, restart_every=2)
+  algorithm = algorithm_cases.algorithm(
+    'fedavg', dict(model_aggregator=spec, client_weighting='uniform')
+  )
+  data = algorithm_cases.DATA['unequal']
+  noiseless = algorithm_cases.algorithm(
+    'fedavg',
+    dict(
+      model_aggregator=privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.0, 2.0, restart_every=2),
+      client_weighting='uniform',
+    ),
+  )
+  got = _rounds(inprocess.build(algorithm, data, engine='mapped'))
+  want = _rounds(tff_process.build_tff(algorithm, data))
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  plain = _rounds(inprocess.build(noiseless, data, engine='mapped'))
+  assert max(np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(got, plain)) > 1e-3
+
+
+ARGS = dict(
+  algorithm='fedavg',
+  task='quadratic',
+  rounds=7,
+  eval_period=7,
+  checkpoint_every=2,
+  aggregator='dp_ftrl_tree',
+  clip_norm=0.5,
+  noise_multiplier=1.0,
+  sampling='cyclic',
+  clients_per_round=2,  # of the task's 6: epochs of 3 rounds
+  restart_every=3,
+  engine='mapped',
+)
+
+
+def _train(path, interrupt_at=None, **changes):
+  prepared = experiment.prepare(
+    experiment.ExperimentConfig.of(output_dir=str(path), **ARGS, **changes)
+  )
+  runner = experiment.build_runner(prepared)
+  if interrupt_at is not None:
+    process, calls = runner.runtime, []
+
+    class Interrupted:  # the process, with a Ctrl-C in round `interrupt_at`
+      def __getattr__(self, name):
+        return getattr(process, name)
+
+      def next(self, state, ids, work=None):
+        calls.append(1)
+        if len(calls) == interrupt_at:
+          raise KeyboardInterrupt
+        return process.next(state, ids, work)
+
+    runner.runtime = Interrupted()
+  return experiment.train_runner(prepared, runner, show_progress=False)
+
+
+def test_a_resumed_tree_run_equals_the_uninterrupted_one(tmp_path):
+  _train(tmp_path / 'whole')
+  with pytest.raises(KeyboardInterrupt):
+    _train(tmp_path / 'resumed', interrupt_at=6)  # rounds 1-5 done, saved at 4
+  _train(tmp_path / 'resumed', resume=True)
+  models = [
+    run_files.load_model(tmp_path / k / 'final_model.npz').trainable for k in ('whole', 'resumed')
+  ]
+  for a, b in zip(*models, strict=True):
+    np.testing.assert_array_equal(a, b)
+  with open(tmp_path / 'whole' / 'metrics.csv', newline='') as f:
+    epsilon = [float(r['privacy/epsilon']) for r in csv.DictReader(f) if r['privacy/epsilon']]
+  assert epsilon[-1] == pytest.approx(
+    accounting.Ledger(1.0, 2, 6, 'cyclic', 6**-1.1, restart_every=3).epsilon(7), rel=1e-6
+  )
