@@ -178,3 +178,20 @@ def test_a_resumed_tree_run_equals_the_uninterrupted_one(tmp_path):
   assert epsilon[-1] == pytest.approx(
     accounting.Ledger(1.0, 2, 6, 'cyclic', 6**-1.1, restart_every=3).epsilon(7), rel=1e-6
   )
+
+
+def test_a_noise_cohort_scales_the_trees_nodes_and_is_accounted_as_that_cohort():
+  plan = _plan(noise_cohort_size=40)
+  _, tree = plan.mean.chain().stages
+  assert tree.stddev == pytest.approx(1.0 * 1.0 * 4 / 40)  # z C n / M
+  assert plan.ledger.clients_per_round == 40
+  dp = privacy_settings.PrivacyOptions(
+    aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, noise_cohort_size=40
+  ).plan(clients_per_round=4, population=50, rounds=30, sampling='poisson')
+  assert 'q = 40/50' in dp.ledger.assumption
+  with pytest.raises(ValueError, match='over the population'):
+    _plan(noise_cohort_size=51)
+  with pytest.raises(ValueError, match='at least the one of a round'):
+    _plan(noise_cohort_size=3)
+  with pytest.raises(ValueError, match='scales the noise of dp and dp_ftrl_tree'):
+    privacy.PrivateMean('dp_adaptive', 1.0, 1.0, 4.0, noise_cohort_size=40)

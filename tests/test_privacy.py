@@ -117,6 +117,16 @@ def test_the_noise_has_mean_zero_and_std_z_c_over_n():
   )  # fixed by the run and the round
 
 
+def test_a_noise_cohort_gives_the_mean_its_noise_z_c_over_m():
+  """--noise_cohort_size M: the sum of n clients is noised by z C n / M, so the mean
+  moves by the noise a cohort of M would see (pfl-research's noise_cohort_size)."""
+  z, clip, n, m, rounds = 1.5, 0.2, 3.0, 30.0, 100
+  samples = _noise_samples(privacy.PrivateMean('dp', clip, z, n, noise_cohort_size=m), rounds)
+  sigma, count = z * clip / m, samples.size
+  assert abs(samples.mean()) < 5 * sigma / np.sqrt(count)
+  assert abs(samples.std() / sigma - 1) < 5 / np.sqrt(2 * count)
+
+
 def test_a_weighted_aggregation_is_refused_by_dp():
   with pytest.raises(ValueError, match="client_weighting='uniform'"):
     registry.get_algorithm('fedavg').build(

@@ -97,6 +97,17 @@ class PrivacyOptions:
     upper=settings.MAX_COUNT,
     applies_when={'aggregator': (privacy.DP_FTRL_TREE,)},
   )
+  noise_cohort_size: int | None = settings.setting(
+    None,
+    "dp, dp_ftrl_tree: the cohort M the noise is calibrated to (pfl-research's"
+    " noise_cohort_size): the sum of a round's clients is noised by z C"
+    ' clients_per_round / M, the noise a cohort of M would give the mean, and the'
+    " accounting counts M clients a round; simulates a large cohort's privacy on a"
+    ' small one (default: --clients_per_round).',
+    lower=1,
+    upper=settings.MAX_COUNT,
+    applies_when={'aggregator': (privacy.DP, privacy.DP_FTRL_TREE)},
+  )
   accountant: str = settings.setting(
     'rdp',
     'dp, dp_adaptive, dp_ftrl_tree: the privacy accountant (dp_accounting): rdp (epsilon every'
@@ -166,7 +177,14 @@ class PrivacyOptions:
       return Plan(None, None, {})
     ledger, z, resolved = None, 0.0, {}
     n, restart = clients_per_round, 0
+    # The accounting's clients a round: the noise's cohort.
+    accounted = self.noise_cohort_size or n
     try:
+      if self.noise_cohort_size and self.noise_cohort_size > population:
+        raise ValueError(
+          f'--noise_cohort_size={accounted} is over the population ({population}): the'
+          ' accounting samples that many of it.'
+        )
       if self.aggregator == privacy.DP_FTRL_TREE:
         epoch = sampling_lib.epoch_rounds(population, n)
         restart = self.restart_every or epoch
@@ -190,14 +208,16 @@ class PrivacyOptions:
           z = accounting.calibrate(
             self.target_epsilon,
             rounds,
-            clients_per_round=n,
+            clients_per_round=accounted,
             population=population,
             sampling=sampling,
             delta=delta,
             accountant=self.accountant,
             restart_every=restart,
           )
-        ledger = accounting.Ledger(z, n, population, sampling, delta, self.accountant, restart)
+        ledger = accounting.Ledger(
+          z, accounted, population, sampling, delta, self.accountant, restart
+        )
         if self.target_epsilon is not None and ledger.epsilon(1) > self.target_epsilon:
           raise ValueError(
             f'one round with noise multiplier {z:.4g} already spends'
@@ -216,6 +236,7 @@ class PrivacyOptions:
         self.clip_learning_rate,
         self.clipped_count_stddev,
         restart,
+        self.noise_cohort_size,
       )
     except ValueError as e:
       raise ValueError(f'--aggregator={self.aggregator}: {e}') from e
@@ -232,7 +253,10 @@ class PrivacyOptions:
     budget = self.target_epsilon
     last = rounds if budget is None else ledger.rounds_within(budget, rounds)
     if show_progress:
-      print(privacy_line(ledger, budget, last), flush=True)
+      line = privacy_line(ledger, budget, last)
+      if self.noise_cohort_size:
+        line += f'; noise of a cohort of {self.noise_cohort_size} (--noise_cohort_size)'
+      print(line, flush=True)
     return (
       accounting.PrivacySpent(
         ledger, last, budget, every=1 if ledger.accountant == 'rdp' else eval_period

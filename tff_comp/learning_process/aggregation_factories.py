@@ -151,7 +151,9 @@ def privacy_factory(spec: privacy.PrivateMean, *, seed: int = 0) -> Factory:
     return tff.aggregators.clipping_factory(spec.clip_norm, tff.aggregators.MeanFactory())
   dp = tff.aggregators.DifferentiallyPrivateFactory
   if spec.kind == privacy.DP:
-    return dp.gaussian_fixed(spec.noise_multiplier, spec.clients_per_round, spec.clip_norm)
+    return dp.gaussian_fixed(
+      spec.noise_multiplier * spec.noise_scale, spec.clients_per_round, spec.clip_norm
+    )
   return dp.gaussian_adaptive(
     spec.noise_multiplier,
     spec.clients_per_round,

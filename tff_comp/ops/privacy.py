@@ -20,6 +20,10 @@ to the TFF factory with the same semantics, which TFF's runtime runs:
                  `aggregators.TreeNoise`; an SGD server step on it is the FTRL step)
                  (TFF: `DifferentiallyPrivateFactory` on TFP's `TreeResidualSumQuery`)
 
+With a `noise_cohort_size` M (pfl-research's), dp's and dp_ftrl_tree's noise on the sum is
+scaled by n / M: the mean then has the noise a cohort of M clients would give it, so a
+simulation of n clients a round trains with the noise of M (its privacy accounted for M).
+
 clip(u, C) = u min(1, C / ||u||) with ||.|| the global L2 norm over the update's
 tensors; n is the expected number of clients per round (the denominator TFF's DP
 queries use, also under Poisson sampling); the DP kinds weigh every client alike.
@@ -43,6 +47,7 @@ class PrivateMean:
   gets). clients_per_round: n. target_quantile, clip_learning_rate,
   clipped_count_stddev: dp_adaptive's quantile estimate (TFF's defaults; stddev None:
   `count_stddev`'s default). restart_every: dp_ftrl_tree's rounds a tree (0: one tree).
+  noise_cohort_size: M, the cohort the noise is calibrated to (dp, dp_ftrl_tree; None: n).
   """
 
   kind: str
@@ -53,6 +58,7 @@ class PrivateMean:
   clip_learning_rate: float = 0.2
   clipped_count_stddev: float | None = None
   restart_every: int = 0
+  noise_cohort_size: float | None = None
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -63,6 +69,14 @@ class PrivateMean:
       raise ValueError(f'noise_multiplier must be >= 0, got {self.noise_multiplier}.')
     if not self.restart_every >= 0:
       raise ValueError(f'restart_every must be >= 0, got {self.restart_every}.')
+    if self.noise_cohort_size is not None:
+      if self.kind not in (DP, DP_FTRL_TREE):
+        raise ValueError('noise_cohort_size scales the noise of dp and dp_ftrl_tree.')
+      if not self.noise_cohort_size >= self.clients_per_round:
+        raise ValueError(
+          f'noise_cohort_size ({self.noise_cohort_size}) simulates a cohort at least the'
+          f' one of a round ({self.clients_per_round}).'
+        )
     if self.restart_every and self.kind != DP_FTRL_TREE:
       raise ValueError("restart_every is the tree's (dp_ftrl_tree).")
     if self.kind == CLIP and self.noise_multiplier:
@@ -106,6 +120,13 @@ class PrivateMean:
     return 0.0 if not z else tffs if tffs > z / 2 else z
 
   @property
+  def noise_scale(self) -> float:
+    """n / M: the factor on the sum's noise for a `noise_cohort_size` M (else 1)."""
+    if self.noise_cohort_size is None:
+      return 1.0
+    return self.clients_per_round / self.noise_cohort_size
+
+  @property
   def value_noise_multiplier(self) -> float:
     """The noise multiplier of the update's sum: z, or for dp_adaptive z_v with
     z_v^-2 = z^-2 - (2 s)^-2, so that the two queries together spend z (as TFF's
@@ -127,7 +148,8 @@ class PrivateMean:
       return aggregators.Chain((aggregators.Clip(self.clip_norm),), aggregators.Mean())
     if self.kind == DP_FTRL_TREE:
       tree = aggregators.TreeNoise(
-        self.noise_multiplier * self.clip_norm, restart_every=self.restart_every
+        self.noise_multiplier * self.noise_scale * self.clip_norm,
+        restart_every=self.restart_every,
       )
       return aggregators.Chain(
         (aggregators.Clip(self.clip_norm, private=True), tree),
@@ -144,7 +166,7 @@ class PrivateMean:
     clip = aggregators.Clip(
       self.clip_norm,
       adaptive=adaptive,
-      noise_multiplier=self.value_noise_multiplier,
+      noise_multiplier=self.value_noise_multiplier * self.noise_scale,
       private=True,
     )
     return aggregators.Chain((clip,), aggregators.Mean(denominator=self.clients_per_round))
