@@ -195,3 +195,15 @@ def test_a_noise_cohort_scales_the_trees_nodes_and_is_accounted_as_that_cohort()
     _plan(noise_cohort_size=3)
   with pytest.raises(ValueError, match='scales the noise of dp and dp_ftrl_tree'):
     privacy.PrivateMean('dp_adaptive', 1.0, 1.0, 4.0, noise_cohort_size=40)
+
+
+def test_cyclic_participation_with_a_device_model_is_refused_in_one_line(tmp_path):
+  config = experiment.ExperimentConfig.of(
+    algorithm='fedavg',
+    task='quadratic',
+    sampling='cyclic',
+    device_model='lognormal',
+    output_dir=str(tmp_path),
+  )
+  with pytest.raises(experiment.ConfigError, match='--sampling=cyclic takes fixed blocks'):
+    experiment.prepare(config)

@@ -104,6 +104,11 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
     resuming=config.output_dir if config.resume else None,
   )
   settings = dataclasses.replace(settings, **plan.resolved)
+  if config.devices.device_model != 'none' and config.participation.sampling == 'cyclic':
+    raise ConfigError(
+      '--sampling=cyclic takes fixed blocks of clients in turn, which --device_model'
+      " (the clients available at a round's time) would break."
+    )
   if config.devices.device_model == 'trace':  # read before the run locks its directory
     try:
       devices.read_trace(pathlib.Path(config.devices.device_trace), task.train_data.client_ids)
