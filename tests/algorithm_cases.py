@@ -84,10 +84,10 @@ def stored_order(algorithm):
 REPRESENTATIVE = ('fedavg', 'scaffold', 'ditto', 'fednova', 'feddualavg', 'local_moml')
 
 
-def each_algorithm(names=None) -> list:
+def each_algorithm(names=None, keep=REPRESENTATIVE) -> list:
   """pytest params of `names` (default: every registered algorithm), those outside
-  `REPRESENTATIVE` marked slow."""
+  `keep` marked slow."""
   return [
-    pytest.param(n, marks=() if n in REPRESENTATIVE else pytest.mark.slow, id=n)
+    pytest.param(n, marks=() if n in keep else pytest.mark.slow, id=n)
     for n in (registry.ALGORITHMS.names() if names is None else names)
   ]

@@ -228,7 +228,11 @@ def test_summarizing_a_grid_not_run_there_is_one_line(repo_root, tmp_path):
     ('--rounds=0', 'flag --rounds=0: 0 is not a positive integer'),
     ('--batch_memory_budget=nan', '--batch_memory_budget must be a finite number of MB'),
     ('--parallel=100000', 'flag --parallel=100000: 100000 is not an integer in the range'),
-    ('--ray_address=127.0.0.1:1', 'the Ray cluster at --ray_address=127.0.0.1:1 cannot be'),
+    pytest.param(  # Ray's own unreachable-cluster line: test_ray
+      '--ray_address=127.0.0.1:1',
+      'the Ray cluster at --ray_address=127.0.0.1:1 cannot be',
+      marks=pytest.mark.slow,
+    ),
   ],
 )
 def test_a_bad_grid_flag_is_one_line_before_any_work(repo_root, tmp_path, arg, says):
@@ -304,6 +308,7 @@ def _bench(repo_root, *args):
   )
 
 
+@pytest.mark.slow
 def test_a_bad_bench_flag_is_one_line_and_exit_2(repo_root):
   """bench.py's flags are checked as run.py's are: it printed absl's usage text and
   exited 1, took --rounds=0, and met --sweep=abc with a traceback."""
@@ -318,9 +323,18 @@ def test_a_bad_bench_flag_is_one_line_and_exit_2(repo_root):
   'bad, says',
   [
     ('--rounds=100000000000', 'is not an integer in the range [1, 100000000]'),
-    ('--workload=grid --grid_experiment=bogus', 'value should be one of <'),
-    ('--fedjax_python=/bin/true', 'is not a Python that imports fedjax'),
-    ('--fedjax_python={tmp}/not_python', 'cannot be run (Exec format error)'),
+    # A bench.py process each (TensorFlow loads before its flags parse): make test-slow.
+    pytest.param(
+      '--workload=grid --grid_experiment=bogus', 'value should be one of <', marks=pytest.mark.slow
+    ),
+    pytest.param(
+      '--fedjax_python=/bin/true', 'is not a Python that imports fedjax', marks=pytest.mark.slow
+    ),
+    pytest.param(
+      '--fedjax_python={tmp}/not_python',
+      'cannot be run (Exec format error)',
+      marks=pytest.mark.slow,
+    ),
   ],
 )
 def test_a_bench_flag_it_cannot_use_is_one_line_before_any_part(repo_root, tmp_path, bad, says):

@@ -42,7 +42,12 @@ ROTATE_QUANTIZE = dict(compression='quantize', quantize_bits=4, hadamard_rotatio
 
 
 @pytest.mark.parametrize(
-  'algorithm,chain', [('fedavg', {}), ('feddualavg', {}), ('fedavg', ROTATE_QUANTIZE)]
+  'algorithm,chain',
+  [  # a dual state and a chain in the buffer: make test-slow (a chain's: the resume below)
+    ('fedavg', {}),
+    pytest.param('feddualavg', {}, marks=pytest.mark.slow),
+    pytest.param('fedavg', ROTATE_QUANTIZE, marks=pytest.mark.slow),
+  ],
 )
 def test_with_concurrency_equal_to_the_buffer_and_equal_times_it_is_synchronous(
   tmp_path, algorithm, chain
@@ -256,7 +261,7 @@ def test_what_async_cannot_run_is_refused_in_one_line(tmp_path, monkeypatch, set
     experiment.build_runner(prepared)
 
 
-@pytest.mark.parametrize('chain', [{}, ROTATE_QUANTIZE])
+@pytest.mark.parametrize('chain', [pytest.param({}, marks=pytest.mark.slow), ROTATE_QUANTIZE])
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, chain):
   settings = dict(
     **chain,

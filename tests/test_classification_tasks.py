@@ -237,7 +237,10 @@ def _emnist_sql(directory):
   )
 
 
-@pytest.mark.parametrize('only_digits, writers, classes', [(False, 3, 62), (True, 2, 10)])
+@pytest.mark.parametrize(
+  'only_digits, writers, classes',
+  [(False, 3, 62), pytest.param(True, 2, 10, marks=pytest.mark.slow)],  # the digits' file
+)
 def test_emnist_reads_tffs_file_offline_and_trains_two_rounds(
   tmp_path, only_digits, writers, classes
 ):

@@ -137,27 +137,30 @@ def test_quadratic_fixed_points_match_closed_forms(tmp_path):
   assert task.evaluate((fednova_x,))['distance_to_optimum'] == pytest.approx(fednova_gap, rel=1e-4)
 
 
-def test_drawn_epochs_set_each_clients_steps():
+# FedAvg and FedProx draw in the same local loop (make test-slow).
+@pytest.mark.parametrize(
+  'name', [pytest.param(n, marks=pytest.mark.slow) for n in ('fedavg', 'fedprox')] + ['fednova']
+)
+def test_drawn_epochs_set_each_clients_steps(name):
   """With epochs drawn from U{2..5}, client i takes floor(E_i n_i / B) steps (FedNova's
   tau_i), for the three algorithms that draw them."""
   data = algorithm_cases.DATA['unequal']
   arrays = data_lib.client_arrays(data)
   ids = ['c0', 'c1', 'c2', 'c3', 'c4']
-  for name in ('fedavg', 'fedprox', 'fednova'):
-    process = inprocess.build(
-      algorithm_cases.build(name, dict(local_epochs=2, local_epochs_max=5, seed=3, batch_size=4)),
-      data,
-    )
-    state, drawn = process.initialize(), set()
-    for round_num in range(2):
-      want = 0
-      for i, count in enumerate(arrays.counts):
-        start = int(arrays.counts[:i].sum())
-        examples = tuple(tf.constant(a[start : start + count]) for a in arrays.examples)
-        epochs = int(local_loop.draw_epochs(local_loop.client_key(examples), 3, round_num, 2, 5))
-        drawn.add(epochs)
-        want += epochs * int(count) // 4
-      out = process.next(state, ids)
-      state = out.state
-      assert float(out.metrics['client_work']['num_steps']) == want, name
-    assert len(drawn) > 1  # the epochs did vary
+  process = inprocess.build(
+    algorithm_cases.build(name, dict(local_epochs=2, local_epochs_max=5, seed=3, batch_size=4)),
+    data,
+  )
+  state, drawn = process.initialize(), set()
+  for round_num in range(2):
+    want = 0
+    for i, count in enumerate(arrays.counts):
+      start = int(arrays.counts[:i].sum())
+      examples = tuple(tf.constant(a[start : start + count]) for a in arrays.examples)
+      epochs = int(local_loop.draw_epochs(local_loop.client_key(examples), 3, round_num, 2, 5))
+      drawn.add(epochs)
+      want += epochs * int(count) // 4
+    out = process.next(state, ids)
+    state = out.state
+    assert float(out.metrics['client_work']['num_steps']) == want, name
+  assert len(drawn) > 1  # the epochs did vary

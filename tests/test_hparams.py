@@ -22,6 +22,9 @@ CASES = [(name, _BASES.get(name, {}), {}) for name in registry.ALGORITHMS.names(
   ('per_fedavg', dict(variant='hf'), {}),
   ('ditto', dict(personal_learning_rate=0.01), {}),
 ]
+# By default, the algorithms of each kind of state (algorithm_cases.REPRESENTATIVE but
+# FedNova, whose options are FedAvg's and a proximal term's) at their own options.
+_DEFAULT = set(algorithm_cases.REPRESENTATIVE) - {'fednova'}
 
 
 def _floats(name: str, args: dict) -> dict[str, float]:
@@ -47,7 +50,7 @@ def _run(process, state, rounds=2):
     pytest.param(
       *c,
       id='-'.join([c[0], *map(str, c[1].values()), *c[2]]),
-      marks=() if c[0] in algorithm_cases.REPRESENTATIVE else pytest.mark.slow,
+      marks=() if c[0] in _DEFAULT and c == (c[0], _BASES.get(c[0], {}), {}) else pytest.mark.slow,
     )
     for c in CASES
   ],

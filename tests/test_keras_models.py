@@ -82,7 +82,11 @@ def _ours(kind, algorithm, engine='auto', shuffle=True, **extra):
   'kind, engine',
   # auto runs a CNN mapped on a CPU; lanes' per-tap convolutions: each layer below, and
   # end to end under make test-slow.
-  [('cnn', 'auto'), pytest.param('cnn', 'lanes', marks=pytest.mark.slow), ('lstm', 'auto')],
+  [
+    ('cnn', 'auto'),
+    pytest.param('cnn', 'lanes', marks=pytest.mark.slow),
+    pytest.param('lstm', 'auto', marks=pytest.mark.slow),  # an RNN's lanes trace: gru below
+  ],
 )
 def test_fedavg_with_a_keras_model_in_process_is_tffs_keras_fedavg(kind, engine):
   """Lanes run a CNN's convolutions as per-tap matmuls (`ops.vectorizable`)."""
@@ -386,8 +390,11 @@ def test_a_standard_layer_computes_as_keras_itself(name):
 
 @pytest.mark.parametrize(
   'name',
-  [  # a bidirectional LSTM's ops are an LSTM's twice (slow suite)
-    pytest.param(n, marks=pytest.mark.slow) if n == 'bidirectional_lstm' else n
+  [  # a bidirectional LSTM's ops are an LSTM's twice, group normalization's a
+    # convolution's and a layer normalization's (slow suite)
+    pytest.param(n, marks=pytest.mark.slow)
+    if n in ('bidirectional_lstm', 'group_normalization')
+    else n
     for n in sorted(STANDARD_LAYERS)
   ],
 )

@@ -323,7 +323,9 @@ def test_fedavg_round_against_numpy_weights_clients_by_examples_and_reports_the_
   )
 
 
-@pytest.mark.parametrize('name', ['fedavg', 'fednova', 'feddualavg'])
+@pytest.mark.parametrize(
+  'name', ['fedavg', 'fednova', pytest.param('feddualavg', marks=pytest.mark.slow)]
+)
 def test_a_cohort_of_total_weight_zero_leaves_the_model_unchanged_on_both_runtimes(name):
   """Clients without examples weigh 0: the cohort's mean update is 0, not 0 / 0."""
   data = algorithm_cases.client_data([0, 0, 6], 'empty')

@@ -48,7 +48,8 @@ def test_adaptive_value_noise_is_tffs(z, stddev):
   np.testing.assert_allclose((spec.value_noise_multiplier, spec.count_stddev), want)
 
 
-# Each kind on one algorithm by default; every pair under make test-slow.
+# Clipping and the adaptive clip on one algorithm by default (dp's z = 0 is the
+# clipped mean); every pair under make test-slow.
 @pytest.mark.parametrize(
   'kind,name',
   [
@@ -57,7 +58,7 @@ def test_adaptive_value_noise_is_tffs(z, stddev):
       name,
       id=f'{kind}-{name}',
       marks=()
-      if ((kind, name) in (('clip', 'fedavg'), ('dp', 'fednova'), ('dp_adaptive', 'fedavg')))
+      if ((kind, name) in (('clip', 'fedavg'), ('dp_adaptive', 'fedavg')))
       else pytest.mark.slow,
     )
     for kind in privacy.KINDS
@@ -212,7 +213,7 @@ def _config(tmp_path, **fields):
   )
 
 
-@pytest.mark.parametrize('runtime', ['inprocess', 'tff'])
+@pytest.mark.parametrize('runtime', ['inprocess', pytest.param('tff', marks=pytest.mark.slow)])
 def test_a_dp_run_writes_epsilon_every_round_and_records_its_noise(tmp_path, runtime):
   prepared = experiment.prepare(
     _config(

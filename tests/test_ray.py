@@ -103,6 +103,7 @@ def test_a_client_data_that_does_not_pickle_reaches_the_actors_as_arrays():
   _assert_same(on_ray, single, 'TestClientData')
 
 
+@pytest.mark.ray
 def test_each_actor_sends_sums_of_one_updates_size_whatever_its_clients():
   runtime = ray_runtime.build(
     algorithm_cases.algorithm('fedavg', {}), DATA, OPTIONS, engine='mapped'
@@ -117,7 +118,8 @@ def test_each_actor_sends_sums_of_one_updates_size_whatever_its_clients():
   assert len(IDS) > 4 and received[0] == received[1] < 2 * weights + 1024
 
 
-@pytest.mark.parametrize('name', ['scaffold', pytest.param('ditto', marks=pytest.mark.ray)])
+@pytest.mark.ray
+@pytest.mark.parametrize('name', ['scaffold', 'ditto'])
 def test_what_an_actor_sends_and_receives_does_not_grow_with_the_population(name):
   """Per-client tables (SCAFFOLD's c_i, Ditto's personal models) travel as the actor's
   clients' rows: one round of the same two clients costs the same bytes on a population
@@ -181,6 +183,7 @@ def test_client_state_lives_with_the_actors(name):
     runtime.whole_state(states[-3])
 
 
+@pytest.mark.ray
 def test_a_whole_state_given_again_is_sent_to_the_actors():
   """A whole state (the initial one, a restored checkpoint) handed to a Ray runtime that
   holds later rows replaces them: its rounds are the single process's again; a held
@@ -218,10 +221,10 @@ def test_two_ray_runs_of_one_process_take_turns_on_its_actors():
     _assert_same(runtime.whole_state(got), want, runtime.description)
 
 
-# The default suite runs the three that exercise every path of a round on Ray (plain,
-# per-client state, a cohort-wide reference loss); `make test-ray` runs every algorithm
-# and the tests marked `ray` (the suite's time budget).
-_DEFAULT = ('fedavg', 'scaffold', 'qfedavg')
+# The default suite runs SCAFFOLD (a round's plain sums and per-client state on Ray);
+# `make test-ray` runs every algorithm and the tests marked `ray` (the suite's time
+# budget).
+_DEFAULT = ('scaffold',)
 
 
 @pytest.mark.parametrize(
@@ -331,6 +334,7 @@ class _KillingRay:
     return self._ray.get(*args, **kwargs)
 
 
+@pytest.mark.ray
 def test_an_actor_killed_in_a_run_is_restarted_and_the_run_is_unchanged(capsys):
   """SCAFFOLD (each actor holds its clients' c_i): an actor killed between rounds 1 and
   2, one of round 3's killed while its clients run, and one before the tables are
@@ -564,6 +568,7 @@ def _ray_run(repo_root, path, rows: int = 3) -> subprocess.Popen:
   return proc
 
 
+@pytest.mark.ray
 def test_sigterm_on_ray_saves_the_last_round_and_exits_143(repo_root, tmp_path):
   """ray.init replaced the run's SIGTERM handler: the run exited 15 with no line and no
   checkpoint of its last finished round."""

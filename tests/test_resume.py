@@ -330,6 +330,8 @@ def test_a_locked_output_directory_is_refused_naming_the_holder(tmp_path):
   _train(tmp_path, rounds=1)  # released
 
 
+# A kill's leftovers in process: test_temporary_files_a_kill_left_are_removed_when_the_run_resumes.
+@pytest.mark.slow
 def test_sigkill_then_resume_from_the_command_line(repo_root, tmp_path):
   # Long enough to be killed a few checkpoints in, whatever the machine's speed.
   settings = dict(rounds=1000, eval_period=50, checkpoint_every=10)

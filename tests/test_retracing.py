@@ -150,7 +150,7 @@ def test_no_retrace_after_the_second_round(traces, tmp_path, name):
   assert _train(traces, tmp_path, **SETTINGS[name]) == []
 
 
-@pytest.mark.parametrize('engine', ['lanes', 'mapped'])
+@pytest.mark.parametrize('engine', ['lanes', pytest.param('mapped', marks=pytest.mark.slow)])
 def test_a_resumed_run_traces_what_a_fresh_run_traces(traces, tmp_path, engine):
   """A resumed run traces its functions as often as a fresh run does, from its first
   round on (a restored state of other dtypes than the rounds return traced the round

@@ -27,7 +27,16 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize('how', ['exit', 'exception', 'SIGTERM', 'SIGKILL', 'SIGINT'])
+@pytest.mark.parametrize(
+  'how',  # an exception's and SIGINT's ends are exit's (Python's own): make test-slow
+  [
+    'exit',
+    pytest.param('exception', marks=pytest.mark.slow),
+    'SIGTERM',
+    'SIGKILL',
+    pytest.param('SIGINT', marks=pytest.mark.slow),
+  ],
+)
 def test_worker_dies_with_python(how):
   child = subprocess.Popen(
     [sys.executable, '-c', _CHILD],

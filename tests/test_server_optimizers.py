@@ -21,10 +21,7 @@ B, LR, SERVER_LR = 3, 0.02, 0.5
 
 @pytest.mark.parametrize(
   'name',
-  [
-    n if n in ('sgd', 'adam') else pytest.param(n, marks=pytest.mark.slow)
-    for n in server_optimizers.NAMES
-  ],
+  [n if n == 'adam' else pytest.param(n, marks=pytest.mark.slow) for n in server_optimizers.NAMES],
 )
 def test_fedavg_with_each_server_optimizer_matches_tffs_builtin(name):
   ours = inprocess.build(
@@ -55,6 +52,8 @@ def test_fedavg_with_each_server_optimizer_matches_tffs_builtin(name):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+# Adam's parity with TFF's Adam above already fails on SGD's steps: make test-slow.
+@pytest.mark.slow
 def test_adaptive_servers_differ_from_sgd():
   """The name reaches the process: Adam's first steps (about lr per coordinate) are not
   SGD's (lr times the update)."""

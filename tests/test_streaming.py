@@ -39,19 +39,9 @@ def test_the_estimate_is_the_resident_copys_size():
   assert streaming.estimate_bytes(DATA, sample=4) == pytest.approx(exact, rel=0.5)
 
 
-# By default FedAvg's path and the two kinds of per-client server state (SCAFFOLD's c_i,
-# Ditto's personal models); every algorithm in the slow suite.
-@pytest.mark.parametrize(
-  'name',
-  [
-    pytest.param(
-      *p.values,
-      marks=p.marks if p.values[0] in ('fedavg', 'scaffold', 'ditto') else pytest.mark.slow,
-      id=p.id,
-    )
-    for p in algorithm_cases.each_algorithm()
-  ],
-)
+# By default FedAvg's path and per-client server state (SCAFFOLD's c_i; Ditto's personal
+# models are rows alike); every algorithm in the slow suite.
+@pytest.mark.parametrize('name', algorithm_cases.each_algorithm(keep=('fedavg', 'scaffold')))
 def test_a_population_over_the_budget_streams_with_the_resident_results(tmp_path, name):
   """Every algorithm, those with per-client server state included: a client's row of
   that state is its index in the population, not its position in the loaded cohort."""

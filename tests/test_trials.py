@@ -121,9 +121,8 @@ def _assert_equal(batched, separate, label):
       np.testing.assert_array_equal(a, b, err_msg=f'{label}, trial {t}: metrics')
 
 
-# Every algorithm in the default suite (#35's contract), unlike the per-algorithm tables
-# elsewhere (algorithm_cases.REPRESENTATIVE).
-@pytest.mark.parametrize('name', _algorithms())
+# The representative algorithms by default, every one batchable under make test-slow.
+@pytest.mark.parametrize('name', algorithm_cases.each_algorithm(_algorithms()))
 def test_each_trial_equals_its_separate_run(name):
   batched, group = _batched(name, 'mapped')
   assert group.rounds_run <= ROUNDS  # the trials' rounds ran together
@@ -131,7 +130,9 @@ def test_each_trial_equals_its_separate_run(name):
   _assert_equal(batched, _separate(name, 'mapped'), name)
 
 
-@pytest.mark.parametrize('name', ['fedavg', pytest.param('scaffold', marks=pytest.mark.slow)])
+# Lanes trials by default: test_auto_counts_the_rounds_of_every_trial_sharing_the_build.
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['fedavg', 'scaffold'])
 def test_each_trial_equals_its_separate_run_on_lanes(name):
   batched, group = _batched(name, 'lanes')
   assert group.retraces == 0  # the kernel compiled once
@@ -154,6 +155,7 @@ def test_private_trials_each_draw_their_own_noise(spec):
   _assert_equal(batched, _separate('fedavg', 'mapped', extra), spec.kind)
 
 
+@pytest.mark.slow
 def test_trials_sharing_one_seed_are_caught():
   """The mutation check: trials given one seed share shuffles, and differ from their runs."""
   batched, _ = _batched('fedavg', 'mapped', seeds=[3, 3, 3])
