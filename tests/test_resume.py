@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import interrupted
 from tff_comp import experiment
 from tff_comp.run import run_files, training_loop
 
@@ -60,25 +61,8 @@ def _model(path):
 
 
 def _train(path, interrupt_at=None, show=False, **kwargs):
-  prepared = experiment.prepare(
-    experiment.ExperimentConfig.of(output_dir=str(path), **dict(ARGS, **kwargs))
-  )
-  runner = experiment.build_runner(prepared)
-  if interrupt_at is not None:
-    process, calls = runner.runtime, []
-
-    class Interrupted:  # the process, with a Ctrl-C in round `interrupt_at`
-      def __getattr__(self, name):
-        return getattr(process, name)
-
-      def next(self, state, ids, work=None):
-        calls.append(1)
-        if len(calls) == interrupt_at:
-          raise KeyboardInterrupt
-        return process.next(state, ids, work)
-
-    runner.runtime = Interrupted()
-  return experiment.train_runner(prepared, runner, show_progress=show)
+  config = experiment.ExperimentConfig.of(output_dir=str(path), **dict(ARGS, **kwargs))
+  return interrupted.train(config, interrupt_at, show)
 
 
 @pytest.fixture(scope='module')
