@@ -11,7 +11,7 @@ from dp_accounting import rdp
 import numpy as np
 import pytest
 
-from tests import algorithm_cases
+from tests import algorithm_cases, interrupted
 from tff_comp import accounting, experiment, privacy_settings
 from tff_comp.ops import privacy
 from tff_comp.run import run_files, sampling
@@ -142,25 +142,8 @@ ARGS = dict(
 
 
 def _train(path, interrupt_at=None, **changes):
-  prepared = experiment.prepare(
-    experiment.ExperimentConfig.of(output_dir=str(path), **ARGS, **changes)
-  )
-  runner = experiment.build_runner(prepared)
-  if interrupt_at is not None:
-    process, calls = runner.runtime, []
-
-    class Interrupted:  # the process, with a Ctrl-C in round `interrupt_at`
-      def __getattr__(self, name):
-        return getattr(process, name)
-
-      def next(self, state, ids, work=None):
-        calls.append(1)
-        if len(calls) == interrupt_at:
-          raise KeyboardInterrupt
-        return process.next(state, ids, work)
-
-    runner.runtime = Interrupted()
-  return experiment.train_runner(prepared, runner, show_progress=False)
+  config = experiment.ExperimentConfig.of(output_dir=str(path), **ARGS, **changes)
+  return interrupted.train(config, interrupt_at)
 
 
 def test_a_resumed_tree_run_equals_the_uninterrupted_one(tmp_path):
@@ -193,7 +176,7 @@ def test_a_noise_cohort_scales_the_trees_nodes_and_is_accounted_as_that_cohort()
     _plan(noise_cohort_size=51)
   with pytest.raises(ValueError, match='at least the one of a round'):
     _plan(noise_cohort_size=3)
-  with pytest.raises(ValueError, match='scales the noise of dp and dp_ftrl_tree'):
+  with pytest.raises(ValueError, match='scales the noise of dp, dp_ftrl_tree, dp_bandmf'):
     privacy.PrivateMean('dp_adaptive', 1.0, 1.0, 4.0, noise_cohort_size=40)
 
 

@@ -361,12 +361,12 @@ def test_the_default_delta_is_population_to_the_minus_1_1_and_is_recorded(tmp_pa
 
 
 def test_the_privacy_line_gives_the_delta_it_accounts_with():
-  """The run's `privacy:` line shows delta (the default was used silently); one of
-  1/population or more is refused."""
+  """The run's `privacy:` line shows delta once (the default was used silently; then
+  it was given twice); one of 1/population or more is refused."""
   ledger = accounting.Ledger(1.0, 10, 64, 'poisson', 64**-1.1, 'rdp')
-  assert privacy_settings.privacy_line(ledger, 4.0, 100).startswith(
-    'privacy: noise multiplier 1; delta 0.0103; '
-  )
+  line = privacy_settings.privacy_line(ledger, 4.0, 100)
+  assert line.startswith('privacy: noise multiplier 1; RDP accounting of Poisson sampling')
+  assert line.count('delta') == 1 and 'delta = 0.0103;' in line, line
   with pytest.raises(ValueError, match='target_delta must be in'):
     accounting.Ledger(1.0, 10, 64, 'poisson', 0.05, 'rdp')
 

@@ -98,6 +98,14 @@ SETTINGS = {
     noise_multiplier=0.3,
     sampling='cyclic',
   ),
+  # Three bands (a cyclic epoch of 3 of the 6 clients): two noise vectors kept.
+  'dp-bandmf': dict(
+    engine='lanes',
+    aggregator='dp_bandmf',
+    clip_norm=1.0,
+    noise_multiplier=0.3,
+    sampling='cyclic',
+  ),
   'schedules': dict(
     engine='lanes',
     client_lr_schedule='exponential',

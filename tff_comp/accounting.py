@@ -15,10 +15,17 @@ samples its cohort:
 
 DP-FTRL's tree aggregation (`restart_every` k > 0) takes no sampling: with cyclic
 participation each client is in at most one round of every tree of k <= E rounds (E the
-rounds of an epoch), so each tree is dp_accounting's `SingleEpochTreeAggregationDpEvent`
-(RDP alpha ceil(log2(k + 1)) / (2 z^2): the client's update changes one node a level),
-trees composing (Kairouz et al. 2021, appendix D), for a client's update replaced by
-zeros (replace-special adjacency).
+rounds of an epoch, or the --min_separation), so each tree is dp_accounting's
+`SingleEpochTreeAggregationDpEvent` (RDP alpha ceil(log2(k + 1)) / (2 z^2): the
+client's update changes one node a level), trees composing (Kairouz et al. 2021,
+appendix D), for a client's update replaced by zeros (replace-special adjacency).
+
+BandMF (`bands` b > 0) takes no sampling either: with cyclic participation of epoch
+E >= b (or --min_separation E >= b: 'separated'), a client's rounds are at least b
+apart, so its k = ceil(t / E) rounds of the
+first t change the b-banded factor's C x by at most sqrt(k) clip norms
+(`ops.matrix_factorization`): the t rounds released are one Gaussian mechanism of noise
+multiplier z / sqrt(k) (Choquette-Choo et al. 2023), replace-special adjacency.
 
 Client dropout is not accounted: a data-independent dropout only removes contributions,
 so the epsilon stated is an upper bound. For adaptive clipping z is the effective total
@@ -37,6 +44,10 @@ from tff_comp.run import callbacks, run_files
 
 ACCOUNTANTS = ('rdp', 'pld')
 SAMPLINGS = ('poisson', 'uniform')
+# Participation bounded in time, what a tree's and BandMF's accounting take: cyclic
+# blocks, or uniform draws each client at most once in any `epoch` rounds
+# (--min_separation).
+BOUNDED = ('cyclic', 'separated')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +57,9 @@ class Ledger:
   noise_multiplier: z; clients_per_round: n (expected, for Poisson); population: N;
   sampling: one of `SAMPLINGS`; delta: the run's delta; accountant: 'rdp' (fast, every
   round) or 'pld' (tighter, Poisson only, about 0.3 s a call); restart_every: k, the
-  rounds of each tree of DP-FTRL's tree aggregation (0: a Gaussian mechanism a round).
+  rounds of each tree of DP-FTRL's tree aggregation (0: a Gaussian mechanism a round);
+  bands: b, BandMF's bands (0: not BandMF), with `epoch` E the rounds between a
+  client's rounds (cyclic sampling's epoch).
   """
 
   noise_multiplier: float
@@ -56,19 +69,35 @@ class Ledger:
   delta: float
   accountant: str = 'rdp'
   restart_every: int = 0
+  bands: int = 0
+  epoch: int = 0
 
   def __post_init__(self):
-    check(self.sampling, self.accountant, self.delta, self.population, self.restart_every)
+    check(
+      self.sampling,
+      self.accountant,
+      self.delta,
+      self.population,
+      self.restart_every,
+      bands=self.bands,
+      epoch=self.epoch,
+    )
     if self.noise_multiplier < 0:
       raise ValueError(f'noise_multiplier must be >= 0, got {self.noise_multiplier}.')
 
   @property
   def assumption(self) -> str:
     """One line: what the epsilon is a bound for."""
+    if self.bands:
+      return (
+        f'accounting of BandMF with {self.bands} bands as a Gaussian mechanism, each client'
+        f' in one round of every {self.epoch} ({_BOUNDED_BY[self.sampling]}),'
+        f' replace-with-zeros adjacency, delta = {self.delta:.3g}'
+      )
     if self.restart_every:
       return (
         f'RDP accounting of tree aggregation restarted every {self.restart_every} rounds,'
-        ' each client in at most one round a tree (cyclic participation),'
+        f' each client in at most one round a tree ({_BOUNDED_BY[self.sampling]}),'
         f' replace-with-zeros adjacency, delta = {self.delta:.3g}'
       )
     if self.sampling == 'poisson':
@@ -89,19 +118,16 @@ class Ledger:
       return 0.0
     if self.noise_multiplier == 0:
       return math.inf
-    accountant = _fresh(self.sampling, self.accountant, self.restart_every)
-    if self.restart_every:
-      accountant.compose(_tree_event(self, rounds))
-    else:
-      accountant.compose(_round_event(self), rounds)
+    accountant = _fresh(self.sampling, self.accountant, bool(self.restart_every or self.bands))
+    accountant.compose(_event(self, rounds))
     return accountant.get_epsilon(self.delta)
 
   def per_round(self) -> Callable[[int], float]:
     """rounds -> epsilon, fast enough to call every round: the RDP of a round is
     computed once and scaled by the rounds (RDP composes additively), then converted
     at `delta`; PLD recomposes on each call."""
-    if self.accountant != 'rdp' or self.noise_multiplier == 0 or self.restart_every:
-      return self.epsilon  # a tree's RDP is a closed form
+    if self.accountant != 'rdp' or self.noise_multiplier == 0 or self.restart_every or self.bands:
+      return self.epsilon  # a tree's and BandMF's RDP are closed forms
     accountant = _fresh(self.sampling, 'rdp')
     accountant.compose(_round_event(self))
     # The accountant's orders and one round's RDP at them (dp_accounting 0.4 keeps them
@@ -132,24 +158,45 @@ class Ledger:
 
 
 def check(
-  sampling: str, accountant: str, delta: float, population: int, restart_every: int = 0
+  sampling: str,
+  accountant: str,
+  delta: float,
+  population: int,
+  restart_every: int = 0,
+  *,
+  bands: int = 0,
+  epoch: int = 0,
 ) -> None:
   """Raises ValueError (one line) for a run the accountant cannot account
-  (`restart_every` > 0: DP-FTRL's trees)."""
+  (`restart_every` > 0: DP-FTRL's trees; `bands` > 0: BandMF, `epoch` E rounds apart)."""
   if accountant not in ACCOUNTANTS:
     raise ValueError(f'accountant={accountant!r} is unknown; choose one of {ACCOUNTANTS}.')
-  if restart_every:
-    if sampling != 'cyclic':
+  if bands:
+    if sampling not in BOUNDED:
+      raise ValueError(
+        "BandMF's accounting assumes each client's rounds at least --bands apart"
+        f' (--sampling=cyclic or --min_separation), not {sampling} sampling.'
+      )
+    if epoch < bands:
+      raise ValueError(
+        f"BandMF with {bands} bands needs a client's rounds at least {bands} apart;"
+        f' here they are {epoch} apart: use --bands={epoch} or fewer.'
+      )
+    if accountant != 'rdp':
+      raise ValueError('BandMF is accounted by the RDP accountant: --accountant=rdp.')
+  elif restart_every:
+    if sampling not in BOUNDED:
       raise ValueError(
         "tree aggregation's accounting assumes each client in at most one round of a"
-        f' tree (--sampling=cyclic), not {sampling} sampling.'
+        f' tree (--sampling=cyclic or --min_separation), not {sampling} sampling.'
       )
     if accountant != 'rdp':
       raise ValueError('tree aggregation is accounted by the RDP accountant: --accountant=rdp.')
-  elif sampling == 'cyclic':
+  elif sampling in BOUNDED:
     raise ValueError(
-      "cyclic participation amplifies no Gaussian round's privacy (a client's rounds are"
-      ' fixed); use poisson or uniform sampling, or --aggregator=dp_ftrl_tree.'
+      f'{"cyclic participation" if sampling == "cyclic" else "--min_separation"} amplifies'
+      " no Gaussian round's privacy; use poisson or uniform sampling, or"
+      ' --aggregator=dp_ftrl_tree or dp_bandmf.'
     )
   elif sampling not in SAMPLINGS:
     raise ValueError(
@@ -184,20 +231,22 @@ def calibrate(
   delta: float,
   accountant: str = 'rdp',
   restart_every: int = 0,
+  bands: int = 0,
+  epoch: int = 0,
 ) -> float:
   """The smallest noise multiplier whose `rounds` rounds spend at most `target_epsilon`
   (`dp_accounting.calibrate_dp_mechanism`)."""
-  check(sampling, accountant, delta, population, restart_every)
+  check(sampling, accountant, delta, population, restart_every, bands=bands, epoch=epoch)
   if not target_epsilon > 0:
     raise ValueError(f'target_epsilon must be > 0, got {target_epsilon}.')
 
   def ledger(z: float) -> Ledger:
-    return Ledger(z, clients_per_round, population, sampling, delta, accountant, restart_every)
+    return Ledger(
+      z, clients_per_round, population, sampling, delta, accountant, restart_every, bands, epoch
+    )
 
   def event(z: float) -> dp_accounting.DpEvent:
-    if restart_every:
-      return _tree_event(ledger(z), rounds)
-    return dp_accounting.SelfComposedDpEvent(_round_event(ledger(z)), rounds)
+    return _event(ledger(z), rounds)
 
   # PLD's discretization grows without bound as z goes to 0 (38 GiB at z = 1e-3).
   low, high = (0.3 if accountant == 'pld' else 0.05), 1e3
@@ -210,13 +259,26 @@ def calibrate(
         f' {spent:.3g}); set --noise_multiplier instead.'
       )
   return dp_accounting.calibrate_dp_mechanism(
-    lambda: _fresh(sampling, accountant, restart_every),
+    lambda: _fresh(sampling, accountant, bool(restart_every or bands)),
     event,
     target_epsilon,
     delta,
     dp_accounting.ExplicitBracketInterval(low, high),
     tol=1e-4,
   )
+
+
+_BOUNDED_BY = {'cyclic': 'cyclic participation', 'separated': '--min_separation'}
+
+
+def _event(ledger: Ledger, rounds: int) -> dp_accounting.DpEvent:
+  """The `rounds` rounds of `ledger`'s mechanism as one event."""
+  if ledger.bands:
+    participations = -(-rounds // ledger.epoch)  # a client's rounds among them, at most
+    return dp_accounting.GaussianDpEvent(ledger.noise_multiplier / math.sqrt(participations))
+  if ledger.restart_every:
+    return _tree_event(ledger, rounds)
+  return dp_accounting.SelfComposedDpEvent(_round_event(ledger), rounds)
 
 
 def _round_event(ledger: Ledger) -> dp_accounting.DpEvent:
@@ -243,11 +305,13 @@ def _tree_event(ledger: Ledger, rounds: int) -> dp_accounting.DpEvent:
 
 
 def _fresh(
-  sampling: str, accountant: str, restart_every: int = 0
+  sampling: str, accountant: str, correlated: bool = False
 ) -> dp_accounting.PrivacyAccountant:
+  """A fresh accountant; `correlated`: a tree's or BandMF's (noise correlated across
+  rounds, a client's update replaced by zeros)."""
   if accountant == 'pld':
     return pld.PLDAccountant()
-  if restart_every:
+  if correlated:
     return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
   relation = (
     dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE

@@ -102,12 +102,18 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
     population=task.num_clients,
     sampling=config.participation.sampling,
     resuming=config.output_dir if config.resume else None,
+    min_separation=config.participation.min_separation,
   )
   settings = dataclasses.replace(settings, **plan.resolved)
   if config.devices.device_model != 'none' and config.participation.sampling == 'cyclic':
     raise ConfigError(
       '--sampling=cyclic takes fixed blocks of clients in turn, which --device_model'
       " (the clients available at a round's time) would break."
+    )
+  if config.devices.device_model != 'none' and config.participation.separated:
+    raise ConfigError(
+      '--min_separation draws among the clients recent rounds did not sample, which'
+      " --device_model (the clients available at a round's time) would break."
     )
   if config.devices.device_model == 'trace':  # read before the run locks its directory
     try:

@@ -14,8 +14,8 @@ import json
 import pathlib
 from typing import Any
 
-from tff_comp import accounting, aggregation_settings, settings
-from tff_comp.ops import aggregators, privacy
+from tff_comp import accounting, aggregation_settings, settings, strategy_cache
+from tff_comp.ops import aggregators, matrix_factorization, privacy
 from tff_comp.run import callbacks
 from tff_comp.run import sampling as sampling_lib
 
@@ -24,6 +24,8 @@ AGGREGATORS = (MEAN, *privacy.KINDS, *aggregation_settings.ROBUST)
 _NOISE_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
 _ADAPTIVE_FLAGS = ('clip_quantile', 'clip_learning_rate', 'clipped_count_stddev')
 DEFAULT_ADAPTIVE_CLIP = 0.1  # TFF's initial_l2_norm_clip
+# dp_bandmf's default bands at most: the noise keeps b - 1 model-sized vectors.
+DEFAULT_MAX_BANDS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,8 @@ class PrivacyOptions:
     ' client weights); dp_adaptive (dp with the clip adapting to --clip_quantile of the'
     ' update norms); dp_ftrl_tree (DP-FTRL: the clipped sum with the noise of a binary'
     ' tree over the rounds, no sampling assumed: --sampling=cyclic, --restart_every);'
+    ' dp_bandmf (BandMF: the clipped sum with noise correlated across the rounds by a'
+    ' banded matrix factorization, no sampling assumed: --sampling=cyclic, --bands);'
     ' the Byzantine-robust median, trimmed_mean (--trim_fraction), krum,'
     ' multi_krum, bulyan (--byzantine_clients), geometric_median and centered_clip'
     ' (--centered_clip_tau), every client alike (docs/aggregators.md).',
@@ -97,16 +101,25 @@ class PrivacyOptions:
     upper=settings.MAX_COUNT,
     applies_when={'aggregator': (privacy.DP_FTRL_TREE,)},
   )
+  bands: int = settings.setting(
+    0,
+    "dp_bandmf: the factorization's bands b, each client's rounds at least b apart (0:"
+    f' a cyclic epoch, population // clients_per_round rounds, at most {DEFAULT_MAX_BANDS}'
+    ' and --rounds); the noise keeps b - 1 model-sized vectors.',
+    lower=0,
+    upper=matrix_factorization.MAX_ROUNDS,
+    applies_when={'aggregator': (privacy.DP_BANDMF,)},
+  )
   noise_cohort_size: int | None = settings.setting(
     None,
-    "dp, dp_ftrl_tree: the cohort M the noise is calibrated to (pfl-research's"
+    "dp, dp_ftrl_tree, dp_bandmf: the cohort M the noise is calibrated to (pfl-research's"
     " noise_cohort_size): the sum of a round's clients is noised by z C"
     ' clients_per_round / M, the noise a cohort of M would give the mean, and the'
     " accounting counts M clients a round; simulates a large cohort's privacy on a"
     ' small one (default: --clients_per_round).',
     lower=1,
     upper=settings.MAX_COUNT,
-    applies_when={'aggregator': (privacy.DP, privacy.DP_FTRL_TREE)},
+    applies_when={'aggregator': privacy.COHORT_SCALED},
   )
   accountant: str = settings.setting(
     'rdp',
@@ -141,11 +154,7 @@ class PrivacyOptions:
         '--accountant counts the privacy of --aggregator=dp or dp_adaptive'
         f" (this run's is {self.aggregator})."
       )
-    if self.clip_norm is None and self.aggregator in (
-      privacy.CLIP,
-      privacy.DP,
-      privacy.DP_FTRL_TREE,
-    ):
+    if self.clip_norm is None and self.aggregator in (privacy.CLIP, *privacy.COHORT_SCALED):
       raise ValueError(
         f'--aggregator={self.aggregator} needs --clip_norm (the L2 norm'
         " each client's update is clipped to)."
@@ -157,8 +166,8 @@ class PrivacyOptions:
 
   @property
   def private(self) -> bool:
-    """Adds noise (dp, dp_adaptive, dp_ftrl_tree)."""
-    return self.aggregator in (privacy.DP, privacy.DP_ADAPTIVE, privacy.DP_FTRL_TREE)
+    """Adds noise (dp, dp_adaptive, dp_ftrl_tree, dp_bandmf)."""
+    return self.aggregator in privacy.KINDS and self.aggregator != privacy.CLIP
 
   def plan(
     self,
@@ -167,16 +176,22 @@ class PrivacyOptions:
     population: int,
     rounds: int,
     sampling: str,
-    recorded_noise_multiplier: float | None = None,
+    min_separation: int = 0,
+    recorded: dict[str, Any] | None = None,
   ) -> Plan:
     """The aggregator for a run of `rounds` rounds of `clients_per_round` clients drawn
-    by `sampling` from `population`; a resumed DP run keeps its
-    `recorded_noise_multiplier` (calibrating again for a changed --rounds would change
-    the noise mid-run). Raises ValueError ('--aggregator=...: why')."""
+    by `sampling` from `population`; a resumed DP run keeps the noise multiplier it
+    `recorded` (calibrating again for a changed --rounds would change the noise
+    mid-run), and a BandMF run its strategy's rounds. `min_separation` > 1: uniform
+    draws each client at most once in that many rounds (accounted as 'separated').
+    Raises ValueError ('--aggregator=...: why')."""
     if self.aggregator not in privacy.KINDS:
       return Plan(None, None, {})
-    ledger, z, resolved = None, 0.0, {}
-    n, restart = clients_per_round, 0
+    if min_separation > 1:
+      sampling = 'separated'
+    recorded = recorded or {}
+    ledger, z, resolved, strategy = None, 0.0, {}, None
+    n, restart, bands, epoch = clients_per_round, 0, 0, 0
     # The accounting's clients a round: the noise's cohort.
     accounted = self.noise_cohort_size or n
     try:
@@ -186,24 +201,51 @@ class PrivacyOptions:
           ' accounting samples that many of it.'
         )
       if self.aggregator == privacy.DP_FTRL_TREE:
-        epoch = sampling_lib.epoch_rounds(population, n)
+        epoch = (
+          min_separation if sampling == 'separated' else sampling_lib.epoch_rounds(population, n)
+        )
         restart = self.restart_every or epoch
-        if restart > epoch and sampling == 'cyclic':
-          raise ValueError(
-            f'--restart_every={restart} is over the {epoch} rounds of a cyclic epoch'
-            f' ({population} clients, {n} a round): a client would be in two rounds of a'
-            ' tree.'
+        if restart > epoch and sampling in accounting.BOUNDED:
+          apart = (
+            f'the --min_separation of {epoch} rounds'
+            if sampling == 'separated'
+            else f'the {epoch} rounds of a cyclic epoch ({population} clients, {n} a round)'
           )
+          raise ValueError(
+            f'--restart_every={restart} is over {apart}: a client would be in two rounds of a tree.'
+          )
+      if self.aggregator == privacy.DP_BANDMF:
+        # A client's rounds are this far apart: the separation, or a cyclic epoch of the
+        # accounted cohort's (N // M).
+        epoch = (
+          min_separation
+          if sampling == 'separated'
+          else sampling_lib.epoch_rounds(population, accounted)
+        )
+        strategy_rounds = recorded.get('strategy_rounds', rounds)
+        if rounds > strategy_rounds:
+          raise ValueError(
+            f'its strategy covers the {strategy_rounds} rounds the run began with; it'
+            f' cannot be extended to {rounds}.'
+          )
+        bands = self.bands or min(epoch, strategy_rounds, DEFAULT_MAX_BANDS)
+        if bands > strategy_rounds:
+          raise ValueError(f"--bands={bands} is over the run's {strategy_rounds} rounds.")
+        resolved.update(bands=bands, strategy_rounds=strategy_rounds)
       if self.private:
         delta = (
           self.target_delta
           if self.target_delta is not None
           else accounting.default_delta(population)
         )
-        accounting.check(sampling, self.accountant, delta, population, restart)
+        accounting.check(
+          sampling, self.accountant, delta, population, restart, bands=bands, epoch=epoch
+        )
+        if bands:  # optimized (or read from the cache) once the run is known to apply
+          strategy = strategy_cache.strategy(resolved['strategy_rounds'], bands)
         z = self.noise_multiplier
         if z is None:
-          z = recorded_noise_multiplier
+          z = recorded.get('noise_multiplier')
         if z is None:
           z = accounting.calibrate(
             self.target_epsilon,
@@ -214,16 +256,18 @@ class PrivacyOptions:
             delta=delta,
             accountant=self.accountant,
             restart_every=restart,
+            bands=bands,
+            epoch=epoch,
           )
         ledger = accounting.Ledger(
-          z, accounted, population, sampling, delta, self.accountant, restart
+          z, accounted, population, sampling, delta, self.accountant, restart, bands, epoch
         )
         if self.target_epsilon is not None and ledger.epsilon(1) > self.target_epsilon:
           raise ValueError(
             f'one round with noise multiplier {z:.4g} already spends'
             f' epsilon {ledger.epsilon(1):.3g}, over --target_epsilon.'
           )
-        resolved = dict(noise_multiplier=z, target_delta=delta)
+        resolved.update(noise_multiplier=z, target_delta=delta)
         if restart:
           resolved['restart_every'] = restart
       clip_norm = self.clip_norm if self.clip_norm is not None else DEFAULT_ADAPTIVE_CLIP
@@ -237,6 +281,7 @@ class PrivacyOptions:
         self.clipped_count_stddev,
         restart,
         self.noise_cohort_size,
+        strategy,
       )
     except ValueError as e:
       raise ValueError(f'--aggregator={self.aggregator}: {e}') from e
@@ -265,13 +310,11 @@ class PrivacyOptions:
 
 
 def privacy_line(ledger: accounting.Ledger, budget: float | None, last: int) -> str:
-  """A DP run's `privacy:` line: the noise, the delta accounted with (under
-  1/population, `accounting.check`), what the accounting assumes, and how long the
+  """A DP run's `privacy:` line: the noise, what the accounting assumes (the delta
+  accounted with among it, under 1/population: `accounting.check`), and how long the
   epsilon budget lasts."""
-  return (
-    f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; delta'
-    f' {ledger.delta:.3g}; {ledger.assumption}'
-    + (f'; epsilon {budget} lasts {last} rounds' if budget else '')
+  return f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; {ledger.assumption}' + (
+    f'; epsilon {budget} lasts {last} rounds' if budget else ''
   )
 
 
@@ -287,6 +330,7 @@ def configure(
   population: int,
   sampling: str,
   resuming: str | None,
+  min_separation: int = 0,
 ) -> Plan:
   """Puts the run's model aggregator into the builder's arguments `builder_args` of the
   registered `algorithm`: --aggregator's `ops.privacy.PrivateMean` (clip, dp,
@@ -319,7 +363,8 @@ def configure(
       population=population,
       rounds=rounds,
       sampling=sampling,
-      recorded_noise_multiplier=(None if resuming is None else recorded_noise_multiplier(resuming)),
+      min_separation=min_separation,
+      recorded=None if resuming is None else recorded_settings(resuming),
     )
     model_aggregator = plan.mean
     if robust or aggregation.active:
@@ -351,10 +396,17 @@ def configure(
   return dataclasses.replace(plan, resolved={**forced, **plan.resolved})
 
 
-def recorded_noise_multiplier(output_dir: str | pathlib.Path) -> float | None:
-  """The noise multiplier a run in `output_dir` recorded (None: none readable)."""
+def recorded_settings(output_dir: str | pathlib.Path) -> dict[str, Any]:
+  """What a DP run in `output_dir` recorded and a resume keeps: its noise multiplier and
+  its BandMF strategy's rounds (those readable)."""
   try:
-    recorded = json.loads((pathlib.Path(output_dir) / 'config.json').read_text())
-    return float(recorded['resolved']['noise_multiplier'])
+    resolved = json.loads((pathlib.Path(output_dir) / 'config.json').read_text())['resolved']
   except (OSError, ValueError, KeyError, TypeError):
-    return None
+    return {}
+  kept = {}
+  for key, kind in (('noise_multiplier', float), ('strategy_rounds', int)):
+    try:
+      kept[key] = kind(resolved[key])
+    except (KeyError, TypeError, ValueError):
+      pass
+  return kept

@@ -141,11 +141,12 @@ def _pick(field: str, side_type: tff.Type) -> tff.Computation:
 
 def privacy_factory(spec: privacy.PrivateMean, *, seed: int = 0) -> Factory:
   """TFF's factory computing `spec` (see `ops.privacy`; TFF draws its own noise); for
-  dp_ftrl_tree, `spec`'s chain placed as a factory (`chain_factory.ChainFactory`, its
-  nodes seeded by `seed`): TFF's `tree_aggregation` keeps its tree in the state and
-  restarts only with adaptive clipping, while the chain draws the same tree's nodes
-  statelessly (tests/test_tree_noise.py)."""
-  if spec.kind == privacy.DP_FTRL_TREE:
+  dp_ftrl_tree and dp_bandmf, `spec`'s chain placed as a factory
+  (`chain_factory.ChainFactory`, its noise seeded by `seed`): TFF's `tree_aggregation`
+  keeps its tree in the state and restarts only with adaptive clipping, while the chain
+  draws the same tree's nodes statelessly (tests/test_tree_noise.py); TFF has no
+  matrix factorization mechanism."""
+  if spec.kind in (privacy.DP_FTRL_TREE, privacy.DP_BANDMF):
     return chain_factory.ChainFactory(spec.chain(), seed)
   if spec.kind == privacy.CLIP:
     return tff.aggregators.clipping_factory(spec.clip_norm, tff.aggregators.MeanFactory())

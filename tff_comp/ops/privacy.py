@@ -1,6 +1,6 @@
 """Clipping and differential privacy for the model delta (the `--aggregator` choices
-clip, dp and dp_adaptive), as a chain of the aggregator blocks (`PrivateMean.chain`,
-`ops.aggregators`) that every runtime runs.
+clip, dp, dp_adaptive, dp_ftrl_tree and dp_bandmf), as a chain of the aggregator blocks
+(`PrivateMean.chain`, `ops.aggregators`) that every runtime runs.
 `tff_comp.learning_process.aggregation_factories.privacy_factory` maps a `PrivateMean`
 to the TFF factory with the same semantics, which TFF's runtime runs:
 
@@ -19,10 +19,16 @@ to the TFF factory with the same semantics, which TFF's runtime runs:
                  restarted every k rounds (DP-FTRL, Kairouz et al. 2021;
                  `aggregators.TreeNoise`; an SGD server step on it is the FTRL step)
                  (TFF: `DifferentiallyPrivateFactory` on TFP's `TreeResidualSumQuery`)
+    dp_bandmf    (sum_i clip(u_i, C) + z C w_t) / n, w_t = (S^{-1} g)_t, g_t ~ N(0, I):
+                 noise correlated across rounds by a banded factorization A = B S of
+                 the prefix sums (BandMF, Choquette-Choo et al. 2023; the `strategy` S,
+                 `ops.matrix_factorization`; `aggregators.BandedNoise`)
+                 (TFF: the chain placed as a factory)
 
-With a `noise_cohort_size` M (pfl-research's), dp's and dp_ftrl_tree's noise on the sum is
-scaled by n / M: the mean then has the noise a cohort of M clients would give it, so a
-simulation of n clients a round trains with the noise of M (its privacy accounted for M).
+With a `noise_cohort_size` M (pfl-research's), the noise of dp, dp_ftrl_tree and
+dp_bandmf on the sum is scaled by n / M: the mean then has the noise a cohort of M
+clients would give it, so a simulation of n clients a round trains with the noise of M
+(its privacy accounted for M).
 
 clip(u, C) = u min(1, C / ||u||) with ||.|| the global L2 norm over the update's
 tensors; n is the expected number of clients per round (the denominator TFF's DP
@@ -31,10 +37,13 @@ queries use, also under Poisson sampling); the DP kinds weigh every client alike
 
 import dataclasses
 
-from tff_comp.ops import aggregators, messages
+from tff_comp.ops import aggregators, matrix_factorization, messages
 
-CLIP, DP, DP_ADAPTIVE, DP_FTRL_TREE = 'clip', 'dp', 'dp_adaptive', 'dp_ftrl_tree'
-KINDS = (CLIP, DP, DP_ADAPTIVE, DP_FTRL_TREE)
+CLIP, DP, DP_ADAPTIVE = 'clip', 'dp', 'dp_adaptive'
+DP_FTRL_TREE, DP_BANDMF = 'dp_ftrl_tree', 'dp_bandmf'
+KINDS = (CLIP, DP, DP_ADAPTIVE, DP_FTRL_TREE, DP_BANDMF)
+# The kinds whose noise a noise_cohort_size scales.
+COHORT_SCALED = (DP, DP_FTRL_TREE, DP_BANDMF)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +56,8 @@ class PrivateMean:
   gets). clients_per_round: n. target_quantile, clip_learning_rate,
   clipped_count_stddev: dp_adaptive's quantile estimate (TFF's defaults; stddev None:
   `count_stddev`'s default). restart_every: dp_ftrl_tree's rounds a tree (0: one tree).
-  noise_cohort_size: M, the cohort the noise is calibrated to (dp, dp_ftrl_tree; None: n).
+  noise_cohort_size: M, the cohort the noise is calibrated to (`COHORT_SCALED`; None: n).
+  strategy: dp_bandmf's factorization (`matrix_factorization.Strategy`), one row a round.
   """
 
   kind: str
@@ -59,6 +69,7 @@ class PrivateMean:
   clipped_count_stddev: float | None = None
   restart_every: int = 0
   noise_cohort_size: float | None = None
+  strategy: matrix_factorization.Strategy | None = None
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -70,8 +81,8 @@ class PrivateMean:
     if not self.restart_every >= 0:
       raise ValueError(f'restart_every must be >= 0, got {self.restart_every}.')
     if self.noise_cohort_size is not None:
-      if self.kind not in (DP, DP_FTRL_TREE):
-        raise ValueError('noise_cohort_size scales the noise of dp and dp_ftrl_tree.')
+      if self.kind not in COHORT_SCALED:
+        raise ValueError(f'noise_cohort_size scales the noise of {", ".join(COHORT_SCALED)}.')
       if not self.noise_cohort_size >= self.clients_per_round:
         raise ValueError(
           f'noise_cohort_size ({self.noise_cohort_size}) simulates a cohort at least the'
@@ -79,6 +90,8 @@ class PrivateMean:
         )
     if self.restart_every and self.kind != DP_FTRL_TREE:
       raise ValueError("restart_every is the tree's (dp_ftrl_tree).")
+    if (self.strategy is None) == (self.kind == DP_BANDMF):
+      raise ValueError('dp_bandmf, and only it, takes a strategy (its factorization).')
     if self.kind == CLIP and self.noise_multiplier:
       raise ValueError('the clip aggregator adds no noise; use dp for a noise_multiplier.')
     if not self.clients_per_round > 0:
@@ -139,20 +152,23 @@ class PrivateMean:
   def chain(self) -> aggregators.Chain:
     """This mean as a chain of the aggregator blocks (`ops.aggregators`): clipping (the
     Gaussian mechanism with z_v, its clip adapted to the quantile with the count's
-    noise s for dp_adaptive; the tree's noise after it for dp_ftrl_tree), then the
+    noise s for dp_adaptive; the tree's noise after it for dp_ftrl_tree, the banded
+    factorization's for dp_bandmf), then the
     weighted mean (clip) or the sum over n (the others). Measurements as TFF's
     factories name them: clipping_norm, clipped_count, and for dp_adaptive
     dp_query_metrics/clip (the next round's clip); also mean_update_norm (a
     simulation's diagnostic: the un-noised norms are not private)."""
     if self.kind == CLIP:
       return aggregators.Chain((aggregators.Clip(self.clip_norm),), aggregators.Mean())
-    if self.kind == DP_FTRL_TREE:
-      tree = aggregators.TreeNoise(
-        self.noise_multiplier * self.noise_scale * self.clip_norm,
-        restart_every=self.restart_every,
+    stddev = self.noise_multiplier * self.noise_scale * self.clip_norm
+    if self.kind in (DP_FTRL_TREE, DP_BANDMF):
+      noise = (
+        aggregators.TreeNoise(stddev, restart_every=self.restart_every)
+        if self.kind == DP_FTRL_TREE
+        else aggregators.BandedNoise(stddev, self.strategy.band)
       )
       return aggregators.Chain(
-        (aggregators.Clip(self.clip_norm, private=True), tree),
+        (aggregators.Clip(self.clip_norm, private=True), noise),
         aggregators.Mean(denominator=self.clients_per_round),
       )
     adaptive = None

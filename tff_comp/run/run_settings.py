@@ -27,7 +27,14 @@ _FALLBACK = dict(
   eval_period=10,
 )
 # Recorded only where a run sets them (a DP run's), as config.json always had them.
-_ONLY_WHEN_SET = ('client_weighting', 'noise_multiplier', 'target_delta', 'restart_every')
+_ONLY_WHEN_SET = (
+  'client_weighting',
+  'noise_multiplier',
+  'target_delta',
+  'restart_every',
+  'bands',
+  'strategy_rounds',
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +48,8 @@ class RunSettings:
     client_weighting: 'uniform' where the aggregator requires it (DP), else None.
     noise_multiplier, target_delta: a DP run's, given or calibrated.
     restart_every: a DP-FTRL run's rounds a tree, given or its cyclic epoch.
+    bands, strategy_rounds: a BandMF run's bands (given or defaulted) and its strategy's
+      rounds (the first --rounds; a resume keeps them).
   """
 
   rounds: int
@@ -56,6 +65,8 @@ class RunSettings:
   noise_multiplier: float | None = None
   target_delta: float | None = None
   restart_every: int | None = None
+  bands: int | None = None
+  strategy_rounds: int | None = None
 
   def record(self) -> dict[str, Any]:
     """What config.json's `resolved` holds of these."""

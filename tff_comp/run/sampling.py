@@ -68,12 +68,31 @@ class Participation:
     upper=1.0,
     per_trial=True,
   )
+  min_separation: int = settings.setting(
+    0,
+    'With --sampling=uniform: each client in at most one of any --min_separation'
+    ' consecutive rounds (a round draws among the clients the previous'
+    ' min_separation - 1 rounds did not sample; 0 or 1: no bound). The participation'
+    ' --aggregator=dp_bandmf (--bands at most it) and dp_ftrl_tree (--restart_every at'
+    ' most it) account without a fixed order.',
+    lower=0,
+    upper=settings.MAX_COUNT,
+  )
 
   def __post_init__(self):
     settings.check(self)
     for name in ('dropout_rate', 'straggler_rate'):
       if not getattr(self, name) < 1.0:
         raise ValueError(f'--{name} must be in [0, 1), got {getattr(self, name)}.')
+    if self.min_separation > 1 and self.sampling != 'uniform':
+      raise ValueError(
+        f'--min_separation bounds uniform sampling (this run samples {self.sampling}).'
+      )
+
+  @property
+  def separated(self) -> bool:
+    """Rounds drawn at least `min_separation` (> 1) apart for each client."""
+    return self.min_separation > 1
 
 
 class RoundClients(NamedTuple):
@@ -145,6 +164,20 @@ class ClientSampler:
         '--sampling=cyclic takes fixed blocks of clients in turn, which a device model'
         " choosing the clients available at a round's time would break."
       )
+    if clock is not None and participation.separated:
+      raise ValueError(
+        '--min_separation draws among the clients recent rounds did not sample, which a'
+        " device model choosing the clients available at a round's time would break."
+      )
+    if (
+      participation.separated and len(self._ids) < clients_per_round * participation.min_separation
+    ):
+      raise ValueError(
+        f'--min_separation={participation.min_separation} with {clients_per_round} clients a'
+        f' round needs at least {clients_per_round * participation.min_separation} clients'
+        f' (the population has {len(self._ids)}).'
+      )
+    self._history: dict[int, np.ndarray] = {}  # rounds' sampled positions (separated)
     self._drawn = (
       clients_per_round
       if clock is None
@@ -180,6 +213,13 @@ class ClientSampler:
       order = np.random.default_rng([self._seed, _CYCLIC_ORDER]).permutation(n)
       block = (round_num - 1) % epoch_rounds(n, k)
       chosen = order[block * k : (block + 1) * k]
+    elif p.separated:
+      recent = [
+        self._separated(r) for r in range(max(1, round_num - p.min_separation + 1), round_num)
+      ]
+      allowed = np.setdiff1d(np.arange(n), np.concatenate([np.zeros(0, int), *recent]))
+      chosen = allowed[rng.choice(len(allowed), k, replace=False)]
+      self._history[round_num] = chosen
     else:
       chosen = rng.choice(n, k, replace=p.sampling == 'with_replacement')
     sampled = tuple(ids[i] for i in chosen)
@@ -189,6 +229,18 @@ class ClientSampler:
     straggling = rng.random(len(reporting)) < p.straggler_rate
     work = tuple(p.straggler_work if s else 1.0 for s in straggling) if straggling.any() else None
     return RoundClients(sampled, reporting, work)
+
+  def _separated(self, round_num: int) -> np.ndarray:
+    """The positions round `round_num` sampled under --min_separation, drawing the
+    rounds before it first (from the earliest not drawn: each depends on the last
+    min_separation - 1)."""
+    first = round_num
+    while first > 1 and first - 1 not in self._history:
+      first -= 1
+    for r in range(first, round_num + 1):
+      if r not in self._history:
+        self._draw(r, self._ids)
+    return self._history[round_num]
 
   def _timed(self, round_num: int) -> RoundClients:
     """Round `round_num` on the devices, from the clock at its start."""

@@ -7,6 +7,7 @@ that turns a round's client updates into one (`base`: the contract).
     compression  Rotate, Quantize, QSGD, TopK, RandK, Sign, ErrorFeedback (EF, EF21)
     secure       SecureSum (TFF's secure aggregation, modular, with its wrap-around)
     tree         TreeNoise (DP-FTRL's tree aggregation: noise correlated across rounds)
+    banded       BandedNoise (BandMF: noise correlated by a banded matrix factorization)
     attacks      Attack: Byzantine clients (sign flip, scaled, Gaussian, ALIE)
 
     import tff_comp.ops.aggregators as agg
@@ -16,6 +17,7 @@ docs/aggregators.md gives each one's math and reference.
 """
 
 from tff_comp.ops.aggregators.attacks import Attack
+from tff_comp.ops.aggregators.banded import BandedNoise
 from tff_comp.ops.aggregators.base import (
   Chain,
   ChainState,
@@ -53,6 +55,7 @@ from tff_comp.ops.aggregators.tree import TreeNoise
 
 __all__ = [
   'Attack',
+  'BandedNoise',
   'Bulyan',
   'CenteredClip',
   'Chain',
