@@ -9,6 +9,7 @@ import tensorflow as tf
 from tff_comp import models, registry
 from tff_comp.learning_process import composer
 from tff_comp.ops import regularizers
+from tff_comp.run import sampling
 from tff_comp.tasks import array_data
 
 D, NUM_CLIENTS = 5, 5
@@ -69,6 +70,17 @@ def algorithm(name: str, extra: dict, shuffle: bool = False):
 def build(name: str, extra: dict, shuffle: bool = False):
   """The TFF process of algorithm `name` on this problem (`composer.compose`)."""
   return composer.compose(algorithm(name, extra, shuffle))
+
+
+def cyclic_rounds(runtime, rounds: int):
+  """`runtime`'s model weights after `rounds` rounds on `DATA['unequal']` in cyclic
+  blocks of 2 (seed 3), the participation DP-FTRL's and BandMF's accounting take."""
+  ids = list(DATA['unequal'].client_ids)
+  sampler = sampling.ClientSampler(ids, 2, 3, sampling.Participation('cyclic'))
+  state = runtime.initialize()
+  for round_num in range(1, rounds + 1):
+    state = runtime.next(state, list(sampler.sample(round_num).reporting)).state
+  return runtime.get_model_weights(state).trainable
 
 
 def stored_order(algorithm):

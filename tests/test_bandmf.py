@@ -86,7 +86,7 @@ def test_the_rounds_noise_is_c_inverse_z(bands):
   """Over n rounds the stage adds (C^{-1} z)_t, z the stream it draws: solved densely."""
   n, d, stddev = 7, 5, 0.7
   s = mf.optimize(n, bands)
-  stage = agg.BandedNoise(stddev, s.band).bind(d)
+  stage = agg.BandedNoise(stddev, s).bind(d)
   state = stage.initial_state()
   seed = tf.constant([11, 0], tf.int64)
   context = agg.base.Context(tf.constant(3.0), tf.constant(3.0), tf.constant(1.0))
@@ -112,7 +112,7 @@ def test_the_noise_of_the_prefix_sums_is_b_z():
   is sigma^2 B B^T, below independent noise's sigma^2 A A^T in total."""
   n, d = 6, 20000
   s = mf.optimize(n, 3)
-  stage = agg.BandedNoise(1.0, s.band).bind(d)
+  stage = agg.BandedNoise(1.0, s).bind(d)
   state = stage.initial_state()
   context = agg.base.Context(tf.constant(1.0), tf.constant(1.0), tf.constant(1.0))
   rounds = []
@@ -128,14 +128,14 @@ def test_the_noise_of_the_prefix_sums_is_b_z():
 def test_bad_strategies_are_refused():
   with pytest.raises(ValueError, match='bands must be in'):
     mf.optimize(3, 4)
-  with pytest.raises(ValueError, match="strategy's bands"):
-    agg.BandedNoise(1.0, np.zeros((3, 2)))
+  with pytest.raises(ValueError, match=r'C\[t, t\] must be > 0'):
+    agg.BandedNoise(1.0, mf.Strategy(np.zeros((3, 2))))
   with pytest.raises(ValueError, match='bind'):
-    agg.BandedNoise(1.0, mf.banded_sqrt(3, 2).band).initial_state()
+    agg.BandedNoise(1.0, mf.banded_sqrt(3, 2)).initial_state()
 
 
 def test_a_chain_with_banded_noise_needs_a_sum():
-  band = mf.banded_sqrt(4, 2).band
-  agg.Chain((agg.Clip(1.0, private=True), agg.BandedNoise(1.0, band)), agg.Mean(denominator=3))
+  strategy = mf.banded_sqrt(4, 2)
+  agg.Chain((agg.Clip(1.0, private=True), agg.BandedNoise(1.0, strategy)), agg.Mean(denominator=3))
   with pytest.raises(ValueError, match='noises a sum'):
-    agg.Chain((agg.BandedNoise(1.0, band),), agg.Median())
+    agg.Chain((agg.BandedNoise(1.0, strategy),), agg.Median())

@@ -52,7 +52,7 @@ def test_the_bands_default_to_an_epoch_and_what_cannot_be_accounted_is_refused()
   assert plan.resolved['bands'] == 12 and plan.resolved['strategy_rounds'] == 30
   assert plan.mean.strategy == strategy_cache.strategy(30, 12)
   (_, noise) = plan.mean.chain().stages
-  assert noise.band.shape == (30, 12) and noise.stddev == 1.0
+  assert noise.strategy.band.shape == (30, 12) and noise.stddev == 1.0
   assert _plan(bands=4).mean.strategy.bands == 4
   assert _plan(rounds=5).resolved['bands'] == 5  # not over the rounds
   for options, says in (
@@ -70,15 +70,6 @@ def test_the_bands_default_to_an_epoch_and_what_cannot_be_accounted_is_refused()
     _plan(recorded=dict(strategy_rounds=20))
 
 
-def _rounds(runtime, rounds=4):
-  ids = list(algorithm_cases.DATA['unequal'].client_ids)
-  sampler = sampling.ClientSampler(ids, 2, 3, sampling.Participation('cyclic'))
-  state = runtime.initialize()
-  for round_num in range(1, rounds + 1):
-    state = runtime.next(state, list(sampler.sample(round_num).reporting)).state
-  return runtime.get_model_weights(state).trainable
-
-
 def test_a_bandmf_run_is_the_same_in_process_and_on_tffs_runtime():
   """The chain's noise is seeded by (run seed, round) on both; two bands over 4 rounds."""
 
@@ -89,11 +80,11 @@ def test_a_bandmf_run_is_the_same_in_process_and_on_tffs_runtime():
     )
 
   data = algorithm_cases.DATA['unequal']
-  got = _rounds(inprocess.build(algorithm(0.8), data, engine='mapped'))
-  want = _rounds(tff_process.build_tff(algorithm(0.8), data))
+  got = algorithm_cases.cyclic_rounds(inprocess.build(algorithm(0.8), data, engine='mapped'), 4)
+  want = algorithm_cases.cyclic_rounds(tff_process.build_tff(algorithm(0.8), data), 4)
   for a, b in zip(got, want, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  plain = _rounds(inprocess.build(algorithm(0.0), data, engine='mapped'))
+  plain = algorithm_cases.cyclic_rounds(inprocess.build(algorithm(0.0), data, engine='mapped'), 4)
   assert max(np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(got, plain)) > 1e-3
 
 

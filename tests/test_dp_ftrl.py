@@ -93,15 +93,6 @@ def test_the_tree_restarts_every_epoch_by_default_and_never_spans_two():
     ).check()
 
 
-def _rounds(runtime, rounds=5):
-  ids = list(algorithm_cases.DATA['unequal'].client_ids)
-  sampler = sampling.ClientSampler(ids, 2, 3, sampling.Participation('cyclic'))
-  state = runtime.initialize()
-  for round_num in range(1, rounds + 1):
-    state = runtime.next(state, list(sampler.sample(round_num).reporting)).state
-  return runtime.get_model_weights(state).trainable
-
-
 def test_a_tree_run_is_the_same_in_process_and_on_tffs_runtime():
   """The chain's nodes are seeded by (run seed, tree, level, index) on both; two trees
   of two rounds, then the third's first."""
@@ -117,11 +108,11 @@ def test_a_tree_run_is_the_same_in_process_and_on_tffs_runtime():
       client_weighting='uniform',
     ),
   )
-  got = _rounds(inprocess.build(algorithm, data, engine='mapped'))
-  want = _rounds(tff_process.build_tff(algorithm, data))
+  got = algorithm_cases.cyclic_rounds(inprocess.build(algorithm, data, engine='mapped'), 5)
+  want = algorithm_cases.cyclic_rounds(tff_process.build_tff(algorithm, data), 5)
   for a, b in zip(got, want, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  plain = _rounds(inprocess.build(noiseless, data, engine='mapped'))
+  plain = algorithm_cases.cyclic_rounds(inprocess.build(noiseless, data, engine='mapped'), 5)
   assert max(np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(got, plain)) > 1e-3
 
 

@@ -165,7 +165,7 @@ class PrivateMean:
       noise = (
         aggregators.TreeNoise(stddev, restart_every=self.restart_every)
         if self.kind == DP_FTRL_TREE
-        else aggregators.BandedNoise(stddev, self.strategy.band)
+        else aggregators.BandedNoise(stddev, self.strategy)
       )
       return aggregators.Chain(
         (aggregators.Clip(self.clip_norm, private=True), noise),

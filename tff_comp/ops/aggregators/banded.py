@@ -1,5 +1,5 @@
 """BandMF's noise: Gaussian noise correlated across rounds by a banded matrix
-factorization A = B C of the prefix sums (`tff_comp.matrix_factorization` gives C and
+factorization A = B C of the prefix sums (`ops.matrix_factorization` gives C and
 the math; Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorization").
 
 Round t (from 0) adds to the combined sum, before the combiner's scaling,
@@ -15,38 +15,28 @@ resumed run adds the noise it would have added.
 import numpy as np
 import tensorflow as tf
 
+from tff_comp.ops import matrix_factorization
 from tff_comp.ops.aggregators import base
 
 
 class BandedNoise(base.Stage):
   """w_t (module docstring) of std `stddev` a z (the noise multiplier times the clip
-  norm), `band` [n, b] the strategy's bands (`band[t, j]` = C[t, t - j])."""
+  norm), for `strategy`'s C (`matrix_factorization.Strategy`)."""
 
   name = 'banded_noise'
   randomized = True
-  in_state = ('band',)  # read from the state: one program runs strategies of one shape
+  in_state = ('strategy',)  # read from the state: one program runs strategies of one shape
 
-  def __init__(self, stddev: float, band: np.ndarray, d: int | None = None):
-    band = np.asarray(band, np.float64)
+  def __init__(self, stddev: float, strategy: matrix_factorization.Strategy, d: int | None = None):
     if not stddev >= 0:
       raise ValueError(f'the noise std must be >= 0, got {stddev}.')
-    if band.ndim != 2 or not band.shape[0] >= band.shape[1] >= 1 or not np.all(band[:, 0] > 0):
-      raise ValueError(
-        f"a strategy's bands are [rounds, bands] with C[t, t] > 0, got {band.shape}."
-      )
-    self.stddev, self.band, self.d = stddev, band, d
-    self.shape = band.shape
-
-  @property
-  def rounds(self) -> int:
-    return self.band.shape[0]
-
-  @property
-  def bands(self) -> int:
-    return self.band.shape[1]
+    if not np.all(strategy.band[:, 0] > 0):
+      raise ValueError("a strategy's C[t, t] must be > 0.")
+    self.stddev, self.strategy, self.d = stddev, strategy, d
+    self.shape = strategy.band.shape
 
   def bind(self, d: int) -> 'BandedNoise':
-    return BandedNoise(self.stddev, self.band, d)
+    return BandedNoise(self.stddev, self.strategy, d)
 
   def initial_state(self):
     """(t int64, the last b - 1 noise vectors [b - 1, d], C's bands [n, b])."""
@@ -54,8 +44,8 @@ class BandedNoise(base.Stage):
       raise ValueError("BandedNoise needs the rows' size: bind(d) first.")
     return (
       tf.zeros([], tf.int64),
-      tf.zeros([self.bands - 1, self.d]),
-      tf.constant(self.band, tf.float32),
+      tf.zeros([self.strategy.bands - 1, self.d]),
+      tf.constant(self.strategy.band, tf.float32),
     )
 
   def decode(self, state, y, counts, context, seed):
@@ -66,13 +56,8 @@ class BandedNoise(base.Stage):
     row = tf.gather(band, t)  # C[t, t], C[t, t-1], ..., C[t, t-b+1] (0 before round 0)
     w = (z - tf.linalg.matvec(previous, row[1:], transpose_a=True)) / row[0]
     y = y + self.stddev * w * context.scale
-    previous = tf.concat([w[None], previous], 0)[: self.bands - 1]
+    previous = tf.concat([w[None], previous], 0)[: self.strategy.bands - 1]
     return y, (t + 1, previous, band), base.Measurements()
 
   def why_not(self, chain) -> str:
-    if not chain.combiner.scaled_sum:
-      return (
-        'banded matrix factorization noises a sum of the clipped updates; the'
-        f' {chain.combiner.name} combiner is not one'
-      )
-    return ''
+    return base.noises_a_sum(chain, 'banded matrix factorization')

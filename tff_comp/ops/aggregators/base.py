@@ -326,6 +326,17 @@ class Chain:
         raise ValueError(f'aggregator {self.name}: {reason}.')
 
 
+def noises_a_sum(chain: 'Chain', mechanism: str) -> str:
+  """'' when `chain`'s combiner is a scaled sum, else why `mechanism` (noise added to
+  the clipped updates' sum) cannot work in it: a stage's `why_not`."""
+  if chain.combiner.scaled_sum:
+    return ''
+  return (
+    f'{mechanism} noises a sum of the clipped updates; the {chain.combiner.name} combiner'
+    ' is not one'
+  )
+
+
 def _structure(value: Any) -> Any:
   """`value`'s settings, recursively, as comparable tuples (`Chain.structure`)."""
   if isinstance(value, (Stage, Combiner)):

@@ -128,12 +128,7 @@ class Clip(base.Stage):
     return y, state, measurements
 
   def why_not(self, chain) -> str:
-    if self.noise_multiplier and not chain.combiner.scaled_sum:
-      return (
-        'the Gaussian mechanism noises a sum of the clipped updates; the'
-        f' {chain.combiner.name} combiner is not one'
-      )
-    return ''
+    return base.noises_a_sum(chain, 'the Gaussian mechanism') if self.noise_multiplier else ''
 
 
 class Zeroing(base.Stage):

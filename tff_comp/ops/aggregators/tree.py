@@ -104,9 +104,4 @@ class TreeNoise(base.Stage):
     return y, state, base.Measurements(tree_round=n)
 
   def why_not(self, chain) -> str:
-    if not chain.combiner.scaled_sum:
-      return (
-        'tree aggregation noises a sum of the clipped updates; the'
-        f' {chain.combiner.name} combiner is not one'
-      )
-    return ''
+    return base.noises_a_sum(chain, 'tree aggregation')
