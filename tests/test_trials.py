@@ -670,6 +670,37 @@ def test_trials_on_several_data_seeds_start_from_their_own_chains():
   assert not np.array_equal(models[0], models[1])
 
 
+def test_a_short_grid_over_data_seeds_on_a_large_population_runs_resident(tmp_path, monkeypatch):
+  """Trials of several data seeds share a program over their tasks' clients merged,
+  whose dataset function takes Python ids: a run of fewer client-rounds than that
+  population streamed it and traced back (SymbolicTensor has no 'partition'); it stays
+  resident, each trial its separate run."""
+  monkeypatch.setattr(inprocess, 'STREAM_SHORT_RUNS_FROM', 4)
+
+  def grid(root):
+    return [
+      trials.Trial(
+        ExperimentConfig.of(
+          algorithm='fedavg',
+          task='quadratic',
+          rounds=2,
+          clients_per_round=2,
+          eval_period=2,
+          seed=seed,
+          data_seed=None,
+          engine='mapped',
+          output_dir=str(root / f'trial_{seed}'),
+        )
+      )
+      for seed in (1, 2)
+    ]
+
+  said = []
+  batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
+  assert 'batched into one program' in said[0], said
+  assert batched == [_alone(trial) for trial in grid(tmp_path / 'separate')]
+
+
 def test_label_flipping_trials_of_other_fractions_never_share_a_group():
   """Label flipping poisons the task's data by --attack_fraction: not a chain's state."""
 

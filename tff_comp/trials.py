@@ -121,7 +121,8 @@ def _prepare(configs: Sequence[ExperimentConfig]) -> list[experiment.Prepared]:
 def _merged_client_data(sources: Sequence[tuple[str, Any]]) -> Any:
   """The clients of several `ClientData` ((prefix, data) pairs; prefixes end in '/')
   as one, each under its prefix + its id: the data of trials whose tasks differ only
-  in their seed, run as one group. In-process only (its dataset function is Python)."""
+  in their seed, run as one group. In-process and resident only (its dataset function
+  takes Python ids; `_why_not_merged` keeps it within the memory budget)."""
   by_prefix = dict(sources)
   ids = [prefix + cid for prefix, data in sources for cid in data.client_ids]
 
@@ -129,7 +130,9 @@ def _merged_client_data(sources: Sequence[tuple[str, Any]]) -> Any:
     prefix, _, own = client_id.partition('/')
     return by_prefix[prefix + '/'].create_tf_dataset_for_client(own)
 
-  return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids, dataset)
+  return streaming.resident_only(
+    tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids, dataset)
+  )
 
 
 def _why_not_merged(tasks: Sequence[Any], budget_mb: float) -> str:

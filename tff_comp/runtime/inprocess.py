@@ -157,7 +157,8 @@ def _build(
         f' {resident:,.0f} MB, exceed --data_memory_budget={data_memory_budget:g} MB'
       )
     elif (
-      population >= STREAM_SHORT_RUNS_FROM
+      streaming.streams(client_data)
+      and population >= STREAM_SHORT_RUNS_FROM
       and client_rounds is not None
       and client_rounds < population
       and options.get('engine') != 'lanes'

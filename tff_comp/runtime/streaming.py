@@ -34,6 +34,22 @@ def read_client(client_data: tff.simulation.datasets.ClientData, client_id: str)
   )
 
 
+# Set on a ClientData whose dataset function takes Python ids only (batched trials'
+# merged seeds): streaming reads cohorts in a tf.data map, by tensor ids.
+_PYTHON_IDS = '_tff_comp_python_ids'
+
+
+def resident_only(client_data: tff.simulation.datasets.ClientData):
+  """`client_data`, marked as readable by Python ids only (`streams`)."""
+  setattr(client_data, _PYTHON_IDS, True)
+  return client_data
+
+
+def streams(client_data: tff.simulation.datasets.ClientData) -> bool:
+  """Whether cohorts of `client_data` can be streamed (`resident_only`: not)."""
+  return not getattr(client_data, _PYTHON_IDS, False)
+
+
 def estimate_bytes(client_data: tff.simulation.datasets.ClientData, sample: int = 20) -> int:
   """The bytes of every client's examples, from `sample` clients spread over the ids."""
   ids = list(client_data.client_ids)
