@@ -52,8 +52,8 @@ class Strategy:
   def __hash__(self) -> int:
     return hash((self.band.shape, self.band.tobytes()))
 
-  def __repr__(self) -> str:
-    return f'Strategy(rounds={self.rounds}, bands={self.bands}, error={self.error():.6g})'
+  def __repr__(self) -> str:  # no solve: reprs are taken when chains are compared
+    return f'Strategy(rounds={self.rounds}, bands={self.bands})'
 
   @property
   def rounds(self) -> int:
@@ -65,7 +65,7 @@ class Strategy:
 
   def dense(self) -> np.ndarray:
     """C, [n, n]."""
-    return _dense(self.band)
+    return _dense_tf(tf.constant(self.band)).numpy()
 
   def error(self) -> float:
     """||A C^{-1}||_F^2: the total squared error of the prefix sums, per unit noise
@@ -76,14 +76,6 @@ class Strategy:
 def prefix_workload(n: int) -> np.ndarray:
   """A: the n x n lower-triangular matrix of ones."""
   return np.tril(np.ones((n, n)))
-
-
-def _dense(band):
-  n, b = band.shape
-  c = np.zeros((n, n))
-  for j in range(b):
-    c[np.arange(j, n), np.arange(0, n - j)] = band[j:, j]
-  return c
 
 
 def _dense_tf(band: tf.Tensor) -> tf.Tensor:
@@ -127,7 +119,7 @@ def optimize(n: int, b: int, *, max_steps: int = 500) -> Strategy:
     raise ValueError(f'bands must be in [1, rounds = {n}], got {b}.')
   if n > MAX_ROUNDS:
     raise ValueError(f'a strategy over {n} rounds is too large to optimize (at most {MAX_ROUNDS}).')
-  start = banded_sqrt(n, b).band
+  start = banded_sqrt(n, b)
   mask = np.array([[t >= j for j in range(b)] for t in range(n)])
 
   @tf.function(jit_compile=False, reduce_retracing=True)
@@ -144,13 +136,13 @@ def optimize(n: int, b: int, *, max_steps: int = 500) -> Strategy:
     return float(loss), grad.numpy()[mask]
 
   result = scipy.optimize.minimize(
-    fun, start[mask], jac=True, method='L-BFGS-B', options=dict(maxiter=max_steps)
+    fun, start.band[mask], jac=True, method='L-BFGS-B', options=dict(maxiter=max_steps)
   )
   band = np.zeros((n, b))
   band[mask] = result.x
   best = Strategy(_normalized(tf.constant(band)).numpy())
   # L-BFGS never ends above its start; a failed line search could: keep the better.
-  return best if best.error() <= banded_sqrt(n, b).error() else banded_sqrt(n, b)
+  return best if best.error() <= start.error() else start
 
 
 def sensitivity(c: np.ndarray, participations: int, separation: int) -> float:
