@@ -200,6 +200,24 @@ def run_planned(
   )
 
 
+def planned_output_like(
+  rule: rule_lib.ClientRule, payload, examples, hparams, plan: ClientPlan, options: ClientOptions
+) -> ClientOutput:
+  """`run_planned`'s output in structure, dtypes and shapes, without its local steps (a
+  loop keeps its state's shapes): the spec of a map over clients at a small part of the
+  cost of tracing their steps."""
+  return finish_client(
+    rule,
+    rule.initialize(payload, hparams, plan.context),
+    plan.batches.steps,
+    payload,
+    hparams,
+    plan.context,
+    options,
+    local_loop.num_examples(examples),
+  )
+
+
 def run_client(
   rule: rule_lib.ClientRule,
   payload,

@@ -128,16 +128,21 @@ class MappedEngine:
 
   def run(self, cohort: Cohort) -> client_round.ClientOutput:
     algorithm = self._algorithm
-    return self._data.map_clients(
-      lambda position, _, examples: client_round.run_planned(
+
+    def client(round_fn):
+      return lambda position, _, examples: round_fn(
         algorithm.client_rule,
         cohort.received(position)[0],
         examples,
         cohort.received(position)[1],
         _row(cohort.plans, position),
         algorithm.client_options,
-      ),
+      )
+
+    return self._data.map_clients(
+      client(client_round.run_planned),
       cohort.indices,
+      like=client(client_round.planned_output_like),
     )
 
 
