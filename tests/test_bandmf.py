@@ -63,16 +63,21 @@ def test_the_sensitivity_is_sqrt_k_when_rounds_are_b_apart_and_more_when_closer(
     mf.banded_sensitivity(s, k, separation=2)
 
 
-def test_strategies_are_cached_on_disk_by_rounds_and_bands(tmp_path, monkeypatch):
-  """Optimized once, then read; a damaged file is optimized again and replaced."""
+def test_strategies_are_cached_on_disk_by_rounds_and_bands(tmp_path, monkeypatch, capsys):
+  """Optimized once, saying so, then read in silence; a damaged file is optimized again
+  and replaced."""
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   strategy_cache.strategy.cache_clear()
   first = strategy_cache.strategy(10, 3)
+  said = capsys.readouterr().out.splitlines()
+  assert said[0].startswith('BandMF: optimizing the noise strategy for 10 rounds and 3 bands')
+  assert said[1].startswith('BandMF: strategy optimized in ') and len(said) == 2
   (cached,) = (tmp_path / 'bandmf').glob('*n10-b3.npy')
   strategy_cache.strategy.cache_clear()
   optimize = mf.optimize
   monkeypatch.setattr(mf, 'optimize', lambda *_: pytest.fail('optimized again'))
   assert strategy_cache.strategy(10, 3) == first
+  assert capsys.readouterr().out == ''
   strategy_cache.strategy.cache_clear()
   cached.write_bytes(cached.read_bytes()[:50])
   monkeypatch.setattr(mf, 'optimize', optimize)

@@ -3,6 +3,7 @@ minutes for hundreds of rounds, so each (rounds, bands) is optimized once a mach
 kept under the cache directory (`paths.cache_root()/bandmf`)."""
 
 import functools
+import time
 
 import numpy as np
 
@@ -23,7 +24,15 @@ def strategy(rounds: int, bands: int) -> matrix_factorization.Strategy:
       return matrix_factorization.Strategy(band)
   except (OSError, ValueError, EOFError):  # absent or unreadable: optimized (again)
     pass
+  # The one slow step of a BandMF run's start (minutes for long runs): said, then timed.
+  print(
+    f'BandMF: optimizing the noise strategy for {rounds} rounds and {bands} bands (once on'
+    f' this machine; kept in {path.parent})...',
+    flush=True,
+  )
+  start = time.perf_counter()
   found = matrix_factorization.optimize(rounds, bands)
+  print(f'BandMF: strategy optimized in {time.perf_counter() - start:.1f} s.', flush=True)
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f'{path.stem}.{id(found)}.tmp.npy')
