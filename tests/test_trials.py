@@ -9,6 +9,7 @@ import json
 import re
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -170,6 +171,32 @@ def _files(path):
   return [[row[c] for c in kept] for row in rows], run_files.load_model(path / 'final_model.npz')
 
 
+def _assert_same_run(path, want_path) -> Any:
+  """Two run directories hold the same metrics.csv rows (clock columns aside) and the
+  same final model, bit for bit; returns the model."""
+  (rows, model), (want_rows, want_model) = _files(path), _files(want_path)
+  assert rows == want_rows, path
+  for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
+    np.testing.assert_array_equal(a, b)
+  return model
+
+
+def _grid(root, rows: list[dict], **shared) -> list[trials.Trial]:
+  """A trial a row: the `shared` configuration with the row's fields, written to
+  root / the row's 'name'; a row's 'hparams' are its client hyperparameters."""
+  return [
+    trials.Trial(
+      ExperimentConfig.of(
+        **shared,
+        **{k: v for k, v in row.items() if k not in ('name', 'hparams')},
+        output_dir=str(root / row['name']),
+      ),
+      row.get('hparams', {}),
+    )
+    for row in rows
+  ]
+
+
 def _local_steps(algorithm: str, rounds: int) -> int:
   """The local steps of a run of `rounds` on quadratic, 3 clients a round, as 'auto'
   counts them."""
@@ -212,25 +239,26 @@ def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
   participation, batched, against the same three run one after another."""
 
   def grid(root):
-    return [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm='fedprox',
-          task='quadratic',
-          rounds=4,
-          clients_per_round=cohort,
-          eval_period=2,
-          sampling='poisson',
-          dropout_rate=0.2,
+    return _grid(
+      root,
+      [
+        dict(
+          name=f'trial_{seed}',
           seed=seed,
-          engine='mapped',
           client_learning_rate=rate,
-          output_dir=str(root / f'trial_{seed}'),
-        ),
-        {'proximal_strength': mu},
-      )
-      for seed, rate, mu, cohort in ((1, 0.02, 0.1, 3), (2, 0.05, 0.0, 4), (3, 0.01, 1.0, 2))
-    ]
+          clients_per_round=cohort,
+          hparams={'proximal_strength': mu},
+        )
+        for seed, rate, mu, cohort in ((1, 0.02, 0.1, 3), (2, 0.05, 0.0, 4), (3, 0.01, 1.0, 2))
+      ],
+      algorithm='fedprox',
+      task='quadratic',
+      rounds=4,
+      eval_period=2,
+      sampling='poisson',
+      dropout_rate=0.2,
+      engine='mapped',
+    )
 
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
@@ -246,12 +274,9 @@ def test_run_trials_writes_what_each_separate_run_writes(tmp_path):
   assert '3 trial(s) one after another (batching off)' in said[2]
   assert one_by_one == separate
   for seed in (1, 2, 3):
-    (rows, model), (want_rows, want_model) = (
-      _files(tmp_path / kind / f'trial_{seed}') for kind in ('batched', 'separate')
+    _assert_same_run(
+      tmp_path / 'batched' / f'trial_{seed}', tmp_path / 'separate' / f'trial_{seed}'
     )
-    assert rows == want_rows
-    for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
-      np.testing.assert_array_equal(a, b)
     recorded, alone = (
       json.loads((tmp_path / kind / f'trial_{seed}' / 'config.json').read_text())
       for kind in ('batched', 'separate')
@@ -269,21 +294,15 @@ def test_auto_counts_the_rounds_of_every_trial_sharing_the_build(tmp_path, monke
   monkeypatch.setattr(engines, 'AUTO_LANES_MIN_STEPS', 2 * _local_steps('fedavg', 4))
 
   def grid(root, rounds=(4, 4, 4), engine='auto'):
-    return [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm='fedavg',
-          task='quadratic',
-          rounds=r,
-          clients_per_round=3,
-          eval_period=2,
-          seed=seed,
-          engine=engine,
-          output_dir=str(root / f'trial_{seed}'),
-        )
-      )
-      for seed, r in enumerate(rounds)
-    ]
+    return _grid(
+      root,
+      [dict(name=f'trial_{seed}', seed=seed, rounds=r) for seed, r in enumerate(rounds)],
+      algorithm='fedavg',
+      task='quadratic',
+      clients_per_round=3,
+      eval_period=2,
+      engine=engine,
+    )
 
   alone = experiment.build_runner(experiment.prepare(grid(tmp_path / 'alone')[0].config))
   assert alone.runtime.engine == 'mapped' and 'too short' in alone.runtime.why
@@ -311,22 +330,19 @@ def test_trials_on_several_data_seeds_share_a_program_in_chunks(tmp_path, monkey
   trials splits the three into programs of up to two."""
 
   def grid(root):
-    return [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm=name,
-          task='sinewave',
-          rounds=3,
-          clients_per_round=3,
-          eval_period=3,
-          seed=seed,
-          data_seed=None,
-          client_learning_rate=rate,
-          output_dir=str(root / f'trial_{seed}_{rate}'),
-        )
-      )
-      for seed, rate in ((1, 0.01), (2, 0.01), (1, 0.03))
-    ]
+    return _grid(
+      root,
+      [
+        dict(name=f'trial_{seed}_{rate}', seed=seed, client_learning_rate=rate)
+        for seed, rate in ((1, 0.01), (2, 0.01), (1, 0.03))
+      ],
+      algorithm=name,
+      task='sinewave',
+      rounds=3,
+      clients_per_round=3,
+      eval_period=3,
+      data_seed=None,
+    )
 
   said = []
   monkeypatch.setattr(trials, 'trial_bytes', lambda runtime, clients: 2**20)
@@ -340,12 +356,7 @@ def test_trials_on_several_data_seeds_share_a_program_in_chunks(tmp_path, monkey
   separate = trials.run_trials(grid(tmp_path / 'separate'), batch=False, say=said.append)
   assert batched == separate
   for name in ('trial_1_0.01', 'trial_2_0.01', 'trial_1_0.03'):
-    (rows, model), (want_rows, want_model) = (
-      _files(tmp_path / kind / name) for kind in ('batched', 'separate')
-    )
-    assert rows == want_rows, name
-    for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
-      np.testing.assert_array_equal(a, b)
+    _assert_same_run(tmp_path / 'batched' / name, tmp_path / 'separate' / name)
 
 
 def test_a_programs_trials_evaluate_one_at_a_time(tmp_path, monkeypatch):
@@ -370,19 +381,14 @@ def test_a_programs_trials_evaluate_one_at_a_time(tmp_path, monkeypatch):
   monkeypatch.setattr(registry.TASKS, '_entries', dict(registry.TASKS._entries))
   registry.register_task('quadratic_alone')(build)
   results = trials.run_trials(
-    [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm='fedavg',
-          task='quadratic_alone',
-          rounds=2,
-          eval_period=1,
-          seed=seed,
-          output_dir=str(tmp_path / str(seed)),
-        )
-      )
-      for seed in range(3)
-    ],
+    _grid(
+      tmp_path,
+      [dict(name=str(seed), seed=seed) for seed in range(3)],
+      algorithm='fedavg',
+      task='quadratic_alone',
+      rounds=2,
+      eval_period=1,
+    ),
     say=lambda _: None,
   )
   assert not [r for r in results if isinstance(r, BaseException)], results
@@ -408,22 +414,18 @@ def test_a_programs_trials_evaluate_their_models_together(tmp_path, monkeypatch)
   registry.register_task('lasso_counted')(build)
 
   def grid(root):
-    return [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm='fedmid',
-          task='lasso_counted',
-          rounds=2,
-          clients_per_round=3,
-          eval_period=period,
-          seed=seed,
-          engine='mapped',
-          client_learning_rate=rate,
-          output_dir=str(root / str(seed)),
-        )
-      )
-      for seed, rate, period in ((1, 1e-3, 1), (2, 3e-3, 1), (3, 1e-3, 2))
-    ]
+    return _grid(
+      root,
+      [
+        dict(name=str(seed), seed=seed, client_learning_rate=rate, eval_period=period)
+        for seed, rate, period in ((1, 1e-3, 1), (2, 3e-3, 1), (3, 1e-3, 2))
+      ],
+      algorithm='fedmid',
+      task='lasso_counted',
+      rounds=2,
+      clients_per_round=3,
+      engine='mapped',
+    )
 
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=lambda _: None)
   assert sizes == [3, 2, 3]  # rounds 0 and 2 all three trials, round 1 the first two
@@ -536,23 +538,20 @@ def test_trials_of_their_own_clip_norm_share_a_build_and_equal_their_runs(tmp_pa
   (and in seed) run as one program, batched or one by one, each its separate run."""
 
   def grid(root):
-    return [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm='fedavg',
-          task='quadratic',
-          rounds=4,
-          clients_per_round=3,
-          eval_period=2,
-          seed=seed,
-          engine='mapped',
-          clip_norm=clip,
-          output_dir=str(root / f'trial_{seed}'),
-          **aggregator,
-        )
-      )
-      for seed, clip in ((1, 0.05), (2, 0.5), (3, 5.0))
-    ]
+    return _grid(
+      root,
+      [
+        dict(name=f'trial_{seed}', seed=seed, clip_norm=clip)
+        for seed, clip in ((1, 0.05), (2, 0.5), (3, 5.0))
+      ],
+      algorithm='fedavg',
+      task='quadratic',
+      rounds=4,
+      clients_per_round=3,
+      eval_period=2,
+      engine='mapped',
+      **aggregator,
+    )
 
   assert len(trials.groups(grid(tmp_path))) == 1
   said = []
@@ -563,13 +562,9 @@ def test_trials_of_their_own_clip_norm_share_a_build_and_equal_their_runs(tmp_pa
   assert trials.run_trials(grid(tmp_path / 'one_by_one'), batch=False, say=said.append) == separate
   clipped = []
   for seed in (1, 2, 3):
-    (rows, model), (want_rows, want_model) = (
-      _files(tmp_path / kind / f'trial_{seed}') for kind in ('batched', 'separate')
-    )
-    assert rows == want_rows
-    for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
-      np.testing.assert_array_equal(a, b)
-    assert _files(tmp_path / 'one_by_one' / f'trial_{seed}')[0] == want_rows
+    want = tmp_path / 'separate' / f'trial_{seed}'
+    _assert_same_run(tmp_path / 'batched' / f'trial_{seed}', want)
+    assert _files(tmp_path / 'one_by_one' / f'trial_{seed}')[0] == _files(want)[0]
     columns, table, _ = run_files.whole_rows(tmp_path / 'batched' / f'trial_{seed}' / 'metrics.csv')
     clipped.append(float(table[-1]['train/aggregator/clipped_count']))
   assert clipped[0] > clipped[2]  # the trials' clips differed
@@ -608,23 +603,18 @@ def test_trials_of_their_own_aggregator_settings_share_a_build_and_equal_their_r
   trials differing in them run as one program, each its separate run."""
 
   def grid(root):
-    return [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm='fedavg',
-          task='quadratic',
-          rounds=3,
-          clients_per_round=5,
-          eval_period=3,
-          seed=1,
-          engine='mapped',
-          output_dir=str(root / f'trial_{k}'),
-          **shared,
-          **settings,
-        )
-      )
-      for k, settings in enumerate(own)
-    ]
+    return _grid(
+      root,
+      [dict(name=f'trial_{k}', **settings) for k, settings in enumerate(own)],
+      algorithm='fedavg',
+      task='quadratic',
+      rounds=3,
+      clients_per_round=5,
+      eval_period=3,
+      seed=1,
+      engine='mapped',
+      **shared,
+    )
 
   assert len(trials.groups(grid(tmp_path))) == 1
   said = []
@@ -633,12 +623,9 @@ def test_trials_of_their_own_aggregator_settings_share_a_build_and_equal_their_r
   assert batched == [_alone(trial) for trial in grid(tmp_path / 'separate')]
   models = []
   for k in range(3):
-    (rows, model), (want_rows, want_model) = (
-      _files(tmp_path / kind / f'trial_{k}') for kind in ('batched', 'separate')
+    model = _assert_same_run(
+      tmp_path / 'batched' / f'trial_{k}', tmp_path / 'separate' / f'trial_{k}'
     )
-    assert rows == want_rows
-    for a, b in zip(tf.nest.flatten(model), tf.nest.flatten(want_model), strict=True):
-      np.testing.assert_array_equal(a, b)
     models.append(np.concatenate([np.ravel(a) for a in tf.nest.flatten(model)]))
   # One seed: the trials differ by their settings alone.
   assert not np.array_equal(models[0], models[1]) and not np.array_equal(models[1], models[2])
@@ -678,22 +665,17 @@ def test_a_short_grid_over_data_seeds_on_a_large_population_runs_resident(tmp_pa
   monkeypatch.setattr(inprocess, 'STREAM_SHORT_RUNS_FROM', 4)
 
   def grid(root):
-    return [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm='fedavg',
-          task='quadratic',
-          rounds=2,
-          clients_per_round=2,
-          eval_period=2,
-          seed=seed,
-          data_seed=None,
-          engine='mapped',
-          output_dir=str(root / f'trial_{seed}'),
-        )
-      )
-      for seed in (1, 2)
-    ]
+    return _grid(
+      root,
+      [dict(name=f'trial_{seed}', seed=seed) for seed in (1, 2)],
+      algorithm='fedavg',
+      task='quadratic',
+      rounds=2,
+      clients_per_round=2,
+      eval_period=2,
+      data_seed=None,
+      engine='mapped',
+    )
 
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
@@ -746,22 +728,17 @@ def test_trials_run_one_by_one_each_shuffle_with_their_own_seed(tmp_path):
   trial took the first's shuffling before)."""
 
   def grid(root):
-    return [
-      trials.Trial(
-        ExperimentConfig.of(
-          algorithm='fedavg',
-          task='lasso',
-          rounds=3,
-          clients_per_round=3,
-          eval_period=3,
-          seed=seed,
-          shuffle=True,
-          engine='mapped',
-          output_dir=str(root / f'trial_{seed}'),
-        )
-      )
-      for seed in (1, 2)
-    ]
+    return _grid(
+      root,
+      [dict(name=f'trial_{seed}', seed=seed) for seed in (1, 2)],
+      algorithm='fedavg',
+      task='lasso',
+      rounds=3,
+      clients_per_round=3,
+      eval_period=3,
+      shuffle=True,
+      engine='mapped',
+    )
 
   said = []
   one_by_one = trials.run_trials(grid(tmp_path / 'one_by_one'), batch=False, say=said.append)
