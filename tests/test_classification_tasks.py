@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tff_comp import experiment
+from tff_comp.runtime import inprocess
 from tff_comp.tasks import constrained_digits, sparse_logreg
 
 
@@ -375,7 +376,10 @@ def test_emnist_cnn_dropout_is_tffs_baseline_model_and_trains(tmp_path):
     )
   )
   runner = experiment.build_runner(prepared)
-  assert runner.runtime.engine == 'mapped' and 'Dropout' in runner.runtime.why
+  assert runner.runtime.engine == 'mapped' and 'too short' in runner.runtime.why
+  # A run long enough for lanes is mapped too, for its Dropout masks.
+  long_run = inprocess.build(prepared.build(), prepared.task.train_data, client_rounds=10**6)
+  assert long_run.engine == 'mapped' and 'Dropout' in long_run.why
   final = experiment.train_runner(prepared, runner, show_progress=False)
   assert np.isfinite(final['eval/test_loss'])
 

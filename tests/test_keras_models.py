@@ -9,7 +9,7 @@ import tensorflow_federated as tff
 
 from tff_comp import keras_models, registry
 from tff_comp.ops import regularizers, vectorizable
-from tff_comp.runtime import choice, engines
+from tff_comp.runtime import choice, engines, inprocess
 
 BATCH, ROUNDS, CLASSES = 4, 3, 5
 IDS = ['a', 'b', 'c', 'd']
@@ -140,6 +140,34 @@ def test_feddualavg_with_a_keras_model_matches_tffs_conversion_on_tffs_runtime(k
 def test_auto_runs_convolutions_and_rnns_mapped_saying_why(kind, op):
   runtime, _ = _ours(kind, 'fedavg')
   assert runtime.record['engine'] == 'mapped' and op in runtime.record['why']
+
+
+def test_auto_traces_a_step_only_as_often_as_its_choice_needs(monkeypatch):
+  """'auto' maps a run too short to repay compiling without tracing the step; a long
+  run's step is traced once, and again across lanes only where that traces it otherwise
+  (a convolution: per-tap matmuls); the reasons are those of the ops found."""
+  traced = []
+  step_nodes = engines._step_nodes
+
+  def counted(*args, across_lanes=False):
+    traced.append(across_lanes)
+    return step_nodes(*args, across_lanes=across_lanes)
+
+  monkeypatch.setattr(engines, '_step_nodes', counted)
+  for kind, rounds, want, why in [
+    ('lstm', 1, [], 'too short to repay compiling'),
+    ('lstm', 10**6, [False], 'TensorListReserve'),
+    ('cnn', 10**6, [False, True], 'Conv2D'),
+  ]:
+    traced.clear()
+    built = registry.get_algorithm('fedavg').build(
+      keras_models.from_keras(MAKERS[kind][0](), LOSS, _spec(kind)),
+      client_learning_rate=0.1,
+      batch_size=BATCH,
+    )
+    runtime = inprocess.build(built, _data(kind), client_rounds=rounds)
+    assert runtime.engine == 'mapped' and why in runtime.why, (kind, runtime.why)
+    assert traced == want, (kind, rounds)
 
 
 def test_auto_runs_a_depthwise_convolution_mapped_on_a_cpu_saying_why():

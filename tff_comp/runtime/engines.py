@@ -253,14 +253,24 @@ class LanesEngine:
   ) -> str:
     """Why this engine would be slow or fail for `algorithm` on `device`, or '' (a run of
     `run_steps` local steps too short to repay compiling included)."""
+    if run_steps is not None and run_steps < AUTO_LANES_MIN_STEPS:
+      # Mapped whatever its step holds: said without tracing the step (twice for a
+      # convolution; over a second a trace for a Keras RNN).
+      return (
+        f'a run of about {run_steps} local steps is too short to repay compiling the lanes kernel'
+      )
     nodes, on_cpu = _step_nodes(algorithm, examples, payload, hparams), 'CPU' in device.upper()
     ops = {op for _, op in nodes}
     slow = ops & _SLOW_UNDER_XLA_ON_CPU
     if slow and on_cpu:
       return f'its local step runs {", ".join(sorted(slow))}, slow under XLA on a CPU'
-    lanes_ops = {
-      op for _, op in _step_nodes(algorithm, examples, payload, hparams, across_lanes=True)
-    }
+    # Traced across lanes, a step differs only in its Keras convolutions (Conv1D's too
+    # are Conv2D ops), run there as per-tap matmuls (`ops.vectorizable`).
+    lanes_ops = (
+      {op for _, op in _step_nodes(algorithm, examples, payload, hparams, across_lanes=True)}
+      if 'Conv2D' in ops
+      else ops
+    )
     unvectorized = sorted(lanes_ops & set(_NOT_VECTORIZED))
     if unvectorized:
       op = unvectorized[0]
@@ -273,10 +283,6 @@ class LanesEngine:
       return (
         f'its local step convolves ({convolutions[0]}): on lanes,'
         f' {_CONVOLUTIONS_SLOW_ON_CPU_LANES[convolutions[0]]}'
-      )
-    if run_steps is not None and run_steps < AUTO_LANES_MIN_STEPS:
-      return (
-        f'a run of about {run_steps} local steps is too short to repay compiling the lanes kernel'
       )
     return ''
 
