@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tests import algorithm_cases
 from tff_comp import experiment, registry, trials
-from tff_comp.ops import client_round, privacy
+from tff_comp.ops import client_round, matrix_factorization, privacy
 from tff_comp.run import callbacks, run_files, sampling
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import engines, inprocess, inprocess_trials
@@ -146,11 +146,22 @@ def test_each_trial_equals_its_separate_run_on_lanes(name):
     # dp_adaptive draws dp's noise and more (dp alone: make test-slow)
     pytest.param(privacy.PrivateMean('dp', 0.5, 0.8, 3.0), marks=pytest.mark.slow),
     privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
+    # Noise correlated across rounds: the tree's nodes and BandMF's last b - 1 draws
+    # kept per trial (make test-slow).
+    pytest.param(
+      privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.8, 3.0, restart_every=2),
+      marks=pytest.mark.slow,
+    ),
+    pytest.param(
+      privacy.PrivateMean('dp_bandmf', 0.5, 0.8, 3.0, strategy=matrix_factorization.optimize(8, 2)),
+      marks=pytest.mark.slow,
+    ),
   ],
-  ids=['dp', 'dp_adaptive'],
+  ids=['dp', 'dp_adaptive', 'dp_ftrl_tree', 'dp_bandmf'],
 )
 def test_private_trials_each_draw_their_own_noise(spec):
-  """DP noise seeded by each trial's seed and round, adaptive clipping state per trial."""
+  """DP noise seeded by each trial's seed and round (the tree's and BandMF's carried
+  across rounds), adaptive clipping state per trial."""
   extra = dict(model_aggregator=spec, client_weighting='uniform')
   batched, _ = _batched('fedavg', 'mapped', extra=extra)
   _assert_equal(batched, _separate('fedavg', 'mapped', extra), spec.kind)
