@@ -188,16 +188,7 @@ def run_planned(
     contiguous=options.single_pass,
     shuffle=options.shuffle,
   )
-  return finish_client(
-    rule,
-    state,
-    plan.batches.steps,
-    payload,
-    hparams,
-    plan.context,
-    options,
-    local_loop.num_examples(examples),
-  )
+  return _finish_planned(rule, state, payload, examples, hparams, plan, options)
 
 
 def planned_output_like(
@@ -206,9 +197,17 @@ def planned_output_like(
   """`run_planned`'s output in structure, dtypes and shapes, without its local steps (a
   loop keeps its state's shapes): the spec of a map over clients at a small part of the
   cost of tracing their steps."""
+  start = rule.initialize(payload, hparams, plan.context)
+  return _finish_planned(rule, start, payload, examples, hparams, plan, options)
+
+
+def _finish_planned(
+  rule: rule_lib.ClientRule, state, payload, examples, hparams, plan: ClientPlan, options
+) -> ClientOutput:
+  """`finish_client` for a client of `plan` whose local steps ended in `state`."""
   return finish_client(
     rule,
-    rule.initialize(payload, hparams, plan.context),
+    state,
     plan.batches.steps,
     payload,
     hparams,

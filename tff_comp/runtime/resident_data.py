@@ -3,7 +3,6 @@ resident on the device (`ResidentData`), the device (`choose_device`) and the la
 kernels' threads (`kernel_threads`)."""
 
 from collections.abc import Sequence
-import functools
 import os
 from typing import Any
 
@@ -90,20 +89,23 @@ class ResidentData:
     outputs have `fn`'s structure, dtypes and shapes (traced for the outputs' spec in
     place of `fn`)."""
 
-    def one(position, fn=fn):
-      index = tf.gather(indices, position)
-      return fn(position, index, self.client_examples(index))
+    def at_position(client_fn):
+      def one(position):
+        index = tf.gather(indices, position)
+        return client_fn(position, index, self.client_examples(index))
+
+      return one
 
     # The outputs' spec from a trace of its own (map_fn's body calling a concrete
     # function instead cost more a client on lasso than the client's steps).
     spec = tf.nest.map_structure(
       lambda t: tf.TensorSpec(t.shape, t.dtype),
-      tf.function(functools.partial(one, fn=like or fn), autograph=False)
+      tf.function(at_position(like or fn), autograph=False)
       .get_concrete_function(tf.TensorSpec([], tf.int32))
       .structured_outputs,
     )
     return tf.map_fn(
-      one,
+      at_position(fn),
       tf.range(tf.shape(indices)[0]),
       fn_output_signature=spec,
       parallel_iterations=int(indices.shape[0] or 10),
