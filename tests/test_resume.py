@@ -410,7 +410,8 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(
     cwd=repo_root,
   )
   try:
-    _rows_until(tmp_path / 'run', 4)
+    _rows_until(tmp_path / 'run', 1)  # the first round's row, written at once
+    time.sleep(0.5)  # past round 1's last callbacks (rounds here take about 1 ms)
     with pytest.raises(run_files.OutputDirInUse, match=rf'\(pid {proc.pid}\)'):
       with run_files.output_lock(tmp_path / 'run'):
         pass
@@ -421,9 +422,9 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(
   assert proc.returncode == code, stderr
   line = stderr.strip().splitlines()[-1]
   saved = int(line.split('saved the state of round ')[1].split(',')[0])
-  # Round 4's row is written before its last callbacks run: a signal among them saves
-  # round 3, the last round every callback saw.
-  assert line.startswith(f'run.py: {says}; ') and saved >= 3, line
+  # A round's row is written before its last callbacks run: a signal among them saves
+  # the round before, the last round every callback saw.
+  assert line.startswith(f'run.py: {says}; ') and saved >= 1, line
   # Every finished round's row is in metrics.csv and in TensorBoard's events: buffered
   # rows are written when the run stops.
   written = _csv_losses(tmp_path / 'run')

@@ -225,6 +225,22 @@ def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
     assert [int(row['round']) for row in csv.DictReader(f)][-1] < 10
 
 
+def test_the_first_trained_round_is_on_disk_at_once_then_rows_wait_for_the_flush(tmp_path):
+  """metrics.csv shows a run has started training as soon as its first round ends; later
+  rows are written together (every 2 s by default) and when the writer closes."""
+  writer = run_files.MetricsWriter(tmp_path, ['loss'], flush_seconds=3600.0)
+
+  def rounds():
+    with open(tmp_path / 'metrics.csv', newline='') as f:
+      return [int(row['round']) for row in csv.DictReader(f)]
+
+  for round_num, expected in ((0, []), (1, [0, 1]), (2, [0, 1]), (3, [0, 1])):
+    writer.write(round_num, 0.1, {'loss': 1.0})
+    assert rounds() == expected, round_num
+  writer.close()
+  assert rounds() == [0, 1, 2, 3]
+
+
 def test_tensorboard_events_hold_what_tf_summary_scalar_writes(tmp_path):
   """A round's metrics in TensorBoard's events as TensorFlow's own `tf.summary.scalar`
   writes them: the same tags, metadata and float32 tensors at the round's step (read back

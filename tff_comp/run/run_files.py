@@ -131,7 +131,8 @@ def _signals_held():
 
 class MetricsWriter:
   """Writes per-round metrics to CSV and TensorBoard in `output_dir`, off the round's
-  path: rows are buffered and written together every `flush_seconds`, by `flush()` (the
+  path: the first trained round's row at once (a run shows it has started training),
+  then rows buffered and written together every `flush_seconds`, by `flush()` (the
   checkpointer calls it before it saves, so every row up to a checkpoint is on disk
   before the checkpoint is) and by `close()`. TensorBoard's events are written by
   TensorFlow's record writer in this thread (`_EventFile`), each round's scalars as
@@ -153,6 +154,7 @@ class MetricsWriter:
   ):
     self._columns = ['round', 'seconds'] + columns
     self._flush_seconds, self._flushed = flush_seconds, time.monotonic()
+    self._first_trained = True
     # The kept rows go to a new file renamed over the old one: a kill while writing
     # leaves the old file whole, never a shortened one.
     path, kept = output_dir / 'metrics.csv', io.StringIO()
@@ -183,7 +185,10 @@ class MetricsWriter:
       }
     )
     self._tb_rows.append((round_num, dict(metrics)))
-    if time.monotonic() - self._flushed >= self._flush_seconds:
+    if self._first_trained and round_num > 0:
+      self._first_trained = False
+      self.flush()
+    elif time.monotonic() - self._flushed >= self._flush_seconds:
       self.flush()
 
   def flush(self) -> None:
