@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
-from tff_comp import experiment, keras_models, registry
+from tff_comp import experiment, keras_models, registry, strategy_cache
 from tff_comp.binaries import grid, reproductions
 from tff_comp.ops import privacy
 import tff_comp.ops.aggregators as agg
@@ -255,12 +255,22 @@ def test_two_actors_equal_the_single_process_on_lanes(name):
     privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
     agg.Chain((agg.Clip(0.5), agg.Quantize(6)), agg.Median()),
     agg.Chain((agg.Attack('sign_flip', 0.3), agg.RandK(0.5)), agg.SecureSum(4.0, 16)),
+    privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.8, 3.0, restart_every=2),
+    privacy.PrivateMean('dp_bandmf', 0.5, 0.8, 3.0, strategy=strategy_cache.strategy(3, 2)),
   ],
-  ids=['dp', 'dp_adaptive', 'clip_quantize_median', 'attack_rand_k_secure_sum'],
+  ids=[
+    'dp',
+    'dp_adaptive',
+    'clip_quantize_median',
+    'attack_rand_k_secure_sum',
+    'dp_ftrl_tree',
+    'dp_bandmf',
+  ],
 )
 def test_aggregators_on_ray_equal_the_single_process(spec):
-  """DP's noise once; a median of the rows the actors send; per-client draws (rounding,
-  coordinates, attackers) alike wherever a client runs."""
+  """DP's noise once (the tree's nodes and BandMF's correlated noise across the rounds
+  too, restarts included); a median of the rows the actors send; per-client draws
+  (rounding, coordinates, attackers) alike wherever a client runs."""
   single, on_ray, _ = _both(
     'fedavg', 'mapped', dict(model_aggregator=spec, client_weighting='uniform')
   )
