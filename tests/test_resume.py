@@ -410,8 +410,9 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(
     cwd=repo_root,
   )
   try:
-    _rows_until(tmp_path / 'run', 1)  # the first round's row, written at once
-    time.sleep(0.5)  # past round 1's last callbacks (rounds here take about 1 ms)
+    # Round 2's row (in the first 2-second flush after round 1's, written at once):
+    # round 1 has passed all its callbacks, so the signal saves a round >= 1.
+    _rows_until(tmp_path / 'run', 2)
     with pytest.raises(run_files.OutputDirInUse, match=rf'\(pid {proc.pid}\)'):
       with run_files.output_lock(tmp_path / 'run'):
         pass
