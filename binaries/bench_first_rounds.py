@@ -26,7 +26,8 @@ print(time.perf_counter() - start, runner.runtime.engine)
 # Runs in a fresh Python with XLA's compile log: 20 rounds with 30% dropout, lanes.
 _DROPOUT = """
 from tff_comp.algorithms import fedavg
-from tff_comp.runtime import inprocess, sampling
+from tff_comp.run import sampling
+from tff_comp.runtime import inprocess
 from tff_comp.tasks import lasso
 task = lasso.build_lasso_task(dataset='I')
 runtime = inprocess.build(fedavg.fedavg(task.model, client_learning_rate=1e-3), task.train_data,
