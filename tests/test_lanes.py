@@ -204,10 +204,14 @@ def test_a_cohort_split_across_threads_gives_each_client_its_result(name):
   tf.nest.map_structure(np.testing.assert_array_equal, *results)
 
 
-def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares():
+def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares(monkeypatch):
   """A lanes round's graph keeps the cohort's plans (the shuffle seeds' mixing) and
   shares (their sort by full batches) inside its XLA kernels, not as TensorFlow ops
-  before them; FedAvg's results are the mapped engine's (tests/test_inprocess.py)."""
+  before them; FedAvg's results are the mapped engine's (tests/test_inprocess.py). A
+  kernel vectorizes the rule's step once, for its full batches and every short size."""
+  stepped = []
+  vectorize = lanes._step_all  # pylint: disable=protected-access
+  monkeypatch.setattr(lanes, '_step_all', lambda *a, **k: stepped.append(1) or vectorize(*a, **k))
   data = algorithm_cases.TEN
   runtime = inprocess.build(
     algorithm_cases.algorithm('fedavg', {}, shuffle=True),
@@ -229,6 +233,9 @@ def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares():
   assert 'StatefulPartitionedCall' in outside  # the kernels, called side by side
   assert not {'BitwiseXor', 'TopKV2', 'ResourceGather'} & outside, outside
   assert {'BitwiseXor', 'TopKV2'} <= inside
+  kernels = {f.signature.name for f in graph.library.function if '_local_steps' in f.signature.name}
+  assert len(runtime._engines['lanes']._kernel_sizes) >= 2  # pylint: disable=protected-access
+  assert len(stepped) == len(kernels), (stepped, kernels)
 
 
 def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:

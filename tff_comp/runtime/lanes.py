@@ -23,7 +23,11 @@ in the program depends on which clients a round holds, so it compiles once
 (`tests/test_lanes.py` counts XLA's compiles). The model's functions are traced inline
 there (`ops.model_ops.batch_loss`): a model's `tf.function` traced before for batches
 of unknown size served the short batches, and that trace's gradient made XLA take the
-kernel's inputs as compile-time constants, compiling once per cohort.
+kernel's inputs as compile-time constants, compiling once per cohort. The vectorized
+step, gradient inside, is one function traced once for a batch of unknown size and
+called for the full batches and each short size (XLA compiles each call at its static
+shape, still once per kernel): its vectorization was over half of a kernel's trace,
+once per size (lasso's first round on lanes 0.4 s sooner: `bench.py`, part 5).
 `finish_cohort` gives each client its output (`client_round.finish_client`). Every
 client sees exactly the batches of `ops.local_loop.batches`, the same batches the TFF
 client work and the mapped runtime take, so the results are the same. Client data are
@@ -180,6 +184,28 @@ def run_batches(
   lane_state = tf.nest.map_structure(lambda t: tf.repeat(t[None], width, axis=0), template)
   states = tf.nest.map_structure(lambda t: tf.zeros([m + 1, *t.shape], t.dtype), template)
 
+  traced = {}  # the step's concrete function, traced at its first call in this graph
+
+  def vectorized_step(clients, lane_states, batches, contexts):
+    """`_step_all` for `width` lanes on batches of any size: traced once, for a batch
+    dimension of unknown size, and called for the full batches and every short size."""
+    # No silent per-lane while loop for an op without a vectorization rule: the
+    # kernel fails to build instead, and the runtime falls back to mapped clients.
+    if 'step' not in traced:
+      specs = list(
+        tf.nest.map_structure(tf.TensorSpec.from_tensor, (clients, lane_states, batches, contexts))
+      )
+      specs[2] = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype), specs[2]
+      )
+      traced['step'] = tf.function(
+        lambda c, st, b, cx: _step_all(
+          rule, payload, hparams, trial, c, st, b, cx, fallback_to_while_loop=False
+        ),
+        autograph=False,
+      ).get_concrete_function(*specs)
+    return traced['step'](clients, lane_states, batches, contexts)
+
   def needs_service(lane_client, lane_k, taken):
     finished = (lane_client >= 0) & (lane_k >= tf.gather(full, tf.maximum(lane_client, 0)))
     return finished | ((lane_client < 0) & (taken < m))
@@ -235,19 +261,7 @@ def run_batches(
       positions = start + local_loop.full_batch(
         batches, lane_k[:, None], size, n, options.shuffle, compiled=True
       )
-      # No silent per-lane while loop for an op without a vectorization rule: the
-      # kernel fails to build instead, and the runtime falls back to mapped clients.
-      stepped = _step_all(
-        rule,
-        payload,
-        hparams,
-        trial,
-        clients,
-        lane_state,
-        rows(examples, positions),
-        contexts,
-        fallback_to_while_loop=False,
-      )
+      stepped = vectorized_step(clients, lane_state, rows(examples, positions), contexts)
       return j + 1, lane_k + tf.cast(busy, tf.int32), _select(busy, stepped, lane_state)
 
     _, lane_k, lane_state = tf.while_loop(
@@ -280,16 +294,8 @@ def run_batches(
         size=short,
         compiled=True,
       )
-      stepped = _step_all(
-        rule,
-        payload,
-        hparams,
-        trial,
-        clients,
-        rows(states, clients),
-        rows(examples, positions),
-        rows(plans.context, clients),
-        fallback_to_while_loop=False,
+      stepped = vectorized_step(
+        clients, rows(states, clients), rows(examples, positions), rows(plans.context, clients)
       )
       written = tf.where(slots < end, clients, m)
       return first + width, tf.nest.map_structure(
