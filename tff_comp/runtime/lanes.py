@@ -184,27 +184,21 @@ def run_batches(
   lane_state = tf.nest.map_structure(lambda t: tf.repeat(t[None], width, axis=0), template)
   states = tf.nest.map_structure(lambda t: tf.zeros([m + 1, *t.shape], t.dtype), template)
 
-  traced = {}  # the step's concrete function, traced at its first call in this graph
-
-  def vectorized_step(clients, lane_states, batches, contexts):
-    """`_step_all` for `width` lanes on batches of any size: traced once, for a batch
-    dimension of unknown size, and called for the full batches and every short size."""
-    # No silent per-lane while loop for an op without a vectorization rule: the
-    # kernel fails to build instead, and the runtime falls back to mapped clients.
-    if 'step' not in traced:
-      specs = list(
-        tf.nest.map_structure(tf.TensorSpec.from_tensor, (clients, lane_states, batches, contexts))
-      )
-      specs[2] = tf.nest.map_structure(
-        lambda s: tf.TensorSpec([s.shape[0], None, *s.shape[2:]], s.dtype), specs[2]
-      )
-      traced['step'] = tf.function(
-        lambda c, st, b, cx: _step_all(
-          rule, payload, hparams, trial, c, st, b, cx, fallback_to_while_loop=False
-        ),
-        autograph=False,
-      ).get_concrete_function(*specs)
-    return traced['step'](clients, lane_states, batches, contexts)
+  # The rule's step on `width` lanes, traced once for batches of any size and called for
+  # the full batches and every short size. No silent per-lane while loop for an op
+  # without a vectorization rule: the kernel fails to build instead, and the runtime
+  # falls back to mapped clients.
+  vectorized_step = tf.function(
+    lambda c, st, b, cx: _step_all(
+      rule, payload, hparams, trial, c, st, b, cx, fallback_to_while_loop=False
+    ),
+    autograph=False,
+  ).get_concrete_function(
+    tf.TensorSpec([width], tf.int32),
+    tf.nest.map_structure(tf.TensorSpec.from_tensor, lane_state),
+    tf.nest.map_structure(lambda t: tf.TensorSpec([width, None, *t.shape[1:]], t.dtype), examples),
+    tf.nest.map_structure(lambda t: tf.TensorSpec([width, *t.shape[1:]], t.dtype), plans.context),
+  )
 
   def needs_service(lane_client, lane_k, taken):
     finished = (lane_client >= 0) & (lane_k >= tf.gather(full, tf.maximum(lane_client, 0)))
