@@ -49,6 +49,53 @@ def test_the_optimized_strategy_improves_on_its_start_and_on_fewer_bands():
   assert np.all(np.triu(c, 1) == 0) and np.all(np.tril(c, -4) == 0)  # 4 bands
 
 
+def _convex_optimum(n: int, b: int) -> tuple[float, np.ndarray]:
+  """The papers' program in X = C^T C (Choquette-Choo et al. 2023): min tr(A^T A X^-1)
+  over symmetric X > 0 with unit diagonal (unit columns of C) and X_ij = 0 for |i - j|
+  >= b (b bands), convex with one optimum; solved here by Newton's method on X's free
+  entries, a solver and parametrization of its own (the strategy's is L-BFGS on C's
+  bands). Returns (the optimal error, X)."""
+  a = mf.prefix_workload(n)
+  m = a.T @ a
+  pairs = [(i, j) for i in range(n) for j in range(i) if i - j < b]
+  basis = np.zeros((n * n, len(pairs)))  # column k: the symmetric pair (i, j) of X
+  for k, (i, j) in enumerate(pairs):
+    basis[i * n + j, k] = basis[j * n + i, k] = 1.0
+
+  def error(x):
+    if np.any(np.linalg.eigvalsh(x) <= 0):
+      return np.inf
+    return float(np.trace(m @ np.linalg.inv(x)))
+
+  x = np.eye(n)
+  for _ in range(50):
+    y = np.linalg.inv(x)
+    p = y @ m @ y  # the gradient in X is -P; the Hessian [E, F] = tr(Y F P E) + tr(P F Y E)
+    gradient = -basis.T @ p.ravel()
+    if np.abs(gradient).max() < 1e-11:
+      break
+    hessian = np.einsum('ab,cd->dabc', y, p) + np.einsum('ab,cd->dabc', p, y)
+    hessian = basis.T @ hessian.reshape(n * n, n * n) @ basis
+    step = (basis @ np.linalg.solve(hessian, -gradient)).reshape(n, n)
+    t = 1.0
+    while error(x + t * step) > error(x) + 1e-4 * t * np.sum(-p * step):
+      t /= 2
+    x = x + t * step
+  return error(x), x
+
+
+@pytest.mark.parametrize('n,b', [(8, 3), (12, 4), (16, 16), (24, 8)])
+def test_the_strategy_is_the_optimum_of_the_papers_convex_program(n, b):
+  """The optimizer's C is the optimum of the multi-epoch paper's convex program in X =
+  C^T C (b = n: the dense single-participation factorization): its error to 1e-7, C^T C
+  to 1e-3 (the optimum is flat). The papers' tables are not at hand to compare with."""
+  optimum, x = _convex_optimum(n, b)
+  s = mf.optimize(n, b)
+  assert s.error() == pytest.approx(optimum, rel=1e-7)
+  np.testing.assert_allclose(s.dense().T @ s.dense(), x, atol=1e-3)
+  assert optimum < mf.banded_sqrt(n, b).error()  # the start is not already the optimum
+
+
 def test_the_sensitivity_is_sqrt_k_when_rounds_are_b_apart_and_more_when_closer():
   """Brute force over every participation pattern of an optimized C (n = 9, b = 3): k
   rounds at least b apart change C x by sqrt(k) at most; rounds closer change it more,
