@@ -77,8 +77,8 @@ def _convex_optimum(n: int, b: int) -> tuple[float, np.ndarray]:
     hessian = np.einsum('ab,cd->dabc', y, p) + np.einsum('ab,cd->dabc', p, y)
     hessian = basis.T @ hessian.reshape(n * n, n * n) @ basis
     step = (basis @ np.linalg.solve(hessian, -gradient)).reshape(n, n)
-    t = 1.0
-    while error(x + t * step) > error(x) + 1e-4 * t * np.sum(-p * step):
+    t, now = 1.0, error(x)
+    while error(x + t * step) > now + 1e-4 * t * np.sum(-p * step):
       t /= 2
     x = x + t * step
   return error(x), x

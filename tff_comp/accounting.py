@@ -266,10 +266,11 @@ def calibrate(
         f' {spent(math.log(z)):.3g}); set --noise_multiplier instead.'
       )
   # Brent's method (scipy) on log epsilon against log z, nearly a line (epsilon goes as
-  # 1/z for large z), not dp_accounting.calibrate_dp_mechanism's bisection: a tenth of
-  # its 26 epsilons, each 0.3 s with sampling without replacement (the RDP of an order
+  # 1/z for large z), not dp_accounting.calibrate_dp_mechanism's bisection: about a third
+  # of its 26 epsilons, each 0.3 s with sampling without replacement (the RDP of an order
   # a sum over the order). The root is within `tol` of the crossing; the smallest step
   # up that spends at most the target is returned, as the bisection's upper end was.
+  # Epsilon is clamped into floats' range for its log (inf at a tiny z, 0 at a huge one).
   tol = 1e-6
   root = optimize.brentq(
     lambda log_z: math.log(min(max(spent(log_z), 1e-300), 1e300) / target_epsilon),
