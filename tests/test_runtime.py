@@ -61,8 +61,10 @@ def test_worker_dies_with_python(how):
   assert worker not in workers.worker_pids()
 
 
-def test_import_leaves_tff_default_context_untouched():
-  """Importing tff_comp (and every submodule) installs no execution context."""
+def test_import_swaps_only_tffs_own_context_and_starts_no_worker():
+  """Importing tff_comp (and every submodule, TFF first) makes TFF's default context the
+  local runtime whose worker dies with Python, in place of the one TFF's import set; no
+  worker starts until a computation runs (tests/test_worker_lifetime.py: the endings)."""
   code = textwrap.dedent("""
       import pkgutil, importlib
       import tensorflow_federated as tff
@@ -70,9 +72,11 @@ def test_import_leaves_tff_default_context_untouched():
       import tff_comp
       for m in pkgutil.walk_packages(tff_comp.__path__, 'tff_comp.'):
         importlib.import_module(m.name)
-      assert tff.framework.get_context_stack().current is before
+      from tff_comp.runtime import local_worker
+      assert tff.framework.get_context_stack().current is not before
+      assert not local_worker._is_tffs_import_context(tff.framework.get_context_stack().current)
       assert not tff_comp.runtime.worker_pids()
-      print('untouched')
+      print('swapped')
   """)
   out = subprocess.run(
     [sys.executable, '-c', code],
@@ -81,7 +85,7 @@ def test_import_leaves_tff_default_context_untouched():
     timeout=300,
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
   )
-  assert out.stdout.strip() == 'untouched', out.stderr[-2000:]
+  assert out.stdout.strip() == 'swapped', out.stderr[-2000:]
 
 
 def test_math_layer_imports_no_tff():

@@ -14,7 +14,10 @@ Algorithms: `registry.get_algorithm(name).build(model, ...)` (an Algorithm) or
 Runtimes (`tff_comp.runtime`, `runtime.base.Runtime`): TFF's ('tff'), the in-process
 one ('inprocess') and Ray's ('ray'), registered by name; `runner_for(program,
 client_data)` picks one.
-Importing tff_comp changes no TFF context: the code that runs things chooses one.
+Importing tff_comp imports no TensorFlow; once TFF is imported (before or after), TFF's
+own default context is swapped for the same local C++ runtime with a worker that dies
+with this process (`runtime.local_worker`): TFF's own worker outlives a script and
+hangs the pipes it wrote to. A context set by anyone else stays.
 Plugins: `registry.register_algorithm` / `register_task` / `register_runtime`.
 
 The names below are re-exported, so composing an algorithm by hand needs this package
@@ -29,10 +32,25 @@ and the rule family it uses:
 
 import importlib
 
+# wrapt (a TensorFlow dependency) for its post-import hook: the standard library has none.
+import wrapt
+
 from tff_comp import native_logs
 
 # TensorFlow's C++ start-up notices kept out of the session (`native_logs`).
 native_logs.install()
+
+
+def _bind_tff_worker(tff_module) -> None:
+  """Runs once TFF is imported: its default context becomes one whose worker dies with
+  this process (`runtime.local_worker.adopt_default_context`)."""
+  del tff_module
+  from tff_comp.runtime import local_worker  # noqa: PLC0415  (TFF is loaded by now)
+
+  local_worker.adopt_default_context()
+
+
+wrapt.register_post_import_hook(_bind_tff_worker, 'tensorflow_federated')
 
 # Submodules load on first use, so the math layer (`tff_comp.ops`) imports without TFF.
 _SUBMODULES = (

@@ -16,9 +16,11 @@ but starts the worker itself:
 * an `atexit` hook also stops it on a normal exit (and on platforms without prctl);
 * its output goes to a log file (or /dev/null), never to the parent's pipes.
 
-Nothing installs it on import: the code that runs things does (`run.py`, the library's
-run functions, the test configuration) through `install_local_runtime` or
-`ensure_local_runtime`. It starts no worker until a computation first runs.
+`import tff_comp` makes it TFF's default context as soon as TFF is imported (before or
+after tff_comp: `adopt_default_context`), in place of the context TFF's import installs,
+so a researcher's own script (`build_fedavg(...)`, `initialize()`, `next()`) gets it
+too; a context anyone else set (a test context, remote workers, a researcher's own)
+stays. It starts no worker until a computation first runs.
 """
 
 import atexit
@@ -160,6 +162,31 @@ def install_local_runtime(max_concurrent_computation_calls: int = -1) -> None:
     execution_context(worker.stub, tff.framework.SyncExecutionContext)
   )
   _worker = worker
+
+
+def _is_tffs_import_context(context) -> bool:
+  """Whether `context` is the one `import tensorflow_federated` installs
+  (`set_sync_local_cpp_execution_context`): executors from `local_cpp_executor_factory`,
+  whose worker writes to our pipes and outlives us, behind TFF's native compiler (TFF's
+  test contexts share the factory, not the compiler). Read from TFF 0.87's private
+  attributes, as TFF names no such context publicly; `tests/test_worker_lifetime.py`
+  checks the reading against TFF's own contexts."""
+  factory = getattr(context, '_executor_factory', None)
+  stack_fn = getattr(factory, '_executor_stack_fn', None)
+  pipeline = getattr(getattr(context, '_async_context', None), '_compiler_pipeline', None)
+  return (
+    getattr(stack_fn, '__qualname__', '').startswith('local_cpp_executor_factory.')
+    and getattr(pipeline, '_compiler_fn', None)
+    is tff.backends.native.desugar_and_transform_to_native
+  )
+
+
+def adopt_default_context() -> None:
+  """Installs the local runtime in place of TFF's import-time context, whose worker
+  outlives Python; any other default context (set by a researcher, a test, `workers`)
+  stays. Called by `import tff_comp` once TFF is imported."""
+  if _worker is None and _is_tffs_import_context(tff.framework.get_context_stack().current):
+    install_local_runtime()
 
 
 def ensure_local_runtime() -> None:
