@@ -1,5 +1,6 @@
-"""Test-wide setup: quiet TensorFlow, private data cache, a core per test process, and no
-leftover TFF worker or Ray process of the session's own."""
+"""Test-wide setup: quiet TensorFlow, private data cache, a core per test process, a
+private working directory, and no leftover TFF worker or Ray process of the session's
+own, nor any file of the checkout changed (the user's runs/ included)."""
 
 import os
 import pathlib
@@ -35,6 +36,8 @@ os.environ.setdefault('TFF_COMP_TEST_SESSION', uuid.uuid4().hex)
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
   signal.signal(signal.SIGINT, signal.default_int_handler)
 
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 import pytest
@@ -46,12 +49,38 @@ from tff_comp import runtime
 runtime.install_local_runtime()
 
 _SESSION_START = {}
+# Not the checkout's: the environments, git's, caches and build outputs.
+_NOT_CHECKED = {
+  '.git',
+  '.venv',
+  '.venv-fedjax',
+  '__pycache__',
+  '.pytest_cache',
+  'build',
+  '.ruff_cache',
+}
+
+
+def _checkout_files() -> dict[str, tuple[int, int]]:
+  """{path: (size, mtime)} of every file in the checkout (runs/ and results/ included)."""
+  files = {}
+  for folder, dirs, names in os.walk(_REPO):
+    dirs[:] = [d for d in dirs if d not in _NOT_CHECKED and not d.endswith('.egg-info')]
+    for name in names:
+      path = os.path.join(folder, name)
+      try:
+        stat = os.stat(path)
+      except OSError:
+        continue
+      files[os.path.relpath(path, _REPO)] = (stat.st_size, stat.st_mtime_ns)
+  return files
 
 
 def pytest_sessionstart(session):
   del session
   _SESSION_START['workers'] = set(workers.worker_pids())
   _SESSION_START['ray'] = set(workers.ray_pids())
+  _SESSION_START['files'] = _checkout_files()
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -81,11 +110,30 @@ def pytest_sessionfinish(session, exitstatus):
   if left:
     print(f'\nERROR: Ray process(es) left running: {sorted(left)}')
     session.exitstatus = 1
+  before, after = _SESSION_START['files'], _checkout_files()
+  changed = sorted(
+    path for path in before.keys() | after.keys() if before.get(path) != after.get(path)
+  )
+  if changed:
+    print(f'\nERROR: the tests changed files of the checkout: {changed[:20]}')
+    session.exitstatus = 1
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _private_working_directory(tmp_path_factory):
+  """Each test process works in a directory of its own once its tests are collected: a
+  run given no output directory (`runs/<algo>-<task>`) lands there, never in the
+  checkout's runs/, where the user's own runs live (a README example run before `make
+  test` made a test fail on it, #76)."""
+  before = os.getcwd()
+  os.chdir(tmp_path_factory.mktemp('cwd'))
+  yield
+  os.chdir(before)
 
 
 @pytest.fixture(scope='session')
 def repo_root() -> pathlib.Path:
-  return pathlib.Path(__file__).resolve().parent.parent
+  return _REPO
 
 
 @pytest.fixture(autouse=True)
