@@ -39,7 +39,7 @@ class Bulyan(base.Combiner):
     m = tf.shape(values)[0]
     theta = tf.maximum(m - 2 * f, 1)
     distances = combiners.squared_distances(values)
-    big = tf.fill([m, m], tf.constant(float('inf')))
+    big = tf.fill([m, m], tf.constant(float('inf'), tf.float64))
 
     def choose(step, left, chosen):
       """One Krum step over the rows still `left` (a [m] mask); `chosen` [m] orders."""
@@ -48,11 +48,9 @@ class Bulyan(base.Combiner):
       nearest = tf.sort(tf.where(among, distances, big), axis=1)
       r = tf.reduce_sum(tf.cast(left, tf.int32))
       k = tf.maximum(r - f - 2, 1)
-      scores = tf.reduce_sum(
-        tf.where(tf.range(m)[None, :] < k, tf.where(tf.math.is_inf(nearest), 0.0, nearest), 0.0),
-        1,
-      )
-      best = tf.argmin(tf.where(left, scores, float('inf')), output_type=tf.int32)
+      finite = tf.where(tf.math.is_inf(nearest), tf.zeros_like(nearest), nearest)
+      scores = tf.reduce_sum(tf.where(tf.range(m)[None, :] < k, finite, 0.0), 1)
+      best = tf.argmin(tf.where(left, scores, big[0]), output_type=tf.int32)
       return (
         step + 1,
         tf.tensor_scatter_nd_update(left, [[best]], [False]),
@@ -66,7 +64,7 @@ class Bulyan(base.Combiner):
     )
     selected = tf.boolean_mask(values, chosen)
     beta = tf.maximum(theta - 2 * f, 1)
-    median = combiners.median(selected)
+    median = combiners.median(combiners.nan_as_inf(selected))
     # The beta values of each coordinate nearest its median (ties by position).
     nearest = tf.argsort(tf.abs(selected - median[None, :]), axis=0, stable=True)[:beta]
     closest = tf.gather(tf.transpose(selected), tf.transpose(nearest), batch_dims=1)

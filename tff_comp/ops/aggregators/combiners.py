@@ -19,7 +19,12 @@
                      times from the previous round's result (Karimireddy et al. 2021)
 
 The robust combiners (Median to CenteredClip) and MajorityVote count every client alike;
-the robust ones need every row.
+the robust ones need every row, and survive any single row a client can send: a NaN
+value sorts as +inf for the coordinate-wise ones, a row holding a non-finite value is
+farther than any other from every row for Krum (and Bulyan), and weighs nothing in the
+geometric median and centered clipping; distances and norms are taken in float64, from
+the coordinate-wise median, so that huge rows (1e20: float32 squares overflow) and rows
+far from the origin (||a||^2 + ||b||^2 - 2ab cancels) are measured exactly enough.
 """
 
 from typing import NamedTuple
@@ -95,16 +100,35 @@ class _Robust(base.Combiner):
   weighted = False
 
 
+def finite_rows(values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """[m] whether each row is all finite, and the rows with the others zeroed."""
+  finite = tf.reduce_all(tf.math.is_finite(values), 1)
+  return finite, tf.where(finite[:, None], values, tf.zeros_like(values))
+
+
+def row_norms(values: tf.Tensor) -> tf.Tensor:
+  """[m] Euclidean norms of finite rows, in float64 (a float32 norm of a row of 1e20s
+  overflows to inf)."""
+  return tf.norm(tf.cast(values, tf.float64), axis=1)
+
+
+def nan_as_inf(values: tf.Tensor) -> tf.Tensor:
+  """NaN values as +inf: sorted, a NaN row is one more value at the top (tf.sort leaves
+  NaNs' places unspecified)."""
+  return tf.where(tf.math.is_nan(values), tf.constant(float('inf'), values.dtype), values)
+
+
 class Median(_Robust):
   """The coordinate-wise median (the mean of the two middle values for even m)."""
 
   name = 'median'
 
   def combine(self, state, values, weights):
-    return median(values), None, state, base.Measurements()
+    return median(nan_as_inf(values)), None, state, base.Measurements()
 
 
 def median(values: tf.Tensor) -> tf.Tensor:
+  """The coordinate-wise median of the rows (of float32 or float64 values, NaN-free)."""
   ordered = tf.sort(values, axis=0)
   m = tf.shape(values)[0]
   return 0.5 * (tf.gather(ordered, (m - 1) // 2) + tf.gather(ordered, m // 2))
@@ -128,16 +152,30 @@ class TrimmedMean(_Robust):
   def combine(self, state, values, weights):
     m = tf.shape(values)[0]
     b = tf.minimum(tf.cast(tf.floor(state * tf.cast(m, tf.float32)), tf.int32), (m - 1) // 2)
-    kept = tf.sort(values, axis=0)[b : m - b]
+    kept = tf.sort(nan_as_inf(values), axis=0)[b : m - b]
     return tf.reduce_mean(kept, 0), None, state, base.Measurements()
 
 
+# The squared distance between a row holding a non-finite value and any other row: above
+# any between finite float32 rows (< 1e82), and m of them still sum below float64's max.
+FAR = 1e250
+
+
 def squared_distances(values: tf.Tensor) -> tf.Tensor:
-  """[m, m] squared Euclidean distances between the rows."""
-  norms = tf.reduce_sum(tf.square(values), 1)
-  return tf.maximum(
-    norms[:, None] + norms[None, :] - 2.0 * tf.matmul(values, values, transpose_b=True), 0.0
+  """[m, m] float64 squared Euclidean distances between the rows, `FAR` to and from a
+  row holding a non-finite value. Taken from the coordinate-wise median of the finite
+  rows, as ||a||^2 + ||b||^2 - 2ab is fast but cancels far from the origin (Krum chose a
+  row of non-minimal score at offset/spread 1e4), and in float64, where 1e20^2 is finite."""
+  finite, rows = finite_rows(values)
+  rows = tf.cast(rows, tf.float64)
+  rows = rows - median(rows)[None, :]
+  norms = tf.reduce_sum(tf.square(rows), 1)
+  distances = tf.maximum(
+    norms[:, None] + norms[None, :] - 2.0 * tf.matmul(rows, rows, transpose_b=True), 0.0
   )
+  both = tf.logical_and(finite[:, None], finite[None, :])
+  apart = tf.where(both, distances, tf.constant(FAR, tf.float64))
+  return tf.linalg.set_diag(apart, tf.zeros_like(norms))
 
 
 class Krum(_Robust):
@@ -181,10 +219,14 @@ class GeometricMedian(_Robust):
     self.iters, self.nu = iters, nu
 
   def combine(self, state, values, weights):
-    v = tf.reduce_mean(values, 0)
+    finite, rows = finite_rows(values)
+    # From the coordinate-wise median (RFA starts from the mean, where one row of 1e20
+    # drags it: 10 steps then leave it near 1e10); the minimizer is the same.
+    v = median(rows)
     for _ in range(self.iters):
-      b = 1.0 / tf.maximum(self.nu, tf.norm(values - v[None, :], axis=1))
-      v = tf.linalg.matvec(values, b, transpose_a=True) / tf.reduce_sum(b)
+      b = 1.0 / tf.maximum(self.nu, row_norms(rows - v[None, :]))
+      b = tf.cast(tf.where(finite, b, 0.0) / tf.reduce_sum(tf.where(finite, b, 0.0)), tf.float32)
+      v = tf.linalg.matvec(rows, b, transpose_a=True)
     return (
       v,
       None,
@@ -222,9 +264,12 @@ class CenteredClip(_Robust):
     return bound
 
   def combine(self, state, values, weights):
+    finite, rows = finite_rows(values)
+    tau = tf.cast(state.tau, tf.float64)
     v = state.center
     for _ in range(self.iters):
-      diff = values - v[None, :]
-      scale = tf.minimum(1.0, state.tau / tf.maximum(tf.norm(diff, axis=1), 1e-12))
+      diff = rows - v[None, :]
+      scale = tf.minimum(tf.constant(1.0, tf.float64), tau / tf.maximum(row_norms(diff), 1e-12))
+      scale = tf.cast(tf.where(finite, scale, 0.0), tf.float32)  # a non-finite row: no pull
       v = v + tf.reduce_mean(diff * scale[:, None], 0)
     return v, None, state._replace(center=v), base.Measurements()
