@@ -119,7 +119,7 @@ def test_strategies_are_cached_on_disk_by_rounds_and_bands(tmp_path, monkeypatch
   said = capsys.readouterr().out.splitlines()
   assert said[0].startswith('BandMF: optimizing the noise strategy for 10 rounds and 3 bands')
   assert said[1].startswith('BandMF: strategy optimized in ') and len(said) == 2
-  (cached,) = (tmp_path / 'bandmf').glob('*n10-b3.npy')
+  (cached,) = (tmp_path / 'bandmf').glob('*n10-b3.npz')
   strategy_cache.strategy.cache_clear()
   optimize = mf.optimize
   monkeypatch.setattr(mf, 'optimize', lambda *_: pytest.fail('optimized again'))
@@ -129,7 +129,35 @@ def test_strategies_are_cached_on_disk_by_rounds_and_bands(tmp_path, monkeypatch
   cached.write_bytes(cached.read_bytes()[:50])
   monkeypatch.setattr(mf, 'optimize', optimize)
   assert strategy_cache.strategy(10, 3) == first
-  assert np.load(cached).shape == (10, 3)
+  assert 'is not used (unreadable)' in capsys.readouterr().out
+  assert np.load(cached)['band'].shape == (10, 3)
+  strategy_cache.strategy.cache_clear()
+
+
+@pytest.mark.parametrize(
+  'checksum, says',
+  [('kept', 'its checksum differs'), ('recomputed', 'a column of norm 1 +')],
+)
+def test_a_tampered_cached_strategy_is_not_used(tmp_path, monkeypatch, capsys, checksum, says):
+  """One entry times 1.01 (the column's norm then 1.002, so the stated epsilon would be
+  wrong): refused by its checksum, or, checksum rewritten to match, by its column norms;
+  optimized again, and the run gets the true strategy."""
+  monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
+  strategy_cache.strategy.cache_clear()
+  first = strategy_cache.strategy(10, 3)
+  (cached,) = (tmp_path / 'bandmf').glob('*n10-b3.npz')
+  with np.load(cached) as saved:
+    band, digest = saved['band'].copy(), str(saved['sha256'])
+  band[4, 1] *= 1.01
+  if checksum == 'recomputed':
+    digest = strategy_cache._digest(band)  # pylint: disable=protected-access
+  np.savez(cached, band=band, sha256=digest)
+  capsys.readouterr()
+  strategy_cache.strategy.cache_clear()
+  assert strategy_cache.strategy(10, 3) == first
+  said = capsys.readouterr().out.splitlines()
+  assert 'is not used' in said[0] and says in said[0], said
+  assert said[1].startswith('BandMF: optimizing the noise strategy')
   strategy_cache.strategy.cache_clear()
 
 

@@ -64,6 +64,9 @@ class Stage:
   row_size = 0  # floats of persistent state each client keeps (error feedback: d)
   randomized = False  # draws random numbers (per client, or per round at the server)
   cohort_wide = False  # a row's encoding reads other rows of the cohort (ALIE's attack)
+  # A compressor C with E||C(x) - x||^2 <= (1 - delta) ||x||^2, delta > 0, for every x:
+  # what error feedback (EF, EF21) needs to keep its residuals bounded.
+  contractive = False
   # Its settings that its state holds, not its program (`Chain.structure`).
   in_state: tuple[str, ...] = ()
 

@@ -20,7 +20,10 @@ server reconstructs (each stage's `upload_bits` says what would travel).
     ErrorFeedback(C)
                EF (Karimireddy et al. 2019): p = x + e_i, send C(p), e_i <- p - C(p);
                EF21 (Richtarik et al. 2021): send c = C(x - g_i), g_i <- g_i + c, and
-               the server's g <- g + combined(c); e_i, g_i kept per client (d floats)
+               the server's g <- g + combined(c); e_i, g_i kept per client (d floats).
+               Both need C contractive, E||C(x) - x||^2 <= (1 - delta) ||x||^2: TopK
+               (delta = k/d), Sign (1/d) and unscaled RandK (k/d) are; RandK scaled by
+               d/k, QSGD and Quantize are not (a residual grew to 1e3-1e12 with them)
 
 Random draws come from each client's stateless seed (run, round, client), so a client's
 encoding is the same on every runtime and in any cohort.
@@ -166,6 +169,7 @@ class TopK(_Sparsify):
   """Top-k sparsification (module docstring)."""
 
   name = 'top_k'
+  contractive = True
 
   def encode(self, state, x, weights, rows, seeds):
     return base.Encoded(_keep(x, tf.abs(x), self.k), weights, rows, {})
@@ -180,6 +184,7 @@ class RandK(_Sparsify):
   def __init__(self, fraction: float, d: int | None = None, unbiased: bool = True):
     super().__init__(fraction, d)
     self.unbiased = unbiased
+    self.contractive = not unbiased  # scaled by d/k, the error can exceed ||x||^2
 
   def _options(self) -> dict:
     return {'unbiased': self.unbiased}
@@ -198,6 +203,7 @@ class Sign(base.Stage):
   """The scaled sign (module docstring)."""
 
   name = 'sign'
+  contractive = True  # ||C(x) - x||^2 = ||x||^2 - ||x||_1^2 / d
 
   def encode(self, state, x, weights, rows, seeds):
     scale = tf.reduce_mean(tf.abs(x), 1, keepdims=True)
@@ -216,6 +222,11 @@ class ErrorFeedback(base.Stage):
       raise ValueError(f'error feedback is ef or ef21, got {variant!r}.')
     if compressor.row_size:
       raise ValueError('error feedback wraps a compressor without rows of its own.')
+    if not compressor.contractive:
+      raise ValueError(
+        f'error feedback needs a contractive compressor, and {compressor.name} is not'
+        ' (its residuals can grow without bound): use top_k, sign or rand_k unscaled.'
+      )
     self.compressor, self.variant, self.d = compressor, variant, d
     self.name = f'{variant}({compressor.name})'
     self.row_size = d or 0
