@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from tff_comp import experiment, trials
+from tff_comp import aggregation_settings, experiment, trials
 from tff_comp.run import run_files, training_loop
 
 BASE = dict(algorithm='fedavg', task='quadratic', rounds=6, eval_period=3, checkpoint_every=2)
@@ -62,15 +62,17 @@ def test_bulyan_from_the_flags(tmp_path):
   from tff_comp.ops import aggregators  # pylint: disable=g-import-not-at-top
 
   prepared = experiment.prepare(
-    _config(tmp_path, aggregator='bulyan', byzantine_clients=1, clients_per_round=6)
+    _config(
+      tmp_path, task='synthetic', aggregator='bulyan', byzantine_clients=1, clients_per_round=7
+    )
   )
   chain = prepared.builder_args['model_aggregator']
   assert isinstance(chain.combiner, aggregators.Bulyan) and chain.combiner.byzantine == 1
   assert prepared.settings.client_weighting == 'uniform'
   experiment.run_experiment(prepared, show_progress=False)
   rows = _rows(tmp_path)
-  assert all(float(r['train/aggregator/bulyan_selected']) == 4 for r in rows[1:])
-  assert float(rows[-1]['eval/objective']) < float(rows[0]['eval/objective'])
+  assert all(float(r['train/aggregator/bulyan_selected']) == 5 for r in rows[1:])
+  assert float(rows[-1]['eval/test_loss']) < float(rows[0]['eval/test_loss'])
 
 
 def test_a_resumed_run_with_error_feedback_ends_as_an_uninterrupted_one(tmp_path):
@@ -132,6 +134,10 @@ def test_batched_trials_with_a_robust_chain_equal_their_separate_runs(tmp_path):
     (dict(attack_fraction=0.3), '--attack_fraction applies with --attack='),
     (dict(error_feedback='ef'), '--error_feedback applies with --compression='),
     (
+      dict(compression='qsgd', error_feedback='ef21'),
+      '--error_feedback=ef21 needs a contractive compressor, and --compression=qsgd is not',
+    ),
+    (
       dict(aggregator='krum', secure_aggregation=True),
       "needs each client's update, while --secure_aggregation reveals only their total",
     ),
@@ -148,6 +154,28 @@ def test_batched_trials_with_a_robust_chain_equal_their_separate_runs(tmp_path):
       '--compression=sign (a majority vote) weighs every client alike',
     ),
     (dict(aggregator='median', clip_norm=1.0), '--clip_norm sets a clipping or DP aggregator'),
+    (
+      dict(aggregator='krum', byzantine_clients=2, clients_per_round=5),
+      '--aggregator=krum with --byzantine_clients=2 needs at least 2 f + 3 = 7 clients',
+    ),
+    (
+      dict(aggregator='multi_krum', multi_krum_select=6, clients_per_round=5),
+      '--multi_krum_select=6 is more rows than a round has (--clients_per_round=5)',
+    ),
+    (
+      dict(aggregator='bulyan', byzantine_clients=1, clients_per_round=5),
+      '--aggregator=bulyan with --byzantine_clients=1 needs at least 4 f + 3 = 7 clients',
+    ),
+    (
+      dict(aggregator='centered_clip', centered_clip_tau=1e-300),
+      '--centered_clip_tau must be >= 1e-30, got 1e-300',
+    ),
+    (dict(secure_aggregation=True, secure_bound=1e300), '--secure_bound must be <= 1e+30'),
+    (dict(attack='scaled', attack_scale=1e300), '--attack_scale must be <= 1e+30'),
+    (
+      dict(sampling='uniform', min_separation=2, clients_per_round=5),
+      '--min_separation=2 with 5 clients a round needs at least 10 clients',
+    ),
   ],
 )
 def test_what_cannot_work_is_one_line_before_any_work(tmp_path, settings, says):
@@ -155,3 +183,11 @@ def test_what_cannot_work_is_one_line_before_any_work(tmp_path, settings, says):
     experiment.prepare(_config(tmp_path, **settings))
   assert says in str(error.value) and '\n' not in str(error.value)
   assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_multi_krum_averages_m_minus_f_rows_by_default():
+  """Blanchard et al.'s Multi-Krum keeps m - f rows, with m the cohort (#75: a run with
+  m - f - 2 went unnoticed)."""
+  options = aggregation_settings.AggregationOptions(byzantine_clients=2)
+  combiner = options.chain('multi_krum', None, clients_per_round=10).combiner
+  assert (combiner.byzantine, combiner.select) == (2, 8)

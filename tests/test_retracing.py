@@ -125,9 +125,11 @@ SETTINGS = {
   ),
   'trimmed-mean-qsgd': dict(engine='mapped', aggregator='trimmed_mean', compression='qsgd'),
   'krum-rand-k-sign-flip': dict(
-    engine='lanes', aggregator='krum', compression='rand_k', attack='sign_flip'
+    engine='lanes', aggregator='krum', byzantine_clients=0, compression='rand_k', attack='sign_flip'
   ),
-  'multi-krum-sign': dict(engine='mapped', aggregator='multi_krum', compression='sign'),
+  'multi-krum-sign': dict(
+    engine='mapped', aggregator='multi_krum', byzantine_clients=0, compression='sign'
+  ),
   'geometric-median-top-k-ef21': dict(
     engine='lanes',
     aggregator='geometric_median',

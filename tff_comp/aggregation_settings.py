@@ -67,7 +67,8 @@ class AggregationOptions:
   centered_clip_tau: float = settings.setting(
     1.0,
     "--aggregator=centered_clip: the radius tau around the previous round's result.",
-    above=0.0,
+    lower=settings.FLOAT32_TINY,
+    upper=settings.FLOAT32_HUGE,
     applies_when={'aggregator': ('centered_clip',)},
     per_trial=True,
   )
@@ -110,7 +111,8 @@ class AggregationOptions:
     'none',
     'Error feedback around the compression: ef (Karimireddy et al. 2019) or ef21'
     " (Richtarik et al. 2021), a residual of the model's size kept per client"
-    ' (in-process runtime).',
+    ' (in-process runtime). Needs a contractive compressor: top_k, sign, or rand_k'
+    ' (then unscaled, not d/k); quantize and qsgd are refused.',
     choices=ERROR_FEEDBACK,
     applies_when={'compression': COMPRESSIONS[1:]},
   )
@@ -123,7 +125,8 @@ class AggregationOptions:
   secure_bound: float = settings.setting(
     1.0,
     '--secure_aggregation: the bound r of each (weighted) value.',
-    above=0.0,
+    lower=settings.FLOAT32_TINY,
+    upper=settings.FLOAT32_HUGE,
     applies_when={'secure_aggregation': (True,)},
   )
   secure_bits: int = settings.setting(
@@ -163,13 +166,21 @@ class AggregationOptions:
   attack_scale: float = settings.setting(
     1.0,
     "--attack=scaled/gaussian: the factor or the noise's std.",
-    above=0.0,
+    lower=settings.FLOAT32_TINY,
+    upper=settings.FLOAT32_HUGE,
     applies_when={'attack': ('scaled', 'gaussian')},
     per_trial=True,
   )
 
   def __post_init__(self):
     settings.check(self)
+    compressor = self._compressor()
+    if self.error_feedback != 'none' and compressor is not None and not compressor.contractive:
+      raise ValueError(
+        f'--error_feedback={self.error_feedback} needs a contractive compressor, and'
+        f' --compression={self.compression} is not (its residuals grow without bound):'
+        ' use top_k, sign or rand_k.'
+      )
 
   @property
   def active(self) -> bool:
@@ -210,9 +221,29 @@ class AggregationOptions:
       'quantize': lambda: aggregators.Quantize(self.quantize_bits),
       'qsgd': lambda: aggregators.QSGD(self.qsgd_levels),
       'top_k': lambda: aggregators.TopK(self.sparsity_fraction),
-      'rand_k': lambda: aggregators.RandK(self.sparsity_fraction),
+      # Under error feedback, unscaled: contractive (module docstring of compression).
+      'rand_k': lambda: aggregators.RandK(
+        self.sparsity_fraction, unbiased=self.error_feedback == 'none'
+      ),
       'sign': aggregators.Sign,
     }[self.compression]()
+
+  def _check_cohort(self, aggregator: str, m: int) -> None:
+    """ValueError (one line) for f or Multi-Krum's selection beyond what a cohort of m
+    allows (a smaller cohort in a round, by dropouts or Poisson sampling, is clamped)."""
+    if aggregator in _COHORT_NEEDED:
+      a, b = _COHORT_NEEDED[aggregator]
+      if m < a * self.byzantine_clients + b:
+        raise ValueError(
+          f'--aggregator={aggregator} with --byzantine_clients={self.byzantine_clients}'
+          f' needs at least {a} f + {b} = {a * self.byzantine_clients + b} clients a round'
+          f' (--clients_per_round={m}).'
+        )
+    if aggregator == 'multi_krum' and (self.multi_krum_select or 0) > m:
+      raise ValueError(
+        f'--multi_krum_select={self.multi_krum_select} is more rows than a round has'
+        f' (--clients_per_round={m}).'
+      )
 
   def _combiner(
     self, aggregator: str, private: aggregators.Chain | None, clients_per_round: int
@@ -224,6 +255,7 @@ class AggregationOptions:
           ' --secure_aggregation reveals only their total.'
         )
       f = self.byzantine_clients
+      self._check_cohort(aggregator, clients_per_round)
       return {
         'median': aggregators.Median,
         'trimmed_mean': lambda: aggregators.TrimmedMean(self.trim_fraction),
@@ -250,6 +282,11 @@ class AggregationOptions:
     if self.compression == 'sign' and private is None:
       return aggregators.MajorityVote()
     return private.combiner if private is not None else aggregators.Mean()
+
+
+# The smallest cohort each selection rule is defined for with f attackers (Blanchard et
+# al. 2017: n > 2f + 2; El Mhamdi et al. 2018: n >= 4f + 3).
+_COHORT_NEEDED = {'krum': (2, 3), 'multi_krum': (2, 3), 'bulyan': (4, 3)}
 
 
 def upload_bytes(chain: aggregators.Chain | None, d: int, side_floats: int) -> float:

@@ -115,6 +115,10 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
       '--min_separation draws among the clients recent rounds did not sample, which'
       " --device_model (the clients available at a round's time) would break."
     )
+  try:
+    sampling.check_population(config.participation, settings.clients_per_round, task.num_clients)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
   if config.devices.device_model == 'trace':  # read before the run locks its directory
     try:
       devices.read_trace(pathlib.Path(config.devices.device_trace), task.train_data.client_ids)

@@ -20,6 +20,9 @@ import typing
 from typing import Any
 
 MAX_INT32, MAX_COUNT, MAX_SEED = 2**31 - 1, 10**8, 2**32 - 1
+# Bounds of a positive setting the round holds as a float32, with room for arithmetic:
+# 1e-300 became 0 (the model never moved) and 1e300 inf (reported as a divergence).
+FLOAT32_TINY, FLOAT32_HUGE = 1e-30, 1e30
 
 
 class ConfigError(ValueError):

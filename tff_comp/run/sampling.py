@@ -95,6 +95,17 @@ class Participation:
     return self.min_separation > 1
 
 
+def check_population(participation: Participation, clients_per_round: int, population: int):
+  """ValueError (one line) if `participation` cannot draw `clients_per_round` clients a
+  round from `population`."""
+  needed = clients_per_round * participation.min_separation
+  if participation.separated and population < needed:
+    raise ValueError(
+      f'--min_separation={participation.min_separation} with {clients_per_round} clients a'
+      f' round needs at least {needed} clients (the population has {population}).'
+    )
+
+
 class RoundClients(NamedTuple):
   """A round's clients: those sampled, those reporting (in order; a runtime trains
   these) and each reporting client's share of its local steps (None: all of them).
@@ -169,14 +180,7 @@ class ClientSampler:
         '--min_separation draws among the clients recent rounds did not sample, which a'
         " device model choosing the clients available at a round's time would break."
       )
-    if (
-      participation.separated and len(self._ids) < clients_per_round * participation.min_separation
-    ):
-      raise ValueError(
-        f'--min_separation={participation.min_separation} with {clients_per_round} clients a'
-        f' round needs at least {clients_per_round * participation.min_separation} clients'
-        f' (the population has {len(self._ids)}).'
-      )
+    check_population(participation, clients_per_round, len(self._ids))
     self._history: dict[int, np.ndarray] = {}  # rounds' sampled positions (separated)
     self._drawn = (
       clients_per_round
