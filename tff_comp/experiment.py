@@ -267,11 +267,7 @@ def default_callbacks(
   communication = (
     ()
     if runner.algorithm is None
-    else (
-      callbacks_lib.Communication(
-        *communication_lib.client_bytes(runner.algorithm, prepared.task.num_clients)
-      ),
-    )
+    else (callbacks_lib.Communication(*communication_lib.client_bytes(runner.algorithm)),)
   )
   poisoned = (
     (

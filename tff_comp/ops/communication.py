@@ -1,34 +1,53 @@
 """What a round sends: the bytes each client uploads (its update: the model part as its
-aggregator chain encodes it, the other fields as float32) and downloads (the payload,
-with a per-client table, SCAFFOLD's c_i or Ditto's personal model, counted as the one row
-the client holds), 32 bits a float uncompressed."""
+aggregator chain encodes it, the other fields as float32) and downloads (the payload),
+32 bits a float uncompressed.
 
+A per-client table [N, ...] counts the one row a client holds, in both directions: the
+payload fields a payload type names in `client_rows` (SCAFFOLD's c_i, Ditto's personal
+model, AFL's weight), and an update's slots under `aggregation.SLOTS` (every field but
+`delta`: a client fills its own row). Tables are known by these declarations, never by
+their shape: a model weight whose first dimension equals the number of clients is a
+weight."""
+
+from collections.abc import Collection
 from typing import Any
 
 import tensorflow as tf
 
-from tff_comp.ops import contract
+from tff_comp.ops import aggregation, contract
 
 
-def _floats(structure: Any, population: int | None = None) -> int:
-  """Floats in `structure` (specs or tensors); a leaf of `population` rows counts one."""
-  total = 0
-  for leaf in tf.nest.flatten(structure):
-    size = leaf.shape.num_elements()
-    if population and leaf.shape.rank and leaf.shape[0] == population and population > 1:
-      size //= population
-    total += size
-  return total
+def _floats(structure: Any) -> int:
+  """Floats in `structure` (specs or tensors)."""
+  return sum(leaf.shape.num_elements() for leaf in tf.nest.flatten(structure))
 
 
-def client_bytes(algorithm: Any, population: int) -> tuple[float, float]:
+def _row_floats(structure: Any) -> int:
+  """Floats in one row of each [N, ...] table of `structure`."""
+  return sum(leaf.shape[1:].num_elements() for leaf in tf.nest.flatten(structure))
+
+
+def _message_floats(message: Any, tables: Collection[str]) -> int:
+  """Floats a client sends or receives of `message`: the fields named in `tables` one
+  row each, the others whole."""
+  if not hasattr(message, '_fields'):
+    return _floats(message)
+  return sum(
+    _row_floats(getattr(message, name)) if name in tables else _floats(getattr(message, name))
+    for name in message._fields
+  )
+
+
+def client_bytes(algorithm: Any) -> tuple[float, float]:
   """(bytes a client uploads, bytes it downloads) in a round of `algorithm`
-  (`ops.algorithm.Algorithm`) on `population` clients."""
+  (`ops.algorithm.Algorithm`)."""
   spec = algorithm.server_rule.update_spec()
   part = spec.delta if hasattr(spec, 'delta') else spec
-  d, side = _floats(part), _floats(spec) - _floats(part)
+  slots = aggregation.slot_fields(spec) if algorithm.aggregation is aggregation.SLOTS else ()
+  d, side = _floats(part), _message_floats(spec, slots) - _floats(part)
   chain = algorithm.model_chain
   model_bits = 32.0 * d if chain is None else chain.upload_bits(d)
   upload = (model_bits + 32.0 * side) / 8.0
-  download = 4.0 * _floats(contract.payload_spec(algorithm), population)
+  payload = contract.payload_spec(algorithm)
+  download = 4.0 * _message_floats(payload, getattr(type(payload), 'client_rows', ()))
   return upload, download
