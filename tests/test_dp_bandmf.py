@@ -46,6 +46,13 @@ def _plan(recorded=None, **options):
   return privacy_settings.PrivacyOptions(**settings, **options).plan(**run, recorded=recorded)
 
 
+def test_a_noise_cohorts_epoch_is_the_accounted_cohorts():
+  """--noise_cohort_size M: a client's rounds are N // M apart in the accounting (N // n
+  understated epsilon: 5.50 reported where 8.89 is spent)."""
+  plan = _plan(noise_cohort_size=10, population=200, rounds=40)
+  assert plan.ledger.epoch == plan.resolved['bands'] == 20  # 200 // 10, not 200 // 4
+
+
 def test_the_bands_default_to_an_epoch_and_what_cannot_be_accounted_is_refused():
   plan = _plan()
   assert plan.ledger.bands == plan.ledger.epoch == 12  # 50 // 4
@@ -71,12 +78,13 @@ def test_the_bands_default_to_an_epoch_and_what_cannot_be_accounted_is_refused()
 
 
 def test_a_bandmf_run_is_the_same_in_process_and_on_tffs_runtime():
-  """The chain's noise is seeded by (run seed, round) on both; two bands over 4 rounds."""
+  """The chain's noise is seeded by (run seed, round) on both (a run seed not 0: a
+  runtime seeding its chain with 0 is caught); two bands over 4 rounds."""
 
   def algorithm(z):
     spec = privacy.PrivateMean('dp_bandmf', 0.5, z, 2.0, strategy=strategy_cache.strategy(4, 2))
     return algorithm_cases.algorithm(
-      'fedavg', dict(model_aggregator=spec, client_weighting='uniform')
+      'fedavg', dict(model_aggregator=spec, client_weighting='uniform', seed=7)
     )
 
   data = algorithm_cases.DATA['unequal']

@@ -94,11 +94,12 @@ def test_the_tree_restarts_every_epoch_by_default_and_never_spans_two():
 
 
 def test_a_tree_run_is_the_same_in_process_and_on_tffs_runtime():
-  """The chain's nodes are seeded by (run seed, tree, level, index) on both; two trees
-  of two rounds, then the third's first."""
+  """The chain's nodes are seeded by (run seed, tree, level, index) on both (a run seed
+  not 0: a runtime seeding its chain with 0 is caught); two trees of two rounds, then
+  the third's first."""
   spec = privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.8, 2.0, restart_every=2)
   algorithm = algorithm_cases.algorithm(
-    'fedavg', dict(model_aggregator=spec, client_weighting='uniform')
+    'fedavg', dict(model_aggregator=spec, client_weighting='uniform', seed=7)
   )
   data = algorithm_cases.DATA['unequal']
   noiseless = algorithm_cases.algorithm(
@@ -106,6 +107,7 @@ def test_a_tree_run_is_the_same_in_process_and_on_tffs_runtime():
     dict(
       model_aggregator=privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.0, 2.0, restart_every=2),
       client_weighting='uniform',
+      seed=7,
     ),
   )
   got = algorithm_cases.cyclic_rounds(inprocess.build(algorithm, data, engine='mapped'), 5)
@@ -159,6 +161,13 @@ def test_a_noise_cohort_scales_the_trees_nodes_and_is_accounted_as_that_cohort()
   _, tree = plan.mean.chain().stages
   assert tree.stddev == pytest.approx(1.0 * 1.0 * 4 / 40)  # z C n / M
   assert plan.ledger.clients_per_round == 40
+  # The accounting's cyclic epoch is N // M = 1 round, each tree one round: a tree of
+  # N // n = 12 would hold 10 participations of an accounted client (#73, #75).
+  assert plan.mean.restart_every == plan.ledger.restart_every == plan.ledger.epoch == 1
+  tenfold = _plan(noise_cohort_size=10, population=200)
+  assert tenfold.ledger.restart_every == 20 and tenfold.ledger.epoch == 20  # 200 // 10
+  with pytest.raises(ValueError, match='over the 20 rounds of a cyclic epoch'):
+    _plan(noise_cohort_size=10, population=200, restart_every=21)
   dp = privacy_settings.PrivacyOptions(
     aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, noise_cohort_size=40
   ).plan(clients_per_round=4, population=50, rounds=30, sampling='poisson')

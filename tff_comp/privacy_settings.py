@@ -200,28 +200,26 @@ class PrivacyOptions:
           f'--noise_cohort_size={accounted} is over the population ({population}): the'
           ' accounting samples that many of it.'
         )
-      if self.aggregator == privacy.DP_FTRL_TREE:
-        epoch = (
-          min_separation if sampling == 'separated' else sampling_lib.epoch_rounds(population, n)
-        )
-        restart = self.restart_every or epoch
-        if restart > epoch and sampling in accounting.BOUNDED:
-          apart = (
-            f'the --min_separation of {epoch} rounds'
-            if sampling == 'separated'
-            else f'the {epoch} rounds of a cyclic epoch ({population} clients, {n} a round)'
-          )
-          raise ValueError(
-            f'--restart_every={restart} is over {apart}: a client would be in two rounds of a tree.'
-          )
-      if self.aggregator == privacy.DP_BANDMF:
-        # A client's rounds are this far apart: the separation, or a cyclic epoch of the
-        # accounted cohort's (N // M).
+      # A client's rounds are this far apart: the separation, or a cyclic epoch of the
+      # accounted cohort's (N // M: the accounting's clients, each in one round of it).
+      if self.aggregator in (privacy.DP_FTRL_TREE, privacy.DP_BANDMF):
         epoch = (
           min_separation
           if sampling == 'separated'
           else sampling_lib.epoch_rounds(population, accounted)
         )
+      if self.aggregator == privacy.DP_FTRL_TREE:
+        restart = self.restart_every or epoch
+        if restart > epoch and sampling in accounting.BOUNDED:
+          apart = (
+            f'the --min_separation of {epoch} rounds'
+            if sampling == 'separated'
+            else f'the {epoch} rounds of a cyclic epoch ({population} clients, {accounted} a round)'
+          )
+          raise ValueError(
+            f'--restart_every={restart} is over {apart}: a client would be in two rounds of a tree.'
+          )
+      if self.aggregator == privacy.DP_BANDMF:
         strategy_rounds = recorded.get('strategy_rounds', rounds)
         if rounds > strategy_rounds:
           raise ValueError(
