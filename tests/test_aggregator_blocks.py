@@ -140,6 +140,17 @@ def test_adaptive_bounds_follow_the_geometric_quantile_update():
     np.testing.assert_allclose(float(state.stages[0]), estimate, rtol=1e-5)
 
 
+def test_a_dp_quantiles_count_centres_on_the_clients_present():
+  """TFF's QuantileEstimatorQuery: each present client reports [norm <= E] - 1/2, their
+  sum normalized by the expected clients n, plus 1/2: with 3 of 5 present clients below
+  and n = 10, b = (3 - 5/2) / 10 + 1/2 = 0.55 (centring on n would give 0.3)."""
+  quantile = agg.Quantile(target=0.5, learning_rate=0.4, denominator=10.0)
+  got = quantile.next(
+    tf.constant(2.0), tf.constant(3.0), tf.constant(5.0), tf.constant([1, 2], tf.int64)
+  )
+  np.testing.assert_allclose(float(got), 2.0 * math.exp(-0.4 * (0.55 - 0.5)), rtol=1e-6)
+
+
 def test_zeroing_defaults_to_the_inf_norm_and_zeroes_non_finite_rows():
   x = X.copy()
   x[2, 3] = np.nan
@@ -290,6 +301,45 @@ def test_ef21_tracks_each_client_and_the_servers_estimate():
     np.testing.assert_allclose(got, g, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('variant', ['ef', 'ef21'])
+@pytest.mark.parametrize(
+  'compressor',
+  [agg.TopK(0.1), agg.Sign(), agg.RandK(0.1, unbiased=False)],
+  ids=['top_k', 'sign', 'rand_k_unscaled'],
+)
+def test_error_feedbacks_residual_stays_bounded_with_a_contractive_compressor(variant, compressor):
+  """A fresh N(0, 1) update each of 300 rounds: with delta-contraction, EF's residual
+  stays below sqrt(1 - delta) / (1 - sqrt(1 - delta)) times the largest update (the
+  geometric series of ||e_t|| <= sqrt(1 - delta) (||e_{t-1}|| + ||x_t||)), EF21's
+  tracker error below it too; k/d = 1/10 and 1/d (sign) bound delta from below. A
+  worst-case bound for top-k and sign; for rand-k its expectation, met with room."""
+  d, m = 40, 3
+  delta = 1.0 / d if isinstance(compressor, agg.Sign) else 0.1
+  chain = agg.Chain((agg.ErrorFeedback(compressor, variant),), agg.Mean()).bind(d)
+  rng = np.random.default_rng(5)
+  rows, state, largest, worst = np.zeros((m, d), np.float32), chain.initial_state(), 0.0, 0.0
+  for t in range(300):
+    x = rng.normal(size=(m, d)).astype(np.float32)
+    seeds = np.stack([np.full(m, 3), np.arange(m) + 10 * t], 1).astype(np.int64)
+    _, rows, state, _ = _aggregate(
+      chain, x=x, w=np.ones(m, np.float32), seeds=seeds, state=state, rows=rows
+    )
+    largest = max(largest, float(np.linalg.norm(x, axis=1).max()))
+    tracked = x - rows if variant == 'ef21' else rows  # EF21: x - g_i; EF: e_i
+    worst = max(worst, float(np.linalg.norm(tracked, axis=1).max()))
+  q = math.sqrt(1.0 - delta)
+  assert worst <= q / (1.0 - q) * largest, (worst, largest)
+
+
+@pytest.mark.parametrize(
+  'compressor', [agg.RandK(0.1), agg.QSGD(4), agg.Quantize(1)], ids=['rand_k', 'qsgd', 'quantize']
+)
+def test_error_feedback_refuses_a_compressor_that_is_not_contractive(compressor):
+  """rand_k scaled by d/k, QSGD and 1-bit quantization: residual norms of 1e3-1e12."""
+  with pytest.raises(ValueError, match='needs a contractive compressor'):
+    agg.ErrorFeedback(compressor)
+
+
 # --- secure aggregation -----------------------------------------------------------
 
 
@@ -310,6 +360,34 @@ def test_secure_sum_is_integer_arithmetic_modulo_its_bits():
   np.testing.assert_allclose(wrapped, want_wrapped, rtol=1e-5, atol=1e-6)
   assert float(measured['secure_wrapped']) == (q.sum(0) >= 2 ** (bits + 1)).sum() > 0
   assert agg.Chain((), narrow).bind(D).upload_bits(D) == (bits + 1) * D
+
+
+def test_the_default_modulus_holds_the_largest_sum_of_its_cohort():
+  """b + ceil(log2 m) bits: ten clients at 0.9 of the bound sum to 10 (2^20 - 1) 0.95,
+  which one bit fewer (23) wraps, the mean then -0.70."""
+  secure = agg.SecureSum(1.0, 20, max_clients=10)
+  assert secure.sum_bits == 24
+  x = np.full((10, 3), 0.9, np.float32)
+  got, _, _, measured = _aggregate(
+    agg.Chain((), secure), x=x, w=np.ones(10, np.float32), seeds=SEEDS[:1].repeat(10, 0)
+  )
+  np.testing.assert_allclose(got, 0.9, atol=1e-5)
+  assert float(measured['secure_wrapped']) == 0
+
+
+@pytest.mark.parametrize(
+  'stage, bits',
+  [
+    (agg.QSGD(16), (1 + math.log2(17)) * D + 32),  # a sign and log2(s + 1) bits a level
+    (agg.QSGD(1), 2 * D + 32),
+    (agg.RandK(0.25), 3 * 32),  # k values; the indices follow from the shared seed
+    (agg.TopK(0.25), 3 * (32 + 4)),  # k values and their log2 d = 4-bit indices
+    (agg.Sign(), D + 32),  # a bit a value and the scale
+  ],
+  ids=['qsgd16', 'qsgd1', 'rand_k', 'top_k', 'sign'],
+)
+def test_each_compressors_upload_bits_are_its_papers(stage, bits):
+  assert agg.Chain((stage,), agg.Mean()).bind(D).upload_bits(D) == pytest.approx(bits)
 
 
 # --- attacks ----------------------------------------------------------------------
