@@ -14,6 +14,8 @@ printed too) and `--output`.png, .pdf and .svg (`figures.py`). Bad input exits w
 status 2 and one line. Needs no TensorFlow.
 """
 
+import csv
+import math
 import pathlib
 import sys
 
@@ -49,10 +51,41 @@ def _labels(runs: list[pathlib.Path]) -> list[str]:
   return [f'{r.parent.name}/{r.name}' if names.count(r.name) > 1 else r.name for r in runs]
 
 
+def _headers(runs: list[pathlib.Path]) -> dict[pathlib.Path, list[str]]:
+  """Each run's metrics.csv columns, the file checked readable as text with rows and
+  the `--x` column."""
+  headers = {}
+  for run in runs:
+    try:
+      headers[run] = curves.header(run)
+      with open(run / 'metrics.csv', newline='') as f:
+        has_rows = sum(1 for _ in csv.reader(f)) > 1
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+      fail(f'{run}/metrics.csv cannot be read as a CSV file ({e}).')
+    if not has_rows:
+      fail(f'{run}/metrics.csv has no rows yet: the run has written no round.')
+    if curves.column(_X.value) not in headers[run]:
+      fail(
+        f'--x={_X.value} is no column of {run}/metrics.csv (round, seconds or a column'
+        ' of time/, docs/metrics.md).'
+      )
+  return headers
+
+
+def _read(run: pathlib.Path, metrics: list[str]) -> dict[str, dict[int, float]]:
+  """The run's curves of `metrics` and `--x`; a value or round that is no number is
+  one line."""
+  try:
+    return curves.read_curves(run, [*metrics, _X.value], {_X.value: _X.value})
+  except (ValueError, TypeError) as e:
+    fail(f'{run}/metrics.csv holds a value that is no number ({e}).')
+  return {}
+
+
 def _metrics(runs: list[pathlib.Path]) -> list[str]:
   """`--metrics` as columns, each checked in every run; by default the evaluation
   columns (but its seconds) every run has."""
-  headers = {run: curves.header(run) for run in runs}
+  headers = _headers(runs)
   if not _METRICS.value:
     common = [
       c
@@ -94,17 +127,25 @@ def main(argv: list[str]) -> None:
       fail(f'{run} holds no metrics.csv: not a run directory.')
   metrics = _metrics(runs)
   labels = _labels(runs)
-  read = {run: curves.read_curves(run, [*metrics, _X.value], {_X.value: _X.value}) for run in runs}
+  try:
+    given = [float(v) for v in _AT.value or ()]
+  except ValueError:
+    given = [math.nan]
+  if not all(math.isfinite(v) for v in given):
+    fail(f'--at takes finite numbers of --x={_X.value}, not {",".join(_AT.value)}.')
+  read = {run: _read(run, metrics) for run in runs}
+  stem = pathlib.Path(_OUTPUT.value)
+  try:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    fail(f'--output={_OUTPUT.value}: its folder cannot be made ({e.strerror}).')
+  # On a time axis a run starts at round 0, time 0 (its first row is round 1's).
   x_of = {
     run: ({0: 0.0} | c[_X.value]) if _X.value != 'round' else c['round'] for run, c in read.items()
   }
   points = {run: {m: _along(read[run][m], x_of[run]) for m in metrics} for run in runs}
-  try:
-    at = (
-      [float(v) for v in _AT.value] if _AT.value else [min(max(x.values()) for x in x_of.values())]
-    )
-  except ValueError:
-    fail(f'--at takes numbers of --x={_X.value}, not {",".join(_AT.value)}.')
+  # By default the last value of --x every run reached.
+  at = given or [min(max(x.values()) for x in x_of.values())]
   x_name = 'round' if _X.value == 'round' else figures.label(_X.value).lower()
   lines = [
     '| run | '
@@ -117,7 +158,6 @@ def main(argv: list[str]) -> None:
       f'| {name} | ' + ' | '.join(_cell(points[run][m], a) for m in metrics for a in at) + ' |'
     )
   table = '\n'.join(lines) + '\n'
-  stem = pathlib.Path(_OUTPUT.value)
   panels = [
     figures.Panel(
       _X.value,
@@ -131,7 +171,6 @@ def main(argv: list[str]) -> None:
     for m in metrics
   ]
   written = figures.draw(panels, stem, _TITLE.value)
-  stem.parent.mkdir(parents=True, exist_ok=True)
   (stem.parent / f'{stem.name}.md').write_text(table)
   print(table)
   print(f'wrote {stem.parent / f"{stem.name}.md"}, ' + ', '.join(str(p) for p in written))

@@ -38,6 +38,18 @@ def _compare(repo_root, *args, cwd):
   )
 
 
+def _copy_run(source, target, keep=lambda row: True, edit=lambda row: row):
+  """A run directory of `source`'s metrics.csv rows that `keep` keeps, `edit`ed."""
+  target.mkdir(parents=True)
+  with open(source / 'metrics.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  with open(target / 'metrics.csv', 'w', newline='') as f:
+    writer = csv.DictWriter(f, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(edit(dict(r)) for r in rows if keep(r))
+  return target
+
+
 def _column(run, column):
   with open(run / 'metrics.csv', newline='') as f:
     return {int(r['round']): float(r[column]) for r in csv.DictReader(f) if r[column]}
@@ -83,6 +95,63 @@ def test_by_default_every_common_evaluation_metric_at_the_last_round(repo_root, 
   assert (tmp_path / 'compare.png').exists()
 
 
+def test_the_default_at_is_the_last_round_every_run_reached(repo_root, runs, tmp_path):
+  short = _copy_run(runs / 'fedprox', tmp_path / 'short', keep=lambda r: int(r['round']) <= 3)
+  out = _compare(repo_root, runs / 'fedavg', short, '--metrics=objective', cwd=tmp_path)
+  assert out.returncode == 0, out.stderr
+  header, _, *rows = out.stdout.splitlines()
+  assert 'Objective @ round 3' in header
+  objective = _column(runs / 'fedavg', 'eval/objective')
+  assert f'{objective[2]:.4g} (round 2)' in rows[0]
+
+
+def test_on_a_time_axis_round_zero_is_at_time_zero(repo_root, runs, tmp_path):
+  """Round 0's evaluation has no wall-clock row of its own: it sits at 0 s."""
+  out = _compare(
+    repo_root, runs / 'fedavg', '--metrics=objective', '--x=seconds', '--at=0', cwd=tmp_path
+  )
+  assert out.returncode == 0, out.stderr
+  objective = _column(runs / 'fedavg', 'eval/objective')
+  assert out.stdout.splitlines()[2].split(' | ')[1].strip(' |') == f'{objective[0]:.4g}'
+
+
+def _damaged(runs, tmp_path, damage):
+  if damage == 'header only':
+    return _copy_run(runs / 'fedavg', tmp_path / 'damaged', keep=lambda r: False)
+  if damage == 'binary':
+    (tmp_path / 'damaged').mkdir()
+    (tmp_path / 'damaged' / 'metrics.csv').write_bytes(bytes(range(256)) * 4)
+    return tmp_path / 'damaged'
+  field = 'round' if damage == 'bad round' else 'eval/objective'
+  return _copy_run(runs / 'fedavg', tmp_path / 'damaged', edit=lambda r: {**r, field: 'n/a'})
+
+
+@pytest.mark.parametrize(
+  'damage, args, says',
+  [
+    ('header only', (), 'metrics.csv has no rows yet'),
+    ('binary', (), 'metrics.csv cannot be read as a CSV file'),
+    ('bad round', (), 'holds a value that is no number'),
+    ('bad value', ('--metrics=objective',), 'holds a value that is no number'),
+    ('none', ('--x=bogus',), '--x=bogus is no column of'),
+    ('none', ('--at=nan',), '--at takes finite numbers'),
+    ('none', ('--output={file}/compare',), 'its folder cannot be made'),
+  ],
+)
+def test_damaged_files_and_bad_values_are_one_line_with_nothing_written(
+  repo_root, runs, tmp_path, damage, args, says
+):
+  run = runs / 'fedavg' if damage == 'none' else _damaged(runs, tmp_path, damage)
+  (tmp_path / 'file').write_text('a regular file')
+  work = tmp_path / 'work'
+  work.mkdir()
+  out = _compare(repo_root, run, *(a.format(file=tmp_path / 'file') for a in args), cwd=work)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and len(lines) == 1, out.stderr
+  assert says in lines[0] and lines[0].startswith('compare.py: error: ')
+  assert not list(work.iterdir())
+
+
 @pytest.mark.parametrize(
   'args, says',
   [
@@ -90,7 +159,7 @@ def test_by_default_every_common_evaluation_metric_at_the_last_round(repo_root, 
     (('{runs}/nowhere',), 'holds no metrics.csv'),
     (('{runs}/fedavg', '--metrics=accuracy'), 'has no column eval/accuracy (its evaluation'),
     (('{runs}/fedavg', '--labels=a,b'), '--labels names 2 runs; 1 are given'),
-    (('{runs}/fedavg', '--at=late'), '--at takes numbers'),
+    (('{runs}/fedavg', '--at=late'), '--at takes finite numbers'),
     (('{runs}/fedavg', '--no_such_flag'), 'no_such_flag'),
   ],
 )

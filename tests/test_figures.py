@@ -18,6 +18,7 @@ from tff_comp.binaries import figures
     ('round', 'Round'),
     ('eval/seconds', 'Evaluation time (s)'),
     ('train/async/staleness_max', 'Staleness max'),
+    ('train/client_work/local_seconds', 'Local time (s)'),  # the unit of any *_seconds
   ],
 )
 def test_axis_labels_come_from_the_metrics_names(column, says):
