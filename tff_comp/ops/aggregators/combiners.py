@@ -224,7 +224,7 @@ class GeometricMedian(_Robust):
     # drags it: 10 steps then leave it near 1e10); the minimizer is the same.
     v = median(rows)
     for _ in range(self.iters):
-      b = 1.0 / tf.maximum(self.nu, row_norms(rows - v[None, :]))
+      b = 1.0 / tf.maximum(row_norms(rows - v[None, :]), self.nu)
       b = tf.cast(tf.where(finite, b, 0.0) / tf.reduce_sum(tf.where(finite, b, 0.0)), tf.float32)
       v = tf.linalg.matvec(rows, b, transpose_a=True)
     return (
