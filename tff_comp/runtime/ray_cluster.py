@@ -3,6 +3,7 @@
 dependency (`pip install tff_comp[ray]`), imported when a run asks for it."""
 
 from collections.abc import Callable, Sequence
+import atexit
 import dataclasses
 import logging as py_logging
 import math
@@ -114,6 +115,12 @@ def connect(address: str) -> Any:
     for sig, handler in handlers.items():
       if handler is not None:
         signal.signal(sig, handler)
+  # Ray's own shutdown at exit (an atexit hook) runs only after the interpreter has
+  # waited for its threads, which wait on Ray: a script ending without `ray.shutdown()`
+  # took 2.5 min to exit, 1.2 s with it. Registered where concurrent.futures registers
+  # its own, before that wait (threading has no public hook for it).
+  register = getattr(threading, '_register_atexit', atexit.register)
+  register(ray.shutdown)
   return ray
 
 
