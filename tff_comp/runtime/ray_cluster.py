@@ -2,8 +2,8 @@
 (`ray_runtime`) and Ray grids (`reproduce.py --ray_address`) share. Ray is an optional
 dependency (`pip install tff_comp[ray]`), imported when a run asks for it."""
 
-from collections.abc import Callable, Sequence
 import atexit
+from collections.abc import Callable, Sequence
 import dataclasses
 import logging as py_logging
 import math
