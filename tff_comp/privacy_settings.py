@@ -66,12 +66,14 @@ class PrivacyOptions:
   )
   noise_multiplier: float | None = settings.setting(
     None,
-    'dp, dp_adaptive, dp_ftrl_tree: noise std over the clip norm (a tree: of each node;'
-    " dp_adaptive: the effective total, as TFF's).",
+    'dp, dp_adaptive, dp_ftrl_tree, dp_bandmf: noise std over the clip norm (a tree: of'
+    " each node; dp_bandmf: of each round's z_t, the noise added (C^-1 z)_t; dp_adaptive:"
+    " the effective total, as TFF's). docs/privacy.md says how to choose it.",
   )
   target_epsilon: float | None = settings.setting(
     None,
-    'dp, dp_adaptive, dp_ftrl_tree: the privacy budget. Without --noise_multiplier, the noise is'
+    'dp, dp_adaptive, dp_ftrl_tree, dp_bandmf: the privacy budget. Without'
+    ' --noise_multiplier, the noise is'
     ' calibrated so that --rounds rounds spend it; with it, the run stops (state saved)'
     ' when it is spent.',
     above=0.0,
