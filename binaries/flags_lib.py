@@ -9,9 +9,12 @@ task that was not chosen is an error.
 
 from collections.abc import Callable
 import inspect
+import json
 import logging as std_logging
 import os
+import pathlib
 import sys
+from typing import Any
 
 from absl import flags, logging
 
@@ -230,6 +233,28 @@ def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, st
   return algo_flags, task_flags
 
 
+def _recorded_for_resume(values: flags.FlagValues) -> experiment.ExperimentConfig | None:
+  """With --resume and an --output_dir holding a readable config.json: the settings that
+  run recorded, which the flags given on the command line then change (the resume
+  check refuses changes that are not resumable). None otherwise: an unreadable record
+  is the resume check's to refuse."""
+  if not values.resume or not values.output_dir:
+    return None
+  try:
+    recorded = json.loads((pathlib.Path(values.output_dir) / 'config.json').read_text())
+    return experiment.ExperimentConfig.from_dict(recorded)
+  except (OSError, ValueError, TypeError, AttributeError):
+    return None
+
+
+def _setting_of(config: experiment.ExperimentConfig, name: str) -> Any:
+  """A setting of `config` by name: its own, a record's, or a runtime's."""
+  runtime = choice.setting_owners().get(name)
+  if runtime is not None:
+    return getattr(config.runtime_options[runtime], name)
+  return config.value(name)
+
+
 def config_from_flags(
   values: flags.FlagValues,
   algo_flags: dict[str, list[str]],
@@ -241,9 +266,14 @@ def config_from_flags(
     experiment.ConfigError: a task flag given for another task.
     registry.RegistryError: an unknown algorithm.
   """
-  algorithm_options = {f: values[f].value for f in algo_flags if values[f].present}
-  chosen = values.task or registry.get_algorithm(values.algo).home_task or experiment.DEFAULT_TASK
-  task_options = {}
+  base = _recorded_for_resume(values)
+  algorithm = values.algo if base is None or values['algo'].present else base.algorithm
+  task_name = values.task if base is None or values['task'].present else base.task
+  same = base is not None and (algorithm, task_name) == (base.algorithm, base.task)
+  algorithm_options = dict(base.algorithm_options) if same else {}
+  algorithm_options.update({f: values[f].value for f in algo_flags if values[f].present})
+  chosen = task_name or registry.get_algorithm(algorithm).home_task or experiment.DEFAULT_TASK
+  task_options = dict(base.task_options) if same else {}
   for flag, (task, option) in task_flags.items():
     if values[flag].present:
       if task != chosen:
@@ -251,6 +281,9 @@ def config_from_flags(
       task_options[option] = values[flag].value
   common = {}
   for spec in _common_specs():
+    if base is not None and not values[spec.flag].present:
+      common[spec.name] = _setting_of(base, spec.name)  # as recorded, held as it was
+      continue
     value = values[spec.flag].value
     if spec.parse is not None:  # given as a string, held otherwise
       if value is None:
@@ -261,8 +294,8 @@ def config_from_flags(
         raise experiment.ConfigError(str(e)) from e
     common[spec.name] = value
   return experiment.ExperimentConfig.of(
-    algorithm=values.algo,
-    task=values.task,
+    algorithm=algorithm,
+    task=task_name,
     algorithm_options=algorithm_options,
     task_options=task_options,
     **common,

@@ -621,3 +621,65 @@ def test_keep_checkpoints_keeps_that_many_newest_and_may_change_on_resume(tmp_pa
   assert _rows(tmp_path) == _rows(uninterrupted)
   recorded = json.loads((tmp_path / 'config.json').read_text())['checkpoints']
   assert recorded == {'checkpoint_every': 1, 'keep_checkpoints': 3}
+
+
+def test_resume_from_the_command_line_reads_the_recorded_settings(repo_root, tmp_path):
+  """`run.py --resume --output_dir=D` alone continues D's run with the settings it
+  recorded (algorithm, task, rates, cohort, seed), here extended by --rounds, and ends
+  as an uninterrupted run of those settings; a flag given that changes what cannot
+  change is still refused (#76)."""
+  settings = dict(
+    algo='fedavg',
+    task='quadratic',
+    client_learning_rate=0.05,
+    clients_per_round=4,
+    seed=3,
+    checkpoint_every=2,
+    eval_period=2,
+  )
+  run = [sys.executable, str(repo_root / 'binaries' / 'run.py')]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  first = subprocess.run(
+    [*run, *(f'--{k}={v}' for k, v in settings.items()), '--rounds=4', f'--output_dir={tmp_path}'],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+    cwd=tmp_path,
+    stdin=subprocess.DEVNULL,
+  )
+  assert first.returncode == 0, first.stderr
+  resumed = subprocess.run(
+    [*run, '--resume', f'--output_dir={tmp_path}', '--rounds=6'],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+    cwd=tmp_path,
+    stdin=subprocess.DEVNULL,
+  )
+  assert resumed.returncode == 0, resumed.stderr
+  assert resumed.stdout.startswith('fedavg on quadratic: 6 rounds, 4 clients/round')
+  assert 'eta_c=0.05' in resumed.stdout.splitlines()[0]
+  whole = tmp_path / 'whole'
+  experiment.train(
+    'fedavg',
+    'quadratic',
+    output_dir=str(whole),
+    show_progress=False,
+    rounds=6,
+    **{k: v for k, v in settings.items() if k not in ('algo', 'task')},
+  )
+  assert _rows(tmp_path) == _rows(whole)
+  for a, b in zip(_model(tmp_path), _model(whole), strict=True):
+    np.testing.assert_array_equal(a, b)
+  changed = subprocess.run(
+    [*run, '--resume', f'--output_dir={tmp_path}', '--batch_size=3'],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+    cwd=tmp_path,
+    stdin=subprocess.DEVNULL,
+  )
+  assert changed.returncode == 2 and 'configured differently' in changed.stderr, changed.stderr
