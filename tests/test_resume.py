@@ -273,6 +273,30 @@ def test_an_input_file_changed_before_a_resume_is_refused_naming_it(tmp_path):
   _train(run, resume=True, **devices)  # restored: resumed
 
 
+def test_an_input_file_named_by_another_path_is_the_same_input(tmp_path, monkeypatch):
+  """A device trace named 't.csv' from one folder resumes named by its absolute path from
+  another: inputs compare by content, not by the path naming them (#76); one whose
+  content changed is still refused."""
+  ids = experiment.prepare(
+    experiment.ExperimentConfig.of(output_dir=str(tmp_path / 'probe'), **ARGS)
+  ).task.train_data.client_ids
+  (tmp_path / 'a').mkdir()
+  trace = tmp_path / 'a' / 't.csv'
+  trace.write_text('client_id,speed,network_seconds\n' + ''.join(f'{cid},100,1\n' for cid in ids))
+  run = tmp_path / 'run'
+  monkeypatch.chdir(tmp_path / 'a')
+  with pytest.raises(training_loop.Interrupted):
+    _train(run, interrupt_at=5, device_model='trace', device_trace='t.csv', round_deadline=1.5)
+  monkeypatch.chdir(tmp_path)
+  elsewhere = dict(device_model='trace', device_trace=str(trace), round_deadline=1.5)
+  edited = tmp_path / 'edited.csv'
+  edited.write_text(trace.read_text().replace(',100,', ',1000,'))
+  with pytest.raises(experiment.ConfigError, match='changed since the run was recorded'):
+    _train(run, resume=True, **dict(elsewhere, device_trace=str(edited)))
+  _train(run, resume=True, **elsewhere)
+  assert _rows(run)[-1]['round'] == str(ARGS['rounds'])
+
+
 def test_temporary_files_a_kill_left_are_removed_when_the_run_resumes(tmp_path, uninterrupted):
   with pytest.raises(training_loop.Interrupted):
     _train(tmp_path, interrupt_at=5)

@@ -138,8 +138,24 @@ def check_resumable(
 
   resumable = (*run_config.declared('resumable'), *_RESUMABLE_RECORDS)
 
+  # Input files are compared by content (`_check_inputs`), not by the path naming them:
+  # a path's setting is compared without it (a model file's function kept).
+  named = set()
+  for c in (recorded, config):
+    try:
+      named.update(run_config.ExperimentConfig.from_dict(c).input_files())
+    except (TypeError, ValueError, KeyError):
+      pass
+
+  def unnamed(value):
+    if isinstance(value, str):
+      path, colon, function = value.rpartition(':')
+      if value in named or (colon and path in named):
+        return f'<an input file>{colon}{function if colon else ""}'
+    return value
+
   def comparable(c):  # (settings, resolved settings), flat, less what may change
-    c = flat(json.loads(json.dumps(c, default=str)))
+    c = {k: unnamed(v) for k, v in flat(json.loads(json.dumps(c, default=str))).items()}
 
     def free(key, names):  # `key` is one of `names` or inside one
       return any(key == n or key.startswith(f'{n}.') for n in names)
@@ -171,6 +187,13 @@ def _check_inputs(
   """Raises ConfigError naming the first input file whose fingerprint differs between
   the recorded run and this one (a device trace edited between a run and its resume
   trained the resumed rounds on the new trace)."""
+  recorded, inputs = dict(recorded), dict(inputs)
+  # The same file named from another folder or by its absolute path: one path each
+  # side, not the other's, with one content.
+  for path in [p for p in inputs if p not in recorded]:
+    twin = next((q for q in recorded if q not in inputs and recorded[q] == inputs[path]), None)
+    if twin is not None:
+      del recorded[twin], inputs[path]
   for path in sorted(recorded.keys() | inputs.keys()):
     before, now = recorded.get(path), inputs.get(path)
     if before == now:
