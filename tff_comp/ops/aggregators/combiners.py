@@ -23,8 +23,9 @@ the robust ones need every row, and survive any single row a client can send: a 
 value sorts as +inf for the coordinate-wise ones, a row holding a non-finite value is
 farther than any other from every row for Krum (and Bulyan), and weighs nothing in the
 geometric median and centered clipping; distances and norms are taken in float64, from
-the mean of the rows of at most median norm, so that huge rows (1e20: float32 squares overflow) and rows
-far from the origin (||a||^2 + ||b||^2 - 2ab cancels) are measured exactly enough.
+the mean of the rows of at most median norm, so that huge rows (1e20: float32 squares
+overflow) and rows far from the origin (||a||^2 + ||b||^2 - 2ab cancels) are measured
+exactly enough.
 """
 
 from typing import NamedTuple
