@@ -53,7 +53,7 @@ test-slow: install
 
 # The Ray runtime's tests, every one (the default suite runs a few).
 test-ray: install
-	$(PY) -m pytest -q -m "ray or not slow" tests/test_ray.py
+	$(PY) -m pytest -q -m "ray or not slow" tests/test_ray.py tests/test_script_promises.py
 
 bench: install
 	$(PY) binaries/bench.py

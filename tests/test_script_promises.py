@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests import workers
 
@@ -127,6 +128,7 @@ if {kill}:
 """
 
 
+@pytest.mark.ray  # make test-ray (28 s)
 def test_a_scripts_ray_cluster_is_gone_after_it_exits_or_is_killed(repo_root, tmp_path):
   """Both scripts at once: each started a local Ray cluster (raylet among its
   children); none of its processes is left 15 s after the script ended."""
