@@ -101,3 +101,35 @@ def test_a_nan_value_counts_as_the_largest_for_coordinate_wise_combiners(name):
   np.testing.assert_array_equal(
     _combine(COMBINERS[name], with_nan), _combine(COMBINERS[name], with_inf)
   )
+
+
+def _measured(combiner, m):
+  x = RNG.normal(size=(m, 8)).astype(np.float32)
+  chain = agg.Chain((), combiner).bind(8)
+  *_, measured = chain.aggregate(
+    chain.initial_state(),
+    tf.constant(x),
+    tf.ones([m]),
+    tf.zeros([m, 0]),
+    tf.zeros([m, 2], tf.int64),
+    tf.zeros([2], tf.int64),
+  )
+  return measured
+
+
+@pytest.mark.parametrize(
+  'combiner, m, clamped',
+  [
+    (agg.Krum(2), 6, 1.0),  # 2f + 3 = 7
+    (agg.Krum(2), 7, 0.0),
+    (agg.Krum(1, 6), 5, 1.0),  # Multi-Krum's 6 rows from 5
+    (agg.Krum(1, 5), 5, 0.0),
+    (agg.Bulyan(1), 6, 1.0),  # 4f + 3 = 7
+    (agg.Bulyan(1), 7, 0.0),
+  ],
+)
+def test_a_round_below_the_rules_cohort_says_it_clamped(combiner, m, clamped):
+  """The settings refuse such a cohort; a round made smaller (dropouts, Poisson
+  sampling) says so in its record (#75)."""
+  measured = _measured(combiner, m)
+  assert float(measured[f'{combiner.name.replace("multi_", "")}_clamped']) == clamped

@@ -19,7 +19,8 @@ from tff_comp.ops.aggregators import base, combiners
 
 class Bulyan(base.Combiner):
   """Bulyan for at most `byzantine` f attackers (module docstring). Measurement
-  `bulyan_selected`: theta, the rows Krum's steps chose."""
+  `bulyan_selected`: theta, the rows Krum's steps chose; `bulyan_clamped`: 1 in a round
+  whose cohort is below the paper's 4f + 3."""
 
   name = 'bulyan'
   decomposable = False
@@ -73,5 +74,8 @@ class Bulyan(base.Combiner):
       result,
       None,
       state,
-      base.Measurements(bulyan_selected=tf.cast(theta, tf.float32)),
+      base.Measurements(
+        bulyan_selected=tf.cast(theta, tf.float32),
+        bulyan_clamped=tf.cast(m < 4 * f + 3, tf.float32),
+      ),
     )

@@ -190,7 +190,10 @@ def squared_distances(values: tf.Tensor) -> tf.Tensor:
 
 class Krum(_Robust):
   """Krum / Multi-Krum (module docstring) for at most `byzantine` f attackers; `select`
-  rows averaged (1: Krum). Measurement `krum_selected`: how many rows were averaged."""
+  rows averaged (1: Krum). Measurements `krum_selected`: how many rows were averaged;
+  `krum_clamped`: 1 in a round whose cohort m is below the rule's 2f + 3 (or Multi-Krum's
+  `select`), where each row's m - f - 2 nearest (at least one) and at most m rows are
+  taken (the settings refuse such a cohort; dropouts and Poisson sampling make one)."""
 
   name = 'krum'
   in_state = ('byzantine', 'select')
@@ -214,7 +217,15 @@ class Krum(_Robust):
     chosen = tf.minimum(state[1], m)
     best = tf.argsort(scores, stable=True)[:chosen]
     result = tf.reduce_mean(tf.gather(values, best), 0)
-    return result, None, state, base.Measurements(krum_selected=tf.cast(chosen, tf.float32))
+    clamped = tf.logical_or(m < 2 * state[0] + 3, state[1] > m)
+    return (
+      result,
+      None,
+      state,
+      base.Measurements(
+        krum_selected=tf.cast(chosen, tf.float32), krum_clamped=tf.cast(clamped, tf.float32)
+      ),
+    )
 
 
 class GeometricMedian(_Robust):
