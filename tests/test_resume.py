@@ -661,27 +661,21 @@ def test_resume_from_the_command_line_reads_the_recorded_settings(repo_root, tmp
     checkpoint_every=2,
     eval_period=2,
   )
-  run = [sys.executable, str(repo_root / 'binaries' / 'run.py')]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  first = subprocess.run(
-    [*run, *(f'--{k}={v}' for k, v in settings.items()), '--rounds=4', f'--output_dir={tmp_path}'],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=env,
-    cwd=tmp_path,
-    stdin=subprocess.DEVNULL,
-  )
+
+  def run_py(*args):
+    return subprocess.run(
+      [sys.executable, str(repo_root / 'binaries' / 'run.py'), *args, f'--output_dir={tmp_path}'],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+      cwd=tmp_path,
+      stdin=subprocess.DEVNULL,
+    )
+
+  first = run_py(*(f'--{k}={v}' for k, v in settings.items()), '--rounds=4')
   assert first.returncode == 0, first.stderr
-  resumed = subprocess.run(
-    [*run, '--resume', f'--output_dir={tmp_path}', '--rounds=6'],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=env,
-    cwd=tmp_path,
-    stdin=subprocess.DEVNULL,
-  )
+  resumed = run_py('--resume', '--rounds=6')
   assert resumed.returncode == 0, resumed.stderr
   assert resumed.stdout.startswith('fedavg on quadratic: 6 rounds, 4 clients/round')
   assert 'eta_c=0.05' in resumed.stdout.splitlines()[0]

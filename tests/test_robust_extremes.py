@@ -13,9 +13,10 @@ RNG = np.random.default_rng(RNG_SEED)
 M, D = 10, 64
 
 
-def _combine(combiner, x):
+def _combine(combiner, x, measured=False):
+  """The combined vector of rows `x` (and the measurements, if `measured`)."""
   chain = agg.Chain((), combiner).bind(x.shape[1])
-  update, *_ = chain.aggregate(
+  update, _, _, measurements = chain.aggregate(
     chain.initial_state(),
     tf.constant(x, tf.float32),
     tf.ones([len(x)], tf.float32),
@@ -23,7 +24,7 @@ def _combine(combiner, x):
     tf.constant(np.stack([np.full(len(x), 1), np.arange(len(x))], 1), tf.int64),
     tf.constant([1, 2], tf.int64),
   )
-  return np.asarray(update)
+  return (np.asarray(update), measurements) if measured else np.asarray(update)
 
 
 def _krum_scores(x, f):
@@ -103,20 +104,6 @@ def test_a_nan_value_counts_as_the_largest_for_coordinate_wise_combiners(name):
   )
 
 
-def _measured(combiner, m):
-  x = RNG.normal(size=(m, 8)).astype(np.float32)
-  chain = agg.Chain((), combiner).bind(8)
-  *_, measured = chain.aggregate(
-    chain.initial_state(),
-    tf.constant(x),
-    tf.ones([m]),
-    tf.zeros([m, 0]),
-    tf.zeros([m, 2], tf.int64),
-    tf.zeros([2], tf.int64),
-  )
-  return measured
-
-
 @pytest.mark.parametrize(
   'combiner, m, clamped',
   [
@@ -131,5 +118,5 @@ def _measured(combiner, m):
 def test_a_round_below_the_rules_cohort_says_it_clamped(combiner, m, clamped):
   """The settings refuse such a cohort; a round made smaller (dropouts, Poisson
   sampling) says so in its record (#75)."""
-  measured = _measured(combiner, m)
+  _, measured = _combine(combiner, RNG.normal(size=(m, 8)).astype(np.float32), measured=True)
   assert float(measured[f'{combiner.name.replace("multi_", "")}_clamped']) == clamped

@@ -40,9 +40,7 @@ class KillAfter(callbacks.Callback):
   def after_round(self, loop, round_num, metrics):
     if round_num == {kill_after} + 1:
       saved = pathlib.Path({out!r}) / 'checkpoints' / 'state_{kill_after}.npz'
-      for _ in range(200):  # written in the background, then renamed into place
-        if saved.exists():
-          break
+      while not saved.exists():  # written in the background, then renamed into place
         time.sleep(0.05)
       os.kill(os.getpid(), signal.SIGKILL)
 
@@ -134,7 +132,7 @@ if {kill}:
 @pytest.mark.ray  # make test-ray (28 s)
 def test_a_scripts_ray_cluster_is_gone_after_it_exits_or_is_killed(repo_root, tmp_path):
   """Both scripts at once: each started a local Ray cluster (raylet among its
-  children); none of its processes is left 15 s after the script ended."""
+  children); none of its processes is left soon after the script ended (60 s at most)."""
   running = {}
   for kill in (False, True):
     path = tmp_path / f'ray_{kill}.py'
@@ -156,6 +154,6 @@ def test_a_scripts_ray_cluster_is_gone_after_it_exits_or_is_killed(repo_root, tm
     pids = {int(pid) for pid in ran[0].split()[1:]}
     assert pids, 'the script started no Ray cluster: nothing was checked'
     left = workers.wait_for_exit(
-      timeout=15.0, find=lambda pids=pids: [p for p in workers.ray_pids() if p in pids]
+      timeout=60.0, find=lambda pids=pids: [p for p in workers.ray_pids() if p in pids]
     )
     assert not left, (kill, left)

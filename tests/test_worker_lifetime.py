@@ -77,7 +77,9 @@ def _finish(process: subprocess.Popen) -> tuple[int, str, list[int]]:
   try:
     stdout, stderr = process.communicate(timeout=90)
   except subprocess.TimeoutExpired:
-    left = workers.worker_pids(os.environ[workers.SESSION])
+    left = [  # orphans only: the test process's own worker is not the scripts'
+      p for p in workers.worker_pids(os.environ[workers.SESSION]) if workers.parent_of(p) == 1
+    ]
     for pid in left:
       os.kill(pid, signal.SIGKILL)
     process.kill()
@@ -88,7 +90,10 @@ def _finish(process: subprocess.Popen) -> tuple[int, str, list[int]]:
 
 
 def _alive(pids: list[int]) -> list[int]:
-  return workers.wait_for_exit(find=lambda: [p for p in workers.worker_pids() if p in pids])
+  """Of `pids`, the workers still alive once they had 30 s to go (they go at once)."""
+  return workers.wait_for_exit(
+    timeout=30.0, find=lambda: [p for p in workers.worker_pids() if p in pids]
+  )
 
 
 def test_a_plain_scripts_worker_dies_with_it_in_each_ending(repo_root, tmp_path):
