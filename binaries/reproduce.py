@@ -47,7 +47,7 @@ from absl import app, flags
 from tff_comp import experiment as experiment_lib
 from tff_comp import registry, run_config, signals
 from tff_comp import trials as trials_lib
-from tff_comp.binaries import flags_lib, grid, reproductions, summary
+from tff_comp.binaries import flags_lib, grid, grid_processes, reproductions, summary
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import inprocess, ray_cluster
 
@@ -233,7 +233,7 @@ def _reproduce(argv):
     parallel = _PARALLEL.value or 1
     if _PARALLEL.value is None and not _RAY_ADDRESS.value:
       units = len(spec.algorithms) * (1 if _BATCH_TRIALS.value else len(seeds))
-      parallel, why = grid.default_processes(units)
+      parallel, why = grid_processes.default_processes(units)
       print(f'reproduce.py: {why} (--parallel sets it).', flush=True)
     start = time.monotonic()
     try:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tff_comp.binaries import grid, grid_progress, reproductions
+from tff_comp.binaries import grid, grid_processes, grid_progress, reproductions
 
 
 def _write_rows(run, rounds: int) -> None:
@@ -78,23 +78,23 @@ def test_a_grid_in_other_processes_says_its_progress_as_it_runs(tmp_path, capsys
 
 def test_a_grids_default_processes_are_bounded_by_cores_units_and_memory(monkeypatch):
   monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(8)))
-  monkeypatch.setattr(grid, '_available_bytes', lambda: 64 * 2**30)
-  assert grid.default_processes(4) == (
+  monkeypatch.setattr(grid_processes, '_available_bytes', lambda: 64 * 2**30)
+  assert grid_processes.default_processes(4) == (
     4,
     '4 unit(s) on 4 process(es): one a core (8), at most one a unit',
   )
-  assert grid.default_processes(20)[0] == 8
-  monkeypatch.setattr(grid, '_available_bytes', lambda: 4 * 2**30)  # 1.5 GB a process
-  assert grid.default_processes(20) == (
+  assert grid_processes.default_processes(20)[0] == 8
+  monkeypatch.setattr(grid_processes, '_available_bytes', lambda: 4 * 2**30)  # 1.5 GB a process
+  assert grid_processes.default_processes(20) == (
     2,
     '20 unit(s) on 2 process(es): one a core (8), at most one a unit, as many as 4.0 GB'
     ' available hold',
   )
-  monkeypatch.setattr(grid, '_available_bytes', lambda: 2**20)
-  assert grid.default_processes(20)[0] == 1
-  monkeypatch.setattr(grid, '_available_bytes', lambda: None)  # no /proc/meminfo
-  assert grid.default_processes(20)[0] == 8
+  monkeypatch.setattr(grid_processes, '_available_bytes', lambda: 2**20)
+  assert grid_processes.default_processes(20)[0] == 1
+  monkeypatch.setattr(grid_processes, '_available_bytes', lambda: None)  # no /proc/meminfo
+  assert grid_processes.default_processes(20)[0] == 8
 
 
 def test_the_available_memory_is_read_from_the_kernel():
-  assert 0 < grid._available_bytes() < 2**50  # pylint: disable=protected-access
+  assert 0 < grid_processes._available_bytes() < 2**50  # pylint: disable=protected-access

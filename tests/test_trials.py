@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp import experiment, registry, trials
+from tff_comp import experiment, registry, trial_groups, trials
 from tff_comp.ops import client_round, matrix_factorization, privacy
 from tff_comp.run import callbacks, run_files, sampling
 from tff_comp.run_config import ExperimentConfig
@@ -525,7 +525,7 @@ def test_trials_share_a_build_only_where_one_build_runs_them_all():
 
   def key(**settings):
     settings = dict(dict(algorithm='fedavg', task='lasso', rounds=5, engine='lanes'), **settings)
-    return trials.group_key(trials.Trial(ExperimentConfig.of(**settings)))
+    return trial_groups.group_key(trial_groups.Trial(ExperimentConfig.of(**settings)))
 
   assert key(client_learning_rate=0.1, seed=1) == key(client_learning_rate=0.2, seed=2)
   assert key(batch_size=16) != key(batch_size=32)
@@ -564,7 +564,7 @@ def test_trials_of_their_own_clip_norm_share_a_build_and_equal_their_runs(tmp_pa
       **aggregator,
     )
 
-  assert len(trials.groups(grid(tmp_path))) == 1
+  assert len(trial_groups.groups(grid(tmp_path))) == 1
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
   assert 'fedavg on quadratic: 3 trials batched into one program' in said[0], said
@@ -632,7 +632,7 @@ def test_trials_of_their_own_aggregator_settings_share_a_build_and_equal_their_r
       **shared,
     )
 
-  assert len(trials.groups(grid(tmp_path))) == 1
+  assert len(trial_groups.groups(grid(tmp_path))) == 1
   said = []
   batched = trials.run_trials(grid(tmp_path / 'batched'), say=said.append)
   assert 'fedavg on quadratic: 3 trials batched into one program' in said[0], said
@@ -704,7 +704,7 @@ def test_label_flipping_trials_of_other_fractions_never_share_a_group():
 
   def key(**settings):
     config = ExperimentConfig.of(algorithm='fedavg', task='emnist', rounds=2, **settings)
-    return trials.group_key(trials.Trial(config))
+    return trial_groups.group_key(trial_groups.Trial(config))
 
   assert key(attack='sign_flip', attack_fraction=0.1) == key(
     attack='sign_flip', attack_fraction=0.3

@@ -8,7 +8,7 @@ rounds, participation) and the client rule's hyperparameters set through its hpa
 `experiment.train_runner` takes them. Trials whose configurations agree but for the
 learning rates, `seed` and `data_seed`, rounds, evaluation period, cohort and
 participation, output directory and resume flags, the aggregator settings its chain's
-states hold (`_CHAIN_START`: each trial starts its chain from its own, `_own_start`),
+states hold (`trial_groups.CHAIN_START`: each trial starts its chain from its own, `_own_start`),
 and whose hparams differ, form a
 group (with `--engine=auto`, of one rounds and cohort size, by which their separate
 runs choose the engine; private trials: of one participation too, which calibrates
@@ -23,7 +23,6 @@ separate run writes, and equals it to the bit.
 
 from collections.abc import Iterator, Sequence
 import dataclasses
-import json
 import threading
 import time
 from typing import Any, NamedTuple
@@ -34,78 +33,15 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import threadpoolctl
 
-from tff_comp import evaluation, experiment, poisoning, run_config
+from tff_comp import evaluation, experiment, trial_groups
 from tff_comp.run import buffered_async
 from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base, inprocess_trials, learning_state, streaming
+from tff_comp.trial_groups import Trial, groups
 
-# Of the per-trial settings, what a private aggregator is built from (its noise
-# calibrated to the rounds, the cohort and the sampling): private trials share a build
-# only when they agree.
-_CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
-# Per-trial settings that only set where the aggregator chain starts (a stage's
-# `in_state`: a Clip's bound, a trimmed mean's fraction, Krum's f, the attackers'
-# fraction): trials differing in them share a build, each run starting from its own
-# chain's state (`_own_start`). TFF's runtime bakes them into its factories, so there
-# they stay in the group key; so does the attackers' fraction of label flipping, which
-# poisons the task's data.
-_CHAIN_START = (
-  'privacy.clip_norm',
-  'aggregation.trim_fraction',
-  'aggregation.byzantine_clients',
-  'aggregation.multi_krum_select',
-  'aggregation.centered_clip_tau',
-  'aggregation.attack_fraction',
-  'aggregation.attack_scale',
-)
 # MB a batched group's trials may take together (`trial_bytes`); larger groups run in
 # chunks.
 DEFAULT_MEMORY_BUDGET = 4096.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Trial:
-  """One run of a grid: its configuration and the client rule's hyperparameters it sets
-  through the hparams (by the rule's names)."""
-
-  config: ExperimentConfig
-  client_hparams: dict[str, float] = dataclasses.field(default_factory=dict)
-  extra_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # config.json's
-
-
-def group_key(trial: Trial) -> str:
-  """What a trial's group shares: its configuration but for its settings that may differ
-  by trial (`settings.setting(per_trial=True)`, `run_config.declared`) and the task's
-  seed (a private run's `_CALIBRATE_PRIVACY` kept). The group's trials run as one
-  program where their tasks' data agree in shape (`_why_not_merged`)."""
-  shared = dataclasses.asdict(trial.config)
-  private = trial.config.privacy.private
-  # 'auto' picks the in-process engine by the run's length (`engines.
-  # AUTO_LANES_MIN_STEPS`): trials share a program only with the engine each one's
-  # separate run takes, so of one length.
-  by_length = trial.config.runtime_options['inprocess'].engine == 'auto'
-  for name in (*run_config.declared('per_trial'), 'data_seed'):
-    if by_length and name in ('rounds', 'clients_per_round'):
-      continue
-    if name in _CHAIN_START and trial.config.runtime == 'tff':
-      continue
-    if name == 'aggregation.attack_fraction' and trial.config.aggregation.attack == poisoning.KIND:
-      continue
-    if not (private and name.split('.')[0] in _CALIBRATE_PRIVACY):
-      *records, field = name.split('.')
-      owner = shared
-      for record in records:
-        owner = owner[record]
-      del owner[field]
-  return json.dumps(shared, sort_keys=True, default=str)
-
-
-def groups(trials: Sequence[Trial]) -> list[list[int]]:
-  """The trials' indices by group, in order of first appearance."""
-  by_key: dict[str, list[int]] = {}
-  for i, trial in enumerate(trials):
-    by_key.setdefault(group_key(trial), []).append(i)
-  return list(by_key.values())
 
 
 def _prepare(configs: Sequence[ExperimentConfig]) -> list[experiment.Prepared]:
@@ -180,7 +116,10 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
   )
   initial, starts = {}, []
   for p in prepared:  # each trial from its own task's model (the data seed's) and chain
-    start = (id(p.task), json.dumps([_value(p.config, name) for name in _CHAIN_START]))
+    start = (
+      id(p.task),
+      trial_groups.chain_start(p.config),
+    )
     if start not in initial:
       initial[start] = learning_state.initial_state(
         _built(p), runner.runtime.device, len(data.client_ids)
@@ -226,13 +165,13 @@ def _programs(
 def _by_chain_start(program: _Program) -> list[_Program]:
   """`program`, where its build starts each trial's aggregator chain from the trial's
   own state (`_own_start`: an Algorithm, whose trials' chains agree in structure, as
-  `_CHAIN_START` keeps them); trials whose chains differ otherwise (a secure sum's
+  `trial_groups.CHAIN_START` keeps them); trials whose chains differ otherwise (a secure sum's
   modulus sized to the cohort) get a build per structure, and a TFF process, which
-  bakes its chain into its factories, one per `_CHAIN_START` value."""
+  bakes its chain into its factories, one per `trial_groups.CHAIN_START` value."""
   by_start: dict[str, list[int]] = {}
   for k, p in enumerate(program.prepared):
     if program.runner.algorithm is None:
-      key = json.dumps([_value(p.config, name) for name in _CHAIN_START])
+      key = trial_groups.chain_start(p.config)
     else:
       chain = _built(p).model_chain
       key = '' if chain is None else chain.structure()
@@ -243,13 +182,6 @@ def _by_chain_start(program: _Program) -> list[_Program]:
     _build([program.members[k] for k in part], [program.prepared[k] for k in part])
     for part in by_start.values()
   ]
-
-
-def _value(config: ExperimentConfig, name: str) -> Any:
-  """The setting `name` (a config.json name: `privacy.clip_norm`) of `config`."""
-  for part in name.split('.'):
-    config = getattr(config, part)
-  return config
 
 
 def _label(prepared: experiment.Prepared) -> str:
@@ -492,7 +424,7 @@ def _own_start(
   runner: experiment.Runner, prepared: experiment.Prepared, runtime: base.Runtime
 ) -> base.State | None:
   """Where `prepared`'s trial starts on `runtime` (of the build `runner`) when its
-  aggregator chain starts elsewhere than the build's (`_CHAIN_START`): the runtime's
+  aggregator chain starts elsewhere than the build's (`trial_groups.CHAIN_START`): the runtime's
   initial state holding the trial's own chain state; None when they agree."""
   built = None if runner.algorithm is None else runner.algorithm.model_chain
   if built is None:
@@ -506,7 +438,7 @@ def _own_start(
   inner = held.chain if isinstance(held, buffered_async.InFlight) else held
   if not isinstance(inner, learning_state.AggregatorState):
     raise experiment.ConfigError(
-      f'{runtime.description}: trials differing in {", ".join(_CHAIN_START)} share'
+      f'{runtime.description}: trials differing in {", ".join(trial_groups.CHAIN_START)} share'
       ' a build on the in-process runtimes and Ray only.'
     )
   inner = inner._replace(chain=own)

@@ -20,7 +20,6 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
 
 from collections.abc import Callable
 import contextlib
-import re
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -29,8 +28,8 @@ import tensorflow as tf
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, local_loop, vectorizable
 from tff_comp.ops import rule as rule_lib
+from tff_comp.runtime import error_text, resident_data
 from tff_comp.runtime import lanes as lanes_lib
-from tff_comp.runtime import resident_data
 
 
 class DeferredPlans(NamedTuple):
@@ -474,33 +473,9 @@ class DebugEngine:
         raise ClientError(
           f'client {self._data.client_ids[client]!r} (index {client}) failed in'
           f' {stage} of {type(rule).__name__}: {type(error).__name__}:'
-          f' {_last_line(error)}'
+          f' {error_text.last_line(error)}'
         ) from error
     return tf.nest.map_structure(lambda *rows: tf.stack(rows), *outputs)
-
-
-def _last_line(error: Exception) -> str:
-  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-  return lines[-1][:300] if lines else ''
-
-
-# How TensorFlow names the op in vectorization (pfor) and XLA compilation errors.
-_OP_PATTERNS = (
-  r'No pfor vectorization defined for (\w+)',
-  r"of op '(\w+)'",
-  r'No converter defined for (\w+)',
-  r'unsupported operations?[^:]*:\s*(\w+)',
-  r'op: "(\w+)"',
-)
-
-
-def failing_op(error: Exception) -> str:
-  """The TensorFlow op an engine failure names ('' if none can be read off)."""
-  for pattern in _OP_PATTERNS:
-    found = re.search(pattern, str(error), re.IGNORECASE)
-    if found:
-      return found[1]
-  return ''
 
 
 # The engines by name (`--engine`), and the ones 'auto' tries in order: the first whose

@@ -15,6 +15,7 @@ from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, local_loop
 from tff_comp.runtime import (
   base,
+  error_text,
   inprocess_trials,
   learning_state,
   resident_data,
@@ -324,7 +325,7 @@ class InProcessRuntime:
     return self._round_fn(key, *args, positions, indices, work, capacity)
 
   def _fall_back(self, error: Exception) -> None:
-    op = engines_lib.failing_op(error)
+    op = error_text.failing_op(error)
     rule = type(self.algorithm.client_rule).__name__
     failed, self.engine = self.engine, self._fallbacks.pop(0)
     self.why = f"{failed} cannot run {rule}'s local step" + (

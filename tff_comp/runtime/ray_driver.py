@@ -10,7 +10,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.ops import aggregation, client_round
+from tff_comp.ops import client_round
 from tff_comp.runtime import (
   base,
   client_rows,
@@ -264,7 +264,7 @@ class RayRuntime:
     shares = [share for share, _ in results.values()]  # in actor order
     committed = 0
     if held:
-      total, found = _round_rows(shares, [old for _, old in results.values()])
+      total, found = round_stages.add_shares(shares, [old for _, old in results.values()])
       weights, server, aggregator, metrics = self._host.from_sums(
         total,
         state._replace(finalizer=state.finalizer._replace(**found)),
@@ -482,35 +482,3 @@ class RayRuntime:
 def _with_tables(state, tables: dict[str, Any]):
   """`state` with the fields `tables` of its server state replaced."""
   return state._replace(finalizer=state.finalizer._replace(**tables))
-
-
-def _round_rows(
-  shares: Sequence[round_stages.RoundSums], found: Sequence[dict[str, Any]]
-) -> tuple[round_stages.RoundSums, dict]:
-  """(the round's sums: the shares' added, their slots' rows (`client_rows.Rows`)
-  concatenated instead; the tables of client state as the round found them, the same
-  rows in the same order), from the actors' answers in actor order."""
-  update = shares[0].update.update
-  slots = aggregation.slot_fields(update)
-
-  def rows_of(parts):
-    return tf.nest.map_structure(
-      lambda *rs: np.concatenate([r.values if isinstance(r, client_rows.Rows) else r for r in rs]),
-      *parts,
-    )
-
-  without = [
-    s._replace(
-      update=s.update._replace(update=s.update.update._replace(**dict.fromkeys(slots, ())))
-    )
-    for s in shares
-  ]
-  total = round_stages.add_sums(without)
-  total = total._replace(
-    update=total.update._replace(
-      update=total.update.update._replace(
-        **{name: rows_of([getattr(s.update.update, name) for s in shares]) for name in slots}
-      )
-    )
-  )
-  return total, {name: rows_of([f[name] for f in found]) for name in found[0]}

@@ -358,3 +358,36 @@ def _any_rows(structure: Any) -> Any:
     }
     return structure._replace(update=structure.update._replace(update=update._replace(**slots)))
   return tf.nest.map_structure(free, structure)
+
+
+def add_shares(
+  shares: Sequence[RoundSums], found: Sequence[dict[str, Any]]
+) -> tuple[RoundSums, dict]:
+  """A cohort split in shares (Ray's actors), from their answers in share order: the
+  round's sums (the shares' added; their slots' rows, `client_rows.Rows`, concatenated
+  instead) and the tables of client state as the round found them, the same rows in the
+  same order."""
+  update = shares[0].update.update
+  slots = aggregation.slot_fields(update)
+
+  def rows_of(parts):
+    return tf.nest.map_structure(
+      lambda *rs: np.concatenate([r.values if isinstance(r, client_rows.Rows) else r for r in rs]),
+      *parts,
+    )
+
+  without = [
+    s._replace(
+      update=s.update._replace(update=s.update.update._replace(**dict.fromkeys(slots, ())))
+    )
+    for s in shares
+  ]
+  total = add_sums(without)
+  total = total._replace(
+    update=total.update._replace(
+      update=total.update.update._replace(
+        **{name: rows_of([getattr(s.update.update, name) for s in shares]) for name in slots}
+      )
+    )
+  )
+  return total, {name: rows_of([f[name] for f in found]) for name in found[0]}

@@ -1,0 +1,90 @@
+"""Which trials of a grid share one build (`tff_comp.trials` runs each group as one
+program): a `Trial` is a run's configuration and its client rule's hyperparameters;
+trials whose configurations agree but for the settings that may differ by trial
+(`settings.setting(per_trial=True)`) form a group.
+"""
+
+from collections.abc import Sequence
+import dataclasses
+import json
+from typing import Any
+
+from tff_comp import poisoning, run_config
+from tff_comp.run_config import ExperimentConfig
+
+# Of the per-trial settings, what a private aggregator is built from (its noise
+# calibrated to the rounds, the cohort and the sampling): private trials share a build
+# only when they agree.
+_CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
+# Per-trial settings that only set where the aggregator chain starts (a stage's
+# `in_state`: a Clip's bound, a trimmed mean's fraction, Krum's f, the attackers'
+# fraction): trials differing in them share a build, each run starting from its own
+# chain's state (`trials._own_start`). TFF's runtime bakes them into its factories, so there
+# they stay in the group key; so does the attackers' fraction of label flipping, which
+# poisons the task's data.
+CHAIN_START = (
+  'privacy.clip_norm',
+  'aggregation.trim_fraction',
+  'aggregation.byzantine_clients',
+  'aggregation.multi_krum_select',
+  'aggregation.centered_clip_tau',
+  'aggregation.attack_fraction',
+  'aggregation.attack_scale',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+  """One run of a grid: its configuration and the client rule's hyperparameters it sets
+  through the hparams (by the rule's names)."""
+
+  config: ExperimentConfig
+  client_hparams: dict[str, float] = dataclasses.field(default_factory=dict)
+  extra_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # config.json's
+
+
+def group_key(trial: Trial) -> str:
+  """What a trial's group shares: its configuration but for its settings that may differ
+  by trial (`settings.setting(per_trial=True)`, `run_config.declared`) and the task's
+  seed (a private run's `_CALIBRATE_PRIVACY` kept). The group's trials run as one
+  program where their tasks' data agree in shape (`_why_not_merged`)."""
+  shared = dataclasses.asdict(trial.config)
+  private = trial.config.privacy.private
+  # 'auto' picks the in-process engine by the run's length (`engines.
+  # AUTO_LANES_MIN_STEPS`): trials share a program only with the engine each one's
+  # separate run takes, so of one length.
+  by_length = trial.config.runtime_options['inprocess'].engine == 'auto'
+  for name in (*run_config.declared('per_trial'), 'data_seed'):
+    if by_length and name in ('rounds', 'clients_per_round'):
+      continue
+    if name in CHAIN_START and trial.config.runtime == 'tff':
+      continue
+    if name == 'aggregation.attack_fraction' and trial.config.aggregation.attack == poisoning.KIND:
+      continue
+    if not (private and name.split('.')[0] in _CALIBRATE_PRIVACY):
+      *records, field = name.split('.')
+      owner = shared
+      for record in records:
+        owner = owner[record]
+      del owner[field]
+  return json.dumps(shared, sort_keys=True, default=str)
+
+
+def groups(trials: Sequence[Trial]) -> list[list[int]]:
+  """The trials' indices by group, in order of first appearance."""
+  by_key: dict[str, list[int]] = {}
+  for i, trial in enumerate(trials):
+    by_key.setdefault(group_key(trial), []).append(i)
+  return list(by_key.values())
+
+
+def value(config: ExperimentConfig, name: str) -> Any:
+  """The setting `name` (a config.json name: `privacy.clip_norm`) of `config`."""
+  for part in name.split('.'):
+    config = getattr(config, part)
+  return config
+
+
+def chain_start(config: ExperimentConfig) -> str:
+  """The values of `config`'s `CHAIN_START` settings, as a key."""
+  return json.dumps([value(config, name) for name in CHAIN_START])
