@@ -39,12 +39,6 @@ _KINDS = {
   'list': flags.DEFINE_list,
 }
 _PACKAGES = ('tff_comp', 'tff_comp.tasks', 'tff_comp.binaries')
-_GROUPS = (
-  registry.ALGORITHMS_GROUP,
-  registry.TASKS_GROUP,
-  registry.RUNTIMES_GROUP,
-  registry.EXPERIMENTS_GROUP,
-)
 
 
 def _sources(package: str) -> list[pathlib.Path]:
@@ -65,7 +59,7 @@ def _fingerprint(binary: str) -> str:
   points."""
   digest = hashlib.sha256(binary.encode())
   packages = set(_PACKAGES)
-  for group in _GROUPS:
+  for group in registry.GROUPS:
     for point in importlib.metadata.entry_points(group=group):
       digest.update(f'{group}:{point.name}={point.value};'.encode())
       packages.add(point.module.split('.')[0])

@@ -8,70 +8,23 @@ simulated attackers, assembled into the aggregator chain every in-process runtim
 """
 
 import dataclasses
+import typing
+from typing import Any
 
-from tff_comp import poisoning, settings
+from tff_comp import poisoning, registry, settings
 from tff_comp.ops import aggregators
 from tff_comp.ops.aggregators import attacks
 
-ROBUST = (
-  'median',
-  'trimmed_mean',
-  'krum',
-  'multi_krum',
-  'bulyan',
-  'geometric_median',
-  'centered_clip',
-)
 COMPRESSIONS = ('none', 'quantize', 'qsgd', 'top_k', 'rand_k', 'sign')
 ERROR_FEEDBACK = ('none', 'ef', 'ef21')
 ATTACKS = ('none', *attacks.KINDS, poisoning.KIND)
 
 
 @dataclasses.dataclass(frozen=True)
-class AggregationOptions:
-  """Robust combiners' parameters, compression, secure aggregation, attackers."""
+class _AggregationOptions:
+  """Compression, secure aggregation, attackers; `AggregationOptions` adds the
+  registered combiners' settings."""
 
-  trim_fraction: float = settings.setting(
-    0.1,
-    "--aggregator=trimmed_mean: the fraction of each coordinate's values dropped at each end.",
-    lower=0.0,
-    upper=0.49,
-    applies_when={'aggregator': ('trimmed_mean',)},
-    per_trial=True,
-  )
-  byzantine_clients: int = settings.setting(
-    1,
-    '--aggregator=krum/multi_krum/bulyan: the attackers f a round is assumed to have'
-    " (Krum: each row's score sums its m - f - 2 nearest others; Bulyan: m - 2f rows"
-    ' chosen, then 2f values a coordinate trimmed).',
-    lower=0,
-    upper=settings.MAX_COUNT,
-    applies_when={'aggregator': ('krum', 'multi_krum', 'bulyan')},
-    per_trial=True,
-  )
-  multi_krum_select: int | None = settings.setting(
-    None,
-    '--aggregator=multi_krum: rows of lowest score averaged (default m - f).',
-    lower=1,
-    upper=settings.MAX_COUNT,
-    applies_when={'aggregator': ('multi_krum',)},
-    per_trial=True,
-  )
-  geometric_median_iters: int = settings.setting(
-    10,
-    '--aggregator=geometric_median: smoothed Weiszfeld iterations.',
-    lower=1,
-    upper=1000,
-    applies_when={'aggregator': ('geometric_median',)},
-  )
-  centered_clip_tau: float = settings.setting(
-    1.0,
-    "--aggregator=centered_clip: the radius tau around the previous round's result.",
-    lower=settings.FLOAT32_TINY,
-    upper=settings.FLOAT32_HUGE,
-    applies_when={'aggregator': ('centered_clip',)},
-    per_trial=True,
-  )
   compression: str = settings.setting(
     'none',
     'What each client sends in fewer bits: quantize (stochastic b-bit,'
@@ -162,6 +115,7 @@ class AggregationOptions:
     upper=1.0,
     applies_when={'attack': ATTACKS[1:]},
     per_trial=True,
+    chain_state=True,
   )
   attack_scale: float = settings.setting(
     1.0,
@@ -170,6 +124,7 @@ class AggregationOptions:
     upper=settings.FLOAT32_HUGE,
     applies_when={'attack': ('scaled', 'gaussian')},
     per_trial=True,
+    chain_state=True,
   )
 
   def __post_init__(self):
@@ -228,45 +183,21 @@ class AggregationOptions:
       'sign': aggregators.Sign,
     }[self.compression]()
 
-  def _check_cohort(self, aggregator: str, m: int) -> None:
-    """ValueError (one line) for f or Multi-Krum's selection beyond what a cohort of m
-    allows (a smaller cohort in a round, by dropouts or Poisson sampling, is clamped)."""
-    if aggregator in _COHORT_NEEDED:
-      a, b = _COHORT_NEEDED[aggregator]
-      if m < a * self.byzantine_clients + b:
-        raise ValueError(
-          f'--aggregator={aggregator} with --byzantine_clients={self.byzantine_clients}'
-          f' needs at least {a} f + {b} = {a * self.byzantine_clients + b} clients a round'
-          f' (--clients_per_round={m}).'
-        )
-    if aggregator == 'multi_krum' and (self.multi_krum_select or 0) > m:
-      raise ValueError(
-        f'--multi_krum_select={self.multi_krum_select} is more rows than a round has'
-        f' (--clients_per_round={m}).'
-      )
-
   def _combiner(
     self, aggregator: str, private: aggregators.Chain | None, clients_per_round: int
   ) -> aggregators.Combiner:
-    if aggregator in ROBUST:
+    if aggregator in registry.COMBINERS.names():
       if self.secure_aggregation:
         raise ValueError(
           f"--aggregator={aggregator} needs each client's update, while"
           ' --secure_aggregation reveals only their total.'
         )
-      f = self.byzantine_clients
-      self._check_cohort(aggregator, clients_per_round)
-      return {
-        'median': aggregators.Median,
-        'trimmed_mean': lambda: aggregators.TrimmedMean(self.trim_fraction),
-        'krum': lambda: aggregators.Krum(f),
-        'multi_krum': lambda: aggregators.Krum(
-          f, self.multi_krum_select or max(1, clients_per_round - f)
-        ),
-        'bulyan': lambda: aggregators.Bulyan(f),
-        'geometric_median': lambda: aggregators.GeometricMedian(self.geometric_median_iters),
-        'centered_clip': lambda: aggregators.CenteredClip(self.centered_clip_tau),
-      }[aggregator]()
+      entry = registry.COMBINERS.get(aggregator)
+      options = None
+      if entry.options is not None:
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(entry.options)}
+        options = entry.options(**own)
+      return entry.build(options, clients_per_round)
     if self.secure_aggregation:
       if private is not None and not private.combiner.weighted:
         raise ValueError(
@@ -284,13 +215,68 @@ class AggregationOptions:
     return private.combiner if private is not None else aggregators.Mean()
 
 
-# The smallest cohort each selection rule is defined for with f attackers (Blanchard et
-# al. 2017: n > 2f + 2; El Mhamdi et al. 2018: n >= 4f + 3).
-_COHORT_NEEDED = {'krum': (2, 3), 'multi_krum': (2, 3), 'bulyan': (4, 3)}
-
-
 def upload_bytes(chain: aggregators.Chain | None, d: int, side_floats: int) -> float:
   """Bytes a client sends a round: its model part (the chain's bits, 32 a float without
   one) and its update's other fields (`side_floats` floats, exact)."""
   bits = 32.0 * d if chain is None else chain.upload_bits(d)
   return (bits + 32.0 * side_floats) / 8.0
+
+
+def _combiner_fields() -> list[tuple[str, Any, Any]]:
+  """The fields of every registered combiner's settings record (`registry.
+  register_combiner`), each applying with --aggregator naming a combiner that declares it
+  (so declared there, as Krum's and Bulyan's f, it must be declared alike), its help
+  prefixed by those names."""
+  declared: dict[str, tuple[Any, dataclasses.Field, list[str]]] = {}
+  own = {f.name for f in dataclasses.fields(_AggregationOptions)}
+  for name in registry.COMBINERS.names():
+    record = registry.COMBINERS.get(name).options
+    if record is None:
+      continue
+    hints = typing.get_type_hints(record)
+    for field in dataclasses.fields(record):
+      if field.name in own:
+        raise registry.RegistryError(
+          f'combiner {name!r} declares --{field.name}, a setting of the aggregation record.'
+        )
+      if field.name not in declared:
+        declared[field.name] = (hints[field.name], field, [name])
+        continue
+      hint, first, names = declared[field.name]
+      if (hint, first.default, dict(first.metadata)) != (
+        hints[field.name],
+        field.default,
+        dict(field.metadata),
+      ):
+        raise registry.RegistryError(
+          f'combiner {name!r} declares --{field.name} unlike combiner {names[0]!r} does.'
+        )
+      names.append(name)
+  return [
+    (
+      field_name,
+      hint,
+      dataclasses.field(
+        default=field.default,
+        metadata={
+          **field.metadata,
+          'help': f'--aggregator={"/".join(names)}: {field.metadata["help"]}',
+          'applies_when': {'aggregator': tuple(names)},
+        },
+      ),
+    )
+    for field_name, (hint, field, names) in declared.items()
+  ]
+
+
+# The run's aggregation settings: `_AggregationOptions`' and, derived from the registry,
+# every registered combiner's (a plugin's too); config.json holds them as one record.
+AggregationOptions = dataclasses.make_dataclass(
+  'AggregationOptions',
+  _combiner_fields(),
+  bases=(_AggregationOptions,),
+  frozen=True,
+)
+AggregationOptions.__module__ = __name__  # found by pickle (make_dataclass's own, 3.12)
+AggregationOptions.__doc__ = """Robust combiners' settings (one record per registered combiner,
+their fields here), compression, secure aggregation, attackers."""

@@ -14,13 +14,32 @@ import json
 import pathlib
 from typing import Any
 
-from tff_comp import accounting, aggregation_settings, settings, strategy_cache
+from tff_comp import accounting, aggregation_settings, registry, settings, strategy_cache
 from tff_comp.ops import aggregators, matrix_factorization, privacy
 from tff_comp.run import callbacks
 from tff_comp.run import sampling as sampling_lib
 
 MEAN = 'mean'  # the algorithm's own aggregation
-AGGREGATORS = (MEAN, *privacy.KINDS, *aggregation_settings.ROBUST)
+
+
+def aggregator_names() -> tuple[str, ...]:
+  """The --aggregator choices: the mean, the DP kinds and every registered combiner."""
+  return (MEAN, *privacy.KINDS, *registry.COMBINERS.names())
+
+
+def _combiners_help() -> str:
+  """Each registered combiner with its line and its flags, for --aggregator's help."""
+  said = []
+  for name in registry.COMBINERS.names():
+    entry = registry.COMBINERS.get(name)
+    fields = dataclasses.fields(entry.options) if entry.options is not None else ()
+    flags = [f'--{f.name}' for f in fields]
+    line = entry.summary.rstrip('.')
+    line = 'the' + line[3:] if line.startswith('The ') else line
+    said.append(f'{name} ({"; ".join([line, *flags])})')
+  return ', '.join(said)
+
+
 _NOISE_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
 _ADAPTIVE_FLAGS = ('clip_quantile', 'clip_learning_rate', 'clipped_count_stddev')
 DEFAULT_ADAPTIVE_CLIP = 0.1  # TFF's initial_l2_norm_clip
@@ -53,16 +72,17 @@ class PrivacyOptions:
     ' tree over the rounds, no sampling assumed: --sampling=cyclic, --restart_every);'
     ' dp_bandmf (BandMF: the clipped sum with noise correlated across the rounds by a'
     ' banded matrix factorization, no sampling assumed: --sampling=cyclic, --bands);'
-    ' the Byzantine-robust median, trimmed_mean (--trim_fraction), krum,'
-    ' multi_krum, bulyan (--byzantine_clients), geometric_median and centered_clip'
-    ' (--centered_clip_tau), every client alike (docs/aggregators.md).',
-    choices=AGGREGATORS,
+    ' the registered combiners, every client alike (docs/aggregators.md): '
+    + _combiners_help()
+    + '.',
+    choices=aggregator_names,
   )
   clip_norm: float | None = settings.setting(
     None,
     'L2 norm client updates are clipped to (clip, dp; dp_adaptive: the initial'
     f' clip, default {DEFAULT_ADAPTIVE_CLIP}).',
     per_trial=True,
+    chain_state=True,
   )
   noise_multiplier: float | None = settings.setting(
     None,
@@ -344,7 +364,7 @@ def configure(
   Raises:
     ConfigError: a setting that cannot apply.
   """
-  robust = options.aggregator in aggregation_settings.ROBUST
+  robust = options.aggregator in registry.COMBINERS.names()
   if options.aggregator == MEAN and not aggregation.active:
     return Plan(None, None, {})
   if not algorithm.accepts('model_aggregator'):

@@ -1,4 +1,5 @@
-"""Named algorithms, tasks and runtimes, with third-party plugins through entry points.
+"""Named algorithms, tasks, runtimes and aggregator blocks, with third-party plugins
+through entry points.
 
 Built-ins register with a decorator on their builder:
 
@@ -10,7 +11,8 @@ registered runtime (`register_runtime`: 'tff', 'inprocess', 'ray') can run; a pl
 may instead return a TFF LearningProcess, which runs on TFF's runtime.
 
 Another package adds its own by declaring entry points in its packaging metadata, in
-the groups `tff_comp.algorithms`, `tff_comp.tasks`, `tff_comp.runtimes` and
+the groups `tff_comp.algorithms`, `tff_comp.tasks`, `tff_comp.runtimes`,
+`tff_comp.combiners` (what `--aggregator` chooses beyond the mean and DP) and
 `tff_comp.experiments` (reproduction grids):
 
     [options.entry_points]
@@ -20,7 +22,11 @@ the groups `tff_comp.algorithms`, `tff_comp.tasks`, `tff_comp.runtimes` and
 Loading an entry point imports its module; a builder its module did not register
 already is registered under the entry point's name. The keyword-only parameters of a
 builder with a plain type (float, int, bool, str) are its hyperparameters: binaries
-turn them into flags.
+turn them into flags. A runtime or a combiner declares its settings record instead
+(`tff_comp.settings`), whose fields become flags.
+
+This module and `settings` import nothing of tff_comp, so any layer may register its
+blocks (the math layer's combiners included).
 """
 
 from collections.abc import Callable
@@ -39,6 +45,7 @@ ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
 MODELS_GROUP = 'tff_comp.models'
 RUNTIMES_GROUP = 'tff_comp.runtimes'
+COMBINERS_GROUP = 'tff_comp.combiners'
 EXPERIMENTS_GROUP = 'tff_comp.experiments'
 _FLAG_TYPES = (float, int, bool, str)
 
@@ -101,11 +108,11 @@ class Entry:
   `home_settings`: run settings and options that work for that (algorithm, task) pair,
   applied over the task's defaults when the task is the home task.
   `divergence_hint` names the algorithm's likely cause of a diverged run.
-  A runtime may declare its settings record (`options`, a `tff_comp.settings` record
-  whose fields become flags and config.json entries), its place in 'auto''s order
-  (`auto_rank`, lowest first; None: only when named), a cheap `why_not(program,
-  options)` returning why it cannot run a program ('' when it can), and the `label` the
-  run's header calls it by.
+  A runtime or a combiner may declare its settings record (`options`, a
+  `tff_comp.settings` record whose fields become flags and config.json entries); a
+  runtime its place in 'auto''s order (`auto_rank`, lowest first; None: only when
+  named), a cheap `why_not(program, options)` returning why it cannot run a program (''
+  when it can), and the `label` the run's header calls it by.
   """
 
   name: str
@@ -262,17 +269,30 @@ MODELS = Registry('model', MODELS_GROUP)
 ALGORITHMS = Registry('algorithm', ALGORITHMS_GROUP, 'tff_comp.algorithms')
 TASKS = Registry('task', TASKS_GROUP, 'tff_comp.tasks')
 RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
+# What `--aggregator` chooses beyond the mean and DP: combiners of a cohort's rows (the
+# Byzantine-robust ones), each with its settings record (`register_combiner`).
+COMBINERS = Registry('combiner', COMBINERS_GROUP, 'tff_comp.ops.aggregators')
 # Reproduction grids (`tff_comp.binaries.reproductions.Reproduction`); an entry's builder takes
 # no argument and returns the grid. The binaries register the built-in grids when they
 # import them (the library does not depend on its binaries).
 REPRODUCTIONS = Registry('reproduction', EXPERIMENTS_GROUP)
 
 
+GROUPS = (
+  ALGORITHMS_GROUP,
+  TASKS_GROUP,
+  RUNTIMES_GROUP,
+  COMBINERS_GROUP,
+  EXPERIMENTS_GROUP,
+  MODELS_GROUP,
+)
+
+
 def plugin_versions() -> dict[str, str]:
   """{distribution: version} of the installed packages registering plugins (entry points
   in tff_comp's groups): what a run used besides tff_comp itself, for its record."""
   found = {}
-  for group in (ALGORITHMS_GROUP, TASKS_GROUP, RUNTIMES_GROUP, EXPERIMENTS_GROUP, MODELS_GROUP):
+  for group in GROUPS:
     for ep in importlib.metadata.entry_points(group=group):
       if ep.dist is not None:
         found[ep.dist.name] = ep.dist.version
@@ -328,6 +348,18 @@ def register_runtime(
   return RUNTIMES.register(
     name, metadata=dict(options=options, auto_rank=auto_rank, why_not=why_not, label=label or name)
   )
+
+
+def register_combiner(name: str, *, options: type | None = None):
+  """Registers a combiner builder `(options, clients_per_round) -> ops.aggregators.Combiner`
+  that `--aggregator=name` chooses. `options`: its settings record (a frozen dataclass of
+  `tff_comp.settings.setting` fields; None: it has none), whose fields become flags of
+  the run's aggregation record (`aggregation_settings.AggregationOptions`) applying with
+  `--aggregator=name` (a field several combiners declare, alike, applies with each);
+  `options` is an instance of it. The builder raises ValueError, one line naming the
+  flags, for settings a cohort of `clients_per_round` cannot take. The first sentence
+  of its docstring is its line in `--aggregator`'s help."""
+  return COMBINERS.register(name, metadata=dict(options=options))
 
 
 def register_reproduction(name: str, reproduction: Any) -> None:

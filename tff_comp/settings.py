@@ -43,6 +43,7 @@ def setting(
   input_file: bool = False,
   resumable: bool = False,
   per_trial: bool = False,
+  chain_state: bool = False,
   applies_when: Mapping[str, Sequence[Any]] | None = None,
 ) -> Any:
   """A record field: `default`, the flag's `help`, its `choices` (or a function giving
@@ -55,7 +56,9 @@ def setting(
   saves, where its rounds run), the rest must match the recorded run's.
   `per_trial`: trials of a grid that differ in it may share one compiled program
   (`tff_comp.trials`): it lives in the loop, the sampler or the hyperparameters, never
-  in what is compiled. `applies_when` {setting: its values}: the setting only matters
+  in what is compiled. `chain_state`: an aggregator block holds it in its state (its
+  `in_state`), so trials differing in it share a build, each starting its chain from its
+  own state (`tff_comp.trials`). `applies_when` {setting: its values}: the setting only matters
   where every named setting (of any record, by its flag's name) has one of those
   values (`GIVEN`: any but None); set otherwise, it would be ignored, and the run
   refuses it (`ignored_settings`)."""
@@ -70,6 +73,7 @@ def setting(
     input_file=input_file,
     resumable=resumable,
     per_trial=per_trial,
+    chain_state=chain_state,
     applies_when=dict(applies_when or {}),
   )
   if default_factory is not None:
@@ -94,6 +98,7 @@ class Spec:
   input_file: bool
   resumable: bool
   per_trial: bool
+  chain_state: bool
   applies_when: Mapping[str, Sequence[Any]]
 
 
@@ -130,6 +135,7 @@ def specs(record: type) -> Iterator[Spec]:
       meta.get('input_file', False),
       meta.get('resumable', False),
       meta.get('per_trial', False),
+      meta.get('chain_state', False),
       meta.get('applies_when', {}),
     )
 

@@ -12,8 +12,11 @@ each step (theta, beta >= 1), and with f = 0 Bulyan is the mean. Every client co
 alike; the combiner needs every row.
 """
 
+import dataclasses
+
 import tensorflow as tf
 
+from tff_comp import registry
 from tff_comp.ops.aggregators import base, combiners
 
 
@@ -79,3 +82,15 @@ class Bulyan(base.Combiner):
         bulyan_clamped=tf.cast(m < 4 * f + 3, tf.float32),
       ),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BulyanOptions:
+  byzantine_clients: int = combiners.byzantine_clients()
+
+
+@registry.register_combiner('bulyan', options=BulyanOptions)
+def _bulyan(options: BulyanOptions, clients_per_round: int) -> Bulyan:
+  """Krum's selection, then a trimmed mean around the median (m >= 4f + 3)."""
+  combiners.check_cohort('bulyan', options.byzantine_clients, 4, 3, clients_per_round)
+  return Bulyan(options.byzantine_clients)

@@ -26,12 +26,17 @@ geometric median and centered clipping; distances and norms are taken in float64
 the mean of the rows of at most median norm, so that huge rows (1e20: float32 squares
 overflow) and rows far from the origin (||a||^2 + ||b||^2 - 2ab cancels) are measured
 exactly enough.
+
+Each robust combiner registers what `--aggregator` calls it, with its settings record
+(`registry.register_combiner`: the record's fields become its flags).
 """
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tff_comp import registry, settings
 from tff_comp.ops.aggregators import base
 
 
@@ -294,3 +299,125 @@ class CenteredClip(_Robust):
       scale = tf.cast(tf.where(finite, scale, 0.0), tf.float32)  # a non-finite row: no pull
       v = v + tf.reduce_mean(diff * scale[:, None], 0)
     return v, None, state._replace(center=v), base.Measurements()
+
+
+def byzantine_clients() -> Any:
+  """The setting of f, the attackers a round is assumed to have (Krum's, Bulyan's)."""
+  return settings.setting(
+    1,
+    "the attackers f a round is assumed to have (Krum: each row's score sums its"
+    ' m - f - 2 nearest others; Bulyan: m - 2f rows chosen, then 2f values a coordinate'
+    ' trimmed).',
+    lower=0,
+    upper=settings.MAX_COUNT,
+    per_trial=True,
+    chain_state=True,
+  )
+
+
+def check_cohort(aggregator: str, f: int, a: int, b: int, m: int) -> None:
+  """ValueError (one line) when a cohort of m is below the a f + b clients the rule
+  needs (a smaller cohort in a round, by dropouts or Poisson sampling, is clamped)."""
+  if m < a * f + b:
+    raise ValueError(
+      f'--aggregator={aggregator} with --byzantine_clients={f} needs at least {a} f + {b} ='
+      f' {a * f + b} clients a round (--clients_per_round={m}).'
+    )
+
+
+@registry.register_combiner('median')
+def _median(options: None, clients_per_round: int) -> Median:
+  """The coordinate-wise median."""
+  del options, clients_per_round
+  return Median()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrimmedMeanOptions:
+  trim_fraction: float = settings.setting(
+    0.1,
+    "the fraction of each coordinate's values dropped at each end.",
+    lower=0.0,
+    upper=0.49,
+    per_trial=True,
+    chain_state=True,
+  )
+
+
+@registry.register_combiner('trimmed_mean', options=TrimmedMeanOptions)
+def _trimmed_mean(options: TrimmedMeanOptions, clients_per_round: int) -> TrimmedMean:
+  """The coordinate-wise mean once a fraction of each coordinate's values is dropped at
+  each end."""
+  del clients_per_round
+  return TrimmedMean(options.trim_fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class KrumOptions:
+  byzantine_clients: int = byzantine_clients()
+
+
+@registry.register_combiner('krum', options=KrumOptions)
+def _krum(options: KrumOptions, clients_per_round: int) -> Krum:
+  """The row nearest its m - f - 2 nearest others (Blanchard et al. 2017; m > 2f + 2)."""
+  check_cohort('krum', options.byzantine_clients, 2, 3, clients_per_round)
+  return Krum(options.byzantine_clients)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiKrumOptions:
+  byzantine_clients: int = byzantine_clients()
+  multi_krum_select: int | None = settings.setting(
+    None,
+    'the rows of lowest score averaged (default m - f).',
+    lower=1,
+    upper=settings.MAX_COUNT,
+    per_trial=True,
+    chain_state=True,
+  )
+
+
+@registry.register_combiner('multi_krum', options=MultiKrumOptions)
+def _multi_krum(options: MultiKrumOptions, clients_per_round: int) -> Krum:
+  """The mean of the rows of lowest Krum score (m > 2f + 2)."""
+  f, m = options.byzantine_clients, clients_per_round
+  check_cohort('multi_krum', f, 2, 3, m)
+  if (options.multi_krum_select or 0) > m:
+    raise ValueError(
+      f'--multi_krum_select={options.multi_krum_select} is more rows than a round has'
+      f' (--clients_per_round={m}).'
+    )
+  return Krum(f, options.multi_krum_select or max(1, m - f))
+
+
+@dataclasses.dataclass(frozen=True)
+class GeometricMedianOptions:
+  geometric_median_iters: int = settings.setting(
+    10, 'smoothed Weiszfeld iterations.', lower=1, upper=1000
+  )
+
+
+@registry.register_combiner('geometric_median', options=GeometricMedianOptions)
+def _geometric_median(options: GeometricMedianOptions, clients_per_round: int) -> GeometricMedian:
+  """The geometric median by smoothed Weiszfeld steps (RFA's, every client alike)."""
+  del clients_per_round
+  return GeometricMedian(options.geometric_median_iters)
+
+
+@dataclasses.dataclass(frozen=True)
+class CenteredClipOptions:
+  centered_clip_tau: float = settings.setting(
+    1.0,
+    "the radius tau around the previous round's result.",
+    lower=settings.FLOAT32_TINY,
+    upper=settings.FLOAT32_HUGE,
+    per_trial=True,
+    chain_state=True,
+  )
+
+
+@registry.register_combiner('centered_clip', options=CenteredClipOptions)
+def _centered_clip(options: CenteredClipOptions, clients_per_round: int) -> CenteredClip:
+  """Centered clipping around the previous round's result (Karimireddy et al. 2021)."""
+  del clients_per_round
+  return CenteredClip(options.centered_clip_tau)

@@ -1,0 +1,167 @@
+"""Combiners as plugins: `--aggregator`'s choices and help, each combiner's flags and the
+settings they apply with, and the chain built, all derived from what is registered
+(`registry.register_combiner`); a combiner from a plugin package reaches run.py."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tff_comp import aggregation_settings, privacy_settings, registry, settings, trial_groups
+from tff_comp.ops import aggregators, privacy
+
+BUILT_IN = {
+  'bulyan',
+  'centered_clip',
+  'geometric_median',
+  'krum',
+  'median',
+  'multi_krum',
+  'trimmed_mean',
+}
+
+
+def _spec(record: type, name: str) -> settings.Spec:
+  return next(s for s in settings.specs(record) if s.name == name)
+
+
+def test_the_aggregator_flag_lists_the_mean_dp_and_every_registered_combiner():
+  spec = _spec(privacy_settings.PrivacyOptions, 'aggregator')
+  assert BUILT_IN <= set(registry.COMBINERS.names())
+  assert spec.choices == ('mean', *privacy.KINDS, *registry.COMBINERS.names())
+  for name in registry.COMBINERS.names():  # each with its line and its flags
+    entry = registry.COMBINERS.get(name)
+    flags = [f'--{f.name}' for f in dataclasses.fields(entry.options or _NoOptions)]
+    assert f'{name} (' in spec.help and all(flag in spec.help for flag in flags), name
+
+
+@dataclasses.dataclass
+class _NoOptions:
+  pass
+
+
+def test_a_combiners_settings_apply_with_the_combiners_declaring_them():
+  record = aggregation_settings.AggregationOptions
+  assert _spec(record, 'byzantine_clients').applies_when == {
+    'aggregator': ('bulyan', 'krum', 'multi_krum')
+  }
+  assert _spec(record, 'trim_fraction').applies_when == {'aggregator': ('trimmed_mean',)}
+  assert _spec(record, 'trim_fraction').help.startswith('--aggregator=trimmed_mean: ')
+  # Declared once, on the block: the settings its state holds start each trial's chain.
+  assert {'aggregation.byzantine_clients', 'aggregation.trim_fraction'} <= set(
+    trial_groups.CHAIN_START
+  )
+  assert 'aggregation.geometric_median_iters' not in trial_groups.CHAIN_START
+
+
+def test_the_chain_is_built_by_the_registered_builder_with_its_options():
+  options = aggregation_settings.AggregationOptions(byzantine_clients=2, multi_krum_select=3)
+  combiner = options.chain('multi_krum', None, 10).combiner
+  assert isinstance(combiner, aggregators.Krum)
+  assert (combiner.byzantine, combiner.select) == (2, 3)
+  with pytest.raises(ValueError, match=r'--aggregator=bulyan .* needs at least 4 f \+ 3 = 11'):
+    options.chain('bulyan', None, 10)
+
+
+def test_a_setting_declared_unlike_by_two_combiners_is_refused(monkeypatch):
+  @dataclasses.dataclass(frozen=True)
+  class Unlike:
+    byzantine_clients: int = settings.setting(2, 'another f.')
+
+  combiners = registry.Registry('combiner', 'no.such.group')
+  for name in registry.COMBINERS.names():
+    entry = registry.COMBINERS.get(name)
+    combiners.add(name, entry.builder, metadata=dict(options=entry.options))
+  combiners.add('unlike', lambda options, m: aggregators.Median(), metadata=dict(options=Unlike))
+  monkeypatch.setattr(registry, 'COMBINERS', combiners)
+  with pytest.raises(registry.RegistryError, match=r"'unlike' declares --byzantine_clients unlike"):
+    aggregation_settings._combiner_fields()  # pylint: disable=protected-access
+
+
+PLUGIN = '''
+import dataclasses
+
+from tff_comp import registry, settings
+from tff_comp.ops import aggregators
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  plugin_trim: float = settings.setting(
+    0.1, "the fraction trimmed at each end.", lower=0.0, upper=0.49, per_trial=True
+  )
+
+
+@registry.register_combiner('plugin_trimmed', options=Options)
+def build(options: Options, clients_per_round: int) -> aggregators.TrimmedMean:
+  """A trimmed mean from a plugin package."""
+  return aggregators.TrimmedMean(options.plugin_trim)
+'''
+
+
+def _run(repo_root: pathlib.Path, plugins: pathlib.Path, out: pathlib.Path, *flags: str):
+  return subprocess.run(
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'run.py'),
+      '--algo=fedavg',
+      '--task=lasso',
+      '--rounds=1',
+      f'--output_dir={out}',
+      *flags,
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(plugins)),
+  )
+
+
+def test_a_combiner_from_a_plugin_package_reaches_the_command_line(repo_root, tmp_path):
+  """Installed as pip would (a package and its dist-info, entry point group
+  tff_comp.combiners), with no edit to tff_comp: its flag is refused out of bounds and
+  where it does not apply, and its run equals the built-in trimmed mean's of the same
+  fraction (not the default one's)."""
+  plugins = tmp_path / 'site'
+  (plugins / 'mycombiner').mkdir(parents=True)
+  (plugins / 'mycombiner' / '__init__.py').write_text(PLUGIN)
+  info = plugins / 'mycombiner-0.1.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: mycombiner\nVersion: 0.1\n')
+  (info / 'entry_points.txt').write_text(
+    textwrap.dedent("""
+      [tff_comp.combiners]
+      plugin_trimmed = mycombiner:build
+      """)
+  )
+  bad = _run(repo_root, plugins, tmp_path / 'bad', '--aggregator=median', '--plugin_trim=0.2')
+  assert bad.returncode != 0
+  assert bad.stderr.strip().splitlines()[-1] == (
+    'run.py: error: --plugin_trim applies with --aggregator=plugin_trimmed (this run'
+    "'s is median); it would be ignored."
+  ), bad.stderr
+  runs = {
+    'plugin': ('--aggregator=plugin_trimmed', '--plugin_trim=0.4'),
+    'built_in': ('--aggregator=trimmed_mean', '--trim_fraction=0.4'),
+    'default': ('--aggregator=trimmed_mean',),  # 0.1: the option must reach the block
+  }
+  for name, flags in runs.items():
+    done = _run(repo_root, plugins, tmp_path / name, *flags)
+    assert done.returncode == 0, done.stderr[-2000:]
+  recorded = json.loads((tmp_path / 'plugin' / 'config.json').read_text())
+  assert recorded['aggregation']['plugin_trim'] == 0.4
+  assert recorded['environment']['plugins'] == {'mycombiner': '0.1'}
+
+  def rows(run: str) -> list[str]:
+    lines = (tmp_path / run / 'metrics.csv').read_text().splitlines()
+    header = lines[0].split(',')
+    wall = [i for i, name in enumerate(header) if 'time' in name or 'seconds' in name]
+    return [','.join(v for i, v in enumerate(line.split(',')) if i not in wall) for line in lines]
+
+  assert rows('plugin') == rows('built_in') != rows('default')
