@@ -68,3 +68,15 @@ def shifted_clients(seed: int, sizes_and_shifts, dim: int):
     x = (rng.normal(size=(n, dim)) + shift).astype(np.float32)
     out.append((x, (x @ rng.normal(size=dim) + shift).astype(np.float32)))
   return out
+
+
+def nnm(x: np.ndarray, f: int) -> np.ndarray:
+  """Allouah et al. 2023, Algorithm 1: each row the mean of its m - f nearest (itself
+  included; ties by position), by Euclidean distance in float64."""
+  m = len(x)
+  k = max(m - f, 1)
+  out = np.empty_like(x)
+  for i in range(m):
+    d = np.linalg.norm(x.astype(np.float64) - x[i].astype(np.float64), axis=1)
+    out[i] = x[np.argsort(d, kind='stable')[:k]].mean(0)
+  return out

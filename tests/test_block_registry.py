@@ -1,6 +1,7 @@
-"""Combiners as plugins: `--aggregator`'s choices and help, each combiner's flags and the
-settings they apply with, and the chain built, all derived from what is registered
-(`registry.register_combiner`); a combiner from a plugin package reaches run.py."""
+"""Combiners and pre-aggregations as plugins: `--aggregator`'s choices and help, each
+combiner's flags and the settings they apply with, and the chain built, all derived from
+what is registered (`registry.register_combiner`); a combiner from a plugin package
+reaches run.py."""
 
 import dataclasses
 import json
@@ -48,7 +49,8 @@ class _NoOptions:
 def test_a_combiners_settings_apply_with_the_combiners_declaring_them():
   record = aggregation_settings.AggregationOptions
   assert _spec(record, 'byzantine_clients').applies_when == {
-    'aggregator': ('bulyan', 'krum', 'multi_krum')
+    'aggregator': ('bulyan', 'krum', 'multi_krum'),
+    'pre_aggregation': ('nnm',),
   }
   assert _spec(record, 'trim_fraction').applies_when == {'aggregator': ('trimmed_mean',)}
   assert _spec(record, 'trim_fraction').help.startswith('--aggregator=trimmed_mean: ')
@@ -79,8 +81,10 @@ def test_a_setting_declared_unlike_by_two_combiners_is_refused(monkeypatch):
     combiners.add(name, entry.builder, metadata=dict(options=entry.options))
   combiners.add('unlike', lambda options, m: aggregators.Median(), metadata=dict(options=Unlike))
   monkeypatch.setattr(registry, 'COMBINERS', combiners)
-  with pytest.raises(registry.RegistryError, match=r"'unlike' declares --byzantine_clients unlike"):
-    aggregation_settings._combiner_fields()  # pylint: disable=protected-access
+  with pytest.raises(
+    registry.RegistryError, match=r"combiner 'unlike' declares --byzantine_clients unlike"
+  ):
+    aggregation_settings._block_fields()  # pylint: disable=protected-access
 
 
 PLUGIN = '''

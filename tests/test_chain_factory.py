@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests import algorithm_cases
+from tests import algorithm_cases, numpy_reference
 from tff_comp import experiment
 from tff_comp.algorithms import fedavg
 from tff_comp.learning_process import chain_factory
@@ -90,8 +90,12 @@ def test_a_chain_equals_tffs_own_factory(chain, theirs):
       agg.Chain((), agg.TrimmedMean(0.2)),  # 7 rows: one trimmed at each end
       lambda x: np.sort(x, 0)[1:-1].mean(0),
     ),
+    (
+      agg.Chain((), agg.Median(), agg.NearestNeighbourMixing(2)),
+      lambda x: np.median(numpy_reference.nnm(x, 2), 0),
+    ),
   ],
-  ids=['median', 'trimmed-mean'],
+  ids=['median', 'trimmed-mean', 'nnm-median'],
 )
 def test_a_combiner_needing_every_row_gathers_them(chain, numpy_of):
   process = chain_factory.ChainFactory(chain).create(VALUE_TYPE, WEIGHT_TYPE)

@@ -20,11 +20,31 @@ ERROR_FEEDBACK = ('none', 'ef', 'ef21')
 ATTACKS = ('none', *attacks.KINDS, poisoning.KIND)
 
 
+def block_lines(blocks: registry.Registry) -> str:
+  """Each registered block with its line and its flags, for the help of the flag that
+  chooses among them: 'name (its docstring's first sentence; --its_flag), ...'."""
+  said = []
+  for name in blocks.names():
+    entry = blocks.get(name)
+    fields = dataclasses.fields(entry.options) if entry.options is not None else ()
+    line = entry.summary.rstrip('.')
+    line = 'the' + line[3:] if line.startswith('The ') else line
+    said.append(f'{name} ({"; ".join([line, *(f"--{f.name}" for f in fields)])})')
+  return ', '.join(said)
+
+
 @dataclasses.dataclass(frozen=True)
 class _AggregationOptions:
   """Compression, secure aggregation, attackers; `AggregationOptions` adds the
   registered combiners' settings."""
 
+  pre_aggregation: str = settings.setting(
+    'none',
+    "Rows mixed before the robust --aggregator reads them (the server's; every client"
+    ' alike): none, ' + block_lines(registry.PRE_AGGREGATIONS) + '.',
+    choices=lambda: ('none', *registry.PRE_AGGREGATIONS.names()),
+    applies_when={'aggregator': tuple(registry.COMBINERS.names())},
+  )
   compression: str = settings.setting(
     'none',
     'What each client sends in fewer bits: quantize (stochastic b-bit,'
@@ -168,7 +188,19 @@ class _AggregationOptions:
         compressor = aggregators.ErrorFeedback(compressor, self.error_feedback)
       stages.append(compressor)
     combiner = self._combiner(aggregator, private, clients_per_round)
-    return aggregators.Chain(tuple(stages), combiner)
+    pre = None
+    if self.pre_aggregation != 'none':
+      pre = self._built(registry.PRE_AGGREGATIONS.get(self.pre_aggregation), clients_per_round)
+    return aggregators.Chain(tuple(stages), combiner, pre)
+
+  def _built(self, entry: registry.Entry, clients_per_round: int) -> Any:
+    """The registered block `entry` built with its settings record, read off these."""
+    options = None
+    if entry.options is not None:
+      options = entry.options(
+        **{f.name: getattr(self, f.name) for f in dataclasses.fields(entry.options)}
+      )
+    return entry.build(options, clients_per_round)
 
   def _compressor(self) -> aggregators.Stage | None:
     return {
@@ -192,12 +224,7 @@ class _AggregationOptions:
           f"--aggregator={aggregator} needs each client's update, while"
           ' --secure_aggregation reveals only their total.'
         )
-      entry = registry.COMBINERS.get(aggregator)
-      options = None
-      if entry.options is not None:
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(entry.options)}
-        options = entry.options(**own)
-      return entry.build(options, clients_per_round)
+      return self._built(registry.COMBINERS.get(aggregator), clients_per_round)
     if self.secure_aggregation:
       if private is not None and not private.combiner.weighted:
         raise ValueError(
@@ -222,36 +249,44 @@ def upload_bytes(chain: aggregators.Chain | None, d: int, side_floats: int) -> f
   return (bits + 32.0 * side_floats) / 8.0
 
 
-def _combiner_fields() -> list[tuple[str, Any, Any]]:
-  """The fields of every registered combiner's settings record (`registry.
-  register_combiner`), each applying with --aggregator naming a combiner that declares it
-  (so declared there, as Krum's and Bulyan's f, it must be declared alike), its help
-  prefixed by those names."""
-  declared: dict[str, tuple[Any, dataclasses.Field, list[str]]] = {}
+def _choosers() -> dict[str, registry.Registry]:
+  """The flags choosing registered blocks, and the registries they choose from."""
+  return {'aggregator': registry.COMBINERS, 'pre_aggregation': registry.PRE_AGGREGATIONS}
+
+
+def _block_fields() -> list[tuple[str, Any, Any]]:
+  """The fields of every registered block's settings record (`registry.
+  register_combiner`, `register_pre_aggregation`), each applying where the flag choosing
+  among them (`_choosers`) names a block declaring it (so a field several blocks
+  declare, as Krum's, Bulyan's and NNM's f, must be declared alike), its help prefixed
+  by those choices."""
+  declared: dict[str, tuple[Any, dataclasses.Field, dict[str, list[str]]]] = {}
   own = {f.name for f in dataclasses.fields(_AggregationOptions)}
-  for name in registry.COMBINERS.names():
-    record = registry.COMBINERS.get(name).options
-    if record is None:
-      continue
-    hints = typing.get_type_hints(record)
-    for field in dataclasses.fields(record):
-      if field.name in own:
-        raise registry.RegistryError(
-          f'combiner {name!r} declares --{field.name}, a setting of the aggregation record.'
-        )
-      if field.name not in declared:
-        declared[field.name] = (hints[field.name], field, [name])
+  for flag, blocks in _choosers().items():
+    for name in blocks.names():
+      record = blocks.get(name).options
+      if record is None:
         continue
-      hint, first, names = declared[field.name]
-      if (hint, first.default, dict(first.metadata)) != (
-        hints[field.name],
-        field.default,
-        dict(field.metadata),
-      ):
-        raise registry.RegistryError(
-          f'combiner {name!r} declares --{field.name} unlike combiner {names[0]!r} does.'
-        )
-      names.append(name)
+      hints = typing.get_type_hints(record)
+      for field in dataclasses.fields(record):
+        if field.name in own:
+          raise registry.RegistryError(
+            f'{blocks.kind} {name!r} declares --{field.name}, a setting of the aggregation record.'
+          )
+        if field.name not in declared:
+          declared[field.name] = (hints[field.name], field, {flag: [name]})
+          continue
+        hint, first, by_flag = declared[field.name]
+        if (hint, first.default, dict(first.metadata)) != (
+          hints[field.name],
+          field.default,
+          dict(field.metadata),
+        ):
+          earlier = next(iter(by_flag.values()))[0]
+          raise registry.RegistryError(
+            f'{blocks.kind} {name!r} declares --{field.name} unlike {earlier!r} does.'
+          )
+        by_flag.setdefault(flag, []).append(name)
   return [
     (
       field_name,
@@ -260,23 +295,26 @@ def _combiner_fields() -> list[tuple[str, Any, Any]]:
         default=field.default,
         metadata={
           **field.metadata,
-          'help': f'--aggregator={"/".join(names)}: {field.metadata["help"]}',
-          'applies_when': {'aggregator': tuple(names)},
+          'help': ' or '.join(f'--{flag}={"/".join(names)}' for flag, names in by_flag.items())
+          + f': {field.metadata["help"]}',
+          'applies_when': {flag: tuple(names) for flag, names in by_flag.items()},
+          'applies_when_any': True,
         },
       ),
     )
-    for field_name, (hint, field, names) in declared.items()
+    for field_name, (hint, field, by_flag) in declared.items()
   ]
 
 
 # The run's aggregation settings: `_AggregationOptions`' and, derived from the registry,
-# every registered combiner's (a plugin's too); config.json holds them as one record.
+# every registered combiner's and pre-aggregation's (a plugin's too); config.json holds
+# them as one record.
 AggregationOptions = dataclasses.make_dataclass(
   'AggregationOptions',
-  _combiner_fields(),
+  _block_fields(),
   bases=(_AggregationOptions,),
   frozen=True,
 )
 AggregationOptions.__module__ = __name__  # found by pickle (make_dataclass's own, 3.12)
-AggregationOptions.__doc__ = """Robust combiners' settings (one record per registered combiner,
-their fields here), compression, secure aggregation, attackers."""
+AggregationOptions.__doc__ = """Robust combiners' and pre-aggregations' settings (each
+registered block's record, its fields here), compression, secure aggregation, attackers."""

@@ -27,19 +27,6 @@ def aggregator_names() -> tuple[str, ...]:
   return (MEAN, *privacy.KINDS, *registry.COMBINERS.names())
 
 
-def _combiners_help() -> str:
-  """Each registered combiner with its line and its flags, for --aggregator's help."""
-  said = []
-  for name in registry.COMBINERS.names():
-    entry = registry.COMBINERS.get(name)
-    fields = dataclasses.fields(entry.options) if entry.options is not None else ()
-    flags = [f'--{f.name}' for f in fields]
-    line = entry.summary.rstrip('.')
-    line = 'the' + line[3:] if line.startswith('The ') else line
-    said.append(f'{name} ({"; ".join([line, *flags])})')
-  return ', '.join(said)
-
-
 _NOISE_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
 _ADAPTIVE_FLAGS = ('clip_quantile', 'clip_learning_rate', 'clipped_count_stddev')
 DEFAULT_ADAPTIVE_CLIP = 0.1  # TFF's initial_l2_norm_clip
@@ -73,7 +60,7 @@ class PrivacyOptions:
     ' dp_bandmf (BandMF: the clipped sum with noise correlated across the rounds by a'
     ' banded matrix factorization, no sampling assumed: --sampling=cyclic, --bands);'
     ' the registered combiners, every client alike (docs/aggregators.md): '
-    + _combiners_help()
+    + aggregation_settings.block_lines(registry.COMBINERS)
     + '.',
     choices=aggregator_names,
   )

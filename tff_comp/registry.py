@@ -12,8 +12,9 @@ may instead return a TFF LearningProcess, which runs on TFF's runtime.
 
 Another package adds its own by declaring entry points in its packaging metadata, in
 the groups `tff_comp.algorithms`, `tff_comp.tasks`, `tff_comp.runtimes`,
-`tff_comp.combiners` (what `--aggregator` chooses beyond the mean and DP) and
-`tff_comp.experiments` (reproduction grids):
+`tff_comp.combiners` (what `--aggregator` chooses beyond the mean and DP),
+`tff_comp.pre_aggregations` (`--pre_aggregation`: rows mixed before a robust combiner)
+and `tff_comp.experiments` (reproduction grids):
 
     [options.entry_points]
     tff_comp.algorithms =
@@ -46,6 +47,7 @@ TASKS_GROUP = 'tff_comp.tasks'
 MODELS_GROUP = 'tff_comp.models'
 RUNTIMES_GROUP = 'tff_comp.runtimes'
 COMBINERS_GROUP = 'tff_comp.combiners'
+PRE_AGGREGATIONS_GROUP = 'tff_comp.pre_aggregations'
 EXPERIMENTS_GROUP = 'tff_comp.experiments'
 _FLAG_TYPES = (float, int, bool, str)
 
@@ -108,7 +110,7 @@ class Entry:
   `home_settings`: run settings and options that work for that (algorithm, task) pair,
   applied over the task's defaults when the task is the home task.
   `divergence_hint` names the algorithm's likely cause of a diverged run.
-  A runtime or a combiner may declare its settings record (`options`, a
+  A runtime, a combiner or a pre-aggregation may declare its settings record (`options`, a
   `tff_comp.settings` record whose fields become flags and config.json entries); a
   runtime its place in 'auto''s order (`auto_rank`, lowest first; None: only when
   named), a cheap `why_not(program, options)` returning why it cannot run a program (''
@@ -272,6 +274,8 @@ RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
 # What `--aggregator` chooses beyond the mean and DP: combiners of a cohort's rows (the
 # Byzantine-robust ones), each with its settings record (`register_combiner`).
 COMBINERS = Registry('combiner', COMBINERS_GROUP, 'tff_comp.ops.aggregators')
+# What `--pre_aggregation` chooses: rows mixed before a robust combiner reads them.
+PRE_AGGREGATIONS = Registry('pre-aggregation', PRE_AGGREGATIONS_GROUP, 'tff_comp.ops.aggregators')
 # Reproduction grids (`tff_comp.binaries.reproductions.Reproduction`); an entry's builder takes
 # no argument and returns the grid. The binaries register the built-in grids when they
 # import them (the library does not depend on its binaries).
@@ -283,6 +287,7 @@ GROUPS = (
   TASKS_GROUP,
   RUNTIMES_GROUP,
   COMBINERS_GROUP,
+  PRE_AGGREGATIONS_GROUP,
   EXPERIMENTS_GROUP,
   MODELS_GROUP,
 )
@@ -360,6 +365,14 @@ def register_combiner(name: str, *, options: type | None = None):
   flags, for settings a cohort of `clients_per_round` cannot take. The first sentence
   of its docstring is its line in `--aggregator`'s help."""
   return COMBINERS.register(name, metadata=dict(options=options))
+
+
+def register_pre_aggregation(name: str, *, options: type | None = None):
+  """Registers a pre-aggregation builder `(options, clients_per_round) ->
+  ops.aggregators.PreAggregation` that `--pre_aggregation=name` chooses (rows mixed
+  before a robust combiner reads them); `options` as `register_combiner`'s, its fields
+  applying with `--pre_aggregation=name`."""
+  return PRE_AGGREGATIONS.register(name, metadata=dict(options=options))
 
 
 def register_reproduction(name: str, reproduction: Any) -> None:

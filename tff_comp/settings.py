@@ -45,6 +45,7 @@ def setting(
   per_trial: bool = False,
   chain_state: bool = False,
   applies_when: Mapping[str, Sequence[Any]] | None = None,
+  applies_when_any: bool = False,
 ) -> Any:
   """A record field: `default`, the flag's `help`, its `choices` (or a function giving
   them, for registries filled later), inclusive `lower`/`upper` or exclusive `above`
@@ -61,7 +62,7 @@ def setting(
   own state (`tff_comp.trials`). `applies_when` {setting: its values}: the setting only matters
   where every named setting (of any record, by its flag's name) has one of those
   values (`GIVEN`: any but None); set otherwise, it would be ignored, and the run
-  refuses it (`ignored_settings`)."""
+  refuses it (`ignored_settings`); `applies_when_any`: where any one of them has."""
   metadata = dict(
     help=help,
     choices=choices,
@@ -75,6 +76,7 @@ def setting(
     per_trial=per_trial,
     chain_state=chain_state,
     applies_when=dict(applies_when or {}),
+    applies_when_any=applies_when_any,
   )
   if default_factory is not None:
     return dataclasses.field(default_factory=default_factory, metadata=metadata)
@@ -100,6 +102,7 @@ class Spec:
   per_trial: bool
   chain_state: bool
   applies_when: Mapping[str, Sequence[Any]]
+  applies_when_any: bool
 
 
 def _base_type(hint: Any) -> type:
@@ -137,6 +140,7 @@ def specs(record: type) -> Iterator[Spec]:
       meta.get('per_trial', False),
       meta.get('chain_state', False),
       meta.get('applies_when', {}),
+      meta.get('applies_when_any', False),
     )
 
 
@@ -148,22 +152,31 @@ def ignored_settings(record: Any, value: Callable[[str], Any]) -> str:
   """One line naming the first setting of `record` changed from its default whose
   `applies_when` does not hold ('' when none): `value(name)` reads any setting by its
   flag's name (`ExperimentConfig.value`). Settings a run would ignore are refused by this
-  one rule, not one check per flag."""
+  one rule, not one check per flag. With `applies_when_any`, one of the named settings
+  having one of its values suffices (a setting blocks of two kinds declare)."""
   for spec in specs(type(record)):
     current = getattr(record, spec.name)
     if not spec.applies_when or current == spec.default:
       continue
-    for governing, values in spec.applies_when.items():
-      if values is GIVEN:
-        if value(governing) is None:
-          return f'--{spec.flag} applies with --{governing} set (it is not); it would be ignored.'
-      elif value(governing) not in values:
-        shown = ', '.join(_flag_value(v) for v in values)
-        return (
-          f"--{spec.flag} applies with --{governing}={shown} (this run's is"
-          f' {_flag_value(value(governing))}); it would be ignored.'
-        )
+    failing = [
+      why
+      for governing, values in spec.applies_when.items()
+      if (why := _unmet(governing, values, value))
+    ]
+    if failing and (not spec.applies_when_any or len(failing) == len(spec.applies_when)):
+      return f'--{spec.flag} applies with {" or ".join(failing)}; it would be ignored.'
   return ''
+
+
+def _unmet(governing: str, values: Sequence[Any], value: Callable[[str], Any]) -> str:
+  """'--governing=its values (this run's is ...)' if the setting `governing` has none of
+  `values` ('' if it has one)."""
+  if values is GIVEN:
+    return '' if value(governing) is not None else f'--{governing} set (it is not)'
+  if value(governing) in values:
+    return ''
+  shown = ', '.join(_flag_value(v) for v in values)
+  return f"--{governing}={shown} (this run's is {_flag_value(value(governing))})"
 
 
 def _flag_value(value: Any) -> str:

@@ -9,6 +9,7 @@ that turns a round's client updates into one (`base`: the contract).
     tree         TreeNoise (DP-FTRL's tree aggregation: noise correlated across rounds)
     banded       BandedNoise (BandMF: noise correlated by a banded matrix factorization)
     attacks      Attack: Byzantine clients (sign flip, scaled, Gaussian, ALIE)
+    nnm          NearestNeighbourMixing: a pre-aggregation before a robust combiner
 
     import tff_comp.ops.aggregators as agg
     chain = agg.Chain((agg.Clip(1.0), agg.Quantize(8)), agg.Median())
@@ -23,6 +24,7 @@ from tff_comp.ops.aggregators.base import (
   ChainState,
   Combiner,
   Encoded,
+  PreAggregation,
   Stage,
   Sums,
   client_seeds,
@@ -49,6 +51,7 @@ from tff_comp.ops.aggregators.compression import (
   Sign,
   TopK,
 )
+from tff_comp.ops.aggregators.nnm import NearestNeighbourMixing
 from tff_comp.ops.aggregators.robust import Clip, Quantile, Zeroing
 from tff_comp.ops.aggregators.secure import SecureSum
 from tff_comp.ops.aggregators.tree import TreeNoise
@@ -69,6 +72,8 @@ __all__ = [
   'MajorityVote',
   'Mean',
   'Median',
+  'NearestNeighbourMixing',
+  'PreAggregation',
   'QSGD',
   'Quantile',
   'Quantize',

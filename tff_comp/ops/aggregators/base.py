@@ -5,7 +5,8 @@ transforms. It acts on the model part of the clients' updates (the model delta; 
 normalized delta), each client's flattened to one row x_i of a cohort matrix X [m, d]:
 
     client i:  x_i -> stage_1.encode -> ... -> stage_k.encode -> y_i   (in the round)
-    server:    y = combiner({y_i}, {w_i})    (decomposable: from sums shares add)
+    server:    {y_i} -> pre_aggregation    (optional: rows mixed, a robust combiner's)
+               y = combiner({y_i}, {w_i})    (decomposable: from sums shares add)
                y -> stage_k.decode -> ... -> stage_1.decode -> the model update
 
 `Stage.encode` maps the cohort's rows row by row (a row never reads another's: a client's
@@ -161,6 +162,22 @@ class Combiner:
     return self.from_sums(state, self.sums(state, values, weights))
 
 
+class PreAggregation:
+  """Rows mixed at the server before a combiner of every row reads them (a robust one):
+  bucketing (Karimireddy, He and Jaggi 2022), nearest-neighbour mixing (Allouah et al.
+  2023). Stateless; its settings are its program's (`Chain.structure`)."""
+
+  name = 'pre_aggregation'
+  in_state: tuple[str, ...] = ()  # none: it has no state
+
+  def mix(
+    self, values: tf.Tensor, weights: tf.Tensor, seed: tf.Tensor
+  ) -> tuple[tf.Tensor, tf.Tensor]:
+    """([m', d] rows, [m'] weights) from the cohort's encoded [m, d] rows and [m]
+    weights; `seed` [2] the round's own stream for it."""
+    raise NotImplementedError
+
+
 class ChainState(NamedTuple):
   """A chain's state: each stage's, then the combiner's."""
 
@@ -190,6 +207,7 @@ class Chain:
 
   stages: tuple[Stage, ...]
   combiner: Combiner
+  pre_aggregation: PreAggregation | None = None
 
   def __post_init__(self):
     object.__setattr__(self, 'stages', tuple(self.stages))
@@ -198,11 +216,22 @@ class Chain:
         raise TypeError(f"a chain's stages are Stages, got {type(stage).__name__}.")
     if not isinstance(self.combiner, Combiner):
       raise TypeError(f'a chain ends in a Combiner, got {type(self.combiner).__name__}.')
+    if self.pre_aggregation is not None:
+      if not isinstance(self.pre_aggregation, PreAggregation):
+        raise TypeError(
+          f'pre_aggregation is a PreAggregation, got {type(self.pre_aggregation).__name__}.'
+        )
+      if self.combiner.decomposable:
+        raise ValueError(
+          f'pre-aggregation {self.pre_aggregation.name} mixes every row, and combiner'
+          f' {self.combiner.name} reads only their sums: use a robust combiner.'
+        )
     self.check()
 
   @property
   def name(self) -> str:
-    return '+'.join([*(s.name for s in self.stages), self.combiner.name])
+    pre = [] if self.pre_aggregation is None else [self.pre_aggregation.name]
+    return '+'.join([*(s.name for s in self.stages), *pre, self.combiner.name])
 
   @property
   def decomposable(self) -> bool:
@@ -227,7 +256,7 @@ class Chain:
     for stage in self.stages:
       stages.append(stage.bind(d))
       d = stages[-1].output_size(d)
-    return Chain(tuple(stages), self.combiner.bind(d))
+    return Chain(tuple(stages), self.combiner.bind(d), self.pre_aggregation)
 
   @property
   def row_size(self) -> int:
@@ -284,9 +313,12 @@ class Chain:
     if self.decomposable:
       y, scale, combiner_state, measured = self.combiner.from_sums(state.combiner, total.combined)
     else:
-      y, scale, combiner_state, measured = self.combiner.combine(
-        state.combiner, total.values, total.weights
-      )
+      values, weights = total.values, total.weights
+      if self.pre_aggregation is not None:
+        values, weights = self.pre_aggregation.mix(
+          values, weights, _fold(seed, 2 * len(self.stages))
+        )
+      y, scale, combiner_state, measured = self.combiner.combine(state.combiner, values, weights)
     context = Context(total.clients, total.weight, scale)
     measurements, states = Measurements(), [None] * len(self.stages)
     for i in reversed(range(len(self.stages))):
@@ -342,7 +374,7 @@ def noises_a_sum(chain: 'Chain', mechanism: str) -> str:
 
 def _structure(value: Any) -> Any:
   """`value`'s settings, recursively, as comparable tuples (`Chain.structure`)."""
-  if isinstance(value, (Stage, Combiner)):
+  if isinstance(value, (Stage, Combiner, PreAggregation)):
     held = (k for k in sorted(vars(value)) if k not in value.in_state)
     return (type(value).__name__, tuple((k, _structure(getattr(value, k))) for k in held))
   if isinstance(value, Chain) or dataclasses.is_dataclass(value):

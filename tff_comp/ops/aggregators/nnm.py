@@ -1,0 +1,55 @@
+"""Nearest-neighbour mixing (NNM; Allouah, Farhadkhani, Guerraoui, Gupta, Pinot and
+Stephan, AISTATS 2023, "Fixing by Mixing"), a pre-aggregation for at most f attackers of
+m clients: each row is replaced by the mean of its m - f nearest rows (itself included),
+
+    y_i' = (1 / (m - f)) sum_{j in N_i} y_j,   N_i the m - f rows nearest y_i,
+
+before a robust combiner reads them; the paper shows NNM brings Krum, the geometric and
+coordinate-wise medians and the trimmed mean to the optimal error under heterogeneity.
+Distances are `combiners.squared_distances`' (float64; a row holding a non-finite value
+farther than any other), ties broken by position; a row whose neighbours include a
+non-finite row mixes to NaN, which the robust combiner handles as such. A cohort of at
+most f rows keeps each row's nearest one (itself).
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from tff_comp import registry
+from tff_comp.ops.aggregators import base, combiners
+
+
+class NearestNeighbourMixing(base.PreAggregation):
+  """NNM (module docstring) for at most `byzantine` f attackers."""
+
+  name = 'nnm'
+
+  def __init__(self, byzantine: int):
+    if byzantine < 0:
+      raise ValueError(f'nearest-neighbour mixing needs byzantine >= 0, got {byzantine}.')
+    self.byzantine = byzantine
+
+  def mix(self, values, weights, seed):
+    del seed  # deterministic
+    m = tf.shape(values)[0]
+    k = tf.maximum(m - self.byzantine, 1)
+    order = tf.argsort(combiners.squared_distances(values), axis=1, stable=True)
+    near = tf.cast(tf.argsort(order, axis=1) < k, tf.float32)  # [m, m]: j among i's k nearest
+    finite, rows = combiners.finite_rows(values)
+    mixed = tf.matmul(near, rows) / tf.cast(k, tf.float32)
+    tainted = tf.linalg.matvec(near, 1.0 - tf.cast(finite, tf.float32)) > 0
+    return tf.where(tainted[:, None], tf.constant(float('nan')), mixed), weights
+
+
+@dataclasses.dataclass(frozen=True)
+class NNMOptions:
+  byzantine_clients: int = combiners.byzantine_clients()
+
+
+@registry.register_pre_aggregation('nnm', options=NNMOptions)
+def _nnm(options: NNMOptions, clients_per_round: int) -> NearestNeighbourMixing:
+  """Nearest-neighbour mixing: each row the mean of its m - f nearest (Allouah et al.
+  2023)."""
+  del clients_per_round
+  return NearestNeighbourMixing(options.byzantine_clients)
