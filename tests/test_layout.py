@@ -73,4 +73,4 @@ def test_the_architecture_tree_names_every_module_and_only_those():
   assert not shown - {str(p) for p in _modules()}, (
     f'the tree names modules that are not there: {sorted(shown - {str(p) for p in _modules()})}'
   )
-  assert per_entry, 'no folder described as one module per algorithm or task'
+  assert per_entry, 'no folder described as one module per algorithm, task or block'
