@@ -10,6 +10,7 @@ that turns a round's client updates into one (`base`: the contract).
     banded       BandedNoise (BandMF: noise correlated by a banded matrix factorization)
     attacks      Attack: Byzantine clients (sign flip, scaled, Gaussian, ALIE)
     nnm          NearestNeighbourMixing: a pre-aggregation before a robust combiner
+    bucketing    Bucketing: random buckets averaged, a pre-aggregation
 
     import tff_comp.ops.aggregators as agg
     chain = agg.Chain((agg.Clip(1.0), agg.Quantize(8)), agg.Median())
@@ -32,6 +33,7 @@ from tff_comp.ops.aggregators.base import (
   round_seed,
   unflatten,
 )
+from tff_comp.ops.aggregators.bucketing import Bucketing
 from tff_comp.ops.aggregators.bulyan import Bulyan
 from tff_comp.ops.aggregators.combiners import (
   CenteredClip,
@@ -59,6 +61,7 @@ from tff_comp.ops.aggregators.tree import TreeNoise
 __all__ = [
   'Attack',
   'BandedNoise',
+  'Bucketing',
   'Bulyan',
   'CenteredClip',
   'Chain',
