@@ -10,7 +10,6 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import pathlib
 import pkgutil
 import sys

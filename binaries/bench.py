@@ -78,7 +78,6 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import csv
 import importlib.util
 import statistics
@@ -475,7 +474,7 @@ def main(argv):
   if _TFF_WORKERS.value:
     part3(_TFF_WORKERS.value, _ROUNDS.value, _REPEATS.value)
   if _RAY_ACTORS.value and importlib.util.find_spec('ray'):
-    from tff_comp.binaries import bench_ray  # pylint: disable=g-import-not-at-top
+    from tff_comp.binaries import bench_ray
 
     bench_ray.part3_ray(_RAY_ACTORS.value, _ROUNDS.value, _REPEATS.value)
   if _MEMORY_ROUNDS.value:

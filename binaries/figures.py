@@ -14,7 +14,6 @@ import pathlib
 import matplotlib
 
 matplotlib.use('Agg')
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from matplotlib import ticker
 import matplotlib.pyplot as plt
 import numpy as np

@@ -27,7 +27,6 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import sys
 
 from tff_comp.binaries import flag_check

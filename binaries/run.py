@@ -13,7 +13,6 @@ import os
 # TensorFlow's C++ start-up chatter (CUDA plugin registration) is not for users.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import pathlib
 import sys
 

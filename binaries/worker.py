@@ -34,7 +34,6 @@ def _parse(argv: list[str]) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     flag_check.fail(f'unexpected arguments: {" ".join(argv[1:])}')
-  # pylint: disable=g-import-not-at-top
   from tff_comp.runtime import local_worker
 
   binary = local_worker.WORKER_BINARY

@@ -209,7 +209,7 @@ def check_model_fits(weights: int, sizes: str) -> None:
 def bundled_digits() -> tuple[np.ndarray, np.ndarray]:
   """scikit-learn's bundled 8x8 digits (shipped with the package, no download): x as
   float32 in [0, 1] (1797 x 64), y as int32 labels."""
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  from sklearn import datasets
 
   digits = datasets.load_digits()
   return (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)

@@ -52,7 +52,7 @@ def dirichlet_partition(
 
 
 def _sklearn_digits(num_clients: int, alpha: float, seed: int):
-  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+  from sklearn import model_selection
 
   x, y = base.bundled_digits()
   x_train, x_test, y_train, y_test = model_selection.train_test_split(

@@ -128,7 +128,7 @@ def build_lasso_task(
   def reference() -> base.Metrics:
     """The centralized optimum on the pooled data (scikit-learn's coordinate descent,
     whose objective (1/2n)||y - Xw - b||^2 + alpha||w||_1 is ours with alpha = l1)."""
-    from sklearn import linear_model  # pylint: disable=g-import-not-at-top
+    from sklearn import linear_model
 
     solver = linear_model.Lasso(alpha=l1, tol=1e-8, max_iter=100_000)
     solver.fit(x_all.astype(np.float64), y_all.astype(np.float64))

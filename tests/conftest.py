@@ -38,7 +38,6 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 import pytest
 

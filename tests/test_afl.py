@@ -82,8 +82,8 @@ def test_two_rounds_match_numpy(tmp_path, monkeypatch):
 
 
 def test_tr_maml_task_weights_follow_exponentiated_gradient(tmp_path, monkeypatch):
-  from tff_comp.algorithms import tr_maml  # pylint: disable=g-import-not-at-top
-  from tff_comp.ops import model_ops  # pylint: disable=g-import-not-at-top
+  from tff_comp.algorithms import tr_maml
+  from tff_comp.ops import model_ops
 
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
   clients = _clients()

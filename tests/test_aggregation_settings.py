@@ -59,7 +59,7 @@ def test_the_flags_assemble_their_chain_and_the_round_counts_its_bytes(tmp_path)
 def test_bulyan_from_the_flags(tmp_path):
   """--aggregator=bulyan --byzantine_clients=1: the block (tests/test_bulyan.py checks its
   math) with that f, every client alike, the rows chosen (m - 2f) reported."""
-  from tff_comp.ops import aggregators  # pylint: disable=g-import-not-at-top
+  from tff_comp.ops import aggregators
 
   prepared = experiment.prepare(
     _config(

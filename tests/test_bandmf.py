@@ -150,7 +150,7 @@ def test_a_tampered_cached_strategy_is_not_used(tmp_path, monkeypatch, capsys, c
     band, digest = saved['band'].copy(), str(saved['sha256'])
   band[4, 1] *= 1.01
   if checksum == 'recomputed':
-    digest = strategy_cache._digest(band)  # pylint: disable=protected-access
+    digest = strategy_cache._digest(band)
   np.savez(cached, band=band, sha256=digest)
   capsys.readouterr()
   strategy_cache.strategy.cache_clear()

@@ -58,7 +58,7 @@ def test_every_built_in_comparison_tunes_each_method_alike():
   """Equal budgets: in each built-in experiment every method's grid has the same size,
   3 seeds run, and configurations are chosen on another metric than the one reported
   (validation data, or the objective the optimization papers minimize)."""
-  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+  from tff_comp import registry
 
   for name in registry.REPRODUCTIONS.names():
     spec = registry.REPRODUCTIONS.get(name).build()
@@ -286,7 +286,7 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   out = _reproduce(repo_root, again)
   assert out.returncode == 0, out.stderr
   # A second rewrite keeps the timing and names only the latest rewrite.
-  assert summary.earlier_record(tmp_path / 'fco_lasso' / 'results.md') == (  # pylint: disable=protected-access
+  assert summary.earlier_record(tmp_path / 'fco_lasso' / 'results.md') == (
     f'python binaries/reproduce.py {" ".join(args)}',
     took,
   )

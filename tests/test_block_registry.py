@@ -84,7 +84,7 @@ def test_a_setting_declared_unlike_by_two_combiners_is_refused(monkeypatch):
   with pytest.raises(
     registry.RegistryError, match=r"combiner 'unlike' declares --byzantine_clients unlike"
   ):
-    aggregation_settings._block_fields()  # pylint: disable=protected-access
+    aggregation_settings._block_fields()
 
 
 PLUGIN = '''

@@ -286,7 +286,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, chain):
 
 
 def test_a_grid_runs_each_trial_on_its_own_schedule(tmp_path):
-  from tff_comp import trials  # pylint: disable=g-import-not-at-top
+  from tff_comp import trials
 
   common = dict(
     algorithm='fedavg',

@@ -109,9 +109,7 @@ def test_emnist_task_trains_offline(tmp_path):
 
 
 def test_sparse_logreg_data_and_a_short_run(tmp_path):
-  w_star, train, validation = sparse_logreg._generate(  # pylint: disable=protected-access
-    200, 10, 4.0, 5, 18, 2, 0.5, 0
-  )
+  w_star, train, validation = sparse_logreg._generate(200, 10, 4.0, 5, 18, 2, 0.5, 0)
   assert np.count_nonzero(w_star) == 10 and len(train) == 5 and len(validation) == 2
   assert set(np.unique(train[0][1])) <= {0.0, 1.0}
   finals = {}
@@ -142,13 +140,13 @@ def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_proces
 ):
   """Bring data (a ClientData) and a Keras model: registered under a name, the task runs
   through the experiment, in-process, and learns (labels follow the brightest quadrant)."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
 
   from tff_comp import (
-    keras_models,  # pylint: disable=g-import-not-at-top
-    registry,  # pylint: disable=g-import-not-at-top
+    keras_models,
+    registry,
   )
-  from tff_comp.tasks import classification  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import classification
 
   def client(seed, n):
     rng = np.random.default_rng(seed)
@@ -183,7 +181,7 @@ def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_proces
 
   monkeypatch.setitem(
     registry.TASKS._entries,
-    'brought',  # pylint: disable=protected-access
+    'brought',
     registry.Entry('brought', build),
   )
   prepared = experiment.prepare(
@@ -207,7 +205,7 @@ def test_a_classification_task_over_any_client_data_trains_a_keras_cnn_in_proces
 def _emnist_sql(directory):
   """A small emnist_all.sqlite written by TFF's own writer, in the schema TFF's loader
   reads: 3 train and 2 test writers of all 62 classes, 2 + 1 of digits."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
 
   from tff_comp.tasks import emnist  # noqa: F401  (registers the task)
 
@@ -288,7 +286,7 @@ def test_a_missing_dataset_file_is_one_line_naming_it(tmp_path):
 def test_a_dataset_file_without_tffs_split_names_is_one_line_naming_them(tmp_path):
   """A file written by save_to_sql_client_data without split names (TFF's loader raised
   a 37-line StopIteration), and a file that is not TFF's format."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
 
   tff.simulation.datasets.save_to_sql_client_data(
     ['w1', 'w2'],
@@ -350,9 +348,9 @@ def test_synthetic_emnist_has_the_shapes_and_is_labelled(tmp_path):
 def test_emnist_cnn_dropout_is_tffs_baseline_model_and_trains(tmp_path):
   """TFF's `create_conv_dropout_model` (Reddi et al. 2021) layer for layer; with our
   weights its softmax output is ours (no dropout outside training); a round trains."""
-  from tensorflow_federated.python.simulation.baselines.emnist import emnist_models  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.simulation.baselines.emnist import emnist_models
 
-  from tff_comp.tasks import emnist  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import emnist
 
   ours, theirs = emnist.cnn(62, dropout=True), emnist_models.create_conv_dropout_model(False)
   assert [type(l).__name__ for l in ours.layers] == [type(l).__name__ for l in theirs.layers]
@@ -385,8 +383,8 @@ def test_emnist_cnn_dropout_is_tffs_baseline_model_and_trains(tmp_path):
 
 
 def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_path):
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.simulation.baselines.shakespeare import (  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
+  from tensorflow_federated.python.simulation.baselines.shakespeare import (
     char_prediction_preprocessing as tff_preprocessing,
   )
 
@@ -448,7 +446,7 @@ def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_pa
 
 @pytest.mark.parametrize('model', ['cnn', pytest.param('resnet18', marks=pytest.mark.slow)])
 def test_cifar100_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, model):
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
 
   splits = {'0': 'train', '1': 'train', '2': 'train', '3': 'test'}
 
@@ -486,8 +484,8 @@ def test_cifar100_reads_tffs_file_offline_and_trains_two_rounds(tmp_path, model)
 
 
 def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_path):
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.simulation.baselines.stackoverflow import (  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
+  from tensorflow_federated.python.simulation.baselines.stackoverflow import (
     word_prediction_preprocessing as tff_preprocessing,
   )
 
@@ -551,7 +549,7 @@ def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_pat
   # The accuracies as TFF's baseline's metrics score them, for a model that always
   # predicts the out-of-vocabulary id, then the end id (t1's labels: sort, oov, list,
   # oov, end, then pad).
-  from tensorflow_federated.python.simulation.baselines import keras_metrics  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.simulation.baselines import keras_metrics
 
   special = tff_preprocessing.get_special_tokens(5)
   ((x, y),) = tff_preprocessing.create_preprocess_fn(spec, vocab)(
@@ -587,8 +585,8 @@ def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_pat
 
 
 def test_the_scorer_leaves_masked_labels_out_of_the_accuracy_and_chunks_alike():
-  from tff_comp import models  # pylint: disable=g-import-not-at-top
-  from tff_comp.tasks import base  # pylint: disable=g-import-not-at-top
+  from tff_comp import models
+  from tff_comp.tasks import base
 
   model = models.softmax_regression(3, 4)
   kernel = np.eye(3, 4, dtype=np.float32) * 5
@@ -617,11 +615,11 @@ def test_the_scorer_leaves_masked_labels_out_of_the_accuracy_and_chunks_alike():
 def test_a_scorer_is_built_once_when_two_threads_score_first(monkeypatch):
   """Batched trials score on threads: the first calls, together, build one graph (two
   builds mixed tensors of two graphs)."""
-  import threading  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
+  import threading
+  import time
 
-  from tff_comp import models  # pylint: disable=g-import-not-at-top
-  from tff_comp.tasks import base  # pylint: disable=g-import-not-at-top
+  from tff_comp import models
+  from tff_comp.tasks import base
 
   builds, build = [], base.ClassifierScorer._build
 

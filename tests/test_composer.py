@@ -125,7 +125,7 @@ def test_the_documented_composition_example_is_a_working_process(repo_root):
   readme = (repo_root / 'docs' / 'architecture.md').read_text()
   code = readme.split('```python\n')[1].split('```')[0]
   namespace = {}
-  exec(code, namespace)  # pylint: disable=exec-used
+  exec(code, namespace)
   process = namespace['process']
   assert isinstance(process, tff.learning.templates.LearningProcess)
   model = namespace['model']

@@ -127,7 +127,7 @@ def _numpy_scgdm(clients, rounds, *, eta, alpha, beta, tgamma, gamma, steps, bat
 
 
 def test_local_scgdm_matches_numpy_reference():
-  from tff_comp.algorithms import local_scgdm  # pylint: disable=g-import-not-at-top
+  from tff_comp.algorithms import local_scgdm
 
   hp = dict(eta=0.05, alpha=2.0, beta=0.5, tgamma=3.0, gamma=5.0, steps=3, batch=4)
   rng = np.random.default_rng(5)
@@ -160,7 +160,7 @@ def test_local_scgdm_matches_numpy_reference():
 
 
 def test_imbalanced_task_sizes_and_mnist_loader_offline(tmp_path):
-  from tff_comp.tasks import imbalanced_digits  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import imbalanced_digits
 
   task = imbalanced_digits.build_imbalanced_digits_task()
   sizes = [

@@ -60,7 +60,7 @@ def test_a_changed_generator_gets_new_files(tmp_path, monkeypatch):
   module = tmp_path / 'some_generator.py'
   module.write_text('def make(i):\n  return i\n')
   monkeypatch.syspath_prepend(str(tmp_path))
-  import some_generator  # pylint: disable=g-import-not-at-top,import-error
+  import some_generator
 
   before = array_data.generator_version(some_generator.make)
   module.write_text('def make(i):\n  return i + 1\n')

@@ -159,7 +159,7 @@ def test_global_model_is_tff_fedavg(tmp_path):
 
 
 def test_experiment_scores_personal_models_or_refuses_the_task():
-  from tff_comp import experiment  # pylint: disable=g-import-not-at-top
+  from tff_comp import experiment
 
   prepared = experiment.prepare(
     experiment.ExperimentConfig.of(algorithm='ditto', task='dominant_class')

@@ -227,7 +227,7 @@ def test_the_readme_python_example_trains(tmp_path, monkeypatch):
   assert len(code.splitlines()) <= 15, code
   monkeypatch.chdir(tmp_path)
   namespace = {}
-  exec(code, namespace)  # pylint: disable=exec-used
+  exec(code, namespace)
   final = namespace['final']
   assert final['eval/f1'] > 0.9, final
   recorded = json.loads((tmp_path / 'runs' / 'feddualavg-example' / 'config.json').read_text())
@@ -245,7 +245,7 @@ def test_train_takes_options_by_their_flag_names_and_refuses_unknown_ones(tmp_pa
 
 
 def test_of_keeps_a_record_given_whole_and_refuses_it_beside_its_flat_settings():
-  from tff_comp.run import sampling  # pylint: disable=g-import-not-at-top
+  from tff_comp.run import sampling
 
   whole = sampling.Participation(sampling='poisson', dropout_rate=0.2)
   config = experiment.ExperimentConfig.of(algorithm='fedavg', participation=whole)

@@ -68,7 +68,7 @@ def test_each_axis_fits_what_it_draws_and_the_legend_is_said_once():
     # One legend for the figure, each run once; none on the panels; a one-line title.
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ['A', 'B']
     assert all(ax.get_legend() is None for ax in fig.axes)
-    assert fig._suptitle.get_text() == 'a title'  # pylint: disable=protected-access
+    assert fig._suptitle.get_text() == 'a title'
     # A label keeps its colour in every panel.
     colors = [[line.get_color() for line in ax.get_lines()] for ax in fig.axes]
     assert colors[0] == colors[1] and colors[0][0] != colors[0][1]

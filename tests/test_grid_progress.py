@@ -97,4 +97,4 @@ def test_a_grids_default_processes_are_bounded_by_cores_units_and_memory(monkeyp
 
 
 def test_the_available_memory_is_read_from_the_kernel():
-  assert 0 < grid_processes._available_bytes() < 2**50  # pylint: disable=protected-access
+  assert 0 < grid_processes._available_bytes() < 2**50

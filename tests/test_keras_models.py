@@ -460,4 +460,4 @@ def test_a_standard_layer_vectorizes_across_lanes_or_the_runtime_knows_up_front(
         .graph.as_graph_def()
       )
     ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
-    assert ops & set(engines._NOT_VECTORIZED)  # pylint: disable=protected-access
+    assert ops & set(engines._NOT_VECTORIZED)

@@ -210,7 +210,7 @@ def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares(monkeypatch):
   before them; FedAvg's results are the mapped engine's (tests/test_inprocess.py). A
   kernel vectorizes the rule's step once, for its full batches and every short size."""
   stepped = []
-  vectorize = lanes._step_all  # pylint: disable=protected-access
+  vectorize = lanes._step_all
   monkeypatch.setattr(lanes, '_step_all', lambda *a, **k: stepped.append(1) or vectorize(*a, **k))
   data = algorithm_cases.TEN
   runtime = inprocess.build(
@@ -221,7 +221,7 @@ def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares(monkeypatch):
     kernel_threads=2,
   )
   runtime.next(runtime.initialize(), list(data.client_ids[:7]))
-  (concrete,) = runtime._round_fn._concrete.values()  # pylint: disable=protected-access
+  (concrete,) = runtime._round_fn._concrete.values()
   graph = concrete.graph.as_graph_def()
   outside = {node.op for node in graph.node}
   inside = {
@@ -234,7 +234,7 @@ def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares(monkeypatch):
   assert not {'BitwiseXor', 'TopKV2', 'ResourceGather'} & outside, outside
   assert {'BitwiseXor', 'TopKV2'} <= inside
   kernels = {f.signature.name for f in graph.library.function if '_local_steps' in f.signature.name}
-  assert len(runtime._engines['lanes']._kernel_sizes) >= 2  # pylint: disable=protected-access
+  assert len(runtime._engines['lanes']._kernel_sizes) >= 2
   assert len(stepped) == len(kernels), (stepped, kernels)
 
 

@@ -31,7 +31,7 @@ def test_data_are_deterministic_and_read_at_the_worker(task):
   assert x.shape == (128, 1024) and y.shape == (128,)
   np.testing.assert_array_equal(x, x2)
   assert not np.allclose(x, x3)
-  w_star, clients, _ = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  w_star, clients, _ = lasso._generate('I', 0, 1.0, 1.0)
   np.testing.assert_allclose(x, clients[3][0])
   # The recipe: y = <w*, x> + 1 + N(0, 1).
   residual = y.numpy() - x.numpy() @ w_star - 1.0
@@ -40,7 +40,7 @@ def test_data_are_deterministic_and_read_at_the_worker(task):
 
 def test_heldout_clients_left_the_training_data_as_committed_results_used_them():
   """Dataset I's training data hash as generated before the held-out clients existed."""
-  _, clients, heldout = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  _, clients, heldout = lasso._generate('I', 0, 1.0, 1.0)
   digest = hashlib.sha256(b''.join(x.tobytes() + y.tobytes() for x, y in clients))
   assert digest.hexdigest() == ('8d8512215f9853e3308b34a4b5ac084387f9207aa63347d83382dc1cbbb5e746')
   assert len(heldout) == lasso.HELDOUT_CLIENTS
@@ -49,12 +49,12 @@ def test_heldout_clients_left_the_training_data_as_committed_results_used_them()
 
 @pytest.mark.parametrize('dataset,support,clients', [('II', 256, 64), ('IV', 512, 256)])
 def test_dataset_variants(dataset, support, clients):
-  w_star, data, _ = lasso._generate(dataset, 0, 1.0, 1.0)  # pylint: disable=protected-access
+  w_star, data, _ = lasso._generate(dataset, 0, 1.0, 1.0)
   assert int(w_star.sum()) == support and len(data) == clients
 
 
 def test_metrics_on_known_weights(task):
-  _, clients, _ = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  _, clients, _ = lasso._generate('I', 0, 1.0, 1.0)
   truth = np.zeros(1024, np.float32)
   truth[:512] = 1.0
   perfect = task.evaluate((truth, np.float32(1.0)), task.regularizer)
@@ -72,7 +72,7 @@ def test_metrics_on_known_weights(task):
 def test_models_scored_together_equal_each_scored_alone(task):
   """`evaluate_many` (a grid's trials, the data read once) gives each model what
   `evaluate` and the losses computed on the whole pooled data give it, to the bit."""
-  _, clients, heldout = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  _, clients, heldout = lasso._generate('I', 0, 1.0, 1.0)
   rng = np.random.default_rng(0)
   models = [
     ((rng.standard_normal(1024).astype(np.float32), np.float32(b)), psi)
@@ -132,7 +132,7 @@ def test_centralized_reference(task):
 
 def _proximal_gradient_reference(task):
   """An independent solver: ISTA on the pooled data (NumPy), enough iterations."""
-  _, clients, _ = lasso._generate('I', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  _, clients, _ = lasso._generate('I', 0, 1.0, 1.0)
   x = np.concatenate([c[0] for c in clients]).astype(np.float64)
   y = np.concatenate([c[1] for c in clients]).astype(np.float64)
   xm, ym = x.mean(0), y.mean()

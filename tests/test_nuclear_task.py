@@ -9,7 +9,7 @@ from tff_comp.tasks import nuclear
 
 @pytest.mark.parametrize('dataset,rank', [('I', 16), ('II', 4), ('III', 1)])
 def test_ground_truth_rank_and_data(dataset, rank):
-  w_star, clients, validation = nuclear._generate(dataset, 0, 1.0, 1.0)  # pylint: disable=protected-access
+  w_star, clients, validation = nuclear._generate(dataset, 0, 1.0, 1.0)
   assert nuclear.rank_of(w_star) == rank
   assert len(clients) == 64 and clients[0][0].shape == (128, 32, 32)
   assert len(validation) == nuclear.VALIDATION_CLIENTS
@@ -26,7 +26,7 @@ def test_models_scored_together_equal_each_scored_alone():
   """`evaluate_many` (a grid's trials) gives each model what `evaluate` and the losses
   on the whole pooled data give it, to the bit."""
   task = nuclear.build_nuclear_task(dataset='II')
-  _, clients, validation = nuclear._generate('II', 0, 1.0, 1.0)  # pylint: disable=protected-access
+  _, clients, validation = nuclear._generate('II', 0, 1.0, 1.0)
   rng = np.random.default_rng(0)
   models = [
     ((rng.standard_normal((32, 32)).astype(np.float32), np.float32(b)), task.regularizer)

@@ -223,12 +223,12 @@ def test_a_run_records_the_versions_of_the_packages_registering_plugins(tmp_path
 def test_a_model_plugin_replaces_an_image_tasks_model(tmp_path, monkeypatch):
   """`registry.register_model` gives EMNIST (and CIFAR-100) a model by name: the run
   trains the plugin's Keras model; an unknown name is one line listing the known."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import tensorflow as tf
 
   from tff_comp import (
-    experiment,  # pylint: disable=g-import-not-at-top
-    registry,  # pylint: disable=g-import-not-at-top
+    experiment,
+    registry,
   )
 
   def tiny(input_shape, num_classes, seed):
@@ -244,7 +244,7 @@ def test_a_model_plugin_replaces_an_image_tasks_model(tmp_path, monkeypatch):
 
   monkeypatch.setitem(
     registry.MODELS._entries,
-    'tiny_cnn',  # pylint: disable=protected-access
+    'tiny_cnn',
     registry.Entry('tiny_cnn', tiny, ()),
   )
   config = lambda model: experiment.ExperimentConfig.of(
@@ -297,7 +297,7 @@ def test_a_model_plugin_replaces_an_image_tasks_model(tmp_path, monkeypatch):
 def test_a_model_from_a_file_or_module_without_a_package(tmp_path, monkeypatch):
   """`--model=path/to/file.py:function` or `module:function`: a model needed a plugin
   package before; a file or function that is not there is one line."""
-  from tff_comp import experiment  # pylint: disable=g-import-not-at-top
+  from tff_comp import experiment
 
   (tmp_path / 'my_models.py').write_text(
     'import tensorflow as tf\n\n'

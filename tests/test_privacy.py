@@ -41,7 +41,7 @@ def _run(algorithm, runtime_name: str, rounds: int = 3):
 
 @pytest.mark.parametrize('z, stddev', [(0.5, None), (1.0, 2.0), (0.0, None)])
 def test_adaptive_value_noise_is_tffs(z, stddev):
-  from tensorflow_federated.python.aggregators import differential_privacy  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.aggregators import differential_privacy
 
   spec = privacy.PrivateMean('dp_adaptive', 0.1, z, 20.0, clipped_count_stddev=stddev)
   want = differential_privacy.adaptive_clip_noise_params(z, 20.0, stddev)

@@ -302,12 +302,12 @@ def test_gpus_the_cluster_cannot_give_are_refused_before_any_actor_waits():
 def test_a_keras_cnn_on_ray_equals_the_single_process():
   """A Keras model reaches the actors as its conversion (`keras_models._KerasModel`
   pickles as `from_keras` of its Keras model): a copied function took no gradient."""
-  from tests import test_keras_models as k  # pylint: disable=g-import-not-at-top
+  from tests import test_keras_models as k
 
-  data = k._data('cnn')  # pylint: disable=protected-access
+  data = k._data('cnn')
 
   def algorithm():
-    model = keras_models.from_keras(k._cnn(), k.LOSS, k._spec('cnn'))  # pylint: disable=protected-access
+    model = keras_models.from_keras(k._cnn(), k.LOSS, k._spec('cnn'))
     return (
       registry.get_algorithm('fedavg')
       .build(model, client_learning_rate=0.1, batch_size=k.BATCH)
@@ -351,7 +351,7 @@ def test_an_actor_killed_in_a_run_is_restarted_and_the_run_is_unchanged(capsys):
   gathered (`whole_state`, a checkpoint's); each is restarted with its rows, and the
   run is the single process's."""
   single, _, runtime = _both('scaffold', 'mapped')
-  runtime._ray = killing = _KillingRay(runtime._ray)  # pylint: disable=protected-access
+  runtime._ray = killing = _KillingRay(runtime._ray)
   in_round_3 = IDS.index(_sampler().sample(3).reporting[0]) % 2  # an actor of round 3
   killed = []
 
@@ -523,7 +523,7 @@ def test_a_grid_on_ray_tasks_equals_the_grid_run_here(tmp_path, capsys):
 def _crash_first(marker: str, value: int) -> int:
   """value * 2, its worker process dying the first time it runs (`marker` absent)."""
   if not os.path.exists(marker):
-    open(marker, 'w').close()  # pylint: disable=consider-using-with
+    open(marker, 'w').close()
     os._exit(1)  # the worker process dies with the task
   return value * 2
 

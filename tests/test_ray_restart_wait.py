@@ -37,17 +37,17 @@ class _Ray:
 def _driver(unavailable, journal=()):
   calls = []
   driver = ray_driver.RayRuntime.__new__(ray_driver.RayRuntime)
-  driver._ray = _Ray(unavailable)  # pylint: disable=protected-access
-  driver._actors = [_Actor('a0', calls), _Actor('a1', calls)]  # pylint: disable=protected-access
-  driver._setups = [('setup', 0), ('setup', 1)]  # pylint: disable=protected-access
-  driver._journal = [list(journal), []]  # pylint: disable=protected-access
+  driver._ray = _Ray(unavailable)
+  driver._actors = [_Actor('a0', calls), _Actor('a1', calls)]
+  driver._setups = [('setup', 0), ('setup', 1)]
+  driver._journal = [list(journal), []]
   return driver, calls
 
 
 def test_setup_waits_for_an_actor_ray_is_still_restarting(monkeypatch, capsys):
   monkeypatch.setattr(ray_driver.time, 'sleep', lambda seconds: None)
   driver, calls = _driver({'a1': 3})
-  driver._set_up_all()  # pylint: disable=protected-access
+  driver._set_up_all()
   assert calls.count(('a1', ('setup', 1))) == 4 and calls.count(('a0', ('setup', 0))) == 1
   assert capsys.readouterr().out == ''  # a short wait says nothing
 
@@ -56,7 +56,7 @@ def test_a_long_restart_is_said_once_and_the_rows_restored(monkeypatch, capsys):
   monkeypatch.setattr(ray_driver.time, 'sleep', lambda seconds: None)
   monkeypatch.setattr(ray_driver, 'RESTART_NOTICE', -1.0)
   driver, calls = _driver({'a0': 5}, journal=['rows'])
-  driver._set_up_again(0)  # pylint: disable=protected-access
+  driver._set_up_again(0)
   assert calls[-1] == ('a0', ('rows',))
   out = capsys.readouterr().out.splitlines()
   assert len(out) == 1 and out[0].startswith('ray: actor 0 is still restarting after'), out
@@ -67,4 +67,4 @@ def test_a_restart_past_the_wait_raises(monkeypatch):
   monkeypatch.setattr(ray_driver, 'RESTART_WAIT', -1.0)
   driver, _ = _driver({'a0': 1})
   with pytest.raises(exceptions.ActorUnavailableError):
-    driver._set_up_again(0)  # pylint: disable=protected-access
+    driver._set_up_again(0)

@@ -145,7 +145,7 @@ def test_a_summary_is_the_first_sentence_whole_past_abbreviations():
 def test_tasks_implement_the_librarys_task_contract(tmp_path, monkeypatch):
   """The built-in tasks implement `tff_comp.task.Task`; a plugin's task builder returning
   an object without a member the library reads is refused in one line naming it."""
-  from tff_comp import experiment, task  # pylint: disable=g-import-not-at-top
+  from tff_comp import experiment, task
 
   for name in ('lasso', 'quadratic', 'sinewave'):
     built = experiment.prepare(
@@ -153,7 +153,7 @@ def test_tasks_implement_the_librarys_task_contract(tmp_path, monkeypatch):
     ).task
     assert isinstance(built, task.Task) and not task.missing(built), name
 
-  monkeypatch.setattr(registry.TASKS, '_entries', dict(registry.TASKS._entries))  # pylint: disable=protected-access
+  monkeypatch.setattr(registry.TASKS, '_entries', dict(registry.TASKS._entries))
 
   @registry.register_task('lacks_evaluate_many')
   def _lacking(*, seed: int = 0):

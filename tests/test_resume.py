@@ -554,7 +554,7 @@ def test_the_run_files_take_the_umask_mode_not_a_temporary_files(tmp_path):
   """metrics.csv and config.json were 0600 (written through temporary files) beside
   0644 files."""
   _train(tmp_path, rounds=1)
-  expected = 0o666 & ~run_files._UMASK  # pylint: disable=protected-access
+  expected = 0o666 & ~run_files._UMASK
   for name in ('metrics.csv', 'config.json'):
     assert (tmp_path / name).stat().st_mode & 0o777 == expected, name
 
@@ -602,7 +602,7 @@ def test_battery_every_file_of_a_run_damaged_in_turn(tmp_path, uninterrupted):
   """Each file of a finished run directory damaged each way in turn, then --resume with
   more rounds: either the run ends as an uninterrupted one (its model and rows equal to
   the rounds both ran), or a one-line refusal that deleted nothing."""
-  import shutil  # pylint: disable=g-import-not-at-top
+  import shutil
 
   longer = tmp_path / 'longer'
   _train(longer, rounds=12)

@@ -25,7 +25,7 @@ ROUNDS = 20
 def traces(monkeypatch):
   """The names of the `tf.function`s traced while the test runs, in order."""
   traced = []
-  create = tracing_compilation._create_concrete_function  # pylint: disable=protected-access
+  create = tracing_compilation._create_concrete_function
 
   def counting(function_type, type_context, func_graph, tracing_options):
     traced.append(tracing_options.name)

@@ -354,14 +354,14 @@ def test_sigterm_during_training_leaves_no_worker(repo_root, tmp_path):
 
 def test_custom_aggregation_falls_back_to_tff_saying_why():
   """A process the in-process runtime cannot run goes to TFF's, with the reason."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import tensorflow as tf
+  import tensorflow_federated as tff
 
-  from tff_comp import experiment, models, registry  # pylint: disable=g-import-not-at-top
+  from tff_comp import experiment, models, registry
   import tff_comp.algorithms  # noqa: F401  (registers the algorithms)
-  from tff_comp.runtime import choice  # pylint: disable=g-import-not-at-top
-  from tff_comp.tasks import array_data  # pylint: disable=g-import-not-at-top
+  from tff_comp.runtime import choice
+  from tff_comp.tasks import array_data
 
   data = array_data.cached_client_data(
     'fallback',
@@ -582,7 +582,7 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(repo_root, tmp_path):
   """A write that finds no room (here a file-size limit, as `ulimit -f`: the same
   errors as a full disk) stops the run with one line naming the directory; what was
   written stays, and --resume finishes the run."""
-  import resource  # pylint: disable=g-import-not-at-top
+  import resource
 
   def limit():
     resource.setrlimit(resource.RLIMIT_FSIZE, (48 * 1024, 48 * 1024))

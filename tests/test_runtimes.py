@@ -81,7 +81,7 @@ def test_a_plugin_learning_process_runs_on_tff(tmp_path, monkeypatch):
 
   monkeypatch.setitem(
     registry.ALGORITHMS._entries,
-    'tff_fedavg',  # pylint: disable=protected-access
+    'tff_fedavg',
     registry.Entry('tff_fedavg', build_tff_fedavg),
   )
   prepared = experiment.prepare(
@@ -128,7 +128,7 @@ def test_a_third_runtime_is_one_registration(monkeypatch):
   and an entry of config.json, with no edit outside its module (here, this test)."""
   monkeypatch.setitem(
     registry.RUNTIMES._entries,
-    'eager',  # pylint: disable=protected-access
+    'eager',
     registry.Entry(
       'eager', _build_eager, options=_EagerOptions, auto_rank=-1, why_not=_eager_why_not
     ),
@@ -145,7 +145,7 @@ def test_a_third_runtime_is_one_registration(monkeypatch):
   _, description = choice.runner_for(composer.compose(_algorithm('fedprox')), DATA)
   assert 'not eager: it runs Algorithms only' in description
   # Its setting: a flag, a setting of the run, recorded in config.json and read back.
-  assert 'eager_lanes' in {spec.flag for spec in flags_lib._common_specs()}  # pylint: disable=protected-access
+  assert 'eager_lanes' in {spec.flag for spec in flags_lib._common_specs()}
   config = run_config.ExperimentConfig.of(algorithm='fedprox', eager_lanes=3)
   assert config.runtime_options['eager'] == _EagerOptions(3)
   recorded = json.loads(json.dumps(dataclasses.asdict(config)))
@@ -167,7 +167,7 @@ class _FailsOnNaN(sgd.SGD):
 
 def test_the_debug_engine_names_the_failing_client_and_stage(tmp_path, monkeypatch):
   monkeypatch.setenv('TFF_COMP_DATA_DIR', str(tmp_path))
-  from tff_comp.tasks import array_data  # pylint: disable=g-import-not-at-top
+  from tff_comp.tasks import array_data
 
   def make(i):
     x = np.ones((7, algorithm_cases.D), np.float32)

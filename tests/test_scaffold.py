@@ -101,7 +101,7 @@ def test_control_variates_remove_client_drift():
   )
   model = models.linear_regression((D,))
   distances = {}
-  from tff_comp.algorithms import fedavg  # pylint: disable=g-import-not-at-top
+  from tff_comp.algorithms import fedavg
 
   for name, algorithm in (
     ('scaffold', scaffold.scaffold(model, num_clients=3, **common)),

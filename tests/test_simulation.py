@@ -143,7 +143,7 @@ class _SignalAtStart(callbacks.Callback):
   """A Ctrl-C arriving while the run starts (its initial evaluation)."""
 
   def on_train_begin(self, loop):
-    signals._request(signal.SIGINT, None)  # pylint: disable=protected-access
+    signals._request(signal.SIGINT, None)
 
 
 def test_a_signal_while_the_run_starts_stops_it_before_its_first_round(tmp_path):

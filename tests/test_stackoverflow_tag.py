@@ -26,7 +26,7 @@ TAG_COUNTS = {'python': 9, 'java': 5, 'list': 5, 'arrays': 2, 'rare': 1}
 
 
 def _write_files(folder):
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
 
   def dataset(client_id):
     tokens, titles, tags = zip(*POSTS[client_id])
@@ -50,8 +50,8 @@ def _write_files(folder):
 
 
 def test_reads_tffs_files_offline_into_tffs_preprocessing_and_trains(tmp_path):
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.simulation.baselines.stackoverflow import (  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
+  from tensorflow_federated.python.simulation.baselines.stackoverflow import (
     tag_prediction_preprocessing as tff_preprocessing,
   )
 

@@ -14,7 +14,7 @@ def test_the_tutorial_runs_as_written(repo_root):
   said = io.StringIO()
   with contextlib.redirect_stdout(said):
     for block in blocks:
-      exec(compile(block, 'docs/tutorial.md', 'exec'), namespace)  # pylint: disable=exec-used
+      exec(compile(block, 'docs/tutorial.md', 'exec'), namespace)
   out = said.getvalue()
   assert 'lasso' in out and 'clients' in out
   # Twenty rounds moved the model: the objective fell from the initial model's.

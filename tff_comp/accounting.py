@@ -134,7 +134,7 @@ class Ledger:
     accountant.compose(_round_event(self))
     # The accountant's orders and one round's RDP at them (dp_accounting 0.4 keeps them
     # in these attributes; tests compare the result with `epsilon`).
-    orders, one_round = accountant._orders, accountant._rdp  # pylint: disable=protected-access
+    orders, one_round = accountant._orders, accountant._rdp
 
     def epsilon(rounds: int) -> float:
       if rounds <= 0:

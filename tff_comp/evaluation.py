@@ -78,7 +78,7 @@ def evaluate_together(
       scored = evaluations[0].task.evaluate_many(
         [e.model(requests[i][1]) for e, i in zip(evaluations, members)]
       )
-    except Exception:  # pylint: disable=broad-except  (each scored alone names its own)
+    except Exception:  # each scored alone names its own
       scored = None
     for k, i in enumerate(members):
       results[i] = (
@@ -96,7 +96,7 @@ def _alone(evaluate: Callable[[Any], dict[str, float]], state) -> Any:
 def _guarded(fn: Callable[[], Any]) -> Any:
   try:
     return fn()
-  except Exception as error:  # pylint: disable=broad-except  (the caller's to raise)
+  except Exception as error:  # the caller's to raise
     return error
 
 

@@ -271,7 +271,7 @@ class _SeededGenerator:
 def _stateless_dropout(layers: Sequence[tf.keras.layers.Dropout], seed: tf.Tensor | None):
   """The Dropout `layers` draw their masks from `seed` (folded with each layer's
   position), not from Keras's stateful generator, while the context runs."""
-  saved = [(layer, layer._random_generator) for layer in layers]  # pylint: disable=protected-access
+  saved = [(layer, layer._random_generator) for layer in layers]
   try:
     for i, layer in enumerate(layers):
       object.__setattr__(
@@ -297,7 +297,7 @@ def check_model_name(name: str, built_in: Sequence[str]) -> None:
   (`built_in`), a registered one (named in the message), or `file.py:function` or
   `module:function` naming a builder that loads (`model_builder`); a task checks before
   it builds its data."""
-  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+  from tff_comp import registry
 
   if ':' in name:
     model_builder(name)
@@ -325,7 +325,7 @@ def model_builder(name: str) -> Callable[..., tf.keras.Model]:
   Raises:
     ValueError: (one line) the file or module does not load, or has no such function.
   """
-  from tff_comp import registry  # pylint: disable=g-import-not-at-top
+  from tff_comp import registry
 
   if ':' not in name:
     return registry.MODELS.get(name).builder

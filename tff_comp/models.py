@@ -241,7 +241,7 @@ def why_not_callable_outside_tff(model: tff.learning.models.FunctionalModel) -> 
   logger.setLevel('ERROR')
   try:
     tf.function(lambda: model.predict_on_batch(model.initial_weights, x), autograph=False)()
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     if type(error).__name__ == 'KerasFunctionalModelError':
       return (
         'a Keras model converted by TFF runs inside TFF computations only; run it on'

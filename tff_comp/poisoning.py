@@ -68,7 +68,7 @@ class _FlippedDatasets:
 def flipped(client_data, classes: int, fraction: float, seed: int):
   """`client_data` (examples (x, y), y integer labels in [0, classes)) with the labels of
   its attackers' examples flipped (module docstring)."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top  # the flags need no TFF
+  import tensorflow_federated as tff  # the flags need no TFF
 
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
     list(client_data.client_ids),

@@ -173,8 +173,8 @@ class Entry:
   def process(self, *args, **kwargs) -> Any:
     """An algorithm's TFF LearningProcess: `build`'s Algorithm composed
     (`composer.compose`), or the process a plugin's builder returns."""
-    from tff_comp.learning_process import composer  # pylint: disable=g-import-not-at-top  (imports TFF)
-    from tff_comp.ops import algorithm as algorithm_lib  # pylint: disable=g-import-not-at-top
+    from tff_comp.learning_process import composer  # imports TFF
+    from tff_comp.ops import algorithm as algorithm_lib
 
     built = self.build(*args, **kwargs)
     return composer.compose(built) if isinstance(built, algorithm_lib.Algorithm) else built

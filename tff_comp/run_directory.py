@@ -250,9 +250,9 @@ def environment() -> dict[str, Any]:
 
 @functools.cache
 def _read_environment() -> dict[str, Any]:
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import tensorflow as tf
+  import tensorflow_federated as tff
 
   record = {
     'tff_comp': importlib.metadata.version('tff_comp'),

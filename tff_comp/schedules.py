@@ -88,7 +88,7 @@ class ScheduleOptions:
 
   def __post_init__(self):
     settings.check(self)
-    self.pair()  # pylint: disable=expression-not-assigned
+    self.pair()
 
   def pair(self) -> tuple[Schedule, Schedule]:
     """The (client, server) schedules."""

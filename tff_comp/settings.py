@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 def setting(
   default: Any = None,
   help: str = '',
-  *,  # pylint: disable=redefined-builtin
+  *,
   choices: Sequence[str] | Callable[[], Sequence[str]] = (),
   lower: float | None = None,
   upper: float | None = None,

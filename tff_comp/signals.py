@@ -47,7 +47,7 @@ def _request(signum, frame) -> None:
     # Not SystemExit: raised in a garbage-collection callback (JAX's, while TFF loads)
     # Python ignores it with a traceback and the run went on. Nothing is open yet that
     # an exit must close (a TFF worker dies with its parent: `local_worker`).
-    os._exit(exit_code(name))  # pylint: disable=protected-access
+    os._exit(exit_code(name))
   raise KeyboardInterrupt(name)
 
 

@@ -205,7 +205,7 @@ def _train(prepared: experiment.Prepared, runner: experiment.Runner, trial: Tria
       extra_config=trial.extra_config,
       callbacks=experiment.default_callbacks(prepared, runner, show_progress=False),
     )
-  except BaseException as error:  # pylint: disable=broad-except  (the trial's result)
+  except BaseException as error:  # the trial's result
     return error
 
 

@@ -19,10 +19,8 @@ def batch_loss(model, trainable: Weights, non_trainable: Weights, batch: Any) ->
     # serves every batch, and that trace's gradient made XLA take the lanes kernel's
     # inputs as compile-time constants (a compile per cohort; XLA's const_analysis log).
     # TFF's FunctionalModel keeps them as `_predict_on_batch_fn` and `_loss_fn`.
-    output = _inline(model._predict_on_batch_fn)(  # pylint: disable=protected-access
-      (trainable, non_trainable), x, True
-    )
-    return _inline(model._loss_fn)(output, y)  # pylint: disable=protected-access
+    output = _inline(model._predict_on_batch_fn)((trainable, non_trainable), x, True)
+    return _inline(model._loss_fn)(output, y)
   output = model.predict_on_batch((trainable, non_trainable), x, training=True)
   return model.loss(output=output, label=y)
 

@@ -246,7 +246,7 @@ class RuleWrapper(ClientRule):
   rules). `payload_of(payload)` is what the inner rule receives (default: the same
   payload); a wrapper whose payload carries more (AFL's client weights) overrides it."""
 
-  def __init__(self, inner: ClientRule):  # pylint: disable=super-init-not-called
+  def __init__(self, inner: ClientRule):
     # No learning rate of its own: hyperparameters are the inner rule's.
     self.inner = inner
     self.model = inner.model

@@ -171,7 +171,7 @@ class Checkpoints:
         return tf.nest.pack_sequence_as(template, leaves), round_num
       except OtherLayout:
         raise
-      except Exception as error:  # pylint: disable=broad-except  (any damage: set aside)
+      except Exception as error:  # any damage: set aside
         self._set_aside(path, error)
     return None, 0
 

@@ -162,7 +162,7 @@ class MetricsWriter:
     writer.writeheader()
     writer.writerows(kept_rows or [])
     write_whole(path, kept.getvalue())
-    self._file = open(path, 'a', newline='')  # pylint: disable=consider-using-with
+    self._file = open(path, 'a', newline='')
     self._buffer = io.StringIO()
     self._csv = csv.DictWriter(self._buffer, self._columns, restval='')
     shutil.rmtree(output_dir / 'tensorboard', ignore_errors=True)
@@ -300,7 +300,7 @@ def save_model(path: pathlib.Path, weights) -> None:
 def load_model(path: str | os.PathLike) -> Any:
   """The `tff.learning.models.ModelWeights` (tuples of NumPy arrays) in `save_model`'s
   file, e.g. a run's final_model.npz."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
 
   with np.load(path) as saved:
 
@@ -325,7 +325,7 @@ def output_lock(output_dir: pathlib.Path):
   when another process holds it. The OS releases it when the holder dies."""
   output_dir.mkdir(parents=True, exist_ok=True)
   try:
-    lock = open(output_dir / '.lock', 'a+')  # pylint: disable=consider-using-with
+    lock = open(output_dir / '.lock', 'a+')
   except OSError as e:  # a directory, or unreadable, in its place
     raise OutputDirInUse(
       f'--output_dir={output_dir}: its lock file {output_dir / ".lock"}'

@@ -364,7 +364,7 @@ class LanesEngine:
     parts, width = self.parts(capacity), self.width(capacity)
     size = -(-capacity // parts) * parts
     rows = tf.range(m)[:, None]
-    pad = lambda t: tf.scatter_nd(rows, t, [size, *t.shape[1:]])  # pylint: disable=unnecessary-lambda-assignment
+    pad = lambda t: tf.scatter_nd(rows, t, [size, *t.shape[1:]])
     if isinstance(cohort.plans, DeferredPlans):  # the plans derived in the kernel
       fields = (
         pad(cohort.indices),
@@ -469,7 +469,7 @@ class DebugEngine:
             rule, state, plan.batches.steps, payload, hparams, plan.context, options, n
           )
         )
-      except Exception as error:  # pylint: disable=broad-except  (re-raised, named)
+      except Exception as error:  # re-raised, named
         raise ClientError(
           f'client {self._data.client_ids[client]!r} (index {client}) failed in'
           f' {stage} of {type(rule).__name__}: {type(error).__name__}:'

@@ -44,9 +44,9 @@ def _host(value: Any) -> np.ndarray:
   """A state's leaf in NumPy, in the dtype `learning_state.as_tensors` gives it (a Python
   float as float32, an int as int32), so the round is traced once."""
   # Exact types: NumPy's float64 scalars (a state read back from a round) are floats too.
-  if type(value) is float:  # pylint: disable=unidiomatic-typecheck
+  if type(value) is float:
     return np.float32(value)
-  if type(value) is int:  # pylint: disable=unidiomatic-typecheck
+  if type(value) is int:
     return np.int32(value)
   return np.asarray(value)
 
@@ -209,7 +209,7 @@ class TrialGroup:
       run = next(iter(asked.values()))[1]
       try:
         results = run([item for item, _ in asked.values()])
-      except BaseException as error:  # pylint: disable=broad-except  (each trial raises it)
+      except BaseException as error:  # each trial raises it
         results = [error] * len(asked)
       self._results.update(zip(asked, results))
       self._lock.notify_all()
@@ -217,7 +217,7 @@ class TrialGroup:
     batch, self._waiting = self._waiting, {}
     try:
       outputs = self._run(batch)
-    except BaseException as error:  # pylint: disable=broad-except  (each trial raises it)
+    except BaseException as error:  # each trial raises it
       outputs = {t: error for t in batch}
     self._results.update(outputs)
     self._lock.notify_all()

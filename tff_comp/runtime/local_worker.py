@@ -83,14 +83,14 @@ def spawn_worker(port: int, max_concurrent_computation_calls: int = -1) -> subpr
   """Starts `worker_binary --port=port`, killed when this Python process ends, its
   output to `$TFF_COMP_WORKER_LOG` or nowhere (never this process's pipes)."""
   log_path = os.environ.get(_LOG_ENV)
-  out = open(log_path, 'ab') if log_path else subprocess.DEVNULL  # pylint: disable=consider-using-with
+  out = open(log_path, 'ab') if log_path else subprocess.DEVNULL
   command = [
     WORKER_BINARY,
     f'--port={port}',
     f'--max_concurrent_computation_calls={max_concurrent_computation_calls}',
   ]
   try:
-    return subprocess.Popen(  # pylint: disable=consider-using-with
+    return subprocess.Popen(
       [_SETPRIV, '--pdeathsig', 'KILL', '--', *command] if _SETPRIV else command,
       stdin=subprocess.DEVNULL,
       stdout=out,
@@ -215,7 +215,7 @@ def _at_exit() -> None:
   teardown, after that module was cleared, it printed an "Exception ignored" traceback
   at every such process's exit. Released now, it stops its service as it would have."""
   shutdown_local_runtime()
-  # pylint: disable=g-import-not-at-top  (not in TFF's public API)
+  # not in TFF's public API
   from tensorflow_federated.python.core.impl.context_stack import set_default_context
 
   set_default_context.set_no_default_context()

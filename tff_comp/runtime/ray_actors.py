@@ -123,12 +123,11 @@ def dumps(algorithm) -> bytes:
   not its traces: a traced one (the task's model once a run used it) holds graphs that
   do not pickle, and TensorFlow's own `Function.__getstate__` keeps them. The options
   are read from the Function's attributes (TF 2.14 has no public accessor for them)."""
-  from tensorflow.python.eager.polymorphic_function import polymorphic_function  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
   class Pickler(ray_cluster.ray_module().cloudpickle.CloudPickler):
     def reducer_override(self, obj):
       if isinstance(obj, polymorphic_function.Function):
-        # pylint: disable=protected-access
         return _function, (
           obj.python_function,
           obj.input_signature,
@@ -150,7 +149,7 @@ class Examples(NamedTuple):
   examples: dict[str, Any]
 
   def client_data(self):
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    import tensorflow_federated as tff
 
     return tff.simulation.datasets.TestClientData(self.examples)
 
@@ -161,7 +160,7 @@ def sub_data(client_data, client_ids: Sequence[str]):
   ClientData may hold a TFF computation of its own once used on TFF's runtime, which
   does not pickle); where that function does not pickle either (TFF's TestClientData
   holds its ClientData), the clients' examples as arrays (`Examples`)."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
 
   sub = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
     list(client_ids), client_data.serializable_dataset_fn
@@ -169,5 +168,5 @@ def sub_data(client_data, client_ids: Sequence[str]):
   try:
     ray_cluster.ray_module().cloudpickle.dumps(sub)
     return sub
-  except Exception:  # pylint: disable=broad-except  # Ray's pickler raises several kinds
+  except Exception:  # Ray's pickler raises several kinds
     return Examples({c: streaming.read_client(client_data, c) for c in client_ids})

@@ -60,7 +60,7 @@ def ray_module():
     base.UnsupportedError: Ray is not installed.
   """
   try:
-    import ray  # pylint: disable=g-import-not-at-top
+    import ray
   except ImportError as e:
     raise base.UnsupportedError(
       "Ray is not installed: pip install 'tff_comp[ray]' (BUILD_NOTES.md)"

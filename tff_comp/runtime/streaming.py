@@ -64,7 +64,7 @@ class StreamedData(resident_data.ResidentData):
 
   def __init__(
     self, client_data: tff.simulation.datasets.ClientData, device: str, *, with_keys: bool
-  ):  # pylint: disable=super-init-not-called
+  ):
     self._client_data, self._with_keys = client_data, with_keys
     self.client_ids = tuple(client_data.client_ids)
     self.index: dict[str, int] = {}

@@ -57,7 +57,7 @@ class _FlatCall:
       if type(value) is not _EagerTensor or value.dtype != spec:
         return None
       if shape is not None:
-        got = value._shape_tuple()  # pylint: disable=protected-access
+        got = value._shape_tuple()
         if partial:
           if len(got) != len(shape) or any(
             want is not None and want != have for want, have in zip(shape, got)
@@ -70,9 +70,7 @@ class _FlatCall:
 
   def __call__(self, tensors: list[tf.Tensor]) -> Any:
     # The concrete function's own call after binding (TF 2.14's `_call_flat`).
-    return self._concrete._call_flat(  # pylint: disable=protected-access
-      tensors, self._concrete.captured_inputs
-    )
+    return self._concrete._call_flat(tensors, self._concrete.captured_inputs)
 
 
 class OnceTraced:

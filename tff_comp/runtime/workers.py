@@ -104,7 +104,7 @@ class _WatchedContext(tff.framework.MergeableCompExecutionContext):
     def call():
       try:
         outcome['value'] = super(_WatchedContext, self).invoke(comp, arg)
-      except BaseException as error:  # pylint: disable=broad-except
+      except BaseException as error:
         outcome['error'] = error
 
     # A daemon thread: a call stuck on a dead worker never holds the interpreter.

@@ -286,7 +286,7 @@ class CenteredClip(_Robust):
 
   def bind(self, d: int) -> 'CenteredClip':
     bound = CenteredClip(self.tau, self.iters)
-    bound._d = d  # pylint: disable=protected-access
+    bound._d = d
     return bound
 
   def combine(self, state, values, weights):
