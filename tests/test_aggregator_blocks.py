@@ -395,7 +395,8 @@ def test_each_compressors_upload_bits_are_its_papers(stage, bits):
 
 @pytest.mark.parametrize('kind', ['sign_flip', 'scaled', 'gaussian', 'alie'])
 def test_attackers_are_drawn_by_client_and_send_their_attack(kind):
-  attack = agg.Attack(kind, 0.4, scale=3.0)
+  kinds = {'sign_flip': agg.SignFlip, 'scaled': agg.Scaled, 'gaussian': agg.Gaussian}
+  attack = kinds.get(kind, agg.ALIE)(0.4, scale=3.0)
   stream = SEEDS + np.array([0, 1_000_003])  # the chain's first stage's stream
   bad = np.array([tf.random.stateless_uniform([], seed).numpy() < 0.4 for seed in stream])
   assert 0 < bad.sum() < M

@@ -19,7 +19,7 @@ COHORT = [IDS[3], IDS[0], IDS[4], IDS[1]]  # positions not the population's indi
 
 CHAINS = {
   'clip_median': agg.Chain((agg.Clip(0.5),), agg.Median()),
-  'krum_under_sign_flip': agg.Chain((agg.Attack('sign_flip', 0.5),), agg.Krum(1, 2)),
+  'krum_under_sign_flip': agg.Chain((agg.SignFlip(0.5),), agg.Krum(1, 2)),
   'nnm_median': agg.Chain((), agg.Median(), agg.NearestNeighbourMixing(1)),
   'ef_top_k': agg.Chain((agg.ErrorFeedback(agg.TopK(0.5)),), agg.Mean()),
   'rotate_quantize': agg.Chain((agg.Rotate(), agg.Quantize(4)), agg.Mean()),

@@ -38,7 +38,7 @@ def test_the_aggregator_flag_lists_the_mean_dp_and_every_registered_combiner():
   for name in registry.COMBINERS.names():  # each with its line and its flags
     entry = registry.COMBINERS.get(name)
     flags = [f'--{f.name}' for f in dataclasses.fields(entry.options or _NoOptions)]
-    assert f'{name} (' in spec.help and all(flag in spec.help for flag in flags), name
+    assert f'{name}: ' in spec.help and all(flag in spec.help for flag in flags), name
 
 
 @dataclasses.dataclass

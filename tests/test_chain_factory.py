@@ -112,7 +112,7 @@ def test_a_combiner_needing_every_row_gathers_them(chain, numpy_of):
       "keeps a row per client (error feedback), which TFF's stateless clients cannot hold",
     ),
     (
-      agg.Chain((agg.Attack('alie', 0.3),), agg.Median()),
+      agg.Chain((agg.ALIE(0.3),), agg.Median()),
       'reads the whole cohort',
     ),
   ],

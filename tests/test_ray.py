@@ -254,7 +254,7 @@ def test_two_actors_equal_the_single_process_on_lanes(name):
     privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
     privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
     agg.Chain((agg.Clip(0.5), agg.Quantize(6)), agg.Median()),
-    agg.Chain((agg.Attack('sign_flip', 0.3), agg.RandK(0.5)), agg.SecureSum(4.0, 16)),
+    agg.Chain((agg.SignFlip(0.3), agg.RandK(0.5)), agg.SecureSum(4.0, 16)),
     privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.8, 3.0, restart_every=2),
     privacy.PrivateMean('dp_bandmf', 0.5, 0.8, 3.0, strategy=strategy_cache.strategy(3, 2)),
   ],
@@ -280,7 +280,7 @@ def test_aggregators_on_ray_equal_the_single_process(spec):
 def test_a_chain_ray_cannot_hold_yet_is_refused_in_one_line():
   for chain, says in (
     (agg.Chain((agg.ErrorFeedback(agg.TopK(0.5)),), agg.Mean()), 'keeps a row per client'),
-    (agg.Chain((agg.Attack('alie', 0.2),), agg.Median()), 'reads the whole cohort'),
+    (agg.Chain((agg.ALIE(0.2),), agg.Median()), 'reads the whole cohort'),
   ):
     algorithm = algorithm_cases.algorithm(
       'fedavg', dict(model_aggregator=chain, client_weighting='uniform')

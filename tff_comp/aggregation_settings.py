@@ -11,26 +11,23 @@ import dataclasses
 import typing
 from typing import Any
 
-from tff_comp import poisoning, registry, settings
+from tff_comp import registry, settings
 from tff_comp.ops import aggregators
-from tff_comp.ops.aggregators import attacks
 
 COMPRESSIONS = ('none', 'quantize', 'qsgd', 'top_k', 'rand_k', 'sign')
 ERROR_FEEDBACK = ('none', 'ef', 'ef21')
-ATTACKS = ('none', *attacks.KINDS, poisoning.KIND)
 
 
 def block_lines(blocks: registry.Registry) -> str:
   """Each registered block with its line and its flags, for the help of the flag that
-  chooses among them: 'name (its docstring's first sentence; --its_flag), ...'."""
+  chooses among them: 'name: its docstring's first sentence (--its_flag); ...'."""
   said = []
   for name in blocks.names():
     entry = blocks.get(name)
     fields = dataclasses.fields(entry.options) if entry.options is not None else ()
-    line = entry.summary.rstrip('.')
-    line = 'the' + line[3:] if line.startswith('The ') else line
-    said.append(f'{name} ({"; ".join([line, *(f"--{f.name}" for f in fields)])})')
-  return ', '.join(said)
+    flags = ', '.join(f'--{f.name}' for f in fields)
+    said.append(f'{name}: {entry.summary.rstrip(".")}' + (f' ({flags})' if flags else ''))
+  return '; '.join(said)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +38,7 @@ class _AggregationOptions:
   pre_aggregation: str = settings.setting(
     'none',
     "Rows mixed before the robust --aggregator reads them (the server's; every client"
-    ' alike): none, ' + block_lines(registry.PRE_AGGREGATIONS) + '.',
+    ' alike): none; ' + block_lines(registry.PRE_AGGREGATIONS) + '.',
     choices=lambda: ('none', *registry.PRE_AGGREGATIONS.names()),
     applies_when={'aggregator': tuple(registry.COMBINERS.names())},
   )
@@ -120,31 +117,10 @@ class _AggregationOptions:
   )
   attack: str = settings.setting(
     'none',
-    'Byzantine clients, simulated: each client of a round attacks with'
-    ' probability --attack_fraction, drawn from (seed, round, client), sending'
-    ' sign_flip (-u), scaled (--attack_scale x u), gaussian (N(0, --attack_scale^2)) or'
-    ' alie ("A Little Is Enough": mean - z std of the honest updates); or label_flip:'
-    ' a fixed set of clients, drawn from (data seed, client), trains on labels'
-    ' C - 1 - y.',
-    choices=ATTACKS,
-  )
-  attack_fraction: float = settings.setting(
-    0.1,
-    '--attack: the chance that a client is an attacker.',
-    lower=0.0,
-    upper=1.0,
-    applies_when={'attack': ATTACKS[1:]},
-    per_trial=True,
-    chain_state=True,
-  )
-  attack_scale: float = settings.setting(
-    1.0,
-    "--attack=scaled/gaussian: the factor or the noise's std.",
-    lower=settings.FLOAT32_TINY,
-    upper=settings.FLOAT32_HUGE,
-    applies_when={'attack': ('scaled', 'gaussian')},
-    per_trial=True,
-    chain_state=True,
+    'Byzantine clients, simulated (each client of a round an attacker with probability'
+    ' --attack_fraction, drawn from (seed, round, client), but for label_flip):'
+    ' none; ' + block_lines(registry.ATTACKS) + '.',
+    choices=lambda: ('none', *registry.ATTACKS.names()),
   )
 
   def __post_init__(self):
@@ -163,7 +139,7 @@ class _AggregationOptions:
     return (
       self.compression != 'none'
       or self.secure_aggregation
-      or self.attack not in ('none', poisoning.KIND)  # label flipping poisons the data
+      or self._attack(0) is not None  # label flipping poisons the data, not the updates
     )
 
   def chain(
@@ -176,8 +152,9 @@ class _AggregationOptions:
       ValueError: (one line) a combination that cannot work.
     """
     stages: list[aggregators.Stage] = []
-    if self.attack not in ('none', poisoning.KIND):
-      stages.append(aggregators.Attack(self.attack, self.attack_fraction, self.attack_scale))
+    attack = self._attack(clients_per_round)
+    if attack is not None:
+      stages.append(attack)
     if private is not None:
       stages.extend(private.stages)
     compressor = self._compressor()
@@ -192,6 +169,11 @@ class _AggregationOptions:
     if self.pre_aggregation != 'none':
       pre = self._built(registry.PRE_AGGREGATIONS.get(self.pre_aggregation), clients_per_round)
     return aggregators.Chain(tuple(stages), combiner, pre)
+
+  def _attack(self, clients_per_round: int) -> aggregators.Stage | None:
+    if self.attack == 'none':
+      return None
+    return self._built(registry.ATTACKS.get(self.attack), clients_per_round)
 
   def _built(self, entry: registry.Entry, clients_per_round: int) -> Any:
     """The registered block `entry` built with its settings record, read off these."""
@@ -251,7 +233,11 @@ def upload_bytes(chain: aggregators.Chain | None, d: int, side_floats: int) -> f
 
 def _choosers() -> dict[str, registry.Registry]:
   """The flags choosing registered blocks, and the registries they choose from."""
-  return {'aggregator': registry.COMBINERS, 'pre_aggregation': registry.PRE_AGGREGATIONS}
+  return {
+    'aggregator': registry.COMBINERS,
+    'pre_aggregation': registry.PRE_AGGREGATIONS,
+    'attack': registry.ATTACKS,
+  }
 
 
 def _block_fields() -> list[tuple[str, Any, Any]]:

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-KIND = 'label_flip'
+from tff_comp.ops.aggregators import attacks
+
+KIND = attacks.LABEL_FLIP  # registered there, with no stage
 
 
 def is_attacker(client_id: tf.Tensor, fraction: float, seed: int) -> tf.Tensor:

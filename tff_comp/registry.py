@@ -13,8 +13,9 @@ may instead return a TFF LearningProcess, which runs on TFF's runtime.
 Another package adds its own by declaring entry points in its packaging metadata, in
 the groups `tff_comp.algorithms`, `tff_comp.tasks`, `tff_comp.runtimes`,
 `tff_comp.combiners` (what `--aggregator` chooses beyond the mean and DP),
-`tff_comp.pre_aggregations` (`--pre_aggregation`: rows mixed before a robust combiner)
-and `tff_comp.experiments` (reproduction grids):
+`tff_comp.pre_aggregations` (`--pre_aggregation`: rows mixed before a robust combiner),
+`tff_comp.attacks` (`--attack`: simulated Byzantine clients) and `tff_comp.experiments`
+(reproduction grids):
 
     [options.entry_points]
     tff_comp.algorithms =
@@ -48,6 +49,7 @@ MODELS_GROUP = 'tff_comp.models'
 RUNTIMES_GROUP = 'tff_comp.runtimes'
 COMBINERS_GROUP = 'tff_comp.combiners'
 PRE_AGGREGATIONS_GROUP = 'tff_comp.pre_aggregations'
+ATTACKS_GROUP = 'tff_comp.attacks'
 EXPERIMENTS_GROUP = 'tff_comp.experiments'
 _FLAG_TYPES = (float, int, bool, str)
 
@@ -110,8 +112,9 @@ class Entry:
   `home_settings`: run settings and options that work for that (algorithm, task) pair,
   applied over the task's defaults when the task is the home task.
   `divergence_hint` names the algorithm's likely cause of a diverged run.
-  A runtime, a combiner or a pre-aggregation may declare its settings record (`options`, a
-  `tff_comp.settings` record whose fields become flags and config.json entries); a
+  A runtime or an aggregation block (a combiner, a pre-aggregation, an attack) may
+  declare its settings record (`options`, a `tff_comp.settings` record whose fields
+  become flags and config.json entries); a
   runtime its place in 'auto''s order (`auto_rank`, lowest first; None: only when
   named), a cheap `why_not(program, options)` returning why it cannot run a program (''
   when it can), and the `label` the run's header calls it by.
@@ -276,6 +279,8 @@ RUNTIMES = Registry('runtime', RUNTIMES_GROUP, 'tff_comp.runtime')
 COMBINERS = Registry('combiner', COMBINERS_GROUP, 'tff_comp.ops.aggregators')
 # What `--pre_aggregation` chooses: rows mixed before a robust combiner reads them.
 PRE_AGGREGATIONS = Registry('pre-aggregation', PRE_AGGREGATIONS_GROUP, 'tff_comp.ops.aggregators')
+# What `--attack` chooses: simulated Byzantine clients, a chain's first stage.
+ATTACKS = Registry('attack', ATTACKS_GROUP, 'tff_comp.ops.aggregators')
 # Reproduction grids (`tff_comp.binaries.reproductions.Reproduction`); an entry's builder takes
 # no argument and returns the grid. The binaries register the built-in grids when they
 # import them (the library does not depend on its binaries).
@@ -288,6 +293,7 @@ GROUPS = (
   RUNTIMES_GROUP,
   COMBINERS_GROUP,
   PRE_AGGREGATIONS_GROUP,
+  ATTACKS_GROUP,
   EXPERIMENTS_GROUP,
   MODELS_GROUP,
 )
@@ -373,6 +379,14 @@ def register_pre_aggregation(name: str, *, options: type | None = None):
   before a robust combiner reads them); `options` as `register_combiner`'s, its fields
   applying with `--pre_aggregation=name`."""
   return PRE_AGGREGATIONS.register(name, metadata=dict(options=options))
+
+
+def register_attack(name: str, *, options: type | None = None):
+  """Registers an attack builder `(options, clients_per_round) -> ops.aggregators.Stage`
+  (an `ops.aggregators.attacks.Attack`; None for an attack on the data) that
+  `--attack=name` chooses; `options` as `register_combiner`'s, its fields applying with
+  `--attack=name`."""
+  return ATTACKS.register(name, metadata=dict(options=options))
 
 
 def register_reproduction(name: str, reproduction: Any) -> None:

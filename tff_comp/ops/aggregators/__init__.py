@@ -8,7 +8,7 @@ that turns a round's client updates into one (`base`: the contract).
     secure       SecureSum (TFF's secure aggregation, modular, with its wrap-around)
     tree         TreeNoise (DP-FTRL's tree aggregation: noise correlated across rounds)
     banded       BandedNoise (BandMF: noise correlated by a banded matrix factorization)
-    attacks      Attack: Byzantine clients (sign flip, scaled, Gaussian, ALIE)
+    attacks      Attack: Byzantine clients (SignFlip, Scaled, Gaussian, ALIE)
     nnm          NearestNeighbourMixing: a pre-aggregation before a robust combiner
     bucketing    Bucketing: random buckets averaged, a pre-aggregation
 
@@ -18,7 +18,7 @@ that turns a round's client updates into one (`base`: the contract).
 docs/aggregators.md gives each one's math and reference.
 """
 
-from tff_comp.ops.aggregators.attacks import Attack
+from tff_comp.ops.aggregators.attacks import ALIE, Attack, Gaussian, Scaled, SignFlip
 from tff_comp.ops.aggregators.banded import BandedNoise
 from tff_comp.ops.aggregators.base import (
   Chain,
@@ -59,6 +59,7 @@ from tff_comp.ops.aggregators.secure import SecureSum
 from tff_comp.ops.aggregators.tree import TreeNoise
 
 __all__ = [
+  'ALIE',
   'Attack',
   'BandedNoise',
   'Bucketing',
@@ -69,6 +70,7 @@ __all__ = [
   'Clip',
   'Combiner',
   'Encoded',
+  'Gaussian',
   'ErrorFeedback',
   'GeometricMedian',
   'Krum',
@@ -82,8 +84,10 @@ __all__ = [
   'Quantize',
   'RandK',
   'Rotate',
+  'Scaled',
   'SecureSum',
   'Sign',
+  'SignFlip',
   'Stage',
   'Sums',
   'TopK',
