@@ -34,7 +34,7 @@ def _described(tree: str) -> tuple[set[str], set[str]]:
   entry's folder; on a folder's own line, in that folder (`binaries/  run.py, ...`)."""
   named, per_entry = set(), set()
   stack: list[tuple[int, str]] = []  # (indent, path) of the open folders
-  where, last_indent = '', -2
+  where, last_indent, folder = '', -2, False
   for line in tree.splitlines():
     if not line.strip():
       continue
@@ -43,12 +43,13 @@ def _described(tree: str) -> tuple[set[str], set[str]]:
       stack = [(i, f) for i, f in stack if i < indent]
       where = stack[-1][1] if stack else ''
       first = line.split()[0]
-      if first.endswith('/'):
+      folder = first.endswith('/')
+      if folder:
         stack.append((indent, where + first))
         where = where + first
-        if 'one module per' in line:
-          per_entry.add(where)
       last_indent = indent
+    if folder and 'one module per' in line:  # on the folder's line or its continuation
+      per_entry.add(where)
     for name in re.findall(r'(?<![\w./])(\w+\.py)\b', line):
       named.add(where + name)
   return named, per_entry
