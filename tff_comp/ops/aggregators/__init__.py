@@ -9,6 +9,7 @@ that turns a round's client updates into one (`base`: the contract).
     tree         TreeNoise (DP-FTRL's tree aggregation: noise correlated across rounds)
     banded       BandedNoise (BandMF: noise correlated by a banded matrix factorization)
     attacks      Attack: Byzantine clients (SignFlip, Scaled, Gaussian, ALIE)
+    ipm          InnerProductManipulation: -epsilon times the honest mean (Xie et al.)
     nnm          NearestNeighbourMixing: a pre-aggregation before a robust combiner
     bucketing    Bucketing: random buckets averaged, a pre-aggregation
 
@@ -53,6 +54,7 @@ from tff_comp.ops.aggregators.compression import (
   Sign,
   TopK,
 )
+from tff_comp.ops.aggregators.ipm import InnerProductManipulation
 from tff_comp.ops.aggregators.nnm import NearestNeighbourMixing
 from tff_comp.ops.aggregators.robust import Clip, Quantile, Zeroing
 from tff_comp.ops.aggregators.secure import SecureSum
@@ -73,6 +75,7 @@ __all__ = [
   'Gaussian',
   'ErrorFeedback',
   'GeometricMedian',
+  'InnerProductManipulation',
   'Krum',
   'MajorityVote',
   'Mean',
