@@ -14,19 +14,18 @@ from typing import Any
 from tff_comp import registry, settings
 from tff_comp.ops import aggregators
 
-COMPRESSIONS = ('none', 'quantize', 'qsgd', 'top_k', 'rand_k', 'sign')
 ERROR_FEEDBACK = ('none', 'ef', 'ef21')
 
 
 def block_lines(blocks: registry.Registry) -> str:
   """Each registered block with its line and its flags, for the help of the flag that
-  chooses among them: 'name: its docstring's first sentence (--its_flag); ...'."""
+  chooses among them: 'name: its docstring's first sentence [--its_flag]; ...'."""
   said = []
   for name in blocks.names():
     entry = blocks.get(name)
     fields = dataclasses.fields(entry.options) if entry.options is not None else ()
     flags = ', '.join(f'--{f.name}' for f in fields)
-    said.append(f'{name}: {entry.summary.rstrip(".")}' + (f' ({flags})' if flags else ''))
+    said.append(f'{name}: {entry.summary.rstrip(".")}' + (f' [{flags}]' if flags else ''))
   return '; '.join(said)
 
 
@@ -44,38 +43,10 @@ class _AggregationOptions:
   )
   compression: str = settings.setting(
     'none',
-    'What each client sends in fewer bits: quantize (stochastic b-bit,'
-    ' --quantize_bits; --hadamard_rotation first), qsgd (--qsgd_levels), top_k and'
-    " rand_k (--sparsity_fraction), sign (scaled signs; with --aggregator=mean, signSGD's"
-    ' majority vote). comm/upload_bytes reports the bits.',
-    choices=COMPRESSIONS,
-  )
-  quantize_bits: int = settings.setting(
-    8,
-    '--compression=quantize: bits a value.',
-    lower=1,
-    upper=16,
-    applies_when={'compression': ('quantize',)},
-  )
-  hadamard_rotation: bool = settings.setting(
-    False,
-    '--compression=quantize: rotate each update by a randomized Hadamard'
-    " transform first (TFF's compression; the server rotates back).",
-    applies_when={'compression': ('quantize', 'top_k', 'rand_k')},
-  )
-  qsgd_levels: int = settings.setting(
-    16,
-    '--compression=qsgd: quantization levels s.',
-    lower=1,
-    upper=2**16,
-    applies_when={'compression': ('qsgd',)},
-  )
-  sparsity_fraction: float = settings.setting(
-    0.1,
-    '--compression=top_k/rand_k: the fraction of coordinates sent.',
-    above=0.0,
-    upper=1.0,
-    applies_when={'compression': ('top_k', 'rand_k')},
+    'What each client sends in fewer bits (comm/upload_bytes reports the bits): none; '
+    + block_lines(registry.COMPRESSORS)
+    + '.',
+    choices=lambda: ('none', *registry.COMPRESSORS.names()),
   )
   error_feedback: str = settings.setting(
     'none',
@@ -84,7 +55,7 @@ class _AggregationOptions:
     ' (in-process runtime). Needs a contractive compressor: top_k, sign, or rand_k'
     ' (then unscaled, not d/k); quantize and qsgd are refused.',
     choices=ERROR_FEEDBACK,
-    applies_when={'compression': COMPRESSIONS[1:]},
+    applies_when={'compression': tuple(registry.COMPRESSORS.names())},
   )
   secure_aggregation: bool = settings.setting(
     False,
@@ -125,8 +96,9 @@ class _AggregationOptions:
 
   def __post_init__(self):
     settings.check(self)
-    compressor = self._compressor()
-    if self.error_feedback != 'none' and compressor is not None and not compressor.contractive:
+    compression = self._compression(0)
+    ef = self.error_feedback != 'none'
+    if ef and compression and not compression[-1].for_error_feedback().contractive:
       raise ValueError(
         f'--error_feedback={self.error_feedback} needs a contractive compressor, and'
         f' --compression={self.compression} is not (its residuals grow without bound):'
@@ -157,14 +129,15 @@ class _AggregationOptions:
       stages.append(attack)
     if private is not None:
       stages.extend(private.stages)
-    compressor = self._compressor()
-    if compressor is not None:
-      if self.hadamard_rotation:
-        stages.append(aggregators.Rotate())
+    compression = self._compression(clients_per_round)
+    if compression:
+      *before, compressor = compression
+      stages.extend(before)
       if self.error_feedback != 'none':
-        compressor = aggregators.ErrorFeedback(compressor, self.error_feedback)
+        compressor = aggregators.ErrorFeedback(compressor.for_error_feedback(), self.error_feedback)
       stages.append(compressor)
-    combiner = self._combiner(aggregator, private, clients_per_round)
+    votes = bool(compression) and compression[-1].votes
+    combiner = self._combiner(aggregator, private, clients_per_round, votes)
     pre = None
     if self.pre_aggregation != 'none':
       pre = self._built(registry.PRE_AGGREGATIONS.get(self.pre_aggregation), clients_per_round)
@@ -184,21 +157,18 @@ class _AggregationOptions:
       )
     return entry.build(options, clients_per_round)
 
-  def _compressor(self) -> aggregators.Stage | None:
-    return {
-      'none': lambda: None,
-      'quantize': lambda: aggregators.Quantize(self.quantize_bits),
-      'qsgd': lambda: aggregators.QSGD(self.qsgd_levels),
-      'top_k': lambda: aggregators.TopK(self.sparsity_fraction),
-      # Under error feedback, unscaled: contractive (module docstring of compression).
-      'rand_k': lambda: aggregators.RandK(
-        self.sparsity_fraction, unbiased=self.error_feedback == 'none'
-      ),
-      'sign': aggregators.Sign,
-    }[self.compression]()
+  def _compression(self, clients_per_round: int) -> tuple[aggregators.Stage, ...]:
+    """The compressor's stages, the compressor last (none: ())."""
+    if self.compression == 'none':
+      return ()
+    return tuple(self._built(registry.COMPRESSORS.get(self.compression), clients_per_round))
 
   def _combiner(
-    self, aggregator: str, private: aggregators.Chain | None, clients_per_round: int
+    self,
+    aggregator: str,
+    private: aggregators.Chain | None,
+    clients_per_round: int,
+    votes: bool,
   ) -> aggregators.Combiner:
     if aggregator in registry.COMBINERS.names():
       if self.secure_aggregation:
@@ -219,7 +189,7 @@ class _AggregationOptions:
         self.secure_sum_bits,
         max_clients=max(clients_per_round, 2),
       )
-    if self.compression == 'sign' and private is None:
+    if votes and private is None:
       return aggregators.MajorityVote()
     return private.combiner if private is not None else aggregators.Mean()
 
@@ -237,6 +207,7 @@ def _choosers() -> dict[str, registry.Registry]:
     'aggregator': registry.COMBINERS,
     'pre_aggregation': registry.PRE_AGGREGATIONS,
     'attack': registry.ATTACKS,
+    'compression': registry.COMPRESSORS,
   }
 
 

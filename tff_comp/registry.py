@@ -14,8 +14,8 @@ Another package adds its own by declaring entry points in its packaging metadata
 the groups `tff_comp.algorithms`, `tff_comp.tasks`, `tff_comp.runtimes`,
 `tff_comp.combiners` (what `--aggregator` chooses beyond the mean and DP),
 `tff_comp.pre_aggregations` (`--pre_aggregation`: rows mixed before a robust combiner),
-`tff_comp.attacks` (`--attack`: simulated Byzantine clients) and `tff_comp.experiments`
-(reproduction grids):
+`tff_comp.attacks` (`--attack`: simulated Byzantine clients), `tff_comp.compressors`
+(`--compression`) and `tff_comp.experiments` (reproduction grids):
 
     [options.entry_points]
     tff_comp.algorithms =
@@ -50,6 +50,7 @@ RUNTIMES_GROUP = 'tff_comp.runtimes'
 COMBINERS_GROUP = 'tff_comp.combiners'
 PRE_AGGREGATIONS_GROUP = 'tff_comp.pre_aggregations'
 ATTACKS_GROUP = 'tff_comp.attacks'
+COMPRESSORS_GROUP = 'tff_comp.compressors'
 EXPERIMENTS_GROUP = 'tff_comp.experiments'
 _FLAG_TYPES = (float, int, bool, str)
 
@@ -112,7 +113,7 @@ class Entry:
   `home_settings`: run settings and options that work for that (algorithm, task) pair,
   applied over the task's defaults when the task is the home task.
   `divergence_hint` names the algorithm's likely cause of a diverged run.
-  A runtime or an aggregation block (a combiner, a pre-aggregation, an attack) may
+  A runtime or an aggregation block (a combiner, pre-aggregation, attack, compressor) may
   declare its settings record (`options`, a `tff_comp.settings` record whose fields
   become flags and config.json entries); a
   runtime its place in 'auto''s order (`auto_rank`, lowest first; None: only when
@@ -281,6 +282,8 @@ COMBINERS = Registry('combiner', COMBINERS_GROUP, 'tff_comp.ops.aggregators')
 PRE_AGGREGATIONS = Registry('pre-aggregation', PRE_AGGREGATIONS_GROUP, 'tff_comp.ops.aggregators')
 # What `--attack` chooses: simulated Byzantine clients, a chain's first stage.
 ATTACKS = Registry('attack', ATTACKS_GROUP, 'tff_comp.ops.aggregators')
+# What `--compression` chooses: what a client sends in fewer bits.
+COMPRESSORS = Registry('compressor', COMPRESSORS_GROUP, 'tff_comp.ops.aggregators')
 # Reproduction grids (`tff_comp.binaries.reproductions.Reproduction`); an entry's builder takes
 # no argument and returns the grid. The binaries register the built-in grids when they
 # import them (the library does not depend on its binaries).
@@ -294,6 +297,7 @@ GROUPS = (
   COMBINERS_GROUP,
   PRE_AGGREGATIONS_GROUP,
   ATTACKS_GROUP,
+  COMPRESSORS_GROUP,
   EXPERIMENTS_GROUP,
   MODELS_GROUP,
 )
@@ -387,6 +391,15 @@ def register_attack(name: str, *, options: type | None = None):
   `--attack=name` chooses; `options` as `register_combiner`'s, its fields applying with
   `--attack=name`."""
   return ATTACKS.register(name, metadata=dict(options=options))
+
+
+def register_compressor(name: str, *, options: type | None = None):
+  """Registers a compressor builder `(options, clients_per_round) -> tuple of
+  ops.aggregators.Stage` (the compressor last, after any stage it needs first, as a
+  rotation) that `--compression=name` chooses; `options` as `register_combiner`'s, its
+  fields applying with `--compression=name`. `--error_feedback` wraps the last stage
+  (`Stage.for_error_feedback`), which must be contractive."""
+  return COMPRESSORS.register(name, metadata=dict(options=options))
 
 
 def register_reproduction(name: str, reproduction: Any) -> None:

@@ -68,8 +68,15 @@ class Stage:
   # A compressor C with E||C(x) - x||^2 <= (1 - delta) ||x||^2, delta > 0, for every x:
   # what error feedback (EF, EF21) needs to keep its residuals bounded.
   contractive = False
+  # Its rows are scaled signs, which a plain mean combines as signSGD's majority vote
+  # (Bernstein et al. 2019; `combiners.MajorityVote`).
+  votes = False
   # Its settings that its state holds, not its program (`Chain.structure`).
   in_state: tuple[str, ...] = ()
+
+  def for_error_feedback(self) -> 'Stage':
+    """This compressor as error feedback wraps it (rand-k unscaled: contractive)."""
+    return self
 
   def bind(self, d: int) -> 'Stage':
     """This stage for rows of `d` floats (a stage needing d, for its persistent rows or a

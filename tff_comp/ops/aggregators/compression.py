@@ -26,13 +26,17 @@ server reconstructs (each stage's `upload_bits` says what would travel).
                d/k, QSGD and Quantize are not (a residual grew to 1e3-1e12 with them)
 
 Random draws come from each client's stateless seed (run, round, client), so a client's
-encoding is the same on every runtime and in any cohort.
+encoding is the same on every runtime and in any cohort. Each compressor registers what
+`--compression` calls it (`registry.register_compressor`) with its settings record.
 """
 
+import dataclasses
 import math
+from typing import Any
 
 import tensorflow as tf
 
+from tff_comp import registry, settings
 from tff_comp.ops import stateless
 from tff_comp.ops.aggregators import base
 
@@ -189,6 +193,9 @@ class RandK(_Sparsify):
   def _options(self) -> dict:
     return {'unbiased': self.unbiased}
 
+  def for_error_feedback(self) -> 'RandK':
+    return RandK(self.fraction, self.d, unbiased=False)
+
   def encode(self, state, x, weights, rows, seeds):
     kept = _keep(x, stateless.row_uniform(seeds, tf.shape(x)[1]), self.k)
     if self.unbiased:
@@ -204,6 +211,7 @@ class Sign(base.Stage):
 
   name = 'sign'
   contractive = True  # ||C(x) - x||^2 = ||x||^2 - ||x||_1^2 / d
+  votes = True
 
   def encode(self, state, x, weights, rows, seeds):
     scale = tf.reduce_mean(tf.abs(x), 1, keepdims=True)
@@ -258,3 +266,75 @@ class ErrorFeedback(base.Stage):
 
   def upload_bits(self, d, bits):
     return self.compressor.upload_bits(d, bits)
+
+
+def hadamard_rotation() -> Any:
+  """The setting of the randomized Hadamard rotation before a compressor."""
+  return settings.setting(
+    False,
+    "rotate each update by a randomized Hadamard transform first (TFF's compression;"
+    ' the server rotates back).',
+  )
+
+
+def sparsity_fraction() -> Any:
+  """The setting of the fraction of coordinates top-k and rand-k send."""
+  return settings.setting(0.1, 'the fraction of coordinates sent.', above=0.0, upper=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeOptions:
+  quantize_bits: int = settings.setting(8, 'bits a value.', lower=1, upper=16)
+  hadamard_rotation: bool = hadamard_rotation()
+
+
+@dataclasses.dataclass(frozen=True)
+class QSGDOptions:
+  qsgd_levels: int = settings.setting(16, 'quantization levels s.', lower=1, upper=2**16)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparsifyOptions:
+  sparsity_fraction: float = sparsity_fraction()
+  hadamard_rotation: bool = hadamard_rotation()
+
+
+def _rotated(stage: base.Stage, rotate: bool) -> tuple[base.Stage, ...]:
+  return (Rotate(), stage) if rotate else (stage,)
+
+
+@registry.register_compressor('quantize', options=QuantizeOptions)
+def _quantize(options: QuantizeOptions, clients_per_round: int) -> tuple[base.Stage, ...]:
+  """Stochastic b-bit uniform quantization (Suresh et al. 2017)."""
+  del clients_per_round
+  return _rotated(Quantize(options.quantize_bits), options.hadamard_rotation)
+
+
+@registry.register_compressor('qsgd', options=QSGDOptions)
+def _qsgd(options: QSGDOptions, clients_per_round: int) -> tuple[base.Stage, ...]:
+  """QSGD's s-level stochastic quantization of the normalized update (Alistarh et al.
+  2017)."""
+  del clients_per_round
+  return (QSGD(options.qsgd_levels),)
+
+
+@registry.register_compressor('top_k', options=SparsifyOptions)
+def _top_k(options: SparsifyOptions, clients_per_round: int) -> tuple[base.Stage, ...]:
+  """The largest coordinates kept (Stich et al. 2018)."""
+  del clients_per_round
+  return _rotated(TopK(options.sparsity_fraction), options.hadamard_rotation)
+
+
+@registry.register_compressor('rand_k', options=SparsifyOptions)
+def _rand_k(options: SparsifyOptions, clients_per_round: int) -> tuple[base.Stage, ...]:
+  """Random coordinates kept, scaled by d / k (unscaled under error feedback)."""
+  del clients_per_round
+  return _rotated(RandK(options.sparsity_fraction), options.hadamard_rotation)
+
+
+@registry.register_compressor('sign')
+def _sign(options: None, clients_per_round: int) -> tuple[base.Stage, ...]:
+  """Scaled signs; with --aggregator=mean, signSGD's majority vote (Bernstein et al.
+  2019)."""
+  del options, clients_per_round
+  return (Sign(),)
