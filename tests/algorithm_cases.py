@@ -2,6 +2,8 @@
 sizes (`DATA['unequal']`) and of equal sizes (`DATA['equal']`), and a builder call
 that fits each algorithm (`build`)."""
 
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -50,8 +52,9 @@ def arguments(name: str, extra: dict) -> dict:
     ('gamma', 2.0),
     ('local_steps', 4),
   ):
-    if entry.accepts(arg):
-      args[arg] = value
+    optional = inspect.signature(entry.builder).parameters.get(arg)
+    if entry.accepts(arg) and not (arg == 'local_steps' and optional.default == 0):
+      args[arg] = value  # local SGD's optional local_steps (0: epochs) left unset
   args.update(extra)
   return args
 

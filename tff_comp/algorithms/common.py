@@ -83,6 +83,32 @@ def composite(
   )
 
 
+def local_sgd_options(
+  batch_size: int,
+  local_epochs: int,
+  *,
+  local_epochs_max: int = 0,
+  local_steps: int = 0,
+  seed: int = 0,
+  weighting: str = 'examples',
+) -> client_round.ClientOptions:
+  """Local SGD's client options: `local_epochs` passes, or epochs drawn up to
+  `local_epochs_max` (> 0), or exactly `local_steps` (> 0) steps of `batch_size`
+  cycling through the examples. Raises ValueError (one line) for both of the last two."""
+  if local_steps and local_epochs_max:
+    raise ValueError(
+      "local_steps fixes every client's steps and local_epochs_max draws them: give one."
+    )
+  return client_round.ClientOptions(
+    batch_size,
+    local_epochs,
+    local_epochs_max or None,
+    local_steps or None,
+    seed=seed,
+    weighting=weighting,
+  )
+
+
 def fedavg_like(
   model,
   client_rule: rule_lib.ClientRule,

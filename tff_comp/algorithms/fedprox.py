@@ -13,7 +13,7 @@ from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.learning_process import aggregation_factories
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round, sgd
+from tff_comp.ops import sgd
 
 
 @registry.register_algorithm('fedprox', home_task='lasso')
@@ -27,6 +27,7 @@ def fedprox(
   batch_size: int = 10,
   local_epochs: int = 1,
   local_epochs_max: int = 0,
+  local_steps: int = 0,
   seed: int = 0,
   client_weighting: str = 'examples',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
@@ -39,12 +40,20 @@ def fedprox(
     server_momentum: heavy-ball momentum of the server SGD (0: plain SGD).
     local_epochs_max: if > 0, each client draws its epochs every round from
       [local_epochs, local_epochs_max] and takes floor(E n_i / B) steps.
+    local_steps: if > 0, every client takes exactly this many steps of batch_size
+      examples a round, cycling through its examples, in place of local_epochs (the
+      fixed K of SCAFFOLD and of Karimireddy, He and Jaggi 2022).
   """
   common.check_positive(client_learning_rate=client_learning_rate)
   common.check_nonnegative(mu=mu)
   rule = sgd.SGD(model, learning_rate=client_learning_rate, proximal_strength=mu)
-  options = client_round.ClientOptions(
-    batch_size, local_epochs, local_epochs_max or None, seed=seed, weighting=client_weighting
+  options = common.local_sgd_options(
+    batch_size,
+    local_epochs,
+    local_epochs_max=local_epochs_max,
+    local_steps=local_steps,
+    seed=seed,
+    weighting=client_weighting,
   )
   return common.fedavg_like(
     model,

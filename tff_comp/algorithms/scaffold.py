@@ -21,7 +21,7 @@ import tensorflow_federated as tff
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.learning_process import aggregation_factories
-from tff_comp.ops import aggregation, client_round, model_ops
+from tff_comp.ops import aggregation, model_ops
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import scaffold as scaffold_lib
 
@@ -35,11 +35,18 @@ def scaffold(
   server_learning_rate: float = 1.0,
   batch_size: int = 10,
   local_epochs: int = 1,
+  local_steps: int = 0,
   client_weighting: str = 'uniform',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
   model_aggregator: aggregation_factories.Factory | None = None,
 ) -> algorithm_lib.Algorithm:
-  """SCAFFOLD over `num_clients` clients (option II control variates)."""
+  """SCAFFOLD over `num_clients` clients (option II control variates).
+
+  Args:
+    local_steps: if > 0, every client takes exactly this many steps of batch_size
+      examples a round, cycling through its examples, in place of local_epochs (the
+      fixed K of SCAFFOLD and of Karimireddy, He and Jaggi 2022).
+  """
   common.check_positive(client_learning_rate=client_learning_rate, num_clients=num_clients)
   rule = scaffold_lib.ScaffoldClient(
     model, learning_rate=client_learning_rate, num_clients=num_clients
@@ -53,7 +60,9 @@ def scaffold(
     model,
     rule,
     server_rule,
-    client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
+    common.local_sgd_options(
+      batch_size, local_epochs, local_steps=local_steps, weighting=client_weighting
+    ),
     aggregation_kind=aggregation.SLOTS,
     model_aggregator=model_aggregator,
   )
