@@ -3,7 +3,9 @@
 Client k: u_k ~ N(0, alpha), W_k ~ N(u_k, 1)^{60x10}, b_k ~ N(u_k, 1)^10,
 B_k ~ N(0, beta), v_k ~ N(B_k, 1)^60, Sigma = diag(j^-1.2), x ~ N(v_k, Sigma),
 y = argmax softmax(W_k^T x + b_k); n_k = int(lognormal(4, 2)) + 50; 30 clients.
-alpha controls how much local models differ, beta how much local data differ. Each
+alpha controls how much local models differ, beta how much local data differ.
+Synthetic-IID (the same paper's control, `iid=True`): one W ~ N(0, 1)^{60x10} and
+b ~ N(0, 1)^10 for every client, and every client's x ~ N(0, Sigma). Each
 client's examples are split 80/10/10 into train, validation and test. Model: softmax
 regression. Metrics: training loss on all clients' train parts, test loss and accuracy
 on the test parts, and `validation_loss` and `validation_accuracy` on the validation
@@ -20,17 +22,22 @@ from tff_comp.tasks import array_data, base
 DIM, CLASSES = 60, 10
 
 
-def generate(alpha: float, beta: float, num_clients: int, seed: int):
-  """[(x, y)] per client, following the FedProx reference recipe."""
+def generate(alpha: float, beta: float, num_clients: int, seed: int, iid: bool = False):
+  """[(x, y)] per client, following the FedProx reference recipe (`iid`: its
+  Synthetic-IID)."""
   rng = np.random.default_rng(seed)
   sizes = rng.lognormal(4, 2, num_clients).astype(int) + 50
   sigma = np.arange(1, DIM + 1) ** -1.2
+  shared = (rng.normal(0, 1, (DIM, CLASSES)), rng.normal(0, 1, CLASSES)) if iid else None
   clients = []
   for k in range(num_clients):
-    u = rng.normal(0, np.sqrt(alpha))
-    w = rng.normal(u, 1, (DIM, CLASSES))
-    b = rng.normal(u, 1, CLASSES)
-    v = rng.normal(rng.normal(0, np.sqrt(beta)), 1, DIM)
+    if shared is not None:
+      (w, b), v = shared, np.zeros(DIM)
+    else:
+      u = rng.normal(0, np.sqrt(alpha))
+      w = rng.normal(u, 1, (DIM, CLASSES))
+      b = rng.normal(u, 1, CLASSES)
+      v = rng.normal(rng.normal(0, np.sqrt(beta)), 1, DIM)
     x = v + rng.normal(size=(sizes[k], DIM)) * np.sqrt(sigma)
     y = np.argmax(x @ w + b, axis=1)
     clients.append((x.astype(np.float32), y.astype(np.int32)))
@@ -39,24 +46,35 @@ def generate(alpha: float, beta: float, num_clients: int, seed: int):
 
 @registry.register_task('synthetic')
 def build_synthetic_task(
-  *, alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30, seed: int = 0
+  *,
+  alpha: float = 1.0,
+  beta: float = 1.0,
+  iid: bool = False,
+  num_clients: int = 30,
+  seed: int = 0,
 ) -> base.Task:
-  """Builds Synthetic(alpha, beta).
+  """Builds Synthetic(alpha, beta), or Synthetic-IID.
 
   Args:
     alpha: how much the clients' local models differ.
     beta: how much the clients' features differ.
+    iid: FedProx's Synthetic-IID: one model and one feature distribution for every
+      client (the control without heterogeneity; alpha and beta do not apply).
     num_clients: clients.
   """
   if alpha < 0 or beta < 0 or num_clients < 1:
     raise ValueError(
       f'need alpha, beta >= 0 and num_clients >= 1; got {alpha}, {beta}, {num_clients}.'
     )
-  clients = generate(alpha, beta, num_clients, seed)
+  if iid and (alpha, beta) != (1.0, 1.0):
+    raise ValueError(
+      '--synthetic_iid has one model and one feature distribution: drop alpha and beta.'
+    )
+  clients = generate(alpha, beta, num_clients, seed, iid)
   cut = [int(0.8 * len(y)) for _, y in clients]
   ids = [str(i) for i in range(num_clients)]
   train_data = array_data.cached_client_data(
-    f'synthetic-a{alpha}-b{beta}-c{num_clients}-seed{seed}',
+    f'synthetic-{"iid" if iid else f"a{alpha}-b{beta}"}-c{num_clients}-seed{seed}',
     ids,
     (DIM,),
     tf.int32,
