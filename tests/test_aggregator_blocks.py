@@ -435,6 +435,18 @@ def test_attackers_are_drawn_by_client_and_send_their_attack(kind):
   assert float(_aggregate(chain)[3]['byzantine_clients']) == bad.sum()
 
 
+def test_alie_with_a_given_z_sends_mu_minus_z_sigma():
+  chain = agg.Chain((agg.ALIE(0.4, z=1.5),), agg.Mean()).bind(D)
+  stream = SEEDS + np.array([0, 1_000_003])
+  bad = np.array([tf.random.stateless_uniform([], seed).numpy() < 0.4 for seed in stream])
+  sent = chain.encode(
+    chain.initial_state(), tf.constant(X), tf.constant(W), tf.zeros([M, 0]), tf.constant(SEEDS)
+  ).values.numpy()
+  honest = X[~bad]
+  expected = np.broadcast_to(honest.mean(0) - 1.5 * honest.std(0), sent[bad].shape)
+  np.testing.assert_allclose(sent[bad], expected, rtol=1e-4, atol=1e-5)
+
+
 # --- the chain --------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ client), and sends in place of its update x_i:
     Gaussian   N(0, sigma^2 I)              (sigma = `scale`)
     ALIE       mu - z sigma, coordinate-wise over the round's honest updates, with
                z = Phi^-1((m - s) / m), s = floor(m / 2 + 1) - f for f attackers of m
+               (or a given z)
                ("A Little Is Enough", Baruch et al. 2019: small enough to pass Krum
                and the median, all attackers alike)
 
@@ -84,10 +85,16 @@ class Gaussian(Attack):
 
 
 class ALIE(Attack):
+  """ALIE with z by the paper's formula, or a given `z` (the authors' code uses 1.5)."""
+
   cohort_wide = True
 
+  def __init__(self, fraction: float, scale: float = 1.0, z: float | None = None):
+    super().__init__(fraction, scale)
+    self.z = z
+
   def forge(self, x, bad, scale, seeds):
-    return tf.broadcast_to(_little_is_enough(x, bad)[None, :], tf.shape(x))
+    return tf.broadcast_to(_little_is_enough(x, bad, self.z)[None, :], tf.shape(x))
 
 
 def honest_moments(x: tf.Tensor, bad: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -98,9 +105,12 @@ def honest_moments(x: tf.Tensor, bad: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   return mu, tf.sqrt(tf.reduce_sum(tf.square(x - mu) * honest, 0) / count)
 
 
-def _little_is_enough(x: tf.Tensor, bad: tf.Tensor) -> tf.Tensor:
-  """ALIE's row: mu - z sigma over the honest rows (module docstring)."""
+def _little_is_enough(x: tf.Tensor, bad: tf.Tensor, z: float | None = None) -> tf.Tensor:
+  """ALIE's row: mu - z sigma over the honest rows, z by the formula unless given
+  (module docstring)."""
   mu, sigma = honest_moments(x, bad)
+  if z is not None:
+    return mu - z * sigma
   m = tf.cast(tf.shape(x)[0], tf.float32)
   f = tf.reduce_sum(tf.cast(bad, tf.float32))
   s = tf.floor(m / 2 + 1) - f
@@ -160,11 +170,22 @@ def _gaussian(options: ScaledAttackOptions, clients_per_round: int) -> Gaussian:
   return Gaussian(options.attack_fraction, options.attack_scale)
 
 
-@registry.register_attack('alie', options=AttackOptions)
-def _alie(options: AttackOptions, clients_per_round: int) -> ALIE:
+@dataclasses.dataclass(frozen=True)
+class ALIEOptions:
+  attack_fraction: float = attack_fraction()
+  alie_z: float | None = settings.setting(
+    None,
+    "z of mu - z sigma (default: the paper's formula from m and f; the authors' code uses 1.5).",
+    lower=0.0,
+    upper=settings.FLOAT32_HUGE,
+  )
+
+
+@registry.register_attack('alie', options=ALIEOptions)
+def _alie(options: ALIEOptions, clients_per_round: int) -> ALIE:
   """The attackers send mu - z sigma of the honest updates ("A Little Is Enough")."""
   del clients_per_round
-  return ALIE(options.attack_fraction)
+  return ALIE(options.attack_fraction, z=options.alie_z)
 
 
 @registry.register_attack(LABEL_FLIP, options=AttackOptions)
