@@ -19,7 +19,7 @@ _CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
 # Per-trial settings that only set where the aggregator chain starts (a stage's
 # `in_state`, declared `settings.setting(chain_state=True)`: a Clip's bound, a trimmed
 # mean's fraction, Krum's f, the attackers' fraction): trials differing in them share a
-# build, each run starting from its own chain's state (`trials._own_start`). TFF's
+# build, each run starting from its own chain's state (`trials._own_chain_start`). TFF's
 # runtime bakes them into its factories, so there they stay in the group key; so does
 # the attackers' fraction of label flipping, which poisons the task's data.
 CHAIN_START = run_config.declared('chain_state')

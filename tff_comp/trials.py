@@ -8,7 +8,8 @@ rounds, participation) and the client rule's hyperparameters set through its hpa
 `experiment.train_runner` takes them. Trials whose configurations agree but for the
 learning rates, `seed` and `data_seed`, rounds, evaluation period, cohort and
 participation, output directory and resume flags, the aggregator settings its chain's
-states hold (`trial_groups.CHAIN_START`: each trial starts its chain from its own, `_own_start`),
+states hold (`trial_groups.CHAIN_START`: each trial starts its chain from its own, on a
+runtime with the `runtime.base.StartsChains` capability),
 and whose hparams differ, form a
 group (with `--engine=auto`, of one rounds and cohort size, by which their separate
 runs choose the engine; private trials: of one participation too, which calibrates
@@ -164,7 +165,7 @@ def _programs(
 
 def _by_chain_start(program: _Program) -> list[_Program]:
   """`program`, where its build starts each trial's aggregator chain from the trial's
-  own state (`_own_start`: an Algorithm, whose trials' chains agree in structure, as
+  own state (`_own_chain_start`: an Algorithm, whose trials' chains agree in structure, as
   `trial_groups.CHAIN_START` keeps them); trials whose chains differ otherwise (a secure sum's
   modulus sized to the cohort) get a build per structure, and a TFF process, which
   bakes its chain into its factories, one per `trial_groups.CHAIN_START` value."""
@@ -316,12 +317,13 @@ def _run_batched(
   threads = []
   for t, k in enumerate(part):
     i, p = program.members[k], program.prepared[k]
-    member = group.member(
-      t,
-      _own_start(program.runner, p, program.runner.runtime)
-      if program.initial is None
-      else program.initial[k],
-    )
+    if program.initial is not None:
+      initial = program.initial[k]
+    else:  # its own chain's start, where it differs from the build's
+      own = _own_chain_start(program.runner, p)
+      runtime = program.runner.runtime
+      initial = None if own is None else runtime.starting_chain_at(own).initialize()
+    member = group.member(t, initial)
     trial_runner = experiment.runner_on(p, member, member.description, program.runner.algorithm)
     trial_runner = dataclasses.replace(
       trial_runner,
@@ -414,38 +416,26 @@ def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared) -> e
     runtime = buffered_async.for_run(
       prepared.config, runtime.driver, prepared.task.train_data, runner.algorithm
     )
-  start = _own_start(runner, prepared, runtime)
-  return dataclasses.replace(
-    runner, runtime=runtime if start is None else _StartingAt(runtime, start)
-  )
+  own = _own_chain_start(runner, prepared)
+  if own is not None:
+    if not isinstance(runtime, base.StartsChains):
+      raise experiment.ConfigError(
+        f'{runtime.description}: trials differing in {", ".join(trial_groups.CHAIN_START)}'
+        ' share a build only on a runtime that starts chains where told.'
+      )
+    runtime = runtime.starting_chain_at(own)
+  return dataclasses.replace(runner, runtime=runtime)
 
 
-def _own_start(
-  runner: experiment.Runner, prepared: experiment.Prepared, runtime: base.Runtime
-) -> base.State | None:
-  """Where `prepared`'s trial starts on `runtime` (of the build `runner`) when its
-  aggregator chain starts elsewhere than the build's (`trial_groups.CHAIN_START`): the runtime's
-  initial state holding the trial's own chain state; None when they agree."""
+def _own_chain_start(runner: experiment.Runner, prepared: experiment.Prepared) -> Any:
+  """The state `prepared`'s trial starts its aggregator chain from when that differs
+  from the build `runner`'s (`trial_groups.CHAIN_START`); None when they agree."""
   built = None if runner.algorithm is None else runner.algorithm.model_chain
   if built is None:
     return None
   own = _built(prepared).model_chain.initial_state()
   leaves = zip(tf.nest.flatten(own), tf.nest.flatten(built.initial_state()), strict=True)
-  if all(np.array_equal(a, b) for a, b in leaves):
-    return None
-  state = runtime.initialize()
-  held = state.aggregator  # the in-process runtimes' and Ray's; async's in flight
-  inner = held.chain if isinstance(held, buffered_async.InFlight) else held
-  if not isinstance(inner, learning_state.AggregatorState):
-    raise experiment.ConfigError(
-      f'{runtime.description}: trials differing in {", ".join(trial_groups.CHAIN_START)} share'
-      ' a build on the in-process runtimes and Ray only.'
-    )
-  inner = inner._replace(chain=own)
-  held = held._replace(chain=inner) if isinstance(held, buffered_async.InFlight) else inner
-  return learning_state.assemble(
-    state.global_model_weights, state.client_work, state.finalizer, held
-  )
+  return None if all(np.array_equal(a, b) for a, b in leaves) else own
 
 
 def _built(prepared: experiment.Prepared) -> Any:
@@ -454,20 +444,6 @@ def _built(prepared: experiment.Prepared) -> Any:
     return prepared.build()
   except ValueError as e:
     raise experiment.ConfigError(f'algorithm {prepared.config.algorithm!r}: {e}') from e
-
-
-class _StartingAt:
-  """`runtime` whose runs start from `initial` (a trial's own aggregator start); all
-  else is `runtime`'s."""
-
-  def __init__(self, runtime: base.Runtime, initial: base.State):
-    self._runtime, self._initial = runtime, initial
-
-  def initialize(self) -> base.State:
-    return self._initial
-
-  def __getattr__(self, name: str) -> Any:
-    return getattr(self._runtime, name)
 
 
 def _why_not_batched(runner: experiment.Runner, size: int, batch: bool) -> str:

@@ -42,6 +42,7 @@ exactly.
 """
 
 from collections.abc import Callable, Sequence
+import copy
 import dataclasses
 import heapq
 import math
@@ -292,6 +293,11 @@ class BufferedAsyncRuntime:
         (),
       )
     return self._with_flight(state, self._empty._replace(chain=state.aggregator))
+
+  def starting_chain_at(self, chain_state: Any) -> 'BufferedAsyncRuntime':
+    started = copy.copy(self)  # its schedule and sampler shared
+    started._driver = self._driver.starting_chain_at(chain_state)
+    return started
 
   def _with_flight(self, state: base.State, flight: InFlight) -> base.State:
     return learning_state.assemble(

@@ -165,6 +165,19 @@ class BatchesTrials(Protocol):
     `clients[t]`: where trial t's clients are, None: this runtime's own)."""
 
 
+@runtime_checkable
+class StartsChains(Protocol):
+  """A capability: its runs start the model aggregator chain from a given state (a
+  trial's own settings that the chain's state holds, `settings.setting(chain_state=
+  True)`), so trials differing only there share one build (`tff_comp.trials`). The
+  in-process runtime, Ray's and buffered async steps have it; TFF's bakes the settings
+  into its factories."""
+
+  def starting_chain_at(self, chain_state: Any) -> 'Runtime':
+    """This runtime (its builds shared), its `initialize` holding `chain_state`
+    (an `ops.aggregators.ChainState`) as the chain's."""
+
+
 def server_state(state: State) -> Any:
   """The server rule's state (what defines the method at this round)."""
   return state.finalizer

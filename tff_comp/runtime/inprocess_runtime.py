@@ -4,6 +4,7 @@ registers it): an `ops.algorithm.Algorithm` run directly in TensorFlow, one
 
 import collections
 from collections.abc import Sequence
+import copy
 from typing import Any
 
 from absl import logging
@@ -65,6 +66,7 @@ class InProcessRuntime:
   name = 'inprocess'
   partial_work = True
   sampler = None
+  _chain_start: Any = None  # the chain's state its runs start from (`starting_chain_at`)
 
   def __init__(
     self,
@@ -196,7 +198,15 @@ class InProcessRuntime:
   # --- state -------------------------------------------------------------------------
 
   def initialize(self) -> base.State:
-    return learning_state.initial_state(self.algorithm, self.device, len(self.client_ids))
+    state = learning_state.initial_state(self.algorithm, self.device, len(self.client_ids))
+    if self._chain_start is not None:
+      state = learning_state.with_chain_state(state, self._chain_start)
+    return state
+
+  def starting_chain_at(self, chain_state: Any) -> 'InProcessRuntime':
+    started = copy.copy(self)  # its compiled round shared
+    started._chain_start = chain_state
+    return started
 
   # Readers return NumPy values, as TFF's computations do (`learning_state`).
   def get_model_weights(self, state: base.State):

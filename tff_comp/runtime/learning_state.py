@@ -60,6 +60,11 @@ def as_tensors(state: base.State) -> base.State:
   )
 
 
+def with_chain_state(state: base.State, chain_state: Any) -> base.State:
+  """`state` with its aggregator chain's state replaced (`base.StartsChains`)."""
+  return state._replace(aggregator=state.aggregator._replace(chain=chain_state))
+
+
 def assemble(weights, work: client_round.ClientWorkState, server_state, aggregator) -> base.State:
   """The state of these parts (`base.State`'s fields; no distributor state)."""
   return tff.learning.templates.LearningAlgorithmState(

@@ -3,6 +3,7 @@ it): it holds the state, sends each round's cohort to the actors holding its cli
 adds their sums and ends the round; see `runtime.ray_runtime`'s docstring."""
 
 from collections.abc import Sequence
+import copy
 import time
 from typing import Any, NamedTuple
 
@@ -148,6 +149,11 @@ class RayRuntime:
 
   def initialize(self) -> base.State:
     return self._driver.initialize()
+
+  def starting_chain_at(self, chain_state: Any) -> 'RayRuntime':
+    started = copy.copy(self)  # its actors shared
+    started._driver = self._driver.starting_chain_at(chain_state)
+    return started
 
   def get_model_weights(self, state: base.State):
     return self._driver.get_model_weights(state)
