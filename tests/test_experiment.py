@@ -281,3 +281,11 @@ def test_config_json_records_the_client_hyperparameters_in_force(tmp_path):
     )
   )
   assert resumed.config.resume
+
+
+def test_train_takes_a_whole_config_and_refuses_settings_beside_it():
+  config = experiment.ExperimentConfig.of(algorithm='fedavg', task='lasso')
+  with pytest.raises(experiment.ConfigError, match=r'set task, rounds in it'):
+    experiment.train(config, 'lasso', rounds=3)
+  with pytest.raises(experiment.ConfigError, match='a registered name or an ExperimentConfig'):
+    experiment.train(42)

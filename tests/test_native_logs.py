@@ -3,6 +3,7 @@ tff_comp, its real errors and Python's warnings kept, nothing changed when the u
 TF_CPP_MIN_LOG_LEVEL; Ray's one line about its metrics agent kept out (`drop_line`)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -40,6 +41,33 @@ def test_start_up_notices_go_and_errors_stay(repo_root, tmp_path, user_level):
     assert lines == ['2026-11-28 E real_failure.cc:1] something that matters', 'a Python warning']
   else:  # the user's choice: everything as TensorFlow printed it
     assert len(lines) == 4
+
+
+# A line of TensorFlow's C++ logging: '2026-12-04 19:31:10.295662: I tensorflow/...'.
+_CPP_LOG = re.compile(r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ')
+_API_RUN = """
+from tff_comp import experiment
+experiment.train(experiment.ExperimentConfig.of(
+    algorithm='fedavg', task='lasso', rounds=1, runtime='tff', output_dir={out!r}))
+"""
+
+
+def test_a_script_on_tffs_runtime_prints_no_cpp_info_lines(tmp_path):
+  """Through the Python API (no binary sets the level), TFF's runtime printed two
+  grappler INFO lines a compiled computation (44 in 2 rounds of lasso)."""
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  out = subprocess.run(
+    [sys.executable, '-c', _API_RUN.format(out=str(tmp_path / 'run'))],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+    cwd=tmp_path,
+    stdin=subprocess.DEVNULL,
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  cpp = [line for line in out.stderr.splitlines() if _CPP_LOG.match(line)]
+  assert not cpp, cpp[:5]
 
 
 _DROP_LINE = (

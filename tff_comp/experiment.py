@@ -440,7 +440,7 @@ def run_experiment(
 
 
 def train(
-  algorithm: str,
+  algorithm: str | ExperimentConfig,
   task: str | None = None,
   *,
   show_progress: bool = True,
@@ -450,13 +450,26 @@ def train(
   """Trains the registered `algorithm` on `task` (None: its home task); returns the final
   evaluation metrics. Settings go by their flags' names: the run's and its records'
   (`ExperimentConfig.of`: `rounds=50`, `sampling='poisson'`), the algorithm's options
-  (`mu=0.1`) and the task's (`lasso_dataset='II'`, as `--lasso_dataset`). `callbacks`
+  (`mu=0.1`) and the task's (`lasso_dataset='II'`, as `--lasso_dataset`). `algorithm`
+  may instead be a whole `ExperimentConfig` (then nothing else is given). `callbacks`
   join `default_callbacks` before the progress line.
 
   Raises:
     registry.RegistryError: unknown algorithm or task.
     ConfigError: an unknown setting, or any bad one.
   """
+  if isinstance(algorithm, ExperimentConfig):
+    given = (['task'] if task is not None else []) + sorted(settings_)
+    if given:
+      raise ConfigError(
+        f'train(config): the ExperimentConfig holds every setting; set {", ".join(given)} in it.'
+      )
+    return run_experiment(prepare(algorithm), show_progress=show_progress, callbacks=callbacks)
+  if not isinstance(algorithm, str):
+    raise ConfigError(
+      f'train: algorithm is a registered name or an ExperimentConfig, got'
+      f' {type(algorithm).__name__}.'
+    )
   entry = registry.get_algorithm(algorithm)
   task_name = task or entry.home_task or DEFAULT_TASK
   config_names = (

@@ -4,11 +4,13 @@ Importing TensorFlow 2.14 on a machine without CUDA prints about nine lines from
 file descriptor 2 (three of them `E ... Unable to register cuDNN factory`), which look
 like failures and are not. The binaries set `TF_CPP_MIN_LOG_LEVEL=3` before the import;
 a library cannot: that level also hides the errors that matter, for the whole process.
-So `install` (called when tff_comp is imported, before TensorFlow) makes TensorFlow's
-first import write fd 2 to a temporary file, then writes back every line but the known
-start-up notices (`_NOTICES`). Python's own warnings and TensorFlow's real errors pass
-through, in order. Nothing changes when TensorFlow was imported already, or when
-`TF_CPP_MIN_LOG_LEVEL` is set (the user chose). Stdlib only.
+So `install` (called when tff_comp is imported, before TensorFlow) sets the level to 1
+(C++'s INFO lines off: grappler's and XLA's, printed on TFF's runtime and at compiles;
+warnings and errors kept) and makes TensorFlow's first import write fd 2 to a temporary
+file, then writes back every line but the known start-up notices (`_NOTICES`). Python's
+own warnings and TensorFlow's real errors pass through, in order. Nothing changes when
+TensorFlow was imported already, or when `TF_CPP_MIN_LOG_LEVEL` is set (the user
+chose). Stdlib only.
 
 Ray's core (2.52, without its dashboard's extras) logs one error from the driver about
 30 s after it joins a cluster: it found no metrics agent to export to (ray-project/ray
@@ -88,6 +90,10 @@ def install() -> None:
   happened already or `TF_CPP_MIN_LOG_LEVEL` is set."""
   if 'tensorflow' in sys.modules or 'TF_CPP_MIN_LOG_LEVEL' in os.environ:
     return
+  # C++'s INFO lines off, its warnings and errors kept: TFF's runtime otherwise prints
+  # two grappler lines for every computation it compiles (44 in a 2-round lasso run)
+  # and XLA its start; TensorFlow reads the level once, at its first log line.
+  os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'
   if not any(isinstance(f, _QuietFirstImport) for f in sys.meta_path):
     sys.meta_path.insert(0, _QuietFirstImport())
 
