@@ -33,6 +33,8 @@ CHAINS = {
   'top-1% + error feedback': (agg.Chain((agg.ErrorFeedback(agg.TopK(0.01)),), agg.Mean()), None),
   'median': (agg.Chain((), agg.Median()), 2.0),
   'krum (f = 1)': (agg.Chain((), agg.Krum(1)), 2.0),
+  'nnm + krum (f = 1)': (agg.Chain((), agg.Krum(1), agg.NearestNeighbourMixing(1)), None),
+  'bucketing (s = 2) + krum': (agg.Chain((), agg.Krum(1), agg.Bucketing(2)), None),
 }
 
 

@@ -39,6 +39,11 @@ _NOTICES = re.compile(
 )
 
 
+# What XLA's host stream executor logs, as an error, when it first compiles on CPU (two
+# lines; nothing fails): kept out of the first compiled round (`runtime.inprocess`).
+XLA_NOTICES = re.compile(r'SetPriority unimplemented for this stream')
+
+
 @contextlib.contextmanager
 def filtered_stderr(notices: re.Pattern = _NOTICES) -> Iterator[None]:
   """File descriptor 2 (C++ writes there, not to `sys.stderr`) into a temporary file

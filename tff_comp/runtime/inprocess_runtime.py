@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_comp import data as data_lib
+from tff_comp import native_logs
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, local_loop
 from tff_comp.runtime import (
@@ -332,6 +333,8 @@ class InProcessRuntime:
       # One trace for cohorts of every size: later calls bind to its [None] shapes.
       self.note_cohort(int(positions.shape[0]))
       self._round_fn.trace(key, *args, *_ANY_SIZE, capacity)
+      with native_logs.filtered_stderr(native_logs.XLA_NOTICES):  # its first compile
+        return self._round_fn(key, *args, positions, indices, work, capacity)
     return self._round_fn(key, *args, positions, indices, work, capacity)
 
   def _fall_back(self, error: Exception) -> None:
