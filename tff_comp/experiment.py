@@ -295,6 +295,11 @@ def default_callbacks(
       *poisoned,
       *extra,
     ),
+    progress_also=(
+      ('comm/upload_bytes',)
+      if runner.algorithm is not None and communication_lib.compressed(runner.algorithm)
+      else ()
+    ),
   )
 
 

@@ -51,3 +51,14 @@ def client_bytes(algorithm: Any) -> tuple[float, float]:
   payload = contract.payload_spec(algorithm)
   download = 4.0 * _message_floats(payload, getattr(type(payload), 'client_rows', ()))
   return upload, download
+
+
+def compressed(algorithm: Any) -> bool:
+  """Whether `algorithm`'s aggregator chain sends its model part in fewer bits than 32
+  a float."""
+  chain = algorithm.model_chain
+  if chain is None:
+    return False
+  spec = algorithm.server_rule.update_spec()
+  d = _floats(spec.delta if hasattr(spec, 'delta') else spec)
+  return chain.upload_bits(d) < 32.0 * d

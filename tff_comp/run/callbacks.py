@@ -2,7 +2,7 @@
 checkpoints, the run record, the final model and the divergence guard, and `Loop`, what
 they see of the run."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 import json
 import math
 import pathlib
@@ -300,10 +300,11 @@ _ALSO_SHOWN = ('time/simulated_seconds', 'participation/late', 'privacy/epsilon'
 
 
 class Progress(Callback):
-  """A live bar on a terminal; one line per evaluation in logs (CI, files)."""
+  """A live bar on a terminal; one line per evaluation in logs (CI, files); `also`: more
+  columns it shows where the run writes them (a compressed run's comm/upload_bytes)."""
 
-  def __init__(self, show: bool):
-    self._show = show
+  def __init__(self, show: bool, also: Sequence[str] = ()):
+    self._show, self._also = show, (*_ALSO_SHOWN, *also)
     self._interactive = show and sys.stderr.isatty()
     self._bar = None
 
@@ -322,7 +323,7 @@ class Progress(Callback):
       summary = {k: f'{v:.4g}' for k, v in loop.eval_metrics.items()}  # the CSV's names
       # Where the run has them: its simulated clock, the clients late this round, the
       # privacy spent.
-      summary.update({k: f'{metrics[k]:.4g}' for k in _ALSO_SHOWN if k in metrics})
+      summary.update({k: f'{metrics[k]:.4g}' for k in self._also if k in metrics})
       self._bar.set_postfix(summary, refresh=False)
       if self._show and not self._interactive:
         # The round's loss at the visited iterates, then the evaluation's metrics

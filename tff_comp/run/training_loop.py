@@ -183,13 +183,15 @@ def standard_callbacks(
   schedules: tuple[Any, Any] | None = None,
   show_progress: bool = True,
   extra: Sequence[callbacks_lib.Callback] = (),
+  progress_also: Sequence[str] = (),
 ) -> list[callbacks_lib.Callback]:
   """The callbacks of a standard run, in order: the learning-rate `schedules` (client,
   server; `schedules.Schedule`s, left out when both are constant), a divergence guard on
   the training loss (its message ending with `divergence_hint`), the evaluator
   (`evaluate` maps the state to metrics at the start, every `eval_period` rounds and at
   the last; `evaluate_clients` to one row per client), a guard on the evaluation's loss,
-  `extra`, and the progress line. `run_simulation` adds the run directory's own."""
+  `extra`, and the progress line (with the columns `progress_also` where written).
+  `run_simulation` adds the run directory's own."""
   scheduled = (
     []
     if schedules is None or all(s.constant for s in schedules)
@@ -201,7 +203,7 @@ def standard_callbacks(
     callbacks_lib.Evaluator(evaluate, eval_period, evaluate_clients),
     callbacks_lib.DivergenceGuard(divergence_hint, evaluated=True),
     *extra,
-    callbacks_lib.Progress(show_progress),
+    callbacks_lib.Progress(show_progress, progress_also),
   ]
 
 
