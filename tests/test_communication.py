@@ -5,9 +5,8 @@ first dimension and on others: a per-client table is one row, whatever N is (#75
 
 import pytest
 
-from tff_comp import experiment, models
+from tff_comp import models
 from tff_comp.algorithms import afl, ditto, fedavg, qfedavg, scaffold
-from tff_comp.ops import aggregators as agg
 from tff_comp.ops import communication
 
 D = 5
@@ -60,29 +59,3 @@ BUILDERS = {
 def test_a_clients_bytes_are_its_messages_counted_by_hand(name, population):
   build, up, down = BUILDERS[name]
   assert _bytes(build, population) == (up * F, down * F)
-
-
-def test_a_compressed_run_shows_its_bytes_on_the_progress_line(capsys, tmp_path):
-  model = models.linear_regression((D,))
-  plain = fedavg.fedavg(model, client_learning_rate=0.1)
-  sparse = fedavg.fedavg(
-    model, client_learning_rate=0.1, model_aggregator=agg.Chain((agg.TopK(0.5),), agg.Mean())
-  )
-  median = fedavg.fedavg(
-    model,
-    client_learning_rate=0.1,
-    client_weighting='uniform',
-    model_aggregator=agg.Chain((), agg.Median()),
-  )
-  assert communication.compressed(sparse)
-  assert not communication.compressed(plain) and not communication.compressed(median)
-  for compression, shown in (('top_k', True), ('none', False)):
-    experiment.train(
-      'fedavg',
-      'lasso',
-      rounds=1,
-      compression=compression,
-      output_dir=str(tmp_path / compression),
-    )
-    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith('round 1/1')][0]
-    assert ('comm/upload_bytes=' in line) == shown, line

@@ -297,6 +297,9 @@ class Evaluator(Callback):
 
 # Columns the progress line shows beside the evaluation's, where a run writes them.
 _ALSO_SHOWN = ('time/simulated_seconds', 'participation/late', 'privacy/epsilon')
+# In a log, a round's line at least this often between evaluations (an EMNIST run
+# evaluating every 100 rounds said nothing for minutes).
+SAY_EVERY_S = 30.0
 
 
 class Progress(Callback):
@@ -305,6 +308,7 @@ class Progress(Callback):
 
   def __init__(self, show: bool, also: Sequence[str] = ()):
     self._show, self._also = show, (*_ALSO_SHOWN, *also)
+    self._said = time.monotonic()  # when it last wrote a line
     self._interactive = show and sys.stderr.isatty()
     self._bar = None
 
@@ -319,25 +323,29 @@ class Progress(Callback):
     )
 
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
-    if any(k.startswith('eval/') for k in metrics):
+    evaluated = any(k.startswith('eval/') for k in metrics)
+    summary = {}
+    if evaluated:
       summary = {k: f'{v:.4g}' for k, v in loop.eval_metrics.items()}  # the CSV's names
       # Where the run has them: its simulated clock, the clients late this round, the
       # privacy spent.
       summary.update({k: f'{metrics[k]:.4g}' for k in self._also if k in metrics})
       self._bar.set_postfix(summary, refresh=False)
-      if self._show and not self._interactive:
-        # The round's loss at the visited iterates, then the evaluation's metrics
-        # (a task's own `train_loss` is its evaluation on the pooled training data).
-        loss = metrics.get('train/client_work/train_loss', 0.0)
-        # One write, line and newline together: a Ctrl-C between them would glue the
-        # next line (the interrupt's) to this one.
-        sys.stderr.write(
-          f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s):'
-          f' train/client_work/train_loss={loss:.4g} '
-          + ' '.join(f'{k}={v}' for k, v in summary.items())
-          + '\n'
-        )
-        sys.stderr.flush()
+    due = time.monotonic() - self._said >= SAY_EVERY_S
+    if self._show and not self._interactive and (evaluated or due):
+      # The round's loss at the visited iterates, then the evaluation's metrics
+      # (a task's own `train_loss` is its evaluation on the pooled training data).
+      loss = metrics.get('train/client_work/train_loss', 0.0)
+      # One write, line and newline together: a Ctrl-C between them would glue the
+      # next line (the interrupt's) to this one.
+      sys.stderr.write(
+        f'round {round_num}/{loop.rounds} ({loop.elapsed():.1f}s):'
+        f' train/client_work/train_loss={loss:.4g}'
+        + ''.join(f' {k}={v}' for k, v in summary.items())
+        + '\n'
+      )
+      sys.stderr.flush()
+      self._said = time.monotonic()
     self._bar.update()
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
