@@ -179,7 +179,7 @@ def _run_batched(
     curves[list(seeds).index(seed)][config] = curve
     print(
       f'{algorithm:15s} {label} seed={seed} {_outcome(spec, curve, rounds)}'
-      f" ({took:.0f}s, the group's)",
+      f' ({took:.0f}s for the {len(entries)} runs trained together)',
       flush=True,
     )
   return curves

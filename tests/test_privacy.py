@@ -373,6 +373,13 @@ def test_the_privacy_line_gives_the_delta_it_accounts_with():
   assert line.count('delta') == 1 and 'delta = 0.0103;' in line, line
   with pytest.raises(ValueError, match='target_delta must be in'):
     accounting.Ledger(1.0, 10, 64, 'poisson', 0.05, 'rdp')
+  # A tree restarting after the run's rounds is one tree, said so (#76: "restarted every
+  # 340 rounds" on a 20-round run).
+  tree = accounting.Ledger(1.0, 10, 3400, 'cyclic', 3400**-1.1, 'rdp', 340)
+  assert privacy_settings.privacy_line(tree, None, 20).endswith(
+    'delta = 0.00013 (no restart within these 20 rounds: one tree)'
+  )
+  assert 'one tree' not in privacy_settings.privacy_line(tree, None, 700)
 
 
 def test_adaptive_clipping_defaults_work_for_small_cohorts(tmp_path):

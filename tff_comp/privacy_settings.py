@@ -319,10 +319,11 @@ class PrivacyOptions:
 def privacy_line(ledger: accounting.Ledger, budget: float | None, last: int) -> str:
   """A DP run's `privacy:` line: the noise, what the accounting assumes (the delta
   accounted with among it, under 1/population: `accounting.check`), and how long the
-  epsilon budget lasts."""
-  return f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; {ledger.assumption}' + (
-    f'; epsilon {budget} lasts {last} rounds' if budget else ''
-  )
+  epsilon budget lasts (a tree restarting after the run's `last` rounds: said so)."""
+  line = f'privacy: noise multiplier {ledger.noise_multiplier:.4g}; {ledger.assumption}'
+  if ledger.restart_every and ledger.restart_every >= last:
+    line += f' (no restart within these {last} rounds: one tree)'
+  return line + (f'; epsilon {budget} lasts {last} rounds' if budget else '')
 
 
 def configure(
