@@ -21,6 +21,7 @@ CHAINS = {
   'clip_median': agg.Chain((agg.Clip(0.5),), agg.Median()),
   'krum_under_sign_flip': agg.Chain((agg.SignFlip(0.5),), agg.Krum(1, 2)),
   'nnm_median': agg.Chain((), agg.Median(), agg.NearestNeighbourMixing(1)),
+  'momentum_median': agg.Chain((agg.WorkerMomentum(0.5),), agg.Median()),
   'ef_top_k': agg.Chain((agg.ErrorFeedback(agg.TopK(0.5)),), agg.Mean()),
   'rotate_quantize': agg.Chain((agg.Rotate(), agg.Quantize(4)), agg.Mean()),
   'secure_sum': agg.Chain((agg.Clip(1.0),), agg.SecureSum(2.0, 16)),
@@ -63,8 +64,15 @@ def _by_hand(runtime, chain, state, cohort, round_num):
 
 
 # Every chain mapped, and one robust and one stateful chain on lanes (the kernel is the
-# clients'); by default a combiner of rows, a secure sum and persistent rows on lanes.
-_DEFAULT = {('mapped', 'clip_median'), ('mapped', 'secure_sum'), ('lanes', 'ef_top_k')}
+# clients'); by default a combiner of rows, a secure sum, persistent rows on lanes, a
+# pre-aggregation and worker momentum.
+_DEFAULT = {
+  ('mapped', 'clip_median'),
+  ('mapped', 'secure_sum'),
+  ('lanes', 'ef_top_k'),
+  ('mapped', 'nnm_median'),  # a pre-aggregation at the round's end
+  ('mapped', 'momentum_median'),  # rows kept in the state, across rounds
+}
 
 
 @pytest.mark.parametrize(

@@ -245,7 +245,7 @@ def test_equals_a_numpy_event_simulation_of_fedbuff(
     ),
     (
       dict(algorithm='fedavg', compression='top_k', error_feedback='ef'),
-      'error feedback keeps a residual per client',
+      'keeps a row per client',
     ),
   ],
 )

@@ -109,7 +109,8 @@ def test_a_combiner_needing_every_row_gathers_them(chain, numpy_of):
   [
     (
       agg.Chain((agg.ErrorFeedback(agg.TopK(0.5)),), agg.Mean()),
-      "keeps a row per client (error feedback), which TFF's stateless clients cannot hold",
+      "keeps a row per client (error feedback, worker momentum), which TFF's stateless"
+      ' clients cannot hold',
     ),
     (
       agg.Chain((agg.ALIE(0.3),), agg.Median()),

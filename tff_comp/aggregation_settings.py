@@ -57,6 +57,14 @@ class _AggregationOptions:
     choices=ERROR_FEEDBACK,
     applies_when={'compression': tuple(registry.COMPRESSORS.names())},
   )
+  worker_momentum: float = settings.setting(
+    0.0,
+    'Each client sends its momentum m_i <- beta m_i + (1 - beta) u_i across rounds in'
+    " place of its update u_i (Karimireddy, He and Jaggi 2021's worker momentum; a row"
+    " of the model's size kept per client, in-process runtime); 0: none.",
+    lower=0.0,
+    upper=0.999,
+  )
   secure_aggregation: bool = settings.setting(
     False,
     "Sum the updates as secure aggregation does (TFF's secure_aggregator): each"
@@ -111,6 +119,7 @@ class _AggregationOptions:
     return (
       self.compression != 'none'
       or self.secure_aggregation
+      or self.worker_momentum > 0
       or self._attack(0) is not None  # label flipping poisons the data, not the updates
     )
 
@@ -124,6 +133,8 @@ class _AggregationOptions:
       ValueError: (one line) a combination that cannot work.
     """
     stages: list[aggregators.Stage] = []
+    if self.worker_momentum:  # the honest clients' momenta, which attackers then forge from
+      stages.append(aggregators.WorkerMomentum(self.worker_momentum))
     attack = self._attack(clients_per_round)
     if attack is not None:
       stages.append(attack)

@@ -360,10 +360,18 @@ def configure(
       f'--aggregator and --compression, --secure_aggregation, --attack: algorithm'
       f' {algorithm.name!r} takes no model aggregator (its aggregation is its own math).'
     )
-  if sampling == 'with_replacement' and aggregation.error_feedback != 'none':
+  kept = [
+    flag
+    for flag, on in (
+      ('--error_feedback', aggregation.error_feedback != 'none'),
+      ('--worker_momentum', aggregation.worker_momentum > 0),
+    )
+    if on
+  ]
+  if sampling == 'with_replacement' and kept:
     raise settings.ConfigError(
-      '--error_feedback keeps a residual per client, which a client drawn twice a round'
-      ' would overwrite; use uniform or poisson sampling.'
+      f'{kept[0]} keeps a row per client, which a client drawn twice a round would'
+      ' overwrite; use uniform or poisson sampling.'
     )
   try:
     plan = options.plan(

@@ -30,8 +30,8 @@ def why_not(chain: aggregators.Chain) -> str:
   """Why TFF's runtime cannot run `chain` ('' when it can)."""
   if chain.bind(1).row_size:  # bound: a stage's rows are sized by the model's
     return (
-      f'aggregator {chain.name} keeps a row per client (error feedback), which TFF'
-      "'s stateless clients cannot hold; run it in-process"
+      f'aggregator {chain.name} keeps a row per client (error feedback, worker momentum),'
+      " which TFF's stateless clients cannot hold; run it in-process"
     )
   if chain.cohort_wide:
     return (

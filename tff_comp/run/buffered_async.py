@@ -224,7 +224,8 @@ def why_not(algorithm) -> str:
     )
   if chain is not None and chain.row_size:
     return (
-      'error feedback keeps a residual per client, which a client in flight twice would overwrite'
+      f'the aggregator {chain.name} keeps a row per client (error feedback, worker momentum),'
+      ' which a client in flight twice would overwrite'
     )
   if rule.uses_client_index or algorithm.server_rule.keeps_personal_models:
     return 'it keeps per-client state on the server'

@@ -65,8 +65,8 @@ def why_not(program, options: RayOptions | None) -> str:
   chain = composer.algorithm_of(program).model_chain
   if chain is not None and chain.row_size:
     return (
-      f"the aggregator {chain.name} keeps a row per client (error feedback's), which"
-      " Ray's actors do not hold yet; run it in-process"
+      f'the aggregator {chain.name} keeps a row per client (error feedback, worker momentum),'
+      " which Ray's actors do not hold yet; run it in-process"
     )
   if chain is not None and chain.cohort_wide:
     return (

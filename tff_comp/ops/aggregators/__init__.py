@@ -12,6 +12,7 @@ that turns a round's client updates into one (`base`: the contract).
     ipm          InnerProductManipulation: -epsilon times the honest mean (Xie et al.)
     nnm          NearestNeighbourMixing: a pre-aggregation before a robust combiner
     bucketing    Bucketing: random buckets averaged, a pre-aggregation
+    momentum     WorkerMomentum: each client sends its momentum across rounds
 
     import tff_comp.ops.aggregators as agg
     chain = agg.Chain((agg.Clip(1.0), agg.Quantize(8)), agg.Median())
@@ -55,6 +56,7 @@ from tff_comp.ops.aggregators.compression import (
   TopK,
 )
 from tff_comp.ops.aggregators.ipm import InnerProductManipulation
+from tff_comp.ops.aggregators.momentum import WorkerMomentum
 from tff_comp.ops.aggregators.nnm import NearestNeighbourMixing
 from tff_comp.ops.aggregators.robust import Clip, Quantile, Zeroing
 from tff_comp.ops.aggregators.secure import SecureSum
@@ -96,6 +98,7 @@ __all__ = [
   'TopK',
   'TreeNoise',
   'TrimmedMean',
+  'WorkerMomentum',
   'Zeroing',
   'client_seeds',
   'flatten',
