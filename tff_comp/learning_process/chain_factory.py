@@ -33,6 +33,11 @@ def why_not(chain: aggregators.Chain) -> str:
       f'aggregator {chain.name} keeps a row per client (error feedback, worker momentum),'
       " which TFF's stateless clients cannot hold; run it in-process"
     )
+  if chain.by_client:
+    return (
+      f'aggregator {chain.name} follows each client across rounds (a fixed set of'
+      " attackers), which TFF's anonymous clients cannot give; run it in-process"
+    )
   if chain.cohort_wide:
     return (
       f"aggregator {chain.name} reads the whole cohort in a client's encoding (ALIE),"

@@ -38,10 +38,11 @@ class Attack(base.Stage):
   randomized = True
   in_state = ('fraction', 'scale')
 
-  def __init__(self, fraction: float, scale: float = 1.0):
+  def __init__(self, fraction: float, scale: float = 1.0, fixed: bool = False):
     if not 0 <= fraction <= 1:
       raise ValueError(f"the attackers' fraction must be in [0, 1], got {fraction}.")
-    self.fraction, self.scale = fraction, scale
+    self.fraction, self.scale, self.fixed = fraction, scale, fixed
+    self.by_client = fixed
 
   def initial_state(self) -> tf.Tensor:
     return tf.constant([self.fraction, self.scale], tf.float32)
@@ -52,8 +53,11 @@ class Attack(base.Stage):
 
   def encode(self, state, x, weights, rows, seeds):
     fraction, scale = tf.unstack(state)
+    # A fixed set: the draw from (run seed, client) alone, the seed's round part dropped
+    # (`base.client_seeds`: round x 2^24 + the client's index).
+    drawn = tf.stack([seeds[:, 0], seeds[:, 1] % 2**24], 1) if self.fixed else seeds
     draws = tf.map_fn(
-      lambda seed: tf.random.stateless_uniform([], seed), seeds, fn_output_signature=tf.float32
+      lambda seed: tf.random.stateless_uniform([], seed), drawn, fn_output_signature=tf.float32
     )
     bad = draws < fraction  # [m] whether each client (by its seed) attacks this round
     sent = self.forge(x, bad, scale, seeds)
@@ -89,8 +93,10 @@ class ALIE(Attack):
 
   cohort_wide = True
 
-  def __init__(self, fraction: float, scale: float = 1.0, z: float | None = None):
-    super().__init__(fraction, scale)
+  def __init__(
+    self, fraction: float, scale: float = 1.0, fixed: bool = False, z: float | None = None
+  ):
+    super().__init__(fraction, scale, fixed)
     self.z = z
 
   def forge(self, x, bad, scale, seeds):
@@ -119,6 +125,15 @@ def _little_is_enough(x: tf.Tensor, bad: tf.Tensor, z: float | None = None) -> t
   return mu - z * sigma
 
 
+def attack_fixed() -> Any:
+  """The setting of a fixed set of attackers, which every update attack declares."""
+  return settings.setting(
+    False,
+    'a fixed set of clients attacks, each drawn once from (seed, client), not anew every'
+    " round (the papers' setting; in-process runtimes and Ray).",
+  )
+
+
 def attack_fraction() -> Any:
   """The setting of the chance that a client attacks, which every attack declares."""
   return settings.setting(
@@ -134,11 +149,18 @@ def attack_fraction() -> Any:
 @dataclasses.dataclass(frozen=True)
 class AttackOptions:
   attack_fraction: float = attack_fraction()
+  attack_fixed: bool = attack_fixed()
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelFlipOptions:
+  attack_fraction: float = attack_fraction()
 
 
 @dataclasses.dataclass(frozen=True)
 class ScaledAttackOptions:
   attack_fraction: float = attack_fraction()
+  attack_fixed: bool = attack_fixed()
   attack_scale: float = settings.setting(
     1.0,
     "the factor (scaled) or the noise's std (gaussian).",
@@ -153,26 +175,27 @@ class ScaledAttackOptions:
 def _sign_flip(options: AttackOptions, clients_per_round: int) -> SignFlip:
   """Each attacker sends -u."""
   del clients_per_round
-  return SignFlip(options.attack_fraction)
+  return SignFlip(options.attack_fraction, fixed=options.attack_fixed)
 
 
 @registry.register_attack('scaled', options=ScaledAttackOptions)
 def _scaled(options: ScaledAttackOptions, clients_per_round: int) -> Scaled:
   """Each attacker sends --attack_scale x u."""
   del clients_per_round
-  return Scaled(options.attack_fraction, options.attack_scale)
+  return Scaled(options.attack_fraction, options.attack_scale, options.attack_fixed)
 
 
 @registry.register_attack('gaussian', options=ScaledAttackOptions)
 def _gaussian(options: ScaledAttackOptions, clients_per_round: int) -> Gaussian:
   """Each attacker sends N(0, --attack_scale^2)."""
   del clients_per_round
-  return Gaussian(options.attack_fraction, options.attack_scale)
+  return Gaussian(options.attack_fraction, options.attack_scale, options.attack_fixed)
 
 
 @dataclasses.dataclass(frozen=True)
 class ALIEOptions:
   attack_fraction: float = attack_fraction()
+  attack_fixed: bool = attack_fixed()
   alie_z: float | None = settings.setting(
     None,
     "z of mu - z sigma (default: the paper's formula from m and f; the authors' code uses 1.5).",
@@ -185,11 +208,11 @@ class ALIEOptions:
 def _alie(options: ALIEOptions, clients_per_round: int) -> ALIE:
   """The attackers send mu - z sigma of the honest updates ("A Little Is Enough")."""
   del clients_per_round
-  return ALIE(options.attack_fraction, z=options.alie_z)
+  return ALIE(options.attack_fraction, fixed=options.attack_fixed, z=options.alie_z)
 
 
-@registry.register_attack(LABEL_FLIP, options=AttackOptions)
-def _label_flip(options: AttackOptions, clients_per_round: int) -> None:
+@registry.register_attack(LABEL_FLIP, options=LabelFlipOptions)
+def _label_flip(options: LabelFlipOptions, clients_per_round: int) -> None:
   """A fixed set of clients, drawn from (data seed, client), trains on labels C - 1 - y
   (their data poisoned, `tff_comp.poisoning`; no stage)."""
   del options, clients_per_round

@@ -65,6 +65,9 @@ class Stage:
   row_size = 0  # floats of persistent state each client keeps (error feedback: d)
   randomized = False  # draws random numbers (per client, or per round at the server)
   cohort_wide = False  # a row's encoding reads other rows of the cohort (ALIE's attack)
+  # Its draws follow a client across rounds (by its index in the population: a fixed
+  # set of attackers), which TFF's anonymous clients cannot give.
+  by_client = False
   # A compressor C with E||C(x) - x||^2 <= (1 - delta) ||x||^2, delta > 0, for every x:
   # what error feedback (EF, EF21) needs to keep its residuals bounded.
   contractive = False
@@ -276,6 +279,10 @@ class Chain:
   @property
   def cohort_wide(self) -> bool:
     return any(s.cohort_wide for s in self.stages)
+
+  @property
+  def by_client(self) -> bool:
+    return any(s.by_client for s in self.stages)
 
   def initial_state(self) -> ChainState:
     return ChainState(tuple(s.initial_state() for s in self.stages), self.combiner.initial_state())

@@ -32,6 +32,7 @@ class InnerProductManipulation(attacks.Attack):
 @dataclasses.dataclass(frozen=True)
 class IPMOptions:
   attack_fraction: float = attacks.attack_fraction()
+  attack_fixed: bool = attacks.attack_fixed()
   ipm_epsilon: float = settings.setting(
     0.1,
     'epsilon: each attacker sends -epsilon times the mean of the honest updates.',
@@ -46,4 +47,6 @@ class IPMOptions:
 def _ipm(options: IPMOptions, clients_per_round: int) -> InnerProductManipulation:
   """The attackers send -epsilon times the honest updates' mean (Xie et al. 2020)."""
   del clients_per_round
-  return InnerProductManipulation(options.attack_fraction, options.ipm_epsilon)
+  return InnerProductManipulation(
+    options.attack_fraction, options.ipm_epsilon, options.attack_fixed
+  )
