@@ -66,10 +66,12 @@ def _header(prepared: experiment.Prepared) -> str:
   aggregation, server optimizer and schedules (those at their defaults left out), and
   where the output goes."""
   s, config = prepared.settings, prepared.config
-  if prepared.algorithm.accepts('local_steps'):  # a fixed number of steps, not epochs
+  steps = 0
+  if prepared.algorithm.accepts('local_steps'):  # a fixed number of steps (0: epochs)
     steps = prepared.builder_args.get(
       'local_steps', next(h.default for h in prepared.algorithm.hparams if h.name == 'local_steps')
     )
+  if steps:
     local = f'{steps} local steps'
   elif prepared.builder_args.get('local_epochs_max', 0) > s.local_epochs:
     local = f'{s.local_epochs}-{prepared.builder_args["local_epochs_max"]} epochs (drawn)'

@@ -278,6 +278,9 @@ def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
   returncode, stdout, stderr = results[' '.join(GOOD_INPUT[1])]
   assert returncode == 0, stderr
   assert 'per_fedavg on sinewave:' in stdout and ', 10 local steps,' in stdout
+  # FedAvg's local_steps of 0 means epochs (the header said '0 local steps').
+  header = results[' '.join(GOOD_INPUT[2])][1].splitlines()[0]
+  assert ', 1 epoch(s),' in header and 'local steps' not in header, header
   # Its choices among variants, which metrics.csv's hparams do not log.
   assert ', variant fo, client weighting uniform,' in stdout
   assert re.search(r'\d+ clients/round \(uniform\)', stdout) and 'None (None)' not in stdout
