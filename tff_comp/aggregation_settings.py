@@ -1,10 +1,14 @@
 """The run's aggregation beyond the mean: a robust combiner (`--aggregator`, in
-`privacy_settings.PrivacyOptions`, names it), compression, secure aggregation and
-simulated attackers, assembled into the aggregator chain every in-process runtime runs
-(`ops.aggregators`; docs/aggregators.md):
+`privacy_settings.PrivacyOptions`, names it), a pre-aggregation, worker momentum,
+compression, secure aggregation and simulated attackers, assembled into the aggregator
+chain every runtime runs (`ops.aggregators`; docs/aggregators.md):
 
-    [attack] -> [zeroing] -> [clip | DP clip] -> [rotation] -> [compression, error feedback]
-    -> combiner: mean (DP: sum / n) | a robust one | majority vote (sign) | secure sum
+    [momentum] -> [attack] -> [clip | DP clip] -> [rotation] -> [compression, error
+    feedback] -> [pre-aggregation] -> combiner: mean (DP: sum / n) | a robust one |
+    majority vote (sign) | secure sum
+
+Combiners, pre-aggregations, attacks and compressors are registered blocks
+(`registry.register_combiner` and its siblings); their settings join this record.
 """
 
 import dataclasses
@@ -31,8 +35,8 @@ def block_lines(blocks: registry.Registry) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _AggregationOptions:
-  """Compression, secure aggregation, attackers; `AggregationOptions` adds the
-  registered combiners' settings."""
+  """The choices among registered blocks, error feedback, worker momentum and secure
+  aggregation; `AggregationOptions` adds every registered block's settings."""
 
   pre_aggregation: str = settings.setting(
     'none',
