@@ -10,6 +10,7 @@ that turns a round's client updates into one (`base`: the contract).
     banded       BandedNoise (BandMF: noise correlated by a banded matrix factorization)
     attacks      Attack: Byzantine clients (SignFlip, Scaled, Gaussian, ALIE)
     ipm          InnerProductManipulation: -epsilon times the honest mean (Xie et al.)
+    mimic        Mimic: every attacker copies one honest update (Karimireddy et al.)
     nnm          NearestNeighbourMixing: a pre-aggregation before a robust combiner
     bucketing    Bucketing: random buckets averaged, a pre-aggregation
     momentum     WorkerMomentum: each client sends its momentum across rounds
@@ -56,6 +57,7 @@ from tff_comp.ops.aggregators.compression import (
   TopK,
 )
 from tff_comp.ops.aggregators.ipm import InnerProductManipulation
+from tff_comp.ops.aggregators.mimic import Mimic
 from tff_comp.ops.aggregators.momentum import WorkerMomentum
 from tff_comp.ops.aggregators.nnm import NearestNeighbourMixing
 from tff_comp.ops.aggregators.robust import Clip, Quantile, Zeroing
@@ -78,6 +80,7 @@ __all__ = [
   'ErrorFeedback',
   'GeometricMedian',
   'InnerProductManipulation',
+  'Mimic',
   'Krum',
   'MajorityVote',
   'Mean',
