@@ -365,6 +365,57 @@ for _name, _attack in ATTACKS.items():
     seeds=SEEDS,
   )
 
+# Robust aggregation under heterogeneity and its remedy (Karimireddy, He and Jaggi, ICLR
+# 2022, "Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing"), on their
+# partition of data that ships: digits sorted by label and cut into 25 shards
+# (`sorted_digits`), every client each round, one local epoch of FedAvg. Their exp1
+# (IID vs sorted, no attack): Krum, the coordinate-wise median and RFA lose accuracy
+# under sorting and bucketing (s = 2) recovers most of it; centered clipping holds.
+# Their exp2-3 (sorted, a fixed 20% of attackers, worker momentum 0.9): ALIE, IPM and
+# mimic break Krum, the median and RFA; centered clipping holds, bucketing helps.
+BUCKETED = dict(pre_aggregation='bucketing', bucket_size=2)
+HETEROGENEOUS = dict(
+  mean={},
+  median=dict(aggregator='median'),
+  krum=dict(aggregator='krum', byzantine_clients=5),
+  multi_krum=dict(aggregator='multi_krum', byzantine_clients=5),
+  rfa=dict(aggregator='geometric_median'),
+  cclip=dict(aggregator='centered_clip'),
+)
+HETEROGENEOUS.update(
+  {
+    f'{label}_s2': dict(HETEROGENEOUS[label], **BUCKETED)
+    for label in ('median', 'krum', 'rfa', 'cclip')
+  }
+)
+_DIGITS = {
+  'robust_digits_iid': (dict(partition='iid'), {}),
+  'robust_digits_sorted': (dict(partition='sorted'), {}),
+}
+_UNDER_ATTACK = dict(attack_fraction=0.2, attack_fixed=True, worker_momentum=0.9)
+for _attack in (dict(attack='alie'), dict(attack='ipm', ipm_epsilon=0.1), dict(attack='mimic')):
+  _DIGITS[f'robust_digits_{_attack["attack"]}'] = (
+    dict(partition='sorted'),
+    dict(_UNDER_ATTACK, **_attack),
+  )
+for _name, (_task_options, _settings) in _DIGITS.items():
+  _BUILT_IN[_name] = Reproduction(
+    task='sorted_digits',
+    algorithms=tuple(HETEROGENEOUS),
+    aliases={label: 'fedavg' for label in HETEROGENEOUS},
+    client_learning_rates=(0.03, 0.1, 0.3, 1.0),
+    server_learning_rates=(1.0,),
+    rounds=200,
+    checkpoints=(50, 100, 200),
+    metric='test_accuracy',
+    select_on='validation_accuracy',
+    task_options=_task_options,
+    settings=dict(clients_per_round=25, **_settings),
+    algorithm_settings=HETEROGENEOUS,
+    plot_metrics=('train_loss', 'test_accuracy'),
+    seeds=SEEDS,
+  )
+
 # Compression against the bytes a round uploads: b-bit stochastic quantization after a
 # Hadamard rotation (TFF's compression), top-k, with and without error feedback.
 # Karimireddy et al. (2019): error feedback recovers what top-k loses.
