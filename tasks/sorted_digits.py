@@ -32,7 +32,9 @@ def shards(
 ) -> list[np.ndarray]:
   """Indices of each client's examples: sorted by label (stable) or shuffled, then cut
   into `num_clients` contiguous shards of near-equal size."""
-  order = np.argsort(labels, kind='stable') if partition == 'sorted' else rng.permutation(len(labels))
+  order = (
+    np.argsort(labels, kind='stable') if partition == 'sorted' else rng.permutation(len(labels))
+  )
   return np.array_split(order, num_clients)
 
 

@@ -47,5 +47,5 @@ def test_the_flag_applies_to_attacks_on_updates_only():
     algorithm='fedavg', task='lasso', attack='label_flip', attack_fixed=True
   )
   assert settings.ignored_settings(config.aggregation, config.value).startswith(
-    '--attack_fixed applies with --attack=alie, gaussian, ipm, scaled, sign_flip'
+    '--attack_fixed applies with --attack=alie, gaussian, ipm, mimic, scaled, sign_flip'
   )
