@@ -188,6 +188,6 @@ def test_what_cannot_work_is_one_line_before_any_work(tmp_path, settings, says):
 def test_multi_krum_averages_m_minus_f_rows_by_default():
   """Blanchard et al.'s Multi-Krum keeps m - f rows, with m the cohort (#75: a run with
   m - f - 2 went unnoticed)."""
-  options = aggregation_settings.AggregationOptions(byzantine_clients=2)
-  combiner = options.chain('multi_krum', None, clients_per_round=10).combiner
+  options = aggregation_settings.AggregationOptions(aggregator='multi_krum', byzantine_clients=2)
+  combiner = options.chain(None, clients_per_round=10).combiner
   assert (combiner.byzantine, combiner.select) == (2, 8)

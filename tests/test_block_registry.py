@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-from tff_comp import aggregation_settings, privacy_settings, registry, settings, trial_groups
-from tff_comp.ops import aggregators, privacy
+from tff_comp import aggregation_settings, registry, settings, trial_groups
+from tff_comp.ops import aggregators
 
 BUILT_IN = {
   'bulyan',
@@ -32,9 +32,10 @@ def _spec(record: type, name: str) -> settings.Spec:
 
 
 def test_the_aggregator_flag_lists_the_mean_dp_and_every_registered_combiner():
-  spec = _spec(privacy_settings.PrivacyOptions, 'aggregator')
+  spec = _spec(aggregation_settings.AggregationOptions, 'aggregator')
   assert BUILT_IN <= set(registry.COMBINERS.names())
-  assert spec.choices == ('mean', *privacy.KINDS, *registry.COMBINERS.names())
+  mechanisms = ('clip', 'dp', 'dp_adaptive', 'dp_bandmf', 'dp_ftrl_tree')
+  assert spec.choices == ('mean', *mechanisms, *registry.COMBINERS.names())
   for name in registry.COMBINERS.names():  # each with its line and its flags
     entry = registry.COMBINERS.get(name)
     flags = [f'--{f.name}' for f in dataclasses.fields(entry.options or _NoOptions)]
@@ -62,12 +63,14 @@ def test_a_combiners_settings_apply_with_the_combiners_declaring_them():
 
 
 def test_the_chain_is_built_by_the_registered_builder_with_its_options():
-  options = aggregation_settings.AggregationOptions(byzantine_clients=2, multi_krum_select=3)
-  combiner = options.chain('multi_krum', None, 10).combiner
+  options = aggregation_settings.AggregationOptions(
+    aggregator='multi_krum', byzantine_clients=2, multi_krum_select=3
+  )
+  combiner = options.chain(None, 10).combiner
   assert isinstance(combiner, aggregators.Krum)
   assert (combiner.byzantine, combiner.select) == (2, 3)
   with pytest.raises(ValueError, match=r'--aggregator=bulyan .* needs at least 4 f \+ 3 = 11'):
-    options.chain('bulyan', None, 10)
+    dataclasses.replace(options, aggregator='bulyan').chain(None, 10)
 
 
 def test_a_setting_declared_unlike_by_two_combiners_is_refused(monkeypatch):

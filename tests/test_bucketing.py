@@ -83,8 +83,10 @@ def test_bucketing_brings_krum_back_to_the_honest_mean_under_heterogeneity():
 
 
 def test_the_flags_build_it_and_refuse_its_size_without_it():
-  options = aggregation_settings.AggregationOptions(pre_aggregation='bucketing', bucket_size=3)
-  chain = options.chain('median', None, 10)
+  options = aggregation_settings.AggregationOptions(
+    aggregator='median', pre_aggregation='bucketing', bucket_size=3
+  )
+  chain = options.chain(None, 10)
   assert chain.name == 'bucketing+median' and chain.pre_aggregation.bucket_size == 3
   config = run_config.ExperimentConfig.of(
     algorithm='fedavg', task='lasso', aggregator='median', bucket_size=3

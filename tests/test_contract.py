@@ -58,7 +58,7 @@ def test_blocks_that_do_not_fit_fail_when_built(client, server, kind, link):
 def test_other_client_options_keep_the_checks_and_another_weighting_runs_them_again():
   """`with_client_options` skips the checks only where they cannot change: a DP mean's
   uniform weighting is checked again when the weighting changes."""
-  spec = privacy.PrivateMean('dp', 1.0, 0.5, 3.0)
+  spec = privacy.GaussianMean(1.0, 0.5, 3.0)
   dp = algorithm_cases.algorithm(
     'fedavg', {'model_aggregator': spec, 'client_weighting': 'uniform'}
   )

@@ -39,11 +39,14 @@ def test_the_noise_calibrated_to_a_target_spends_it():
 
 
 def _plan(recorded=None, **options):
-  settings = dict(aggregator='dp_bandmf', clip_norm=1.0, noise_multiplier=1.0)
+  settings = dict(clip_norm=1.0, noise_multiplier=1.0)
   settings.update({k: options.pop(k) for k in list(options) if k in settings})
   run = dict(clients_per_round=4, population=50, rounds=30, sampling='cyclic', min_separation=0)
   run.update({k: options.pop(k) for k in list(options) if k in run})
-  return privacy_settings.PrivacyOptions(**settings, **options).plan(**run, recorded=recorded)
+  aggregator = options.pop('aggregator', 'dp_bandmf')
+  return privacy_settings.PrivacyOptions(**settings, **options).plan(
+    aggregator, **run, recorded=recorded
+  )
 
 
 def test_a_noise_cohorts_epoch_is_the_accounted_cohorts():
@@ -82,7 +85,7 @@ def test_a_bandmf_run_is_the_same_in_process_and_on_tffs_runtime():
   runtime seeding its chain with 0 is caught); two bands over 4 rounds."""
 
   def algorithm(z):
-    spec = privacy.PrivateMean('dp_bandmf', 0.5, z, 2.0, strategy=strategy_cache.strategy(4, 2))
+    spec = privacy.BandedNoisedMean(0.5, z, 2.0, strategy=strategy_cache.strategy(4, 2))
     return algorithm_cases.algorithm(
       'fedavg', dict(model_aggregator=spec, client_weighting='uniform', seed=7)
     )

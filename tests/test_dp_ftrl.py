@@ -64,10 +64,10 @@ def test_the_noise_calibrated_to_a_target_spends_it():
 
 
 def _plan(**options):
-  settings = dict(aggregator='dp_ftrl_tree', clip_norm=1.0, noise_multiplier=1.0)
+  settings = dict(clip_norm=1.0, noise_multiplier=1.0)
   run = dict(clients_per_round=4, population=50, rounds=30, sampling='cyclic')
   run.update({k: options.pop(k) for k in list(options) if k in run})
-  return privacy_settings.PrivacyOptions(**settings, **options).plan(**run)
+  return privacy_settings.PrivacyOptions(**settings, **options).plan('dp_ftrl_tree', **run)
 
 
 def test_the_tree_restarts_every_epoch_by_default_and_never_spans_two():
@@ -84,8 +84,8 @@ def test_the_tree_restarts_every_epoch_by_default_and_never_spans_two():
     with pytest.raises(ValueError, match=says):
       _plan(**options)
   with pytest.raises(ValueError, match='cyclic participation amplifies no'):
-    privacy_settings.PrivacyOptions(aggregator='dp', clip_norm=1.0, noise_multiplier=1.0).plan(
-      clients_per_round=4, population=50, rounds=30, sampling='cyclic'
+    privacy_settings.PrivacyOptions(clip_norm=1.0, noise_multiplier=1.0).plan(
+      'dp', clients_per_round=4, population=50, rounds=30, sampling='cyclic'
     )
   with pytest.raises(experiment.ConfigError, match='restart_every'):
     experiment.ExperimentConfig.of(
@@ -97,7 +97,7 @@ def test_a_tree_run_is_the_same_in_process_and_on_tffs_runtime():
   """The chain's nodes are seeded by (run seed, tree, level, index) on both (a run seed
   not 0: a runtime seeding its chain with 0 is caught); two trees of two rounds, then
   the third's first."""
-  spec = privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.8, 2.0, restart_every=2)
+  spec = privacy.TreeNoisedMean(0.5, 0.8, 2.0, restart_every=2)
   algorithm = algorithm_cases.algorithm(
     'fedavg', dict(model_aggregator=spec, client_weighting='uniform', seed=7)
   )
@@ -105,7 +105,7 @@ def test_a_tree_run_is_the_same_in_process_and_on_tffs_runtime():
   noiseless = algorithm_cases.algorithm(
     'fedavg',
     dict(
-      model_aggregator=privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.0, 2.0, restart_every=2),
+      model_aggregator=privacy.TreeNoisedMean(0.5, 0.0, 2.0, restart_every=2),
       client_weighting='uniform',
       seed=7,
     ),
@@ -169,15 +169,15 @@ def test_a_noise_cohort_scales_the_trees_nodes_and_is_accounted_as_that_cohort()
   with pytest.raises(ValueError, match='over the 20 rounds of a cyclic epoch'):
     _plan(noise_cohort_size=10, population=200, restart_every=21)
   dp = privacy_settings.PrivacyOptions(
-    aggregator='dp', clip_norm=1.0, noise_multiplier=1.0, noise_cohort_size=40
-  ).plan(clients_per_round=4, population=50, rounds=30, sampling='poisson')
+    clip_norm=1.0, noise_multiplier=1.0, noise_cohort_size=40
+  ).plan('dp', clients_per_round=4, population=50, rounds=30, sampling='poisson')
   assert 'q = 40/50' in dp.ledger.assumption
   with pytest.raises(ValueError, match='over the population'):
     _plan(noise_cohort_size=51)
   with pytest.raises(ValueError, match='at least the one of a round'):
     _plan(noise_cohort_size=3)
-  with pytest.raises(ValueError, match='scales the noise of dp, dp_ftrl_tree, dp_bandmf'):
-    privacy.PrivateMean('dp_adaptive', 1.0, 1.0, 4.0, noise_cohort_size=40)
+  with pytest.raises(ValueError, match='noise_cohort_size does not apply to dp_adaptive'):
+    privacy.AdaptiveGaussianMean(1.0, 1.0, 4.0, noise_cohort_size=40)
 
 
 def test_cyclic_participation_with_a_device_model_is_refused_in_one_line(tmp_path):

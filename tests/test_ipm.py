@@ -46,8 +46,10 @@ def test_under_the_mean_the_inner_product_turns_negative_past_m_minus_q_over_q()
 
 
 def test_the_flags_build_it_and_refuse_its_epsilon_elsewhere():
-  options = aggregation_settings.AggregationOptions(attack='ipm', ipm_epsilon=2.0)
-  attack = options.chain('median', None, 10).stages[0]
+  options = aggregation_settings.AggregationOptions(
+    aggregator='median', attack='ipm', ipm_epsilon=2.0
+  )
+  attack = options.chain(None, 10).stages[0]
   assert isinstance(attack, agg.InnerProductManipulation) and attack.scale == 2.0
   config = run_config.ExperimentConfig.of(
     algorithm='fedavg', task='lasso', attack='sign_flip', ipm_epsilon=2.0

@@ -51,7 +51,7 @@ def test_an_attacker_never_copies_another_attackers_own_update():
 
 def test_the_flag_builds_it():
   options = aggregation_settings.AggregationOptions(
-    attack='mimic', attack_fraction=0.2, attack_fixed=True
+    aggregator='krum', attack='mimic', attack_fraction=0.2, attack_fixed=True
   )
-  attack = options.chain('krum', None, 10).stages[0]
+  attack = options.chain(None, 10).stages[0]
   assert isinstance(attack, agg.Mimic) and attack.fraction == 0.2 and attack.fixed

@@ -53,8 +53,10 @@ def test_a_chain_mixes_before_its_combiner_and_refuses_a_mean():
 
 
 def test_the_pre_aggregation_flag_builds_the_chain_and_shares_f_with_the_combiners():
-  options = aggregation_settings.AggregationOptions(pre_aggregation='nnm', byzantine_clients=2)
-  chain = options.chain('krum', None, 10)
+  options = aggregation_settings.AggregationOptions(
+    aggregator='krum', pre_aggregation='nnm', byzantine_clients=2
+  )
+  chain = options.chain(None, 10)
   assert isinstance(chain.pre_aggregation, agg.NearestNeighbourMixing)
   assert chain.pre_aggregation.byzantine == chain.combiner.byzantine == 2
 

@@ -2,6 +2,7 @@
 their accounting (`accounting`): TFF's factories are the reference for the math, TF's
 clip_by_global_norm for clipping, dp_accounting's worked example for the accountant."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -43,9 +44,23 @@ def _run(algorithm, runtime_name: str, rounds: int = 3):
 def test_adaptive_value_noise_is_tffs(z, stddev):
   from tensorflow_federated.python.aggregators import differential_privacy
 
-  spec = privacy.PrivateMean('dp_adaptive', 0.1, z, 20.0, clipped_count_stddev=stddev)
+  spec = privacy.AdaptiveGaussianMean(0.1, z, 20.0, clipped_count_stddev=stddev)
   want = differential_privacy.adaptive_clip_noise_params(z, 20.0, stddev)
   np.testing.assert_allclose((spec.value_noise_multiplier, spec.count_stddev), want)
+
+
+def _quiet(kind: str, clip_norm: float) -> privacy.PrivateMean:
+  """The registered mechanism `kind` with z = 0 for 3 clients a round (an adaptive
+  clip moving fast; BandMF's factorization for 3 rounds, 2 bands)."""
+  mechanism = registry.MECHANISMS.get(kind).builder
+  given = dict(
+    clip_norm=clip_norm,
+    clients_per_round=3.0,
+    clip_learning_rate=0.5,
+    strategy=strategy_cache.strategy(3, 2),
+  )
+  fields = {f.name for f in dataclasses.fields(mechanism)}
+  return mechanism(**{k: v for k, v in given.items() if k in fields})
 
 
 # Clipping and the adaptive clip on one algorithm by default (dp's z = 0 is the
@@ -61,30 +76,26 @@ def test_adaptive_value_noise_is_tffs(z, stddev):
       if ((kind, name) in (('clip', 'fedavg'), ('dp_adaptive', 'fedavg')))
       else pytest.mark.slow,
     )
-    for kind in privacy.KINDS
+    for kind in registry.MECHANISMS.names()
     for name in ('fedavg', 'fednova')
   ],
 )
 def test_without_noise_the_in_process_round_is_tffs_factory(name, kind):
   """z = 0: the in-process clipped mean equals TFF's clipping_factory / DP factory run
   on TFF's runtime, the adaptive clip moving alike (1e-5, 3 rounds)."""
-  # BandMF's factorization for the 3 rounds (2 bands); z = 0 leaves its noise out.
-  strategy = strategy_cache.strategy(3, 2) if kind == privacy.DP_BANDMF else None
-  spec = privacy.PrivateMean(kind, 0.05, 0.0, 3.0, clip_learning_rate=0.5, strategy=strategy)
+  spec = _quiet(kind, 0.05)
   fast, fast_measured = _run(_algorithm(name, spec), 'inprocess')
   slow, slow_measured = _run(_algorithm(name, spec), 'tff')
-  plain, _ = _run(
-    _algorithm(name, privacy.PrivateMean(kind, 1e6, 0.0, 3.0, strategy=strategy)), 'inprocess'
-  )
+  plain, _ = _run(_algorithm(name, _quiet(kind, 1e6)), 'inprocess')
   assert max(np.abs(a - b).max() for a, b in zip(fast, plain)) > 1e-3  # clipping bites
   for a, b in zip(fast, slow):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   fast_flat = run_files.flatten_metrics(fast_measured)
   slow_flat = run_files.flatten_metrics(slow_measured)
   shared = set(fast_flat) & set(slow_flat)
-  if kind == privacy.DP_ADAPTIVE:
+  if spec.adaptive:
     assert any(k.endswith('dp_query_metrics/clip') for k in shared)
-  if kind == privacy.CLIP:
+  if not spec.private:
     assert any(k.endswith('clipped_count') for k in shared)
   for key in shared:
     np.testing.assert_allclose(fast_flat[key], slow_flat[key], rtol=1e-5)
@@ -96,7 +107,7 @@ def _noise_samples(spec: privacy.PrivateMean, rounds: int) -> np.ndarray:
   # The mapped engine, as in `_run`.
   noisy, _ = choice.runner_for(_algorithm('fedavg', spec), DATA, 'inprocess', engine='mapped')
   quiet, _ = choice.runner_for(
-    _algorithm('fedavg', privacy.PrivateMean('dp', spec.clip_norm, 0.0, 3.0)),
+    _algorithm('fedavg', privacy.GaussianMean(spec.clip_norm, 0.0, 3.0)),
     DATA,
     'inprocess',
     engine='mapped',
@@ -112,13 +123,13 @@ def _noise_samples(spec: privacy.PrivateMean, rounds: int) -> np.ndarray:
 
 def test_the_noise_has_mean_zero_and_std_z_c_over_n():
   z, clip, n, rounds = 1.5, 0.2, 3.0, 100
-  samples = _noise_samples(privacy.PrivateMean('dp', clip, z, n), rounds)
+  samples = _noise_samples(privacy.GaussianMean(clip, z, n), rounds)
   sigma, count = z * clip / n, samples.size  # server learning rate 1: W moves by the mean
   assert abs(samples.mean()) < 5 * sigma / np.sqrt(count)
   assert abs(samples.std() / sigma - 1) < 5 / np.sqrt(2 * count)
   assert len({tuple(row) for row in np.round(samples, 7)}) == rounds  # a draw per round
   np.testing.assert_array_equal(
-    samples[:5], _noise_samples(privacy.PrivateMean('dp', clip, z, n), 5)
+    samples[:5], _noise_samples(privacy.GaussianMean(clip, z, n), 5)
   )  # fixed by the run and the round
 
 
@@ -126,7 +137,7 @@ def test_a_noise_cohort_gives_the_mean_its_noise_z_c_over_m():
   """--noise_cohort_size M: the sum of n clients is noised by z C n / M, so the mean
   moves by the noise a cohort of M would see (pfl-research's noise_cohort_size)."""
   z, clip, n, m, rounds = 1.5, 0.2, 3.0, 30.0, 100
-  samples = _noise_samples(privacy.PrivateMean('dp', clip, z, n, noise_cohort_size=m), rounds)
+  samples = _noise_samples(privacy.GaussianMean(clip, z, n, noise_cohort_size=m), rounds)
   sigma, count = z * clip / m, samples.size
   assert abs(samples.mean()) < 5 * sigma / np.sqrt(count)
   assert abs(samples.std() / sigma - 1) < 5 / np.sqrt(2 * count)
@@ -137,11 +148,11 @@ def test_a_weighted_aggregation_is_refused_by_dp():
     registry.get_algorithm('fedavg').build(
       MODEL,
       **algorithm_cases.arguments(
-        'fedavg', dict(model_aggregator=privacy.PrivateMean('dp', 1.0, 1.0, 3.0))
+        'fedavg', dict(model_aggregator=privacy.GaussianMean(1.0, 1.0, 3.0))
       ),
     )
   with pytest.raises(ValueError, match='per-client weights'):
-    _algorithm('afl', privacy.PrivateMean('dp', 1.0, 1.0, 3.0))
+    _algorithm('afl', privacy.GaussianMean(1.0, 1.0, 3.0))
 
 
 # --- accounting ---------------------------------------------------------------------
@@ -276,7 +287,7 @@ def test_the_run_stops_when_the_budget_is_spent_and_a_resume_stops_too(tmp_path)
 @pytest.mark.parametrize(
   'fields, says',
   [
-    (dict(clip_norm=1.0), '--aggregator=clip, dp or dp_adaptive'),
+    (dict(clip_norm=1.0), '--aggregator=clip, dp, dp_adaptive'),
     (dict(aggregator='dp', clip_norm=1.0), '--noise_multiplier or --target_epsilon'),
     (dict(aggregator='dp', noise_multiplier=1.0), 'needs --clip_norm'),
     (dict(aggregator='clip', clip_norm=1.0, noise_multiplier=1.0), 'adds no noise'),
@@ -318,8 +329,7 @@ def test_adaptive_clipping_noises_the_clipped_count():
   by exp(-lr N(0, s^2) / n) (every adaptive test elsewhere ran with z = 0, so removing
   this noise passed them). Four updates, two below the clip: the count's part is
   centred, and log(C' / C) has mean 0 and std lr s / n over noise seeds."""
-  mean = privacy.PrivateMean(
-    'dp_adaptive',
+  mean = privacy.AdaptiveGaussianMean(
     clip_norm=1.0,
     noise_multiplier=0.5,
     clients_per_round=4,
@@ -401,5 +411,5 @@ def test_adaptive_clipping_defaults_work_for_small_cohorts(tmp_path):
   z = spec.noise_multiplier
   assert z > 1.0 and spec.count_stddev == z
   assert spec.value_noise_multiplier == pytest.approx((z**-2 - (2 * z) ** -2) ** -0.5)
-  large = privacy.PrivateMean('dp_adaptive', 0.1, 1.0, 100.0)
+  large = privacy.AdaptiveGaussianMean(0.1, 1.0, 100.0)
   assert large.count_stddev == 5.0  # TFF's 0.05 n where it suffices

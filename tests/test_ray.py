@@ -251,12 +251,12 @@ def test_two_actors_equal_the_single_process_on_lanes(name):
 @pytest.mark.parametrize(
   'spec',
   [
-    privacy.PrivateMean('dp', 0.5, 0.8, 3.0),
-    privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
+    privacy.GaussianMean(0.5, 0.8, 3.0),
+    privacy.AdaptiveGaussianMean(0.5, 0.8, 3.0, clipped_count_stddev=0.5),
     agg.Chain((agg.Clip(0.5), agg.Quantize(6)), agg.Median()),
     agg.Chain((agg.SignFlip(0.3), agg.RandK(0.5)), agg.SecureSum(4.0, 16)),
-    privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.8, 3.0, restart_every=2),
-    privacy.PrivateMean('dp_bandmf', 0.5, 0.8, 3.0, strategy=strategy_cache.strategy(3, 2)),
+    privacy.TreeNoisedMean(0.5, 0.8, 3.0, restart_every=2),
+    privacy.BandedNoisedMean(0.5, 0.8, 3.0, strategy=strategy_cache.strategy(3, 2)),
   ],
   ids=[
     'dp',

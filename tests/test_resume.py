@@ -109,6 +109,25 @@ def test_a_run_recorded_in_the_earlier_flat_layout_resumes_and_reruns(tmp_path, 
   assert json.loads(path.read_text())['local_work']['client_learning_rate'] == ARGS_RATE
 
 
+def test_a_run_recording_the_aggregator_under_privacy_resumes_and_reruns(tmp_path):
+  """Before 0.3.0's move, config.json held `--aggregator` in the `privacy` record; it is
+  now the aggregation's. Such a run resumes, a changed aggregator is still refused, and
+  its config.json reruns with the aggregator it ran."""
+  clipped = dict(aggregator='clip', clip_norm=0.5)
+  with pytest.raises(KeyboardInterrupt):
+    _train(tmp_path, interrupt_at=5, **clipped)
+  path = tmp_path / 'config.json'
+  config = json.loads(path.read_text())
+  config['privacy']['aggregator'] = config['aggregation'].pop('aggregator')  # the old layout
+  path.write_text(json.dumps(config))
+  rerun = experiment.ExperimentConfig.from_dict(config)
+  assert rerun.aggregation.aggregator == 'clip' and rerun.privacy.clip_norm == 0.5
+  with pytest.raises(experiment.ConfigError, match=r'aggregation\.aggregator: recorded'):
+    _train(tmp_path, resume=True, aggregator='median', clip_norm=None)
+  _train(tmp_path, resume=True, **clipped)
+  assert json.loads(path.read_text())['aggregation']['aggregator'] == 'clip'
+
+
 # Part of the population each round (Poisson), a third dropping out, stragglers.
 _PARTIAL = dict(
   sampling='poisson', clients_per_round=3, dropout_rate=0.3, straggler_rate=0.4, straggler_work=0.5

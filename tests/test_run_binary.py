@@ -86,7 +86,7 @@ BAD_INPUT = [
     ['--aggregator=dp', '--clip_norm=1', '--target_epsilon=1', '--target_delta=0.5'],
     'target_delta must be in',
   ),
-  (['--noise_multiplier=1'], 'add --aggregator=clip, dp or dp_adaptive'),
+  (['--noise_multiplier=1'], 'add --aggregator=clip, dp, dp_adaptive'),
   (['--aggregator=medain'], 'flag --aggregator=medain: value should be one of'),
   (
     [

@@ -144,16 +144,16 @@ def test_each_trial_equals_its_separate_run_on_lanes(name):
   'spec',
   [
     # dp_adaptive draws dp's noise and more (dp alone: make test-slow)
-    pytest.param(privacy.PrivateMean('dp', 0.5, 0.8, 3.0), marks=pytest.mark.slow),
-    privacy.PrivateMean('dp_adaptive', 0.5, 0.8, 3.0, clipped_count_stddev=0.5),
+    pytest.param(privacy.GaussianMean(0.5, 0.8, 3.0), marks=pytest.mark.slow),
+    privacy.AdaptiveGaussianMean(0.5, 0.8, 3.0, clipped_count_stddev=0.5),
     # Noise correlated across rounds: the tree's nodes and BandMF's last b - 1 draws
     # kept per trial (make test-slow).
     pytest.param(
-      privacy.PrivateMean('dp_ftrl_tree', 0.5, 0.8, 3.0, restart_every=2),
+      privacy.TreeNoisedMean(0.5, 0.8, 3.0, restart_every=2),
       marks=pytest.mark.slow,
     ),
     pytest.param(
-      privacy.PrivateMean('dp_bandmf', 0.5, 0.8, 3.0, strategy=matrix_factorization.optimize(8, 2)),
+      privacy.BandedNoisedMean(0.5, 0.8, 3.0, strategy=matrix_factorization.optimize(8, 2)),
       marks=pytest.mark.slow,
     ),
   ],
@@ -164,7 +164,7 @@ def test_private_trials_each_draw_their_own_noise(spec):
   across rounds), adaptive clipping state per trial."""
   extra = dict(model_aggregator=spec, client_weighting='uniform')
   batched, _ = _batched('fedavg', 'mapped', extra=extra)
-  _assert_equal(batched, _separate('fedavg', 'mapped', extra), spec.kind)
+  _assert_equal(batched, _separate('fedavg', 'mapped', extra), spec.name)
 
 
 @pytest.mark.slow

@@ -34,8 +34,10 @@ def test_each_client_sends_its_momentum_kept_across_rounds():
 
 
 def test_it_comes_before_the_attackers_and_is_refused_where_rows_cannot_live(tmp_path):
-  options = aggregation_settings.AggregationOptions(worker_momentum=0.9, attack='alie')
-  assert options.chain('krum', None, 10).name == 'momentum+attack+krum'
+  options = aggregation_settings.AggregationOptions(
+    aggregator='krum', worker_momentum=0.9, attack='alie'
+  )
+  assert options.chain(None, 10).name == 'momentum+attack+krum'
   with pytest.raises(ValueError, match=r'beta in \[0, 1\)'):
     agg.WorkerMomentum(1.0)
 

@@ -1,14 +1,16 @@
-"""The run's aggregation beyond the mean: a robust combiner (`--aggregator`, in
-`privacy_settings.PrivacyOptions`, names it), a pre-aggregation, worker momentum,
-compression, secure aggregation and simulated attackers, assembled into the aggregator
-chain every runtime runs (`ops.aggregators`; docs/aggregators.md):
+"""The run's aggregation: what `--aggregator` combines the model deltas with (the
+algorithm's mean, a clipping or DP mechanism whose settings are
+`privacy_settings.PrivacyOptions`', or a robust combiner), a pre-aggregation, worker
+momentum, compression, secure aggregation and simulated attackers, assembled into the
+aggregator chain every runtime runs (`ops.aggregators`; docs/aggregators.md):
 
     [momentum] -> [attack] -> [clip | DP clip] -> [rotation] -> [compression, error
     feedback] -> [pre-aggregation] -> combiner: mean (DP: sum / n) | a robust one |
     majority vote (sign) | secure sum
 
-Combiners, pre-aggregations, attacks and compressors are registered blocks
-(`registry.register_combiner` and its siblings); their settings join this record.
+Mechanisms, combiners, pre-aggregations, attacks and compressors are registered blocks
+(`registry.register_combiner` and its siblings); the blocks' settings join this record
+(the mechanisms' are the privacy record's).
 """
 
 import dataclasses
@@ -19,6 +21,12 @@ from tff_comp import registry, settings
 from tff_comp.ops import aggregators
 
 ERROR_FEEDBACK = ('none', 'ef', 'ef21')
+MEAN = 'mean'  # the algorithm's own aggregation
+
+
+def aggregator_names() -> tuple[str, ...]:
+  """The --aggregator choices: the mean, every registered mechanism and combiner."""
+  return (MEAN, *registry.MECHANISMS.names(), *registry.COMBINERS.names())
 
 
 def block_lines(blocks: registry.Registry) -> str:
@@ -38,6 +46,16 @@ class _AggregationOptions:
   """The choices among registered blocks, error feedback, worker momentum and secure
   aggregation; `AggregationOptions` adds every registered block's settings."""
 
+  aggregator: str = settings.setting(
+    MEAN,
+    "What combines the model deltas (side channels stay exact): mean (the algorithm's"
+    ' own); clipping and DP (docs/privacy.md): '
+    + block_lines(registry.MECHANISMS)
+    + '; the registered combiners, every client alike (docs/aggregators.md): '
+    + block_lines(registry.COMBINERS)
+    + '.',
+    choices=aggregator_names,
+  )
   pre_aggregation: str = settings.setting(
     'none',
     "Rows mixed before the robust --aggregator reads them (the server's; every client"
@@ -118,6 +136,12 @@ class _AggregationOptions:
       )
 
   @property
+  def private(self) -> bool:
+    """Whether --aggregator is a DP mechanism (`ops.privacy.PrivateMean.private`)."""
+    names = registry.MECHANISMS.names()
+    return self.aggregator in names and registry.MECHANISMS.get(self.aggregator).builder.private
+
+  @property
   def active(self) -> bool:
     """Whether any of these settings changes the aggregation."""
     return (
@@ -127,11 +151,9 @@ class _AggregationOptions:
       or self._attack(0) is not None  # label flipping poisons the data, not the updates
     )
 
-  def chain(
-    self, aggregator: str, private: aggregators.Chain | None, clients_per_round: int
-  ) -> aggregators.Chain:
-    """The chain of `aggregator` (--aggregator: 'mean', a robust combiner) with these
-    settings, around `private` (the chain of clip, dp or dp_adaptive, if one).
+  def chain(self, private: aggregators.Chain | None, clients_per_round: int) -> aggregators.Chain:
+    """The chain of these settings around `private` (the chain of the clipping or DP
+    mechanism --aggregator names, if it does).
 
     Raises:
       ValueError: (one line) a combination that cannot work.
@@ -152,7 +174,7 @@ class _AggregationOptions:
         compressor = aggregators.ErrorFeedback(compressor.for_error_feedback(), self.error_feedback)
       stages.append(compressor)
     votes = bool(compression) and compression[-1].votes
-    combiner = self._combiner(aggregator, private, clients_per_round, votes)
+    combiner = self._combiner(private, clients_per_round, votes)
     pre = None
     if self.pre_aggregation != 'none':
       pre = self._built(registry.PRE_AGGREGATIONS.get(self.pre_aggregation), clients_per_round)
@@ -180,11 +202,11 @@ class _AggregationOptions:
 
   def _combiner(
     self,
-    aggregator: str,
     private: aggregators.Chain | None,
     clients_per_round: int,
     votes: bool,
   ) -> aggregators.Combiner:
+    aggregator = self.aggregator
     if aggregator in registry.COMBINERS.names():
       if self.secure_aggregation:
         raise ValueError(

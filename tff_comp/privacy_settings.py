@@ -1,12 +1,14 @@
-"""The run's `--aggregator`: what averages the model delta, clipped or differentially
-private, and the privacy it spends.
+"""Clipping and differential privacy of the model delta: the settings of the mechanism
+`--aggregator` chooses (an `ops.privacy.PrivateMean`, `registry.MECHANISMS`; the flag
+itself is the aggregation's, `aggregation_settings`), and the privacy it spends.
 
 `PrivacyOptions` is the record of these settings; `PrivacyOptions.plan` resolves them
 for a run (the clip, the noise multiplier given or calibrated to a target epsilon, the
-delta) into the `ops.privacy.PrivateMean` every runtime runs and the
-`accounting.Ledger` that counts epsilon; `configure` puts that mean into an algorithm's
-arguments. The math is in `ops.privacy`, the accounting
-in `accounting`.
+delta) into the mechanism every runtime runs and the `accounting.Ledger` that counts
+epsilon; `configure` puts the run's aggregator into an algorithm's arguments. The math
+is in `ops.privacy`, the accounting in `accounting`. What a mechanism is (private,
+adaptive, correlated across rounds, scaled to a noise cohort) is read off its class,
+never its name.
 """
 
 import dataclasses
@@ -19,12 +21,22 @@ from tff_comp.ops import aggregators, matrix_factorization, privacy
 from tff_comp.run import callbacks
 from tff_comp.run import sampling as sampling_lib
 
-MEAN = 'mean'  # the algorithm's own aggregation
+
+def mechanism(aggregator: str) -> type[privacy.PrivateMean] | None:
+  """The mechanism class `--aggregator=aggregator` names (None: not clipping or DP)."""
+  if aggregator not in registry.MECHANISMS.names():
+    return None
+  return registry.MECHANISMS.get(aggregator).builder
 
 
-def aggregator_names() -> tuple[str, ...]:
-  """The --aggregator choices: the mean, the DP kinds and every registered combiner."""
-  return (MEAN, *privacy.KINDS, *registry.COMBINERS.names())
+def _mechanisms(having: str) -> tuple[str, ...]:
+  """The names of the mechanisms with the class attribute or field `having` true/set."""
+  return tuple(
+    name
+    for name in registry.MECHANISMS.names()
+    if getattr(registry.MECHANISMS.get(name).builder, having, False)
+    or having in {f.name for f in dataclasses.fields(registry.MECHANISMS.get(name).builder)}
+  )
 
 
 _NOISE_FLAGS = ('noise_multiplier', 'target_epsilon', 'target_delta')
@@ -48,22 +60,6 @@ class Plan:
 class PrivacyOptions:
   """Clipping and differential privacy of the model delta (side channels stay exact)."""
 
-  aggregator: str = settings.setting(
-    MEAN,
-    'What combines the model deltas (side channels stay exact): mean (the'
-    " algorithm's own); clip (each client's update clipped to --clip_norm, then the"
-    ' weighted mean); dp (clipped, summed, Gaussian noise of std noise_multiplier x'
-    " clip_norm, divided by --clients_per_round: TFF's DP-FedAvg semantics, uniform"
-    ' client weights); dp_adaptive (dp with the clip adapting to --clip_quantile of the'
-    ' update norms); dp_ftrl_tree (DP-FTRL: the clipped sum with the noise of a binary'
-    ' tree over the rounds, no sampling assumed: --sampling=cyclic, --restart_every);'
-    ' dp_bandmf (BandMF: the clipped sum with noise correlated across the rounds by a'
-    ' banded matrix factorization, no sampling assumed: --sampling=cyclic, --bands);'
-    ' the registered combiners, every client alike (docs/aggregators.md): '
-    + aggregation_settings.block_lines(registry.COMBINERS)
-    + '.',
-    choices=aggregator_names,
-  )
   clip_norm: float | None = settings.setting(
     None,
     'L2 norm client updates are clipped to (clip, dp; dp_adaptive: the initial'
@@ -108,7 +104,7 @@ class PrivacyOptions:
     ' clients_per_round rounds, the most that keeps each client in one round a tree).',
     lower=0,
     upper=settings.MAX_COUNT,
-    applies_when={'aggregator': (privacy.DP_FTRL_TREE,)},
+    applies_when={'aggregator': _mechanisms('restart_every')},
   )
   bands: int = settings.setting(
     0,
@@ -117,7 +113,7 @@ class PrivacyOptions:
     ' and --rounds); the noise keeps b - 1 model-sized vectors.',
     lower=0,
     upper=matrix_factorization.MAX_ROUNDS,
-    applies_when={'aggregator': (privacy.DP_BANDMF,)},
+    applies_when={'aggregator': _mechanisms('strategy')},
   )
   noise_cohort_size: int | None = settings.setting(
     None,
@@ -128,7 +124,7 @@ class PrivacyOptions:
     ' small one (default: --clients_per_round).',
     lower=1,
     upper=settings.MAX_COUNT,
-    applies_when={'aggregator': privacy.COHORT_SCALED},
+    applies_when={'aggregator': _mechanisms('cohort_scaled')},
   )
   accountant: str = settings.setting(
     'rdp',
@@ -139,47 +135,48 @@ class PrivacyOptions:
 
   def __post_init__(self):
     settings.check(self)
+
+  def check(self, aggregator: str) -> None:
+    """Raises ValueError (one line) for a setting `--aggregator=aggregator` would not use
+    or one it lacks."""
+    chosen = mechanism(aggregator)
     given = [n for n in ('clip_norm', *_NOISE_FLAGS) if getattr(self, n) is not None]
-    if self.aggregator not in privacy.KINDS and given:
+    if chosen is None and given:
       raise ValueError(
-        f'--{given[0]} sets a clipping or DP aggregator: add --aggregator=clip, dp or dp_adaptive.'
+        f'--{given[0]} sets a clipping or DP aggregator: add --aggregator='
+        + ', '.join(registry.MECHANISMS.names())
+        + '.'
       )
-    if self.aggregator == privacy.CLIP and set(given) & set(_NOISE_FLAGS):
+    private = chosen is not None and chosen.private
+    if chosen is not None and not private and set(given) & set(_NOISE_FLAGS):
       raise ValueError(
-        '--aggregator=clip adds no noise: --noise_multiplier,'
-        ' --target_epsilon and --target_delta go with --aggregator=dp or'
-        ' dp_adaptive.'
+        f'--aggregator={aggregator} adds no noise: --noise_multiplier,'
+        ' --target_epsilon and --target_delta go with a DP --aggregator'
+        f' ({", ".join(_mechanisms("private"))}).'
       )
     # Settings another aggregator would ignore: said, not dropped.
     changed = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default]
     adaptive = [n for n in changed if n in _ADAPTIVE_FLAGS]
-    if adaptive and self.aggregator != privacy.DP_ADAPTIVE:
+    if adaptive and not (chosen is not None and chosen.adaptive):
       raise ValueError(
-        f'--{adaptive[0]} sets the adapting clip of --aggregator=dp_adaptive'
-        f" (this run's is {self.aggregator})."
+        f'--{adaptive[0]} sets the adapting clip of --aggregator='
+        f"{', '.join(_mechanisms('adaptive'))} (this run's is {aggregator})."
       )
-    if 'accountant' in changed and not self.private:
+    if 'accountant' in changed and not private:
       raise ValueError(
-        '--accountant counts the privacy of --aggregator=dp or dp_adaptive'
-        f" (this run's is {self.aggregator})."
+        f"--accountant counts the privacy of a DP --aggregator (this run's is {aggregator})."
       )
-    if self.clip_norm is None and self.aggregator in (privacy.CLIP, *privacy.COHORT_SCALED):
+    if chosen is not None and self.clip_norm is None and not chosen.adaptive:
       raise ValueError(
-        f'--aggregator={self.aggregator} needs --clip_norm (the L2 norm'
-        " each client's update is clipped to)."
+        f"--aggregator={aggregator} needs --clip_norm (the L2 norm each client's update is"
+        ' clipped to).'
       )
-    if self.private and self.noise_multiplier is None and self.target_epsilon is None:
-      raise ValueError(
-        f'--aggregator={self.aggregator} needs --noise_multiplier or --target_epsilon.'
-      )
-
-  @property
-  def private(self) -> bool:
-    """Adds noise (dp, dp_adaptive, dp_ftrl_tree, dp_bandmf)."""
-    return self.aggregator in privacy.KINDS and self.aggregator != privacy.CLIP
+    if private and self.noise_multiplier is None and self.target_epsilon is None:
+      raise ValueError(f'--aggregator={aggregator} needs --noise_multiplier or --target_epsilon.')
 
   def plan(
     self,
+    aggregator: str,
     *,
     clients_per_round: int,
     population: int,
@@ -188,14 +185,17 @@ class PrivacyOptions:
     min_separation: int = 0,
     recorded: dict[str, Any] | None = None,
   ) -> Plan:
-    """The aggregator for a run of `rounds` rounds of `clients_per_round` clients drawn
-    by `sampling` from `population`; a resumed DP run keeps the noise multiplier it
+    """The mechanism `--aggregator=aggregator` names (None for any other), for a run of
+    `rounds` rounds of `clients_per_round` clients drawn by `sampling` from
+    `population`; a resumed DP run keeps the noise multiplier it
     `recorded` (calibrating again for a changed --rounds would change the noise
     mid-run), and a BandMF run its strategy's rounds. `min_separation` > 1: uniform
     draws each client at most once in that many rounds (accounted as 'separated').
     Raises ValueError ('--aggregator=...: why')."""
-    if self.aggregator not in privacy.KINDS:
+    chosen = mechanism(aggregator)
+    if chosen is None:
       return Plan(None, None, {})
+    fields = {f.name for f in dataclasses.fields(chosen)}
     if min_separation > 1:
       sampling = 'separated'
     recorded = recorded or {}
@@ -211,13 +211,13 @@ class PrivacyOptions:
         )
       # A client's rounds are this far apart: the separation, or a cyclic epoch of the
       # accounted cohort's (N // M: the accounting's clients, each in one round of it).
-      if self.aggregator in (privacy.DP_FTRL_TREE, privacy.DP_BANDMF):
+      if chosen.correlated:
         epoch = (
           min_separation
           if sampling == 'separated'
           else sampling_lib.epoch_rounds(population, accounted)
         )
-      if self.aggregator == privacy.DP_FTRL_TREE:
+      if 'restart_every' in fields:
         restart = self.restart_every or epoch
         if restart > epoch and sampling in accounting.BOUNDED:
           apart = (
@@ -228,7 +228,7 @@ class PrivacyOptions:
           raise ValueError(
             f'--restart_every={restart} is over {apart}: a client would be in two rounds of a tree.'
           )
-      if self.aggregator == privacy.DP_BANDMF:
+      if 'strategy' in fields:
         strategy_rounds = recorded.get('strategy_rounds', rounds)
         if rounds > strategy_rounds:
           raise ValueError(
@@ -239,7 +239,7 @@ class PrivacyOptions:
         if bands > strategy_rounds:
           raise ValueError(f"--bands={bands} is over the run's {strategy_rounds} rounds.")
         resolved.update(bands=bands, strategy_rounds=strategy_rounds)
-      if self.private:
+      if chosen.private:
         delta = (
           self.target_delta
           if self.target_delta is not None
@@ -278,20 +278,20 @@ class PrivacyOptions:
         if restart:
           resolved['restart_every'] = restart
       clip_norm = self.clip_norm if self.clip_norm is not None else DEFAULT_ADAPTIVE_CLIP
-      mean = privacy.PrivateMean(
-        self.aggregator,
-        clip_norm,
-        z,
-        n,
-        self.clip_quantile,
-        self.clip_learning_rate,
-        self.clipped_count_stddev,
-        restart,
-        self.noise_cohort_size,
-        strategy,
+      available = dict(
+        clip_norm=clip_norm,
+        noise_multiplier=z,
+        clients_per_round=n,
+        noise_cohort_size=self.noise_cohort_size,
+        target_quantile=self.clip_quantile,
+        clip_learning_rate=self.clip_learning_rate,
+        clipped_count_stddev=self.clipped_count_stddev,
+        restart_every=restart,
+        strategy=strategy,
       )
+      mean = chosen(**{name: value for name, value in available.items() if name in fields})
     except ValueError as e:
-      raise ValueError(f'--aggregator={self.aggregator}: {e}') from e
+      raise ValueError(f'--aggregator={aggregator}: {e}') from e
     return Plan(mean, ledger, resolved)
 
   def callbacks(
@@ -352,8 +352,9 @@ def configure(
   Raises:
     ConfigError: a setting that cannot apply.
   """
-  robust = options.aggregator in registry.COMBINERS.names()
-  if options.aggregator == MEAN and not aggregation.active:
+  aggregator = aggregation.aggregator
+  robust = aggregator in registry.COMBINERS.names()
+  if aggregator == aggregation_settings.MEAN and not aggregation.active:
     return Plan(None, None, {})
   if not algorithm.accepts('model_aggregator'):
     raise settings.ConfigError(
@@ -375,6 +376,7 @@ def configure(
     )
   try:
     plan = options.plan(
+      aggregator,
       clients_per_round=clients_per_round,
       population=population,
       rounds=rounds,
@@ -385,7 +387,7 @@ def configure(
     model_aggregator = plan.mean
     if robust or aggregation.active:
       model_aggregator = aggregation.chain(
-        options.aggregator, None if plan.mean is None else plan.mean.chain(), clients_per_round
+        None if plan.mean is None else plan.mean.chain(), clients_per_round
       )
   except ValueError as e:
     raise settings.ConfigError(str(e)) from e
@@ -395,14 +397,15 @@ def configure(
     else model_aggregator.chain()
   )
   forced = {}
-  if options.private or not chain.weighted:
+  private = plan.mean is not None and plan.mean.private
+  if private or not chain.weighted:
     if client_weighting not in (None, 'uniform'):
       named = (
         '--compression=sign (a majority vote)'
         if isinstance(chain.combiner, aggregators.MajorityVote)
-        else f'--aggregator={options.aggregator}'
+        else f'--aggregator={aggregator}'
       )
-      why = "TFF's DP semantics" if options.private else 'a robust combiner'
+      why = "TFF's DP semantics" if private else 'a robust combiner'
       raise settings.ConfigError(
         f'{named} weighs every client alike ({why}): drop --client_weighting or set it to uniform.'
       )

@@ -51,6 +51,7 @@ COMBINERS_GROUP = 'tff_comp.combiners'
 PRE_AGGREGATIONS_GROUP = 'tff_comp.pre_aggregations'
 ATTACKS_GROUP = 'tff_comp.attacks'
 COMPRESSORS_GROUP = 'tff_comp.compressors'
+MECHANISMS_GROUP = 'tff_comp.mechanisms'
 EXPERIMENTS_GROUP = 'tff_comp.experiments'
 _FLAG_TYPES = (float, int, bool, str)
 
@@ -268,6 +269,14 @@ class Registry:
       )
     return self._entries[name]
 
+  def name_of(self, builder: Callable) -> str:
+    """The name `builder` is registered under (its first, for a builder with variants)."""
+    self.load_plugins()
+    for entry in self._entries.values():
+      if entry.builder is builder:
+        return entry.name
+    raise RegistryError(f'{builder.__qualname__} is not a registered {self.kind}.')
+
 
 # Models a task may take in place of its own (`--emnist_model=<name>`): an entry's builder
 # is `(input_shape, num_classes, seed) -> tf.keras.Model` returning logits.
@@ -284,6 +293,9 @@ PRE_AGGREGATIONS = Registry('pre-aggregation', PRE_AGGREGATIONS_GROUP, 'tff_comp
 ATTACKS = Registry('attack', ATTACKS_GROUP, 'tff_comp.ops.aggregators')
 # What `--compression` chooses: what a client sends in fewer bits.
 COMPRESSORS = Registry('compressor', COMPRESSORS_GROUP, 'tff_comp.ops.aggregators')
+# What `--aggregator` chooses among clipping and DP: an `ops.privacy.PrivateMean`
+# subclass, built from the privacy settings' fields it declares.
+MECHANISMS = Registry('privacy mechanism', MECHANISMS_GROUP, 'tff_comp.ops.privacy')
 # Reproduction grids (`tff_comp.binaries.reproductions.Reproduction`); an entry's builder takes
 # no argument and returns the grid. The binaries register the built-in grids when they
 # import them (the library does not depend on its binaries).
@@ -298,6 +310,7 @@ GROUPS = (
   PRE_AGGREGATIONS_GROUP,
   ATTACKS_GROUP,
   COMPRESSORS_GROUP,
+  MECHANISMS_GROUP,
   EXPERIMENTS_GROUP,
   MODELS_GROUP,
 )
@@ -391,6 +404,14 @@ def register_attack(name: str, *, options: type | None = None):
   `--attack=name` chooses; `options` as `register_combiner`'s, its fields applying with
   `--attack=name`."""
   return ATTACKS.register(name, metadata=dict(options=options))
+
+
+def register_mechanism(name: str):
+  """Registers a clipping or DP mechanism, an `ops.privacy.PrivateMean` subclass, that
+  `--aggregator=name` chooses; the run builds it from the privacy settings named as its
+  fields (`privacy_settings.PrivacyOptions`) and reads what it is from its class
+  attributes (`private`, `cohort_scaled`, `adaptive`, `correlated`)."""
+  return MECHANISMS.register(name)
 
 
 def register_compressor(name: str, *, options: type | None = None):

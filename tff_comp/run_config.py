@@ -139,6 +139,13 @@ class ExperimentConfig:
   # (workers), 'ray' (address, actors), a plugin's.
   runtime_options: dict[str, Any] = dataclasses.field(default_factory=choice.runtime_options)
 
+  def __post_init__(self):
+    # The privacy settings against the mechanism --aggregator (the aggregation's) names.
+    try:
+      self.privacy.check(self.aggregation.aggregator)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+
   @classmethod
   def of(cls, **values: Any) -> 'ExperimentConfig':
     """The config from settings by name, flat (`of(algorithm='fedavg', sampling=
@@ -264,11 +271,21 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
   """A config.json of an earlier layout in today's: settings recorded at the top level
   that a record now owns (0.3.0's client settings, now `local_work`) moved into it, and
   a record added since (`devices`, `asynchrony`) at its defaults, which that run ran
-  with."""
+  with; a setting moved from one record to another (0.3.0's `--aggregator`, from
+  `privacy` to `aggregation`) moved along."""
   moved = {k: v for k, v in recorded.items() if k in OWNER and OWNER[k] not in recorded}
   upgraded = {k: v for k, v in recorded.items() if k not in moved}
   for name, value in moved.items():
     upgraded.setdefault(OWNER[name], {})[name] = value
+  for group in GROUPS:
+    held = upgraded.get(group)
+    if not isinstance(held, dict):
+      continue
+    strays = {k: v for k, v in held.items() if k in OWNER and OWNER[k] != group}
+    if strays:
+      upgraded[group] = {k: v for k, v in held.items() if k not in strays}
+      for name, value in strays.items():
+        upgraded[OWNER[name]] = {**upgraded.get(OWNER[name], {}), name: value}
   for group, record in GROUPS.items():
     if group not in upgraded:
       upgraded[group] = dataclasses.asdict(record())

@@ -41,7 +41,7 @@ def group_key(trial: Trial) -> str:
   seed (a private run's `_CALIBRATE_PRIVACY` kept). The group's trials run as one
   program where their tasks' data agree in shape (`_why_not_merged`)."""
   shared = dataclasses.asdict(trial.config)
-  private = trial.config.privacy.private
+  private = trial.config.aggregation.private
   # 'auto' picks the in-process engine by the run's length (`engines.
   # AUTO_LANES_MIN_STEPS`): trials share a program only with the engine each one's
   # separate run takes, so of one length.

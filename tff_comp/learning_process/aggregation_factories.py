@@ -16,6 +16,7 @@ semantics; an `ops.aggregators.Chain` is placed by `chain_factory`.
 """
 
 import collections
+import functools
 
 import tensorflow_federated as tff
 
@@ -139,23 +140,37 @@ def _pick(field: str, side_type: tff.Type) -> tff.Computation:
   return tff.tensorflow.computation(lambda sides: sides[field], side_type)
 
 
+@functools.singledispatch
 def privacy_factory(spec: privacy.PrivateMean, *, seed: int = 0) -> Factory:
-  """TFF's factory computing `spec` (see `ops.privacy`; TFF draws its own noise); for
-  dp_ftrl_tree and dp_bandmf, `spec`'s chain placed as a factory
+  """TFF's factory computing the mechanism `spec` (see `ops.privacy`; TFF draws its own
+  noise), by its class: TFF's clipping factory and `DifferentiallyPrivateFactory`
+  (gaussian_fixed, gaussian_adaptive) for the mechanisms TFF has; any other (DP-FTRL's
+  tree, BandMF, a plugin's) places `spec`'s chain as a factory
   (`chain_factory.ChainFactory`, its noise seeded by `seed`): TFF's `tree_aggregation`
   keeps its tree in the state and restarts only with adaptive clipping, while the chain
   draws the same tree's nodes statelessly (tests/test_tree_noise.py); TFF has no
   matrix factorization mechanism."""
-  if spec.kind in (privacy.DP_FTRL_TREE, privacy.DP_BANDMF):
-    return chain_factory.ChainFactory(spec.chain(), seed)
-  if spec.kind == privacy.CLIP:
-    return tff.aggregators.clipping_factory(spec.clip_norm, tff.aggregators.MeanFactory())
-  dp = tff.aggregators.DifferentiallyPrivateFactory
-  if spec.kind == privacy.DP:
-    return dp.gaussian_fixed(
-      spec.noise_multiplier * spec.noise_scale, spec.clients_per_round, spec.clip_norm
-    )
-  return dp.gaussian_adaptive(
+  return chain_factory.ChainFactory(spec.chain(), seed)
+
+
+@privacy_factory.register
+def _(spec: privacy.ClippedMean, *, seed: int = 0) -> Factory:
+  del seed
+  return tff.aggregators.clipping_factory(spec.clip_norm, tff.aggregators.MeanFactory())
+
+
+@privacy_factory.register
+def _(spec: privacy.GaussianMean, *, seed: int = 0) -> Factory:
+  del seed
+  return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+    spec.noise_multiplier * spec.noise_scale, spec.clients_per_round, spec.clip_norm
+  )
+
+
+@privacy_factory.register
+def _(spec: privacy.AdaptiveGaussianMean, *, seed: int = 0) -> Factory:
+  del seed
+  return tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
     spec.noise_multiplier,
     spec.clients_per_round,
     initial_l2_norm_clip=spec.clip_norm,

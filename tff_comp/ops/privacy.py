@@ -32,105 +32,90 @@ clients would give it, so a simulation of n clients a round trains with the nois
 
 clip(u, C) = u min(1, C / ||u||) with ||.|| the global L2 norm over the update's
 tensors; n is the expected number of clients per round (the denominator TFF's DP
-queries use, also under Poisson sampling); the DP kinds weigh every client alike.
+queries use, also under Poisson sampling); the DP mechanisms weigh every client alike.
 """
 
 import dataclasses
+from typing import ClassVar
 
+from tff_comp import registry
 from tff_comp.ops import aggregators, matrix_factorization, messages
-
-CLIP, DP, DP_ADAPTIVE = 'clip', 'dp', 'dp_adaptive'
-DP_FTRL_TREE, DP_BANDMF = 'dp_ftrl_tree', 'dp_bandmf'
-KINDS = (CLIP, DP, DP_ADAPTIVE, DP_FTRL_TREE, DP_BANDMF)
-# The kinds whose noise a noise_cohort_size scales.
-COHORT_SCALED = (DP, DP_FTRL_TREE, DP_BANDMF)
 
 
 @dataclasses.dataclass(frozen=True)
 class PrivateMean:
-  """A clipped (optionally noised) mean of the model delta; see the module docstring.
+  """A clipped (optionally noised) mean of the model delta, as a chain (`chain`); each
+  mechanism of the module docstring is a subclass registered under the name
+  `--aggregator` calls it (`registry.register_mechanism`). `clip_norm`: C.
 
-  kind: one of `KINDS`. clip_norm: C (the initial clip for dp_adaptive).
-  noise_multiplier: z, the effective total noise multiplier (for dp_adaptive it covers
-  the clipped-count query too, as TFF's; `value_noise_multiplier` is what the update
-  gets). clients_per_round: n. target_quantile, clip_learning_rate,
-  clipped_count_stddev: dp_adaptive's quantile estimate (TFF's defaults; stddev None:
-  `count_stddev`'s default). restart_every: dp_ftrl_tree's rounds a tree (0: one tree).
-  noise_cohort_size: M, the cohort the noise is calibrated to (`COHORT_SCALED`; None: n).
-  strategy: dp_bandmf's factorization (`matrix_factorization.Strategy`), one row a round.
-  """
+  What the settings and the accounting read off a mechanism's class, never its name:
+  `private` (a Gaussian mechanism: uniform weights, accounted), `cohort_scaled` (takes
+  a `noise_cohort_size`), `adaptive` (its clip follows a quantile), `correlated` (noise
+  correlated across rounds, no sampling assumed: accounted over cyclic epochs), and its
+  fields (a `restart_every`, a `strategy`)."""
 
-  kind: str
+  private: ClassVar[bool] = False
+  cohort_scaled: ClassVar[bool] = False
+  adaptive: ClassVar[bool] = False
+  correlated: ClassVar[bool] = False
+
   clip_norm: float
-  noise_multiplier: float = 0.0
-  clients_per_round: float = 1.0
-  target_quantile: float = 0.5
-  clip_learning_rate: float = 0.2
-  clipped_count_stddev: float | None = None
-  restart_every: int = 0
-  noise_cohort_size: float | None = None
-  strategy: matrix_factorization.Strategy | None = None
 
   def __post_init__(self):
-    if self.kind not in KINDS:
-      raise ValueError(f'aggregator {self.kind!r} is unknown; choose one of {KINDS}.')
     if not self.clip_norm > 0:
       raise ValueError(f'clip_norm must be > 0, got {self.clip_norm}.')
+
+  @property
+  def name(self) -> str:
+    """What `--aggregator` calls it."""
+    return registry.MECHANISMS.name_of(type(self))
+
+  def chain(self) -> aggregators.Chain:
+    """This mean as a chain of the aggregator blocks (`ops.aggregators`). Measurements as
+    TFF's factories name them: clipping_norm, clipped_count, and for dp_adaptive
+    dp_query_metrics/clip (the next round's clip); also mean_update_norm (a
+    simulation's diagnostic: the un-noised norms are not private)."""
+    raise NotImplementedError
+
+
+@registry.register_mechanism('clip')
+@dataclasses.dataclass(frozen=True)
+class ClippedMean(PrivateMean):
+  """Each client's update clipped to --clip_norm, then the weighted mean (no noise)."""
+
+  def chain(self) -> aggregators.Chain:
+    return aggregators.Chain((aggregators.Clip(self.clip_norm),), aggregators.Mean())
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisedMean(PrivateMean):
+  """The clipped sum with Gaussian noise, over n: the mechanisms' shared fields.
+
+  noise_multiplier: z, the effective total noise multiplier. clients_per_round: n.
+  noise_cohort_size: M, the cohort the noise is calibrated to (`cohort_scaled`
+  mechanisms; None: n)."""
+
+  private: ClassVar[bool] = True
+  cohort_scaled: ClassVar[bool] = True
+
+  noise_multiplier: float = 0.0
+  clients_per_round: float = 1.0
+  noise_cohort_size: float | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
     if not self.noise_multiplier >= 0:
       raise ValueError(f'noise_multiplier must be >= 0, got {self.noise_multiplier}.')
-    if not self.restart_every >= 0:
-      raise ValueError(f'restart_every must be >= 0, got {self.restart_every}.')
+    if not self.clients_per_round > 0:
+      raise ValueError(f'clients_per_round must be > 0, got {self.clients_per_round}.')
     if self.noise_cohort_size is not None:
-      if self.kind not in COHORT_SCALED:
-        raise ValueError(f'noise_cohort_size scales the noise of {", ".join(COHORT_SCALED)}.')
+      if not self.cohort_scaled:
+        raise ValueError(f'noise_cohort_size does not apply to {self.name}.')
       if not self.noise_cohort_size >= self.clients_per_round:
         raise ValueError(
           f'noise_cohort_size ({self.noise_cohort_size}) simulates a cohort at least the'
           f' one of a round ({self.clients_per_round}).'
         )
-    if self.restart_every and self.kind != DP_FTRL_TREE:
-      raise ValueError("restart_every is the tree's (dp_ftrl_tree).")
-    if (self.strategy is None) == (self.kind == DP_BANDMF):
-      raise ValueError('dp_bandmf, and only it, takes a strategy (its factorization).')
-    if self.kind == CLIP and self.noise_multiplier:
-      raise ValueError('the clip aggregator adds no noise; use dp for a noise_multiplier.')
-    if not self.clients_per_round > 0:
-      raise ValueError(f'clients_per_round must be > 0, got {self.clients_per_round}.')
-    if not 0 <= self.target_quantile <= 1:
-      raise ValueError(f'target_quantile must be in [0, 1], got {self.target_quantile}.')
-    if self.clipped_count_stddev is not None and not self.clipped_count_stddev >= 0:
-      raise ValueError(f'clipped_count_stddev must be >= 0, got {self.clipped_count_stddev}.')
-    if not self.clip_learning_rate >= 0:
-      raise ValueError(f'clip_learning_rate must be >= 0, got {self.clip_learning_rate}.')
-    if self.kind == DP_ADAPTIVE and self.noise_multiplier:
-      stddev = self.count_stddev
-      if self.noise_multiplier >= 2 * stddev:
-        raise ValueError(
-          f'noise_multiplier={self.noise_multiplier:.4g} needs clipped_count_stddev >'
-          f' {self.noise_multiplier / 2:.3g} (it is {stddev:.3g}; default 0.05 x'
-          ' clients_per_round): adaptive clipping spends part of the noise on the'
-          ' clipped count.'
-        )
-
-  @property
-  def name(self) -> str:
-    return self.kind
-
-  @property
-  def private(self) -> bool:
-    """Whether this mean is a Gaussian mechanism (uniform weights, accounted)."""
-    return self.kind != CLIP
-
-  @property
-  def count_stddev(self) -> float:
-    """s, the noise on dp_adaptive's clipped count: TFF's default 0.05 n, or z where that
-    is at most z / 2 (small cohorts: TFF's default would leave the update no noise
-    budget, z_v^-2 = z^-2 - (2 s)^-2 <= 0; with s = z, z_v = 1.15 z); 0 for z = 0. The
-    privacy spent is z's either way."""
-    if self.clipped_count_stddev is not None:
-      return self.clipped_count_stddev
-    z, tffs = self.noise_multiplier, 0.05 * self.clients_per_round
-    return 0.0 if not z else tffs if tffs > z / 2 else z
 
   @property
   def noise_scale(self) -> float:
@@ -140,52 +125,139 @@ class PrivateMean:
     return self.clients_per_round / self.noise_cohort_size
 
   @property
-  def value_noise_multiplier(self) -> float:
-    """The noise multiplier of the update's sum: z, or for dp_adaptive z_v with
-    z_v^-2 = z^-2 - (2 s)^-2, so that the two queries together spend z (as TFF's
-    `differential_privacy.adaptive_clip_noise_params`, which tests compare)."""
-    z = self.noise_multiplier
-    if self.kind != DP_ADAPTIVE or z == 0:
-      return z
-    return (z**-2 - (2 * self.count_stddev) ** -2) ** -0.5
+  def stddev(self) -> float:
+    """The standard deviation of the noise on the sum: z C n / M."""
+    return self.noise_multiplier * self.noise_scale * self.clip_norm
+
+  def _sum(self, noise: aggregators.Stage | None = None) -> aggregators.Chain:
+    """The privately clipped sum over n, `noise` after the clip."""
+    clip = aggregators.Clip(self.clip_norm, private=True)
+    return aggregators.Chain(
+      (clip,) if noise is None else (clip, noise),
+      aggregators.Mean(denominator=self.clients_per_round),
+    )
+
+
+@registry.register_mechanism('dp')
+@dataclasses.dataclass(frozen=True)
+class GaussianMean(NoisedMean):
+  """Clipped, summed, Gaussian noise of std noise_multiplier x clip_norm, divided by
+  --clients_per_round (TFF's DP-FedAvg semantics, uniform client weights)."""
 
   def chain(self) -> aggregators.Chain:
-    """This mean as a chain of the aggregator blocks (`ops.aggregators`): clipping (the
-    Gaussian mechanism with z_v, its clip adapted to the quantile with the count's
-    noise s for dp_adaptive; the tree's noise after it for dp_ftrl_tree, the banded
-    factorization's for dp_bandmf), then the
-    weighted mean (clip) or the sum over n (the others). Measurements as TFF's
-    factories name them: clipping_norm, clipped_count, and for dp_adaptive
-    dp_query_metrics/clip (the next round's clip); also mean_update_norm (a
-    simulation's diagnostic: the un-noised norms are not private)."""
-    if self.kind == CLIP:
-      return aggregators.Chain((aggregators.Clip(self.clip_norm),), aggregators.Mean())
-    stddev = self.noise_multiplier * self.noise_scale * self.clip_norm
-    if self.kind in (DP_FTRL_TREE, DP_BANDMF):
-      noise = (
-        aggregators.TreeNoise(stddev, restart_every=self.restart_every)
-        if self.kind == DP_FTRL_TREE
-        else aggregators.BandedNoise(stddev, self.strategy)
+    clip = aggregators.Clip(
+      self.clip_norm, noise_multiplier=self.noise_multiplier * self.noise_scale, private=True
+    )
+    return aggregators.Chain((clip,), aggregators.Mean(denominator=self.clients_per_round))
+
+
+@registry.register_mechanism('dp_adaptive')
+@dataclasses.dataclass(frozen=True)
+class AdaptiveGaussianMean(NoisedMean):
+  """As dp, with the clip adapting to --clip_quantile of the update norms.
+
+  noise_multiplier covers the clipped-count query too, as TFF's
+  (`value_noise_multiplier` is what the update gets). target_quantile,
+  clip_learning_rate, clipped_count_stddev: the quantile estimate (TFF's defaults;
+  stddev None: `count_stddev`'s default)."""
+
+  cohort_scaled: ClassVar[bool] = False
+  adaptive: ClassVar[bool] = True
+
+  target_quantile: float = 0.5
+  clip_learning_rate: float = 0.2
+  clipped_count_stddev: float | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 0 <= self.target_quantile <= 1:
+      raise ValueError(f'target_quantile must be in [0, 1], got {self.target_quantile}.')
+    if self.clipped_count_stddev is not None and not self.clipped_count_stddev >= 0:
+      raise ValueError(f'clipped_count_stddev must be >= 0, got {self.clipped_count_stddev}.')
+    if not self.clip_learning_rate >= 0:
+      raise ValueError(f'clip_learning_rate must be >= 0, got {self.clip_learning_rate}.')
+    if self.noise_multiplier and self.noise_multiplier >= 2 * self.count_stddev:
+      raise ValueError(
+        f'noise_multiplier={self.noise_multiplier:.4g} needs clipped_count_stddev >'
+        f' {self.noise_multiplier / 2:.3g} (it is {self.count_stddev:.3g}; default 0.05 x'
+        ' clients_per_round): adaptive clipping spends part of the noise on the'
+        ' clipped count.'
       )
-      return aggregators.Chain(
-        (aggregators.Clip(self.clip_norm, private=True), noise),
-        aggregators.Mean(denominator=self.clients_per_round),
-      )
-    adaptive = None
-    if self.kind == DP_ADAPTIVE:
-      adaptive = aggregators.Quantile(
-        self.target_quantile,
-        self.clip_learning_rate,
-        count_stddev=self.count_stddev,
-        denominator=self.clients_per_round,
-      )
+
+  @property
+  def count_stddev(self) -> float:
+    """s, the noise on the clipped count: TFF's default 0.05 n, or z where that is at
+    most z / 2 (small cohorts: TFF's default would leave the update no noise budget,
+    z_v^-2 = z^-2 - (2 s)^-2 <= 0; with s = z, z_v = 1.15 z); 0 for z = 0. The privacy
+    spent is z's either way."""
+    if self.clipped_count_stddev is not None:
+      return self.clipped_count_stddev
+    z, tffs = self.noise_multiplier, 0.05 * self.clients_per_round
+    return 0.0 if not z else tffs if tffs > z / 2 else z
+
+  @property
+  def value_noise_multiplier(self) -> float:
+    """z_v with z_v^-2 = z^-2 - (2 s)^-2, so that the two queries together spend z (as
+    TFF's `differential_privacy.adaptive_clip_noise_params`, which tests compare)."""
+    z = self.noise_multiplier
+    return z if z == 0 else (z**-2 - (2 * self.count_stddev) ** -2) ** -0.5
+
+  def chain(self) -> aggregators.Chain:
+    adaptive = aggregators.Quantile(
+      self.target_quantile,
+      self.clip_learning_rate,
+      count_stddev=self.count_stddev,
+      denominator=self.clients_per_round,
+    )
     clip = aggregators.Clip(
       self.clip_norm,
       adaptive=adaptive,
-      noise_multiplier=self.value_noise_multiplier * self.noise_scale,
+      noise_multiplier=self.value_noise_multiplier,
       private=True,
     )
     return aggregators.Chain((clip,), aggregators.Mean(denominator=self.clients_per_round))
+
+
+@registry.register_mechanism('dp_ftrl_tree')
+@dataclasses.dataclass(frozen=True)
+class TreeNoisedMean(NoisedMean):
+  """DP-FTRL: the clipped sum with the noise of a binary tree over the rounds, no
+  sampling assumed (--sampling=cyclic, --restart_every).
+
+  restart_every: the rounds of a tree (0: one tree)."""
+
+  correlated: ClassVar[bool] = True
+
+  restart_every: int = 0
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not self.restart_every >= 0:
+      raise ValueError(f'restart_every must be >= 0, got {self.restart_every}.')
+
+  def chain(self) -> aggregators.Chain:
+    return self._sum(aggregators.TreeNoise(self.stddev, restart_every=self.restart_every))
+
+
+@registry.register_mechanism('dp_bandmf')
+@dataclasses.dataclass(frozen=True)
+class BandedNoisedMean(NoisedMean):
+  """BandMF: the clipped sum with noise correlated across the rounds by a banded matrix
+  factorization, no sampling assumed (--sampling=cyclic, --bands).
+
+  strategy: the factorization (`matrix_factorization.Strategy`), one row a round."""
+
+  correlated: ClassVar[bool] = True
+
+  strategy: matrix_factorization.Strategy | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.strategy is None:
+      raise ValueError('dp_bandmf needs its strategy (the factorization).')
+
+  def chain(self) -> aggregators.Chain:
+    return self._sum(aggregators.BandedNoise(self.stddev, self.strategy))
 
 
 def check_uniform(algorithm, *, private: bool) -> None:
