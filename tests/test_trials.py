@@ -763,8 +763,10 @@ def test_trials_run_one_by_one_each_shuffle_with_their_own_seed(tmp_path):
 
 
 def test_a_tff_process_gets_a_build_per_clip_norm(monkeypatch):
-  """A TFF process bakes --clip_norm into its factories: trials differing in it are
-  built apart (an Algorithm starts each from its own, `_own_start`)."""
+  """A TFF process bakes --clip_norm into its factories, as TFF's runtime does an
+  Algorithm's: trials differing in it are built apart; on a runtime with the
+  `StartsChains` capability an Algorithm's trials share a build, each starting from its
+  own (`_own_chain_start`)."""
   prepared = [
     experiment.prepare(
       ExperimentConfig.of(
@@ -777,5 +779,14 @@ def test_a_tff_process_gets_a_build_per_clip_norm(monkeypatch):
   monkeypatch.setattr(trials, '_build', lambda members, ps: builds.append(members) or members)
   process = trials._Program([10, 11, 12], prepared, experiment.Runner(None, None, 'a process'))
   assert trials._by_chain_start(process) == [[10, 12], [11]] == builds
-  algorithm = process._replace(runner=process.runner.__class__(None, None, '', algorithm=object()))
-  assert trials._by_chain_start(algorithm) == [algorithm]
+
+  class Starts:
+    def starting_chain_at(self, chain_state):
+      del chain_state
+      return self
+
+  builds.clear()
+  for runtime, want in ((Starts(), None), (object(), [[10, 12], [11]])):
+    algorithm = process._replace(runner=experiment.Runner(runtime, None, '', algorithm=object()))
+    assert trials._by_chain_start(algorithm) == (want or [algorithm])
+  assert builds == [[10, 12], [11]]

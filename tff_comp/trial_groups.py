@@ -11,6 +11,7 @@ from typing import Any
 
 from tff_comp import poisoning, run_config
 from tff_comp.run_config import ExperimentConfig
+from tff_comp.runtime import base
 
 # Of the per-trial settings, what a private aggregator is built from (its noise
 # calibrated to the rounds, the cohort and the sampling): private trials share a build
@@ -19,9 +20,10 @@ _CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
 # Per-trial settings that only set where the aggregator chain starts (a stage's
 # `in_state`, declared `settings.setting(chain_state=True)`: a Clip's bound, a trimmed
 # mean's fraction, Krum's f, the attackers' fraction): trials differing in them share a
-# build, each run starting from its own chain's state (`trials._own_chain_start`). TFF's
-# runtime bakes them into its factories, so there they stay in the group key; so does
-# the attackers' fraction of label flipping, which poisons the task's data.
+# build, each run starting from its own chain's state (`trials._own_chain_start`) on a
+# runtime with the `runtime.base.StartsChains` capability (`trials._by_chain_start`
+# splits the others' builds by them). The attackers' fraction of label flipping, which
+# poisons the task's data, stays in the group key.
 CHAIN_START = run_config.declared('chain_state')
 
 
@@ -42,14 +44,14 @@ def group_key(trial: Trial) -> str:
   program where their tasks' data agree in shape (`_why_not_merged`)."""
   shared = dataclasses.asdict(trial.config)
   private = trial.config.aggregation.private
-  # 'auto' picks the in-process engine by the run's length (`engines.
-  # AUTO_LANES_MIN_STEPS`): trials share a program only with the engine each one's
-  # separate run takes, so of one length.
-  by_length = trial.config.runtime_options['inprocess'].engine == 'auto'
+  agreed = {  # what a runtime's programs need trials to share (`base.GroupsTrials`)
+    name
+    for options in trial.config.runtime_options.values()
+    if isinstance(options, base.GroupsTrials)
+    for name in options.trials_agree_on()
+  }
   for name in (*run_config.declared('per_trial'), 'data_seed'):
-    if by_length and name in ('rounds', 'clients_per_round'):
-      continue
-    if name in CHAIN_START and trial.config.runtime == 'tff':
+    if name in agreed:
       continue
     if name == 'aggregation.attack_fraction' and trial.config.aggregation.attack == poisoning.KIND:
       continue

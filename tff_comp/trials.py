@@ -152,7 +152,14 @@ def _programs(
   if prepared[0].config.asynchrony.mode == 'async':  # one at a time, each on its data
     parts = list(by_seed.values())
   elif batch and len(by_seed) > 1:
-    budget = prepared[0].config.runtime_options['inprocess'].data_memory_budget
+    budget = min(
+      (
+        options.data_memory_budget
+        for options in prepared[0].config.runtime_options.values()
+        if isinstance(options, base.GroupsTrials)
+      ),
+      default=0.0,
+    )
     why = _why_not_merged([prepared[ks[0]].task for ks in by_seed.values()], budget)
     if why:
       say(f'{_label(prepared[0])}: one program per data seed ({why}).')
@@ -166,16 +173,17 @@ def _programs(
 def _by_chain_start(program: _Program) -> list[_Program]:
   """`program`, where its build starts each trial's aggregator chain from the trial's
   own state (`_own_chain_start`: an Algorithm, whose trials' chains agree in structure, as
-  `trial_groups.CHAIN_START` keeps them); trials whose chains differ otherwise (a secure sum's
-  modulus sized to the cohort) get a build per structure, and a TFF process, which
-  bakes its chain into its factories, one per `trial_groups.CHAIN_START` value."""
+  `trial_groups.CHAIN_START` keeps them, on a runtime with the `base.StartsChains`
+  capability); trials whose chains differ otherwise (a secure sum's modulus sized to the
+  cohort) get a build per structure, and on a runtime without the capability (TFF's,
+  which bakes the chain into its factories) one per `trial_groups.CHAIN_START` value."""
   by_start: dict[str, list[int]] = {}
+  starts = isinstance(program.runner.runtime, base.StartsChains)
   for k, p in enumerate(program.prepared):
-    if program.runner.algorithm is None:
-      key = trial_groups.chain_start(p.config)
-    else:
-      chain = _built(p).model_chain
-      key = '' if chain is None else chain.structure()
+    chain = None if program.runner.algorithm is None else _built(p).model_chain
+    key = '' if chain is None else chain.structure()
+    if not starts:
+      key += trial_groups.chain_start(p.config)
     by_start.setdefault(key, []).append(k)
   if len(by_start) == 1:
     return [program]

@@ -166,6 +166,18 @@ class BatchesTrials(Protocol):
 
 
 @runtime_checkable
+class GroupsTrials(Protocol):
+  """A capability of a runtime's settings record: how a grid's trials share that
+  runtime's programs (`tff_comp.trial_groups`, `tff_comp.trials`)."""
+
+  data_memory_budget: float  # MB the trials' examples may take, merged into one program
+
+  def trials_agree_on(self) -> tuple[str, ...]:
+    """The per-trial settings (config.json names) trials must agree on to share one
+    program (the in-process runtime's 'auto' engine is chosen by a run's length)."""
+
+
+@runtime_checkable
 class StartsChains(Protocol):
   """A capability: its runs start the model aggregator chain from a given state (a
   trial's own settings that the chain's state holds, `settings.setting(chain_state=

@@ -69,6 +69,12 @@ class InProcessOptions:
   def __post_init__(self):
     settings.check(self)
 
+  def trials_agree_on(self) -> tuple[str, ...]:
+    """'auto' picks the engine by the run's length (`engines.AUTO_LANES_MIN_STEPS`):
+    trials share a program only with the engine each one's separate run takes, so of
+    one length (`base.GroupsTrials`)."""
+    return ('rounds', 'clients_per_round') if self.engine == 'auto' else ()
+
 
 def why_not(program, options: InProcessOptions | None = None) -> str:
   """Why the in-process runtime cannot run `program` ('' when it can): a process
