@@ -330,11 +330,17 @@ _BUILT_IN['fedbuff_emnist'] = Reproduction(
 # Robust aggregation under attack (docs/results.md): every combiner (as labels aliasing
 # fedavg) under one attack setting a grid; Krum assumes f = 4 (20% of 20), the trimmed
 # mean drops 20% at each end. Baruch et al. (2019): ALIE gets past Krum and the median.
+# The uniform mean weighs clients alike, as every robust combiner does (the mean weighs
+# them by their examples); Multi-Krum averages the m - f rows Krum scores best; bucketing
+# (s = 2, Karimireddy, He and Jaggi 2022) before Krum is the remedy for heterogeneity.
 ROBUST = dict(
   mean={},
+  mean_uniform=dict(client_weighting='uniform'),
   median=dict(aggregator='median'),
   trimmed_mean=dict(aggregator='trimmed_mean', trim_fraction=0.2),
   krum=dict(aggregator='krum', byzantine_clients=4),
+  multi_krum=dict(aggregator='multi_krum', byzantine_clients=4),
+  krum_s2=dict(aggregator='krum', byzantine_clients=4, pre_aggregation='bucketing', bucket_size=2),
   geometric_median=dict(aggregator='geometric_median'),
   centered_clip=dict(aggregator='centered_clip', centered_clip_tau=0.1),
 )
@@ -344,6 +350,8 @@ ATTACKS = {
   'robust_sign_flip_20': dict(attack='sign_flip', attack_fraction=0.2),
   'robust_alie_10': dict(attack='alie', attack_fraction=0.1),
   'robust_alie_20': dict(attack='alie', attack_fraction=0.2),
+  # ALIE's z as the authors' code sets it, not by the paper's formula (0.13-0.39 here).
+  'robust_alie_20_z15': dict(attack='alie', attack_fraction=0.2, alie_z=1.5),
   # A large attack: updates of N(0, 10^2) per coordinate, which the mean cannot absorb.
   'robust_gaussian_20': dict(attack='gaussian', attack_fraction=0.2, attack_scale=10.0),
 }
@@ -352,7 +360,7 @@ for _name, _attack in ATTACKS.items():
     task='synthetic',
     algorithms=tuple(ROBUST),
     aliases={label: 'fedavg' for label in ROBUST},
-    client_learning_rates=(0.03, 0.1),
+    client_learning_rates=(0.03, 0.1, 0.3, 1.0),
     server_learning_rates=(1.0,),
     rounds=200,
     checkpoints=(50, 100, 200),
@@ -428,6 +436,11 @@ COMPRESSED = dict(
   top10_ef=dict(compression='top_k', sparsity_fraction=0.1, error_feedback='ef'),
   top1=dict(compression='top_k', sparsity_fraction=0.01),
   top1_ef=dict(compression='top_k', sparsity_fraction=0.01, error_feedback='ef'),
+  top1_ef21=dict(compression='top_k', sparsity_fraction=0.01, error_feedback='ef21'),
+  # Scaled signs, combined by majority vote (signSGD, Bernstein et al. 2019), with and
+  # without error feedback on each client (Karimireddy et al. 2019).
+  sign=dict(compression='sign'),
+  sign_ef=dict(compression='sign', error_feedback='ef'),
 )
 _BUILT_IN['compression_synthetic'] = dataclasses.replace(
   _BUILT_IN['robust_none'],
