@@ -172,3 +172,65 @@ def test_a_combiner_from_a_plugin_package_reaches_the_command_line(repo_root, tm
     return [','.join(v for i, v in enumerate(line.split(',')) if i not in wall) for line in lines]
 
   assert rows('plugin') == rows('built_in') != rows('default')
+
+
+MECHANISM = '''"""A clipping mechanism from a plugin package."""
+
+import dataclasses
+
+from tff_comp import registry
+from tff_comp.ops import aggregators, privacy
+
+
+@registry.register_mechanism('plugin_clip')
+@dataclasses.dataclass(frozen=True)
+class PluginClip(privacy.PrivateMean):
+  """Each update clipped to --clip_norm, then the weighted mean (a plugin's)."""
+
+  def chain(self) -> aggregators.Chain:
+    return aggregators.Chain((aggregators.Clip(self.clip_norm),), aggregators.Mean())
+'''
+
+
+def test_a_mechanism_from_a_plugin_package_reaches_the_command_line(repo_root, tmp_path):
+  """A clipping mechanism installed as pip would (entry point group tff_comp.mechanisms),
+  with no edit to tff_comp: the privacy checks read it from its class (it adds no noise,
+  it needs --clip_norm), and its run equals the built-in clip's of the same norm (not
+  the unclipped mean's)."""
+  plugins = tmp_path / 'site'
+  (plugins / 'mymechanism').mkdir(parents=True)
+  (plugins / 'mymechanism' / '__init__.py').write_text(MECHANISM)
+  info = plugins / 'mymechanism-0.1.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: mymechanism\nVersion: 0.1\n')
+  (info / 'entry_points.txt').write_text(
+    '[tff_comp.mechanisms]\nplugin_clip = mymechanism:PluginClip\n'
+  )
+  for flags, says in (
+    (('--aggregator=plugin_clip',), '--aggregator=plugin_clip needs --clip_norm'),
+    (
+      ('--aggregator=plugin_clip', '--clip_norm=1', '--noise_multiplier=1'),
+      '--aggregator=plugin_clip adds no noise',
+    ),
+  ):
+    bad = _run(repo_root, plugins, tmp_path / 'bad', *flags)
+    assert bad.returncode != 0 and says in bad.stderr.strip().splitlines()[-1], bad.stderr
+  runs = {
+    'plugin': ('--aggregator=plugin_clip', '--clip_norm=0.05'),
+    'built_in': ('--aggregator=clip', '--clip_norm=0.05'),
+    'default': (),
+  }
+  for name, flags in runs.items():
+    done = _run(repo_root, plugins, tmp_path / name, *flags)
+    assert done.returncode == 0, done.stderr[-2000:]
+  recorded = json.loads((tmp_path / 'plugin' / 'config.json').read_text())
+  assert recorded['aggregation']['aggregator'] == 'plugin_clip'
+  assert recorded['environment']['plugins'] == {'mymechanism': '0.1'}
+
+  def rows(run: str) -> list[str]:
+    lines = (tmp_path / run / 'metrics.csv').read_text().splitlines()
+    header = lines[0].split(',')
+    kept = [i for i, name in enumerate(header) if not ('time' in name or 'seconds' in name)]
+    return [','.join(line.split(',')[i] for i in kept) for line in lines]
+
+  assert rows('plugin') == rows('built_in') != rows('default')
