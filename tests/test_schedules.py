@@ -137,7 +137,9 @@ def test_a_resumed_scheduled_run_scales_the_first_rates_not_the_saved_ones(tmp_p
   experiment.run_experiment(experiment.prepare(_config(whole, **fields)), show_progress=False)
   cut = tmp_path / 'cut'
   config = _config(cut, **fields)
-  config.rounds, config.checkpoints = 4, dataclasses.replace(config.checkpoints, checkpoint_every=2)
+  config = dataclasses.replace(
+    config, rounds=4, checkpoints=dataclasses.replace(config.checkpoints, checkpoint_every=2)
+  )
   experiment.run_experiment(experiment.prepare(config), show_progress=False)
   config = _config(cut, resume=True, **fields)
   experiment.run_experiment(experiment.prepare(config), show_progress=False)

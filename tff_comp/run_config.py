@@ -28,11 +28,12 @@ def runtime_names() -> list[str]:
   return ['auto', *registry.RUNTIMES.names()]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   """All settings of one run: the run's own below (None: the task's default), and the
   records of the modules that own the rest, each under its name (`GROUPS`).
-  `ExperimentConfig.of` takes every setting by its flag's name."""
+  `ExperimentConfig.of` takes every setting by its flag's name. Frozen, as its records:
+  a changed run is `dataclasses.replace`'s copy."""
 
   algorithm: str
   task: str | None = None  # None: the algorithm's home task (else DEFAULT_TASK)
