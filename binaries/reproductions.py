@@ -411,7 +411,7 @@ for _name, (_task_options, _settings) in _DIGITS.items():
     task='sorted_digits',
     algorithms=tuple(HETEROGENEOUS),
     aliases={label: 'fedavg' for label in HETEROGENEOUS},
-    client_learning_rates=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
+    client_learning_rates=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0),
     server_learning_rates=(1.0,),
     rounds=200,
     checkpoints=(50, 100, 200),
