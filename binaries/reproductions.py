@@ -444,6 +444,8 @@ COMPRESSED = dict(
 )
 _BUILT_IN['compression_synthetic'] = dataclasses.replace(
   _BUILT_IN['robust_none'],
+  # EF21 and sign + EF selected 0.03 and plain signs 1 from {0.03, ..., 1}.
+  client_learning_rates=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
   algorithms=tuple(COMPRESSED),
   aliases={label: 'fedavg' for label in COMPRESSED},
   algorithm_settings=COMPRESSED,
