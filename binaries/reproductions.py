@@ -360,7 +360,8 @@ for _name, _attack in ATTACKS.items():
     task='synthetic',
     algorithms=tuple(ROBUST),
     aliases={label: 'fedavg' for label in ROBUST},
-    client_learning_rates=(0.03, 0.1, 0.3, 1.0),
+    # {0.03, ..., 1} left selections at both ends (robust_alie_20_z15, EF21, signs).
+    client_learning_rates=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
     server_learning_rates=(1.0,),
     rounds=200,
     checkpoints=(50, 100, 200),
@@ -444,8 +445,6 @@ COMPRESSED = dict(
 )
 _BUILT_IN['compression_synthetic'] = dataclasses.replace(
   _BUILT_IN['robust_none'],
-  # EF21 and sign + EF selected 0.03 and plain signs 1 from {0.03, ..., 1}.
-  client_learning_rates=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
   algorithms=tuple(COMPRESSED),
   aliases={label: 'fedavg' for label in COMPRESSED},
   algorithm_settings=COMPRESSED,
