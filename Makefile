@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint format docs test-slow test-ray bench bench-aggregators bench-peers reproduce clean
+.PHONY: install run test lint typecheck format docs test-slow test-ray bench bench-aggregators bench-peers reproduce clean
 
 install: $(STAMP)
 
@@ -30,10 +30,22 @@ $(STAMP): requirements/tff.txt requirements/dev.txt requirements/ray.txt setup.c
 run: install
 	$(PY) binaries/run.py --algo=feddualavg --task=lasso
 
-# The linter and the formatter's check (pyproject.toml); CI runs it before the tests.
-lint: install
+# The linter, the formatter's check and the type checker (pyproject.toml); CI runs it
+# before the tests.
+lint: install typecheck
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# mypy over tff_comp/ from its own virtual environment (requirements/types.txt says why),
+# reading .venv's packages; pyproject.toml lists the modules not yet clean.
+TYPES := .venv-types
+$(TYPES)/.installed: requirements/types.txt
+	test -x $(TYPES)/bin/python || $(PYTHON) -m venv $(TYPES)
+	$(TYPES)/bin/python -m pip install --quiet -r requirements/types.txt
+	touch $@
+
+typecheck: install $(TYPES)/.installed
+	$(TYPES)/bin/mypy --python-executable $(PY) tff_comp
 
 # The API reference from the docstrings (binaries/api_docs.py): build/api/index.html.
 # Fails on any warning pdoc gives; CI builds it.
@@ -78,4 +90,4 @@ reproduce: install
 	$(PY) binaries/reproduce.py --experiment=fco_lasso
 
 clean:
-	rm -rf $(VENV) $(FEDJAX_VENV) runs *.egg-info
+	rm -rf $(VENV) $(FEDJAX_VENV) $(TYPES) runs *.egg-info

@@ -53,6 +53,8 @@ _NOT_CHECKED = {
   '.git',
   '.venv',
   '.venv-fedjax',
+  '.venv-types',
+  '.mypy_cache',
   '__pycache__',
   '.pytest_cache',
   'build',
