@@ -139,7 +139,10 @@ class _AggregationOptions:
   def private(self) -> bool:
     """Whether --aggregator is a DP mechanism (`ops.privacy.PrivateMean.private`)."""
     names = registry.MECHANISMS.names()
-    return self.aggregator in names and registry.MECHANISMS.get(self.aggregator).builder.private
+    mechanism = (
+      registry.MECHANISMS.get(self.aggregator).builder if self.aggregator in names else None
+    )
+    return bool(getattr(mechanism, 'private', False))
 
   @property
   def active(self) -> bool:

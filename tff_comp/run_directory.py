@@ -282,7 +282,7 @@ _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 _NO_SPACE_MESSAGES = ('No space left on device', 'File too large', 'Disk quota exceeded')
 
 
-def out_of_space(error: BaseException, output_dir: str | os.PathLike) -> str:
+def out_of_space(error: BaseException | None, output_dir: str | os.PathLike) -> str:
   """One line saying that `error` (or an error it was raised from) is a write that found
   no room for `output_dir`, with the free space there; '' for any other error."""
   seen = set()

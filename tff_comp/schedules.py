@@ -92,9 +92,10 @@ class ScheduleOptions:
 
   def pair(self) -> tuple[Schedule, Schedule]:
     """The (client, server) schedules."""
-    return tuple(
+    client, server = (
       Schedule(
         name, self.lr_decay_rate, self.lr_decay_rounds, self.lr_warmup_rounds, self.lr_staircase
       )
       for name in (self.client_lr_schedule, self.server_lr_schedule)
     )
+    return client, server

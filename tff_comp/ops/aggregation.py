@@ -19,7 +19,7 @@ give the same update.
 
 import collections
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import tensorflow as tf
 
@@ -69,7 +69,7 @@ class UpdateAggregation:
   """
 
   name = 'mean'
-  needs = ()
+  needs: ClassVar[tuple[str, ...]] = ()
   hint = ''  # how to fix an update lacking a needed field
   slots = False
   measured = ()

@@ -55,7 +55,7 @@ def _stage(link: str, fn, *args) -> Any:
 def _check_kind(kind: aggregation_lib.UpdateAggregation, update: Any) -> None:
   """The client update against the aggregation's `needs`: NORMALIZED needs `delta`
   and `a_norm` (FedNova's ||a_i||_1); SLOTS a `delta` beside its per-client tables."""
-  fields = getattr(update, '_fields', ())
+  fields: tuple[str, ...] = getattr(update, '_fields', ())
   missing = [name for name in kind.needs if name not in fields]
   if missing:
     raise ContractError(

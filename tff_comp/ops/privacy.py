@@ -36,6 +36,7 @@ queries use, also under Poisson sampling); the DP mechanisms weigh every client 
 """
 
 import dataclasses
+import typing
 from typing import ClassVar
 
 from tff_comp import registry
@@ -257,7 +258,8 @@ class BandedNoisedMean(NoisedMean):
       raise ValueError('dp_bandmf needs its strategy (the factorization).')
 
   def chain(self) -> aggregators.Chain:
-    return self._sum(aggregators.BandedNoise(self.stddev, self.strategy))
+    strategy = typing.cast(matrix_factorization.Strategy, self.strategy)  # __post_init__'s
+    return self._sum(aggregators.BandedNoise(self.stddev, strategy))
 
 
 def check_uniform(algorithm, *, private: bool) -> None:

@@ -334,7 +334,8 @@ class Chain:
         )
       y, scale, combiner_state, measured = self.combiner.combine(state.combiner, values, weights)
     context = Context(total.clients, total.weight, scale)
-    measurements, states = Measurements(), [None] * len(self.stages)
+    measurements: Measurements = Measurements()
+    states: list[Any] = [None] * len(self.stages)
     for i in reversed(range(len(self.stages))):
       own = {k.split('/', 1)[1]: v for k, v in total.counts.items() if k.startswith(f'{i}/')}
       y, states[i], stage_measured = self.stages[i].decode(
