@@ -98,6 +98,27 @@ def softmax_scores(
   return (float(-np.mean(log_probs[np.arange(len(y)), y])), float(np.mean(logits.argmax(1) == y)))
 
 
+def softmax_split_metrics(
+  kernel: np.ndarray,
+  bias: np.ndarray,
+  train: tuple[np.ndarray, np.ndarray],
+  test: tuple[np.ndarray, np.ndarray],
+  validation: tuple[np.ndarray, np.ndarray],
+) -> Metrics:
+  """Softmax regression's train_loss, test and validation loss and accuracy (each split
+  an (x, y) pair; `softmax_scores`)."""
+  train_loss, _ = softmax_scores(kernel, bias, *train)
+  test_loss, test_accuracy = softmax_scores(kernel, bias, *test)
+  val_loss, val_accuracy = softmax_scores(kernel, bias, *validation)
+  return dict(
+    train_loss=train_loss,
+    test_loss=test_loss,
+    test_accuracy=test_accuracy,
+    validation_loss=val_loss,
+    validation_accuracy=val_accuracy,
+  )
+
+
 class ClassifierScorer:
   """(mean cross-entropy, accuracy) of any FunctionalModel classifier at given
   trainable weights, its non-trainable weights passed as the model holds them.

@@ -91,17 +91,8 @@ def build_synthetic_task(
 
   def evaluate(weights, psi=None) -> base.Metrics:
     del psi
-    kernel, bias = weights
-
-    train_loss, _ = base.softmax_scores(kernel, bias, x_train, y_train)
-    test_loss, test_accuracy = base.softmax_scores(kernel, bias, x_test, y_test)
-    val_loss, val_accuracy = base.softmax_scores(kernel, bias, x_val, y_val)
-    return dict(
-      train_loss=train_loss,
-      test_loss=test_loss,
-      test_accuracy=test_accuracy,
-      validation_loss=val_loss,
-      validation_accuracy=val_accuracy,
+    return base.softmax_split_metrics(
+      *weights, (x_train, y_train), (x_test, y_test), (x_val, y_val)
     )
 
   def evaluate_clients(weights) -> list[dict]:

@@ -9,7 +9,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -130,22 +129,34 @@ def _run(repo_root: pathlib.Path, plugins: pathlib.Path, out: pathlib.Path, *fla
   )
 
 
+def _install(tmp_path: pathlib.Path, package: str, code: str, entry_points: str) -> pathlib.Path:
+  """A site folder holding `package` (its `__init__.py` is `code`) and its dist-info, as
+  pip would install it, with `entry_points` (entry_points.txt's text)."""
+  plugins = tmp_path / 'site'
+  (plugins / package).mkdir(parents=True)
+  (plugins / package / '__init__.py').write_text(code)
+  info = plugins / f'{package}-0.1.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n')
+  (info / 'entry_points.txt').write_text(entry_points)
+  return plugins
+
+
+def _rows(run: pathlib.Path) -> list[str]:
+  """metrics.csv's lines without its clock columns."""
+  lines = (run / 'metrics.csv').read_text().splitlines()
+  header = lines[0].split(',')
+  kept = [i for i, name in enumerate(header) if not ('time' in name or 'seconds' in name)]
+  return [','.join(line.split(',')[i] for i in kept) for line in lines]
+
+
 def test_a_combiner_from_a_plugin_package_reaches_the_command_line(repo_root, tmp_path):
   """Installed as pip would (a package and its dist-info, entry point group
   tff_comp.combiners), with no edit to tff_comp: its flag is refused out of bounds and
   where it does not apply, and its run equals the built-in trimmed mean's of the same
   fraction (not the default one's)."""
-  plugins = tmp_path / 'site'
-  (plugins / 'mycombiner').mkdir(parents=True)
-  (plugins / 'mycombiner' / '__init__.py').write_text(PLUGIN)
-  info = plugins / 'mycombiner-0.1.dist-info'
-  info.mkdir()
-  (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: mycombiner\nVersion: 0.1\n')
-  (info / 'entry_points.txt').write_text(
-    textwrap.dedent("""
-      [tff_comp.combiners]
-      plugin_trimmed = mycombiner:build
-      """)
+  plugins = _install(
+    tmp_path, 'mycombiner', PLUGIN, '[tff_comp.combiners]\nplugin_trimmed = mycombiner:build\n'
   )
   bad = _run(repo_root, plugins, tmp_path / 'bad', '--aggregator=median', '--plugin_trim=0.2')
   assert bad.returncode != 0
@@ -165,13 +176,7 @@ def test_a_combiner_from_a_plugin_package_reaches_the_command_line(repo_root, tm
   assert recorded['aggregation']['plugin_trim'] == 0.4
   assert recorded['environment']['plugins'] == {'mycombiner': '0.1'}
 
-  def rows(run: str) -> list[str]:
-    lines = (tmp_path / run / 'metrics.csv').read_text().splitlines()
-    header = lines[0].split(',')
-    wall = [i for i, name in enumerate(header) if 'time' in name or 'seconds' in name]
-    return [','.join(v for i, v in enumerate(line.split(',')) if i not in wall) for line in lines]
-
-  assert rows('plugin') == rows('built_in') != rows('default')
+  assert _rows(tmp_path / 'plugin') == _rows(tmp_path / 'built_in') != _rows(tmp_path / 'default')
 
 
 MECHANISM = '''"""A clipping mechanism from a plugin package."""
@@ -197,14 +202,11 @@ def test_a_mechanism_from_a_plugin_package_reaches_the_command_line(repo_root, t
   with no edit to tff_comp: the privacy checks read it from its class (it adds no noise,
   it needs --clip_norm), and its run equals the built-in clip's of the same norm (not
   the unclipped mean's)."""
-  plugins = tmp_path / 'site'
-  (plugins / 'mymechanism').mkdir(parents=True)
-  (plugins / 'mymechanism' / '__init__.py').write_text(MECHANISM)
-  info = plugins / 'mymechanism-0.1.dist-info'
-  info.mkdir()
-  (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: mymechanism\nVersion: 0.1\n')
-  (info / 'entry_points.txt').write_text(
-    '[tff_comp.mechanisms]\nplugin_clip = mymechanism:PluginClip\n'
+  plugins = _install(
+    tmp_path,
+    'mymechanism',
+    MECHANISM,
+    '[tff_comp.mechanisms]\nplugin_clip = mymechanism:PluginClip\n',
   )
   for flags, says in (
     (('--aggregator=plugin_clip',), '--aggregator=plugin_clip needs --clip_norm'),
@@ -227,10 +229,4 @@ def test_a_mechanism_from_a_plugin_package_reaches_the_command_line(repo_root, t
   assert recorded['aggregation']['aggregator'] == 'plugin_clip'
   assert recorded['environment']['plugins'] == {'mymechanism': '0.1'}
 
-  def rows(run: str) -> list[str]:
-    lines = (tmp_path / run / 'metrics.csv').read_text().splitlines()
-    header = lines[0].split(',')
-    kept = [i for i, name in enumerate(header) if not ('time' in name or 'seconds' in name)]
-    return [','.join(line.split(',')[i] for i in kept) for line in lines]
-
-  assert rows('plugin') == rows('built_in') != rows('default')
+  assert _rows(tmp_path / 'plugin') == _rows(tmp_path / 'built_in') != _rows(tmp_path / 'default')
