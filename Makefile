@@ -74,20 +74,33 @@ bench: install
 bench-aggregators: install
 	$(PY) binaries/bench.py --workload=aggregators
 
-# Part 1 with FedJAX timed in the same run, from its own virtual environment (its JAX
-# cannot share TFF's pins; requirements/fedjax.txt).
+# Parts 1 and 6 with their peers timed in the same run, each in its own virtual environment
+# (their JAX, PyTorch, Ray and protobuf cannot share TFF's pins): FedJAX, pfl-research
+# and Flower (requirements/fedjax.txt, pfl.txt, flower.txt; binaries/bench_peers.py).
 FEDJAX_VENV ?= .venv-fedjax
+PFL_VENV ?= .venv-pfl
+FLOWER_VENV ?= .venv-flower
 $(FEDJAX_VENV)/.installed: requirements/fedjax.txt
 	test -x $(FEDJAX_VENV)/bin/python || $(PYTHON) -m venv $(FEDJAX_VENV)
 	$(FEDJAX_VENV)/bin/python -m pip install --quiet -r requirements/fedjax.txt
 	touch $@
+$(PFL_VENV)/.installed: requirements/pfl.txt
+	test -x $(PFL_VENV)/bin/python || $(PYTHON) -m venv $(PFL_VENV)
+	$(PFL_VENV)/bin/python -m pip install --quiet -r requirements/pfl.txt
+	touch $@
+$(FLOWER_VENV)/.installed: requirements/flower.txt
+	test -x $(FLOWER_VENV)/bin/python || $(PYTHON) -m venv $(FLOWER_VENV)
+	$(FLOWER_VENV)/bin/python -m pip install --quiet -r requirements/flower.txt
+	touch $@
 
-bench-peers: install $(FEDJAX_VENV)/.installed
-	$(PY) binaries/bench.py --fedjax_python=$(FEDJAX_VENV)/bin/python --sweep= \
-	  --tff_workers=0 --nofirst_rounds --repeats=5
+PEERS = --fedjax_python=$(FEDJAX_VENV)/bin/python --pfl_python=$(PFL_VENV)/bin/python \
+  --flower_python=$(FLOWER_VENV)/bin/python
+bench-peers: install $(FEDJAX_VENV)/.installed $(PFL_VENV)/.installed $(FLOWER_VENV)/.installed
+	$(PY) binaries/bench.py $(PEERS) --sweep= --tff_workers=0 --nofirst_rounds --repeats=5
+	$(PY) binaries/bench.py $(PEERS) --workload=emnist_cnn --rounds=5 --repeats=3
 
 reproduce: install
 	$(PY) binaries/reproduce.py --experiment=fco_lasso
 
 clean:
-	rm -rf $(VENV) $(FEDJAX_VENV) $(TYPES) runs *.egg-info
+	rm -rf $(VENV) $(FEDJAX_VENV) $(PFL_VENV) $(FLOWER_VENV) $(TYPES) runs *.egg-info

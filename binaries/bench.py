@@ -77,10 +77,11 @@ Part 1 also prints the machine's load average, which the ratios should be read w
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+# gRPC's INFO line at each fork (the peers', Ray's processes) says nothing to a reader.
+os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
 
 import csv
 import importlib.util
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -181,43 +182,11 @@ _RUN_PY_ROUNDS = flags.DEFINE_integer(
   lower_bound=0,
   upper_bound=settings.MAX_COUNT,
 )
-_FEDJAX_PYTHON = flags.DEFINE_string(
-  'fedjax_python',
-  None,
-  'Part 1: a Python with FedJAX installed (`make bench-peers`'
-  " builds .venv-fedjax); FedJAX's FedAvg is timed in the same run. None: not timed.",
-)
 flags.register_validator(
   'sweep',
   lambda values: all(v.isdigit() and int(v) > 0 for v in values),
   '--sweep takes positive whole numbers of clients per round (e.g. 10,100).',
 )
-
-
-@flags.validator('fedjax_python')
-def _imports_fedjax(path: str | None) -> bool:
-  """A Python that imports FedJAX (tried once, before any part runs: a file that is
-  not one failed only when part 1 started it)."""
-  if path is None:
-    return True
-  hint = '`make .venv-fedjax/.installed` builds .venv-fedjax/bin/python'
-  try:
-    done = subprocess.run(
-      [path, '-c', 'import fedjax; print("fedjax")'],
-      stdin=subprocess.DEVNULL,
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=False,
-    )
-  except (OSError, subprocess.TimeoutExpired) as e:
-    raise flags.ValidationError(
-      f'cannot be run ({getattr(e, "strerror", None) or e}); {hint}.'
-    ) from e
-  if done.returncode or done.stdout.strip() != 'fedjax':
-    said = (done.stderr.strip().splitlines() or [f'exit {done.returncode}, no answer'])[-1]
-    raise flags.ValidationError(f'is not a Python that imports fedjax ({said}); {hint}.')
-  return True
 
 
 CLIENTS, BATCH, LR = 10, 10, 1e-3
@@ -273,21 +242,22 @@ def part1(rounds: int, repeats: int) -> None:
     builtin_state[0] = builtin.next(builtin_state[0], datasets).state
 
   plain = _plain_round(task.model, task.client_arrays())
-  with bench_peers.FedJAX(
-    _FEDJAX_PYTHON.value, rounds, clients=CLIENTS, batch=BATCH, lr=LR, dim=lasso.DIM
-  ) as fedjax:
-    a, fedjax_a = timing.time_rounds_between(
-      timing.round_runner(fast, ids, picks), rounds, repeats, fedjax.block
+  with bench_peers.Peers(
+    rounds, clients=CLIENTS, batch_size=BATCH, learning_rate=LR, dim=lasso.DIM
+  ) as peers:
+    a, peers_a = timing.time_rounds_between(
+      timing.round_runner(fast, ids, picks), rounds, repeats, peers.block
     )
     a2 = timing.time_rounds(timing.round_runner(mapped, ids, picks), rounds, repeats)
     b = timing.time_rounds(timing.round_runner(worker, ids, picks), rounds, repeats)
     c = timing.time_rounds(builtin_round, rounds, repeats)
     d = timing.time_rounds(lambda r: plain(picks[r]), rounds, repeats)
     e = e_resumed = None
+    peers_e = []
     if _RUN_PY_ROUNDS.value:
-      fedjax_e = [fedjax.block()]
+      peers_e.append(peers.block())
       e, e_resumed = _run_py(_RUN_PY_ROUNDS.value)
-      fedjax_e.append(fedjax.block())
+      peers_e.append(peers.block())
   print(
     f'Part 1: FedAvg round, lasso I ({CLIENTS} clients x 128 examples, d={lasso.DIM},'
     f' batch {BATCH}, 1 epoch); median of {repeats} x {rounds} rounds; load average'
@@ -311,23 +281,8 @@ def part1(rounds: int, repeats: int) -> None:
     f"  a/a' = {a / a2:.3f}   a/b = {a / b:.3f}   a/c = {a / c:.3f}   a/d = {a / d:.3f}"
     + (f'   e/a = {e / a:.3f} (target <= 1.2)' if e is not None else '')
   )
-  if fedjax_a is None:
-    print('  FedJAX: not timed (no --fedjax_python; `make bench-peers` runs it)')
-    return
-  print(
-    f"  FedJAX fedavg (same run), blocks between (a)'s: median {fedjax_a:.5f} s/round"
-    + (
-      f'; just before and after (e): {fedjax_e[0]:.5f}, {fedjax_e[1]:.5f}' if e is not None else ''
-    )
-  )
-  print(
-    f'  a / FedJAX = {a / fedjax_a:.3f} (target <= 0.25)'
-    + (
-      f'   e / FedJAX = {e / statistics.mean(fedjax_e):.3f} (target <= 0.3)'
-      if e is not None
-      else ''
-    )
-  )
+  bench_peers.report(a, e, peers_a, peers_e)
+  bench_peers.report_weights(task, CLIENTS, LR)
 
 
 def _run_py(rounds: int) -> tuple[float, float]:

@@ -1,5 +1,6 @@
 """Timing helpers of `bench.py`: the median seconds a round, over repeats."""
 
+from collections.abc import Callable
 import statistics
 import time
 
@@ -9,25 +10,30 @@ import numpy as np
 def time_rounds(run_round, rounds: int, repeats: int, warmup: int = 3) -> float:
   """Median seconds a round of `run_round(r)` over `repeats` blocks of `rounds`, after
   `warmup` rounds (tracing and caches)."""
-  return time_rounds_between(run_round, rounds, repeats, lambda: None, warmup)[0]
+  return time_rounds_between(run_round, rounds, repeats, dict, warmup)[0]
 
 
 def time_rounds_between(
-  run_round, rounds: int, repeats: int, peer, warmup: int = 3
-) -> tuple[float, float | None]:
-  """(`time_rounds` of `run_round`, the median of `peer()`'s timings), a call of
-  `peer` (a peer's block of rounds, s/round, or None) before each of the `repeats`
-  blocks and after the last, so both are timed in the same minutes."""
+  run_round, rounds: int, repeats: int, peers: Callable[[], dict[str, float]], warmup: int = 3
+) -> tuple[float, dict[str, float]]:
+  """(`time_rounds` of `run_round`, each peer's median): `peers()` (each peer's block
+  of rounds, {name: s/round}) runs before each of the `repeats` blocks and after the
+  last, so that all are timed in the same minutes; after a peers' block, `warmup`
+  untimed rounds (caches and threads the peers' processes took)."""
   for r in range(warmup):
     run_round(r)
-  timings, peers = [], [peer()]
+  timings, blocks = [], [peers()]
   for _ in range(repeats):
+    if blocks[-1]:
+      for r in range(warmup):
+        run_round(r)
     start = time.perf_counter()
     for r in range(rounds):
       run_round(r)
     timings.append((time.perf_counter() - start) / rounds)
-    peers.append(peer())
-  return statistics.median(timings), (None if peers[0] is None else statistics.median(peers))
+    blocks.append(peers())
+  medians = {name: statistics.median(block[name] for block in blocks) for name in blocks[0]}
+  return statistics.median(timings), medians
 
 
 def selections(num_clients: int, per_round: int, total: int):

@@ -12,6 +12,7 @@ import tensorflow_federated as tff
 from tff_comp import data as data_lib
 from tff_comp import keras_models
 from tff_comp.algorithms import fedavg
+from tff_comp.binaries import bench_peers
 from tff_comp.binaries import bench_timing as timing
 from tff_comp.run import sampling
 from tff_comp.runtime import choice, inprocess
@@ -49,16 +50,24 @@ def _keras_floor(arrays: data_lib.ClientArrays, batch: int, lr: float):
   return run_round
 
 
-def part6(rounds: int, repeats: int, per_round: int) -> None:
-  batch, lr, population = 20, 0.02, 2 * per_round
+def cnn_clients(population: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """Part 6's clients: random 28x28x1 images in [0, 1) and labels of 62 classes, about
+  224 examples a client (as EMNIST's writers). The peers draw the same
+  (`binaries/peers/protocol.py`, NumPy only; a test compares the two)."""
   rng = np.random.default_rng(0)
   clients = {}
   for i in range(population):
-    n = int(rng.integers(180, 269))  # about 224 examples, as EMNIST's writers
+    n = int(rng.integers(180, 269))
     clients[f'w{i}'] = (
       rng.random((n, 28, 28, 1), np.float32),
       rng.integers(0, 62, n).astype(np.int32),
     )
+  return clients
+
+
+def part6(rounds: int, repeats: int, per_round: int) -> None:
+  batch, lr, population = 20, 0.02, 2 * per_round
+  clients = cnn_clients(population)
   data = tff.simulation.datasets.TestClientData(clients)
   ids = list(data.client_ids)
   picks = timing.selections(population, per_round, 1 + rounds * repeats + 10)
@@ -80,7 +89,12 @@ def part6(rounds: int, repeats: int, per_round: int) -> None:
     builtin_state[0] = builtin.next(builtin_state[0], datasets).state
 
   floor = _keras_floor(data_lib.client_arrays(data), batch, lr)
-  a = timing.time_rounds(timing.round_runner(fast, ids, picks), rounds, repeats, warmup=1)
+  with bench_peers.Peers(
+    rounds, workload='cnn', clients=per_round, batch_size=batch, learning_rate=lr
+  ) as peers:
+    a, peers_a = timing.time_rounds_between(
+      timing.round_runner(fast, ids, picks), rounds, repeats, peers.block, warmup=1
+    )
   # Lanes (convolutions as per-tap matmuls under XLA) are slow on a CPU: a few rounds suffice.
   lanes = inprocess.build(ours, data, engine='lanes')
   lanes.reserve_cohort(per_round)
@@ -107,6 +121,11 @@ def part6(rounds: int, repeats: int, per_round: int) -> None:
     f'  a/d = {a / d:.3f} (target <= 1)   a/c = {a / c:.3f} (target < 1)   b/a ='
     f" {b / a:.2f}; lanes' first round (compiling) {first:.1f} s"
   )
+  for label, seconds in peers_a.items():  # the same data drawn (`peers/protocol.py`)
+    print(
+      f"  {label} fedavg (same run), blocks between (a)'s: median {seconds:.3f} s/round"
+      f'  {examples / seconds:7.0f} examples/s; a / {label} = {a / seconds:.3f} (target <= 1)'
+    )
 
 
 def _sentences(clients: int, seed: int = 0) -> tff.simulation.datasets.ClientData:

@@ -53,6 +53,8 @@ _NOT_CHECKED = {
   '.git',
   '.venv',
   '.venv-fedjax',
+  '.venv-pfl',
+  '.venv-flower',
   '.venv-types',
   '.mypy_cache',
   '__pycache__',

@@ -334,6 +334,9 @@ def test_a_bad_bench_flag_is_one_line_and_exit_2(repo_root):
       '--fedjax_python=/bin/true', 'is not a Python that imports fedjax', marks=pytest.mark.slow
     ),
     pytest.param(
+      '--flower_python=/bin/true', 'is not a Python that imports flwr', marks=pytest.mark.slow
+    ),
+    pytest.param(
       '--fedjax_python={tmp}/not_python',
       'cannot be run (Exec format error)',
       marks=pytest.mark.slow,
@@ -404,7 +407,7 @@ def test_bench_part_1_runs_and_prints_its_ratios(repo_root):
   assert out.returncode == 0, out.stderr
   assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
   assert '(e) run.py end to end, 4 rounds' in out.stdout and 'e/a =' in out.stdout
-  assert 'FedJAX: not timed (no --fedjax_python' in out.stdout
+  assert 'Peers: not timed (no --fedjax_python' in out.stdout
 
 
 @pytest.mark.slow
@@ -420,7 +423,7 @@ def test_bench_runs(repo_root):
   assert out.returncode == 0, out.stderr
   assert 'a/b =' in out.stdout and 'a/c =' in out.stdout and 'a/d =' in out.stdout
   assert '(e) run.py end to end, 4 rounds' in out.stdout and 'e/a =' in out.stdout
-  assert 'FedJAX: not timed (no --fedjax_python' in out.stdout
+  assert 'Peers: not timed (no --fedjax_python' in out.stdout
   assert "a/a' =" in out.stdout and '10 clients/round: lanes' in out.stdout
   assert 'mapped' in out.stdout and 'TFF worker' in out.stdout
   assert 'on 2 local TFF workers' in out.stdout and 'speedup' in out.stdout
