@@ -8,6 +8,7 @@ import json
 import math
 import pathlib
 import re
+import shlex
 import sys
 
 import numpy as np
@@ -210,7 +211,7 @@ def test_config_json_records_every_option_in_force_and_the_environment(tmp_path)
   assert env['tensorflow'] == tf.__version__ and env['tensorflow_federated'] == '0.87.0'
   assert env['tff_comp'] and env['python']
   # The process's command line, and the packages registering plugins (none installed).
-  assert env['command'].split()[1:] == sys.argv and env['plugins'] == {}
+  assert shlex.split(env['command'])[1:] == sys.argv and env['plugins'] == {}
   # The version recorded is the one being built (it said 0.2.0 with 0.3.0's features in).
   setup = configparser.ConfigParser()
   setup.read(pathlib.Path(experiment.__file__).parent.parent / 'setup.cfg')
