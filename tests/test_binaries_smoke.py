@@ -429,7 +429,9 @@ def test_bench_runs(repo_root):
   assert 'on 2 local TFF workers' in out.stdout and 'speedup' in out.stdout
   assert 'Part 4: host memory over 2 rounds of 20 clients' in out.stdout
   assert 'auto   first' in out.stdout and 'run.py --rounds=ten: error after' in out.stdout
-  assert 'run.py --task=emnist --emnist_source=synthetic --rounds=2: ' in out.stdout
+  assert (
+    'run.py --task=emnist --emnist_source=synthetic --emnist_model=cnn --rounds=2: ' in out.stdout
+  )
   assert 'the lanes kernel compiled 1 time(s), recompiles 0' in out.stdout
 
 
