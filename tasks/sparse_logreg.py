@@ -103,8 +103,10 @@ def build_sparse_logreg_task(
     regularizer=regularizer,
     evaluate=evaluate,
     defaults=dict(
-      client_learning_rate=0.01,
-      server_learning_rate=1.0,
+      # FedDualAvg at 30 rounds: validation loss 0.58, accuracy 0.71 (at 0.01 and 1.0,
+      # before 2026-12-05: 0.66, 0.61; log 2 = 0.693, majority 0.567).
+      client_learning_rate=0.03,
+      server_learning_rate=3.0,
       rounds=100,
       clients_per_round=10,
       batch_size=6,
