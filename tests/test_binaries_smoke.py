@@ -445,6 +445,7 @@ def test_bench_runs(repo_root):
       ['--workload=grid', '--grid_experiment=fco_lasso', '--grid_rounds=2', '--grid_parallel=1'],
       'tables identical: yes',
     ),
+    (['--workload=aggregators'], 'medians of 5 blocks of 1 rounds, alternating with the plain'),
   ],
 )
 def test_bench_workloads_run(repo_root, workload, says):
