@@ -15,9 +15,11 @@ status 2 and one line. Needs no TensorFlow.
 """
 
 import csv
+import json
 import math
 import pathlib
 import sys
+from typing import Any
 
 from absl import app, flags
 
@@ -35,18 +37,86 @@ _X = flags.DEFINE_string(
 _AT = flags.DEFINE_list(
   'at', None, 'Values of --x at which the table reads the metrics (default: the last all reached).'
 )
-_LABELS = flags.DEFINE_list('labels', None, "The runs' names (default: their directories').")
+_LABELS = flags.DEFINE_list(
+  'labels',
+  None,
+  "The runs' names (default: the settings in which their config.json differ, at most"
+  " three, else their directories').",
+)
 _OUTPUT = flags.DEFINE_string('output', 'compare', 'Path and stem of the table and figures.')
-_TITLE = flags.DEFINE_string('title', '', "The figure's title (default: none).")
+_TITLE = flags.DEFINE_string(
+  'title', None, "The figure's title (default: the runs' task when they share one)."
+)
+# config.json's entries that say where and how a run was written or ran, not what it is.
+_NOT_SETTINGS = frozenset(
+  {
+    'output_dir',
+    'overwrite',
+    'resume',
+    'force_resume',
+    'environment',
+    'runtime_record',
+    'runtime',
+    'runtime_options',
+    'checkpoints',
+  }
+)
+_MOST_SETTINGS_NAMED = 3
+
+
+def _settings(run: pathlib.Path) -> dict[str, str]:
+  """The run's settings from its config.json, flattened to {dotted path: value}, each
+  overlaid by the value the run resolved (its task's defaults) of the same name; {}
+  without a readable config.json."""
+  try:
+    config = json.loads((run / 'config.json').read_text())
+  except (OSError, ValueError):
+    return {}
+  if not isinstance(config, dict):
+    return {}
+
+  def flat(tree: Any, path: str = '') -> dict[str, str]:
+    if isinstance(tree, dict):
+      return {
+        leaf: value
+        for key, inner in tree.items()
+        if key not in _NOT_SETTINGS
+        for leaf, value in flat(inner, f'{path}.{key}' if path else str(key)).items()
+      }
+    return {path: tree if isinstance(tree, str) else json.dumps(tree)}
+
+  settings = flat({k: v for k, v in config.items() if k != 'resolved'})
+  resolved = config.get('resolved')
+  # The client/server hyperparameters it resolved repeat settings under other names.
+  for path, value in flat(resolved if isinstance(resolved, dict) else {}).items():
+    if path.split('.')[0] in ('client_hparams', 'server_hparams'):
+      continue
+    named = [p for p in settings if p.split('.')[-1] == path.split('.')[-1]]
+    settings.update(dict.fromkeys(named or [path], value))
+  return settings
 
 
 def _labels(runs: list[pathlib.Path]) -> list[str]:
-  """The runs' names: `--labels`, else their directories' (with the parent's where two
-  share a name)."""
+  """The runs' names: `--labels`, else the settings their config.json differ in (the
+  algorithm by its name, others as name=value; at most three), else their directories'
+  (with the parent's where two share a name)."""
   if _LABELS.value:
     if len(_LABELS.value) != len(runs):
       fail(f'--labels names {len(_LABELS.value)} runs; {len(runs)} are given.')
     return list(_LABELS.value)
+  settings = [_settings(r) for r in runs]
+  # A setting only some runs have is their algorithm's own (FedProx's mu): not named.
+  shared = [p for p in settings[0] if all(p in s for s in settings)]
+  differ = [p for p in shared if len({s[p] for s in settings}) > 1]
+  if len(runs) > 1 and all(settings) and 0 < len(differ) <= _MOST_SETTINGS_NAMED:
+    labels = [
+      ', '.join(
+        s.get(p, '') if p == 'algorithm' else f'{p.split(".")[-1]}={s.get(p, "")}' for p in differ
+      )
+      for s in settings
+    ]
+    if len(set(labels)) == len(labels):
+      return labels
   names = [r.name for r in runs]
   return [f'{r.parent.name}/{r.name}' if names.count(r.name) > 1 else r.name for r in runs]
 
@@ -170,10 +240,18 @@ def main(argv: list[str]) -> None:
     )
     for m in metrics
   ]
-  written = figures.draw(panels, stem, _TITLE.value)
+  written = figures.draw(panels, stem, _title(runs))
   (stem.parent / f'{stem.name}.md').write_text(table)
   print(table)
   print(f'wrote {stem.parent / f"{stem.name}.md"}, ' + ', '.join(str(p) for p in written))
+
+
+def _title(runs: list[pathlib.Path]) -> str:
+  """`--title`, else the runs' task when they share one ('' when not)."""
+  if _TITLE.value is not None:
+    return _TITLE.value
+  tasks = {_settings(r).get('task', '') for r in runs}
+  return tasks.pop() if len(tasks) == 1 else ''
 
 
 def _parse(argv: list[str]) -> list[str]:

@@ -95,6 +95,36 @@ def test_by_default_every_common_evaluation_metric_at_the_last_round(repo_root, 
   assert (tmp_path / 'compare.png').exists()
 
 
+def test_by_default_runs_are_named_by_the_settings_they_differ_in(repo_root, runs, tmp_path):
+  """Without --labels the runs are named by what differs in their config.json (folder
+  names said nothing of it), the figure titled by their shared task."""
+  experiment.train(
+    'fedavg',
+    'quadratic',
+    rounds=5,
+    eval_period=2,
+    client_learning_rate=0.02,
+    output_dir=str(tmp_path / 'faster'),
+    show_progress=False,
+  )
+  out = _compare(repo_root, runs / 'fedavg', runs / 'fedprox', tmp_path / 'faster', cwd=tmp_path)
+  assert out.returncode == 0, out.stderr
+  names = [line.split(' | ')[0].strip('| ') for line in out.stdout.splitlines()[2:5]]
+  # FedProx's own mu is not named: the algorithm says it. The task's default rate is.
+  assert names == [
+    'fedavg, client_learning_rate=0.01',
+    'fedprox, client_learning_rate=0.01',
+    'fedavg, client_learning_rate=0.02',
+  ]
+  assert '<!-- quadratic -->' in (tmp_path / 'compare.svg').read_text()
+  two = _compare(repo_root, runs / 'fedavg', runs / 'fedprox', '--title=', cwd=tmp_path)
+  assert [line.split(' | ')[0].strip('| ') for line in two.stdout.splitlines()[2:4]] == [
+    'fedavg',
+    'fedprox',
+  ]
+  assert '<!-- quadratic -->' not in (tmp_path / 'compare.svg').read_text()
+
+
 def test_the_default_at_is_the_last_round_every_run_reached(repo_root, runs, tmp_path):
   short = _copy_run(runs / 'fedprox', tmp_path / 'short', keep=lambda r: int(r['round']) <= 3)
   out = _compare(repo_root, runs / 'fedavg', short, '--metrics=objective', cwd=tmp_path)
