@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use('Agg')
 from matplotlib import ticker
+import matplotlib.patches
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -41,6 +42,8 @@ _WORDS = {'f1': 'F1', 'mse': 'MSE', 'oov': 'OOV', 'eos': 'EOS', 'num': 'number o
 _LOG_SPAN = 20.0
 _SHARES = ('accuracy', 'precision', 'recall', 'f1', 'density')
 _MARKERS = 'osD^vP*X'
+# Line styles too, so that a curve drawn over an equal one leaves it visible.
+_DASHES = ('-', '--', ':', '-.')
 
 
 def label(column: str) -> str:
@@ -78,11 +81,15 @@ class Panel:
 
 
 def draw(
-  panels: Sequence[Panel], stem: pathlib.Path, title: str = '', per_row: int = 3
+  panels: Sequence[Panel],
+  stem: pathlib.Path,
+  title: str = '',
+  per_row: int = 3,
+  band: str = '',
 ) -> list[pathlib.Path]:
-  """`figure(panels, title, per_row)` written as `stem`.png, .pdf and .svg; returns
-  their paths."""
-  fig = figure(panels, title, per_row)
+  """`figure(panels, title, per_row, band)` written as `stem`.png, .pdf and .svg;
+  returns their paths."""
+  fig = figure(panels, title, per_row, band)
   stem.parent.mkdir(parents=True, exist_ok=True)
   paths = [stem.with_name(f'{stem.name}.{fmt}') for fmt in FORMATS]
   for path in paths:
@@ -91,27 +98,37 @@ def draw(
   return paths
 
 
-def figure(panels: Sequence[Panel], title: str = '', per_row: int = 3) -> plt.Figure:
-  """`panels` (at most `per_row` a row) in one figure. A curve's label has one colour
-  and marker in every panel, and the legend lists each label once, under the panels."""
+def figure(
+  panels: Sequence[Panel], title: str = '', per_row: int = 3, band: str = ''
+) -> plt.Figure:
+  """`panels` (at most `per_row` a row) in one figure. A curve's label has one colour,
+  marker and line style in every panel, and the legend lists each label once, under the
+  panels, then what the shaded bands are (`band`, required when a curve has one:
+  'shaded: lowest to highest of 3 seeds')."""
+  banded = any(c.low is not None for p in panels for c in p.curves)
+  if banded and not band:
+    raise ValueError('a curve has a band: say what it is (band=...), for the legend.')
   rows = math.ceil(len(panels) / per_row)
   across = min(len(panels), per_row)
   fig, axes = plt.subplots(rows, across, figsize=(4.2 * across, 3.3 * rows), squeeze=False)
   labels = list(dict.fromkeys(c.label for p in panels for c in p.curves))
   colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
   style = {
-    name: (color, marker)
-    for name, color, marker in zip(labels, itertools.cycle(colors), itertools.cycle(_MARKERS))
+    name: (color, marker, dashes)
+    for name, color, marker, dashes in zip(
+      labels, itertools.cycle(colors), itertools.cycle(_MARKERS), itertools.cycle(_DASHES)
+    )
   }
   handles = {}
   for ax, panel in zip(axes.flat, panels):
     for curve in panel.curves:
-      color, marker = style[curve.label]
+      color, marker, dashes = style[curve.label]
       (line,) = ax.plot(
         curve.x,
         curve.y,
         color=color,
         marker=marker,
+        linestyle=dashes,
         markevery=max(1, len(curve.x) // 8),
         markersize=4,
         linewidth=1.5,
@@ -128,6 +145,8 @@ def figure(panels: Sequence[Panel], title: str = '', per_row: int = 3) -> plt.Fi
   if title:
     fig.suptitle(title)
   fig.tight_layout()
+  if banded:
+    handles[band] = matplotlib.patches.Patch(color='grey', alpha=0.3, linewidth=0)
   fig.legend(
     list(handles.values()),
     list(handles),

@@ -242,7 +242,13 @@ def summarize(
   panels = [figures.Panel('round', m, by_rounds[m]) for m in plotted]
   if spec.x_axis:
     panels += [figures.Panel(spec.x_axis, m, by_x[m]) for m in plotted]
-  figures.draw(panels, root / name, f'{name} ({spec.task})', per_row=len(plotted))
+  figures.draw(
+    panels,
+    root / name,
+    f'{name} ({spec.task})',
+    per_row=len(plotted),
+    band=f'shaded: lowest to highest of {seeds} seeds; line: their mean',
+  )
   table = '\n'.join(lines) + '\n'
   (root / 'results.md').write_text(table)
   return table

@@ -25,6 +25,9 @@ def test_axis_labels_come_from_the_metrics_names(column, says):
   assert figures.label(column) == says
 
 
+BAND = 'shaded: lowest to highest of 3 seeds'
+
+
 def _panels():
   rounds = np.arange(0, 101, 10.0)
   loss = 500.0 * 0.9**rounds + 0.5  # from 500 to ~0.5: three decades
@@ -47,7 +50,7 @@ def _panels():
 
 
 def test_each_axis_fits_what_it_draws_and_the_legend_is_said_once():
-  fig = figures.figure(_panels(), 'a title')
+  fig = figures.figure(_panels(), 'a title', band=BAND)
   try:
     loss_ax, accuracy_ax = fig.axes
     # The loss panel: log, every value (bands and round 0 included) inside, labels at
@@ -65,19 +68,30 @@ def test_each_axis_fits_what_it_draws_and_the_legend_is_said_once():
     assert accuracy_ax.get_xlim() == (0.0, 600.0)
     assert accuracy_ax.get_xlabel() == 'Simulated time (s)'
     assert accuracy_ax.get_ylabel() == 'Test accuracy'
-    # One legend for the figure, each run once; none on the panels; a one-line title.
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ['A', 'B']
+    # One legend for the figure, each run once, then what the band is; none on the
+    # panels; a one-line title.
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ['A', 'B', BAND]
     assert all(ax.get_legend() is None for ax in fig.axes)
     assert fig._suptitle.get_text() == 'a title'
     # A label keeps its colour in every panel.
     colors = [[line.get_color() for line in ax.get_lines()] for ax in fig.axes]
     assert colors[0] == colors[1] and colors[0][0] != colors[0][1]
+    # and its line style: B drawn over an equal A leaves A's line showing between dashes.
+    dashes = [[line.get_linestyle() for line in ax.get_lines()] for ax in fig.axes]
+    assert dashes[0] == dashes[1] and dashes[0][0] != dashes[0][1]
   finally:
     figures.plt.close(fig)
 
 
 def test_a_figure_is_written_as_png_pdf_and_svg(tmp_path):
-  paths = figures.draw(_panels(), tmp_path / 'out' / 'fig')
+  paths = figures.draw(_panels(), tmp_path / 'out' / 'fig', band=BAND)
   assert [p.name for p in paths] == ['fig.png', 'fig.pdf', 'fig.svg']
   assert all(p.stat().st_size > 1000 for p in paths)
   assert paths[0].read_bytes()[:4] == b'\x89PNG' and paths[1].read_bytes()[:4] == b'%PDF'
+
+
+def test_a_band_is_explained_or_refused():
+  """A shaded band nobody explained reads as anything (the issue: 'the band
+  unexplained'); the figure says what it is, or is not drawn."""
+  with pytest.raises(ValueError, match='say what it is'):
+    figures.figure(_panels())
