@@ -140,6 +140,13 @@ def figure(
     ax.set_xlabel(label(panel.x))
     ax.set_ylabel(label(panel.y))
     ax.grid(alpha=0.3, which='major')
+  # Panels along the same column start and end alike (an evaluation metric at round 0
+  # beside a training one from round 1 read as shifted).
+  for x in {panel.x for panel in panels}:
+    along = [ax for ax, panel in zip(axes.flat, panels) if panel.x == x]
+    ends = [ax.get_xlim() for ax in along]
+    for ax in along:
+      ax.set_xlim(min(e[0] for e in ends), max(e[1] for e in ends))
   for ax in list(axes.flat)[len(panels) :]:
     ax.set_visible(False)
   if title:

@@ -95,3 +95,21 @@ def test_a_band_is_explained_or_refused():
   unexplained'); the figure says what it is, or is not drawn."""
   with pytest.raises(ValueError, match='say what it is'):
     figures.figure(_panels())
+
+
+def test_panels_along_the_same_column_share_its_range():
+  """A training metric (from round 1) beside an evaluation one (from round 0) started
+  at different places, side by side."""
+  rounds = np.arange(0, 11.0)
+  fig = figures.figure(
+    [
+      figures.Panel('round', 'eval/test_loss', [figures.Curve('A', rounds, 1 / (1 + rounds))]),
+      figures.Panel(
+        'round', 'train/client_work/train_loss', [figures.Curve('A', rounds[1:], 1 / rounds[1:])]
+      ),
+    ]
+  )
+  try:
+    assert [ax.get_xlim() for ax in fig.axes] == [(0.0, 10.0), (0.0, 10.0)]
+  finally:
+    figures.plt.close(fig)
