@@ -96,7 +96,7 @@ def _settings(run: pathlib.Path) -> dict[str, str]:
   return settings
 
 
-def _labels(runs: list[pathlib.Path]) -> list[str]:
+def _labels(runs: list[pathlib.Path], settings: list[dict[str, str]]) -> list[str]:
   """The runs' names: `--labels`, else the settings their config.json differ in (the
   algorithm by its name, others as name=value; at most three), else their directories'
   (with the parent's where two share a name)."""
@@ -104,15 +104,12 @@ def _labels(runs: list[pathlib.Path]) -> list[str]:
     if len(_LABELS.value) != len(runs):
       fail(f'--labels names {len(_LABELS.value)} runs; {len(runs)} are given.')
     return list(_LABELS.value)
-  settings = [_settings(r) for r in runs]
   # A setting only some runs have is their algorithm's own (FedProx's mu): not named.
   shared = [p for p in settings[0] if all(p in s for s in settings)]
   differ = [p for p in shared if len({s[p] for s in settings}) > 1]
   if len(runs) > 1 and all(settings) and 0 < len(differ) <= _MOST_SETTINGS_NAMED:
     labels = [
-      ', '.join(
-        s.get(p, '') if p == 'algorithm' else f'{p.split(".")[-1]}={s.get(p, "")}' for p in differ
-      )
+      ', '.join(s[p] if p == 'algorithm' else f'{p.split(".")[-1]}={s[p]}' for p in differ)
       for s in settings
     ]
     if len(set(labels)) == len(labels):
@@ -196,7 +193,8 @@ def main(argv: list[str]) -> None:
     if not (run / 'metrics.csv').is_file():
       fail(f'{run} holds no metrics.csv: not a run directory.')
   metrics = _metrics(runs)
-  labels = _labels(runs)
+  settings = [_settings(r) for r in runs]  # each config.json read once
+  labels = _labels(runs, settings)
   try:
     given = [float(v) for v in _AT.value or ()]
   except ValueError:
@@ -240,17 +238,17 @@ def main(argv: list[str]) -> None:
     )
     for m in metrics
   ]
-  written = figures.draw(panels, stem, _title(runs))
+  written = figures.draw(panels, stem, _title(settings))
   (stem.parent / f'{stem.name}.md').write_text(table)
   print(table)
   print(f'wrote {stem.parent / f"{stem.name}.md"}, ' + ', '.join(str(p) for p in written))
 
 
-def _title(runs: list[pathlib.Path]) -> str:
-  """`--title`, else the runs' task when they share one ('' when not)."""
+def _title(settings: list[dict[str, str]]) -> str:
+  """`--title`, else the runs' task (from their `_settings`) when they share one."""
   if _TITLE.value is not None:
     return _TITLE.value
-  tasks = {_settings(r).get('task', '') for r in runs}
+  tasks = {s.get('task', '') for s in settings}
   return tasks.pop() if len(tasks) == 1 else ''
 
 
