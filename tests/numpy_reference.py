@@ -80,3 +80,32 @@ def nnm(x: np.ndarray, f: int) -> np.ndarray:
     d = np.linalg.norm(x.astype(np.float64) - x[i].astype(np.float64), axis=1)
     out[i] = x[np.argsort(d, kind='stable')[:k]].mean(0)
   return out
+
+
+def krum_scores(x: np.ndarray, f: int) -> np.ndarray:
+  """Krum's scores (Blanchard et al. 2017) by explicit differences: each row's summed
+  squared distances to its m - f - 2 nearest others (at least one)."""
+  dist = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
+  k = max(len(x) - f - 2, 1)
+  return np.array([np.sort(np.delete(dist[i], i))[:k].sum() for i in range(len(x))])
+
+
+def krum_chosen(x: np.ndarray, f: int, select: int) -> np.ndarray:
+  """The `select` rows (Multi-Krum; 1: Krum) of lowest score, ties by position."""
+  return np.argsort(krum_scores(x, f), kind='stable')[:select]
+
+
+def bulyan_chosen(x: np.ndarray, f: int) -> list[int]:
+  """Bulyan's theta = m - 2f rows (El Mhamdi et al. 2018): Krum's choice one at a time
+  among the rows left."""
+  left, chosen = list(range(len(x))), []
+  while len(chosen) < max(len(x) - 2 * f, 1):
+    k = max(len(left) - f - 2, 1)
+    scores = []
+    for i in left:
+      others = sorted(((x[i] - x[j]) ** 2).sum() for j in left if j != i)
+      scores.append(sum(others[:k]))
+    best = left[int(np.argmin(scores))]
+    chosen.append(best)
+    left.remove(best)
+  return chosen

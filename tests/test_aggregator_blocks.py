@@ -11,6 +11,7 @@ import scipy.linalg
 import scipy.stats
 import tensorflow as tf
 
+from tests import numpy_reference
 import tff_comp.ops.aggregators as agg
 
 RNG = np.random.default_rng(7)
@@ -65,11 +66,7 @@ def test_trimmed_mean_is_scipys(beta):
 
 
 def _krum_reference(x, f, select):
-  m = len(x)
-  dist = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-  k = max(m - f - 2, 1)
-  scores = [np.sort(np.delete(dist[i], i))[:k].sum() for i in range(m)]
-  return x[np.argsort(scores, kind='stable')[:select]].mean(0)
+  return x[numpy_reference.krum_chosen(x, f, select)].mean(0)
 
 
 @pytest.mark.parametrize('f, select', [(0, 1), (2, 1), (2, 4), (3, M)])

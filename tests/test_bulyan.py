@@ -6,24 +6,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import numpy_reference
 import tff_comp.ops.aggregators as agg
 
 
 def _reference(x: np.ndarray, f: int) -> np.ndarray:
-  left, chosen = list(range(len(x))), []
-  theta = max(len(x) - 2 * f, 1)
-  while len(chosen) < theta:
-    r = len(left)
-    k = max(r - f - 2, 1)
-    scores = []
-    for i in left:
-      others = sorted(((x[i] - x[j]) ** 2).sum() for j in left if j != i)
-      scores.append(sum(others[:k]))
-    best = left[int(np.argmin(scores))]
-    chosen.append(best)
-    left.remove(best)
-  s = x[sorted(chosen)]
-  beta = max(theta - 2 * f, 1)
+  s = x[sorted(numpy_reference.bulyan_chosen(x, f))]
+  beta = max(len(s) - 2 * f, 1)
   median = np.median(s, axis=0)
   out = np.empty(x.shape[1])
   for j in range(x.shape[1]):

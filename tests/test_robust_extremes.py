@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import numpy_reference
 import tff_comp.ops.aggregators as agg
 
 RNG_SEED = 3
@@ -25,13 +26,6 @@ def _combine(combiner, x, measured=False):
     tf.constant([1, 2], tf.int64),
   )
   return (np.asarray(update), measurements) if measured else np.asarray(update)
-
-
-def _krum_scores(x, f):
-  """Krum's scores in float64 by explicit differences (Blanchard et al. 2017)."""
-  dist = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-  k = max(len(x) - f - 2, 1)
-  return np.array([np.sort(np.delete(dist[i], i))[:k].sum() for i in range(len(x))])
 
 
 ATTACKS = {
@@ -75,7 +69,7 @@ def test_krum_and_multi_krum_never_choose_the_extreme_row(attack):
   for trial in range(10):
     honest = RNG.normal(size=(M - 1, D)).astype(np.float32)
     x = np.insert(honest, trial % M, ATTACKS[attack], axis=0)
-    expected = honest[np.argmin(_krum_scores(honest.astype(np.float64), 0))]
+    expected = honest[np.argmin(numpy_reference.krum_scores(honest.astype(np.float64), 0))]
     np.testing.assert_allclose(_combine(agg.Krum(1), x), expected, rtol=1e-6)
     np.testing.assert_allclose(
       _combine(agg.Krum(1, M - 1), x), honest.astype(np.float64).mean(0), rtol=1e-5, atol=1e-6
@@ -88,7 +82,7 @@ def test_krum_far_from_the_origin_chooses_the_exact_minimum():
   wrong = 0
   for _ in range(20):
     x = (1e4 + RNG.normal(size=(M, D))).astype(np.float32)
-    expected = np.argmin(_krum_scores(x.astype(np.float64), 2))
+    expected = np.argmin(numpy_reference.krum_scores(x.astype(np.float64), 2))
     got = _combine(agg.Krum(2), x)
     wrong += not np.array_equal(got, x[expected])
   assert wrong == 0

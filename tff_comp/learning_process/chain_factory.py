@@ -124,28 +124,28 @@ def _gathered(sums_type: tff.Type) -> tuple[Callable[[Any], Any], tff.Type]:
   """(total, its result's type) for a combiner needing every row: the clients' rows
   concatenated (an accumulator of unknown leading size, as TFF's reservoir sampling
   keeps), the other fields added."""
-  width = sums_type.values.shape[1]
-  added = [name for name in aggregators.Sums._fields if name not in ('values', 'weights')]
+  # The fields of rows (every one but an absent `marks`), each of any number of rows.
+  rows = {
+    name: tff.TensorType(np.float32, [None, *sums_type[name].shape[1:]])
+    for name in aggregators.ROW_FIELDS
+    if isinstance(sums_type[name], tff.TensorType)
+  }
+  added = [name for name in aggregators.Sums._fields if name not in rows]
   acc_type = tff.to_type(
-    collections.OrderedDict(
-      values=tff.TensorType(np.float32, [None, width]),
-      weights=tff.TensorType(np.float32, [None]),
-      **{name: sums_type[name] for name in added},
-    )
+    collections.OrderedDict(**rows, **{name: sums_type[name] for name in added})
   )
 
   def merged(a, b):
-    out = collections.OrderedDict(
-      values=tf.concat([a['values'], b['values']], 0),
-      weights=tf.concat([a['weights'], b['weights']], 0),
-    )
+    out = collections.OrderedDict((name, tf.concat([a[name], b[name]], 0)) for name in rows)
     out.update((name, tf.nest.map_structure(tf.add, a[name], b[name])) for name in added)
     return out
 
   @tff.tensorflow.computation
   def zero():
     specs = tff.types.type_to_tf_tensor_specs(sums_type)
-    out = collections.OrderedDict(values=tf.zeros([0, width]), weights=tf.zeros([0]))
+    out = collections.OrderedDict(
+      (name, tf.zeros([0, *sums_type[name].shape[1:]])) for name in rows
+    )
     out.update(
       (name, tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs[name]))
       for name in added

@@ -42,11 +42,16 @@ def add_sums(shares: Sequence[Any]) -> Any:
   first = shares[0].model
   if not (isinstance(first, aggregators.Sums) and not isinstance(first.values, tuple)):
     return tf.nest.map_structure(lambda *parts: functools.reduce(np.add, parts), *shares)
-  values = np.concatenate([share.model.values for share in shares])
-  weights = np.concatenate([share.model.weights for share in shares])
-  apart = [share._replace(model=share.model._replace(values=(), weights=())) for share in shares]
+  rows = {
+    name: np.concatenate([getattr(share.model, name) for share in shares])
+    for name in aggregators.ROW_FIELDS
+    if not isinstance(getattr(first, name), tuple)
+  }
+  apart = [
+    share._replace(model=share.model._replace(**dict.fromkeys(rows, ()))) for share in shares
+  ]
   total = tf.nest.map_structure(lambda *parts: functools.reduce(np.add, parts), *apart)
-  return total._replace(model=total.model._replace(values=values, weights=weights))
+  return total._replace(model=total.model._replace(**rows))
 
 
 class RoundStages:

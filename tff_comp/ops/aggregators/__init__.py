@@ -24,6 +24,7 @@ docs/aggregators.md gives each one's math and reference.
 from tff_comp.ops.aggregators.attacks import ALIE, Attack, Gaussian, Scaled, SignFlip
 from tff_comp.ops.aggregators.banded import BandedNoise
 from tff_comp.ops.aggregators.base import (
+  ROW_FIELDS,
   Chain,
   ChainState,
   Combiner,
@@ -98,6 +99,7 @@ __all__ = [
   'SignFlip',
   'Stage',
   'Sums',
+  'ROW_FIELDS',
   'TopK',
   'TreeNoise',
   'TrimmedMean',

@@ -62,11 +62,11 @@ class Attack(base.Stage):
     bad = draws < fraction  # [m] whether each client (by its seed) attacks this round
     sent = self.forge(x, bad, scale, seeds)
     return base.Encoded(
-      tf.where(bad[:, None], sent, x), weights, rows, {'attackers': tf.cast(bad, tf.float32)}
+      tf.where(bad[:, None], sent, x), weights, rows, {base.ATTACKERS: tf.cast(bad, tf.float32)}
     )
 
   def decode(self, state, y, counts, context, seed):
-    return y, state, base.Measurements(byzantine_clients=counts['attackers'])
+    return y, state, base.Measurements(byzantine_clients=counts[base.ATTACKERS])
 
 
 class SignFlip(Attack):

@@ -31,6 +31,12 @@ import tensorflow as tf
 
 State = Any
 Measurements = collections.OrderedDict
+# The per-client count an attack stage marks its forged rows with (1: forged).
+ATTACKERS = 'attackers'
+# What a selection rule's combine measures beside its scalars: [m] each row's share of
+# the rows it chose (Krum: 1 for the chosen row). The chain takes it out of the
+# measurements and reports `attackers_selected` from it (`Chain.finish`).
+ROWS_SELECTED = 'rows_selected'
 
 
 class Encoded(NamedTuple):
@@ -137,6 +143,9 @@ class Combiner:
   decomposable = True
   weighted = True  # uses the clients' weights (False: every client alike)
   scaled_sum = False  # its result is the rows' sum times a scale (a mean, a secure sum)
+  # A selection rule (Krum, Bulyan): its result is read from rows it chooses, which its
+  # combine measures (`ROWS_SELECTED`), so that a chain can say how many attack.
+  selects = False
   in_state: tuple[str, ...] = ()  # as `Stage.in_state`
 
   def upload_bits(self, d: int, bits: float) -> float:
@@ -168,7 +177,8 @@ class Combiner:
   def combine(
     self, state: State, values: tf.Tensor, weights: tf.Tensor
   ) -> tuple[tf.Tensor, tf.Tensor | None, State, Measurements]:
-    """As `from_sums`, from every row."""
+    """As `from_sums`, from every row. A selection rule (Krum) also measures
+    `ROWS_SELECTED`."""
     return self.from_sums(state, self.sums(state, values, weights))
 
 
@@ -187,6 +197,12 @@ class PreAggregation:
     weights; `seed` [2] the round's own stream for it."""
     raise NotImplementedError
 
+  def mix_marks(self, values: tf.Tensor, marks: tf.Tensor, seed: tf.Tensor) -> tf.Tensor | None:
+    """[m'] the share of each mixed row's members that attack, from the rows' [m]
+    `marks` (1: forged), as `mix` mixes them; None: it cannot say."""
+    del values, marks, seed
+    return None
+
 
 class ChainState(NamedTuple):
   """A chain's state: each stage's, then the combiner's."""
@@ -198,8 +214,10 @@ class ChainState(NamedTuple):
 class Sums(NamedTuple):
   """What a share of a cohort contributes to the round's aggregate: the combiner's sums
   (a decomposable combiner) or the encoded rows themselves (`values`, `weights`: [m, d],
-  [m]; empty otherwise), and the stages' counts summed, the clients and their weights.
-  Shares add leaf by leaf, but `values` and `weights`, which they concatenate."""
+  [m]; empty otherwise), and the stages' counts summed, the clients and their weights;
+  `marks` [m], the rows an attack stage forged (1), beside rows a selection rule reads
+  (empty otherwise). Shares add leaf by leaf, but the fields of rows (`ROW_FIELDS`),
+  which they concatenate."""
 
   combined: Any
   values: Any
@@ -207,6 +225,10 @@ class Sums(NamedTuple):
   counts: dict[str, tf.Tensor]
   clients: tf.Tensor
   weight: tf.Tensor
+  marks: Any = ()
+
+
+ROW_FIELDS = ('values', 'weights', 'marks')  # a `Sums`' fields that hold a row per client
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,7 +339,9 @@ class Chain:
         clients,
         weight,
       )
-    return Sums((), encoded.values, encoded.weights, counts, clients, weight)
+    forged = [v for k, v in encoded.counts.items() if k.split('/', 1)[1] == ATTACKERS]
+    marks = tf.add_n(forged) if forged and self.combiner.selects else ()
+    return Sums((), encoded.values, encoded.weights, counts, clients, weight, marks)
 
   def finish(
     self, state: ChainState, total: Sums, seed: tf.Tensor
@@ -327,12 +351,18 @@ class Chain:
     if self.decomposable:
       y, scale, combiner_state, measured = self.combiner.from_sums(state.combiner, total.combined)
     else:
-      values, weights = total.values, total.weights
+      values, weights, marks = total.values, total.weights, total.marks
       if self.pre_aggregation is not None:
-        values, weights = self.pre_aggregation.mix(
-          values, weights, _fold(seed, 2 * len(self.stages))
-        )
+        mix_seed = _fold(seed, 2 * len(self.stages))
+        if not isinstance(marks, tuple):
+          marks = self.pre_aggregation.mix_marks(values, marks, mix_seed)
+        values, weights = self.pre_aggregation.mix(values, weights, mix_seed)
       y, scale, combiner_state, measured = self.combiner.combine(state.combiner, values, weights)
+      selected = measured.pop(ROWS_SELECTED, None)
+      if selected is not None and marks is not None and not isinstance(marks, tuple):
+        measured['attackers_selected'] = tf.math.divide_no_nan(
+          tf.reduce_sum(selected * marks), tf.reduce_sum(selected)
+        )
     context = Context(total.clients, total.weight, scale)
     measurements: Measurements = Measurements()
     states: list[Any] = [None] * len(self.stages)

@@ -38,13 +38,22 @@ class Bucketing(base.PreAggregation):
     return tf.argsort(draws, stable=True)
 
   def mix(self, values, weights, seed):
-    m, s = tf.shape(values)[0], self.bucket_size
+    buckets = self._means(values, seed)
+    return buckets, tf.ones([tf.shape(buckets)[0]], weights.dtype)
+
+  def mix_marks(self, values, marks, seed):
+    del values
+    return self._means(marks[:, None], seed)[:, 0]
+
+  def _means(self, rows: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """[ceil(m / s), d] the bucket means of `rows` [m, d] in the round's order."""
+    m, s = tf.shape(rows)[0], self.bucket_size
     buckets = (m + s - 1) // s
-    shuffled = tf.gather(values, self.permutation(m, seed))
-    padding = tf.zeros([buckets * s - m, tf.shape(values)[1]], values.dtype)
+    shuffled = tf.gather(rows, self.permutation(m, seed))
+    padding = tf.zeros([buckets * s - m, tf.shape(rows)[1]], rows.dtype)
     sums = tf.reduce_sum(tf.reshape(tf.concat([shuffled, padding], 0), [buckets, s, -1]), 1)
     members = tf.minimum(s, m - s * tf.range(buckets))
-    return sums / tf.cast(members, values.dtype)[:, None], tf.ones([buckets], weights.dtype)
+    return sums / tf.cast(members, rows.dtype)[:, None]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ class Bulyan(base.Combiner):
   name = 'bulyan'
   decomposable = False
   weighted = False
+  selects = True
   in_state = ('byzantine',)
 
   def __init__(self, byzantine: int = 1):
@@ -80,6 +81,7 @@ class Bulyan(base.Combiner):
       base.Measurements(
         bulyan_selected=tf.cast(theta, tf.float32),
         bulyan_clamped=tf.cast(m < 4 * f + 3, tf.float32),
+        **{base.ROWS_SELECTED: tf.cast(chosen, tf.float32) / tf.cast(theta, tf.float32)},
       ),
     )
 

@@ -201,6 +201,7 @@ class Krum(_Robust):
   taken (the settings refuse such a cohort; dropouts and Poisson sampling make one)."""
 
   name = 'krum'
+  selects = True
   in_state = ('byzantine', 'select')
 
   def __init__(self, byzantine: int = 0, select: int = 1):
@@ -223,12 +224,15 @@ class Krum(_Robust):
     best = tf.argsort(scores, stable=True)[:chosen]
     result = tf.reduce_mean(tf.gather(values, best), 0)
     clamped = tf.logical_or(m < 2 * state[0] + 3, state[1] > m)
+    share = tf.fill([chosen], 1.0 / tf.cast(chosen, tf.float32))
     return (
       result,
       None,
       state,
       base.Measurements(
-        krum_selected=tf.cast(chosen, tf.float32), krum_clamped=tf.cast(clamped, tf.float32)
+        krum_selected=tf.cast(chosen, tf.float32),
+        krum_clamped=tf.cast(clamped, tf.float32),
+        **{base.ROWS_SELECTED: tf.scatter_nd(best[:, None], share, [m])},
       ),
     )
 

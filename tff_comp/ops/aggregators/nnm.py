@@ -32,14 +32,22 @@ class NearestNeighbourMixing(base.PreAggregation):
 
   def mix(self, values, weights, seed):
     del seed  # deterministic
-    m = tf.shape(values)[0]
-    k = tf.maximum(m - self.byzantine, 1)
-    order = tf.argsort(combiners.squared_distances(values), axis=1, stable=True)
-    near = tf.cast(tf.argsort(order, axis=1) < k, tf.float32)  # [m, m]: j among i's k nearest
+    near = self._near(values)
     finite, rows = combiners.finite_rows(values)
-    mixed = tf.matmul(near, rows) / tf.cast(k, tf.float32)
+    mixed = tf.matmul(near, rows) / tf.reduce_sum(near[0])
     tainted = tf.linalg.matvec(near, 1.0 - tf.cast(finite, tf.float32)) > 0
     return tf.where(tainted[:, None], tf.constant(float('nan')), mixed), weights
+
+  def mix_marks(self, values, marks, seed):
+    del seed
+    near = self._near(values)  # measured apart: only runs under attack reach here
+    return tf.linalg.matvec(near, marks) / tf.reduce_sum(near[0])
+
+  def _near(self, values: tf.Tensor) -> tf.Tensor:
+    """[m, m] 1 where row j is among row i's k = max(m - f, 1) nearest (itself included)."""
+    k = tf.maximum(tf.shape(values)[0] - self.byzantine, 1)
+    order = tf.argsort(combiners.squared_distances(values), axis=1, stable=True)
+    return tf.cast(tf.argsort(order, axis=1) < k, tf.float32)
 
 
 @dataclasses.dataclass(frozen=True)
