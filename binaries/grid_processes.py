@@ -8,6 +8,8 @@ import io
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 import time
 from typing import Any
 
@@ -136,25 +138,46 @@ def _forward_signals(futures: list[concurrent.futures.Future]) -> None:
     raise KeyboardInterrupt(forwarded) from KeyboardInterrupt(forwarded)
 
 
+# Held while a grid's process runs a unit, so that an orphaned one exits between units.
+_running = threading.Lock()
+
+
 def _unless_stopped(run, *args) -> Any:
   """`run(*args)` in a grid's process, unless a signal stopped one of its units before
   (the process takes the units queued for it after the stop)."""
   name = signals.received()
   if name:
     raise KeyboardInterrupt(name)
-  return run(*args)
+  with _running:
+    return run(*args)
 
 
 def _grid_process(threads: int, parent: int) -> None:
   """A `--parallel` process of the grid: its share of the cores (`_share_cores`), a
   signal stopping its running configuration at its round's end (`tff_comp.signals`),
-  and SIGTERM when its `parent` dies (a killed grid's processes ran on to their last
-  round)."""
+  and, when its `parent` dies, SIGTERM and an exit once its unit stopped
+  (`_exit_when_orphaned`: a killed grid's processes ran on to their last round, then
+  waited for units forever, holding the grid's stderr)."""
   signals.install()
   signals.on_parent_death(signal.SIGTERM)
-  if os.getppid() != parent:  # it died before that was set
-    os.kill(os.getpid(), signal.SIGTERM)
+  threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
   _share_cores(threads)
+
+
+def _exit_when_orphaned(parent: int) -> None:
+  """Waits for `parent` to die (the kernel gives its children another parent), then for
+  the unit running here to stop at its round's end (asked by SIGTERM, as the kernel's
+  `PR_SET_PDEATHSIG` also does), then exits 143: no parent is left to send it another
+  unit, and the executor's queue would keep it waiting for one forever. A poll, as
+  Linux tells a child of its parent's death by a signal alone, which `signals` takes."""
+  while os.getppid() == parent:
+    time.sleep(0.2)
+  if not signals.received():
+    os.kill(os.getpid(), signal.SIGTERM)
+  with _running:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signal.SIGTERM)
 
 
 def _share_cores(threads: int) -> None:

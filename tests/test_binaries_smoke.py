@@ -460,7 +460,9 @@ def test_a_grids_processes_stop_with_it(repo_root, tmp_path, sig):
   """`kill` (SIGTERM) reaches reproduce.py's parent alone: it forwards the signal to its
   --parallel processes, whose configurations stop at their round's end, and exits 143
   with one line; a parent killed outright (SIGKILL) sends them SIGTERM through the
-  kernel. The grid's processes ran on to their last round before, either way."""
+  kernel, and each exits once its configuration stopped. The grid's processes ran on to
+  their last round before, either way; then, orphaned, they waited for more units
+  forever, holding the grid's stderr (this test hung in `communicate`)."""
   out_dir = tmp_path / 'g'
   proc = subprocess.Popen(
     [
