@@ -350,6 +350,8 @@ def _load(where: str) -> types.ModuleType:
   if not path.is_file():
     raise FileNotFoundError(f'no file {path}')
   spec = importlib.util.spec_from_file_location(f'tff_comp_model_{path.stem}', path)
+  if spec is None or spec.loader is None:
+    raise ImportError(f'{path} cannot be imported as a Python module')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -86,7 +86,7 @@ class _QuietFirstImport(importlib.abc.MetaPathFinder):
       with filtered_stderr():
         run(module)
 
-    spec.loader.exec_module = exec_module
+    spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this one spec's
     return spec
 
 

@@ -123,7 +123,8 @@ def specs(record: type) -> Iterator[Spec]:
     if not meta.get('help'):
       continue
     choices = meta['choices']() if callable(meta['choices']) else meta['choices']
-    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    factory = field.default_factory
+    default = field.default if factory is dataclasses.MISSING else factory()
     yield Spec(
       field.name,
       meta['flag'] or field.name,

@@ -1,7 +1,7 @@
 """A run's checkpoints: `state_<round>.npz` files written in the background, the
 newest kept, a damaged one set aside."""
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 import concurrent.futures
 import dataclasses
 import json
@@ -29,6 +29,7 @@ def layout(state: Any) -> Iterator[str]:
   (NamedTuples by field, mappings by sorted key, sequences by index)."""
 
   def walk(tree: Any, path: str) -> Iterator[str]:
+    items: Iterable[tuple[str, Any]]
     if isinstance(tree, Mapping):
       items = ((str(k), tree[k]) for k in sorted(tree))
     elif hasattr(tree, '_fields'):

@@ -143,7 +143,7 @@ def draw_devices(client_ids: Sequence[str], options: DeviceOptions, seed: int) -
   Raises:
     ValueError: a trace that cannot be read, or misses a client (message names it).
   """
-  if options.device_model == 'trace':
+  if options.device_trace is not None:  # --device_model=trace (the record checks)
     return read_trace(pathlib.Path(options.device_trace), client_ids)
   drawn = _Drawn(options, seed)
   return {client: drawn[client] for client in client_ids}
@@ -305,7 +305,7 @@ class DeviceClock:
       else:
         late += 1
     arrivals = [min(times[i], deadline) if deadline is not None else times[i] for i in chosen]
-    seconds = deadline if cut else max(arrivals, default=0.0)
+    seconds = deadline if cut and deadline is not None else max(arrivals, default=0.0)
     return Timing(
       tuple(kept), tuple(work) if any(w < 1 for w in work) else None, late, float(seconds)
     )

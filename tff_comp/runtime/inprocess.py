@@ -191,8 +191,9 @@ def build_from_settings(
   used (auto picks by the run's length, and a resume may change --rounds: the same
   engine keeps the resumed run bit for bit equal to an uninterrupted one)."""
   engine = options.engine
-  if engine == 'auto' and (facts.resumed or {}).get('name') == 'inprocess':
-    engine = facts.resumed.get('engine') or 'auto'
+  resumed = facts.resumed or {}
+  if engine == 'auto' and resumed.get('name') == 'inprocess':
+    engine = resumed.get('engine') or 'auto'
   return _build(
     composer.algorithm_of(program),
     client_data,

@@ -40,7 +40,7 @@ from tff_comp.runtime import base, learning_state, nested, traced
 from tff_comp.runtime import engines as engines_lib
 
 
-def _host(value: Any) -> np.ndarray:
+def _host(value: Any) -> np.ndarray | np.generic:
   """A state's leaf in NumPy, in the dtype `learning_state.as_tensors` gives it (a Python
   float as float32, an int as int32), so the round is traced once."""
   # Exact types: NumPy's float64 scalars (a state read back from a round) are floats too.
@@ -68,7 +68,7 @@ class TrialClients(NamedTuple):
   trial's own population (`population_index`)."""
 
   prefix: str
-  population_index: dict[str, int]
+  population_index: Mapping[str, int]
 
 
 class GroupRuntime(base.Runtime, Protocol):

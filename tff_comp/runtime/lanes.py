@@ -379,9 +379,11 @@ def finish_cohort(
       (states, steps, plans.context, counts),
     )
   own = received(payload, hparams, trial, tf.range(tf.shape(counts)[0]))
-  return _vectorized_map(
-    lambda args: client_round.finish_client(
-      rule, args[0], args[1], *args[4], args[2], options, args[3]
-    ),
-    (states, steps, plans.context, counts, own),
-  )
+
+  def finish(args):
+    state, client_steps, context, count, (own_payload, own_hparams) = args
+    return client_round.finish_client(
+      rule, state, client_steps, own_payload, own_hparams, context, options, count
+    )
+
+  return _vectorized_map(finish, (states, steps, plans.context, counts, own))

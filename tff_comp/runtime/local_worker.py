@@ -98,7 +98,7 @@ def spawn_worker(port: int, max_concurrent_computation_calls: int = -1) -> subpr
       preexec_fn=None if _SETPRIV else _die_with_parent,
     )
   finally:
-    if log_path:
+    if not isinstance(out, int):  # the log file (DEVNULL is a constant)
       out.close()
 
 
@@ -113,8 +113,8 @@ class _Worker:
 
   @property
   def pid(self) -> int | None:
-    alive = self._process is not None and self._process.poll() is None
-    return self._process.pid if alive else None
+    process = self._process
+    return process.pid if process is not None and process.poll() is None else None
 
   def stub(self):
     with self._lock:

@@ -185,7 +185,7 @@ class RayRuntime:
     self._take_actors()
     whole = tf.nest.map_structure(lambda held: np.zeros(held.shape, held.dtype), tables)
     shards = self._call('snapshot', None, dict.fromkeys(range(len(self._actors)), ())).values()
-    undone = self._undo[1].values() if version != self._version else ()
+    undone = self._undo[1].values() if self._undo and version != self._version else ()
     for indices, rows in (*shards, *undone):
       tf.nest.map_structure(
         lambda table, part, at=indices: table.__setitem__(at, part), whole, rows
@@ -227,7 +227,7 @@ class RayRuntime:
     round_num = int(state.client_work.round)
     payload = self._host.payload(state)
     hparams = tf.nest.map_structure(np.asarray, state.client_work.hparams)
-    parts = {}  # actor -> positions in the cohort
+    parts: dict[int, list[int]] = {}  # actor -> positions in the cohort
     for position, cid in enumerate(client_ids):
       parts.setdefault(self._owner[cid], []).append(position)
     index = self._driver.population_index

@@ -32,7 +32,9 @@ def kernel_threads(device: str, requested: int = 0) -> int:
   if 'GPU' in device.upper():
     return 1
   cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  return max(1, min(cores or 1, tf.config.threading.get_inter_op_parallelism_threads() or cores))
+  cores = cores or 1
+  pool: int = tf.config.threading.get_inter_op_parallelism_threads() or cores
+  return max(1, min(cores, pool))
 
 
 @tf.function(autograph=False, reduce_retracing=True)

@@ -165,7 +165,7 @@ class RoundStages:
     if self._chain is None:
       total = self._sums(outputs, ())
     else:
-      encoded = self._encode(outputs, aggregator, indices, round_num, seed)
+      encoded = self._encode(self._chain, outputs, aggregator, indices, round_num, seed)
       if self._chain.row_size:  # each client's persistent rows, written back
         aggregator = aggregator._replace(
           rows=tf.tensor_scatter_nd_update(
@@ -184,7 +184,7 @@ class RoundStages:
     runtimes summing shares apart refuse chains with rows."""
     if self._chain is None:
       return self._sums(outputs, ())
-    encoded = self._encode(outputs, aggregator, indices, round_num, seed)
+    encoded = self._encode(self._chain, outputs, aggregator, indices, round_num, seed)
     return self._sums(outputs, self._chain.sums(aggregator.chain, encoded))
 
   def _sums(self, outputs: client_round.ClientOutput, model: Any) -> RoundSums:
@@ -195,22 +195,27 @@ class RoundStages:
     )
 
   def _encode(
-    self, outputs: client_round.ClientOutput, aggregator, indices, round_num, seed
+    self,
+    chain: aggregators.Chain,
+    outputs: client_round.ClientOutput,
+    aggregator,
+    indices,
+    round_num,
+    seed,
   ) -> aggregators.Encoded:
-    """The clients' model parts, flattened to rows, through the chain's encodes."""
+    """The clients' model parts, flattened to rows, through the `chain`'s encodes."""
     x = aggregators.flatten(self.algorithm.aggregation.model_part(outputs.update))
-    rows = (
-      tf.gather(aggregator.rows, indices) if self._chain.row_size else tf.zeros([tf.shape(x)[0], 0])
-    )
+    rows = tf.gather(aggregator.rows, indices) if chain.row_size else tf.zeros([tf.shape(x)[0], 0])
     seeds = aggregators.client_seeds(seed, round_num, indices)
-    return self._chain.encode(aggregator.chain, x, outputs.weight, rows, seeds)
+    return chain.encode(aggregator.chain, x, outputs.weight, rows, seeds)
 
   def finish_sums(
     self, total: 'RoundSums', weights, server_state, aggregator, round_num, seed, reference
   ):
     """`finish` from the whole cohort's `sums`."""
     algorithm = self.algorithm
-    kind, measured = algorithm.aggregation, collections.OrderedDict()
+    kind = algorithm.aggregation
+    measured: collections.OrderedDict[str, Any] = collections.OrderedDict()
     if self._chain is None:
       update = kind.from_sums(total.update)
     else:
@@ -261,6 +266,8 @@ class RoundStages:
       values[start:end].reshape(shape).astype(dtype)
       for start, end, shape, dtype in self._metric_layout
     ]
+    if self._metric_packer is None:
+      raise RuntimeError("a round's metrics are unpacked after it was traced.")
     return self._metric_packer.pack(leaves)
 
 

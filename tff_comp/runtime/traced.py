@@ -95,9 +95,10 @@ class OnceTraced:
 
   def __call__(self, key: Hashable, *args) -> Any:
     flat = self._flat.get(key)
-    tensors = None if flat is None else flat.tensors(args)
-    if tensors is not None:
-      return flat(tensors)
+    if flat is not None:
+      tensors = flat.tensors(args)
+      if tensors is not None:
+        return flat(tensors)
     try:
       return self._concrete[key](*args)
     except TypeError as error:

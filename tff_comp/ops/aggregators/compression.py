@@ -53,7 +53,7 @@ class Rotate(base.Stage):
 
   def __init__(self, d: int | None = None):
     self.d = d
-    self.padded = None if d is None else 2 ** max(0, math.ceil(math.log2(max(d, 1))))
+    self.padded = None if d is None else self.output_size(d)
 
   def bind(self, d: int) -> 'Rotate':
     return Rotate(d)
@@ -73,10 +73,10 @@ class Rotate(base.Stage):
     return back[: self.d], state + tf.constant([0, 1], tf.int64), base.Measurements()
 
   def output_size(self, d: int) -> int:
-    return self.padded
+    return 2 ** max(0, math.ceil(math.log2(max(d, 1))))
 
   def upload_bits(self, d, bits):
-    return bits * self.padded / d
+    return bits * self.output_size(d) / d
 
 
 def hadamard(x: tf.Tensor) -> tf.Tensor:
