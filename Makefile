@@ -36,7 +36,7 @@ lint: install typecheck
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# mypy over tff_comp/ from its own virtual environment (requirements/types.txt says why),
+# mypy over tff_comp/ (and the contracts tests/type_contracts.py holds it to) from its own virtual environment (requirements/types.txt says why),
 # reading .venv's packages; pyproject.toml lists the modules not yet clean.
 TYPES := .venv-types
 $(TYPES)/.installed: requirements/types.txt
@@ -45,7 +45,7 @@ $(TYPES)/.installed: requirements/types.txt
 	touch $@
 
 typecheck: install $(TYPES)/.installed
-	$(TYPES)/bin/mypy --python-executable $(PY) tff_comp
+	$(TYPES)/bin/mypy --python-executable $(PY) tff_comp tests/type_contracts.py
 
 # The API reference from the docstrings (binaries/api_docs.py): build/api/index.html.
 # Fails on any warning pdoc gives; CI builds it.

@@ -40,8 +40,12 @@ import inspect
 import re
 import sys
 import typing
-from typing import Any
+from typing import Any, TypeVar
 import warnings
+
+# A registered builder, returned unchanged by the decorators (its signature kept for
+# type checkers).
+Builder = TypeVar('Builder', bound=Callable[..., Any])
 
 ALGORITHMS_GROUP = 'tff_comp.algorithms'
 TASKS_GROUP = 'tff_comp.tasks'
@@ -202,7 +206,7 @@ class Registry:
 
   def register(
     self, name: str, *, metadata: dict[str, Any] | None = None, **fixed: Any
-  ) -> Callable[[Callable], Callable]:
+  ) -> Callable[[Builder], Builder]:
     """Decorator registering a builder under `name`; a name is registered once.
 
     Keyword arguments are fixed for this name: stacking
@@ -211,7 +215,7 @@ class Registry:
     (home_task, home_settings, divergence_hint).
     """
 
-    def decorator(builder: Callable) -> Callable:
+    def decorator(builder: Builder) -> Builder:
       self.add(name, builder, metadata=metadata, **fixed)
       return builder
 
@@ -334,7 +338,7 @@ def register_algorithm(
   home_settings: dict[str, Any] | None = None,
   divergence_hint: str | None = None,
   **fixed: Any,
-):
+) -> Callable[[Builder], Builder]:
   """Registers an algorithm builder `(model, *, hyperparameters) -> Algorithm` (the
   runtime-free `ops.algorithm.Algorithm`; a plugin may return a TFF LearningProcess,
   which then runs on TFF's runtime only);
@@ -346,12 +350,12 @@ def register_algorithm(
   return ALGORITHMS.register(name, metadata=metadata, **fixed)
 
 
-def register_task(name: str):
+def register_task(name: str) -> Callable[[Builder], Builder]:
   """Registers a task builder `(*, options) -> tff_comp.task.Task`."""
   return TASKS.register(name)
 
 
-def register_model(name: str):
+def register_model(name: str) -> Callable[[Builder], Builder]:
   """Registers a model builder `(input_shape, num_classes, seed) -> tf.keras.Model`
   (built, returning logits) that the image classification tasks take by name
   (`--emnist_model=name`, `--cifar100_model=name`)."""

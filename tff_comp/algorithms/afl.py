@@ -29,7 +29,7 @@ def afl(
   batch_size: int = 10,
   local_epochs: int = 1,
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds AFL over `num_clients` clients (the paper's lr_lambda: 0.08).
 

@@ -44,7 +44,7 @@ def comfedl(
   batch_size: int = 10,
   client_weighting: str = 'uniform',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds ComFedL with `local_steps` (tau) compositional steps per round.
 

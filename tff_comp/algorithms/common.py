@@ -42,7 +42,7 @@ def algorithm(
   options: client_round.ClientOptions,
   *,
   aggregation_kind: aggregation.UpdateAggregation = aggregation.MEAN,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Algorithm(model, client_rule, server_rule, options, aggregation, model_aggregator)."""
   return algorithm_lib.Algorithm(
@@ -62,7 +62,7 @@ def composite(
   local_epochs: int,
   client_weighting: str,
   client_prox: bool,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """A composite-optimization algorithm (`ops.composite`): a client rule of
   `client_rule_class` with psi, and a server rule of `server_rule_class` with SGD(eta_s)
@@ -118,7 +118,7 @@ def fedavg_like(
   server_momentum: float = 0.0,
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
   aggregation_kind: aggregation.UpdateAggregation = aggregation.MEAN,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """FedAvg's skeleton around any client rule: a server optimizer (default SGD(eta_s,
   momentum)) on the aggregated update."""

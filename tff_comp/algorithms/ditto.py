@@ -34,7 +34,7 @@ def ditto(
   local_epochs: int = 1,
   client_weighting: str = 'examples',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Ditto over `num_clients` clients; `personal_learning_rate` 0 ties eta_p to
   the client learning rate (also when that is later set through the hparams).

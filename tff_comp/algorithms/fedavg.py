@@ -38,7 +38,7 @@ def fedavg(
   seed: int = 0,
   client_weighting: str = 'examples',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedAvg; `server_optimizer` overrides server SGD(eta_s, momentum).
 
@@ -87,7 +87,7 @@ def fedavg_subgradient(
   local_epochs: int = 1,
   client_weighting: str = 'uniform',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedAvg whose clients step along g_k + a subgradient of psi at w_k.
 

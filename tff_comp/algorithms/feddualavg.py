@@ -36,7 +36,7 @@ def feddualavg(
   local_epochs: int = 1,
   client_weighting: str = 'uniform',
   client_prox: bool = True,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedDualAvg; `client_prox=False` is FedDualAvg-OSP (clients step on the dual
   without the prox).

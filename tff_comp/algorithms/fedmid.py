@@ -31,7 +31,7 @@ def fedmid(
   local_epochs: int = 1,
   client_weighting: str = 'uniform',
   client_prox: bool = True,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedMiD; `client_prox=False` is FedMiD-OSP (clients run plain SGD; only the
   server applies the prox).

@@ -40,7 +40,7 @@ def fednova(
   seed: int = 0,
   client_weighting: str = 'examples',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedNova; local solver: SGD, momentum (client_momentum) or prox (mu).
 

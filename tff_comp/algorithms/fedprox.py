@@ -31,7 +31,7 @@ def fedprox(
   seed: int = 0,
   client_weighting: str = 'examples',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds FedProx with proximal strength `mu`.
 

@@ -49,7 +49,7 @@ def local_moml(
   batch_size: int = 5,
   client_weighting: str = 'uniform',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Local-MOML.
 

@@ -41,7 +41,7 @@ def local_scgdm(
   local_steps: int = 5,
   batch_size: int = 10,
   client_weighting: str = 'uniform',
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Local-SCGDM with period `local_steps` (p).
 

@@ -35,7 +35,7 @@ def per_fedavg(
   batch_size: int = 5,
   client_weighting: str = 'uniform',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds Per-FedAvg; `variant` is 'exact', 'fo' or 'hf'.
 

@@ -23,7 +23,7 @@ def qfedavg(
   q: float = 0.2,
   batch_size: int = 10,
   local_epochs: int = 1,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds q-FedAvg with fairness parameter `q` (the paper's DRFL baseline: 0.2).
 

@@ -38,7 +38,7 @@ def scaffold(
   local_steps: int = 0,
   client_weighting: str = 'uniform',
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """SCAFFOLD over `num_clients` clients (option II control variates).
 

@@ -35,7 +35,7 @@ def tr_maml(
   server_learning_rate: float = 1.0,
   batch_size: int = 5,
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  model_aggregator: aggregation_factories.Factory | None = None,
+  model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Builds TR-MAML; `task_weight_learning_rate` is the exponentiated-gradient step.
 

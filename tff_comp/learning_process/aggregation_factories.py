@@ -24,6 +24,9 @@ from tff_comp.learning_process import chain_factory
 from tff_comp.ops import aggregation, aggregators, privacy
 
 Factory = tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
+# What an algorithm's builder takes as its `model_aggregator`: a block chain, a
+# mechanism, or any of TFF's factories (`factory_for` places each).
+ModelAggregator = Factory | privacy.PrivateMean | aggregators.Chain
 
 
 class _AsWeighted(tff.aggregators.WeightedAggregationFactory):
@@ -182,7 +185,7 @@ def _(spec: privacy.AdaptiveGaussianMean, *, seed: int = 0) -> Factory:
 
 def factory_for(
   kind: aggregation.UpdateAggregation,
-  inner: Factory | privacy.PrivateMean | aggregators.Chain | None = None,
+  inner: ModelAggregator | None = None,
   *,
   seed: int = 0,
 ) -> tff.aggregators.WeightedAggregationFactory:

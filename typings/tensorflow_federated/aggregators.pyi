@@ -1,0 +1,9 @@
+from typing import Any
+
+class WeightedAggregationFactory:
+  def __getattr__(self, name: str) -> Any: ...
+
+class UnweightedAggregationFactory:
+  def __getattr__(self, name: str) -> Any: ...
+
+def __getattr__(name: str) -> Any: ...
