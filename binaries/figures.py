@@ -1,7 +1,8 @@
 """Figures for papers from runs' curves, for `reproduce.py`'s grids and `compare.py`'s runs
 alike: axis labels from the metrics' names and units (docs/metrics.md), one legend under
 the panels, every axis fitted to what it draws, a log axis with a label at 1-2-5 steps
-where a curve spans over a decade, and each figure as PNG, PDF and SVG. Notes about the
+where a curve spans over a decade, an inset of the late rounds where early values squeeze
+the curves' differences, and each figure as PNG, PDF and SVG. Notes about the
 data (seeds, selection) belong in the text beside the figure, not in its titles.
 Needs no TensorFlow."""
 
@@ -41,6 +42,9 @@ _WORDS = {'f1': 'F1', 'mse': 'MSE', 'oov': 'OOV', 'eos': 'EOS', 'num': 'number o
 # (accuracy and its kin, between 0 and 1), which read on a linear axis.
 _LOG_SPAN = 20.0
 _SHARES = ('accuracy', 'precision', 'recall', 'f1', 'density')
+# An inset of the second half where the curves' late spread is under this share of a
+# linear axis (`_zoom_late`).
+_SQUEEZED = 0.15
 _MARKERS = 'osD^vP*X'
 # Line styles too, so that a curve drawn over an equal one leaves it visible.
 _DASHES = ('-', '--', ':', '-.')
@@ -122,21 +126,9 @@ def figure(
   handles = {}
   for ax, panel in zip(axes.flat, panels):
     for curve in panel.curves:
-      color, marker, dashes = style[curve.label]
-      (line,) = ax.plot(
-        curve.x,
-        curve.y,
-        color=color,
-        marker=marker,
-        linestyle=dashes,
-        markevery=max(1, len(curve.x) // 8),
-        markersize=4,
-        linewidth=1.5,
-      )
-      handles.setdefault(curve.label, line)
-      if curve.low is not None and curve.high is not None:
-        ax.fill_between(curve.x, curve.low, curve.high, color=color, alpha=0.15, linewidth=0)
+      handles.setdefault(curve.label, _plot(ax, curve, style[curve.label]))
     _fit(ax, panel)
+    _zoom_late(ax, panel, style)
     ax.set_xlabel(label(panel.x))
     ax.set_ylabel(label(panel.y))
     ax.grid(alpha=0.3, which='major')
@@ -163,6 +155,60 @@ def figure(
     frameon=False,
   )
   return fig
+
+
+def _plot(ax, curve: Curve, style: tuple[str, str, str], markers: bool = True):
+  """`curve` on `ax` in its (colour, marker, line style), its band shaded; its line."""
+  color, marker, dashes = style
+  (line,) = ax.plot(
+    curve.x,
+    curve.y,
+    color=color,
+    marker=marker if markers else None,
+    linestyle=dashes,
+    markevery=max(1, len(curve.x) // 8),
+    markersize=4,
+    linewidth=1.5,
+  )
+  if curve.low is not None and curve.high is not None:
+    ax.fill_between(curve.x, curve.low, curve.high, color=color, alpha=0.15, linewidth=0)
+  return line
+
+
+def _values(curve: Curve, keep: np.ndarray) -> list[float]:
+  """The finite values (bands included) of `curve` where `keep`."""
+  parts = (curve.y, curve.low, curve.high)
+  return [
+    v for part in parts if part is not None for v in np.asarray(part)[keep] if math.isfinite(v)
+  ]
+
+
+def _zoom_late(ax, panel: Panel, style: dict) -> None:
+  """An inset of the panel's second half where its early values squeeze the curves'
+  late differences (an objective's round-0 value: their late spread under `_SQUEEZED`
+  of a linear axis), in the half of the axes the late curves leave free, its region
+  marked on the panel."""
+  if len(panel.curves) < 2 or ax.get_yscale() != 'linear':
+    return
+  xs = [v for c in panel.curves for v in c.x if math.isfinite(v)]
+  if not xs:
+    return
+  start = min(xs) + 0.5 * (max(xs) - min(xs))
+  late = [v for c in panel.curves for v in _values(c, np.asarray(c.x) >= start)]
+  bottom, top = ax.get_ylim()
+  if not late or not 0 < max(late) - min(late) < _SQUEEZED * (top - bottom):
+    return
+  low, high = min(late), max(late)
+  below = (0.5 * (low + high) - bottom) / (top - bottom) < 0.5  # late curves low: inset high
+  inset = ax.inset_axes([0.45, 0.47, 0.52, 0.46] if below else [0.45, 0.1, 0.52, 0.46])
+  for curve in panel.curves:
+    _plot(inset, curve, style[curve.label], markers=False)
+  pad = 0.08 * (high - low)
+  inset.set_xlim(start, max(xs))
+  inset.set_ylim(low - pad, high + pad)
+  inset.tick_params(labelsize=7)
+  inset.grid(alpha=0.3)
+  ax.indicate_inset_zoom(inset, edgecolor='grey')
 
 
 def _fit(ax, panel: Panel) -> None:

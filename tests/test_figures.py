@@ -113,3 +113,40 @@ def test_panels_along_the_same_column_share_its_range():
     assert [ax.get_xlim() for ax in fig.axes] == [(0.0, 10.0), (0.0, 10.0)]
   finally:
     figures.plt.close(fig)
+
+
+def _settling(ends):
+  """Curves falling from 4 to each of `ends` (an objective from its round-0 value)."""
+  x = np.arange(0, 101, 5.0)
+  return [figures.Curve(f'r{e}', x, e + (4.0 - e) * np.exp(-x / 12)) for e in ends]
+
+
+@pytest.mark.parametrize(
+  'curves, zoomed',
+  [
+    (_settling([0.50, 0.52, 0.56]), True),  # 0.06 apart on an axis of 3.5
+    (_settling([0.5, 2.5]), False),  # apart on the axis already
+    (_settling([0.52]), False),  # one curve: no differences to show
+    (_settling([0.001, 0.0012]), False),  # spans decades: a log axis shows them
+  ],
+)
+def test_late_differences_an_early_value_squeezes_get_an_inset(curves, zoomed):
+  fig = figures.figure([figures.Panel('round', 'eval/train_loss', curves)])
+  try:
+    (ax,) = fig.axes
+    assert len(ax.child_axes) == int(zoomed)
+    if zoomed:
+      (inset,) = ax.child_axes
+      assert inset.get_xlim() == (50.0, 100.0)  # the second half
+      ends = [c.y[-1] for c in curves]
+      starts = [c.y[c.x >= 50][0] for c in curves]
+      low, high = inset.get_ylim()
+      assert low < min(ends) and high > max(starts)
+      assert high - low < 0.2  # the differences fill it
+      assert len(inset.get_lines()) == len(curves)
+      # Above the middle, where the settled curves leave the panel free.
+      fig.canvas.draw()
+      box, whole = inset.get_window_extent(), ax.get_window_extent()
+      assert box.y0 + box.y1 > whole.y0 + whole.y1
+  finally:
+    figures.plt.close(fig)
