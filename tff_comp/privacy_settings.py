@@ -126,6 +126,17 @@ class PrivacyOptions:
     upper=settings.MAX_COUNT,
     applies_when={'aggregator': _mechanisms('cohort_scaled')},
   )
+  noise_population: int | None = settings.setting(
+    None,
+    'dp, dp_ftrl_tree, dp_bandmf: the population P the accounting draws its cohorts from'
+    " (pfl-research's population): with --noise_cohort_size M, the privacy of M clients a"
+    ' round out of P (Poisson q = M / P; a cyclic epoch of P // M rounds; delta P^-1.1 by'
+    " default), a production population's, while the run trains on the task's clients"
+    " (default: the task's clients; not fewer).",
+    lower=1,
+    upper=settings.MAX_COUNT,
+    applies_when={'aggregator': _mechanisms('cohort_scaled')},
+  )
   accountant: str = settings.setting(
     'rdp',
     'dp, dp_adaptive, dp_ftrl_tree: the privacy accountant (dp_accounting): rdp (epsilon every'
@@ -201,9 +212,16 @@ class PrivacyOptions:
     recorded = recorded or {}
     ledger, z, resolved, strategy = None, 0.0, {}, None
     n, restart, bands, epoch = clients_per_round, 0, 0, 0
-    # The accounting's clients a round: the noise's cohort.
+    # The accounting's clients a round: the noise's cohort; its population.
     accounted = self.noise_cohort_size or n
     try:
+      if self.noise_population is not None:
+        if self.noise_population < population:
+          raise ValueError(
+            f'--noise_population={self.noise_population} is under the {population} clients'
+            ' the run trains on.'
+          )
+        population = self.noise_population
       if self.noise_cohort_size and self.noise_cohort_size > population:
         raise ValueError(
           f'--noise_cohort_size={accounted} is over the population ({population}): the'
@@ -308,6 +326,8 @@ class PrivacyOptions:
       line = privacy_line(ledger, budget, last)
       if self.noise_cohort_size:
         line += f'; noise of a cohort of {self.noise_cohort_size} (--noise_cohort_size)'
+      if self.noise_population:
+        line += f' of a population of {self.noise_population} (--noise_population)'
       print(line, flush=True)
     return (
       accounting.PrivacySpent(
