@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp import registry
+from tff_comp import registry, server_optimizers
 from tff_comp.runtime import inprocess
 
 # (algorithm, builder arguments of the built process, arguments set later besides every
@@ -103,3 +103,20 @@ def test_fednova_momentum_and_mu_set_later_are_refused_as_at_build():
     process.set_hparams(state, hparams)
   with pytest.raises(ValueError, match='choose one local solver'):
     algorithm_cases.build('fednova', dict(client_momentum=0.5, mu=0.1))
+
+
+@pytest.mark.parametrize('optimizer', ['sgdm', 'adam'])
+def test_hparams_read_and_set_back_leave_the_rounds_unchanged(optimizer):
+  """What a grid does before each trial (`callbacks.set_learning_rates`): TFF's SGDM
+  keeps its momentum as a Python float, which came back as float64 and broke its float32
+  step (a grid with --server_optimizer=sgdm failed with a TypeError)."""
+  server = server_optimizers.build(optimizer, 1.0, beta_1=0.9, beta_2=0.99, epsilon=1e-3)
+  process = inprocess.build(
+    algorithm_cases.build('fedavg', dict(server_optimizer=server)),
+    algorithm_cases.DATA['unequal'],
+    engine='mapped',
+  )
+  state = process.initialize()
+  again = _run(process, process.set_hparams(state, process.get_hparams(state)))
+  for a, b in zip(tf.nest.flatten(_run(process, state)), tf.nest.flatten(again), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

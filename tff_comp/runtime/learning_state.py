@@ -106,9 +106,12 @@ def with_model_weights(
 
 
 def hparams(algorithm: algorithm_lib.Algorithm, state: base.State) -> collections.OrderedDict:
-  """OrderedDict(client_work=..., finalizer=...) of the hyperparameters in force, NumPy."""
+  """OrderedDict(client_work=..., finalizer=...) of the hyperparameters in force, NumPy,
+  each in the dtype the runtime holds it: a Python float (TFF's SGDM keeps its initial
+  momentum so) as float32, as `as_tensors` makes it; as float64 it came back through
+  `with_hparams` and broke the optimizer's float32 step (a grid's server momentum)."""
   return tf.nest.map_structure(
-    np.asarray,
+    lambda v: np.float32(v) if type(v) is float else np.asarray(v),
     collections.OrderedDict(
       client_work=collections.OrderedDict(state.client_work.hparams),
       finalizer=algorithm.server_rule.get_hparams(state.finalizer),
