@@ -340,7 +340,8 @@ class Chain:
         weight,
       )
     forged = [v for k, v in encoded.counts.items() if k.split('/', 1)[1] == ATTACKERS]
-    marks = tf.add_n(forged) if forged and self.combiner.selects else ()
+    # A row two attack stages forged counts once.
+    marks = tf.minimum(tf.add_n(forged), 1.0) if forged and self.combiner.selects else ()
     return Sums((), encoded.values, encoded.weights, counts, clients, weight, marks)
 
   def finish(
