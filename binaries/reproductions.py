@@ -491,7 +491,7 @@ for _epsilon in (2, 8):
 # for a cohort of M = 1,000 out of a population of P = 10^5 (pfl-research's noise cohort
 # and population; the run trains 20 of the 1,000 writers a round), 500 rounds (5 of the
 # accounting's cyclic epochs of P // M = 100 rounds; 10 of the simulation's), client
-# rates 0.01-0.1, DP-FTRL with server momentum 0.9 (DP-FTRLM, Kairouz et al. 2021) beside
+# rates 0.01-0.3, DP-FTRL with server momentum 0.9 (DP-FTRLM, Kairouz et al. 2021) beside
 # the plain tree.
 PRIVATE_AT_SCALE = dict(
   PRIVATE,
@@ -501,7 +501,7 @@ _BUILT_IN['dp_emnist_scale_eps8'] = dataclasses.replace(
   _BUILT_IN['dp_emnist_eps8'],
   algorithms=tuple(PRIVATE_AT_SCALE),
   aliases={label: 'fedavg' for label in PRIVATE_AT_SCALE},
-  client_learning_rates=(0.01, 0.03, 0.1),
+  client_learning_rates=(0.01, 0.03, 0.1, 0.3),
   rounds=500,
   checkpoints=(100, 250, 500),
   algorithm_settings={
