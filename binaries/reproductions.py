@@ -451,67 +451,8 @@ _BUILT_IN['compression_synthetic'] = dataclasses.replace(
   plot_metrics=('train_loss', 'test_accuracy', 'comm/upload_bytes'),
 )
 
-# Differential privacy without sampling (#57): DP-FedAvg (Poisson sampling, its privacy
-# amplified), DP-FTRL's tree (restarted every cyclic epoch) and BandMF (32 bands) at the
-# same epsilon, each calibrating its noise to spend it over the 100 rounds; the clipped
-# mean without noise beside them. EMNIST's synthetic source (class templates in noise),
-# 1,000 writers, softmax regression (48,670 parameters), 20 a round (cyclic epochs of 50
-# rounds: 2 participations each), clip 1; 2 configurations each, 3 seeds.
-# Choquette-Choo et al. (2023): BandMF beats the tree, and DP-FedAvg at moderate
-# epsilon, without relying on sampling.
-PRIVATE = dict(
-  dp_fedavg=dict(aggregator='dp', sampling='poisson'),
-  dp_ftrl_tree=dict(aggregator='dp_ftrl_tree', sampling='cyclic'),
-  dp_bandmf=dict(aggregator='dp_bandmf', sampling='cyclic'),
-  nonprivate=dict(aggregator='clip'),
-)
-for _epsilon in (2, 8):
-  _BUILT_IN[f'dp_emnist_eps{_epsilon}'] = Reproduction(
-    task='emnist',
-    algorithms=tuple(PRIVATE),
-    aliases={label: 'fedavg' for label in PRIVATE},
-    client_learning_rates=(0.1, 0.3),
-    server_learning_rates=(1.0,),
-    rounds=100,
-    checkpoints=(25, 50, 100),
-    metric='test_accuracy',
-    select_on='train_accuracy',
-    task_options=dict(source='synthetic', model='softmax', max_clients=1000),
-    settings=dict(clients_per_round=20, clip_norm=1.0),
-    algorithm_settings={
-      label: dict(options, target_epsilon=float(_epsilon)) if label != 'nonprivate' else options
-      for label, options in PRIVATE.items()
-    },
-    plot_metrics=('train_loss', 'test_accuracy'),
-    eval_period=25,
-    seeds=SEEDS,
-  )
-
-# DP at a scale where the levels mean something (#73): the same mechanisms with their noise
-# for a cohort of M = 1,000 out of a population of P = 10^5 (pfl-research's noise cohort
-# and population; the run trains 20 of the 1,000 writers a round), 500 rounds (5 of the
-# accounting's cyclic epochs of P // M = 100 rounds; 10 of the simulation's), client
-# rates 0.01-0.3, DP-FTRL with server momentum 0.9 (DP-FTRLM, Kairouz et al. 2021) beside
-# the plain tree.
-PRIVATE_AT_SCALE = dict(
-  PRIVATE,
-  dp_ftrlm=dict(PRIVATE['dp_ftrl_tree'], server_optimizer='sgdm', server_beta_1=0.9),
-)
-_BUILT_IN['dp_emnist_scale_eps8'] = dataclasses.replace(
-  _BUILT_IN['dp_emnist_eps8'],
-  algorithms=tuple(PRIVATE_AT_SCALE),
-  aliases={label: 'fedavg' for label in PRIVATE_AT_SCALE},
-  client_learning_rates=(0.01, 0.03, 0.1, 0.3),
-  rounds=500,
-  checkpoints=(100, 250, 500),
-  algorithm_settings={
-    label: dict(options, target_epsilon=8.0, noise_cohort_size=1000, noise_population=100_000)
-    if label != 'nonprivate'
-    else options
-    for label, options in PRIVATE_AT_SCALE.items()
-  },
-  eval_period=50,
-)
-
 for _name, _spec in _BUILT_IN.items():
   registry.register_reproduction(_name, _spec)
+
+# The DP grids register themselves from their own module (this one's size).
+from tff_comp.binaries import reproductions_dp  # noqa: E402, F401
