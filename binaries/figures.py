@@ -175,11 +175,15 @@ def _plot(ax, curve: Curve, style: tuple[str, str, str], markers: bool = True):
   return line
 
 
-def _values(curve: Curve, keep: np.ndarray) -> list[float]:
-  """The finite values (bands included) of `curve` where `keep`."""
+def _values(curve: Curve, keep: np.ndarray | None = None) -> list[float]:
+  """The finite values (bands included) of `curve`, where `keep` if given."""
   parts = (curve.y, curve.low, curve.high)
   return [
-    v for part in parts if part is not None for v in np.asarray(part)[keep] if math.isfinite(v)
+    v
+    for part in parts
+    if part is not None
+    for v in (np.asarray(part) if keep is None else np.asarray(part)[keep])
+    if math.isfinite(v)
   ]
 
 
@@ -215,14 +219,7 @@ def _fit(ax, panel: Panel) -> None:
   """Each axis to what the panel draws (bands included), y on a log scale with 1-2-5
   labels where its positive values span `_LOG_SPAN` or more (not `_SHARES`)."""
   xs = [v for c in panel.curves for v in c.x if math.isfinite(v)]
-  ys = [
-    v
-    for c in panel.curves
-    for part in (c.y, c.low, c.high)
-    if part is not None
-    for v in part
-    if math.isfinite(v)
-  ]
+  ys = [v for c in panel.curves for v in _values(c)]
   if xs and min(xs) < max(xs):
     ax.set_xlim(min(xs), max(xs))
   if not ys:
