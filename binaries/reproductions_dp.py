@@ -54,21 +54,24 @@ PRIVATE_AT_SCALE = dict(
   PRIVATE,
   dp_ftrlm=dict(PRIVATE['dp_ftrl_tree'], server_optimizer='sgdm', server_beta_1=0.9),
 )
-_GRIDS['dp_emnist_scale_eps8'] = dataclasses.replace(
-  _GRIDS['dp_emnist_eps8'],
-  algorithms=tuple(PRIVATE_AT_SCALE),
-  aliases={label: 'fedavg' for label in PRIVATE_AT_SCALE},
-  client_learning_rates=(0.01, 0.03, 0.1, 0.3),
-  rounds=500,
-  checkpoints=(100, 250, 500),
-  algorithm_settings={
-    label: dict(options, target_epsilon=8.0, noise_cohort_size=1000, noise_population=100_000)
-    if label != 'nonprivate'
-    else options
-    for label, options in PRIVATE_AT_SCALE.items()
-  },
-  eval_period=50,
-)
+for _epsilon in (2, 8):
+  _GRIDS[f'dp_emnist_scale_eps{_epsilon}'] = dataclasses.replace(
+    _GRIDS[f'dp_emnist_eps{_epsilon}'],
+    algorithms=tuple(PRIVATE_AT_SCALE),
+    aliases={label: 'fedavg' for label in PRIVATE_AT_SCALE},
+    client_learning_rates=(0.01, 0.03, 0.1, 0.3),
+    rounds=500,
+    checkpoints=(100, 250, 500),
+    algorithm_settings={
+      label: dict(
+        options, target_epsilon=float(_epsilon), noise_cohort_size=1000, noise_population=100_000
+      )
+      if label != 'nonprivate'
+      else options
+      for label, options in PRIVATE_AT_SCALE.items()
+    },
+    eval_period=50,
+  )
 
 for _name, _spec in _GRIDS.items():
   registry.register_reproduction(_name, _spec)
