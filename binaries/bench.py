@@ -5,7 +5,7 @@ r"""Seconds per round, tff_comp's runtimes against references measured in the sa
 
 Part 1, FedAvg on the lasso shape (lasso I: 10 clients per round x 128 examples,
 d = 1024, batch 10, one epoch):
-  (a) tff_comp `fedavg` in-process, lanes engine (`runtime.lanes`, XLA);
+  (a) tff_comp `fedavg` in-process, lanes engine (`runtime.inprocess.lanes`, XLA);
   (a') the same, mapped engine (clients by `tf.map_fn`, no XLA: the fallback);
   (b) the same process on TFF's C++ worker (client ids in, data read at the worker);
   (c) TFF's `build_weighted_fed_avg`, datasets built in Python every round, as TFF's

@@ -12,7 +12,9 @@ import tensorflow_federated as tff
 from tff_comp import keras_models
 from tff_comp.algorithms import fedavg, scaffold
 from tff_comp.binaries import bench_timing as timing
-from tff_comp.runtime import client_rows, inprocess, ray_cluster, ray_runtime
+from tff_comp.runtime import client_rows, inprocess
+from tff_comp.runtime import ray as ray_runtime
+from tff_comp.runtime.ray import cluster as ray_cluster
 from tff_comp.tasks import emnist, lasso
 
 

@@ -18,8 +18,9 @@ from typing import Any
 
 from absl import flags, logging
 
-from tff_comp import experiment, registry, run_config, settings
+from tff_comp import experiment, registry, settings
 from tff_comp.binaries import flag_check
+from tff_comp.config import experiment_config
 from tff_comp.runtime import choice
 
 _DEFINE = {
@@ -145,7 +146,9 @@ def _common_specs() -> list[settings.Spec]:
   return [
     *settings.specs(experiment.ExperimentConfig),
     *(
-      spec for record in [*run_config.GROUPS.values(), *runtimes] for spec in settings.specs(record)
+      spec
+      for record in [*experiment_config.GROUPS.values(), *runtimes]
+      for spec in settings.specs(record)
     ),
   ]
 

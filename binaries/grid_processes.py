@@ -20,7 +20,8 @@ from tff_comp import experiment as experiment_lib
 from tff_comp import signals
 from tff_comp import trials as trials_lib
 from tff_comp.runtime import base as runtime_base
-from tff_comp.runtime import ray_cluster, resident_data
+from tff_comp.runtime.inprocess import resident_data
+from tff_comp.runtime.ray import cluster as ray_cluster
 
 # A grid's process holds TensorFlow, its task's data and a batched group's trials: 1.1
 # GB resident for fco_lasso's 48 trials of lasso (d = 1024); a default leaves room.

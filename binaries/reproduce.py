@@ -44,11 +44,13 @@ import time
 from absl import app, flags
 
 from tff_comp import experiment as experiment_lib
-from tff_comp import registry, run_config, signals
+from tff_comp import registry, signals
 from tff_comp import trials as trials_lib
 from tff_comp.binaries import flags_lib, grid, grid_processes, reproductions, summary
+from tff_comp.config import experiment_config
 from tff_comp.runtime import base as runtime_base
-from tff_comp.runtime import inprocess, ray_cluster
+from tff_comp.runtime import inprocess
+from tff_comp.runtime.ray import cluster as ray_cluster
 
 _EXPERIMENT = flags.DEFINE_enum(
   'experiment',
@@ -121,7 +123,7 @@ flags.register_validator(
   '--batch_memory_budget must be a finite number of MB.',
 )
 _RUNTIME = flags.DEFINE_enum(
-  'runtime', 'auto', run_config.runtime_names(), 'Where rounds run (see run.py --helpfull).'
+  'runtime', 'auto', experiment_config.runtime_names(), 'Where rounds run (see run.py --helpfull).'
 )
 _ENGINE = flags.DEFINE_enum(
   'engine',

@@ -31,8 +31,9 @@ flag_check.check(sys.argv, flag_check.program())
 from absl import app, flags
 import tensorflow as tf
 
-from tff_comp import experiment, registry, run_directory, signals
+from tff_comp import experiment, registry, signals
 from tff_comp.binaries import flags_lib
+from tff_comp.config import run_directory
 from tff_comp.run import callbacks, run_files, training_loop
 from tff_comp.runtime import workers
 

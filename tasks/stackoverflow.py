@@ -10,7 +10,7 @@ dataset): one client per user, 342,477 training users and about 135 million sent
   out-of-vocabulary id, then begin and end ids, 0 pad; a sentence is begin, its first
   20 words and end (when shorter), padded to 21 ids; an example is (ids[:20], ids[1:]).
   The training population needs about 11 GB resident, so runs stream each round's
-  cohort (`--data_memory_budget`, `runtime.streaming`). Evaluation scores up to
+  cohort (`--data_memory_budget`, `runtime.inprocess.streaming`). Evaluation scores up to
   `eval_examples` test and training sentences (whole users, drawn once).
 * source 'synthetic': sentences of uniform ids of the same shapes: 342,477 users (or
   `max_clients`) of lognormal sizes around the real mean of 397 sentences (the spread

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from tff_comp import aggregation_settings, experiment, trials
+from tff_comp import experiment, trials
+from tff_comp.config import aggregation_settings
 from tff_comp.run import run_files, training_loop
 
 BASE = dict(algorithm='fedavg', task='quadratic', rounds=6, eval_period=3, checkpoint_every=2)

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp.ops import aggregation
+from tff_comp.ops import update_aggregation
 import tff_comp.ops.aggregators as agg
 from tff_comp.runtime import choice, inprocess
 
@@ -106,7 +106,7 @@ def test_fednova_normalizes_before_the_chain_and_keeps_tau_eff_exact():
   nova = algorithm_cases.algorithm(
     'fednova', dict(model_aggregator=chain, client_weighting='uniform')
   )
-  assert nova.aggregation == aggregation.NORMALIZED
+  assert nova.aggregation == update_aggregation.NORMALIZED
   runtime, _ = choice.runner_for(nova, DATA, 'inprocess', engine='mapped')
   output = runtime.next(runtime.initialize(), COHORT)
   assert float(output.metrics['aggregator']['tau_eff']) > 1  # FedNova's, beside the chain

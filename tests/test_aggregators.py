@@ -9,7 +9,7 @@ import tensorflow_federated as tff
 from tests import algorithm_cases
 from tff_comp import registry
 from tff_comp.learning_process import aggregation_factories
-from tff_comp.ops import aggregation, messages
+from tff_comp.ops import messages, update_aggregation
 
 INNER = {
   'clipping': lambda: tff.learning.robust_aggregator(zeroing=False),
@@ -42,7 +42,7 @@ def _aggregate(kind, update_class, side_field, side_spec, inner, sides):
 def test_side_channels_are_exact_beside_any_inner_aggregator(inner):
   # FedDualAvg / FedMiD: the mean sum of eta_c.
   out = _aggregate(
-    aggregation.MEAN,
+    update_aggregation.MEAN,
     messages.ElapsedUpdate,
     'lr_sum',
     tf.TensorSpec([], tf.float32),
@@ -53,7 +53,7 @@ def test_side_channels_are_exact_beside_any_inner_aggregator(inner):
   assert np.abs(out.result.delta[0]).max() < 50  # the delta itself was clipped/noised
   # FedNova: tau_eff = mean ||a_i||_1.
   out = _aggregate(
-    aggregation.NORMALIZED,
+    update_aggregation.NORMALIZED,
     messages.NormalizedUpdate,
     'a_norm',
     tf.TensorSpec([], tf.float32),
@@ -64,7 +64,7 @@ def test_side_channels_are_exact_beside_any_inner_aggregator(inner):
   # AFL / TR-MAML: each client's loss in its own slot, summed.
   slots = [np.eye(3, dtype=np.float32)[i] * (i + 5.0) for i in range(3)]
   out = _aggregate(
-    aggregation.SLOTS,
+    update_aggregation.SLOTS,
     messages.SlotLossUpdate,
     'losses',
     tf.TensorSpec([3], tf.float32),

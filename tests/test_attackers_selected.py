@@ -15,7 +15,7 @@ import tensorflow_federated as tff
 from tests import numpy_reference
 from tff_comp.learning_process import chain_factory
 import tff_comp.ops.aggregators as agg
-from tff_comp.runtime import round_stages
+from tff_comp.runtime.inprocess import stages
 
 M, D = 12, 6
 
@@ -111,10 +111,10 @@ def test_shares_summed_apart_keep_each_rows_mark():
     n = len(x[rows])
     encoded = chain.encode(state, x[rows], tf.ones([n]), tf.zeros([n, 0]), seeds[rows])
     summed = tf.nest.map_structure(np.asarray, chain.sums(state, encoded))
-    return round_stages.RoundSums((), summed, ())
+    return stages.RoundSums((), summed, ())
 
   whole = sums(slice(None)).model
-  total = round_stages.add_sums([sums(slice(0, 4)), sums(slice(4, 8)), sums(slice(8, 12))]).model
+  total = stages.add_sums([sums(slice(0, 4)), sums(slice(4, 8)), sums(slice(8, 12))]).model
   np.testing.assert_array_equal(total.marks, whole.marks)
   assert 0 < total.marks.sum() < M
   _, _, apart = chain.finish(state, total, agg.round_seed(2, 1))

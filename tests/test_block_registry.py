@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from tff_comp import aggregation_settings, registry, settings, trial_groups
+from tff_comp import registry, settings, trial_groups
+from tff_comp.config import aggregation_settings
 from tff_comp.ops import aggregators
 
 BUILT_IN = {

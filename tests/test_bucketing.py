@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp import aggregation_settings, run_config, settings
+from tff_comp import settings
+from tff_comp.config import aggregation_settings, experiment_config
 from tff_comp.ops import aggregators as agg
 
 
@@ -88,7 +89,7 @@ def test_the_flags_build_it_and_refuse_its_size_without_it():
   )
   chain = options.chain(None, 10)
   assert chain.name == 'bucketing+median' and chain.pre_aggregation.bucket_size == 3
-  config = run_config.ExperimentConfig.of(
+  config = experiment_config.ExperimentConfig.of(
     algorithm='fedavg', task='lasso', aggregator='median', bucket_size=3
   )
   assert settings.ignored_settings(config.aggregation, config.value) == (

@@ -10,7 +10,8 @@ from tff_comp import experiment
 from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.run import devices as devices_lib
 from tff_comp.run import sampling
-from tff_comp.runtime import ray_cluster, streaming
+from tff_comp.runtime.inprocess import streaming
+from tff_comp.runtime.ray import cluster as ray_cluster
 
 
 class _Final(callbacks_lib.Callback):

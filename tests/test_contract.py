@@ -7,8 +7,8 @@ import pytest
 
 from tests import algorithm_cases
 from tff_comp import registry
-from tff_comp.ops import aggregation, contract, privacy
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import contract, privacy, update_aggregation
 
 
 def _built(name):
@@ -32,7 +32,7 @@ def test_every_registered_algorithm_keeps_its_contract(name):
     (
       'fedavg',
       'fedavg',
-      aggregation.NORMALIZED,
+      update_aggregation.NORMALIZED,
       r"aggregation 'normalized' needs .* no delta, a_norm",
     ),
     ('qfedavg', 'fednova', None, r"aggregation 'normalized' needs .* \(QUpdate\) has no a_norm"),

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from tests import algorithm_cases, interrupted
-from tff_comp import accounting, experiment, privacy_settings, strategy_cache
+from tff_comp import accounting, experiment, strategy_cache
+from tff_comp.config import privacy_settings
 from tff_comp.ops import privacy
 from tff_comp.run import run_files, sampling
 from tff_comp.runtime import inprocess, tff_process

@@ -12,7 +12,7 @@ from tests import algorithm_cases
 from tff_comp import data as data_lib
 from tff_comp import experiment, models
 from tff_comp.learning_process import aggregation_factories
-from tff_comp.ops import aggregation, local_loop, messages, model_ops, sgd
+from tff_comp.ops import local_loop, messages, model_ops, sgd, update_aggregation
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import inprocess
 from tff_comp.tasks import quadratic
@@ -59,7 +59,7 @@ def test_fednova_aggregator_on_its_own():
       delta=(tf.TensorSpec([2], tf.float32),), a_norm=tf.TensorSpec([], tf.float32)
     )
   )
-  process = aggregation_factories.factory_for(aggregation.NORMALIZED).create(
+  process = aggregation_factories.factory_for(update_aggregation.NORMALIZED).create(
     value_type, tff.TensorType(np.float32)
   )
   deltas = [np.array([1.0, 2.0]), np.array([-3.0, 0.5]), np.array([0.2, 0.2])]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp import run_config, settings
+from tff_comp import settings
+from tff_comp.config import experiment_config
 from tff_comp.learning_process import chain_factory
 from tff_comp.ops import aggregators as agg
 
@@ -43,7 +44,7 @@ def test_tffs_anonymous_clients_cannot_hold_a_fixed_set():
 
 
 def test_the_flag_applies_to_attacks_on_updates_only():
-  config = run_config.ExperimentConfig.of(
+  config = experiment_config.ExperimentConfig.of(
     algorithm='fedavg', task='lasso', attack='label_flip', attack_fixed=True
   )
   assert settings.ignored_settings(config.aggregation, config.value).startswith(

@@ -1,10 +1,10 @@
-"""The resident data's buffer on 2 MB pages (`runtime.huge_pages`)."""
+"""The resident data's buffer on 2 MB pages (`runtime.inprocess.huge_pages`)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp.runtime import huge_pages, resident_data
+from tff_comp.runtime.inprocess import huge_pages, resident_data
 
 
 def _huge_kb(address: int) -> int:

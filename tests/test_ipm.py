@@ -4,7 +4,8 @@ written from the paper, its closed form under the mean, and its flags."""
 import numpy as np
 import tensorflow as tf
 
-from tff_comp import aggregation_settings, run_config, settings
+from tff_comp import settings
+from tff_comp.config import aggregation_settings, experiment_config
 from tff_comp.ops import aggregators as agg
 
 M, D = 12, 5
@@ -51,7 +52,7 @@ def test_the_flags_build_it_and_refuse_its_epsilon_elsewhere():
   )
   attack = options.chain(None, 10).stages[0]
   assert isinstance(attack, agg.InnerProductManipulation) and attack.scale == 2.0
-  config = run_config.ExperimentConfig.of(
+  config = experiment_config.ExperimentConfig.of(
     algorithm='fedavg', task='lasso', attack='sign_flip', ipm_epsilon=2.0
   )
   assert settings.ignored_settings(config.aggregation, config.value) == (

@@ -9,7 +9,8 @@ import tensorflow_federated as tff
 
 from tff_comp import keras_models, registry
 from tff_comp.ops import regularizers, vectorizable
-from tff_comp.runtime import choice, engines, inprocess
+from tff_comp.runtime import choice, inprocess
+from tff_comp.runtime.inprocess import engines
 
 BATCH, ROUNDS, CLASSES = 4, 3, 5
 IDS = ['a', 'b', 'c', 'd']

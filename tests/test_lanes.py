@@ -1,4 +1,4 @@
-"""Lockstep lanes (`runtime.lanes`) give each client exactly `client_round.run_client`'s
+"""Lockstep lanes (`runtime.inprocess.lanes`) give each client exactly `client_round.run_client`'s
 output, whatever the lane count, and every algorithm's kernel compiles once for every
 cohort."""
 
@@ -17,7 +17,8 @@ from tests import algorithm_cases
 from tff_comp import models, registry
 from tff_comp.ops import client_round, sgd
 from tff_comp.ops import rule as rule_lib
-from tff_comp.runtime import engines, inprocess, lanes, resident_data
+from tff_comp.runtime import inprocess
+from tff_comp.runtime.inprocess import engines, lanes, resident_data
 
 D = 3
 MODEL = models.linear_regression((D,))

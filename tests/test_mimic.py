@@ -5,7 +5,7 @@ honest updates' top principal direction."""
 import numpy as np
 import tensorflow as tf
 
-from tff_comp import aggregation_settings
+from tff_comp.config import aggregation_settings
 from tff_comp.ops import aggregators as agg
 
 M, D = 12, 6

@@ -8,7 +8,7 @@ import dp_accounting
 from dp_accounting import rdp
 import pytest
 
-from tff_comp import privacy_settings
+from tff_comp.config import privacy_settings
 
 P, M, N = 100_000, 1_000, 50  # accounted population and cohort; the run's own population
 

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tests import numpy_reference
-from tff_comp import aggregation_settings, run_config, settings
+from tff_comp import settings
+from tff_comp.config import aggregation_settings, experiment_config
 from tff_comp.ops import aggregators as agg
 
 
@@ -61,7 +62,7 @@ def test_the_pre_aggregation_flag_builds_the_chain_and_shares_f_with_the_combine
   assert chain.pre_aggregation.byzantine == chain.combiner.byzantine == 2
 
   def ignored(**flags) -> str:
-    config = run_config.ExperimentConfig.of(algorithm='fedavg', task='lasso', **flags)
+    config = experiment_config.ExperimentConfig.of(algorithm='fedavg', task='lasso', **flags)
     return settings.ignored_settings(config.aggregation, config.value)
 
   # f applies with Krum, or with NNM before any robust combiner, not with the median alone.

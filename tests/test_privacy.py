@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from tests import algorithm_cases
-from tff_comp import accounting, experiment, privacy_settings, registry, strategy_cache
+from tff_comp import accounting, experiment, registry, strategy_cache
+from tff_comp.config import privacy_settings
 from tff_comp.ops import privacy
 import tff_comp.ops.aggregators as agg
 from tff_comp.run import checkpoints, run_files

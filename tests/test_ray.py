@@ -1,4 +1,4 @@
-"""The Ray runtime (`runtime.ray_runtime`): a run's clients on two actors of a local Ray
+"""The Ray runtime (`runtime.ray`): a run's clients on two actors of a local Ray
 cluster equal the single-process run (to 1e-6: each actor sends its clients' sums, added
 in another order than one process's), for every registered algorithm that
 runs in-process (Poisson cohorts with dropout, shuffled local data, DP); an actor killed
@@ -27,7 +27,10 @@ from tff_comp.binaries import grid, reproductions
 from tff_comp.ops import privacy
 import tff_comp.ops.aggregators as agg
 from tff_comp.run import callbacks, run_files, sampling
-from tff_comp.runtime import client_rows, inprocess, ray_cluster, ray_runtime, streaming
+from tff_comp.runtime import client_rows, inprocess
+from tff_comp.runtime import ray as ray_runtime
+from tff_comp.runtime.inprocess import streaming
+from tff_comp.runtime.ray import cluster as ray_cluster
 
 ray = pytest.importorskip('ray')
 cloudpickle = ray.cloudpickle
@@ -471,7 +474,7 @@ def test_the_drivers_line_about_a_metrics_agent_is_kept_out(repo_root):
   lines pass."""
   script = (
     'import sys, time\n'
-    'from tff_comp.runtime import ray_cluster\n'
+    'from tff_comp.runtime.ray import cluster as ray_cluster\n'
     "ray = ray_cluster.connect('local')\n"
     'double = ray.remote(num_cpus=1)(lambda x: 2 * x)\n'
     "print('sum', sum(ray.get([double.remote(i) for i in range(4)])), file=sys.stderr)\n"

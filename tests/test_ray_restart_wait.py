@@ -5,7 +5,7 @@ Ray module whose actor is unavailable for its first calls."""
 import pytest
 from ray import exceptions
 
-from tff_comp.runtime import ray_driver
+from tff_comp.runtime.ray import rounds as ray_rounds
 
 
 class _Actor:
@@ -36,7 +36,7 @@ class _Ray:
 
 def _driver(unavailable, journal=()):
   calls = []
-  driver = ray_driver.RayRuntime.__new__(ray_driver.RayRuntime)
+  driver = ray_rounds.RayRuntime.__new__(ray_rounds.RayRuntime)
   driver._ray = _Ray(unavailable)
   driver._actors = [_Actor('a0', calls), _Actor('a1', calls)]
   driver._setups = [('setup', 0), ('setup', 1)]
@@ -45,7 +45,7 @@ def _driver(unavailable, journal=()):
 
 
 def test_setup_waits_for_an_actor_ray_is_still_restarting(monkeypatch, capsys):
-  monkeypatch.setattr(ray_driver.time, 'sleep', lambda seconds: None)
+  monkeypatch.setattr(ray_rounds.time, 'sleep', lambda seconds: None)
   driver, calls = _driver({'a1': 3})
   driver._set_up_all()
   assert calls.count(('a1', ('setup', 1))) == 4 and calls.count(('a0', ('setup', 0))) == 1
@@ -53,8 +53,8 @@ def test_setup_waits_for_an_actor_ray_is_still_restarting(monkeypatch, capsys):
 
 
 def test_a_long_restart_is_said_once_and_the_rows_restored(monkeypatch, capsys):
-  monkeypatch.setattr(ray_driver.time, 'sleep', lambda seconds: None)
-  monkeypatch.setattr(ray_driver, 'RESTART_NOTICE', -1.0)
+  monkeypatch.setattr(ray_rounds.time, 'sleep', lambda seconds: None)
+  monkeypatch.setattr(ray_rounds, 'RESTART_NOTICE', -1.0)
   driver, calls = _driver({'a0': 5}, journal=['rows'])
   driver._set_up_again(0)
   assert calls[-1] == ('a0', ('rows',))
@@ -63,8 +63,8 @@ def test_a_long_restart_is_said_once_and_the_rows_restored(monkeypatch, capsys):
 
 
 def test_a_restart_past_the_wait_raises(monkeypatch):
-  monkeypatch.setattr(ray_driver.time, 'sleep', lambda seconds: None)
-  monkeypatch.setattr(ray_driver, 'RESTART_WAIT', -1.0)
+  monkeypatch.setattr(ray_rounds.time, 'sleep', lambda seconds: None)
+  monkeypatch.setattr(ray_rounds, 'RESTART_WAIT', -1.0)
   driver, _ = _driver({'a0': 1})
   with pytest.raises(exceptions.ActorUnavailableError):
     driver._set_up_again(0)

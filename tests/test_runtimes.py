@@ -10,13 +10,15 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests import algorithm_cases
-from tff_comp import experiment, registry, run_config, settings
+from tff_comp import experiment, registry, settings
 from tff_comp.binaries import flags_lib
+from tff_comp.config import experiment_config
 from tff_comp.learning_process import composer
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import local_loop, sgd
 from tff_comp.run import training_loop
-from tff_comp.runtime import base, choice, engines, inprocess
+from tff_comp.runtime import base, choice, inprocess
+from tff_comp.runtime.inprocess import engines
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
@@ -133,7 +135,7 @@ def test_a_third_runtime_is_one_registration(monkeypatch):
       'eager', _build_eager, options=_EagerOptions, auto_rank=-1, why_not=_eager_why_not
     ),
   )
-  assert 'eager' in run_config.runtime_names()
+  assert 'eager' in experiment_config.runtime_names()
   runtime, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'eager', eager_lanes=2)
   reference, _ = choice.runner_for(_algorithm('fedprox'), DATA, 'inprocess')
   assert runtime.record['engine'] == 'debug' and runtime.lanes == 2
@@ -146,15 +148,19 @@ def test_a_third_runtime_is_one_registration(monkeypatch):
   assert 'not eager: it runs Algorithms only' in description
   # Its setting: a flag, a setting of the run, recorded in config.json and read back.
   assert 'eager_lanes' in {spec.flag for spec in flags_lib._common_specs()}
-  config = run_config.ExperimentConfig.of(algorithm='fedprox', eager_lanes=3)
+  config = experiment_config.ExperimentConfig.of(algorithm='fedprox', eager_lanes=3)
   assert config.runtime_options['eager'] == _EagerOptions(3)
   recorded = json.loads(json.dumps(dataclasses.asdict(config)))
   assert recorded['runtime_options']['eager'] == {'eager_lanes': 3}
-  assert run_config.ExperimentConfig.from_dict(recorded).runtime_options['eager'].eager_lanes == 3
+  assert (
+    experiment_config.ExperimentConfig.from_dict(recorded).runtime_options['eager'].eager_lanes == 3
+  )
   with pytest.raises(settings.ConfigError, match='eager_lanes'):
-    run_config.ExperimentConfig.of(algorithm='fedprox', eager_lanes=0)
+    experiment_config.ExperimentConfig.of(algorithm='fedprox', eager_lanes=0)
   with pytest.raises(settings.ConfigError, match='--eager_lanes: a setting of the eager runtime'):
-    run_config.ExperimentConfig.of(algorithm='fedprox', runtime='inprocess', eager_lanes=3).check()
+    experiment_config.ExperimentConfig.of(
+      algorithm='fedprox', runtime='inprocess', eager_lanes=3
+    ).check()
 
 
 class _FailsOnNaN(sgd.SGD):

@@ -1,4 +1,4 @@
-"""Streaming client data (`runtime.streaming`): a population over the memory budget
+"""Streaming client data (`runtime.inprocess.streaming`): a population over the memory budget
 trains with only each cohort on the device, with the resident copy's results."""
 
 import numpy as np
@@ -9,7 +9,8 @@ from tests import algorithm_cases
 from tff_comp import data as data_lib
 from tff_comp import experiment, registry
 from tff_comp.run import callbacks, checkpoints, sampling, training_loop
-from tff_comp.runtime import inprocess, streaming
+from tff_comp.runtime import inprocess
+from tff_comp.runtime.inprocess import streaming
 from tff_comp.tasks import generated
 
 DATA = algorithm_cases.TEN

@@ -17,10 +17,12 @@ import tensorflow as tf
 
 from tests import algorithm_cases
 from tff_comp import experiment, registry, trial_groups, trials
+from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.ops import client_round, matrix_factorization, privacy
 from tff_comp.run import callbacks, run_files, sampling
-from tff_comp.run_config import ExperimentConfig
-from tff_comp.runtime import engines, inprocess, inprocess_trials
+from tff_comp.runtime import inprocess
+from tff_comp.runtime.inprocess import engines
+from tff_comp.runtime.inprocess import trials as inprocess_trials
 from tff_comp.tasks import lasso
 from tff_comp.tasks import quadratic as tasks_quadratic
 

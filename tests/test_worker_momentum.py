@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_comp import aggregation_settings, experiment
+from tff_comp import experiment
+from tff_comp.config import aggregation_settings
 from tff_comp.ops import aggregators as agg
 
 D, BETA = 4, 0.8

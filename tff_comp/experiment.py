@@ -13,30 +13,27 @@ import inspect
 import pathlib
 from typing import Any
 
-from tff_comp import (
-  accounting,
-  evaluation,
-  poisoning,
-  privacy_settings,
-  registry,
-  run_arguments,
-  run_config,
-  run_directory,
-  settings,
-)
+from tff_comp import accounting, evaluation, poisoning, registry, settings
 from tff_comp import task as task_lib
+from tff_comp.config import (
+  build_arguments,
+  experiment_config,
+  privacy_settings,
+  run_directory,
+  run_settings,
+)
+from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import communication as communication_lib
 from tff_comp.ops import rule as rule_lib
-from tff_comp.run import buffered_async, devices, run_files, run_settings, sampling, training_loop
+from tff_comp.run import buffered_async, devices, run_files, sampling, training_loop
 from tff_comp.run import callbacks as callbacks_lib
-from tff_comp.run_config import ExperimentConfig
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import choice
 
-COMMON_ALGORITHM_ARGS = run_arguments.COMMON_ALGORITHM_ARGS
-COMMON_TASK_ARGS = run_arguments.COMMON_TASK_ARGS
-DEFAULT_TASK = run_arguments.DEFAULT_TASK
+COMMON_ALGORITHM_ARGS = build_arguments.COMMON_ALGORITHM_ARGS
+COMMON_TASK_ARGS = build_arguments.COMMON_TASK_ARGS
+DEFAULT_TASK = build_arguments.DEFAULT_TASK
 ConfigError = settings.ConfigError  # bad settings; the message is one line for the user
 
 
@@ -78,19 +75,19 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
   """
   config.check()
   algorithm = registry.get_algorithm(config.algorithm)
-  config, task_entry = run_arguments.with_names(config, algorithm)
+  config, task_entry = build_arguments.with_names(config, algorithm)
   # Settings and options that work for the (algorithm, home task) pair.
   home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
-  run_arguments.check_options(config, algorithm, task_entry)
+  build_arguments.check_options(config, algorithm, task_entry)
   task, task_files = (
     (like.task, like.task_files)
     if like is not None
-    else run_arguments.build_task(config, task_entry)
+    else build_arguments.build_task(config, task_entry)
   )
   settings = run_settings.resolve(
     config.value, task, home, with_replacement=config.participation.sampling == 'with_replacement'
   )
-  builder_args, settings = run_arguments.builder_args(config, algorithm, task, home, settings)
+  builder_args, settings = build_arguments.builder_args(config, algorithm, task, home, settings)
   plan = privacy_settings.configure(
     config.privacy,
     config.aggregation,
@@ -479,7 +476,7 @@ def train(
   task_name = task or entry.home_task or DEFAULT_TASK
   config_names = (
     {f.name for f in dataclasses.fields(ExperimentConfig)}
-    | set(run_config.OWNER)
+    | set(experiment_config.OWNER)
     | set(choice.setting_owners())
   )
   own = {h.name for h in entry.hparams} - set(COMMON_ALGORITHM_ARGS)

@@ -9,8 +9,9 @@ import dataclasses
 import json
 from typing import Any
 
-from tff_comp import poisoning, run_config
-from tff_comp.run_config import ExperimentConfig
+from tff_comp import poisoning
+from tff_comp.config import experiment_config
+from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.runtime import base
 
 # Of the per-trial settings, what a private aggregator is built from (its noise
@@ -24,7 +25,7 @@ _CALIBRATE_PRIVACY = ('rounds', 'clients_per_round', 'participation')
 # runtime with the `runtime.base.StartsChains` capability (`trials._by_chain_start`
 # splits the others' builds by them). The attackers' fraction of label flipping, which
 # poisons the task's data, stays in the group key.
-CHAIN_START = run_config.declared('chain_state')
+CHAIN_START = experiment_config.declared('chain_state')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Trial:
 
 def group_key(trial: Trial) -> str:
   """What a trial's group shares: its configuration but for its settings that may differ
-  by trial (`settings.setting(per_trial=True)`, `run_config.declared`) and the task's
+  by trial (`settings.setting(per_trial=True)`, `experiment_config.declared`) and the task's
   seed (a private run's `_CALIBRATE_PRIVACY` kept). The group's trials run as one
   program where their tasks' data agree in shape (`_why_not_merged`)."""
   shared = dataclasses.asdict(trial.config)
@@ -50,7 +51,7 @@ def group_key(trial: Trial) -> str:
     if isinstance(options, base.GroupsTrials)
     for name in options.trials_agree_on()
   }
-  for name in (*run_config.declared('per_trial'), 'data_seed'):
+  for name in (*experiment_config.declared('per_trial'), 'data_seed'):
     if name in agreed:
       continue
     if name == 'aggregation.attack_fraction' and trial.config.aggregation.attack == poisoning.KIND:

@@ -1,6 +1,6 @@
 """A grid in one program: `run_trials` runs many runs of one algorithm on one task, those
 that differ only in values keeping every shape batched into one compiled round
-(`runtime.inprocess_trials`).
+(`runtime.inprocess.trials`).
 
 A `Trial` is a run's `ExperimentConfig` (its output directory, seed, learning rates,
 rounds, participation) and the client rule's hyperparameters set through its hparams
@@ -35,9 +35,11 @@ import tensorflow_federated as tff
 import threadpoolctl
 
 from tff_comp import evaluation, experiment, trial_groups
+from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.run import buffered_async
-from tff_comp.run_config import ExperimentConfig
-from tff_comp.runtime import base, inprocess_trials, learning_state, streaming
+from tff_comp.runtime import base, learning_state
+from tff_comp.runtime.inprocess import streaming
+from tff_comp.runtime.inprocess import trials as inprocess_trials
 from tff_comp.trial_groups import Trial, groups
 
 # MB a batched group's trials may take together (`trial_bytes`); larger groups run in

@@ -9,8 +9,8 @@ import inspect
 import tensorflow_federated as tff
 
 from tff_comp.learning_process import aggregation_factories, composer
-from tff_comp.ops import aggregation, client_round, model_ops, sgd
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round, model_ops, sgd, update_aggregation
 from tff_comp.ops import rule as rule_lib
 
 
@@ -41,7 +41,7 @@ def algorithm(
   server_rule: rule_lib.ServerRule,
   options: client_round.ClientOptions,
   *,
-  aggregation_kind: aggregation.UpdateAggregation = aggregation.MEAN,
+  aggregation_kind: update_aggregation.UpdateAggregation = update_aggregation.MEAN,
   model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """Algorithm(model, client_rule, server_rule, options, aggregation, model_aggregator)."""
@@ -117,7 +117,7 @@ def fedavg_like(
   server_learning_rate: float = 1.0,
   server_momentum: float = 0.0,
   server_optimizer: tff.learning.optimizers.Optimizer | None = None,
-  aggregation_kind: aggregation.UpdateAggregation = aggregation.MEAN,
+  aggregation_kind: update_aggregation.UpdateAggregation = update_aggregation.MEAN,
   model_aggregator: aggregation_factories.ModelAggregator | None = None,
 ) -> algorithm_lib.Algorithm:
   """FedAvg's skeleton around any client rule: a server optimizer (default SGD(eta_s,

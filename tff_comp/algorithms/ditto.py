@@ -17,8 +17,8 @@ import tensorflow_federated as tff
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.learning_process import aggregation_factories
-from tff_comp.ops import aggregation, client_round, model_ops, per_client, sgd
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round, model_ops, per_client, sgd, update_aggregation
 
 
 @registry.register_algorithm('ditto', home_task='dominant_class')
@@ -62,7 +62,7 @@ def ditto(
     rule,
     server_rule,
     client_round.ClientOptions(batch_size, local_epochs, weighting=client_weighting),
-    aggregation_kind=aggregation.SLOTS,
+    aggregation_kind=update_aggregation.SLOTS,
     model_aggregator=model_aggregator,
   )
 

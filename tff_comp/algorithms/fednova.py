@@ -16,8 +16,8 @@ import tensorflow_federated as tff
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.learning_process import aggregation_factories
-from tff_comp.ops import aggregation, client_round, sgd
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round, sgd, update_aggregation
 
 
 # Home: Wang et al.'s Synthetic(1, 1) with local epochs drawn from U(2, 5).
@@ -70,7 +70,7 @@ def fednova(
     server_learning_rate=server_learning_rate,
     server_momentum=server_momentum,
     server_optimizer=server_optimizer,
-    aggregation_kind=aggregation.NORMALIZED,
+    aggregation_kind=update_aggregation.NORMALIZED,
     model_aggregator=model_aggregator,
   )
 

@@ -28,8 +28,8 @@ import tensorflow_federated as tff
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.learning_process import aggregation_factories
-from tff_comp.ops import aggregation, client_round, maml, model_ops
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round, maml, model_ops, update_aggregation
 
 
 @registry.register_algorithm(
@@ -97,7 +97,7 @@ def local_moml(
     rule,
     server_rule,
     options,
-    aggregation_kind=aggregation.SLOTS,
+    aggregation_kind=update_aggregation.SLOTS,
     model_aggregator=model_aggregator,
   )
 

@@ -21,8 +21,8 @@ import tensorflow_federated as tff
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.learning_process import aggregation_factories
-from tff_comp.ops import aggregation, model_ops
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import model_ops, update_aggregation
 from tff_comp.ops import scaffold as scaffold_lib
 
 
@@ -63,7 +63,7 @@ def scaffold(
     common.local_sgd_options(
       batch_size, local_epochs, local_steps=local_steps, weighting=client_weighting
     ),
-    aggregation_kind=aggregation.SLOTS,
+    aggregation_kind=update_aggregation.SLOTS,
     model_aggregator=model_aggregator,
   )
 

@@ -13,8 +13,8 @@ import tensorflow_federated as tff
 from tff_comp import registry
 from tff_comp.algorithms import common
 from tff_comp.learning_process import aggregation_factories
-from tff_comp.ops import aggregation, client_round, maml, model_ops, per_client
 from tff_comp.ops import algorithm as algorithm_lib
+from tff_comp.ops import client_round, maml, model_ops, per_client, update_aggregation
 
 
 # Home: the ComFedL paper's DA-MAML setup (inner step 0.05, 5 local steps).
@@ -66,7 +66,7 @@ def tr_maml(
     rule,
     server_rule,
     client_round.ClientOptions(batch_size, local_steps=local_steps, weighting='uniform'),
-    aggregation_kind=aggregation.SLOTS,
+    aggregation_kind=update_aggregation.SLOTS,
     model_aggregator=model_aggregator,
   )
 

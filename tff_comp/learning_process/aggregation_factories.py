@@ -1,5 +1,5 @@
 """Aggregators: `tff.aggregators` factories for client updates, placing the math of
-`ops.aggregation` (`factory_for` maps an `UpdateAggregation` to a factory).
+`ops.update_aggregation` (`factory_for` maps an `UpdateAggregation` to a factory).
 
 A client update is the model delta, alone or in a NamedTuple beside side channels
 (FedNova's ||a_i||_1, the composite methods' sum of eta_c, q-FFL's h_i, Local-SCGDM's
@@ -21,7 +21,7 @@ import functools
 import tensorflow_federated as tff
 
 from tff_comp.learning_process import chain_factory
-from tff_comp.ops import aggregation, aggregators, privacy
+from tff_comp.ops import aggregators, privacy, update_aggregation
 
 Factory = tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
 # What an algorithm's builder takes as its `model_aggregator`: a block chain, a
@@ -60,7 +60,7 @@ def _weighted(inner: Factory | None) -> tff.aggregators.WeightedAggregationFacto
 
 
 class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
-  """Aggregates updates as an `ops.aggregation.UpdateAggregation` says (see its module
+  """Aggregates updates as an `ops.update_aggregation.UpdateAggregation` says (see its module
   docstring): the model part (`one_model_part`: the delta; FedNova's normalized delta)
   by `inner`, the side channels exactly beside it (per-client `slots` by the plain
   sum, a client filling its own slot; otherwise the weighted mean), joined by its
@@ -68,9 +68,9 @@ class UpdateFactory(tff.aggregators.WeightedAggregationFactory):
   `mean`, and the aggregation's `measured` side channels' means (FedNova's `tau_eff`).
   """
 
-  def __init__(self, kind: aggregation.UpdateAggregation, inner: Factory | None = None):
-    if not isinstance(kind, aggregation.UpdateAggregation):
-      raise TypeError(f'aggregation {kind!r} is not an ops.aggregation.UpdateAggregation.')
+  def __init__(self, kind: update_aggregation.UpdateAggregation, inner: Factory | None = None):
+    if not isinstance(kind, update_aggregation.UpdateAggregation):
+      raise TypeError(f'aggregation {kind!r} is not an ops.update_aggregation.UpdateAggregation.')
     self._kind, self._inner = kind, _weighted(inner)
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
@@ -184,12 +184,12 @@ def _(spec: privacy.AdaptiveGaussianMean, *, seed: int = 0) -> Factory:
 
 
 def factory_for(
-  kind: aggregation.UpdateAggregation,
+  kind: update_aggregation.UpdateAggregation,
   inner: ModelAggregator | None = None,
   *,
   seed: int = 0,
 ) -> tff.aggregators.WeightedAggregationFactory:
-  """The factory placing `kind` (an `ops.aggregation.UpdateAggregation`); `inner`
+  """The factory placing `kind` (an `ops.update_aggregation.UpdateAggregation`); `inner`
   (default MeanFactory) aggregates the model delta: a `PrivateMean`
   (`privacy_factory`), an
   `ops.aggregators.Chain` (`chain_factory.ChainFactory`, its draws seeded by `seed`),

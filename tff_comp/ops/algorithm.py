@@ -7,7 +7,7 @@ give the same results. A round, for the cohort S:
 
     P   = server_rule.payload(S_server, W)                           broadcast
     U_i = client_round.run_client(client_rule, P, data_i, ...)       for i in S
-    U   = aggregation(U_i, weights_i)                                ops.aggregation
+    U   = aggregation(U_i, weights_i)                                ops.update_aggregation
     (S_server, W) = server_rule.step(S_server, W, U)
 
 Built, it checks its contract (`ops.contract`: the payload against the client rule's
@@ -23,15 +23,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from tff_comp.ops import aggregation as aggregation_lib
 from tff_comp.ops import aggregators, client_round, contract, privacy
 from tff_comp.ops import rule as rule_lib
+from tff_comp.ops import update_aggregation as aggregation_lib
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
   """model: a FunctionalModel; aggregation: how the update's fields combine
-  (`ops.aggregation`: MEAN, NORMALIZED, SLOTS, or another `UpdateAggregation`).
+  (`ops.update_aggregation`: MEAN, NORMALIZED, SLOTS, or another `UpdateAggregation`).
 
   model_aggregator: what aggregates the model delta in place of the weighted mean
   (side channels stay exact): None; a chain of the aggregator blocks
@@ -64,7 +64,7 @@ class Algorithm:
     """Raises ValueError (`contract.ContractError` for blocks that do not fit)."""
     if not isinstance(self.aggregation, aggregation_lib.UpdateAggregation):
       raise ValueError(
-        f'aggregation={self.aggregation!r} is not an ops.aggregation.UpdateAggregation'
+        f'aggregation={self.aggregation!r} is not an ops.update_aggregation.UpdateAggregation'
         ' (MEAN, NORMALIZED, SLOTS).'
       )
     chain = self.model_chain

@@ -4,7 +4,7 @@ aggregator chain encodes it, the other fields as float32) and downloads (the pay
 
 A per-client table [N, ...] counts the one row a client holds, in both directions: the
 payload fields a payload type names in `client_rows` (SCAFFOLD's c_i, Ditto's personal
-model, AFL's weight), and an update's slots under `aggregation.SLOTS` (every field but
+model, AFL's weight), and an update's slots under `update_aggregation.SLOTS` (every field but
 `delta`: a client fills its own row). Tables are known by these declarations, never by
 their shape: a model weight whose first dimension equals the number of clients is a
 weight."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tff_comp.ops import aggregation, contract
+from tff_comp.ops import contract, update_aggregation
 
 
 def _floats(structure: Any) -> int:
@@ -43,7 +43,11 @@ def client_bytes(algorithm: Any) -> tuple[float, float]:
   (`ops.algorithm.Algorithm`)."""
   spec = algorithm.server_rule.update_spec()
   part = spec.delta if hasattr(spec, 'delta') else spec
-  slots = aggregation.slot_fields(spec) if algorithm.aggregation is aggregation.SLOTS else ()
+  slots = (
+    update_aggregation.slot_fields(spec)
+    if algorithm.aggregation is update_aggregation.SLOTS
+    else ()
+  )
   d, side = _floats(part), _message_floats(spec, slots) - _floats(part)
   chain = algorithm.model_chain
   model_bits = 32.0 * d if chain is None else chain.upload_bits(d)

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tff_comp.ops import aggregation as aggregation_lib
 from tff_comp.ops import client_round
 from tff_comp.ops import rule as rule_lib
+from tff_comp.ops import update_aggregation as aggregation_lib
 
 
 class ContractError(ValueError):

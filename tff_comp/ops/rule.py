@@ -21,7 +21,7 @@ model). Capability flags are class attributes (`CAPABILITIES`); a rule whose fla
 on its arguments overrides them as properties, and `RuleWrapper` forwards them all.
 
 The fast engines run `local_step` in lockstep lanes (`tf.vectorized_map` under XLA,
-`runtime.lanes`): keep it vectorizable, with static shapes; read a row of a table with
+`runtime.inprocess.lanes`): keep it vectorizable, with static shapes; read a row of a table with
 `tf.gather(table, index)`, never `table[index]` at a tensor index (XLA compiles a slice
 at a tensor index as a constant, once per client); a step that runs a decomposition
 (SVD, QR, eig, solves) runs on the mapped engine instead
@@ -60,7 +60,7 @@ payload passes each on in its field of the same name, where client i reads row i
 tables and the update's per-client slots hold only the round's clients' rows, in any
 order: it reads and writes a table only at the rows the slots mark visited (the others
 pass through, or add exact zeros). A runtime that keeps the tables with the clients
-(`runtime.ray_runtime`) then runs `step` on the round's rows alone. Weights on a simplex
+(`runtime.ray`) then runs `step` on the round's rows alone. Weights on a simplex
 (AFL's lambda) are projected whole: server state, not client state.
 
 Nothing here imports TFF: weights are any NamedTuple with `trainable`

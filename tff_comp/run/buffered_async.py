@@ -52,9 +52,10 @@ import numpy as np
 import tensorflow as tf
 
 from tff_comp import settings
-from tff_comp.ops import aggregation
+from tff_comp.ops import update_aggregation
 from tff_comp.run import devices, sampling
-from tff_comp.runtime import base, learning_state, round_stages
+from tff_comp.runtime import base, learning_state
+from tff_comp.runtime.inprocess import stages
 from tff_comp.settings import ConfigError
 
 MODES = ('sync', 'async')
@@ -212,7 +213,7 @@ def why_not(algorithm) -> str:
   if algorithm is None:
     return 'the program is not a registered algorithm'
   rule = algorithm.client_rule
-  if algorithm.aggregation != aggregation.MEAN:
+  if algorithm.aggregation != update_aggregation.MEAN:
     return f'its updates are aggregated as {algorithm.aggregation.name}, not a weighted mean'
   chain = algorithm.model_chain
   if algorithm.model_aggregator is not None and chain is None:
@@ -261,7 +262,7 @@ class BufferedAsyncRuntime:
     self.keeps_personal_models = False
     self.sampler = AsyncSampler(schedule, options)  # the loop's
     driver.reserve_cohort(self.sampler.capacity)
-    self._host = round_stages.HostFinish(driver.stages, driver.device)
+    self._host = stages.HostFinish(driver.stages, driver.device)
     self._empty: InFlight | None = None
 
   @property
@@ -427,7 +428,7 @@ _WHOLE_ROUND_RUNTIMES = ('tff', 'ray')
 
 def check(config, client_data, algorithm, runtimes: Sequence[str] = ()) -> None:
   """Raises ConfigError (one line), before any runtime is built, for an async run
-  (`config`: its `run_config.ExperimentConfig`) that cannot be: on the built-in
+  (`config`: its `experiment_config.ExperimentConfig`) that cannot be: on the built-in
   `runtimes` (`choice.candidates`; () when built) none of which gives each client's outputs, an
   algorithm it cannot run (`why_not`), a sampling other than uniform, dropout or
   stragglers, a deadline or over-selection, more clients at once than the task has."""
@@ -469,7 +470,7 @@ def _refuse_runtime(name: str) -> None:
 
 def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
   """The async runtime (its `sampler` the loop's) over a run's in-process `runtime`;
-  `config`: the run's `run_config.ExperimentConfig` (seed, participation, devices,
+  `config`: the run's `experiment_config.ExperimentConfig` (seed, participation, devices,
   asynchrony, resume), `check`ed before `runtime` was built.
 
   Raises:

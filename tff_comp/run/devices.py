@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tff_comp import settings
 from tff_comp.ops import client_round
-from tff_comp.runtime import streaming
+from tff_comp.runtime.inprocess import streaming
 from tff_comp.settings import ConfigError
 
 DEVICE_MODELS = ('none', 'lognormal', 'trace')

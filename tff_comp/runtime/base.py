@@ -4,7 +4,7 @@ An algorithm (`ops.algorithm.Algorithm`) is runtime free; a runtime runs its rou
 a population of clients. Runtimes are registered by name (`registry.register_runtime`;
 built in: 'inprocess', the math in this process, `runtime.inprocess`; 'tff', TFF's
 own process on its C++ worker, `runtime.tff_process`; and 'ray', the in-process math
-with each round's clients on Ray actors, `runtime.ray_runtime`), so another one is one
+with each round's clients on Ray actors, `runtime.ray`), so another one is one
 module:
 
     @dataclasses.dataclass(frozen=True)
@@ -124,12 +124,12 @@ class Runtime(Protocol):
 @runtime_checkable
 class ClientOutputs(Protocol):
   """A capability: each client's outputs of a cohort brought to the host, and the
-  stages that end a round from them (`round_stages.RoundStages`); buffered
+  stages that end a round from them (`stages.RoundStages`); buffered
   asynchronous steps run on it (`run.buffered_async`). The in-process runtime has it.
 
   Attributes:
     algorithm: the `ops.algorithm.Algorithm` it runs.
-    stages: its round's stages (`round_stages.RoundStages`).
+    stages: its round's stages (`stages.RoundStages`).
     device: where its rounds run.
     population_index: {client id: its row in the per-client tables}.
   """
@@ -161,7 +161,7 @@ class BatchesTrials(Protocol):
     """Why its trials must run one at a time ('' when they can be batched)."""
 
   def trial_group(self, seeds: Sequence[int], clients: Sequence[Any] | None = None) -> Any:
-    """The group of trials with these seeds (`runtime.inprocess_trials.TrialGroup`;
+    """The group of trials with these seeds (`runtime.inprocess.trials.TrialGroup`;
     `clients[t]`: where trial t's clients are, None: this runtime's own)."""
 
 

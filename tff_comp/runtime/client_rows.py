@@ -1,12 +1,12 @@
 """A share of a cohort's rows of the per-client tables, for the messages of a runtime
-that splits cohorts (`runtime.ray_runtime`). Each client reads and writes only its own
+that splits cohorts (`runtime.ray`). Each client reads and writes only its own
 row of a per-client table (SCAFFOLD's c_i, Ditto's personal models, Local-MOML's
 memory, AFL's weights), so a share's messages need only its clients' rows:
 
     payload: a table T [N, ...] that clients read at their own row (the fields a payload
              type names in `client_rows`) goes as Rows(idx, T[idx], N) for the share's
              clients idx, and arrives as a table of zeros holding those rows;
-    sums:    a slot table of the update (`aggregation.SLOTS`: every field but `delta`)
+    sums:    a slot table of the update (`update_aggregation.SLOTS`: every field but `delta`)
              is zero outside the share's rows: it goes as those rows and is added back.
 
 What a share sends and receives grows with its clients, not with the population (as
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.ops import aggregation
+from tff_comp.ops import update_aggregation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,8 +180,10 @@ def expand(structure: Any) -> Any:
   return tf.nest.map_structure(lambda x: x.table() if isinstance(x, Rows) else x, structure)
 
 
-def select_sums(sums: Any, kind: aggregation.UpdateAggregation, indices: Sequence[int]) -> Any:
-  """A share's sums (`round_stages.RoundSums`) of aggregation `kind` with each slot
+def select_sums(
+  sums: Any, kind: update_aggregation.UpdateAggregation, indices: Sequence[int]
+) -> Any:
+  """A share's sums (`stages.RoundSums`) of aggregation `kind` with each slot
   table (`kind.slots`: per-client tables) as the `Rows` of `indices`, its clients'
   population indices."""
   update = sums.update.update
@@ -190,6 +192,6 @@ def select_sums(sums: Any, kind: aggregation.UpdateAggregation, indices: Sequenc
   indices = np.unique(np.asarray(indices, np.int64))
   rows = {
     name: tf.nest.map_structure(lambda t: _rows(t, indices), getattr(update, name))
-    for name in aggregation.slot_fields(update)
+    for name in update_aggregation.slot_fields(update)
   }
   return sums._replace(update=sums.update._replace(update=update._replace(**rows)))

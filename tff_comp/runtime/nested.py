@@ -3,7 +3,7 @@
 `tf.nest.pack_sequence_as` checks every container's type on every call, a cost a small
 model's round notices for a five-leaf learning state. A round's driver packs
 structures every round (its metrics; each trial's state and metrics in a batched group,
-`runtime.inprocess_trials`), so `Packer` asks `tf.nest` once where each leaf goes (the
+`runtime.inprocess.trials`), so `Packer` asks `tf.nest` once where each leaf goes (the
 structure packed with the leaves' positions) and rebuilds the containers from that
 recipe afterwards, about a tenth of the time for the same state. Containers it does not know (attrs
 classes, TFF structures) are packed by `tf.nest` itself.

@@ -20,7 +20,7 @@ sum, a majority vote: from sums that shares of a cohort add, as Ray's actors and
 buffer do) or needs every row (a median, a trimmed mean, Krum, a geometric median).
 
 The side channels of an update (FedNova's ||a_i||, trackers, per-client slots) never
-pass through an aggregator: `ops.aggregation` keeps their exact aggregation.
+pass through an aggregator: `ops.update_aggregation` keeps their exact aggregation.
 """
 
 import collections

@@ -1,6 +1,6 @@
-"""The driver of a run on Ray (`RayRuntime`; `runtime.ray_runtime` builds and registers
+"""The driver of a run on Ray (`RayRuntime`; `runtime.ray` builds and registers
 it): it holds the state, sends each round's cohort to the actors holding its clients,
-adds their sums and ends the round; see `runtime.ray_runtime`'s docstring."""
+adds their sums and ends the round; see `runtime.ray`'s docstring."""
 
 from collections.abc import Sequence
 import copy
@@ -12,15 +12,10 @@ import numpy as np
 import tensorflow as tf
 
 from tff_comp.ops import client_round
-from tff_comp.runtime import (
-  base,
-  client_rows,
-  inprocess,
-  learning_state,
-  ray_actors,
-  ray_cluster,
-  round_stages,
-)
+from tff_comp.runtime import base, client_rows, inprocess, learning_state
+from tff_comp.runtime.inprocess import stages
+from tff_comp.runtime.ray import actors as ray_actors
+from tff_comp.runtime.ray import cluster as ray_cluster
 
 # Rows of client state sent to an actor since its last snapshot, kept by the driver to
 # restore a restarted actor: at most this many bytes an actor, then a new snapshot.
@@ -120,7 +115,7 @@ class RayRuntime:
     self._pool = ray_actors.pool_key(ray, count, options.ray_gpus_per_actor)
     self._set_up_all()
     ray_actors.SERVING[self._pool] = id(self)
-    self._host = round_stages.HostFinish(driver.stages, driver.device)
+    self._host = stages.HostFinish(driver.stages, driver.device)
     self.costs: RoundCosts | None = None  # the last round's
     logging.info('ray runtime: %s', self.description)
 
@@ -270,7 +265,7 @@ class RayRuntime:
     shares = [share for share, _ in results.values()]  # in actor order
     committed = 0
     if held:
-      total, found = round_stages.add_shares(shares, [old for _, old in results.values()])
+      total, found = stages.add_shares(shares, [old for _, old in results.values()])
       weights, server, aggregator, metrics = self._host.from_sums(
         total,
         state._replace(finalizer=state.finalizer._replace(**found)),
@@ -287,7 +282,7 @@ class RayRuntime:
         },
       )
     else:
-      total = round_stages.add_sums([client_rows.expand(share) for share in shares])
+      total = stages.add_sums([client_rows.expand(share) for share in shares])
       weights, server, aggregator, metrics = self._host.from_sums(
         total, state, state.aggregator, reference
       )
@@ -348,7 +343,7 @@ class RayRuntime:
     if not self._driver.algorithm.aggregation.slots:
       raise base.UnsupportedError(
         'client state on Ray needs an aggregation with per-client slots'
-        ' (ops.aggregation.SLOTS), which carry its rows'
+        ' (ops.update_aggregation.SLOTS), which carry its rows'
       )
     whole = tf.nest.map_structure(np.asarray, tables)
     for k in range(len(self._actors)):

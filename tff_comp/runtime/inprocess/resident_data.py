@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_comp.ops import local_loop
-from tff_comp.runtime import huge_pages
+from tff_comp.runtime.inprocess import huge_pages
 
 
 def choose_device(logical_devices: Sequence[Any] | None = None) -> str:

@@ -6,7 +6,7 @@ each round's clients run by Ray actors.
     actor k (holds the clients i with i mod K = k, resident or streamed as in-process):
             its clients of the cohort: their work from P on the in-process engine the
             whole run would take -> their sums for the round's end
-            (`round_stages.RoundStages.sums`: sum_i w_i update_i, sum_i w_i, the
+            (`stages.RoundStages.sums`: sum_i w_i update_i, sum_i w_i, the
             statistics; with a private aggregator each client clipped first, with the
             clip the driver sends)
     driver: the actors' sums added, then the round's end as in-process
@@ -45,11 +45,14 @@ dependency (`pip install tff_comp[ray]`); it is imported when a run asks for it
 
 from tff_comp import registry
 from tff_comp.learning_process import composer
-from tff_comp.runtime import base, inprocess, ray_actors, ray_cluster, ray_driver
+from tff_comp.runtime import base, inprocess
+from tff_comp.runtime.ray import actors as ray_actors
+from tff_comp.runtime.ray import cluster as ray_cluster
+from tff_comp.runtime.ray import rounds as ray_rounds
 
 RayOptions = ray_cluster.RayOptions
-RayRuntime = ray_driver.RayRuntime
-RoundCosts = ray_driver.RoundCosts
+RayRuntime = ray_rounds.RayRuntime
+RoundCosts = ray_rounds.RoundCosts
 
 
 def why_not(program, options: RayOptions | None) -> str:

@@ -16,7 +16,8 @@ import json
 import pathlib
 from typing import Any
 
-from tff_comp import accounting, aggregation_settings, registry, settings, strategy_cache
+from tff_comp import accounting, registry, settings, strategy_cache
+from tff_comp.config import aggregation_settings
 from tff_comp.ops import aggregators, matrix_factorization, privacy
 from tff_comp.run import callbacks
 from tff_comp.run import sampling as sampling_lib

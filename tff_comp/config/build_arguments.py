@@ -7,11 +7,11 @@ import dataclasses
 import math
 from typing import Any
 
-from tff_comp import paths, poisoning, registry, run_directory
+from tff_comp import paths, poisoning, registry
 from tff_comp import task as task_lib
+from tff_comp.config import run_directory, run_settings
+from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.ops import regularizers as regularizers_lib
-from tff_comp.run import run_settings
-from tff_comp.run_config import ExperimentConfig
 from tff_comp.settings import ConfigError
 
 # Builder parameters that every run sets from the common flags.

@@ -19,7 +19,8 @@ import sys
 import threading
 from typing import Any
 
-from tff_comp import paths, registry, run_config
+from tff_comp import paths, registry
+from tff_comp.config import experiment_config
 from tff_comp.settings import ConfigError
 
 RUN_FILES = ('metrics.csv', 'config.json', 'tensorboard', 'checkpoints', 'final_model.npz')
@@ -124,7 +125,7 @@ def check_resumable(
     ) from None
   except ValueError as e:
     raise ConfigError(f'--resume: {output_dir / "config.json"} is unreadable ({e}).') from e
-  recorded = run_config.upgrade(recorded)  # an earlier version's layout, today's
+  recorded = experiment_config.upgrade(recorded)  # an earlier version's layout, today's
   if inputs is not None and isinstance(recorded.get('environment'), dict):
     _check_inputs(output_dir, recorded['environment'].get('data_files') or {}, inputs)
 
@@ -136,14 +137,14 @@ def check_resumable(
       )
     return out
 
-  resumable = (*run_config.declared('resumable'), *_RESUMABLE_RECORDS)
+  resumable = (*experiment_config.declared('resumable'), *_RESUMABLE_RECORDS)
 
   # Input files are compared by content (`_check_inputs`), not by the path naming them:
   # a path's setting is compared without it (a model file's function kept).
   named = set()
   for c in (recorded, config):
     try:
-      named.update(run_config.ExperimentConfig.from_dict(c).input_files())
+      named.update(experiment_config.ExperimentConfig.from_dict(c).input_files())
     except (TypeError, ValueError, KeyError):
       pass
 
@@ -263,7 +264,7 @@ def _read_environment() -> dict[str, Any]:
     'plugins': registry.plugin_versions(),
     'command': shlex.join([os.path.basename(sys.executable), *sys.argv]),
   }
-  checkout = pathlib.Path(__file__).resolve().parent.parent
+  checkout = pathlib.Path(__file__).resolve().parents[2]
   if (checkout / '.git').exists():
 
     def git(*args):

@@ -10,7 +10,7 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
 `ops.local_loop.plan`; for the lanes engine, what it derives them from in its kernel,
 `DeferredPlans`), and where each client's examples lie in the resident data.
 
-* `lanes`: lockstep lanes compiled once by XLA (`runtime.lanes`); the fast path for many
+* `lanes`: lockstep lanes compiled once by XLA (`runtime.inprocess.lanes`); the fast path for many
   small clients. Needs a vectorizable local step (`ops.rule` says what that means).
 * `mapped`: client by client with `tf.map_fn` in the round's graph, no XLA; runs any
   rule TensorFlow runs.
@@ -28,8 +28,9 @@ import tensorflow as tf
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, local_loop, vectorizable
 from tff_comp.ops import rule as rule_lib
-from tff_comp.runtime import error_text, resident_data
-from tff_comp.runtime import lanes as lanes_lib
+from tff_comp.runtime import error_text
+from tff_comp.runtime.inprocess import lanes as lanes_lib
+from tff_comp.runtime.inprocess import resident_data
 
 
 class DeferredPlans(NamedTuple):
@@ -48,7 +49,7 @@ class DeferredPlans(NamedTuple):
 
 class Cohort(NamedTuple):
   """One round's cohort as an engine receives it (per-client fields stacked to [m]).
-  With `trial` (batched trials, `runtime.inprocess_trials`), `payload` and `hparams` are
+  With `trial` (batched trials, `runtime.inprocess.trials`), `payload` and `hparams` are
   stacked per trial and client i reads row `trial[i]` of each."""
 
   payload: Any
@@ -206,7 +207,7 @@ def _step_nodes(
 
 
 class LanesEngine:
-  """Lockstep lanes (`runtime.lanes`): every local step and each client's output in one
+  """Lockstep lanes (`runtime.inprocess.lanes`): every local step and each client's output in one
   XLA kernel compiled once (short last batches of more than
   `lanes.MAX_KERNEL_SHORT_SIZES` sizes vectorized per size outside it, the outputs
   after them; the outputs in the kernel made lasso's round faster: docs/speed.md).

@@ -15,17 +15,10 @@ from tff_comp import data as data_lib
 from tff_comp import native_logs
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, local_loop
-from tff_comp.runtime import (
-  base,
-  error_text,
-  inprocess_trials,
-  learning_state,
-  resident_data,
-  round_stages,
-  streaming,
-  traced,
-)
-from tff_comp.runtime import engines as engines_lib
+from tff_comp.runtime import base, error_text, learning_state, traced
+from tff_comp.runtime.inprocess import engines as engines_lib
+from tff_comp.runtime.inprocess import resident_data, stages, streaming
+from tff_comp.runtime.inprocess import trials as inprocess_trials
 
 UnsupportedError = base.UnsupportedError
 choose_device = resident_data.choose_device
@@ -45,7 +38,7 @@ class InProcessRuntime:
     algorithm: the math to run.
     data: the clients' examples (`client_arrays`).
     device: where to place data and rounds (default `choose_device()`).
-    engine: 'lanes', 'mapped', 'debug' (`runtime.engines`) or 'auto': lanes, unless the
+    engine: 'lanes', 'mapped', 'debug' (`runtime.inprocess.engines`) or 'auto': lanes, unless the
       algorithm's local step would be slow under XLA here (a decomposition on a CPU)
       or fails to vectorize in the first round, then mapped; the
       choice and its reason are logged in one line (`engine`, `why`, `record`).
@@ -107,7 +100,7 @@ class InProcessRuntime:
     batches = client_round.plan_cohort(rule, options, self.data.counts, self.data.keys, 0)
     remainders = batches.remainder.numpy()
     short_sizes = tuple(int(s) for s in np.unique(remainders[remainders > 0]))
-    self.stages = round_stages.RoundStages(algorithm, self.data)
+    self.stages = stages.RoundStages(algorithm, self.data)
     self.capacity = 0  # clients the lanes kernel holds (0: none compiled yet)
     self.lanes = lanes or (64 if 'GPU' in self.device.upper() else 8)
     self.kernel_threads = resident_data.kernel_threads(self.device, kernel_threads or 0)
@@ -405,7 +398,7 @@ class InProcessRuntime:
       )
     ), reference
 
-  # --- a round's clients alone (its aggregation elsewhere: `runtime.ray_runtime`) ----
+  # --- a round's clients alone (its aggregation elsewhere: `runtime.ray`) ----
 
   def client_outputs(
     self,
@@ -451,7 +444,7 @@ class InProcessRuntime:
     round_num: int,
     reference: float | None,
     aggregator,
-  ) -> round_stages.RoundSums:
+  ) -> stages.RoundSums:
     """`client_outputs` summed for the round's end (`RoundStages.sums`, with the
     aggregator chain's state `aggregator`), in NumPy: what a share of a cohort sends,
     whatever its number of clients (a chain needing every row: their encoded rows).
@@ -491,5 +484,5 @@ class InProcessRuntime:
 
   @property
   def engine_impl(self) -> Any:
-    """The engine object running the cohorts (`runtime.engines`)."""
+    """The engine object running the cohorts (`runtime.inprocess.engines`)."""
     return self._engines[self.engine]

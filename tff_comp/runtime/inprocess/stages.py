@@ -4,7 +4,7 @@ trial on that trial's clients):
 
     client_plans    the cohort's batch plans and round context (the reference and start
                     losses of rules that use them)
-    (an engine runs the clients' work: `runtime.engines`)
+    (an engine runs the clients' work: `runtime.inprocess.engines`)
     finish          the aggregation (the model part by the algorithm's aggregator chain,
                     `ops.aggregators`, its draws seeded by the run, the round and each
                     client), the server step and the round's metrics, packed
@@ -19,19 +19,19 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.ops import aggregation, aggregators, client_round, local_loop
+from tff_comp.ops import aggregators, client_round, local_loop, update_aggregation
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import rule as rule_lib
 from tff_comp.runtime import client_rows, nested, traced
-from tff_comp.runtime import lanes as lanes_lib
+from tff_comp.runtime.inprocess import lanes as lanes_lib
 
 
 class RoundSums(NamedTuple):
   """A cohort's (or a share's) clients summed for the round's end: the aggregation's
-  `aggregation.Sums`, the aggregator chain's (`ops.aggregators.Sums`; () without a
+  `update_aggregation.Sums`, the aggregator chain's (`ops.aggregators.Sums`; () without a
   chain) and the clients' stats."""
 
-  update: aggregation.Sums
+  update: update_aggregation.Sums
   model: Any
   stats: Any
 
@@ -98,7 +98,7 @@ class RoundStages:
     """The cohort's `ClientPlan`s and the round's reference loss (None unless the rule
     uses one: the largest of the clients' candidates; `reference` when given, the
     whole cohort's where its clients run in several places). With `trial` ([m],
-    batched trials: `runtime.inprocess_trials`), `payload`, `hparams`, `round_num` and
+    batched trials: `runtime.inprocess.trials`), `payload`, `hparams`, `round_num` and
     `seed` are per trial, each client reads its trial's, and the reference is per trial
     ([trials])."""
     rule, options = self.algorithm.client_rule, self.algorithm.client_options
@@ -366,7 +366,7 @@ def _any_rows(structure: Any) -> Any:
     update = structure.update.update
     slots = {
       name: tf.nest.map_structure(free, getattr(update, name))
-      for name in aggregation.slot_fields(update)
+      for name in update_aggregation.slot_fields(update)
     }
     return structure._replace(update=structure.update._replace(update=update._replace(**slots)))
   return tf.nest.map_structure(free, structure)
@@ -380,7 +380,7 @@ def add_shares(
   instead) and the tables of client state as the round found them, the same rows in the
   same order."""
   update = shares[0].update.update
-  slots = aggregation.slot_fields(update)
+  slots = update_aggregation.slot_fields(update)
 
   def rows_of(parts):
     return tf.nest.map_structure(

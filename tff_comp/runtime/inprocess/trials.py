@@ -16,7 +16,7 @@ still running has handed over its next round, the last to arrive runs them all a
       so the trials sampling a client step on it in lanes side by side (batched)
     (W_t', S_t', A_t', metrics_t) = the aggregation of trial t's clients (with a private
       aggregator's state A_t and noise seeded by trial t's seed), the server step and
-      the metrics: `round_stages.RoundStages.finish`              (per trial)
+      the metrics: `stages.RoundStages.finish`              (per trial)
 
 "Per trial" runs a separate run's own ops on its own shapes in a loop over trials, and
 each client's work is its own whatever lane it runs in, so every trial's numbers are
@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tff_comp.ops import client_round
 from tff_comp.runtime import base, learning_state, nested, traced
-from tff_comp.runtime import engines as engines_lib
+from tff_comp.runtime.inprocess import engines as engines_lib
 
 
 def _host(value: Any) -> np.ndarray | np.generic:
@@ -76,7 +76,7 @@ class GroupRuntime(base.Runtime, Protocol):
   `inprocess.InProcessRuntime`, which makes groups of itself: `trial_group`)."""
 
   algorithm: Any
-  stages: Any  # round_stages.RoundStages
+  stages: Any  # stages.RoundStages
   data: Any  # resident_data.ResidentData
   device: str
   engine: str

@@ -2,12 +2,12 @@
 
 TFF's C++ worker pays a fixed cost per intrinsic and per client (docs/speed.md) and
 has no GPU build. This runtime runs the same math layer (`ops.client_round`,
-`ops.aggregation`, server rules) as one `tf.function` per round, never building a TFF
+`ops.update_aggregation`, server rules) as one `tf.function` per round, never building a TFF
 computation:
 
 * client data stay resident on the device in variables (`resident_data.ResidentData`);
 * the cohort's plans come from the one batch plan (`ops.client_round.plan_cohort`);
-* an engine (`runtime.engines`: lanes, mapped, debug) runs the cohort's client work;
+* an engine (`runtime.inprocess.engines`: lanes, mapped, debug) runs the cohort's client work;
 * aggregation (with clipping or DP noise for a `privacy.PrivateMean` model
   aggregator, its state in the state's `aggregator` field), the server step and the
   round's metrics are computed in the same graph.
@@ -25,11 +25,13 @@ from tff_comp import data as data_lib
 from tff_comp import models, registry, settings
 from tff_comp.learning_process import composer
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.runtime import base, inprocess_runtime, resident_data, streaming
+from tff_comp.runtime import base
+from tff_comp.runtime.inprocess import resident_data, streaming
+from tff_comp.runtime.inprocess import rounds as inprocess_rounds
 
 UnsupportedError = base.UnsupportedError
-InProcessRuntime = inprocess_runtime.InProcessRuntime
-ENGINES = inprocess_runtime.ENGINES
+InProcessRuntime = inprocess_rounds.InProcessRuntime
+ENGINES = inprocess_rounds.ENGINES
 choose_device = resident_data.choose_device
 # A population of this many clients or more streams each cohort in a run that trains
 # fewer client-rounds than it has clients (the lanes engine not asked for): reading every
@@ -114,7 +116,7 @@ def build(
   `client_data`.
 
   Args:
-    engine: 'auto', 'lanes', 'mapped' or 'debug' (`runtime.engines`).
+    engine: 'auto', 'lanes', 'mapped' or 'debug' (`runtime.inprocess.engines`).
     lanes: clients stepping together on the lanes engine (default: `InProcessRuntime`'s).
     device: a TensorFlow device name (default: the first GPU, else the CPU).
     client_rounds: the run's rounds x clients per round, if known (`InProcessRuntime`).

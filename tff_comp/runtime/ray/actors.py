@@ -10,7 +10,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tff_comp.runtime import client_rows, inprocess, ray_cluster, streaming
+from tff_comp.runtime import client_rows, inprocess
+from tff_comp.runtime.inprocess import streaming
+from tff_comp.runtime.ray import cluster as ray_cluster
 
 # The lanes engine's threads in an actor: the actors, several to a host, are the
 # parallelism (`inprocess.InProcessOptions.kernel_threads`).

@@ -5,15 +5,9 @@ from collections.abc import Callable
 import dataclasses
 from typing import Any
 
-from tff_comp import (
-  aggregation_settings,
-  client_settings,
-  privacy_settings,
-  registry,
-  server_optimizers,
-  settings,
-)
+from tff_comp import registry, server_optimizers, settings
 from tff_comp import schedules as schedules_lib
+from tff_comp.config import aggregation_settings, client_settings, privacy_settings
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.run import buffered_async
 from tff_comp.run import checkpoints as checkpoints_lib

@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_comp.ops import local_loop
-from tff_comp.runtime import resident_data
+from tff_comp.runtime.inprocess import resident_data
 
 _MAX_COHORT = 1 << 20  # more clients than any round has
 

@@ -1,5 +1,5 @@
 """Joining a Ray cluster and running tasks on it: what the Ray runtime
-(`ray_runtime`) and Ray grids (`reproduce.py --ray_address`) share. Ray is an optional
+(`runtime.ray`) and Ray grids (`reproduce.py --ray_address`) share. Ray is an optional
 dependency (`pip install tff_comp[ray]`), imported when a run asks for it."""
 
 import atexit
