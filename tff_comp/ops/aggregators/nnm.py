@@ -40,7 +40,9 @@ class NearestNeighbourMixing(base.PreAggregation):
 
   def mix_marks(self, values, marks, seed):
     del seed
-    near = self._near(values)  # measured apart: only runs under attack reach here
+    # `mix`'s matrix again: in a round's tf.function Grappler merges the two (m = 20,
+    # d = 48,670: mix alone 6.74 ms, with mix_marks 6.62 ms), so no hook shares it.
+    near = self._near(values)
     return tf.linalg.matvec(near, marks) / tf.reduce_sum(near[0])
 
   def _near(self, values: tf.Tensor) -> tf.Tensor:
