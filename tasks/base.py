@@ -45,6 +45,9 @@ class Task:
     evaluate_many: optionally, [(trainable weights, psi), ...] -> each one's `evaluate`
       metrics, equal to the bit, computed together (a grid's batched trials evaluate
       together, `tff_comp.trials`: the data read once for every model).
+    resolved_options: the builder's options it resolved itself ({'model': 'softmax'}
+      for emnist's model='auto'), recorded in config.json's `resolved.task_options`
+      over the values given.
   """
 
   name: str
@@ -64,6 +67,7 @@ class Task:
     Callable[[Sequence[tuple[tuple[np.ndarray, ...], regularizers_lib.Regularizer]]], list[Metrics]]
     | None
   ) = None
+  resolved_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def num_clients(self) -> int:

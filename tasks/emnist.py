@@ -29,6 +29,7 @@ Evaluation (without dropout): cross-entropy and accuracy on the test writers' ex
 and on training examples (`tasks.classification`).
 """
 
+import dataclasses
 from typing import Literal
 
 import tensorflow as tf
@@ -139,7 +140,7 @@ def build_emnist_task(
   else:
     network = keras_models.registered_classifier(model, (28, 28, 1), classes, seed, built_in=MODELS)
   name = 'emnist' if source == 'tff' else 'emnist[synthetic]'
-  return classification.classification_task(
+  task = classification.classification_task(
     name,
     train,
     test,
@@ -153,3 +154,4 @@ def build_emnist_task(
       eval_period=100,
     ),
   )
+  return dataclasses.replace(task, resolved_options={'model': model})

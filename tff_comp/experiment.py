@@ -242,8 +242,12 @@ def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str
     prepared.settings.record(),
     **({} if runtime is None else {'runtime': runtime}),
     algorithm_options=in_force(prepared.algorithm, prepared.builder_args, COMMON_ALGORITHM_ARGS),
-    task_options=in_force(
-      registry.get_task(prepared.config.task), prepared.config.task_options, COMMON_TASK_ARGS
+    task_options=dict(
+      in_force(
+        registry.get_task(prepared.config.task), prepared.config.task_options, COMMON_TASK_ARGS
+      ),
+      # A plugin's task (the `task.Task` protocol) need not say what it resolved.
+      **getattr(prepared.task, 'resolved_options', {}),
     ),
   )
 

@@ -173,6 +173,8 @@ def check_resumable(
     for key in sorted(before.keys() | after.keys()):
       if before.get(key) != after.get(key):
         differ[key] = (before.get(key), after.get(key))
+      elif key in differ and before is old_resolved:  # given otherwise, the same in force
+        del differ[key]
   if differ:
     changes = '; '.join(f'{k}: recorded {a!r}, now {b!r}' for k, (a, b) in differ.items())
     raise ConfigError(
