@@ -390,6 +390,8 @@ class LanesEngine:
       done = tf.nest.map_structure(lambda *t: tf.gather(tf.concat(t, 0), joined), *outputs)
     if not self._short_outside:
       return done
+    plans = cohort.plans
+    assert not isinstance(plans, DeferredPlans)  # deferred only with short batches in XLA
     states = lanes_lib.run_short_batches(
       rule,
       cohort.payload,
@@ -398,7 +400,7 @@ class LanesEngine:
       self._data.examples,
       cohort.offsets,
       cohort.counts,
-      cohort.plans,
+      plans,
       done,
       trial=cohort.trial,
     )
@@ -408,7 +410,7 @@ class LanesEngine:
       cohort.hparams,
       options,
       cohort.counts,
-      cohort.plans,
+      plans,
       states,
       trial=cohort.trial,
     )
