@@ -73,5 +73,17 @@ for _epsilon in (2, 8):
     eval_period=50,
   )
 
+# DP-FTRLM with its server rate tuned with the momentum (Kairouz et al. 2021 tune it): at
+# eta_s = 1 a momentum of 0.9 makes steps about ten times the plain tree's, and it fitted
+# the training clients best and scored lowest (dp_emnist_scale_eps8).
+_GRIDS['dp_emnist_scale_ftrlm_eps8'] = dataclasses.replace(
+  _GRIDS['dp_emnist_scale_eps8'],
+  algorithms=('dp_ftrlm',),
+  aliases={'dp_ftrlm': 'fedavg'},
+  client_learning_rates=(0.03, 0.1, 0.3),
+  server_learning_rates=(0.1, 0.3, 1.0),
+  algorithm_settings={'dp_ftrlm': _GRIDS['dp_emnist_scale_eps8'].algorithm_settings['dp_ftrlm']},
+)
+
 for _name, _spec in _GRIDS.items():
   registry.register_reproduction(_name, _spec)
