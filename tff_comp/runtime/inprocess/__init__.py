@@ -16,7 +16,7 @@ computation:
 state is TFF's `LearningAlgorithmState`, as the TFF process's, and it gives the same
 results (parity tests per algorithm). Device: the first GPU TensorFlow sees, else the
 CPU (`choose_device`). Capabilities (`runtime.base`): `ClientOutputs` (a round's
-clients alone: Ray's actors, buffered async) and `BatchesTrials` (`inprocess_trials`).
+clients alone: Ray's actors, buffered async) and `BatchesTrials` (`trials`).
 """
 
 import dataclasses
