@@ -64,7 +64,7 @@ class Shard:
     return os.getpid()
 
   def reserve_cohort(self, size: int) -> None:
-    self.runtime.reserve_cohort(size)
+    self._runtime().reserve_cohort(size)
 
   def client_sums(
     self, payload, hparams, client_ids, work, indices, round_num, reference, aggregator
@@ -81,7 +81,13 @@ class Shard:
     )
 
   def reference_candidates(self, payload, hparams, client_ids) -> np.ndarray:
-    return self.runtime.reference_candidates(self._payload(payload), hparams, client_ids)
+    return self._runtime().reference_candidates(self._payload(payload), hparams, client_ids)
+
+  def _runtime(self) -> inprocess.InProcessRuntime:
+    """The runtime `set_up` built (the driver sets every actor up before a round)."""
+    if self.runtime is None:
+      raise RuntimeError('a Ray shard was called before set_up.')
+    return self.runtime
 
   def _payload(self, payload):
     return client_rows.expand(self.rows.fill(payload))
@@ -127,7 +133,8 @@ def dumps(algorithm) -> bytes:
   are read from the Function's attributes (TF 2.14 has no public accessor for them)."""
   from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
-  class Pickler(ray_cluster.ray_module().cloudpickle.CloudPickler):
+  # Ray's pickler, imported with Ray when a run asks for it: a base mypy cannot see.
+  class Pickler(ray_cluster.ray_module().cloudpickle.CloudPickler):  # type: ignore[misc]
     def reducer_override(self, obj):
       if isinstance(obj, polymorphic_function.Function):
         return _function, (
