@@ -78,10 +78,12 @@ def build_cifar100_task(
     train, test = (data.preprocess(examples) for data in tff_files.load('cifar100', data_dir))
     train = tff_files.first_clients(train, max_clients)
   elif source == 'synthetic':
-    templates = tf.random.stateless_normal([CLASSES, *shape], [seed, _TEMPLATES])
 
     def make(n, key):
       labels = tf.random.stateless_uniform([n], key + 1, 0, CLASSES, tf.int32)
+      # Drawn in here, not once outside: TFF's runtime serializes the dataset function,
+      # and an eager tensor from outside cannot be captured in its graph.
+      templates = tf.random.stateless_normal([CLASSES, *shape], [seed, _TEMPLATES])
       noise = tf.random.stateless_normal([n, *shape], key)
       # Standardized like the real images: each pixel's variance 1.
       return _SIGNAL * tf.gather(templates, labels) + (1 - _SIGNAL**2) ** 0.5 * noise, labels

@@ -641,3 +641,27 @@ def test_a_scorer_is_built_once_when_two_threads_score_first(monkeypatch):
   for thread in threads:
     thread.join()
   assert len(builds) == 1 and len(scores) == 2 and scores[0] == scores[1]
+
+
+def test_cifar100_synthetic_runs_on_tffs_runtime_as_in_process(tmp_path):
+  """TFF's runtime serializes the synthetic source's dataset function, so nothing it
+  builds may be an eager tensor made outside it (the class templates once were)."""
+  finals = {
+    runtime: experiment.train(
+      'fedavg',
+      'cifar100',
+      rounds=1,
+      eval_period=1,
+      clients_per_round=2,
+      output_dir=str(tmp_path / runtime),
+      cifar100_source='synthetic',
+      cifar100_max_clients=4,
+      cifar100_crop=8,
+      runtime=runtime,
+      show_progress=False,
+    )
+    for runtime in ('tff', 'inprocess')
+  }
+  np.testing.assert_allclose(
+    finals['tff']['eval/test_loss'], finals['inprocess']['eval/test_loss'], rtol=1e-5
+  )
