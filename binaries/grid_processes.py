@@ -19,13 +19,15 @@ import threadpoolctl
 from tff_comp import experiment as experiment_lib
 from tff_comp import signals
 from tff_comp import trials as trials_lib
+from tff_comp.binaries import reproductions
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime.inprocess import resident_data
 from tff_comp.runtime.ray import cluster as ray_cluster
 
 # A grid's process holds TensorFlow, its task's data and a batched group's trials: 1.1
-# GB resident for fco_lasso's 48 trials of lasso (d = 1024); a default leaves room.
-_PROCESS_BYTES = 1.5 * 2**30
+# GB resident for fco_lasso's 48 trials of lasso (d = 1024); a default leaves room for
+# grids that declare no peak of their own (`Reproduction.process_gb`).
+PROCESS_GB = 1.5
 
 
 def _available_bytes() -> float | None:
@@ -40,17 +42,22 @@ def _available_bytes() -> float | None:
   return None
 
 
-def default_processes(units: int) -> tuple[int, str]:
-  """The processes a grid of `units` units runs in by default (`reproduce.py
-  --parallel`), and why, in words: one a core this process may use, no more than its
-  units, and no more than the available memory holds (`_PROCESS_BYTES` each)."""
+def default_processes(
+  spec: reproductions.Reproduction, seeds: int, batch_trials: bool
+) -> tuple[int, str]:
+  """The processes `spec`'s grid runs in by default (`reproduce.py --parallel`), and why,
+  in words: one a core this process may use, no more than its units (each algorithm's
+  batched trials, or each (algorithm, seed) of `seeds`), and no more than the available
+  memory holds at `spec.process_gb` each (default `PROCESS_GB`)."""
+  units = len(spec.algorithms) * (1 if batch_trials else seeds)
+  process_gb = spec.process_gb or PROCESS_GB
   cores = len(os.sched_getaffinity(0))
   processes = max(1, min(cores, units))
   why = f'one a core ({cores}), at most one a unit'
   available = _available_bytes()
-  if available is not None and available // _PROCESS_BYTES < processes:
-    processes = max(1, int(available // _PROCESS_BYTES))
-    why += f', as many as {available / 2**30:.1f} GB available hold'
+  if available is not None and available // (process_gb * 2**30) < processes:
+    processes = max(1, int(available // (process_gb * 2**30)))
+    why += f', as many as {available / 2**30:.1f} GB available hold at {process_gb:g} GB each'
   return processes, f'{units} unit(s) on {processes} process(es): {why}'
 
 

@@ -233,8 +233,7 @@ def _reproduce(argv):
   else:
     parallel = _PARALLEL.value or 1
     if _PARALLEL.value is None and not _RAY_ADDRESS.value:
-      units = len(spec.algorithms) * (1 if _BATCH_TRIALS.value else len(seeds))
-      parallel, why = grid_processes.default_processes(units)
+      parallel, why = grid_processes.default_processes(spec, len(seeds), _BATCH_TRIALS.value)
       print(f'reproduce.py: {why} (--parallel sets it).', flush=True)
     start = time.monotonic()
     try:

@@ -61,6 +61,10 @@ class Reproduction:
   # first reached it (better or equal).
   x_axis: str = ''
   target: float | None = None
+  # The peak resident memory of one of the grid's processes, in GB, as measured (0: the
+  # default of `grid_processes.PROCESS_GB`); `reproduce.py` runs no more processes by
+  # default than the available memory holds at this much each.
+  process_gb: float = 0.0
 
 
 def selection(spec: Reproduction) -> tuple[str, bool]:

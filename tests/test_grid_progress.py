@@ -77,23 +77,40 @@ def test_a_grid_in_other_processes_says_its_progress_as_it_runs(tmp_path, capsys
 
 
 def test_a_grids_default_processes_are_bounded_by_cores_units_and_memory(monkeypatch):
+  def grid(algorithms: int, **memory) -> reproductions.Reproduction:
+    return reproductions.Reproduction(
+      task='quadratic',
+      algorithms=tuple(f'a{i}' for i in range(algorithms)),
+      client_learning_rates=(0.1,),
+      server_learning_rates=(1.0,),
+      rounds=1,
+      checkpoints=(1,),
+      metric='objective',
+      **memory,
+    )
+
   monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(8)))
   monkeypatch.setattr(grid_processes, '_available_bytes', lambda: 64 * 2**30)
-  assert grid_processes.default_processes(4) == (
+  assert grid_processes.default_processes(grid(4), 3, batch_trials=True) == (
     4,
     '4 unit(s) on 4 process(es): one a core (8), at most one a unit',
   )
-  assert grid_processes.default_processes(20)[0] == 8
+  # Without batched trials every (algorithm, seed) is a unit.
+  assert grid_processes.default_processes(grid(4), 5, batch_trials=False)[0] == 8
   monkeypatch.setattr(grid_processes, '_available_bytes', lambda: 4 * 2**30)  # 1.5 GB a process
-  assert grid_processes.default_processes(20) == (
+  assert grid_processes.default_processes(grid(20), 1, batch_trials=True) == (
     2,
     '20 unit(s) on 2 process(es): one a core (8), at most one a unit, as many as 4.0 GB'
-    ' available hold',
+    ' available hold at 1.5 GB each',
   )
+  # A grid that declares its processes' peak (the DP-at-scale grids: 9 GB) gets fewer.
+  monkeypatch.setattr(grid_processes, '_available_bytes', lambda: 20 * 2**30)
+  assert grid_processes.default_processes(grid(5), 3, batch_trials=True)[0] == 5
+  assert grid_processes.default_processes(grid(5, process_gb=9), 3, batch_trials=True)[0] == 2
   monkeypatch.setattr(grid_processes, '_available_bytes', lambda: 2**20)
-  assert grid_processes.default_processes(20)[0] == 1
+  assert grid_processes.default_processes(grid(20), 1, batch_trials=True)[0] == 1
   monkeypatch.setattr(grid_processes, '_available_bytes', lambda: None)  # no /proc/meminfo
-  assert grid_processes.default_processes(20)[0] == 8
+  assert grid_processes.default_processes(grid(20), 1, batch_trials=True)[0] == 8
 
 
 def test_the_available_memory_is_read_from_the_kernel():
