@@ -310,7 +310,7 @@ class Progress(Callback):
     self._show, self._also = show, (*_ALSO_SHOWN, *also)
     self._said = time.monotonic()  # when it last wrote a line
     self._interactive = show and sys.stderr.isatty()
-    self._bar = None
+    self._bar: tqdm.tqdm | None = None
 
   def on_train_begin(self, loop: Loop) -> None:
     self._bar = tqdm.tqdm(
@@ -323,6 +323,7 @@ class Progress(Callback):
     )
 
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+    assert self._bar is not None, 'after_round before on_train_begin'
     evaluated = any(k.startswith('eval/') for k in metrics)
     summary = {}
     if evaluated:
@@ -398,24 +399,25 @@ class MetricsSink(Callback):
     if self._writer is not None:
       self._writer.flush()
 
-  def _open(self, loop: Loop, metrics: run_files.Metrics) -> None:
+  def _open(self, loop: Loop, metrics: run_files.Metrics) -> run_files.MetricsWriter:
     columns = sorted(k for k in metrics if not k.startswith('eval/'))
-    self._writer = run_files.MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
-    self._writer.write(0, 0.0, loop.initial_eval)
+    writer = run_files.MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
+    writer.write(0, 0.0, loop.initial_eval)
     for row in self._waiting:
-      self._writer.write(*row)
+      writer.write(*row)
+    return writer
 
   def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
     if self._writer is None:
       if not any(k.startswith('train/') for k in metrics):
         self._waiting.append((round_num, loop.elapsed(), dict(metrics)))
         return
-      self._open(loop, metrics)
+      self._writer = self._open(loop, metrics)
     self._writer.write(round_num, loop.elapsed(), metrics)
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
     if self._writer is None:  # stopped before a round trained: still write what ran
-      self._open(loop, self._waiting[-1][2] if self._waiting else {})
+      self._writer = self._open(loop, self._waiting[-1][2] if self._waiting else {})
     loop.flushes.remove(self._flush)
     self._writer.close()
 

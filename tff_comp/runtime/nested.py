@@ -22,23 +22,31 @@ def _recipe(indexed: Any) -> Build | None:
   """How to build the structure whose leaves are the positions in `indexed`, or None
   for a container other than a named tuple, tuple, list or dict."""
   if isinstance(indexed, int):
-    return lambda leaves, i=indexed: leaves[i]
+    position = indexed
+    return lambda leaves: leaves[position]
+  kind = type(indexed)
   if isinstance(indexed, tuple) and hasattr(indexed, '_fields'):
-    parts = [_recipe(v) for v in indexed]
-    kind = type(indexed)
-    return None if None in parts else (lambda leaves: kind(*[part(leaves) for part in parts]))
-  if type(indexed) in (tuple, list):
-    parts = [_recipe(v) for v in indexed]
-    kind = type(indexed)
-    return None if None in parts else (lambda leaves: kind([part(leaves) for part in parts]))
-  if type(indexed) in (dict, collections.OrderedDict):
+    named = _recipes(list(indexed))
+    return None if named is None else (lambda leaves: kind(*[part(leaves) for part in named]))
+  if kind in (tuple, list):
+    parts = _recipes(list(indexed))
+    return None if parts is None else (lambda leaves: kind([part(leaves) for part in parts]))
+  if kind in (dict, collections.OrderedDict):
     keys = list(indexed)
-    parts = [_recipe(indexed[k]) for k in keys]
-    kind = type(indexed)
+    values = _recipes([indexed[k] for k in keys])
     return (
-      None if None in parts else (lambda leaves: kind(zip(keys, [part(leaves) for part in parts])))
+      None
+      if values is None
+      else (lambda leaves: kind(zip(keys, [part(leaves) for part in values])))
     )
   return None
+
+
+def _recipes(children: list[Any]) -> list[Build] | None:
+  """The recipes of `children`, or None if any has none."""
+  recipes = [_recipe(child) for child in children]
+  built = [recipe for recipe in recipes if recipe is not None]
+  return built if len(built) == len(recipes) else None
 
 
 class Packer:
