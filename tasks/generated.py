@@ -33,3 +33,30 @@ def client_data(
   return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
     [f'{prefix}_{i}' for i in range(len(sizes))], dataset_fn
   )
+
+
+# The chain's successors of an id and how likely each is: the best possible next-id
+# accuracy is 0.6, against 1/V for uniform ids.
+MARKOV_PROBABILITIES = (0.6, 0.3, 0.1)
+
+
+def markov_sequences(n: tf.Tensor, key: tf.Tensor, chain_key: tf.Tensor, ids: int, length: int):
+  """[n, length] sequences of ids in [1, ids), each a walk of one Markov chain drawn with
+  `chain_key` (every id has `len(MARKOV_PROBABILITIES)` successors, taken with those
+  probabilities) from a uniform first id; the walks are drawn with `key`. The chain is
+  made here, inside whichever graph calls this, not captured from outside."""
+  successors = tf.random.stateless_uniform(
+    [ids, len(MARKOV_PROBABILITIES)], chain_key, 1, ids, tf.int32
+  )
+  keys = tf.random.experimental.stateless_split(key, length)
+  logits = tf.broadcast_to(
+    tf.math.log(tf.constant([MARKOV_PROBABILITIES])), tf.stack([n, len(MARKOV_PROBABILITIES)])
+  )
+
+  def step(previous, step_key):
+    choice = tf.random.stateless_categorical(logits, 1, step_key, dtype=tf.int32)[:, 0]
+    return tf.gather_nd(successors, tf.stack([previous, choice], 1))
+
+  first = tf.random.stateless_uniform(tf.reshape(n, [1]), keys[0], 1, ids, tf.int32)
+  walk = tf.scan(step, keys[1:], initializer=first)
+  return tf.transpose(tf.concat([first[None], walk], 0))

@@ -9,10 +9,12 @@ dataset): one client per speaking role of each play.
   vocabulary, begin and end tokens), bracketed by begin/end, padded to a multiple of
   81 and cut into windows of 81 ids; an example is (ids[:80], ids[1:]), the next
   character at every position (McMahan et al. 2017's sequence length 80).
-* source 'synthetic': windows of uniform ids of the same shapes, 715 clients,
-  lognormal sizes around `SYNTHETIC_MEAN_WINDOWS` windows a client (an assumed size:
-  the per-role statistics are not in TFF's documentation); outputs are labelled
-  synthetic (task name `shakespeare[synthetic]`).
+* source 'synthetic': windows of the same shapes, each a walk of one Markov chain over
+  the vocabulary (`generated.markov_sequences`: 3 successors an id, so a model can
+  reach 0.6 accuracy, against 0.011 by chance), 715 clients, lognormal sizes around
+  `SYNTHETIC_MEAN_WINDOWS` windows a client (an assumed size: the per-role statistics
+  are not in TFF's documentation); outputs are labelled synthetic (task name
+  `shakespeare[synthetic]`).
 
 Model: TFF's baseline recurrent model (`char_prediction_models.create_recurrent_model`):
 Embedding(vocabulary + 4, 8), two LSTM layers of `lstm_units` (256 in the baseline)
@@ -36,6 +38,7 @@ SEQUENCE_LENGTH = 80
 VOCABULARY = len(tff_preprocessing.CHAR_VOCAB) + 4  # pad, oov, bos, eos
 ROLES = 715
 SYNTHETIC_MEAN_WINDOWS = 50
+_CHAIN = 0x5EA  # the synthetic source's Markov chain's stream, apart from the walks'
 
 
 def _windows(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -101,7 +104,7 @@ def build_shakespeare_task(
     clients = max_clients or ROLES
 
     def make(n, key):
-      ids = tf.random.stateless_uniform([n, SEQUENCE_LENGTH + 1], key, 0, VOCABULARY, tf.int32)
+      ids = generated.markov_sequences(n, key, [seed, _CHAIN], VOCABULARY, SEQUENCE_LENGTH + 1)
       return tf.cast(ids[:, :-1], tf.float32), ids[:, 1:]
 
     train, test = (

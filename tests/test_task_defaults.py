@@ -37,10 +37,14 @@ LEARNS_SLOWLY = {
     0.03,
   ),  # 0.009; 0.046
 }
-# Their synthetic sources are uniform noise of the real shapes (for timing), so nothing
-# can be learned from them, and their real files (TFF's) are not on the machine: their
-# defaults are TFF's baselines' settings, unchecked here.
-NOISE_ONLY = {'shakespeare', 'stackoverflow_nwp'}
+# Their real files (TFF's) are not on the machine and their defaults are TFF's baselines'
+# (1,200 rounds for Shakespeare). Their synthetic sources are learnable (one Markov chain,
+# tests/test_synthetic_text.py), but slower than any suite: a round of Shakespeare's
+# defaults is about 12 local steps a client and 30 s (2026-12-05); trained centrally, its
+# LSTM leaves the unigram plateau after 1,000-2,000 steps (loss 3.92 after 1,000, 1.63
+# after 2,000; the chain's own entropy 0.90), and federated it was still on the plateau
+# after 30 rounds (4.14, even at 32 units). Unchecked here.
+SLOWER_THAN_ANY_SUITE = {'shakespeare', 'stackoverflow_nwp'}
 
 
 def test_every_built_in_task_is_checked():
@@ -49,7 +53,7 @@ def test_every_built_in_task_is_checked():
     for name in registry.TASKS.names()
     if registry.get_task(name).builder.__module__.startswith('tff_comp.tasks.')
   }
-  assert built_in == set(LEARNS) | set(LEARNS_SLOWLY) | NOISE_ONLY
+  assert built_in == set(LEARNS) | set(LEARNS_SLOWLY) | SLOWER_THAN_ANY_SUITE
 
 
 def _learns(task, case, tmp_path):
