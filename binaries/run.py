@@ -34,7 +34,7 @@ import tensorflow as tf
 from tff_comp import experiment, registry, signals
 from tff_comp.binaries import flags_lib
 from tff_comp.config import run_directory
-from tff_comp.run import callbacks, run_files, training_loop
+from tff_comp.run import callbacks, outputs, training_loop
 from tff_comp.runtime import workers
 
 flags_lib.define_common_flags()
@@ -171,7 +171,7 @@ def _run(argv: list[str]) -> None:
     sys.exit(143 if sigterm else 130)
   tables = {'final evaluation': {k.removeprefix('eval/'): v for k, v in final.items()}}
   if prepared.ledger is not None:  # the budget spent, as the last row recorded it
-    _, rows, _ = run_files.whole_rows(pathlib.Path(config.output_dir) / 'metrics.csv')
+    _, rows, _ = outputs.whole_rows(pathlib.Path(config.output_dir) / 'metrics.csv')
     spent = [float(r['privacy/epsilon']) for r in rows if r.get('privacy/epsilon')]
     if spent:
       tables['privacy spent'] = {'epsilon': spent[-1], 'delta': prepared.ledger.delta}

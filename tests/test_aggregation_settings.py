@@ -13,7 +13,7 @@ import pytest
 
 from tff_comp import experiment, trials
 from tff_comp.config import aggregation_settings
-from tff_comp.run import run_files, training_loop
+from tff_comp.run import outputs, training_loop
 
 BASE = dict(algorithm='fedavg', task='quadratic', rounds=6, eval_period=3, checkpoint_every=2)
 
@@ -105,8 +105,8 @@ def test_a_resumed_run_with_error_feedback_ends_as_an_uninterrupted_one(tmp_path
   )
   assert _rows(tmp_path / 'cut') == _rows(tmp_path / 'whole')
   for a, b in zip(
-    run_files.load_model(tmp_path / 'cut' / 'final_model.npz').trainable,
-    run_files.load_model(tmp_path / 'whole' / 'final_model.npz').trainable,
+    outputs.load_model(tmp_path / 'cut' / 'final_model.npz').trainable,
+    outputs.load_model(tmp_path / 'whole' / 'final_model.npz').trainable,
     strict=True,
   ):
     np.testing.assert_array_equal(a, b)

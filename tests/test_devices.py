@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tff_comp import experiment
-from tff_comp.run import devices, run_files, sampling
+from tff_comp.run import devices, outputs, sampling
 from tff_comp.settings import ConfigError
 
 SIZES = {'a': 10, 'b': 40, 'c': 20, 'd': 5, 'e': 80}
@@ -184,7 +184,7 @@ def _train(tmp_path, name, rounds, **settings):
     overselect=1.5,
     **settings,
   )
-  _, rows, _ = run_files.whole_rows(tmp_path / name / 'metrics.csv')
+  _, rows, _ = outputs.whole_rows(tmp_path / name / 'metrics.csv')
   return rows
 
 

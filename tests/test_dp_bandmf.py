@@ -14,7 +14,7 @@ from tests import algorithm_cases, interrupted
 from tff_comp import accounting, experiment, strategy_cache
 from tff_comp.config import privacy_settings
 from tff_comp.ops import privacy
-from tff_comp.run import run_files, sampling
+from tff_comp.run import outputs, sampling
 from tff_comp.runtime import inprocess, tff_process
 
 _ORDERS = np.array([1 + x / 10 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512])
@@ -123,7 +123,7 @@ def test_a_resumed_bandmf_run_equals_the_uninterrupted_one(tmp_path):
     interrupted.train(config(output_dir=str(tmp_path / 'resumed'), **ARGS), interrupt_at=6)
   interrupted.train(config(output_dir=str(tmp_path / 'resumed'), resume=True, **ARGS))
   models = [
-    run_files.load_model(tmp_path / k / 'final_model.npz').trainable for k in ('whole', 'resumed')
+    outputs.load_model(tmp_path / k / 'final_model.npz').trainable for k in ('whole', 'resumed')
   ]
   for a, b in zip(*models, strict=True):
     np.testing.assert_array_equal(a, b)

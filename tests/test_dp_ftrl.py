@@ -15,7 +15,7 @@ from tests import algorithm_cases, interrupted
 from tff_comp import accounting, experiment
 from tff_comp.config import privacy_settings
 from tff_comp.ops import privacy
-from tff_comp.run import run_files, sampling
+from tff_comp.run import outputs, sampling
 from tff_comp.runtime import inprocess, tff_process
 
 
@@ -146,7 +146,7 @@ def test_a_resumed_tree_run_equals_the_uninterrupted_one(tmp_path):
     _train(tmp_path / 'resumed', interrupt_at=6)  # rounds 1-5 done, saved at 4
   _train(tmp_path / 'resumed', resume=True)
   models = [
-    run_files.load_model(tmp_path / k / 'final_model.npz').trainable for k in ('whole', 'resumed')
+    outputs.load_model(tmp_path / k / 'final_model.npz').trainable for k in ('whole', 'resumed')
   ]
   for a, b in zip(*models, strict=True):
     np.testing.assert_array_equal(a, b)

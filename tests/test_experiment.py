@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tests import algorithm_cases
 from tff_comp import experiment, registry
-from tff_comp.run import callbacks, run_files
+from tff_comp.run import callbacks, outputs
 
 
 def _config(tmp_path, algorithm='fedavg', **kwargs):
@@ -147,7 +147,7 @@ def test_l1_ball_of_radius_zero_runs_from_the_command_line_path(tmp_path):
   )
   final = experiment.run_experiment(prepared, show_progress=False)
   assert all(math.isfinite(v) for v in final.values())
-  weights = run_files.load_model(tmp_path / 'final_model.npz').trainable
+  weights = outputs.load_model(tmp_path / 'final_model.npz').trainable
   constrained = [weights[i] for i in prepared.task.regularizer_targets]
   assert constrained and all(np.all(w == 0) for w in constrained)
 

@@ -14,7 +14,7 @@ from tff_comp import accounting, experiment, registry, strategy_cache
 from tff_comp.config import privacy_settings
 from tff_comp.ops import privacy
 import tff_comp.ops.aggregators as agg
-from tff_comp.run import checkpoints, run_files
+from tff_comp.run import checkpoints, outputs
 from tff_comp.runtime import choice
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
@@ -91,8 +91,8 @@ def test_without_noise_the_in_process_round_is_tffs_factory(name, kind):
   assert max(np.abs(a - b).max() for a, b in zip(fast, plain)) > 1e-3  # clipping bites
   for a, b in zip(fast, slow):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  fast_flat = run_files.flatten_metrics(fast_measured)
-  slow_flat = run_files.flatten_metrics(slow_measured)
+  fast_flat = outputs.flatten_metrics(fast_measured)
+  slow_flat = outputs.flatten_metrics(slow_measured)
   shared = set(fast_flat) & set(slow_flat)
   if spec.adaptive:
     assert any(k.endswith('dp_query_metrics/clip') for k in shared)

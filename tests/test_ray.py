@@ -26,7 +26,7 @@ from tff_comp import experiment, keras_models, registry, strategy_cache
 from tff_comp.binaries import grid, reproductions
 from tff_comp.ops import privacy
 import tff_comp.ops.aggregators as agg
-from tff_comp.run import callbacks, run_files, sampling
+from tff_comp.run import callbacks, outputs, sampling
 from tff_comp.runtime import client_rows, inprocess
 from tff_comp.runtime import ray as ray_runtime
 from tff_comp.runtime.inprocess import streaming
@@ -412,7 +412,7 @@ def test_a_ray_run_resumes_as_it_would_have_run(tmp_path, name):
   resumed = _train(tmp_path / 'cut', resume=True, algorithm=name)
   assert resumed == whole
   (want, _), (got, _) = (
-    run_files.whole_rows(tmp_path / kind / 'metrics.csv')[1:] for kind in ('whole', 'cut')
+    outputs.whole_rows(tmp_path / kind / 'metrics.csv')[1:] for kind in ('whole', 'cut')
   )
   columns = [c for c in want[0] if 'seconds' not in c]
   assert [[r[c] for c in columns] for r in got] == [[r[c] for c in columns] for r in want]

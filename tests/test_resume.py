@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tests import interrupted
 from tff_comp import experiment
-from tff_comp.run import run_files, training_loop
+from tff_comp.run import outputs, training_loop
 
 ARGS = dict(algorithm='feddualavg', task='quadratic', rounds=9, eval_period=3, checkpoint_every=3)
 ARGS_RATE = 0.02  # a client rate given explicitly (recorded as given)
@@ -57,7 +57,7 @@ def _saved_rounds(path) -> list[int]:
 
 
 def _model(path):
-  return list(run_files.load_model(path / 'final_model.npz').trainable)
+  return list(outputs.load_model(path / 'final_model.npz').trainable)
 
 
 def _train(path, interrupt_at=None, show=False, **kwargs):
@@ -342,14 +342,14 @@ def test_a_kill_while_rewriting_metrics_leaves_the_old_file_whole(tmp_path, monk
     del self, rows
     raise SystemExit('killed while writing')
 
-  monkeypatch.setattr(run_files.csv.DictWriter, 'writerows', killed)
+  monkeypatch.setattr(outputs.csv.DictWriter, 'writerows', killed)
   with pytest.raises(SystemExit):
     _train(tmp_path, resume=True)
   assert (tmp_path / 'metrics.csv').read_bytes() == before
 
 
 def test_a_locked_output_directory_is_refused_naming_the_holder(tmp_path):
-  with run_files.output_lock(tmp_path):
+  with outputs.output_lock(tmp_path):
     with pytest.raises(
       experiment.ConfigError, match=rf'in use by another run \(pid {os.getpid()}\)'
     ):
@@ -456,8 +456,8 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(
     # Round 2's row (in the first 2-second flush after round 1's, written at once):
     # round 1 has passed all its callbacks, so the signal saves a round >= 1.
     _rows_until(tmp_path / 'run', 2)
-    with pytest.raises(run_files.OutputDirInUse, match=rf'\(pid {proc.pid}\)'):
-      with run_files.output_lock(tmp_path / 'run'):
+    with pytest.raises(outputs.OutputDirInUse, match=rf'\(pid {proc.pid}\)'):
+      with outputs.output_lock(tmp_path / 'run'):
         pass
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)
@@ -573,7 +573,7 @@ def test_the_run_files_take_the_umask_mode_not_a_temporary_files(tmp_path):
   """metrics.csv and config.json were 0600 (written through temporary files) beside
   0644 files."""
   _train(tmp_path, rounds=1)
-  expected = 0o666 & ~run_files._UMASK
+  expected = 0o666 & ~outputs._UMASK
   for name in ('metrics.csv', 'config.json'):
     assert (tmp_path / name).stat().st_mode & 0o777 == expected, name
 

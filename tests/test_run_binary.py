@@ -137,7 +137,7 @@ BAD_INPUT = [
     ' directory, pass --resume to continue it or --overwrite',
   ),
   (['--algo=nope'], 'Known algorithms: afl, comfedl, ditto, fedavg, fedavg_subgrad,'),
-  # A run's directory whose tensorboard/ is a file (FileExistsError in run_files.py).
+  # A run's directory whose tensorboard/ is a file (FileExistsError in outputs.py).
   (['--resume', '--output_dir={tb_file}'], 'tensorboard is a file where the run keeps a directory'),
   # A model TensorFlow cannot allocate (a 49-line out-of-memory traceback).
   (

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tff_comp import experiment, schedules, settings
-from tff_comp.run import run_files, sampling
+from tff_comp.run import outputs, sampling
 
 ROUNDS, CLIENT_LR, SERVER_LR = 6, 0.05, 1.5
 
@@ -106,7 +106,7 @@ def test_a_scheduled_run_trains_as_tffs_process_with_the_rates_set_by_hand(tmp_p
     ids = sampler.sample(t).reporting
     state = process.next(state, [data.create_tf_dataset_for_client(c) for c in ids]).state
   want = process.get_model_weights(state).trainable
-  got = run_files.load_model(tmp_path / 'final_model.npz').trainable
+  got = outputs.load_model(tmp_path / 'final_model.npz').trainable
   start = prepared.task.model.initial_weights[0]
   assert max(np.abs(np.asarray(w) - s).max() for w, s in zip(want, start)) > 0.05
   for a, b in zip(got, want):
@@ -146,7 +146,7 @@ def test_a_resumed_scheduled_run_scales_the_first_rates_not_the_saved_ones(tmp_p
   rates = [
     [
       float(row['hparams/client_work/learning_rate'])
-      for row in run_files.whole_rows(path / 'metrics.csv')[1][1:]
+      for row in outputs.whole_rows(path / 'metrics.csv')[1][1:]
     ]
     for path in (whole, cut)
   ]

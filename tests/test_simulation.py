@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tests import algorithm_cases
 from tff_comp import experiment, registry, signals
-from tff_comp.run import callbacks, checkpoints, run_files, training_loop
+from tff_comp.run import callbacks, checkpoints, outputs, training_loop
 from tff_comp.runtime import inprocess
 
 DATA = algorithm_cases.DATA['unequal']
@@ -87,7 +87,7 @@ def test_a_sink_sees_every_round_and_an_early_stop_ends_the_run_cleanly(tmp_path
   assert version == stopped_at and saved is not None
   with np.load(tmp_path / 'stop' / 'final_model.npz') as f:
     assert sorted(f.files) == ['trainable_0', 'trainable_1']  # named by weight
-  model = run_files.load_model(tmp_path / 'stop' / 'final_model.npz')
+  model = outputs.load_model(tmp_path / 'stop' / 'final_model.npz')
   assert [w.shape for w in model.trainable] == [(algorithm_cases.D,), ()]
   assert model.non_trainable == ()
 
@@ -188,7 +188,7 @@ def test_a_run_is_the_callbacks_its_caller_composes(tmp_path):
   ]
   kept = [c for c in composed if not isinstance(c, callbacks.Evaluator)]
   assert experiment.train_runner(prepared, runner, show_progress=False, callbacks=kept) == {}
-  columns, rows, _ = run_files.whole_rows(tmp_path / 'metrics.csv')
+  columns, rows, _ = outputs.whole_rows(tmp_path / 'metrics.csv')
   assert [row['round'] for row in rows] == ['0', '1', '2', '3']
   assert not [c for c in columns if c.startswith('eval/')]
 
@@ -228,7 +228,7 @@ def test_a_non_finite_evaluation_stops_the_run_before_it_is_saved(tmp_path):
 def test_the_first_trained_round_is_on_disk_at_once_then_rows_wait_for_the_flush(tmp_path):
   """metrics.csv shows a run has started training as soon as its first round ends; later
   rows are written together (every 2 s by default) and when the writer closes."""
-  writer = run_files.MetricsWriter(tmp_path, ['loss'], flush_seconds=3600.0)
+  writer = outputs.MetricsWriter(tmp_path, ['loss'], flush_seconds=3600.0)
 
   def rounds():
     with open(tmp_path / 'metrics.csv', newline='') as f:
@@ -247,7 +247,7 @@ def test_tensorboard_events_hold_what_tf_summary_scalar_writes(tmp_path):
   by TensorFlow's summary iterator)."""
   metrics = {'train/client_work/train_loss': 0.25, 'eval/accuracy': 0.5}
   (tmp_path / 'ours').mkdir()
-  writer = run_files.MetricsWriter(tmp_path / 'ours', sorted(metrics))
+  writer = outputs.MetricsWriter(tmp_path / 'ours', sorted(metrics))
   for round_num in (1, 2):
     writer.write(round_num, 0.1, {k: v * round_num for k, v in metrics.items()})
   writer.close()

@@ -19,7 +19,7 @@ from tests import algorithm_cases
 from tff_comp import experiment, registry, trial_groups, trials
 from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.ops import client_round, matrix_factorization, privacy
-from tff_comp.run import callbacks, run_files, sampling
+from tff_comp.run import callbacks, outputs, sampling
 from tff_comp.runtime import inprocess
 from tff_comp.runtime.inprocess import engines
 from tff_comp.runtime.inprocess import trials as inprocess_trials
@@ -179,9 +179,9 @@ def test_trials_sharing_one_seed_are_caught():
 
 def _files(path):
   """metrics.csv without its clock columns, and the final model."""
-  columns, rows, _ = run_files.whole_rows(path / 'metrics.csv')
+  columns, rows, _ = outputs.whole_rows(path / 'metrics.csv')
   kept = [c for c in columns if 'seconds' not in c]
-  return [[row[c] for c in kept] for row in rows], run_files.load_model(path / 'final_model.npz')
+  return [[row[c] for c in kept] for row in rows], outputs.load_model(path / 'final_model.npz')
 
 
 def _assert_same_run(path, want_path) -> Any:
@@ -516,7 +516,7 @@ def test_a_diverging_trial_ends_alone_and_the_others_go_on(tmp_path):
   assert isinstance(results[1], callbacks.DivergenceError)
   for rate, result in ((0.02, results[0]), (0.05, results[2])):
     assert not isinstance(result, Exception)
-    rows = run_files.whole_rows(tmp_path / str(rate) / 'metrics.csv')[1]
+    rows = outputs.whole_rows(tmp_path / str(rate) / 'metrics.csv')[1]
     assert [row['round'] for row in rows] == ['0', '1', '2', '3', '4', '5']
 
 
@@ -578,7 +578,7 @@ def test_trials_of_their_own_clip_norm_share_a_build_and_equal_their_runs(tmp_pa
     want = tmp_path / 'separate' / f'trial_{seed}'
     _assert_same_run(tmp_path / 'batched' / f'trial_{seed}', want)
     assert _files(tmp_path / 'one_by_one' / f'trial_{seed}')[0] == _files(want)[0]
-    columns, table, _ = run_files.whole_rows(tmp_path / 'batched' / f'trial_{seed}' / 'metrics.csv')
+    columns, table, _ = outputs.whole_rows(tmp_path / 'batched' / f'trial_{seed}' / 'metrics.csv')
     clipped.append(float(table[-1]['train/aggregator/clipped_count']))
   assert clipped[0] > clipped[2]  # the trials' clips differed
 

@@ -42,7 +42,7 @@ import dp_accounting
 from dp_accounting import pld, rdp
 from scipy import optimize
 
-from tff_comp.run import callbacks, run_files
+from tff_comp.run import callbacks, outputs
 
 ACCOUNTANTS = ('rdp', 'pld')
 SAMPLINGS = ('poisson', 'uniform')
@@ -358,7 +358,7 @@ class PrivacySpent(callbacks.Callback):
       )
       loop.rounds = self._last
 
-  def after_round(self, loop: callbacks.Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: callbacks.Loop, round_num: int, metrics: outputs.Metrics) -> None:
     # Round 1 too: metrics.csv takes its columns from the first round.
     if round_num % self._every == 0 or round_num in (1, loop.rounds):
       metrics['privacy/epsilon'] = self._epsilon(round_num)

@@ -26,7 +26,7 @@ from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import communication as communication_lib
 from tff_comp.ops import rule as rule_lib
-from tff_comp.run import buffered_async, devices, run_files, sampling, training_loop
+from tff_comp.run import buffered_async, devices, outputs, sampling, training_loop
 from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import choice
@@ -350,7 +350,7 @@ def train_runner(
   output_dir = output_dir or prepared.config.output_dir
   run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
   try:
-    with run_files.output_lock(pathlib.Path(output_dir)):
+    with outputs.output_lock(pathlib.Path(output_dir)):
       # Checked again under the lock: a run started beside this one may have written.
       run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
       if callbacks is None:
@@ -365,7 +365,7 @@ def train_runner(
         client_hparams,
         tuple(callbacks),
       )
-  except run_files.OutputDirInUse as e:
+  except outputs.OutputDirInUse as e:
     raise ConfigError(str(e)) from e
 
 

@@ -16,7 +16,7 @@ import tqdm
 
 from tff_comp.ops.rule import LEARNING_RATE
 from tff_comp.run import checkpoints as checkpoints_lib
-from tff_comp.run import run_files
+from tff_comp.run import outputs
 from tff_comp.runtime import base, client_rows
 
 
@@ -72,16 +72,16 @@ def set_learning_rates(
   return process.set_hparams(state, hparams)
 
 
-def hparam_metrics(process, state) -> run_files.Metrics:
+def hparam_metrics(process, state) -> outputs.Metrics:
   """The hyperparameters in force (`hparams/...`, learning rates included), as given:
   the shortest decimal of their float32 value (0.001, not 0.0010000000474974513)."""
   return {
     f'hparams/{k}': float(str(np.float32(v)))
-    for k, v in run_files.flatten_metrics(process.get_hparams(state)).items()
+    for k, v in outputs.flatten_metrics(process.get_hparams(state)).items()
   }
 
 
-def server_quantities(state) -> run_files.Metrics:
+def server_quantities(state) -> outputs.Metrics:
   """The server state's scalars and small tables (`server/...`: FedDualAvg's elapsed
   coefficient, AFL's client weights), the optimizer's state aside: what defines the
   method at this round, for plots. A table of per-client flags that the state's type
@@ -134,9 +134,9 @@ class Loop:
     self.kept_columns: list[str] = []
     self.kept_rows: list[dict[str, str]] = []
     self.upcoming: Any = None  # the next round's clients (sampling.RoundClients), drawn
-    self.hparams: run_files.Metrics = {}  # the hyperparameters in force, logged each round
-    self.initial_eval: run_files.Metrics = {}
-    self.eval_metrics: run_files.Metrics = {}
+    self.hparams: outputs.Metrics = {}  # the hyperparameters in force, logged each round
+    self.initial_eval: outputs.Metrics = {}
+    self.eval_metrics: outputs.Metrics = {}
     self.start = time.monotonic()
     # What buffers rows (`MetricsSink`) registers its flush here; `flush` writes them
     # all (before a checkpoint, so the rows up to it are on disk first).
@@ -173,7 +173,7 @@ class Callback:
   def before_round(self, loop: Loop, round_num: int, clients: Any) -> None:
     del loop, round_num, clients
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     del loop, round_num, metrics
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
@@ -247,7 +247,7 @@ class DivergenceGuard(Callback):
   def __init__(self, hint: str, evaluated: bool = False):
     self._hint, self._evaluated = hint, evaluated
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     if self._evaluated:
       watched = {
         name: value
@@ -270,18 +270,18 @@ class Evaluator(Callback):
 
   def __init__(
     self,
-    evaluate: Callable[[Any], run_files.Metrics],
+    evaluate: Callable[[Any], outputs.Metrics],
     eval_period: int,
     evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
   ):
     self._evaluate, self._period, self._clients = evaluate, eval_period, evaluate_clients
 
-  def _run(self, loop: Loop, round_num: int) -> run_files.Metrics:
+  def _run(self, loop: Loop, round_num: int) -> outputs.Metrics:
     """The evaluation's metrics, with its wall time as `eval/seconds` (kept out of
     `loop.eval_metrics`, which holds what the model scored)."""
     start = time.perf_counter()
     if self._clients is not None:
-      run_files.write_client_rows(
+      outputs.write_client_rows(
         loop.output_dir / 'clients' / f'eval_round_{round_num:05d}.csv', self._clients(loop.state)
       )
     loop.eval_metrics = {f'eval/{k}': v for k, v in self._evaluate(loop.state).items()}
@@ -290,7 +290,7 @@ class Evaluator(Callback):
   def on_train_begin(self, loop: Loop) -> None:
     loop.initial_eval = self._run(loop, loop.done)
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     if round_num % self._period == 0 or round_num == loop.rounds:
       metrics.update(self._run(loop, round_num))
 
@@ -322,7 +322,7 @@ class Progress(Callback):
       dynamic_ncols=True,
     )
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     assert self._bar is not None, 'after_round before on_train_begin'
     evaluated = any(k.startswith('eval/') for k in metrics)
     summary = {}
@@ -361,7 +361,7 @@ class Communication(Callback):
   def __init__(self, upload: float, download: float):
     self._upload, self._download = upload, download
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     metrics['comm/upload_bytes'] = metrics['participation/reporting'] * self._upload
     metrics['comm/download_bytes'] = metrics['participation/sampled'] * self._download
 
@@ -376,7 +376,7 @@ class Poisoned(Callback):
   def before_round(self, loop: Loop, round_num: int, clients: Any) -> None:
     self._count = sum(cid in self._attackers for cid in clients.reporting)
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     metrics['participation/poisoned'] = self._count
 
 
@@ -387,27 +387,27 @@ class MetricsSink(Callback):
   (rows of earlier rounds where nobody reported wait for it)."""
 
   def __init__(self):
-    self._writer: run_files.MetricsWriter | None = None
-    self._waiting: list[tuple[int, float, run_files.Metrics]] = []
+    self._writer: outputs.MetricsWriter | None = None
+    self._waiting: list[tuple[int, float, outputs.Metrics]] = []
 
   def on_train_begin(self, loop: Loop) -> None:
     loop.flushes.append(self._flush)
     if loop.kept_rows:
-      self._writer = run_files.MetricsWriter(loop.output_dir, loop.kept_columns, loop.kept_rows)
+      self._writer = outputs.MetricsWriter(loop.output_dir, loop.kept_columns, loop.kept_rows)
 
   def _flush(self) -> None:
     if self._writer is not None:
       self._writer.flush()
 
-  def _open(self, loop: Loop, metrics: run_files.Metrics) -> run_files.MetricsWriter:
+  def _open(self, loop: Loop, metrics: outputs.Metrics) -> outputs.MetricsWriter:
     columns = sorted(k for k in metrics if not k.startswith('eval/'))
-    writer = run_files.MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
+    writer = outputs.MetricsWriter(loop.output_dir, columns + sorted(loop.initial_eval))
     writer.write(0, 0.0, loop.initial_eval)
     for row in self._waiting:
       writer.write(*row)
     return writer
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     if self._writer is None:
       if not any(k.startswith('train/') for k in metrics):
         self._waiting.append((round_num, loop.elapsed(), dict(metrics)))
@@ -433,15 +433,13 @@ class RunRecord(Callback):
     config = dict(self._config, runtime_record=loop.runtime.record)
     if 'resolved' in config and hasattr(loop.runtime, 'description'):
       config['resolved'] = dict(config['resolved'], runtime=loop.runtime.description)
-    run_files.write_whole(
-      loop.output_dir / 'config.json', json.dumps(config, indent=2, default=str)
-    )
+    outputs.write_whole(loop.output_dir / 'config.json', json.dumps(config, indent=2, default=str))
 
   def on_train_begin(self, loop: Loop) -> None:
     if not loop.done:
       self._write(loop)
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     if round_num == loop.done + 1:
       self._write(loop)
 
@@ -453,12 +451,12 @@ class Checkpointer(Callback):
 
   def __init__(self, checkpoints: checkpoints_lib.Checkpoints):
     self._checkpoints, self._every = checkpoints, checkpoints.options.checkpoint_every
-    self._last: tuple[int, run_files.Metrics] = (0, {})  # the last round seen, its metrics
+    self._last: tuple[int, outputs.Metrics] = (0, {})  # the last round seen, its metrics
 
   def on_train_begin(self, loop: Loop) -> None:
     loop.saved = loop.done
 
-  def after_round(self, loop: Loop, round_num: int, metrics: run_files.Metrics) -> None:
+  def after_round(self, loop: Loop, round_num: int, metrics: outputs.Metrics) -> None:
     self._last = (round_num, metrics)
     if round_num % self._every == 0 or round_num == loop.rounds:
       loop.flush()
@@ -486,6 +484,6 @@ class FinalModel(Callback):
 
   def on_train_end(self, loop: Loop, completed: bool) -> None:
     if completed:
-      run_files.save_model(
+      outputs.save_model(
         loop.output_dir / 'final_model.npz', loop.runtime.get_model_weights(loop.state)
       )

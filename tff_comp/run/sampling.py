@@ -12,7 +12,7 @@ import numpy as np
 
 from tff_comp import settings
 from tff_comp.run import devices as devices_lib
-from tff_comp.run import run_files
+from tff_comp.run import outputs
 
 SAMPLINGS = ('uniform', 'with_replacement', 'poisson', 'cyclic')
 # Salt of the cyclic order's draw, apart from the rounds' draws (seed, round >= 1).
@@ -122,7 +122,7 @@ class RoundClients(NamedTuple):
   clock: float | None = None
   steps: bool = False
 
-  def metrics(self) -> run_files.Metrics:
+  def metrics(self) -> outputs.Metrics:
     """participation/sampled, /reporting, /straggling: clients counted per round; with
     a device model participation/late, time/round_seconds and time/simulated_seconds
     (the clock at the round's end)."""

@@ -20,7 +20,7 @@ from absl import logging
 from tff_comp import signals
 from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.run import checkpoints as checkpoints_lib
-from tff_comp.run import run_files, sampling
+from tff_comp.run import outputs, sampling
 from tff_comp.runtime import base
 from tff_comp.settings import ConfigError
 
@@ -42,9 +42,7 @@ class SignalStop(callbacks_lib.Callback):
   def before_round(self, loop: callbacks_lib.Loop, round_num: int, clients) -> None:
     signals.stop_if_requested()
 
-  def after_round(
-    self, loop: callbacks_lib.Loop, round_num: int, metrics: run_files.Metrics
-  ) -> None:
+  def after_round(self, loop: callbacks_lib.Loop, round_num: int, metrics: outputs.Metrics) -> None:
     name = signals.requested()
     if name:
       raise callbacks_lib.StopTraining(name, interrupt=True)
@@ -74,7 +72,7 @@ def _restore(loop: callbacks_lib.Loop, checkpoints: checkpoints_lib.Checkpoints)
     _start_fresh(loop, checkpoints)
     return
   path = loop.output_dir / 'metrics.csv'
-  columns, rows, problem = run_files.whole_rows(path) if path.exists() else ([], [], '')
+  columns, rows, problem = outputs.whole_rows(path) if path.exists() else ([], [], '')
   try:
     state, done = checkpoints.load_latest(loop.state, up_to=len(rows) - 1, rows=rows)
   except checkpoints_lib.OtherLayout as e:
@@ -143,7 +141,7 @@ def run_loop(
         output = runtime.next(loop.state, list(clients.reporting), clients.work)
         loop.state = output.state
         metrics.update(
-          {f'train/{k}': v for k, v in run_files.flatten_metrics(output.metrics).items()}
+          {f'train/{k}': v for k, v in outputs.flatten_metrics(output.metrics).items()}
         )
       else:
         logging.warning(
@@ -175,7 +173,7 @@ def run_loop(
 
 
 def standard_callbacks(
-  evaluate: Callable[[Any], run_files.Metrics],
+  evaluate: Callable[[Any], outputs.Metrics],
   *,
   eval_period: int,
   evaluate_clients: Callable[[Any], list[dict[str, Any]]] | None = None,
@@ -224,7 +222,7 @@ def run_simulation(
   resume: bool = False,
   participation: sampling.Participation = sampling.Participation(),  # noqa: B008 (a frozen record)
   sampler: Any = None,
-) -> run_files.Metrics:
+) -> outputs.Metrics:
   """Trains `runtime` (`choice.runner_for` builds one) for `rounds` rounds with
   `callbacks` (composed by the caller: `standard_callbacks` gives a standard run's);
   returns the last evaluation (an `Evaluator`'s; {} without one). Each round's clients
@@ -255,7 +253,7 @@ def run_simulation(
   output_dir.mkdir(parents=True, exist_ok=True)
   for (
     prefix
-  ) in run_files.TEMPORARY_PREFIXES:  # what a killed run was writing (this run holds the lock)
+  ) in outputs.TEMPORARY_PREFIXES:  # what a killed run was writing (this run holds the lock)
     for stale in output_dir.glob(f'{prefix}*'):
       stale.unlink(missing_ok=True)
   saved = checkpoints_lib.Checkpoints(output_dir, checkpoints)
