@@ -68,3 +68,28 @@ def test_other_client_options_keep_the_checks_and_another_weighting_runs_them_ag
   )
   with pytest.raises(ValueError, match="client_weighting='uniform'"):
     dp.with_client_options(weighting='examples')
+
+
+def test_a_wrapped_rule_keeps_every_capability_flag_of_its_inner_rule():
+  """`RuleWrapper` forwards each flag of `rule.CAPABILITIES`, whatever the inner rule
+  sets, so a wrapper (FedNova's normalized client) never hides what its inner rule
+  needs from the runtime (separate batches, the client's index, its start loss)."""
+  from tff_comp.ops import rule as rule_lib
+
+  class Plain(rule_lib.ClientRule):
+    start = local_step = None  # never called
+
+  class Flagged(Plain):
+    batches_per_step = 3
+    weighs_clients = True
+    uses_reference_loss = True
+    uses_start_loss = True
+    uses_client_index = True
+
+  for rule in (Plain, Flagged):
+    inner = rule(algorithm_cases.MODEL, learning_rate=0.1)
+    wrapper = rule_lib.RuleWrapper(inner)
+    assert {f: getattr(wrapper, f) for f in rule_lib.CAPABILITIES} == {
+      f: getattr(inner, f) for f in rule_lib.CAPABILITIES
+    }
+  assert [getattr(inner, f) for f in rule_lib.CAPABILITIES] == [3, True, True, True, True]

@@ -44,8 +44,13 @@ class ObjectiveRule(rule_lib.ClientRule):
     self.objective = objective
 
   # Capability flags that depend on the objective.
-  batches_per_step = property(lambda self: 2 if self.objective.outer_uses_data else 1)
-  uses_reference_loss = property(lambda self: self.objective.uses_reference_loss)
+  @property
+  def batches_per_step(self) -> int:
+    return 2 if self.objective.outer_uses_data else 1
+
+  @property
+  def uses_reference_loss(self) -> bool:
+    return self.objective.uses_reference_loss
 
   def initial_hparams(self):
     hparams = super().initial_hparams()

@@ -228,8 +228,9 @@ class MemoryState(NamedTuple):
   memory: Any  # u_i: one table [num_clients, ...] per weight
   seen: Any  # [num_clients]: 1 where u_i was set
 
-  counted = ('seen',)  # logged as the number of clients with memory (`server/seen`)
-  client_state = ('memory', 'seen')  # per-client tables (`ops.rule`)
+  # logged as the number of clients with memory (`server/seen`)
+  counted = ('seen',)  # type: ignore[misc]
+  client_state = ('memory', 'seen')  # type: ignore[misc]  # per-client tables (`ops.rule`)
 
 
 class MemoryServer(rule_lib.ServerRule):

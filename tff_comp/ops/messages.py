@@ -54,7 +54,7 @@ class TrackerUpdate(NamedTuple):
   u: Any
   m: Weights
   reference_loss: tf.Tensor
-  reports_client_state = True
+  reports_client_state = True  # type: ignore[misc]
 
 
 class QUpdate(NamedTuple):
@@ -71,7 +71,7 @@ class ClientWeightsPayload(NamedTuple):
   client_weights: tf.Tensor  # [num_clients]
 
   # Per-client tables a client reads only at its own row (`runtime.client_rows`).
-  client_rows = ('client_weights',)
+  client_rows = ('client_weights',)  # type: ignore[misc]
 
 
 class SlotLossUpdate(NamedTuple):
@@ -88,7 +88,7 @@ class DittoPayload(NamedTuple):
   weights: Any  # ModelWeights
   personal: Weights  # per trainable tensor, [num_clients, *shape]
 
-  client_rows = ('personal',)  # read at the client's own row
+  client_rows = ('personal',)  # type: ignore[misc]  # read at the client's own row
 
 
 class DittoUpdate(NamedTuple):
@@ -98,7 +98,7 @@ class DittoUpdate(NamedTuple):
   delta: Weights
   personal: Weights  # [num_clients, *shape]
   visited: tf.Tensor  # [num_clients]
-  reports_client_state = True
+  reports_client_state = True  # type: ignore[misc]
 
 
 def reports_client_state(update: Any) -> bool:
@@ -114,7 +114,7 @@ class MemoryPayload(NamedTuple):
   memory: Weights  # per trainable tensor, [num_clients, *shape]
   seen: tf.Tensor  # [num_clients]: 1 where the client's memory was set
 
-  client_rows = ('memory', 'seen')  # read at the client's own row
+  client_rows = ('memory', 'seen')  # type: ignore[misc]  # read at the client's own row
 
 
 class MemoryUpdate(NamedTuple):
@@ -124,4 +124,4 @@ class MemoryUpdate(NamedTuple):
   delta: Weights
   memory: Weights  # [num_clients, *shape]
   visited: tf.Tensor  # [num_clients]
-  reports_client_state = True
+  reports_client_state = True  # type: ignore[misc]

@@ -211,7 +211,7 @@ class PersonalState(NamedTuple):
   optimizer: Any  # the global model optimizer's state
   personal: Any  # the personal models: one table [num_clients, ...] per weight
 
-  client_state = ('personal',)  # per-client tables (`ops.rule`)
+  client_state = ('personal',)  # type: ignore[misc]  # per-client tables (`ops.rule`)
 
 
 class PersonalModelsServer(rule_lib.ServerRule):

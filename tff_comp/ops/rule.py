@@ -17,8 +17,9 @@ fixed shapes (a NamedTuple, or local SGD's transform states by name:
 `ops.gradient_transforms`), never a positional tuple.
 `initialize`, `step` and `finalize` are what runtimes call (`ops.client_round`); a rule
 does not override them unless it adds loop state from the payload (Ditto's personal
-model). Capability flags are class attributes (`CAPABILITIES`); a rule whose flags depend
-on its arguments overrides them as properties, and `RuleWrapper` forwards them all.
+model). Capability flags (`CAPABILITIES`) are read-only properties of `ClientRule`; a
+rule sets its own as class attributes (`batches_per_step = 2`), or as properties where
+they depend on its arguments, and `RuleWrapper` forwards them all.
 
 The fast engines run `local_step` in lockstep lanes (`tf.vectorized_map` under XLA,
 `runtime.inprocess.lanes`): keep it vectorizable, with static shapes; read a row of a table with
@@ -56,12 +57,14 @@ it as a gradient.
 Per-client tables (SCAFFOLD's c_i, Ditto's personal models, Local-MOML's memory) are
 fields of S, [num_clients, ...] each, that S's type names in `client_state`; the
 payload passes each on in its field of the same name, where client i reads row i only
-(`client_rows` on the payload's type). `step` must give the same results when those
-tables and the update's per-client slots hold only the round's clients' rows, in any
-order: it reads and writes a table only at the rows the slots mark visited (the others
-pass through, or add exact zeros). A runtime that keeps the tables with the clients
-(`runtime.ray`) then runs `step` on the round's rows alone. Weights on a simplex
-(AFL's lambda) are projected whole: server state, not client state.
+(`client_rows` on the payload's type; such class constants of a NamedTuple carry
+`# type: ignore[misc]`, as mypy allows only fields in its body). `step` must give the
+same results when those tables and the update's per-client slots hold only the round's
+clients' rows, in any order: it reads and writes a table only at the rows the slots
+mark visited (the others pass through, or add exact zeros). A runtime that keeps the
+tables with the clients (`runtime.ray`) then runs `step` on the round's rows alone.
+Weights on a simplex (AFL's lambda) are projected whole: server state, not client
+state.
 
 Nothing here imports TFF: weights are any NamedTuple with `trainable`
 and `non_trainable` (TFF's ModelWeights in the TFF layer), optimizers anything with
@@ -135,7 +138,7 @@ class LocalState(NamedTuple):
   steps: tf.Tensor  # local steps taken
 
 
-# The capability flags of a client rule (class attributes; see ClientRule).
+# The capability flags of a client rule (properties a rule overrides; see ClientRule).
 CAPABILITIES = (
   'batches_per_step',
   'weighs_clients',
@@ -158,11 +161,27 @@ class ClientRule(abc.ABC):
   lambda), not the runtime's.
   """
 
-  batches_per_step: int = 1
-  weighs_clients: bool = False  # client_weight returns the rule's own weights
-  uses_reference_loss: bool = False
-  uses_start_loss: bool = False
-  uses_client_index: bool = False
+  # Read-only here; a rule overrides a flag with a class attribute (`batches_per_step =
+  # 2`) or a property of its own (a wrapper's, forwarded to its inner rule).
+  @property
+  def batches_per_step(self) -> int:
+    return 1
+
+  @property
+  def weighs_clients(self) -> bool:  # client_weight returns the rule's own weights
+    return False
+
+  @property
+  def uses_reference_loss(self) -> bool:
+    return False
+
+  @property
+  def uses_start_loss(self) -> bool:
+    return False
+
+  @property
+  def uses_client_index(self) -> bool:
+    return False
 
   def __init__(self, model, *, learning_rate: float):
     self.model = model
@@ -251,11 +270,25 @@ class RuleWrapper(ClientRule):
     self.inner = inner
     self.model = inner.model
 
-  batches_per_step = property(lambda self: self.inner.batches_per_step)
-  weighs_clients = property(lambda self: self.inner.weighs_clients)
-  uses_reference_loss = property(lambda self: self.inner.uses_reference_loss)
-  uses_start_loss = property(lambda self: self.inner.uses_start_loss)
-  uses_client_index = property(lambda self: self.inner.uses_client_index)
+  @property
+  def batches_per_step(self) -> int:
+    return self.inner.batches_per_step
+
+  @property
+  def weighs_clients(self) -> bool:
+    return self.inner.weighs_clients
+
+  @property
+  def uses_reference_loss(self) -> bool:
+    return self.inner.uses_reference_loss
+
+  @property
+  def uses_start_loss(self) -> bool:
+    return self.inner.uses_start_loss
+
+  @property
+  def uses_client_index(self) -> bool:
+    return self.inner.uses_client_index
 
   def payload_of(self, payload):
     return payload

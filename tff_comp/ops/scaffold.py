@@ -32,7 +32,8 @@ class ControlPayload(NamedTuple):
   control: Weights
   controls: Weights  # per trainable tensor, [num_clients, *shape]
 
-  client_rows = ('controls',)  # read at the client's own row (`runtime.client_rows`)
+  # read at the client's own row (`runtime.client_rows`)
+  client_rows = ('controls',)  # type: ignore[misc]
 
 
 class ControlUpdate(NamedTuple):
@@ -42,7 +43,7 @@ class ControlUpdate(NamedTuple):
   delta: Weights
   controls: Weights  # [num_clients, *shape]
   visited: tf.Tensor  # [num_clients]
-  reports_client_state = True
+  reports_client_state = True  # type: ignore[misc]
 
 
 class ScaffoldClient(sgd.SGD):
@@ -91,7 +92,7 @@ class ControlState(NamedTuple):
   control: Any  # c, the server control (a tuple like the trainable weights)
   controls: Any  # the c_i: one table [num_clients, ...] per weight
 
-  client_state = ('controls',)  # per-client tables (`ops.rule`)
+  client_state = ('controls',)  # type: ignore[misc]  # per-client tables (`ops.rule`)
 
 
 class ControlVariateServer(rule_lib.ServerRule):
