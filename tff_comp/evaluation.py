@@ -2,6 +2,7 @@
 runtime with personal models (Ditto), each client's own."""
 
 from collections.abc import Callable, Sequence
+import functools
 from typing import Any
 
 from tff_comp import task as task_lib
@@ -24,10 +25,11 @@ class Evaluation:
 
   def personal(self, state, metrics: dict[str, float]) -> dict[str, float]:
     """`metrics` with the personal models' scores of a runtime that keeps them."""
-    if self._personalized:
+    score = self.task.evaluate_personal
+    if self._personalized and score is not None:
       tables = self.runtime.get_personal_weights(state)
       metrics.update(
-        self.task.evaluate_personal(
+        score(
           {
             cid: tuple(t[i] for t in tables)
             for i, cid in enumerate(self.task.train_data.client_ids)
@@ -66,25 +68,24 @@ def evaluate_together(
   metrics, the data read once (a grid's batched trials, `tff_comp.trials`). An
   evaluation that fails gives its error in its place."""
   results: list[Any] = [None] * len(requests)
-  together: dict[int, list[int]] = {}  # id(task.evaluate_many) -> requests
+  # id(task.evaluate_many) -> (it, [(request, its Evaluation)])
+  together: dict[int, tuple[Callable, list[tuple[int, Evaluation]]]] = {}
   for i, (evaluate, _) in enumerate(requests):
-    if isinstance(evaluate, Evaluation) and evaluate.task.evaluate_many is not None:
-      together.setdefault(id(evaluate.task.evaluate_many), []).append(i)
+    many = evaluate.task.evaluate_many if isinstance(evaluate, Evaluation) else None
+    if isinstance(evaluate, Evaluation) and many is not None:
+      together.setdefault(id(many), (many, []))[1].append((i, evaluate))
     else:
       results[i] = _alone(*requests[i])
-  for members in together.values():
-    evaluations = [requests[i][0] for i in members]
+  for many, members in together.values():
     try:
-      scored = evaluations[0].task.evaluate_many(
-        [e.model(requests[i][1]) for e, i in zip(evaluations, members)]
-      )
+      scored = many([e.model(requests[i][1]) for i, e in members])
     except Exception:  # each scored alone names its own
       scored = None
-    for k, i in enumerate(members):
+    for k, (i, e) in enumerate(members):
       results[i] = (
         _alone(*requests[i])
         if scored is None
-        else _guarded(lambda k=k, i=i: evaluations[k].personal(requests[i][1], scored[k]))  # noqa: B023 (called in this iteration)
+        else _guarded(functools.partial(e.personal, requests[i][1], scored[k]))
       )
   return results
 
@@ -106,13 +107,14 @@ def client_evaluator(
   """state -> the task's per-client evaluation rows of the global model (with each
   client's own model's `personal_*` scores for a runtime with personal models), or None
   for a task without per-client evaluation data."""
-  if task.evaluate_clients is None:
+  score = task.evaluate_clients
+  if score is None:
     return None
   personal = task.evaluate_personal_clients if runtime.keeps_personal_models else None
   client_ids = task.train_data.client_ids
 
   def evaluate_clients(state) -> list[dict]:
-    rows = task.evaluate_clients(tuple(runtime.get_model_weights(state).trainable))
+    rows = score(tuple(runtime.get_model_weights(state).trainable))
     if personal is not None:
       tables = runtime.get_personal_weights(state)
       own = {

@@ -88,7 +88,9 @@ def resolve(
       population.
   """
   defaults = {**_FALLBACK, **task.defaults, **{k: v for k, v in home.items() if k in DEFAULTED}}
-  values = {name: defaults.get(name) if value(name) is None else value(name) for name in DEFAULTED}
+  values: dict[str, Any] = {
+    name: defaults.get(name) if value(name) is None else value(name) for name in DEFAULTED
+  }
   for name in ('rounds', 'clients_per_round', 'eval_period', 'batch_size', 'local_epochs'):
     if values[name] is None or values[name] < 1:
       raise settings_lib.ConfigError(f'--{name} must be >= 1, got {values[name]}.')

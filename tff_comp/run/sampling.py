@@ -131,7 +131,7 @@ class RoundClients(NamedTuple):
       'participation/reporting': float(len(self.reporting)),
       'participation/straggling': float(sum(w < 1 for w in self.work or ())),
     }
-    if self.seconds is not None:
+    if self.seconds is not None and self.clock is not None:  # set together, by a device model
       metrics.update(
         {
           'participation/late': float(self.late),
@@ -248,20 +248,23 @@ class ClientSampler:
 
   def _timed(self, round_num: int) -> RoundClients:
     """Round `round_num` on the devices, from the clock at its start."""
+    clock = self._clock
+    assert clock is not None  # a sampler with a device model
     start = self._clocks[round_num - 1]
-    available = self._clock.available(self._ids, start)
+    available = clock.available(self._ids, start)
     if not available:
-      seconds = self._clock.next_window(start) - start
+      seconds = clock.next_window(start) - start
       clients = RoundClients((), (), None, 0, seconds, start + seconds)
     else:
       drawn = self._draw(round_num, available)
-      keep = self._k if self._clock.options.overselect > 1 else None
-      timing = self._clock.time_round(drawn.reporting, keep)
+      keep = self._k if clock.options.overselect > 1 else None
+      timing = clock.time_round(drawn.reporting, keep)
+      seconds = timing.seconds
       clients = RoundClients(
-        drawn.sampled, timing.kept, timing.work, timing.late, timing.seconds, start + timing.seconds
+        drawn.sampled, timing.kept, timing.work, timing.late, seconds, start + seconds
       )
     if len(self._clocks) == round_num:
-      self._clocks.append(clients.clock)
+      self._clocks.append(start + seconds)
     return clients
 
 
@@ -290,6 +293,6 @@ def timed_sampler(
   """The run's sampler on its devices' clock (`devices.clock_for`; None without a
   device model: the loop's own sampler)."""
   clock = devices_lib.clock_for(options, client_data, algorithm, seed)
-  return clock and ClientSampler(
-    client_data.client_ids, clients_per_round, seed, participation, clock
-  )
+  if clock is None:
+    return None
+  return ClientSampler(client_data.client_ids, clients_per_round, seed, participation, clock)

@@ -133,6 +133,7 @@ def run_loop(
     for round_num in range(loop.done + 1, loop.rounds + 1):
       start = time.perf_counter()
       clients = loop.upcoming
+      assert clients is not None  # sampled for every round up to loop.rounds
       loop.upcoming = sampler.sample(round_num + 1) if round_num < loop.rounds else None
       for callback in callbacks:
         callback.before_round(loop, round_num, clients)

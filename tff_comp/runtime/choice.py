@@ -13,19 +13,22 @@ from tff_comp.runtime import base
 from tff_comp.settings import ConfigError
 
 
-def _with_options() -> dict[str, registry.Entry]:
+def _with_options() -> dict[str, type]:
+  """{runtime: its settings record's class} of the runtimes that declare one."""
   return {
-    name: entry
+    name: options
     for name in registry.RUNTIMES.names()
-    if (entry := registry.get_runtime(name)).options is not None
+    if (options := registry.get_runtime(name).options) is not None
   }
 
 
 def auto_order() -> list[str]:
   """The runtimes 'auto' tries, in order (`auto_rank`, lowest first)."""
   entries = [registry.get_runtime(name) for name in registry.RUNTIMES.names()]
-  ranked = sorted((e for e in entries if e.auto_rank is not None), key=lambda e: e.auto_rank)
-  return [e.name for e in ranked]
+  ranked = sorted(
+    (e.auto_rank, i, e.name) for i, e in enumerate(entries) if e.auto_rank is not None
+  )
+  return [name for _, _, name in ranked]
 
 
 def setting_owners() -> dict[str, str]:
@@ -35,8 +38,8 @@ def setting_owners() -> dict[str, str]:
     registry.RegistryError: two runtimes claim one setting name.
   """
   owners: dict[str, str] = {}
-  for name, entry in _with_options().items():
-    for spec in settings_lib.specs(entry.options):
+  for name, options in _with_options().items():
+    for spec in settings_lib.specs(options):
       if spec.name in owners:
         raise registry.RegistryError(
           f'runtimes {owners[spec.name]!r} and {name!r} both declare the setting {spec.name!r}.'
@@ -57,11 +60,11 @@ def runtime_options(given: Mapping[str, Any] | None = None, **values: Any) -> di
   if unknown:
     raise ConfigError(f'unknown runtime settings: {", ".join(sorted(unknown))}.')
   records = {}
-  for name, entry in _with_options().items():
+  for name, options in _with_options().items():
     record = (given or {}).get(name)
     if isinstance(record, Mapping):  # as config.json holds it
-      record = settings_lib.from_dict(entry.options, record)
-    record = entry.options() if record is None else record
+      record = settings_lib.from_dict(options, dict(record))
+    record = options() if record is None else record
     mine = {k: v for k, v in values.items() if owners[k] == name}
     try:  # checked here too: a plugin's record may not check itself
       records[name] = dataclasses.replace(record, **mine) if mine else record

@@ -45,8 +45,10 @@ class Rows:
     return self.indices.nbytes + (0 if self.values is None else self.values.nbytes) + 8
 
   def table(self) -> np.ndarray:
-    table = np.zeros((self.total, *self.values.shape[1:]), self.values.dtype)
-    table[self.indices] = self.values
+    values = self.values
+    assert values is not None, 'rows held elsewhere are filled before use (ShardRows.fill)'
+    table = np.zeros((self.total, *values.shape[1:]), values.dtype)
+    table[self.indices] = values
     return table
 
 
@@ -165,12 +167,12 @@ def select_payload(
   `indices`, the population indices of a share's clients; a table of client state
   (a field in `held`, of `population` rows) as `Rows` without values, filled by the
   share's holder (`ShardRows.fill`)."""
-  indices = np.unique(np.asarray(indices, np.int64))
+  unique = np.unique(np.asarray(indices, np.int64))
 
   def rows(name, value):
     if name in held:
-      return tf.nest.map_structure(lambda _: Rows(indices, None, population), value)
-    return tf.nest.map_structure(lambda t: _rows(t, indices), value)
+      return tf.nest.map_structure(lambda _: Rows(unique, None, population), value)
+    return tf.nest.map_structure(lambda t: _rows(t, unique), value)
 
   return _map_rows(payload, rows)
 
@@ -189,9 +191,9 @@ def select_sums(
   update = sums.update.update
   if not kind.slots or not hasattr(update, 'delta'):
     return sums
-  indices = np.unique(np.asarray(indices, np.int64))
+  unique = np.unique(np.asarray(indices, np.int64))
   rows = {
-    name: tf.nest.map_structure(lambda t: _rows(t, indices), getattr(update, name))
+    name: tf.nest.map_structure(lambda t: _rows(t, unique), getattr(update, name))
     for name in update_aggregation.slot_fields(update)
   }
   return sums._replace(update=sums.update._replace(update=update._replace(**rows)))
