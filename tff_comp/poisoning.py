@@ -107,7 +107,7 @@ def poisoned_task(task, fraction: float, seed: int):
   reason = why_not(task.train_data)
   if reason:
     raise ValueError(f'--attack={KIND} flips class labels, but {reason}.')
-  if not dataclasses.is_dataclass(task):
-    raise ValueError(f'--attack={KIND} needs a dataclass task (tff_comp.task.Task).')
   data = flipped(task.train_data, classes_of(task.model), fraction, seed)
+  if isinstance(task, type) or not dataclasses.is_dataclass(task):
+    raise ValueError(f'--attack={KIND} needs a dataclass task (tff_comp.task.Task).')
   return dataclasses.replace(task, train_data=data)

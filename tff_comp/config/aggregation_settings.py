@@ -305,13 +305,17 @@ def _block_fields() -> list[tuple[str, Any, Any]]:
 
 # The run's aggregation settings: `_AggregationOptions`' and, derived from the registry,
 # every registered combiner's and pre-aggregation's (a plugin's too); config.json holds
-# them as one record.
-AggregationOptions = dataclasses.make_dataclass(
-  'AggregationOptions',
-  _block_fields(),
-  bases=(_AggregationOptions,),
-  frozen=True,
-)
-AggregationOptions.__module__ = __name__  # found by pickle (make_dataclass's own, 3.12)
-AggregationOptions.__doc__ = """Robust combiners' and pre-aggregations' settings (each
-registered block's record, its fields here), compression, secure aggregation, attackers."""
+# them as one record. A type checker sees the static part (the fields code names; the
+# blocks' are read by name from the registry).
+if typing.TYPE_CHECKING:
+  AggregationOptions = _AggregationOptions
+else:
+  AggregationOptions = dataclasses.make_dataclass(
+    'AggregationOptions',
+    _block_fields(),
+    bases=(_AggregationOptions,),
+    frozen=True,
+  )
+  AggregationOptions.__module__ = __name__  # found by pickle (make_dataclass's own, 3.12)
+  AggregationOptions.__doc__ = """Robust combiners' and pre-aggregations' settings (each
+  registered block's record, its fields here), compression, secure aggregation, attackers."""

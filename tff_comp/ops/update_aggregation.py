@@ -72,7 +72,7 @@ class UpdateAggregation:
   needs: ClassVar[tuple[str, ...]] = ()
   hint = ''  # how to fix an update lacking a needed field
   slots = False
-  measured = ()
+  measured: ClassVar[tuple[tuple[str, str], ...]] = ()
 
   def __repr__(self) -> str:
     return f'aggregation.{self.name.upper()}'
