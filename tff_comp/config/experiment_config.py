@@ -288,7 +288,9 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
 
 
 # The records ExperimentConfig collects, by attribute, and which owns each setting.
-GROUPS = {
-  f.name: f.type for f in dataclasses.fields(ExperimentConfig) if dataclasses.is_dataclass(f.type)
+GROUPS: dict[str, type] = {
+  f.name: f.type
+  for f in dataclasses.fields(ExperimentConfig)
+  if isinstance(f.type, type) and dataclasses.is_dataclass(f.type)
 }
 OWNER = {spec.name: group for group, record in GROUPS.items() for spec in settings.specs(record)}
