@@ -26,29 +26,10 @@ import tensorflow as tf
 
 from tff_comp import models, registry
 from tff_comp.ops import regularizers
-from tff_comp.tasks import array_data, base, tff_files
+from tff_comp.tasks import array_data, base, partitions, tff_files
 
 CONSTRAINTS = {'l1_ball': 1, 'l2_ball': 2}
 DENSITY_CUTOFF = 1e-4
-
-
-def dirichlet_partition(
-  labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
-) -> list[np.ndarray]:
-  """Indices per client with label proportions ~ Dirichlet(alpha), seeded."""
-  classes = np.unique(labels)
-  proportions = rng.dirichlet(alpha * np.ones(num_clients), size=len(classes))
-  parts = [[] for _ in range(num_clients)]
-  for c, share in zip(classes, proportions):
-    idx = rng.permutation(np.flatnonzero(labels == c))
-    cuts = (np.cumsum(share)[:-1] * len(idx)).astype(int)
-    for client, chunk in enumerate(np.split(idx, cuts)):
-      parts[client].extend(chunk)
-  for client in range(num_clients):  # no empty client: lend one example
-    if not parts[client]:
-      donor = max(range(num_clients), key=lambda i: len(parts[i]))
-      parts[client].append(parts[donor].pop())
-  return [np.array(sorted(p)) for p in parts]
 
 
 def _sklearn_digits(num_clients: int, alpha: float, seed: int):
@@ -58,7 +39,7 @@ def _sklearn_digits(num_clients: int, alpha: float, seed: int):
   x_train, x_test, y_train, y_test = model_selection.train_test_split(
     x, y, test_size=0.2, stratify=y, random_state=seed
   )
-  parts = dirichlet_partition(y_train, num_clients, alpha, np.random.default_rng(seed))
+  parts = partitions.dirichlet(y_train, num_clients, alpha, np.random.default_rng(seed))
   ids = [f'{i:03d}' for i in range(num_clients)]
   train = array_data.cached_client_data(
     f'digits-c{num_clients}-a{alpha}-seed{seed}',

@@ -5,7 +5,8 @@ They sort MNIST's training set by label and cut it into n = 25 contiguous equal 
 so each worker holds one or two digits; the IID control shuffles before cutting. MNIST
 is a download, so this task takes scikit-learn's bundled 8x8 digits (1,797 images,
 pixels in [0, 1]; `base.bundled_digits`), the closest real digits data that ships:
-60% training (cut into `num_clients` shards, `partition` 'sorted' or 'iid'), 20%
+60% training (cut into `num_clients` shards, `partition` 'sorted' or 'iid', or split
+by Dirichlet(`alpha`) label proportions, 'dirichlet'), 20%
 validation, 20% test, split stratified by `seed`. With 25 clients a shard holds 43 or
 44 examples: under 'sorted' (seed 0), 16 clients hold one digit and 9 hold two.
 
@@ -21,36 +22,30 @@ import tensorflow as tf
 
 from tff_comp import models, registry
 from tff_comp.ops import regularizers
-from tff_comp.tasks import array_data, base
+from tff_comp.tasks import array_data, base, partitions
 
 CLASSES = 10
-PARTITIONS = ('sorted', 'iid')
-
-
-def shards(
-  labels: np.ndarray, num_clients: int, partition: str, rng: np.random.Generator
-) -> list[np.ndarray]:
-  """Indices of each client's examples: sorted by label (stable) or shuffled, then cut
-  into `num_clients` contiguous shards of near-equal size."""
-  order = (
-    np.argsort(labels, kind='stable') if partition == 'sorted' else rng.permutation(len(labels))
-  )
-  return np.array_split(order, num_clients)
+PARTITIONS = (*partitions.SHARDS, 'dirichlet')
 
 
 @registry.register_task('sorted_digits')
 def build_sorted_digits_task(
   *,
-  partition: Literal['sorted', 'iid'] = 'sorted',
+  partition: Literal['sorted', 'iid', 'dirichlet'] = 'sorted',
+  alpha: float = 0.5,
   num_clients: int = 25,
   seed: int = 0,
 ) -> base.Task:
-  """Builds the label-sorted (or IID) digits task; see the module docstring.
+  """Builds the label-sorted (or IID, or Dirichlet) digits task; see the module
+  docstring.
 
   Args:
-    partition: 'sorted' (by label, then cut: each client one or two digits) or 'iid'
-      (shuffled, then cut).
-    num_clients: clients (shards), at most 100.
+    partition: 'sorted' (by label, then cut: each client one or two digits), 'iid'
+      (shuffled, then cut) or 'dirichlet' (each digit's examples split in proportions
+      ~ Dirichlet(alpha): `partitions.dirichlet`).
+    alpha: the Dirichlet concentration ('dirichlet' only; smaller: fewer digits a
+      client).
+    num_clients: clients, at most 100.
   """
   from sklearn import model_selection
 
@@ -58,6 +53,8 @@ def build_sorted_digits_task(
     raise ValueError(f'partition={partition!r} is unknown; choose one of {PARTITIONS}.')
   if not 1 <= num_clients <= 100:
     raise ValueError(f'num_clients must be in [1, 100], got {num_clients}.')
+  if not (alpha > 0 and np.isfinite(alpha)):
+    raise ValueError(f'alpha must be a positive number, got {alpha}.')
   x, y = base.bundled_digits()
   x_train, x_rest, y_train, y_rest = model_selection.train_test_split(
     x, y, test_size=0.4, stratify=y, random_state=seed
@@ -65,10 +62,15 @@ def build_sorted_digits_task(
   x_val, x_test, y_val, y_test = model_selection.train_test_split(
     x_rest, y_rest, test_size=0.5, stratify=y_rest, random_state=seed
   )
-  parts = shards(y_train, num_clients, partition, np.random.default_rng(seed))
+  rng = np.random.default_rng(seed)
+  if partition == 'dirichlet':
+    parts = partitions.dirichlet(y_train, num_clients, alpha, rng)
+    layout = f'dirichlet{alpha:g}'
+  else:
+    parts, layout = partitions.shards(y_train, num_clients, partition, rng), partition
   ids = [f'{i:03d}' for i in range(num_clients)]
   train_data = array_data.cached_client_data(
-    f'sorted-digits-{partition}-c{num_clients}-seed{seed}',
+    f'sorted-digits-{layout}-c{num_clients}-seed{seed}',
     ids,
     (x.shape[1],),
     tf.int32,

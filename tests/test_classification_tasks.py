@@ -10,12 +10,12 @@ import tensorflow as tf
 
 from tff_comp import experiment
 from tff_comp.runtime import inprocess
-from tff_comp.tasks import constrained_digits, sparse_logreg
+from tff_comp.tasks import constrained_digits, partitions, sparse_logreg
 
 
 def test_dirichlet_partition_covers_every_example_once():
   labels = np.repeat(np.arange(10), 30)
-  parts = constrained_digits.dirichlet_partition(labels, 12, 0.5, np.random.default_rng(0))
+  parts = partitions.dirichlet(labels, 12, 0.5, np.random.default_rng(0))
   joined = np.sort(np.concatenate(parts))
   np.testing.assert_array_equal(joined, np.arange(len(labels)))
   assert all(len(p) > 0 for p in parts)
