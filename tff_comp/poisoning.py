@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tff_comp import task as task_lib
 from tff_comp.ops.aggregators import attacks
 
 KIND = attacks.LABEL_FLIP  # registered there, with no stage
@@ -107,7 +108,6 @@ def poisoned_task(task, fraction: float, seed: int):
   reason = why_not(task.train_data)
   if reason:
     raise ValueError(f'--attack={KIND} flips class labels, but {reason}.')
-  data = flipped(task.train_data, classes_of(task.model), fraction, seed)
-  if isinstance(task, type) or not dataclasses.is_dataclass(task):
-    raise ValueError(f'--attack={KIND} needs a dataclass task (tff_comp.task.Task).')
-  return dataclasses.replace(task, train_data=data)
+  return task_lib.with_train_data(
+    task, flipped(task.train_data, classes_of(task.model), fraction, seed)
+  )

@@ -7,7 +7,8 @@ these members (`registry.register_task`).
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+import dataclasses
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -74,3 +75,18 @@ def missing(task: Any) -> list[str]:
     for name in (*Task.__annotations__, 'num_clients', 'weight_shapes')
     if not hasattr(task, name)
   ]
+
+
+def with_train_data(task: Task, train_data: Any) -> Task:
+  """`task` training on other clients' datasets (poisoned, or several tasks' merged).
+
+  Raises:
+    ValueError: `task` is no dataclass (the protocol allows any object), so it cannot be
+      copied with other data.
+  """
+  if isinstance(task, type) or not dataclasses.is_dataclass(task):
+    raise ValueError(
+      f'{type(task).__name__} is no dataclass task (tff_comp.tasks.base.Task), so it'
+      ' cannot train on other clients.'
+    )
+  return cast(Task, dataclasses.replace(task, train_data=train_data))

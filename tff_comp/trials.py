@@ -35,6 +35,7 @@ import tensorflow_federated as tff
 import threadpoolctl
 
 from tff_comp import evaluation, experiment, trial_groups
+from tff_comp import task as task_lib
 from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.run import buffered_async
 from tff_comp.runtime import base, learning_state
@@ -114,9 +115,14 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
   prefixes = {id(task): f'{k}/' for k, task in enumerate(tasks)}
   data = _merged_client_data([(prefixes[id(task)], task.train_data) for task in tasks])
   runner = experiment.build_runner(
-    dataclasses.replace(first, task=dataclasses.replace(first.task, train_data=data)),
+    dataclasses.replace(first, task=task_lib.with_train_data(first.task, data)),
     len(members),
   )
+  runtime = runner.runtime
+  if not isinstance(runtime, base.ClientOutputs):  # `trial_groups` merges data for these only
+    raise experiment.ConfigError(
+      f"{runtime.description}: trials on several tasks' data share a build in-process only."
+    )
   initial, starts = {}, []
   for p in prepared:  # each trial from its own task's model (the data seed's) and chain
     start = (
@@ -124,9 +130,7 @@ def _build(members: list[int], prepared: list[experiment.Prepared]) -> _Program:
       trial_groups.chain_start(p.config),
     )
     if start not in initial:
-      initial[start] = learning_state.initial_state(
-        _built(p), runner.runtime.device, len(data.client_ids)
-      )
+      initial[start] = learning_state.initial_state(_built(p), runtime.device, len(data.client_ids))
     starts.append(start)
   return _Program(
     members,
@@ -315,7 +319,9 @@ def _run_batched(
   """The trials `part` of `program` (positions in it) as one group, each on a thread;
   says how long its rounds took, and how much of it the compiled round."""
   started = time.monotonic()
-  group = program.runner.runtime.trial_group(
+  runtime = program.runner.runtime
+  assert isinstance(runtime, base.BatchesTrials), 'batched only where it can be (_why_not_batched)'
+  group = runtime.trial_group(
     [program.prepared[k].config.seed for k in part],
     None if program.clients is None else [program.clients[k] for k in part],
   )
@@ -331,8 +337,7 @@ def _run_batched(
       initial = program.initial[k]
     else:  # its own chain's start, where it differs from the build's
       own = _own_chain_start(program.runner, p)
-      runtime = program.runner.runtime
-      initial = None if own is None else runtime.starting_chain_at(own).initialize()
+      initial = None if own is None else _starting_chain_at(runtime, own).initialize()
     member = group.member(t, initial)
     trial_runner = experiment.runner_on(p, member, member.description, program.runner.algorithm)
     trial_runner = dataclasses.replace(
@@ -423,18 +428,24 @@ def _own_schedule(runner: experiment.Runner, prepared: experiment.Prepared) -> e
   if prepared.config.asynchrony.mode == 'async':
     # The trial's own sampling and async settings (they may differ from the build's).
     buffered_async.check(prepared.config, prepared.task.train_data, runner.algorithm)
+    assert isinstance(runtime, buffered_async.BufferedAsyncRuntime), 'an async run is built so'
     runtime = buffered_async.for_run(
       prepared.config, runtime.driver, prepared.task.train_data, runner.algorithm
     )
   own = _own_chain_start(runner, prepared)
   if own is not None:
-    if not isinstance(runtime, base.StartsChains):
-      raise experiment.ConfigError(
-        f'{runtime.description}: trials differing in {", ".join(trial_groups.CHAIN_START)}'
-        ' share a build only on a runtime that starts chains where told.'
-      )
-    runtime = runtime.starting_chain_at(own)
+    runtime = _starting_chain_at(runtime, own)
   return dataclasses.replace(runner, runtime=runtime)
+
+
+def _starting_chain_at(runtime: base.Runtime, own: Any) -> base.Runtime:
+  """`runtime` (its build shared) starting its aggregator chain at `own`."""
+  if not isinstance(runtime, base.StartsChains):
+    raise experiment.ConfigError(
+      f'{runtime.description}: trials differing in {", ".join(trial_groups.CHAIN_START)}'
+      ' share a build only on a runtime that starts chains where told.'
+    )
+  return runtime.starting_chain_at(own)
 
 
 def _own_chain_start(runner: experiment.Runner, prepared: experiment.Prepared) -> Any:

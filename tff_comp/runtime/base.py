@@ -78,11 +78,18 @@ class Runtime(Protocol):
   """
 
   name: str
-  description: str
-  record: dict[str, Any]
   keeps_personal_models: bool
   partial_work: bool
   sampler: Any
+
+  # Read-only: an attribute or a property (a wrapping runtime's, forwarded).
+  @property
+  def description(self) -> str:
+    """One line: where and how rounds run."""
+
+  @property
+  def record(self) -> dict[str, Any]:
+    """What config.json records of it (`runtime_record`)."""
 
   def initialize(self) -> State:
     """The state before round 1."""
