@@ -188,14 +188,18 @@ class _AggregationOptions:
       return None
     return self._built(registry.ATTACKS.get(self.attack), clients_per_round)
 
+  def options_of(self, entry: registry.Entry) -> Any:
+    """The registered block `entry`'s settings record, its fields read off these (None:
+    the block has no settings)."""
+    if entry.options is None:
+      return None
+    return entry.options(
+      **{f.name: getattr(self, f.name) for f in dataclasses.fields(entry.options)}
+    )
+
   def _built(self, entry: registry.Entry, clients_per_round: int) -> Any:
-    """The registered block `entry` built with its settings record, read off these."""
-    options = None
-    if entry.options is not None:
-      options = entry.options(
-        **{f.name: getattr(self, f.name) for f in dataclasses.fields(entry.options)}
-      )
-    return entry.build(options, clients_per_round)
+    """The registered block `entry` built with its settings record."""
+    return entry.build(self.options_of(entry), clients_per_round)
 
   def _compression(self, clients_per_round: int) -> tuple[aggregators.Stage, ...]:
     """The compressor's stages, the compressor last (none: ())."""

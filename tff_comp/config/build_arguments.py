@@ -94,6 +94,7 @@ def check_options(
     if name not in task_known:
       raise ConfigError(f'task {config.task!r} has no option {name!r}.')
   _check_finite(config)
+  assert config.output_dir is not None, 'resolved first (with_names)'
   run_directory.check_output_dir(config.output_dir, config.overwrite, config.resume)
   if config.resume and config.overwrite:
     raise ConfigError(
@@ -121,7 +122,8 @@ def build_task(
         ' (tff_comp.task.Task).'
       )
     if config.aggregation.attack == poisoning.KIND:
-      task = poisoning.poisoned_task(task, config.aggregation.attack_fraction, config.task_seed)
+      flip = config.aggregation.options_of(registry.ATTACKS.get(poisoning.KIND))
+      task = poisoning.poisoned_task(task, flip.attack_fraction, config.task_seed)
     return task, files
   except ValueError as e:
     raise ConfigError(f'task {config.task!r}: {e}') from e
