@@ -14,6 +14,7 @@ never its name.
 import dataclasses
 import json
 import pathlib
+import typing
 from typing import Any
 
 from tff_comp import accounting, registry, settings, strategy_cache
@@ -27,7 +28,8 @@ def mechanism(aggregator: str) -> type[privacy.PrivateMean] | None:
   """The mechanism class `--aggregator=aggregator` names (None: not clipping or DP)."""
   if aggregator not in registry.MECHANISMS.names():
     return None
-  return registry.MECHANISMS.get(aggregator).builder
+  # A mechanism registers its class as its builder (`registry.register_mechanism`).
+  return typing.cast(type[privacy.PrivateMean], registry.MECHANISMS.get(aggregator).builder)
 
 
 def _mechanisms(having: str) -> tuple[str, ...]:
@@ -35,8 +37,8 @@ def _mechanisms(having: str) -> tuple[str, ...]:
   return tuple(
     name
     for name in registry.MECHANISMS.names()
-    if getattr(registry.MECHANISMS.get(name).builder, having, False)
-    or having in {f.name for f in dataclasses.fields(registry.MECHANISMS.get(name).builder)}
+    if (chosen := mechanism(name)) is not None
+    and (getattr(chosen, having, False) or having in {f.name for f in dataclasses.fields(chosen)})
   )
 
 
@@ -54,7 +56,7 @@ class Plan:
 
   mean: privacy.PrivateMean | None
   ledger: accounting.Ledger | None
-  resolved: dict[str, float]
+  resolved: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +213,8 @@ class PrivacyOptions:
     if min_separation > 1:
       sampling = 'separated'
     recorded = recorded or {}
-    ledger, z, resolved, strategy = None, 0.0, {}, None
+    ledger, z, strategy = None, 0.0, None
+    resolved: dict[str, Any] = {}
     n, restart, bands, epoch = clients_per_round, 0, 0, 0
     # The accounting's clients a round: the noise's cohort; its population.
     accounted = self.noise_cohort_size or n
@@ -269,11 +272,12 @@ class PrivacyOptions:
         )
         if bands:  # optimized (or read from the cache) once the run is known to apply
           strategy = strategy_cache.strategy(resolved['strategy_rounds'], bands)
-        z = self.noise_multiplier
-        if z is None:
-          z = recorded.get('noise_multiplier')
-        if z is None:
-          z = accounting.calibrate(
+        noise = self.noise_multiplier
+        if noise is None:
+          noise = recorded.get('noise_multiplier')
+        if noise is None:
+          assert self.target_epsilon is not None  # one of the two (`check`)
+          noise = accounting.calibrate(
             self.target_epsilon,
             rounds,
             clients_per_round=accounted,
@@ -285,6 +289,7 @@ class PrivacyOptions:
             bands=bands,
             epoch=epoch,
           )
+        z = noise
         ledger = accounting.Ledger(
           z, accounted, population, sampling, delta, self.accountant, restart, bands, epoch
         )
@@ -297,7 +302,7 @@ class PrivacyOptions:
         if restart:
           resolved['restart_every'] = restart
       clip_norm = self.clip_norm if self.clip_norm is not None else DEFAULT_ADAPTIVE_CLIP
-      available = dict(
+      available: dict[str, Any] = dict(
         clip_norm=clip_norm,
         noise_multiplier=z,
         clients_per_round=n,
@@ -405,13 +410,14 @@ def configure(
       min_separation=min_separation,
       recorded=None if resuming is None else recorded_settings(resuming),
     )
-    model_aggregator = plan.mean
+    model_aggregator: privacy.PrivateMean | aggregators.Chain | None = plan.mean
     if robust or aggregation.active:
       model_aggregator = aggregation.chain(
         None if plan.mean is None else plan.mean.chain(), clients_per_round
       )
   except ValueError as e:
     raise settings.ConfigError(str(e)) from e
+  assert model_aggregator is not None  # a mechanism or a chain: the mean alone returned above
   chain = (
     model_aggregator
     if isinstance(model_aggregator, aggregators.Chain)
