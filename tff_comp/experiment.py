@@ -53,20 +53,6 @@ class Prepared:
   task_files: dict[str, Any] = dataclasses.field(default_factory=dict)
   inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-  @property
-  def output_dir(self) -> str:
-    """The run's output directory (`prepare` resolves it: runs/<algo>-<task> by
-    default)."""
-    assert self.config.output_dir is not None, 'resolved by prepare'
-    return self.config.output_dir
-
-  @property
-  def task_name(self) -> str:
-    """The registered task's name (`prepare` resolves it: the algorithm's home task by
-    default)."""
-    assert self.config.task is not None, 'resolved by prepare'
-    return self.config.task
-
   def build(self):
     """The registered builder's program: an `ops.algorithm.Algorithm` (a plugin's
     builder may return a TFF LearningProcess)."""
@@ -130,10 +116,9 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
     sampling.check_population(config.participation, settings.clients_per_round, task.num_clients)
   except ValueError as e:
     raise ConfigError(str(e)) from e
-  trace = config.devices.device_trace
-  if config.devices.device_model == 'trace' and trace is not None:  # `check` requires it
-    try:  # read before the run locks its directory
-      devices.read_trace(pathlib.Path(trace), task.train_data.client_ids)
+  if config.devices.device_model == 'trace':  # read before the run locks its directory
+    try:
+      devices.read_trace(pathlib.Path(config.devices.device_trace), task.train_data.client_ids)
     except ValueError as e:
       raise ConfigError(str(e)) from e
   prepared = Prepared(
@@ -149,7 +134,7 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
   if config.resume:  # refused before any runtime is built (checked again in `train_runner`,
     # with what its caller adds to config.json)
     run_directory.check_resumable(
-      pathlib.Path(prepared.output_dir),
+      pathlib.Path(config.output_dir),
       dict(dataclasses.asdict(config), resolved=resolved_options(prepared)),
       force=config.force_resume,
       extra_later=True,
@@ -213,7 +198,7 @@ def build_runner(prepared: Prepared, trials: int = 1) -> Runner:
     options=config.runtime_options,
     batch_size=settings.batch_size,
     client_rounds=settings.rounds * settings.clients_per_round * trials,
-    resumed=run_directory.recorded_runtime(prepared.output_dir) if config.resume else None,
+    resumed=run_directory.recorded_runtime(config.output_dir) if config.resume else None,
   )
   devices.check_run(config.devices, config.participation.straggler_rate, runtime)
   if config.asynchrony.mode == 'async':  # its description says what it runs on
@@ -259,7 +244,7 @@ def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str
     algorithm_options=in_force(prepared.algorithm, prepared.builder_args, COMMON_ALGORITHM_ARGS),
     task_options=dict(
       in_force(
-        registry.get_task(prepared.task_name), prepared.config.task_options, COMMON_TASK_ARGS
+        registry.get_task(prepared.config.task), prepared.config.task_options, COMMON_TASK_ARGS
       ),
       # A plugin's task (the `task.Task` protocol) need not say what it resolved.
       **getattr(prepared.task, 'resolved_options', {}),
@@ -289,9 +274,7 @@ def default_callbacks(
     (
       callbacks_lib.Poisoned(
         poisoning.attackers(
-          prepared.task.train_data.client_ids,
-          config.aggregation.options_of(registry.ATTACKS.get(poisoning.KIND)).attack_fraction,
-          config.task_seed,
+          prepared.task.train_data.client_ids, config.aggregation.attack_fraction, config.task_seed
         )
       ),
     )
@@ -364,7 +347,7 @@ def train_runner(
     environment=dict(run_directory.environment(), data_files=dict(prepared.inputs)),
     **(extra_config or {}),
   )
-  output_dir = output_dir or prepared.output_dir
+  output_dir = output_dir or prepared.config.output_dir
   run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
   try:
     with outputs.output_lock(pathlib.Path(output_dir)):
@@ -482,10 +465,10 @@ def train(
     ConfigError: an unknown setting, or any bad one.
   """
   if isinstance(algorithm, ExperimentConfig):
-    extra = (['task'] if task is not None else []) + sorted(settings_)
-    if extra:
+    given = (['task'] if task is not None else []) + sorted(settings_)
+    if given:
       raise ConfigError(
-        f'train(config): the ExperimentConfig holds every setting; set {", ".join(extra)} in it.'
+        f'train(config): the ExperimentConfig holds every setting; set {", ".join(given)} in it.'
       )
     return run_experiment(prepare(algorithm), show_progress=show_progress, callbacks=callbacks)
   if not isinstance(algorithm, str):
