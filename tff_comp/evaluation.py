@@ -71,8 +71,7 @@ def evaluate_together(
   # id(task.evaluate_many) -> (it, [(request, its Evaluation)])
   together: dict[int, tuple[Callable, list[tuple[int, Evaluation]]]] = {}
   for i, (evaluate, _) in enumerate(requests):
-    many = evaluate.task.evaluate_many if isinstance(evaluate, Evaluation) else None
-    if isinstance(evaluate, Evaluation) and many is not None:
+    if isinstance(evaluate, Evaluation) and (many := evaluate.task.evaluate_many) is not None:
       together.setdefault(id(many), (many, []))[1].append((i, evaluate))
     else:
       results[i] = _alone(*requests[i])
