@@ -1,28 +1,21 @@
 """One experiment = a registered algorithm on a registered task, validated up front.
 
-`ExperimentConfig` holds every setting; `prepare` checks it and builds the task, the
-regularizer and the builder arguments without running any TFF computation, raising
-`ConfigError` with a one-line message on bad input; `run_experiment` then builds the
-process and trains it. Binaries (`binaries/run.py`, `binaries/reproduce.py`) are thin
-layers over these two functions.
+`ExperimentConfig` holds every setting; `prepare` (`config.prepared`) checks it and
+builds the task, the regularizer and the builder arguments without running any TFF
+computation, raising `ConfigError` with a one-line message on bad input; `build_runner`
+places the program on its runtime and `run_experiment` trains it. Binaries
+(`binaries/run.py`, `binaries/reproduce.py`) are thin layers over these functions.
 """
 
 from collections.abc import Callable, Sequence
 import dataclasses
-import inspect
 import pathlib
 from typing import Any
 
-from tff_comp import accounting, evaluation, poisoning, registry, settings
-from tff_comp import task as task_lib
-from tff_comp.config import (
-  build_arguments,
-  experiment_config,
-  privacy_settings,
-  run_directory,
-  run_settings,
-)
+from tff_comp import evaluation, poisoning, registry, settings
+from tff_comp.config import build_arguments, experiment_config, run_directory
 from tff_comp.config.experiment_config import ExperimentConfig
+from tff_comp.config.prepared import Prepared, prepare, resolved_options
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import communication as communication_lib
 from tff_comp.ops import rule as rule_lib
@@ -31,116 +24,25 @@ from tff_comp.run import callbacks as callbacks_lib
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import choice
 
+__all__ = [
+  'ConfigError',
+  'ExperimentConfig',
+  'Prepared',
+  'Runner',
+  'build_runner',
+  'default_callbacks',
+  'prepare',
+  'resolved_options',
+  'run_experiment',
+  'runner_on',
+  'train',
+  'train_runner',
+]
+
 COMMON_ALGORITHM_ARGS = build_arguments.COMMON_ALGORITHM_ARGS
 COMMON_TASK_ARGS = build_arguments.COMMON_TASK_ARGS
 DEFAULT_TASK = build_arguments.DEFAULT_TASK
 ConfigError = settings.ConfigError  # bad settings; the message is one line for the user
-
-
-@dataclasses.dataclass
-class Prepared:
-  """A validated experiment, ready to build its process."""
-
-  config: ExperimentConfig
-  task: task_lib.Task
-  algorithm: registry.Entry
-  builder_args: dict[str, Any]
-  settings: run_settings.RunSettings  # the run's settings in force
-  ledger: accounting.Ledger | None = None  # a DP run's privacy accounting
-  # {path: fingerprint} of the data files the task's build read, and of every file the
-  # run reads (those and the files its settings name: a device trace), config.json's
-  # environment.data_files.
-  task_files: dict[str, Any] = dataclasses.field(default_factory=dict)
-  inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-  def build(self):
-    """The registered builder's program: an `ops.algorithm.Algorithm` (a plugin's
-    builder may return a TFF LearningProcess)."""
-    return self.algorithm.build(self.task.model, **self.builder_args)
-
-  def build_process(self):
-    """The program as a TFF LearningProcess (`registry.Entry.process`)."""
-    return self.algorithm.process(self.task.model, **self.builder_args)
-
-
-def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepared:
-  """Validates `config` and builds the task; runs no TFF computation. Steps: the
-  runtime settings, the algorithm and task names, their options, the task, the run
-  settings, the builder's arguments. `like`: a run prepared from the same task settings
-  (the trials of a grid), whose task this one shares instead of building it again.
-
-  Raises:
-    registry.RegistryError: unknown algorithm or task.
-    ConfigError: any other bad setting.
-  """
-  config.check()
-  algorithm = registry.get_algorithm(config.algorithm)
-  config, task_entry = build_arguments.with_names(config, algorithm)
-  # Settings and options that work for the (algorithm, home task) pair.
-  home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
-  build_arguments.check_options(config, algorithm, task_entry)
-  task, task_files = (
-    (like.task, like.task_files)
-    if like is not None
-    else build_arguments.build_task(config, task_entry)
-  )
-  settings = run_settings.resolve(
-    config.value, task, home, with_replacement=config.participation.sampling == 'with_replacement'
-  )
-  builder_args, settings = build_arguments.builder_args(config, algorithm, task, home, settings)
-  plan = privacy_settings.configure(
-    config.privacy,
-    config.aggregation,
-    algorithm,
-    builder_args,
-    rounds=settings.rounds,
-    clients_per_round=settings.clients_per_round,
-    client_weighting=config.local_work.client_weighting,
-    population=task.num_clients,
-    sampling=config.participation.sampling,
-    resuming=config.output_dir if config.resume else None,
-    min_separation=config.participation.min_separation,
-  )
-  settings = dataclasses.replace(settings, **plan.resolved)
-  if config.devices.device_model != 'none' and config.participation.sampling == 'cyclic':
-    raise ConfigError(
-      '--sampling=cyclic takes fixed blocks of clients in turn, which --device_model'
-      " (the clients available at a round's time) would break."
-    )
-  if config.devices.device_model != 'none' and config.participation.separated:
-    raise ConfigError(
-      '--min_separation draws among the clients recent rounds did not sample, which'
-      " --device_model (the clients available at a round's time) would break."
-    )
-  try:
-    sampling.check_population(config.participation, settings.clients_per_round, task.num_clients)
-  except ValueError as e:
-    raise ConfigError(str(e)) from e
-  if config.devices.device_model == 'trace':  # read before the run locks its directory
-    try:
-      devices.read_trace(pathlib.Path(config.devices.device_trace), task.train_data.client_ids)
-    except ValueError as e:
-      raise ConfigError(str(e)) from e
-  prepared = Prepared(
-    config,
-    task,
-    algorithm,
-    builder_args,
-    settings,
-    plan.ledger,
-    task_files,
-    run_directory.input_files(config.input_files(), task_files),
-  )
-  if config.resume:  # refused before any runtime is built (checked again in `train_runner`,
-    # with what its caller adds to config.json)
-    run_directory.check_resumable(
-      pathlib.Path(config.output_dir),
-      dict(dataclasses.asdict(config), resolved=resolved_options(prepared)),
-      force=config.force_resume,
-      extra_later=True,
-      inputs=prepared.inputs,
-    )
-  return prepared
 
 
 @dataclasses.dataclass
@@ -198,7 +100,7 @@ def build_runner(prepared: Prepared, trials: int = 1) -> Runner:
     options=config.runtime_options,
     batch_size=settings.batch_size,
     client_rounds=settings.rounds * settings.clients_per_round * trials,
-    resumed=run_directory.recorded_runtime(config.output_dir) if config.resume else None,
+    resumed=run_directory.recorded_runtime(prepared.output_dir) if config.resume else None,
   )
   devices.check_run(config.devices, config.participation.straggler_rate, runtime)
   if config.asynchrony.mode == 'async':  # its description says what it runs on
@@ -227,31 +129,6 @@ def runner_on(
   )
 
 
-def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str, Any]:
-  """The run settings and every algorithm and task option in force, defaults included,
-  and the `runtime`'s description where known (what config.json's `resolved` records)."""
-
-  def in_force(entry: registry.Entry, given: dict[str, Any], skip) -> dict[str, Any]:
-    return {
-      h.name: given.get(h.name, h.default)
-      for h in entry.hparams
-      if h.name not in skip and h.default is not inspect.Parameter.empty
-    }
-
-  return dict(
-    prepared.settings.record(),
-    **({} if runtime is None else {'runtime': runtime}),
-    algorithm_options=in_force(prepared.algorithm, prepared.builder_args, COMMON_ALGORITHM_ARGS),
-    task_options=dict(
-      in_force(
-        registry.get_task(prepared.config.task), prepared.config.task_options, COMMON_TASK_ARGS
-      ),
-      # A plugin's task (the `task.Task` protocol) need not say what it resolved.
-      **getattr(prepared.task, 'resolved_options', {}),
-    ),
-  )
-
-
 def default_callbacks(
   prepared: Prepared,
   runner: Runner,
@@ -274,7 +151,9 @@ def default_callbacks(
     (
       callbacks_lib.Poisoned(
         poisoning.attackers(
-          prepared.task.train_data.client_ids, config.aggregation.attack_fraction, config.task_seed
+          prepared.task.train_data.client_ids,
+          config.aggregation.options_of(registry.ATTACKS.get(poisoning.KIND)).attack_fraction,
+          config.task_seed,
         )
       ),
     )
@@ -347,7 +226,7 @@ def train_runner(
     environment=dict(run_directory.environment(), data_files=dict(prepared.inputs)),
     **(extra_config or {}),
   )
-  output_dir = output_dir or prepared.config.output_dir
+  output_dir = output_dir or prepared.output_dir
   run_directory.check_output_dir(output_dir, prepared.config.overwrite, prepared.config.resume)
   try:
     with outputs.output_lock(pathlib.Path(output_dir)):
@@ -465,10 +344,10 @@ def train(
     ConfigError: an unknown setting, or any bad one.
   """
   if isinstance(algorithm, ExperimentConfig):
-    given = (['task'] if task is not None else []) + sorted(settings_)
-    if given:
+    extra = (['task'] if task is not None else []) + sorted(settings_)
+    if extra:
       raise ConfigError(
-        f'train(config): the ExperimentConfig holds every setting; set {", ".join(given)} in it.'
+        f'train(config): the ExperimentConfig holds every setting; set {", ".join(extra)} in it.'
       )
     return run_experiment(prepare(algorithm), show_progress=show_progress, callbacks=callbacks)
   if not isinstance(algorithm, str):
