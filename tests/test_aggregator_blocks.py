@@ -250,13 +250,14 @@ def test_top_k_keeps_the_largest_and_rand_k_is_unbiased():
   assert np.abs(mean - W @ X / W.sum()).max() < 0.25 * np.abs(X).max()
 
 
-def test_the_rotation_is_hadamards_and_comes_back_at_the_server():
-  x = X[:, :8]
+@pytest.mark.parametrize('size', [1, 2, 8, 2**11, 2**13])  # 2^13: three Kronecker factors
+def test_the_rotation_is_hadamards_and_comes_back_at_the_server(size):
+  x = np.random.default_rng(size).normal(size=(3, size)).astype(np.float32)
   np.testing.assert_allclose(
     agg.compression.hadamard(tf.constant(x)).numpy(),
-    x @ scipy.linalg.hadamard(8).T / math.sqrt(8),
+    x @ scipy.linalg.hadamard(size).T / math.sqrt(size),
     rtol=1e-5,
-    atol=1e-6,
+    atol=3e-6,
   )
   got, _, state, _ = _aggregate(agg.Chain((agg.Rotate(),), agg.Mean()))
   np.testing.assert_allclose(got, W @ X / W.sum(), rtol=1e-4, atol=1e-6)  # padded 12 -> 16

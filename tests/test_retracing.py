@@ -216,23 +216,33 @@ def test_no_retrace_with_a_keras_model(traces, tmp_path):
 
 
 # Runs in a fresh Python with XLA's compile log: a lanes run with cohorts of changing
-# sizes (Poisson sampling, dropout), shuffled, then resumed.
+# sizes (Poisson sampling, dropout), shuffled, then resumed; argv[2] more settings.
 _XLA_RUN = """
-import sys
+import ast, sys
 from tff_comp import experiment
 for rounds, resume in ((12, False), (24, True)):
   prepared = experiment.prepare(experiment.ExperimentConfig.of(
       algorithm='fedavg', task='quadratic', rounds=rounds, clients_per_round=3,
       sampling='poisson', dropout_rate=0.3, engine='lanes', eval_period=5,
-      checkpoint_every=6, output_dir=sys.argv[1], resume=resume))
+      checkpoint_every=6, output_dir=sys.argv[1], resume=resume,
+      **ast.literal_eval(sys.argv[2])))
   experiment.train_runner(prepared, experiment.build_runner(prepared), show_progress=False)
   print('run done', file=sys.stderr, flush=True)
 """
 
 
-def test_xla_compiles_the_lanes_kernel_once_per_process(tmp_path):
+@pytest.mark.parametrize(
+  'settings, programs',
+  [
+    ({}, ['local_steps']),
+    # The chain's encodes compile too (`stages.RoundStages._encode`), once: the cohort's
+    # rows padded to the round's capacity.
+    (dict(compression='quantize', hadamard_rotation=True), ['encode_rows', 'local_steps']),
+  ],
+)
+def test_xla_compiles_each_program_once_per_process(tmp_path, settings, programs):
   out = subprocess.run(
-    [sys.executable, '-c', _XLA_RUN, str(tmp_path)],
+    [sys.executable, '-c', _XLA_RUN, str(tmp_path), repr(settings)],
     capture_output=True,
     text=True,
     timeout=600,
@@ -242,6 +252,8 @@ def test_xla_compiles_the_lanes_kernel_once_per_process(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   runs = out.stderr.split('run done')[:2]
   assert len(runs) == 2, out.stderr[-3000:]
-  for run in runs:  # the fresh run, then the resumed one: one compile each
+  for run in runs:  # the fresh run, then the resumed one: each program compiled once
     compiles = re.findall(r'Compiled (\S+) (\d+) times', run)
-    assert len(compiles) == 1 and 'local_steps' in compiles[0][0], compiles
+    assert sorted(next(p for p in programs if p in name) for name, _ in compiles) == programs, (
+      compiles
+    )

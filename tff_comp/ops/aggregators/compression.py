@@ -79,17 +79,40 @@ class Rotate(base.Stage):
     return bits * self.output_size(d) / d
 
 
+# The largest Walsh-Hadamard factor `hadamard` multiplies by: H_D = H_a (x) H_b (x) ...
+# (Sylvester's construction), each factor at most 2^6 wide.
+_FACTOR_BITS = 6
+
+
+def _sylvester(size: int) -> tf.Tensor:
+  """The unnormalized Walsh-Hadamard matrix of `size` (a power of two), entry (i, j)
+  (-1)^popcount(i & j); built by ops a graph folds to a constant of size^2 floats."""
+  i = tf.range(size)
+  parity = tf.raw_ops.PopulationCount(x=tf.bitwise.bitwise_and(i[:, None], i[None, :])) % 2
+  return 1.0 - 2.0 * tf.cast(parity, tf.float32)
+
+
 def hadamard(x: tf.Tensor) -> tf.Tensor:
   """The normalized Walsh-Hadamard transform of each row of `x` [m, D], D a power of two
-  (its own inverse)."""
+  (its own inverse). H_D is the Kronecker product of factors of at most 64 (Sylvester's
+  construction), one matrix product each: for D up to 4,096 a row X [a, b] becomes
+  H_a X H_b, 5 ops where the butterfly's log2(D) stages of reshapes and slices took 70,
+  which a round outside XLA pays as op dispatch (docs/speed.md, part 9); the products'
+  extra arithmetic (at most 64 flops a value a factor) is microseconds at these widths."""
   m, size = tf.shape(x)[0], x.shape[1]
-  h = 1
-  while h < size:
-    pairs = tf.reshape(x, [m, size // (2 * h), 2, h])
-    a, b = pairs[:, :, 0, :], pairs[:, :, 1, :]
-    x = tf.reshape(tf.stack([a + b, a - b], 2), [m, size])
-    h *= 2
-  return x / math.sqrt(size)
+  bits = int(math.log2(size))
+  if bits <= 2 * _FACTOR_BITS:
+    a = 2 ** (bits // 2)
+    y = tf.matmul(tf.matmul(_sylvester(a), tf.reshape(x, [m, a, size // a])), _sylvester(size // a))
+    return tf.reshape(y, [m, size]) / math.sqrt(size)
+  factors = [_FACTOR_BITS] * (bits // _FACTOR_BITS) + [bits % _FACTOR_BITS] * bool(
+    bits % _FACTOR_BITS
+  )
+  y = tf.reshape(x, [m, *(2**f for f in factors)])
+  axes = 'abcdefgh'[: len(factors)]
+  for f in factors:  # the first factor's axis transformed, moved last: in order at the end
+    y = tf.einsum(f'm{axes},{axes[0]}z->m{axes[1:]}z', y, _sylvester(2**f))
+  return tf.reshape(y, [m, size]) / math.sqrt(size)
 
 
 class Quantize(base.Stage):

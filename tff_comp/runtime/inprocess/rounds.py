@@ -354,7 +354,15 @@ class InProcessRuntime:
     )
     return (
       *self.stages.finish(
-        outputs, weights, server_state, aggregator, work_state.round, seed, reference, indices
+        outputs,
+        weights,
+        server_state,
+        aggregator,
+        work_state.round,
+        seed,
+        reference,
+        indices,
+        capacity or None,  # 0: an engine without a compiled cohort shape
       ),
       work_state.round + 1,
     )
