@@ -46,7 +46,7 @@ import copy
 import dataclasses
 import heapq
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn, Protocol, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
@@ -247,6 +247,19 @@ class InFlight(NamedTuple):
   chain: Any
 
 
+@runtime_checkable
+class Driver(base.Runtime, base.ClientOutputs, base.StartsChains, Protocol):
+  """What buffered asynchronous steps run their clients on: a runtime giving each
+  client's outputs, starting chains from a trial's state, whose model weights can be
+  set (a resume's). The in-process runtime is one."""
+
+  def set_model_weights(self, state: base.State, weights: Any) -> base.State:
+    """`state` with the global model `weights`."""
+
+  def starting_chain_at(self, chain_state: Any) -> 'Driver':
+    """As `base.StartsChains`, a driver again."""
+
+
 class BufferedAsyncRuntime:
   """Server steps of the module docstring on an in-process runtime (`driver`), one per
   `next`, which takes the clients of `schedule.plan(t).cohort` (its `sampler` hands
@@ -256,7 +269,7 @@ class BufferedAsyncRuntime:
   name = 'inprocess'
   partial_work = False
 
-  def __init__(self, driver: base.ClientOutputs, schedule: Schedule, options: AsyncOptions):
+  def __init__(self, driver: Driver, schedule: Schedule, options: AsyncOptions):
     self._driver, self.schedule, self.options = driver, schedule, options
     self.algorithm = driver.algorithm
     self.keeps_personal_models = False
@@ -266,7 +279,7 @@ class BufferedAsyncRuntime:
     self._empty: InFlight | None = None
 
   @property
-  def driver(self) -> base.ClientOutputs:
+  def driver(self) -> Driver:
     """The runtime running the clients (the in-process one)."""
     return self._driver
 
@@ -461,7 +474,7 @@ def check(config, client_data, algorithm, runtimes: Sequence[str] = ()) -> None:
     )
 
 
-def _refuse_runtime(name: str) -> None:
+def _refuse_runtime(name: str) -> NoReturn:
   raise ConfigError(
     "--mode=async runs on the in-process runtime (a runtime giving each client's"
     f' outputs), not {name}.'
@@ -476,7 +489,7 @@ def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
   Raises:
     ConfigError: (one line) `runtime` gives no client's outputs (a plugin's).
   """
-  if not isinstance(runtime, base.ClientOutputs):
+  if not isinstance(runtime, Driver):
     _refuse_runtime(runtime.name)
   options = config.asynchrony
   clock = devices.clock_for(config.devices, client_data, algorithm, config.seed)
