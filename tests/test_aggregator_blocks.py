@@ -264,7 +264,9 @@ def test_the_rotation_is_hadamards_and_comes_back_at_the_server(size):
   assert (
     agg.Chain((agg.Rotate(), agg.Quantize(8)), agg.Mean()).bind(D).upload_bits(D) == 8 * 16 + 64
   )
-  assert int(state.stages[0][1]) == 1  # a fresh rotation next round
+  seed, signs = state.stages[0]
+  assert int(seed[1]) == 1  # a fresh rotation next round, its signs drawn by the server
+  np.testing.assert_array_equal(signs, tf.sign(tf.random.stateless_uniform([16], seed) - 0.5))
 
 
 def test_error_feedback_keeps_each_clients_residual():

@@ -4,6 +4,8 @@ the lanes and mapped engines alike; persistent rows (error feedback) live in the
 and in checkpoints; FedNova's normalized deltas go through a chain with its tau_eff
 exact; a chain that a runtime cannot hold yet is refused in one line."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,6 +19,17 @@ DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
 COHORT = [IDS[3], IDS[0], IDS[4], IDS[1]]  # positions not the population's indices
 
+
+@dataclasses.dataclass
+class _Scale(agg.Stage):
+  """A stage as a plugin may write it: a dataclass, so unhashable (eq, no hash)."""
+
+  factor: float = 0.5
+
+  def encode(self, state, x, weights, rows, seeds):
+    return agg.base.Encoded(x * self.factor, weights, rows, {})
+
+
 CHAINS = {
   'clip_median': agg.Chain((agg.Clip(0.5),), agg.Median()),
   'krum_under_sign_flip': agg.Chain((agg.SignFlip(0.5),), agg.Krum(1, 2)),
@@ -25,6 +38,7 @@ CHAINS = {
   'ef_top_k': agg.Chain((agg.ErrorFeedback(agg.TopK(0.5)),), agg.Mean()),
   'rotate_quantize': agg.Chain((agg.Rotate(), agg.Quantize(4)), agg.Mean()),
   'secure_sum': agg.Chain((agg.Clip(1.0),), agg.SecureSum(2.0, 16)),
+  'dataclass_stage': agg.Chain((_Scale(),), agg.Mean()),
 }
 
 
@@ -72,6 +86,9 @@ _DEFAULT = {
   ('lanes', 'ef_top_k'),
   ('mapped', 'nnm_median'),  # a pre-aggregation at the round's end
   ('mapped', 'momentum_median'),  # rows kept in the state, across rounds
+  # Encodes compiled by XLA (stages.RoundStages): stochastic rounding, a plugin's stage.
+  ('lanes', 'rotate_quantize'),
+  ('lanes', 'dataclass_stage'),
 }
 
 
@@ -79,7 +96,10 @@ _DEFAULT = {
   'engine,name',
   [
     pytest.param(engine, name, marks=() if (engine, name) in _DEFAULT else pytest.mark.slow)
-    for engine, names in (('mapped', sorted(CHAINS)), ('lanes', ('clip_median', 'ef_top_k')))
+    for engine, names in (
+      ('mapped', sorted(CHAINS)),
+      ('lanes', ('clip_median', 'ef_top_k', 'rotate_quantize', 'dataclass_stage')),
+    )
     for name in names
   ],
 )

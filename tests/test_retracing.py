@@ -254,6 +254,5 @@ def test_xla_compiles_each_program_once_per_process(tmp_path, settings, programs
   assert len(runs) == 2, out.stderr[-3000:]
   for run in runs:  # the fresh run, then the resumed one: each program compiled once
     compiles = re.findall(r'Compiled (\S+) (\d+) times', run)
-    assert sorted(next(p for p in programs if p in name) for name, _ in compiles) == programs, (
-      compiles
-    )
+    named = sorted(next((p for p in programs if p in name), name) for name, _ in compiles)
+    assert named == programs, compiles

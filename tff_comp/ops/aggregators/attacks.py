@@ -36,6 +36,7 @@ class Attack(base.Stage):
 
   name = 'attack'
   randomized = True
+  exact_under_xla = False  # who attacks: TensorFlow's stateless draws (the recorded runs')
   in_state = ('fraction', 'scale')
 
   def __init__(self, fraction: float, scale: float = 1.0, fixed: bool = False):

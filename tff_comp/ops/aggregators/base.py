@@ -80,6 +80,11 @@ class Stage:
   # Its rows are scaled signs, which a plain mean combines as signSGD's majority vote
   # (Bernstein et al. 2019; `combiners.MajorityVote`).
   votes = False
+  # Its encode gives the same bits compiled by XLA as run by TensorFlow: its draws are
+  # `ops.stateless`'s hashes. TensorFlow's stateless random ops draw other bits under
+  # XLA, so a stage using them in its encode says False, and its chain's encodes are
+  # not compiled (`runtime.inprocess.stages`).
+  exact_under_xla = True
   # Its settings that its state holds, not its program (`Chain.structure`).
   in_state: tuple[str, ...] = ()
 
@@ -305,6 +310,10 @@ class Chain:
   @property
   def by_client(self) -> bool:
     return any(s.by_client for s in self.stages)
+
+  @property
+  def exact_under_xla(self) -> bool:
+    return all(s.exact_under_xla for s in self.stages)
 
   def initial_state(self) -> ChainState:
     return ChainState(tuple(s.initial_state() for s in self.stages), self.combiner.initial_state())

@@ -58,19 +58,26 @@ class Rotate(base.Stage):
   def bind(self, d: int) -> 'Rotate':
     return Rotate(d)
 
-  def initial_state(self):
-    return tf.constant([0x5EED, 0], tf.int64)  # the round's sign seed, advanced each round
+  def initial_state(self) -> tuple[tf.Tensor, tf.Tensor]:
+    """(the round's sign seed, advanced each round; its signs D). The server draws the
+    signs and the clients read them: TensorFlow's stateless random ops draw other bits
+    under XLA, which compiles the clients' encodes (`runtime.inprocess.stages`)."""
+    if self.padded is None:
+      raise ValueError("a rotation is bound to its rows' length first (Chain.bind).")
+    seed = tf.constant([0x5EED, 0], tf.int64)
+    return seed, self._signs(seed)
 
-  def _signs(self, state: tf.Tensor) -> tf.Tensor:
-    return tf.sign(tf.random.stateless_uniform([self.padded], state) - 0.5)
+  def _signs(self, seed: tf.Tensor) -> tf.Tensor:
+    return tf.sign(tf.random.stateless_uniform([self.padded], seed) - 0.5)
 
   def encode(self, state, x, weights, rows, seeds):
     padded = tf.pad(x, [[0, 0], [0, self.padded - self.d]])
-    return base.Encoded(hadamard(padded * self._signs(state)[None, :]), weights, rows, {})
+    return base.Encoded(hadamard(padded * state[1][None, :]), weights, rows, {})
 
   def decode(self, state, y, counts, context, seed):
-    back = hadamard(y[None, :])[0] * self._signs(state)
-    return back[: self.d], state + tf.constant([0, 1], tf.int64), base.Measurements()
+    back = hadamard(y[None, :])[0] * state[1]
+    following = state[0] + tf.constant([0, 1], tf.int64)
+    return back[: self.d], (following, self._signs(following)), base.Measurements()
 
   def output_size(self, d: int) -> int:
     return 2 ** max(0, math.ceil(math.log2(max(d, 1))))
@@ -262,6 +269,7 @@ class ErrorFeedback(base.Stage):
     self.name = f'{variant}({compressor.name})'
     self.row_size = d or 0
     self.randomized = compressor.randomized
+    self.exact_under_xla = compressor.exact_under_xla
 
   def bind(self, d: int) -> 'ErrorFeedback':
     return ErrorFeedback(self.compressor.bind(d), self.variant, d)

@@ -65,13 +65,20 @@ class RoundStages:
     # plain round; compiled, 1.4x: docs/speed.md, part 9). Not without stages, where the
     # encode is a flatten, cheaper than the program's launch (Krum, the median: 0.1 ms
     # more); not for a stage reading the whole cohort (an attack's), whose rows cannot
-    # be padded to a compiled size (`_encode`).
+    # be padded to a compiled size (`_encode`), nor one whose draws XLA would change
+    # (`Stage.exact_under_xla`: an attack's, so that it picks the attackers it picks on
+    # every runtime).
+    # The chain is bound, not an argument: a tf.function keys its traces by its Python
+    # arguments, which would need a plugin's stages hashable.
+    self._compiled_encode = None
     chain = self._chain
-    self._compiled_encode = (
-      tf.function(_encode_rows, jit_compile=True, autograph=False)
-      if chain is not None and chain.stages and not chain.cohort_wide
-      else None
-    )
+    if chain is not None and chain.stages and not chain.cohort_wide and chain.exact_under_xla:
+      bound: aggregators.Chain = chain
+
+      def encode_rows(*cohort) -> aggregators.Encoded:
+        return _encode_rows(bound, *cohort)
+
+      self._compiled_encode = tf.function(encode_rows, jit_compile=True, autograph=False)
     # The round's metrics' structure (`pack_metrics`) and each leaf's (start, end, shape,
     # dtype) in the packed vector, noted when traced, so that unpacking a round's
     # metrics is a slice per leaf and one `nested.Packer` call.
@@ -219,9 +226,9 @@ class RoundStages:
     capacity: int | None = None,
   ) -> aggregators.Encoded:
     """The clients' model parts, flattened to rows, through the `chain`'s encodes."""
-    rows = (self.algorithm.aggregation.model_part(outputs.update), outputs.weight, indices)
+    cohort = (self.algorithm.aggregation.model_part(outputs.update), outputs.weight, indices)
     if self._compiled_encode is None:
-      return _encode_rows(chain, aggregator, *rows, round_num, seed)
+      return _encode_rows(chain, aggregator, *cohort, round_num, seed)
     # Rows padded to the round's capacity, or else to a power of two, so that XLA
     # compiles a program for one size or a few, not for every cohort size sampling,
     # dropout or deadlines leave (220 ms each on lasso's); a row's encoding reads no
@@ -233,9 +240,9 @@ class RoundStages:
     else:
       size = tf.constant(capacity)
     padded = tf.nest.map_structure(
-      lambda t: tf.pad(t, [[0, size - m]] + [[0, 0]] * (t.shape.rank - 1)), rows
+      lambda t: tf.pad(t, [[0, size - m]] + [[0, 0]] * (t.shape.rank - 1)), cohort
     )
-    encoded = self._compiled_encode(chain, aggregator, *padded, round_num, seed)
+    encoded = self._compiled_encode(aggregator, *padded, round_num, seed)
     return tf.nest.map_structure(lambda t: t[:m], encoded)
 
   def finish_sums(
@@ -318,7 +325,8 @@ class HostFinish:
     )
 
     def finish(outputs, weights, server_state, aggregator, round_num, seed, reference, indices):
-      # Cohorts of every size here (no capacity): encodes' rows padded to powers of two.
+      # Eight arguments, which its concrete function binds (not `capacity`): cohorts of
+      # every size arrive here, their encodes' rows padded to powers of two.
       return stages.finish(
         outputs, weights, server_state, aggregator, round_num, seed, reference, indices
       )
