@@ -235,16 +235,11 @@ for rounds, resume in ((12, False), (24, True)):
 """
 
 
-@pytest.mark.parametrize(
-  'settings, programs',
-  [
-    ({}, ['local_steps']),
-    # The chain's encodes compile too (`stages.RoundStages._encode`), once: the cohort's
-    # rows padded to the round's capacity.
-    (dict(compression='quantize', hadamard_rotation=True), ['encode_rows', 'local_steps']),
-  ],
-)
-def test_xla_compiles_each_program_once_per_process(tmp_path, settings, programs):
+def test_xla_compiles_each_program_once_per_process(tmp_path):
+  # The clients' kernel, and the chain's encodes (`stages.RoundStages._encode`): the
+  # cohort's rows padded to the round's capacity.
+  settings = dict(compression='quantize', hadamard_rotation=True)
+  programs = ['encode_rows', 'local_steps']
   out = subprocess.run(
     [sys.executable, '-c', _XLA_RUN, str(tmp_path), repr(settings)],
     capture_output=True,
