@@ -111,75 +111,6 @@ def build(options: Options, clients_per_round: int) -> aggregators.TrimmedMean:
 '''
 
 
-def _run(repo_root: pathlib.Path, plugins: pathlib.Path, out: pathlib.Path, *flags: str):
-  return subprocess.run(
-    [
-      sys.executable,
-      str(repo_root / 'binaries' / 'run.py'),
-      '--algo=fedavg',
-      '--task=lasso',
-      '--rounds=1',
-      f'--output_dir={out}',
-      *flags,
-    ],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    stdin=subprocess.DEVNULL,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(plugins)),
-  )
-
-
-def _install(tmp_path: pathlib.Path, package: str, code: str, entry_points: str) -> pathlib.Path:
-  """A site folder holding `package` (its `__init__.py` is `code`) and its dist-info, as
-  pip would install it, with `entry_points` (entry_points.txt's text)."""
-  plugins = tmp_path / 'site'
-  (plugins / package).mkdir(parents=True)
-  (plugins / package / '__init__.py').write_text(code)
-  info = plugins / f'{package}-0.1.dist-info'
-  info.mkdir()
-  (info / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n')
-  (info / 'entry_points.txt').write_text(entry_points)
-  return plugins
-
-
-def _rows(run: pathlib.Path) -> list[str]:
-  """metrics.csv's lines without its clock columns."""
-  lines = (run / 'metrics.csv').read_text().splitlines()
-  header = lines[0].split(',')
-  kept = [i for i, name in enumerate(header) if not ('time' in name or 'seconds' in name)]
-  return [','.join(line.split(',')[i] for i in kept) for line in lines]
-
-
-def test_a_combiner_from_a_plugin_package_reaches_the_command_line(repo_root, tmp_path):
-  """Installed as pip would (a package and its dist-info, entry point group
-  tff_comp.combiners), with no edit to tff_comp: its flag is refused out of bounds and
-  where it does not apply, and its run equals the built-in trimmed mean's of the same
-  fraction (not the default one's)."""
-  plugins = _install(
-    tmp_path, 'mycombiner', PLUGIN, '[tff_comp.combiners]\nplugin_trimmed = mycombiner:build\n'
-  )
-  bad = _run(repo_root, plugins, tmp_path / 'bad', '--aggregator=median', '--plugin_trim=0.2')
-  assert bad.returncode != 0
-  assert bad.stderr.strip().splitlines()[-1] == (
-    'run.py: error: --plugin_trim applies with --aggregator=plugin_trimmed (this run'
-    "'s is median); it would be ignored."
-  ), bad.stderr
-  runs = {
-    'plugin': ('--aggregator=plugin_trimmed', '--plugin_trim=0.4'),
-    'built_in': ('--aggregator=trimmed_mean', '--trim_fraction=0.4'),
-    'default': ('--aggregator=trimmed_mean',),  # 0.1: the option must reach the block
-  }
-  for name, flags in runs.items():
-    done = _run(repo_root, plugins, tmp_path / name, *flags)
-    assert done.returncode == 0, done.stderr[-2000:]
-  recorded = json.loads((tmp_path / 'plugin' / 'config.json').read_text())
-  assert recorded['aggregation']['plugin_trim'] == 0.4
-  assert recorded['environment']['plugins'] == {'mycombiner': '0.1'}
-
-  assert _rows(tmp_path / 'plugin') == _rows(tmp_path / 'built_in') != _rows(tmp_path / 'default')
-
-
 MECHANISM = '''"""A clipping mechanism from a plugin package."""
 
 import dataclasses
@@ -198,36 +129,110 @@ class PluginClip(privacy.PrivateMean):
 '''
 
 
-def test_a_mechanism_from_a_plugin_package_reaches_the_command_line(repo_root, tmp_path):
-  """A clipping mechanism installed as pip would (entry point group tff_comp.mechanisms),
-  with no edit to tff_comp: the privacy checks read it from its class (it adds no noise,
-  it needs --clip_norm), and its run equals the built-in clip's of the same norm (not
-  the unclipped mean's)."""
-  plugins = _install(
-    tmp_path,
+def _install(site: pathlib.Path, package: str, code: str, entry_points: str) -> None:
+  """`package` (its `__init__.py` is `code`) and its dist-info in the folder `site`, as
+  pip would install it, with `entry_points` (entry_points.txt's text)."""
+  (site / package).mkdir(parents=True)
+  (site / package / '__init__.py').write_text(code)
+  info = site / f'{package}-0.1.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n')
+  (info / 'entry_points.txt').write_text(entry_points)
+
+
+# name: flags of a one-round `run.py --algo=fedavg --task=lasso` with both plugins installed.
+RUNS = {
+  'combiner_refused': ('--aggregator=median', '--plugin_trim=0.2'),
+  'combiner': ('--aggregator=plugin_trimmed', '--plugin_trim=0.4'),
+  'trimmed_0.4': ('--aggregator=trimmed_mean', '--trim_fraction=0.4'),
+  'trimmed_default': ('--aggregator=trimmed_mean',),  # 0.1: the option must reach the block
+  'mechanism_without_norm': ('--aggregator=plugin_clip',),
+  'mechanism_with_noise': ('--aggregator=plugin_clip', '--clip_norm=1', '--noise_multiplier=1'),
+  'mechanism': ('--aggregator=plugin_clip', '--clip_norm=0.05'),
+  'clip': ('--aggregator=clip', '--clip_norm=0.05'),
+  'mean': (),
+}
+
+
+@pytest.fixture(scope='module')
+def plugin_runs(repo_root, tmp_path_factory) -> tuple[pathlib.Path, dict[str, list]]:
+  """(root, {name: [exit status, stdout, stderr]}): every RUNS command line through
+  run.py's parser and main in one interpreter (tests/cli_driver.py) that finds both
+  plugin packages on its path, each run writing to root/<name>."""
+  root = tmp_path_factory.mktemp('plugins')
+  _install(
+    root / 'site',
+    'mycombiner',
+    PLUGIN,
+    '[tff_comp.combiners]\nplugin_trimmed = mycombiner:build\n',
+  )
+  _install(
+    root / 'site',
     'mymechanism',
     MECHANISM,
     '[tff_comp.mechanisms]\nplugin_clip = mymechanism:PluginClip\n',
   )
-  for flags, says in (
-    (('--aggregator=plugin_clip',), '--aggregator=plugin_clip needs --clip_norm'),
-    (
-      ('--aggregator=plugin_clip', '--clip_norm=1', '--noise_multiplier=1'),
-      '--aggregator=plugin_clip adds no noise',
-    ),
-  ):
-    bad = _run(repo_root, plugins, tmp_path / 'bad', *flags)
-    assert bad.returncode != 0 and says in bad.stderr.strip().splitlines()[-1], bad.stderr
-  runs = {
-    'plugin': ('--aggregator=plugin_clip', '--clip_norm=0.05'),
-    'built_in': ('--aggregator=clip', '--clip_norm=0.05'),
-    'default': (),
-  }
-  for name, flags in runs.items():
-    done = _run(repo_root, plugins, tmp_path / name, *flags)
-    assert done.returncode == 0, done.stderr[-2000:]
-  recorded = json.loads((tmp_path / 'plugin' / 'config.json').read_text())
-  assert recorded['aggregation']['aggregator'] == 'plugin_clip'
-  assert recorded['environment']['plugins'] == {'mymechanism': '0.1'}
+  cases = [
+    ['--algo=fedavg', '--task=lasso', '--rounds=1', f'--output_dir={root / name}', *flags]
+    for name, flags in RUNS.items()
+  ]
+  out = subprocess.run(
+    [sys.executable, '-m', 'tests.cli_driver', json.dumps(cases)],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=repo_root,
+    stdin=subprocess.DEVNULL,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(root / 'site')),
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  return root, dict(zip(RUNS, json.loads(out.stdout.strip().splitlines()[-1]), strict=True))
 
-  assert _rows(tmp_path / 'plugin') == _rows(tmp_path / 'built_in') != _rows(tmp_path / 'default')
+
+def _rows(run: pathlib.Path) -> list[str]:
+  """metrics.csv's lines without its clock columns."""
+  lines = (run / 'metrics.csv').read_text().splitlines()
+  header = lines[0].split(',')
+  kept = [i for i, name in enumerate(header) if not ('time' in name or 'seconds' in name)]
+  return [','.join(line.split(',')[i] for i in kept) for line in lines]
+
+
+def test_a_combiner_from_a_plugin_package_reaches_the_command_line(plugin_runs):
+  """Installed as pip would (a package and its dist-info, entry point group
+  tff_comp.combiners), with no edit to tff_comp: its flag is refused out of bounds and
+  where it does not apply, and its run equals the built-in trimmed mean's of the same
+  fraction (not the default one's)."""
+  root, results = plugin_runs
+  status, _, stderr = results['combiner_refused']
+  assert status != 0
+  assert stderr.strip().splitlines()[-1].endswith(
+    ': error: --plugin_trim applies with --aggregator=plugin_trimmed (this run'
+    "'s is median); it would be ignored."
+  ), stderr
+  for name in ('combiner', 'trimmed_0.4', 'trimmed_default'):
+    assert results[name][0] == 0, results[name][2][-2000:]
+  recorded = json.loads((root / 'combiner' / 'config.json').read_text())
+  assert recorded['aggregation']['plugin_trim'] == 0.4
+  assert recorded['environment']['plugins']['mycombiner'] == '0.1'
+
+  assert _rows(root / 'combiner') == _rows(root / 'trimmed_0.4') != _rows(root / 'trimmed_default')
+
+
+def test_a_mechanism_from_a_plugin_package_reaches_the_command_line(plugin_runs):
+  """A clipping mechanism installed as pip would (entry point group tff_comp.mechanisms),
+  with no edit to tff_comp: the privacy checks read it from its class (it adds no noise,
+  it needs --clip_norm), and its run equals the built-in clip's of the same norm (not
+  the unclipped mean's)."""
+  root, results = plugin_runs
+  for name, says in (
+    ('mechanism_without_norm', '--aggregator=plugin_clip needs --clip_norm'),
+    ('mechanism_with_noise', '--aggregator=plugin_clip adds no noise'),
+  ):
+    status, _, stderr = results[name]
+    assert status != 0 and says in stderr.strip().splitlines()[-1], stderr
+  for name in ('mechanism', 'clip', 'mean'):
+    assert results[name][0] == 0, results[name][2][-2000:]
+  recorded = json.loads((root / 'mechanism' / 'config.json').read_text())
+  assert recorded['aggregation']['aggregator'] == 'plugin_clip'
+
+  assert _rows(root / 'mechanism') == _rows(root / 'clip') != _rows(root / 'mean')
