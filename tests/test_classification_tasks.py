@@ -415,6 +415,7 @@ def test_shakespeare_reads_tffs_file_offline_into_tffs_windows_and_trains(tmp_pa
   )
   task = prepared.task
   assert sorted(task.train_data.client_ids) == ['JULIET', 'NURSE', 'ROMEO']
+  assert task.resolved_options == {'model': 'lstm'}  # TFF's baseline on TFF's file
   first_two = experiment.prepare(
     experiment.ExperimentConfig.of(
       algorithm='fedavg',

@@ -10,7 +10,7 @@ import pytest
 from tff_comp import registry
 
 CASES = {
-  'shakespeare': dict(max_clients=40, lstm_units=8),
+  'shakespeare': dict(max_clients=40),
   'stackoverflow_nwp': dict(max_clients=40, vocab_size=200, lstm_units=8, eval_examples=100),
 }
 
@@ -44,3 +44,12 @@ def test_the_synthetic_next_id_sources_are_one_learnable_chain(task):
   again = registry.get_task(task).builder(source='synthetic', **CASES[task])
   first = _windows(again.train_data, clients[:1])[0]
   np.testing.assert_array_equal(first, x[: len(first)])
+
+
+def test_shakespeares_synthetic_source_defaults_to_the_bigram_model_its_chain_needs():
+  task = registry.get_task('shakespeare').builder(source='synthetic', max_clients=2)
+  assert task.resolved_options == {'model': 'bigram'}
+  lstm = registry.get_task('shakespeare').builder(source='synthetic', max_clients=2, model='lstm')
+  assert lstm.resolved_options == {'model': 'lstm'}
+  with pytest.raises(ValueError, match="model='gru' is unknown"):
+    registry.get_task('shakespeare').builder(source='synthetic', model='gru')

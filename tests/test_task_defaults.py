@@ -30,6 +30,14 @@ LEARNS = {
 }
 # Half a minute: in `make test-slow`.
 LEARNS_SLOWLY = {
+  # the synthetic source's default model, the bigram one: 1/90 = 0.011; 0.57 (the
+  # chain's best 0.6; TFF's LSTM stays at the unigram plateau for hundreds of rounds)
+  'shakespeare': (
+    dict(shakespeare_source='synthetic'),
+    'eval/test_accuracy',
+    operator.gt,
+    0.4,
+  ),
   'stackoverflow_tag': (
     dict(stackoverflow_tag_source='synthetic'),
     'eval/test_recall_at_5',
@@ -37,14 +45,13 @@ LEARNS_SLOWLY = {
     0.03,
   ),  # 0.009; 0.046
 }
-# Their real files (TFF's) are not on the machine and their defaults are TFF's baselines'
-# (1,200 rounds for Shakespeare). Their synthetic sources are learnable (one Markov chain,
-# tests/test_synthetic_text.py), but slower than any suite: a round of Shakespeare's
-# defaults is about 12 local steps a client and 30 s (2026-12-05); trained centrally, its
-# LSTM leaves the unigram plateau after 1,000-2,000 steps (loss 3.92 after 1,000, 1.63
-# after 2,000; the chain's own entropy 0.90), and federated it was still on the plateau
-# after 30 rounds (4.14, even at 32 units). Unchecked here.
-SLOWER_THAN_ANY_SUITE = {'shakespeare', 'stackoverflow_nwp'}
+# Its real files (TFF's) are not on the machine and its defaults are TFF's baseline's
+# (1,500 rounds). Its synthetic source is learnable (one Markov chain,
+# tests/test_synthetic_text.py), but slower than any suite: a round of its defaults (50
+# users of about 25 batches each, a softmax over 10,004 words) took 60-100 s, and even a
+# bigram model of them stayed at the uniform loss (log 10,004 = 9.21) after 3 rounds
+# (2026-12-06). Unchecked here.
+SLOWER_THAN_ANY_SUITE = {'stackoverflow_nwp'}
 
 
 def test_every_built_in_task_is_checked():
