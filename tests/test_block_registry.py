@@ -205,9 +205,13 @@ def test_a_combiner_from_a_plugin_package_reaches_the_command_line(plugin_runs):
   root, results = plugin_runs
   status, _, stderr = results['combiner_refused']
   assert status != 0
-  assert stderr.strip().splitlines()[-1].endswith(
-    ': error: --plugin_trim applies with --aggregator=plugin_trimmed (this run'
-    "'s is median); it would be ignored."
+  assert (
+    stderr.strip()
+    .splitlines()[-1]
+    .endswith(
+      ': error: --plugin_trim applies with --aggregator=plugin_trimmed (this run'
+      "'s is median); it would be ignored."
+    )
   ), stderr
   for name in ('combiner', 'trimmed_0.4', 'trimmed_default'):
     assert results[name][0] == 0, results[name][2][-2000:]

@@ -18,7 +18,7 @@ from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import local_loop, sgd
 from tff_comp.run import training_loop
 from tff_comp.runtime import base, choice, inprocess
-from tff_comp.runtime.inprocess import engines
+from tff_comp.runtime.inprocess import debug_engine
 
 DATA, MODEL = algorithm_cases.DATA['unequal'], algorithm_cases.MODEL
 IDS = list(DATA.client_ids)
@@ -193,7 +193,7 @@ def test_the_debug_engine_names_the_failing_client_and_stage(tmp_path, monkeypat
   ).with_client_options(shuffle=False)
   runtime = inprocess.build(algorithm, data, engine='debug')
   with pytest.raises(
-    engines.ClientError, match=r"client 'c1' \(index 1\) failed in local step 1 of _FailsOnNaN"
+    debug_engine.ClientError, match=r"client 'c1' \(index 1\) failed in local step 1 of _FailsOnNaN"
   ):
     runtime.next(runtime.initialize(), ['c0', 'c1'])
 

@@ -15,7 +15,8 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
 * `mapped`: client by client with `tf.map_fn` in the round's graph, no XLA; runs any
   rule TensorFlow runs.
 * `debug`: client by client, step by step, eagerly in Python; a failure names the
-  client and the stage (initialize, local step k, finalize). Slow; for finding bugs.
+  client and the stage (initialize, local step k, finalize). Slow; for finding bugs
+  (`runtime.inprocess.debug_engine`).
 """
 
 from collections.abc import Callable
@@ -26,11 +27,11 @@ import numpy as np
 import tensorflow as tf
 
 from tff_comp.ops import algorithm as algorithm_lib
-from tff_comp.ops import client_round, local_loop, vectorizable
+from tff_comp.ops import client_round, vectorizable
 from tff_comp.ops import rule as rule_lib
-from tff_comp.runtime import error_text
 from tff_comp.runtime.inprocess import lanes as lanes_lib
 from tff_comp.runtime.inprocess import resident_data
+from tff_comp.runtime.inprocess.debug_engine import DebugEngine
 
 
 class DeferredPlans(NamedTuple):
@@ -82,7 +83,21 @@ class Engine(Protocol):
   name: str
   in_graph: bool
   compiles_per_capacity: bool
-  plans_in_kernel: bool
+
+  @property
+  def plans_in_kernel(self) -> bool:
+    """`run` derives the plans of rules needing no reference or start loss."""
+
+  def __init__(
+    self,
+    algorithm: algorithm_lib.Algorithm,
+    data: resident_data.ResidentData,
+    *,
+    lanes: int,
+    short_sizes: tuple[int, ...] = (),
+    full_batches: np.ndarray | None = None,
+    threads: int = 1,
+  ) -> None: ...
 
   @staticmethod
   def why_not(
@@ -98,12 +113,6 @@ def _row(structure, i):
   return tf.nest.map_structure(lambda t: t[i], structure)
 
 
-def _always(*args, **kwargs) -> str:
-  """An engine that runs every rule: no reason not to choose it."""
-  del args, kwargs
-  return ''
-
-
 class MappedEngine:
   """Clients one by one with `tf.map_fn` (`client_round.run_planned` each)."""
 
@@ -111,7 +120,12 @@ class MappedEngine:
   in_graph = True
   compiles_per_capacity = False
   plans_in_kernel = False
-  why_not = staticmethod(_always)
+
+  @staticmethod
+  def why_not(*args, **kwargs) -> str:
+    """No reason: it runs every rule TensorFlow runs."""
+    del args, kwargs
+    return ''
 
   def __init__(
     self,
@@ -416,73 +430,10 @@ class LanesEngine:
     )
 
 
-class ClientError(RuntimeError):
-  """A client's work failed (debug engine); the message names the client and stage."""
-
-
-class DebugEngine:
-  """Clients one by one, step by step, eagerly; a failure raises ClientError naming
-  the client id, the stage and the error."""
-
-  name = 'debug'
-  in_graph = False
-  compiles_per_capacity = False
-  plans_in_kernel = False
-  why_not = staticmethod(_always)
-
-  def __init__(
-    self,
-    algorithm: algorithm_lib.Algorithm,
-    data: resident_data.ResidentData,
-    *,
-    lanes: int = 0,
-    short_sizes: tuple[int, ...] = (),
-    full_batches: np.ndarray | None = None,
-    threads: int = 1,
-  ):
-    del lanes, short_sizes, full_batches, threads  # the lanes engine's
-    self._algorithm, self._data = algorithm, data
-
-  def run(self, cohort: Cohort) -> client_round.ClientOutput:
-    rule, options = self._algorithm.client_rule, self._algorithm.client_options
-    size = client_round.step_batch_size(rule, options)
-    outputs = []
-    for position, index in enumerate(cohort.indices.numpy()):
-      plan = _row(cohort.plans, position)
-      client = int(plan.context.client_index)  # in the population
-      examples = self._data.client_examples(int(index))
-      n = local_loop.num_examples(examples)
-      stage = 'initialize'
-      payload, hparams = cohort.received(position)
-      try:
-        state = rule.initialize(payload, hparams, plan.context)
-        for k in range(int(plan.batches.steps)):
-          stage = f'local step {k}'
-          batch = tf.nest.map_structure(
-            lambda t, k=k: tf.gather(
-              t,
-              local_loop.batch_index(k, plan.batches, size, n, options.shuffle),  # noqa: B023 (called in this iteration)
-            ),
-            examples,
-          )
-          state = rule.step(state, batch, payload, hparams, plan.context)
-        stage = 'finalize'
-        outputs.append(
-          client_round.finish_client(
-            rule, state, plan.batches.steps, payload, hparams, plan.context, options, n
-          )
-        )
-      except Exception as error:  # re-raised, named
-        raise ClientError(
-          f'client {self._data.client_ids[client]!r} (index {client}) failed in'
-          f' {stage} of {type(rule).__name__}: {type(error).__name__}:'
-          f' {error_text.last_line(error)}'
-        ) from error
-    return tf.nest.map_structure(lambda *rows: tf.stack(rows), *outputs)
-
-
 # The engines by name (`--engine`), and the ones 'auto' tries in order: the first whose
 # `why_not` is empty (and that can read the data), the next when its first round fails;
 # the last runs every rule.
-ENGINES = {engine.name: engine for engine in (LanesEngine, MappedEngine, DebugEngine)}
-AUTO_ORDER = (LanesEngine, MappedEngine)
+ENGINES: dict[str, type[Engine]] = {
+  engine.name: engine for engine in (LanesEngine, MappedEngine, DebugEngine)
+}
+AUTO_ORDER: tuple[type[Engine], ...] = (LanesEngine, MappedEngine)

@@ -3,7 +3,7 @@ registers it): an `ops.algorithm.Algorithm` run directly in TensorFlow, one
 `tf.function` a round; see `runtime.inprocess`'s docstring."""
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import copy
 from typing import Any
 
@@ -88,9 +88,9 @@ class InProcessRuntime:
     self.keeps_personal_models = algorithm.server_rule.keeps_personal_models
     rule, options = algorithm.client_rule, algorithm.client_options
     self.streaming = isinstance(data, streaming.StreamedData)
-    self.data = (
+    self.data: resident_data.ResidentData = (
       data
-      if self.streaming
+      if isinstance(data, streaming.StreamedData)
       else resident_data.ResidentData(
         data.examples, data.counts, data.client_ids, self.device, with_keys=options.uses_client_key
       )
@@ -120,7 +120,9 @@ class InProcessRuntime:
     self._round_fn = traced.OnceTraced(self._round)
     # A round's clients alone (`client_outputs`), traced once per capacity.
     self._clients_fn = traced.OnceTraced(self._client_outputs)
-    self._sums_fn = None  # their sums (`client_sums`), traced on first use
+    self._sums_fn: Callable[..., Any] | None = (
+      None  # their sums (`client_sums`), traced on first use
+    )
     self._candidates_fn = tf.function(
       lambda payload, hparams, positions: self.stages.reference_candidates(
         payload, hparams, positions
@@ -237,7 +239,7 @@ class InProcessRuntime:
 
   def prefetch(self, client_ids: Sequence[str]) -> None:
     """Streaming: starts reading the next round's clients while this one runs."""
-    if self.streaming:
+    if isinstance(self.data, streaming.StreamedData):
       self.data.prefetch(client_ids)
 
   def reserve_cohort(self, size: int) -> None:
@@ -281,9 +283,9 @@ class InProcessRuntime:
           args, positions, indices, work
         )
     self._fallbacks = []  # a later failure is the algorithm's own, not the engine's
-    work = client_round.ClientWorkState(state.client_work.hparams, round_num)
+    next_work = client_round.ClientWorkState(state.client_work.hparams, round_num)
     return base.RoundOutput(
-      learning_state.assemble(weights, work, server_state, aggregator),
+      learning_state.assemble(weights, next_work, server_state, aggregator),
       self.stages.unpack_metrics(metrics),
     )
 
@@ -292,7 +294,7 @@ class InProcessRuntime:
   ) -> tuple[tf.Tensor, tf.Tensor]:
     """(positions of the clients' examples in `self.data`, their work): their data
     loaded where streamed, the lanes kernel's capacity grown to hold them."""
-    if self.streaming:
+    if isinstance(self.data, streaming.StreamedData):
       self.data.load(client_ids)
     positions = tf.constant([self.data.index[cid] for cid in client_ids], tf.int32)
     if work is not None:
@@ -314,7 +316,9 @@ class InProcessRuntime:
       self.capacity = len(client_ids)
     return positions, work
 
-  def _run_round(self, args, positions: tf.Tensor, indices: tf.Tensor, work: tf.Tensor):
+  def _run_round(
+    self, args: tuple[Any, Any, Any, Any], positions: tf.Tensor, indices: tf.Tensor, work: tf.Tensor
+  ):
     # Only an engine compiling per capacity (lanes) has a compiled cohort shape: the
     # others take 0, so a larger cohort does not trace their round again.
     engine = self.engine_impl

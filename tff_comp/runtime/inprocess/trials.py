@@ -80,9 +80,13 @@ class GroupRuntime(base.Runtime, Protocol):
   data: Any  # resident_data.ResidentData
   device: str
   engine: str
-  engine_impl: Any  # the engines.Engine running its cohorts
   streaming: bool
-  population_index: Mapping[str, int]
+
+  @property
+  def engine_impl(self) -> Any: ...  # the engines.Engine running its cohorts
+
+  @property
+  def population_index(self) -> Mapping[str, int]: ...
 
   def note_cohort(self, size: int) -> None:
     """Tells the engine the size of the first cohort its kernel is traced for."""
