@@ -120,9 +120,8 @@ class InProcessRuntime:
     self._round_fn = traced.OnceTraced(self._round)
     # A round's clients alone (`client_outputs`), traced once per capacity.
     self._clients_fn = traced.OnceTraced(self._client_outputs)
-    self._sums_fn: Callable[..., Any] | None = (
-      None  # their sums (`client_sums`), traced on first use
-    )
+    # Their sums (`client_sums`), traced on first use.
+    self._sums_fn: Callable[..., Any] | None = None
     self._candidates_fn = tf.function(
       lambda payload, hparams, positions: self.stages.reference_candidates(
         payload, hparams, positions
