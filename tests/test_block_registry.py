@@ -7,11 +7,10 @@ import dataclasses
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
+from tests import cli_driver
 from tff_comp import registry, settings, trial_groups
 from tff_comp.config import aggregation_settings
 from tff_comp.ops import aggregators
@@ -176,17 +175,12 @@ def plugin_runs(repo_root, tmp_path_factory) -> tuple[pathlib.Path, dict[str, li
     ['--algo=fedavg', '--task=lasso', '--rounds=1', f'--output_dir={root / name}', *flags]
     for name, flags in RUNS.items()
   ]
-  out = subprocess.run(
-    [sys.executable, '-m', 'tests.cli_driver', json.dumps(cases)],
-    capture_output=True,
-    text=True,
-    timeout=600,
+  results = cli_driver.run_all(
+    cases,
     cwd=repo_root,
-    stdin=subprocess.DEVNULL,
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=str(root / 'site')),
   )
-  assert out.returncode == 0, out.stderr[-2000:]
-  return root, dict(zip(RUNS, json.loads(out.stdout.strip().splitlines()[-1]), strict=True))
+  return root, dict(zip(RUNS, results, strict=True))
 
 
 def _rows(run: pathlib.Path) -> list[str]:

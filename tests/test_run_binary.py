@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests import workers
+from tests import cli_driver, workers
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
 
@@ -224,17 +224,7 @@ def cli_runs(repo_root, tmp_path_factory):
     ):
       argv.append(f'--output_dir={root / "never-written"}')
     cases.append(argv)
-  out = subprocess.run(
-    [sys.executable, '-m', 'tests.cli_driver', json.dumps(cases)],
-    capture_output=True,
-    text=True,
-    timeout=900,
-    env=ENV,
-    cwd=repo_root,
-    stdin=subprocess.DEVNULL,
-  )
-  assert out.returncode == 0, out.stderr
-  results = json.loads(out.stdout.strip().splitlines()[-1])
+  results = cli_driver.run_all(cases, cwd=repo_root, env=ENV)
   for run in ('run', 'tb_file'):  # left alone
     assert (paths[run] / 'metrics.csv').read_text() == 'round\n0\n'
   assert (paths['tb_file'] / 'tensorboard').read_text() == 'x'
