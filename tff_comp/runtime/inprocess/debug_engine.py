@@ -1,54 +1,27 @@
-"""The in-process runtime's debug engine (`--engine=debug`; `engines` has the interface):
-a cohort's clients one by one, step by step, eagerly in Python, so that a failure names
-the client and the stage (initialize, local step k, finalize). Slow; for finding bugs."""
+"""The in-process runtime's debug engine (`--engine=debug`; the interface is
+`engine_interface`'s): a cohort's clients one by one, step by step, eagerly in Python, so
+that a failure names the client and the stage (initialize, local step k, finalize). Slow;
+for finding bugs."""
 
-from typing import TYPE_CHECKING
-
-import numpy as np
 import tensorflow as tf
 
-from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, local_loop
 from tff_comp.runtime import error_text
-from tff_comp.runtime.inprocess import resident_data
-
-if TYPE_CHECKING:  # engines imports this module for its table of engines
-  from tff_comp.runtime.inprocess.engines import Cohort
+from tff_comp.runtime.inprocess import engine_interface
 
 
 class ClientError(RuntimeError):
   """A client's work failed (debug engine); the message names the client and stage."""
 
 
-class DebugEngine:
+class DebugEngine(engine_interface.ClientByClient):
   """Clients one by one, step by step, eagerly; a failure raises ClientError naming
   the client id, the stage and the error."""
 
   name = 'debug'
   in_graph = False
-  compiles_per_capacity = False
-  plans_in_kernel = False
 
-  @staticmethod
-  def why_not(*args, **kwargs) -> str:
-    """No reason ('auto' never tries it: it is for finding bugs)."""
-    del args, kwargs
-    return ''
-
-  def __init__(
-    self,
-    algorithm: algorithm_lib.Algorithm,
-    data: resident_data.ResidentData,
-    *,
-    lanes: int = 0,
-    short_sizes: tuple[int, ...] = (),
-    full_batches: np.ndarray | None = None,
-    threads: int = 1,
-  ):
-    del lanes, short_sizes, full_batches, threads  # the lanes engine's
-    self._algorithm, self._data = algorithm, data
-
-  def run(self, cohort: 'Cohort') -> client_round.ClientOutput:
+  def run(self, cohort: engine_interface.Cohort) -> client_round.ClientOutput:
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
     size = client_round.step_batch_size(rule, options)
     outputs = []

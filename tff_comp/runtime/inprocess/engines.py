@@ -5,10 +5,11 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
 
     engine.run(cohort) -> ClientOutput([m] updates, [m] weights, [m] stats)
 
-`cohort` (a `Cohort`) holds the payload, hyperparameters and the cohort's plans
-(`ops.client_round.ClientPlan`: context and batch plan, from the one batch plan
-`ops.local_loop.plan`; for the lanes engine, what it derives them from in its kernel,
-`DeferredPlans`), and where each client's examples lie in the resident data.
+`cohort` (`engine_interface.Cohort`, beside the interface) holds the payload,
+hyperparameters and the cohort's plans (`ops.client_round.ClientPlan`: context and batch
+plan, from the one batch plan `ops.local_loop.plan`; for the lanes engine, what it
+derives them from in its kernel, `DeferredPlans`), and where each client's examples lie
+in the resident data.
 
 * `lanes`: lockstep lanes compiled once by XLA (`runtime.inprocess.lanes`); the fast path for many
   small clients. Needs a vectorizable local step (`ops.rule` says what that means).
@@ -19,9 +20,7 @@ the same thing, each client's `ops.client_round.ClientOutput` stacked in cohort 
   (`runtime.inprocess.debug_engine`).
 """
 
-from collections.abc import Callable
 import contextlib
-from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -29,118 +28,22 @@ import tensorflow as tf
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, vectorizable
 from tff_comp.ops import rule as rule_lib
+from tff_comp.runtime.inprocess import engine_interface, resident_data
 from tff_comp.runtime.inprocess import lanes as lanes_lib
-from tff_comp.runtime.inprocess import resident_data
 from tff_comp.runtime.inprocess.debug_engine import DebugEngine
-
-
-class DeferredPlans(NamedTuple):
-  """A cohort's plans left to the engine (`Cohort.plans`, where `plans_in_kernel`): the
-  lanes kernel derives them from its padded rows, in XLA, where the 50-odd small ops of
-  a cohort's plans, padding and shares cost lasso's round a measurable share as
-  TensorFlow ops before its kernels (docs/speed.md). `plan(positions, client_indices,
-  work)` gives the `ClientPlan`s of clients at those positions of the resident data
-  (`RoundStages.client_plans`, the round bound); `offsets` and `counts` are then
-  None."""
-
-  client_indices: tf.Tensor  # [m] the clients' indices in the population
-  work: tf.Tensor  # [m] the fraction of its local steps each client does
-  plan: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], client_round.ClientPlan]
-
-
-class Cohort(NamedTuple):
-  """One round's cohort as an engine receives it (per-client fields stacked to [m]).
-  With `trial` (batched trials, `runtime.inprocess.trials`), `payload` and `hparams` are
-  stacked per trial and client i reads row `trial[i]` of each."""
-
-  payload: Any
-  hparams: Any
-  indices: tf.Tensor  # positions in ResidentData (clients' indices: plans.context)
-  offsets: tf.Tensor | None  # None with DeferredPlans
-  counts: tf.Tensor | None
-  plans: client_round.ClientPlan | DeferredPlans
-  capacity: int  # clients the lanes kernel holds (its compiled shape); 0 on other engines
-  trial: tf.Tensor | None = None  # [m] int32: each client's trial (None: one run)
-
-  def received(self, position) -> tuple[Any, Any]:
-    """(payload, hparams) of the client at `position` (a scalar or [k] positions)."""
-    return lanes_lib.received(self.payload, self.hparams, self.trial, position)
-
-
-class Engine(Protocol):
-  """Runs a cohort's client work (see the module docstring). Built as
-  `Engine(algorithm, data, lanes=..., short_sizes=..., full_batches=...)`.
-
-  `in_graph`: `run` is traced into the round's `tf.function` (else the round runs
-  eagerly). `compiles_per_capacity`: `run` compiles for the cohort's `capacity` and
-  the data's shape (so it needs resident data); other engines get capacity 0.
-  `plans_in_kernel`: `run` takes `DeferredPlans` for rules needing no reference or
-  start loss (it derives the plans itself).
-  `why_not(algorithm, examples, device, payload, hparams, run_steps)`: why 'auto'
-  should not choose it here ('' when it may).
-  """
-
-  name: str
-  in_graph: bool
-  compiles_per_capacity: bool
-
-  @property
-  def plans_in_kernel(self) -> bool:
-    """`run` derives the plans of rules needing no reference or start loss."""
-
-  def __init__(
-    self,
-    algorithm: algorithm_lib.Algorithm,
-    data: resident_data.ResidentData,
-    *,
-    lanes: int,
-    short_sizes: tuple[int, ...] = (),
-    full_batches: np.ndarray | None = None,
-    threads: int = 1,
-  ) -> None: ...
-
-  @staticmethod
-  def why_not(
-    algorithm, examples, device: str, payload, hparams, run_steps: int | None = None
-  ) -> str:
-    """Why this engine would be slow or fail here, or ''."""
-
-  def run(self, cohort: Cohort) -> client_round.ClientOutput:
-    """Every cohort client's ClientOutput, stacked in cohort order."""
 
 
 def _row(structure, i):
   return tf.nest.map_structure(lambda t: t[i], structure)
 
 
-class MappedEngine:
+class MappedEngine(engine_interface.ClientByClient):
   """Clients one by one with `tf.map_fn` (`client_round.run_planned` each)."""
 
   name = 'mapped'
   in_graph = True
-  compiles_per_capacity = False
-  plans_in_kernel = False
 
-  @staticmethod
-  def why_not(*args, **kwargs) -> str:
-    """No reason: it runs every rule TensorFlow runs."""
-    del args, kwargs
-    return ''
-
-  def __init__(
-    self,
-    algorithm: algorithm_lib.Algorithm,
-    data: resident_data.ResidentData,
-    *,
-    lanes: int = 0,
-    short_sizes: tuple[int, ...] = (),
-    full_batches: np.ndarray | None = None,
-    threads: int = 1,
-  ):
-    del lanes, short_sizes, full_batches, threads  # the lanes engine's
-    self._algorithm, self._data = algorithm, data
-
-  def run(self, cohort: Cohort) -> client_round.ClientOutput:
+  def run(self, cohort: engine_interface.Cohort) -> client_round.ClientOutput:
     algorithm = self._algorithm
 
     def client(round_fn):
@@ -329,7 +232,7 @@ class LanesEngine:
     `fields`: the rows' (offsets, counts, plans), or (positions, m, DeferredPlans)."""
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
     offsets, counts, plans = (
-      self._planned(*fields) if isinstance(fields[2], DeferredPlans) else fields
+      self._planned(*fields) if isinstance(fields[2], engine_interface.DeferredPlans) else fields
     )
     clients = None
     if part is not None:  # a share's rows, taken here: in XLA they cost next to nothing
@@ -355,7 +258,7 @@ class LanesEngine:
       rule, payload, hparams, options, counts, plans, states, trial=trial
     ), clients
 
-  def _planned(self, positions: tf.Tensor, m: tf.Tensor, deferred: DeferredPlans):
+  def _planned(self, positions: tf.Tensor, m: tf.Tensor, deferred: engine_interface.DeferredPlans):
     """(offsets, counts, plans) of the padded rows `positions` (the first `m` the
     cohort's), the padding's with no examples and no batches, as `run` pads them."""
     valid = tf.range(tf.shape(positions)[0]) < m
@@ -370,7 +273,7 @@ class LanesEngine:
       tf.nest.map_structure(cohort_only, plans),
     )
 
-  def run(self, cohort: Cohort) -> client_round.ClientOutput:
+  def run(self, cohort: engine_interface.Cohort) -> client_round.ClientOutput:
     rule, options = self._algorithm.client_rule, self._algorithm.client_options
     # The kernel takes `capacity` clients whatever the cohort's size, so XLA compiles it
     # once: the cohort's fields padded with clients of no steps, whose states are cut.
@@ -380,7 +283,7 @@ class LanesEngine:
     size = -(-capacity // parts) * parts
     rows = tf.range(m)[:, None]
     pad = lambda t: tf.scatter_nd(rows, t, [size, *t.shape[1:]])
-    if isinstance(cohort.plans, DeferredPlans):  # the plans derived in the kernel
+    if isinstance(cohort.plans, engine_interface.DeferredPlans):  # the plans derived in the kernel
       fields = (
         pad(cohort.indices),
         m,
@@ -405,7 +308,9 @@ class LanesEngine:
     if not self._short_outside:
       return done
     plans = cohort.plans
-    assert not isinstance(plans, DeferredPlans)  # deferred only with short batches in XLA
+    assert not isinstance(
+      plans, engine_interface.DeferredPlans
+    )  # deferred only with short batches in XLA
     states = lanes_lib.run_short_batches(
       rule,
       cohort.payload,
@@ -433,7 +338,7 @@ class LanesEngine:
 # The engines by name (`--engine`), and the ones 'auto' tries in order: the first whose
 # `why_not` is empty (and that can read the data), the next when its first round fails;
 # the last runs every rule.
-ENGINES: dict[str, type[Engine]] = {
+ENGINES: dict[str, type[engine_interface.Engine]] = {
   engine.name: engine for engine in (LanesEngine, MappedEngine, DebugEngine)
 }
-AUTO_ORDER: tuple[type[Engine], ...] = (LanesEngine, MappedEngine)
+AUTO_ORDER: tuple[type[engine_interface.Engine], ...] = (LanesEngine, MappedEngine)

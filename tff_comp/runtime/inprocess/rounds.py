@@ -16,8 +16,8 @@ from tff_comp import native_logs
 from tff_comp.ops import algorithm as algorithm_lib
 from tff_comp.ops import client_round, local_loop
 from tff_comp.runtime import base, error_text, learning_state, traced
+from tff_comp.runtime.inprocess import engine_interface, resident_data, stages, streaming
 from tff_comp.runtime.inprocess import engines as engines_lib
-from tff_comp.runtime.inprocess import resident_data, stages, streaming
 from tff_comp.runtime.inprocess import trials as inprocess_trials
 
 UnsupportedError = base.UnsupportedError
@@ -384,13 +384,13 @@ class InProcessRuntime:
         )[0]
 
       return engine.run(
-        engines_lib.Cohort(
+        engine_interface.Cohort(
           payload,
           hparams,
           positions,
           None,
           None,
-          engines_lib.DeferredPlans(indices, work, plan),
+          engine_interface.DeferredPlans(indices, work, plan),
           capacity,
         )
       ), None
@@ -398,7 +398,7 @@ class InProcessRuntime:
       payload, hparams, positions, indices, work, round_num, seed, reference=reference
     )
     return engine.run(
-      engines_lib.Cohort(
+      engine_interface.Cohort(
         payload,
         hparams,
         positions,

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tff_comp.ops import client_round
 from tff_comp.runtime import base, learning_state, nested, traced
-from tff_comp.runtime.inprocess import engines as engines_lib
+from tff_comp.runtime.inprocess import engine_interface
 
 
 def _host(value: Any) -> np.ndarray | np.generic:
@@ -83,7 +83,7 @@ class GroupRuntime(base.Runtime, Protocol):
   streaming: bool
 
   @property
-  def engine_impl(self) -> Any: ...  # the engines.Engine running its cohorts
+  def engine_impl(self) -> Any: ...  # the engine_interface.Engine running its cohorts
 
   @property
   def population_index(self) -> Mapping[str, int]: ...
@@ -388,7 +388,7 @@ class TrialGroup:
       trials=self.size,
     )
     outputs = runtime.engine_impl.run(
-      engines_lib.Cohort(
+      engine_interface.Cohort(
         payload,
         hparams,
         positions,
