@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests import interrupted
+from tests import cli_driver, interrupted
 from tff_comp import experiment
 from tff_comp.run import outputs, training_loop
 
@@ -474,15 +474,8 @@ def test_a_signal_saves_the_last_round_and_locks_out_a_second_run(
   written = _csv_losses(tmp_path / 'run')
   assert sorted(written) in (list(range(1, saved + 1)), list(range(1, saved + 2)))
   assert _events(tmp_path / 'run') == written
-  resumed = subprocess.run(
-    run + [f'--rounds={saved + 3}', '--resume'],
-    capture_output=True,
-    text=True,
-    env=env,
-    cwd=repo_root,
-    timeout=300,
-  )
-  assert resumed.returncode == 0 and f'resuming from round {saved}' in resumed.stdout
+  # Resumed here (run.py's --resume: test_resume_from_the_command_line_...).
+  _train(tmp_path / 'run', rounds=saved + 3, engine='mapped', resume=True, checkpoint_every=1000)
   _train(tmp_path / 'whole', rounds=saved + 3, engine='mapped')
   assert _rows(tmp_path / 'run') == _rows(tmp_path / 'whole')
   assert _events(tmp_path / 'run') == _csv_losses(tmp_path / 'run')
@@ -681,23 +674,18 @@ def test_resume_from_the_command_line_reads_the_recorded_settings(repo_root, tmp
     eval_period=2,
   )
 
-  def run_py(*args):
-    return subprocess.run(
-      [sys.executable, str(repo_root / 'binaries' / 'run.py'), *args, f'--output_dir={tmp_path}'],
-      capture_output=True,
-      text=True,
-      timeout=300,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
-      cwd=tmp_path,
-      stdin=subprocess.DEVNULL,
-    )
-
-  first = run_py(*(f'--{k}={v}' for k, v in settings.items()), '--rounds=4')
-  assert first.returncode == 0, first.stderr
-  resumed = run_py('--resume', '--rounds=6')
-  assert resumed.returncode == 0, resumed.stderr
-  assert resumed.stdout.startswith('fedavg on quadratic: 6 rounds, 4 clients/round')
-  assert 'eta_c=0.05' in resumed.stdout.splitlines()[0]
+  first, resumed = cli_driver.run_all(  # [status, stdout, stderr] each, one interpreter
+    [
+      [*(f'--{k}={v}' for k, v in settings.items()), '--rounds=4', f'--output_dir={tmp_path}'],
+      ['--resume', '--rounds=6', f'--output_dir={tmp_path}'],
+    ],
+    cwd=repo_root,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
+  assert first[0] == 0, first[2]
+  assert resumed[0] == 0, resumed[2]
+  assert resumed[1].startswith('fedavg on quadratic: 6 rounds, 4 clients/round'), resumed[1]
+  assert 'eta_c=0.05' in resumed[1].splitlines()[0]
   whole = tmp_path / 'whole'
   experiment.train(
     'fedavg',
