@@ -239,11 +239,13 @@ def test_the_lanes_kernels_derive_the_cohorts_plans_and_shares(monkeypatch):
   assert len(stepped) == len(kernels), (stepped, kernels)
 
 
-def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:
-  """(stdout, [(kernel, compiles so far)] from XLA's log) of `script` in a fresh
-  Python."""
+def _compiles(repo_root, *scripts: str) -> list[tuple[str, list[tuple[str, str]]]]:
+  """(stdout, [(kernel, compiles so far)] from XLA's log) of each of `scripts`, run one
+  after another in one fresh Python (one TensorFlow import)."""
+  marker = '@@ next script'
+  joined = f'\nprint({marker!r}, flush=True); print({marker!r}, file=sys.stderr, flush=True)\n'
   out = subprocess.run(
-    [sys.executable, '-c', script],
+    [sys.executable, '-c', 'import sys\n' + joined.join(scripts)],
     capture_output=True,
     text=True,
     timeout=600,
@@ -257,7 +259,11 @@ def _compiles(repo_root, script: str) -> tuple[str, list[tuple[str, str]]]:
     ),
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  return out.stdout, re.findall(r'Compiled (__inference__local_steps_\d+) (\d+) times', out.stderr)
+  pattern = r'Compiled (__inference__local_steps_\d+) (\d+) times'
+  return [
+    (stdout, re.findall(pattern, stderr))
+    for stdout, stderr in zip(out.stdout.split(marker), out.stderr.split(marker), strict=True)
+  ]
 
 
 # Every registered algorithm, rounds of changing cohorts, XLA's own count of compiles.
@@ -284,7 +290,7 @@ def test_every_algorithm_compiles_once_for_every_cohort(repo_root):
   tensor used as a slice index (`t[i]`) into the program as a constant,
   so a kernel or rule indexing by client compiled again for every new cohort (seconds
   a round; Ditto's row read did). XLA's log counts the compiles of each kernel."""
-  _, counts = _compiles(repo_root, _COMPILES)
+  [(_, counts)] = _compiles(repo_root, _COMPILES)
   kernels = {name for name, _ in counts}
   assert len(kernels) == len(registry.ALGORITHMS.names()), counts
   assert all(int(n) == 1 for _, n in counts), [c for c in counts if int(c[1]) > 1]
@@ -305,10 +311,10 @@ for size in algorithm_cases.COHORT_SIZES:
 """
 
 
-def test_cohorts_of_1_3_7_and_10_clients_compile_once(repo_root):
+def test_cohorts_of_1_3_7_and_10_clients_compile_once(compiled_default):
   """A new cohort size does not compile the kernel again (parity on the same cohorts:
   tests/test_inprocess.py)."""
-  _, counts = _compiles(repo_root, _COHORT_SIZES)
+  _, counts = compiled_default[0]
   assert [int(n) for _, n in counts] == [1], counts
 
 
@@ -334,7 +340,7 @@ def test_a_keras_cnn_compiles_once_for_every_cohort(repo_root):
   """Lanes vectorize a Keras CNN's convolutions as per-tap matmuls (`ops.vectorizable`), with
   static shapes: one compile for cohorts of 3, 1, 4 and 2 clients (parity:
   tests/test_keras_models.py)."""
-  _, counts = _compiles(repo_root, _CNN)
+  [(_, counts)] = _compiles(repo_root, _CNN)
   assert [int(n) for _, n in counts] == [1], counts
 
 
@@ -357,6 +363,12 @@ for name, options in [('per_fedavg', dict(variant='exact')), ('comfedl', dict(ob
 """
 
 
+@pytest.fixture(scope='module')
+def compiled_default(repo_root):
+  """`_compiles` of the default suite's two scripts, in one interpreter."""
+  return _compiles(repo_root, _COHORT_SIZES, _SECOND_ORDER)
+
+
 def test_a_clients_row_of_per_client_tables_vectorizes_across_lanes(caplog):
   """Ditto's (and AFL's, TR-MAML's, Local-MOML's) client writes its row of the [N]
   tables with a select, which vectorizes across lanes: a scatter had no vectorized form
@@ -372,13 +384,13 @@ def test_a_clients_row_of_per_client_tables_vectorizes_across_lanes(caplog):
   assert not [r for r in caplog.records if 'while_loop for converting' in r.getMessage()]
 
 
-def test_second_order_rules_compile_once_so_auto_keeps_them_on_lanes(repo_root):
+def test_second_order_rules_compile_once_so_auto_keeps_them_on_lanes(compiled_default):
   """A gradient of a gradient under `tf.vectorized_map` compiles once for every cohort:
   the model's functions are traced inline in the kernel (`ops.model_ops.batch_loss`; a
   reused trace for batches of unknown size made XLA compile every round, about 1 s on
   sinewave). So 'auto' runs such rules on lanes (Per-FedAvg's exact variant on sinewave:
   0.0064 s a round against 0.022 mapped, measured 2026-11-27)."""
-  stdout, counts = _compiles(repo_root, _SECOND_ORDER)
+  stdout, counts = compiled_default[1]
   assert len({kernel for kernel, _ in counts}) == 2, counts
   assert all(int(n) == 1 for _, n in counts), counts
   for name in ('per_fedavg', 'comfedl'):
