@@ -28,12 +28,14 @@ _CHILD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize(
-  'how',  # an exception's and SIGINT's ends are exit's (Python's own): make test-slow
+  'how',  # an exception's and SIGINT's ends are exit's (Python's own); the signals' ends
+  # are tests/test_worker_lifetime.py's too, there with the worker TFF's import context
+  # starts (the same spawn_worker): make test-slow
   [
     'exit',
     pytest.param('exception', marks=pytest.mark.slow),
-    'SIGTERM',
-    'SIGKILL',
+    pytest.param('SIGTERM', marks=pytest.mark.slow),
+    pytest.param('SIGKILL', marks=pytest.mark.slow),
     pytest.param('SIGINT', marks=pytest.mark.slow),
   ],
 )
