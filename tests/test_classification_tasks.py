@@ -530,6 +530,7 @@ def test_stackoverflow_reads_tffs_files_offline_into_tffs_ids_and_trains(tmp_pat
   )
   task = prepared.task
   assert sorted(task.train_data.client_ids) == ['u1', 'u2', 'u3']
+  assert task.resolved_options == {'model': 'lstm'}  # TFF's baseline on TFF's files
   # TFF's own preprocessing of the same user, batch 1: the same ids.
   spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=1, shuffle_buffer_size=1)
   raw, _, _ = tff.simulation.datasets.stackoverflow.load_data(cache_dir=str(tmp_path))

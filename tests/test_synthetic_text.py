@@ -46,10 +46,14 @@ def test_the_synthetic_next_id_sources_are_one_learnable_chain(task):
   np.testing.assert_array_equal(first, x[: len(first)])
 
 
-def test_shakespeares_synthetic_source_defaults_to_the_bigram_model_its_chain_needs():
-  task = registry.get_task('shakespeare').builder(source='synthetic', max_clients=2)
-  assert task.resolved_options == {'model': 'bigram'}
-  lstm = registry.get_task('shakespeare').builder(source='synthetic', max_clients=2, model='lstm')
+@pytest.mark.parametrize('task', sorted(CASES))
+def test_the_synthetic_sources_default_to_the_bigram_model_their_chain_needs(task):
+  """'auto' resolves to the bigram model on the synthetic source (TFF's LSTM on TFF's
+  files: test_classification_tasks.py)."""
+  small = dict(CASES[task], max_clients=2)
+  builder = registry.get_task(task).builder
+  assert builder(source='synthetic', **small).resolved_options == {'model': 'bigram'}
+  lstm = builder(source='synthetic', **small, model='lstm')
   assert lstm.resolved_options == {'model': 'lstm'}
   with pytest.raises(ValueError, match="model='gru' is unknown"):
-    registry.get_task('shakespeare').builder(source='synthetic', model='gru')
+    builder(source='synthetic', **small, model='gru')

@@ -44,14 +44,17 @@ LEARNS_SLOWLY = {
     operator.gt,
     0.03,
   ),  # 0.009; 0.046
+  # the synthetic source's default model, the bigram one, in 6 rounds of about 18 s (50
+  # streamed users of about 25 batches, a softmax over 10,004 words): 1e-4; 0.0051 (FedAvg
+  # 0.025; 2026-12-06; TFF's LSTM took 60-100 s a round and stayed at chance)
+  'stackoverflow_nwp': (
+    dict(stackoverflow_nwp_source='synthetic'),
+    'eval/test_accuracy',
+    operator.gt,
+    0.002,
+  ),
 }
-# Its real files (TFF's) are not on the machine and its defaults are TFF's baseline's
-# (1,500 rounds). Its synthetic source is learnable (one Markov chain,
-# tests/test_synthetic_text.py), but slower than any suite: a round of its defaults (50
-# users of about 25 batches each, a softmax over 10,004 words) took 60-100 s, and even a
-# bigram model of them stayed at the uniform loss (log 10,004 = 9.21) after 3 rounds
-# (2026-12-06). Unchecked here.
-SLOWER_THAN_ANY_SUITE = {'stackoverflow_nwp'}
+ROUNDS_OF = {'stackoverflow_nwp': 6}  # the others: ROUNDS
 
 
 def test_every_built_in_task_is_checked():
@@ -60,7 +63,7 @@ def test_every_built_in_task_is_checked():
     for name in registry.TASKS.names()
     if registry.get_task(name).builder.__module__.startswith('tff_comp.tasks.')
   }
-  assert built_in == set(LEARNS) | set(LEARNS_SLOWLY) | SLOWER_THAN_ANY_SUITE
+  assert built_in == set(LEARNS) | set(LEARNS_SLOWLY)
 
 
 def _learns(task, case, tmp_path):
@@ -68,8 +71,8 @@ def _learns(task, case, tmp_path):
   final = experiment.train(
     'feddualavg',
     task,
-    rounds=ROUNDS,
-    eval_period=ROUNDS,
+    rounds=ROUNDS_OF.get(task, ROUNDS),
+    eval_period=ROUNDS_OF.get(task, ROUNDS),
     output_dir=str(tmp_path / task),
     show_progress=False,
     **options,
