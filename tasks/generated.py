@@ -60,3 +60,18 @@ def markov_sequences(n: tf.Tensor, key: tf.Tensor, chain_key: tf.Tensor, ids: in
   first = tf.random.stateless_uniform(tf.reshape(n, [1]), keys[0], 1, ids, tf.int32)
   walk = tf.scan(step, keys[1:], initializer=first)
   return tf.transpose(tf.concat([first[None], walk], 0))
+
+
+def bigram_model(
+  ids: int, length: int, initializer: str | tf.keras.initializers.Initializer = 'uniform'
+) -> tf.keras.Model:
+  """The model a first-order chain of `ids` ids needs (`markov_sequences`): each of
+  `length` positions' next id from its own id alone (Embedding 16 drawn by
+  `initializer`, Keras's default by default, then Dense to the ids)."""
+  return tf.keras.Sequential(
+    [
+      tf.keras.layers.InputLayer((length,)),
+      tf.keras.layers.Embedding(ids, 16, embeddings_initializer=initializer),
+      tf.keras.layers.Dense(ids),
+    ]
+  )

@@ -83,16 +83,9 @@ def recurrent_model(lstm_units: int, seed: int = 0) -> tf.keras.Model:
   )
 
 
-def bigram_model(seed: int = 0) -> tf.keras.Model:
-  """Each position's next id from its own id (see the module docstring)."""
+def _bigram_model(seed: int) -> tf.keras.Model:
   tf.keras.utils.set_random_seed(seed)
-  return tf.keras.Sequential(
-    [
-      tf.keras.layers.InputLayer((SEQUENCE_LENGTH,)),
-      tf.keras.layers.Embedding(VOCABULARY, 16),
-      tf.keras.layers.Dense(VOCABULARY),
-    ]
-  )
+  return generated.bigram_model(VOCABULARY, SEQUENCE_LENGTH)
 
 
 @registry.register_task('shakespeare')
@@ -142,7 +135,7 @@ def build_shakespeare_task(
   else:
     raise ValueError(f"source={source!r} is unknown; choose 'tff' or 'synthetic'.")
   network = keras_models.from_keras(
-    recurrent_model(lstm_units, seed) if model == 'lstm' else bigram_model(seed),
+    recurrent_model(lstm_units, seed) if model == 'lstm' else _bigram_model(seed),
     tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     (
       tf.TensorSpec([None, SEQUENCE_LENGTH], tf.float32),

@@ -26,7 +26,7 @@ class DebugEngine(engine_interface.ClientByClient):
     size = client_round.step_batch_size(rule, options)
     outputs = []
     for position, index in enumerate(cohort.indices.numpy()):
-      plan = tf.nest.map_structure(lambda t, p=position: t[p], cohort.plans)
+      plan = engine_interface.row(cohort.plans, position)
       client = int(plan.context.client_index)  # in the population
       examples = self._data.client_examples(int(index))
       n = local_loop.num_examples(examples)

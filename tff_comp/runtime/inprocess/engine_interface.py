@@ -17,6 +17,11 @@ from tff_comp.runtime.inprocess import lanes as lanes_lib
 from tff_comp.runtime.inprocess import resident_data
 
 
+def row(structure: Any, i: Any) -> Any:
+  """Row `i` of every leaf of a per-client `structure` (a cohort's plans: client i's)."""
+  return tf.nest.map_structure(lambda t: t[i], structure)
+
+
 class DeferredPlans(NamedTuple):
   """A cohort's plans left to the engine (`Cohort.plans`, where `plans_in_kernel`): the
   lanes kernel derives them from its padded rows, in XLA, where the 50-odd small ops of

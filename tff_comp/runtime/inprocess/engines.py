@@ -33,10 +33,6 @@ from tff_comp.runtime.inprocess import lanes as lanes_lib
 from tff_comp.runtime.inprocess.debug_engine import DebugEngine
 
 
-def _row(structure, i):
-  return tf.nest.map_structure(lambda t: t[i], structure)
-
-
 class MappedEngine(engine_interface.ClientByClient):
   """Clients one by one with `tf.map_fn` (`client_round.run_planned` each)."""
 
@@ -52,7 +48,7 @@ class MappedEngine(engine_interface.ClientByClient):
         cohort.received(position)[0],
         examples,
         cohort.received(position)[1],
-        _row(cohort.plans, position),
+        engine_interface.row(cohort.plans, position),
         algorithm.client_options,
       )
 
@@ -308,9 +304,8 @@ class LanesEngine:
     if not self._short_outside:
       return done
     plans = cohort.plans
-    assert not isinstance(
-      plans, engine_interface.DeferredPlans
-    )  # deferred only with short batches in XLA
+    # Deferred only with short batches in XLA.
+    assert not isinstance(plans, engine_interface.DeferredPlans)
     states = lanes_lib.run_short_batches(
       rule,
       cohort.payload,
