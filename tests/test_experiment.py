@@ -179,6 +179,39 @@ def test_absurd_sizes_are_one_line_errors_before_any_work(tmp_path, change, says
     experiment.build_runner(experiment.prepare(_config(tmp_path, **change)))
 
 
+@pytest.mark.parametrize(
+  'options, says',
+  [
+    (dict(algorithm_options=dict(mu='0.1')), "--mu takes a number, got '0.1'"),
+    (dict(algorithm_options=dict(mu=None)), '--mu takes a number, got None'),
+    (dict(algorithm_options=dict(mu=True)), '--mu takes a number, got True'),
+    (dict(algorithm_options=dict(mu=float('nan'))), '--mu must be a finite number'),
+    (dict(task_options=dict(dim=2.5)), '--quadratic_dim takes an integer, got 2.5'),
+  ],
+)
+def test_options_of_another_type_are_one_line_errors(tmp_path, options, says):
+  """The Python API's options are typed as the builder's signature declares them before
+  anything is built (the flags are typed by absl)."""
+  with pytest.raises(experiment.ConfigError, match=re.escape(says)):
+    experiment.prepare(_config(tmp_path, 'fedprox', task='quadratic', **options))
+
+
+def test_options_are_recorded_as_the_builder_takes_them(tmp_path):
+  """An integer for a float, NumPy scalars: Python's float and int (config.json's JSON)."""
+  prepared = experiment.prepare(
+    _config(
+      tmp_path,
+      'fedprox',
+      task='quadratic',
+      algorithm_options=dict(mu=1),
+      task_options=dict(dim=np.int64(3)),
+    )
+  )
+  assert type(prepared.config.algorithm_options['mu']) is float
+  assert type(prepared.config.task_options['dim']) is int
+  assert prepared.task.weight_shapes == [(3,)]
+
+
 def test_a_task_too_large_for_memory_is_a_one_line_error(tmp_path):
   """Beyond the tasks' own size checks: an allocation NumPy refuses."""
   with pytest.raises(experiment.ConfigError, match="task 'quadratic': its data do not fit"):

@@ -1,10 +1,13 @@
 """Registry: duplicates, unknown names with suggestions, entry-point plugins."""
 
 import os
+import re
 import subprocess
 import sys
 import types
+from typing import Literal
 
+import numpy as np
 import pytest
 
 from tff_comp import experiment, registry
@@ -48,6 +51,34 @@ def test_hparams_come_from_keyword_only_signature():
   names = [h.name for h in registry.get_algorithm('fedprox').hparams]
   assert 'mu' in names and 'client_learning_rate' in names
   assert 'server_optimizer' not in names  # not a flag-friendly type
+
+
+def test_an_option_is_typed_as_its_builder_declares_it():
+  def build(
+    model, *, rate: float = 0.1, steps: int = 1, exact: bool = True, kind: Literal['a', 'b'] = 'a'
+  ):
+    del model, rate, steps, exact, kind
+
+  hparams = {h.name: h for h in registry.Entry('x', build).hparams}
+  for name, given, taken in [
+    ('rate', np.int64(2), 2.0),
+    ('rate', np.float32(0.5), 0.5),
+    ('steps', np.int32(3), 3),
+    ('exact', np.bool_(False), False),
+    ('kind', 'b', 'b'),
+  ]:
+    typed = hparams[name].typed(given)
+    assert typed == taken and type(typed) is type(taken), (name, given, typed)
+  for name, given, says in [
+    ('rate', '0.1', "takes a number, got '0.1'."),
+    ('rate', True, 'takes a number, got True.'),
+    ('rate', float('inf'), 'must be a finite number, got inf.'),
+    ('steps', 2.0, 'takes an integer, got 2.0.'),
+    ('exact', 1, 'takes true or false, got 1.'),
+    ('kind', 'c', "takes one of a, b; got 'c'."),
+  ]:
+    with pytest.raises(ValueError, match=f'^{re.escape(says)}$'):
+      hparams[name].typed(given)
 
 
 def test_entry_point_plugin_is_found(tmp_path, monkeypatch):

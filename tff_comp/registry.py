@@ -37,6 +37,8 @@ import difflib
 import importlib
 import importlib.metadata
 import inspect
+import math
+import numbers
 import re
 import sys
 import typing
@@ -100,6 +102,9 @@ def arg_docs(docstring: str | None) -> dict[str, str]:
   return docs
 
 
+_WHAT = {bool: 'true or false', int: 'an integer', float: 'a number', str: 'a string'}
+
+
 @dataclasses.dataclass(frozen=True)
 class Hparam:
   """A builder's keyword-only parameter with a flag-friendly type."""
@@ -108,6 +113,34 @@ class Hparam:
   type: type
   default: Any  # inspect.Parameter.empty when required
   choices: tuple[Any, ...] = ()  # the allowed values of a `Literal[...]` parameter
+
+  def typed(self, value: Any) -> Any:
+    """`value` as this parameter takes it: a Python bool, int, finite float or str (a
+    NumPy scalar as Python's, an integer for a float as a float), one of `choices`
+    when it has them.
+
+    Raises:
+      ValueError: (one line, without the parameter's name) another type, a bool for a
+        number, a float that is not finite, or a value outside `choices`.
+    """
+    # numbers' ABCs admit NumPy's scalars; bool is an int to Python, never a number here.
+    # NumPy's bool is looked up, not imported (this module imports only the standard
+    # library): without NumPy loaded no value can be one.
+    kinds: dict[type, tuple[type, ...]] = {
+      bool: (bool, getattr(sys.modules.get('numpy'), 'bool_', bool)),
+      int: (numbers.Integral,),
+      float: (numbers.Real,),
+      str: (str,),
+    }
+    is_bool = isinstance(value, kinds[bool])
+    if not isinstance(value, kinds[self.type]) or (self.type is not bool and is_bool):
+      raise ValueError(f'takes {_WHAT[self.type]}, got {value!r}.')
+    value = self.type(value)
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ValueError(f'must be a finite number, got {value}.')
+    if self.choices and value not in self.choices:
+      raise ValueError(f'takes one of {", ".join(map(str, self.choices))}; got {value!r}.')
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

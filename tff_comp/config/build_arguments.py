@@ -3,8 +3,8 @@ names and options, the task (with the data files its build read), the regularize
 server optimizer and the registered builder's arguments. `experiment.prepare` runs these
 in order; each raises `ConfigError` with a one-line message."""
 
+from collections.abc import Callable
 import dataclasses
-import math
 from typing import Any
 
 from tff_comp import paths, poisoning, registry
@@ -57,13 +57,19 @@ def regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
   return psi
 
 
-def _check_finite(config: ExperimentConfig) -> None:
-  """Algorithm and task options are finite numbers (the records check their own)."""
-  values = dict(config.algorithm_options)
-  values.update({f'{config.task}_{k}': v for k, v in config.task_options.items()})
-  for name, value in values.items():
-    if isinstance(value, float) and not math.isfinite(value):
-      raise ConfigError(f'--{name} must be a finite number, got {value}.')
+def _typed(
+  given: dict[str, Any], entry: registry.Entry, flag: Callable[[str], str]
+) -> dict[str, Any]:
+  """`given` options (known to `entry`) as its builder takes them (`registry.Hparam.typed`:
+  `experiment.train(mu='0.1')` is refused here in one line, not inside the builder)."""
+  hparams = {h.name: h for h in entry.hparams}
+  typed = {}
+  for name, value in given.items():
+    try:
+      typed[name] = hparams[name].typed(value)
+    except ValueError as e:
+      raise ConfigError(f'--{flag(name)} {e}') from e
+  return typed
 
 
 def with_names(
@@ -79,9 +85,10 @@ def with_names(
 
 def check_options(
   config: ExperimentConfig, algorithm: registry.Entry, task_entry: registry.Entry
-) -> None:
-  """Algorithm and task options exist for the chosen pair; numbers finite; the output
-  directory usable; run-management settings coherent."""
+) -> ExperimentConfig:
+  """`config` with its algorithm and task options typed as their builders take them,
+  after checking that they exist for the chosen pair, the output directory is usable
+  and the run-management settings are coherent."""
   known = {h.name for h in algorithm.hparams}
   for name in config.algorithm_options:
     if name not in known or name in COMMON_ALGORITHM_ARGS:
@@ -93,7 +100,12 @@ def check_options(
   for name in config.task_options:
     if name not in task_known:
       raise ConfigError(f'task {config.task!r} has no option {name!r}.')
-  _check_finite(config)
+  task = config.task
+  config = dataclasses.replace(
+    config,
+    algorithm_options=_typed(config.algorithm_options, algorithm, str),
+    task_options=_typed(config.task_options, task_entry, lambda name: f'{task}_{name}'),
+  )
   assert config.output_dir is not None, 'resolved first (with_names)'
   run_directory.check_output_dir(config.output_dir, config.overwrite, config.resume)
   if config.resume and config.overwrite:
@@ -104,6 +116,7 @@ def check_options(
     paths.check_cache_root()
   except ValueError as e:
     raise ConfigError(str(e)) from e
+  return config
 
 
 def build_task(

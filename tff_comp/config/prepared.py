@@ -73,7 +73,7 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
   config, task_entry = build_arguments.with_names(config, algorithm)
   # Settings and options that work for the (algorithm, home task) pair.
   home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
-  build_arguments.check_options(config, algorithm, task_entry)
+  config = build_arguments.check_options(config, algorithm, task_entry)
   task, task_files = (
     (like.task, like.task_files)
     if like is not None
