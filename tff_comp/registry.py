@@ -27,8 +27,8 @@ builder with a plain type (float, int, bool, str) are its hyperparameters: binar
 turn them into flags. A runtime or a combiner declares its settings record instead
 (`tff_comp.settings`), whose fields become flags.
 
-This module and `settings` import nothing of tff_comp, so any layer may register its
-blocks (the math layer's combiners included).
+This module imports only `settings` of tff_comp, which imports nothing of it, so any
+layer may register its blocks (the math layer's combiners included).
 """
 
 from collections.abc import Callable
@@ -38,12 +38,13 @@ import importlib
 import importlib.metadata
 import inspect
 import math
-import numbers
 import re
 import sys
 import typing
 from typing import Any, TypeVar
 import warnings
+
+from tff_comp import settings
 
 # A registered builder, returned unchanged by the decorators (its signature kept for
 # type checkers).
@@ -102,9 +103,6 @@ def arg_docs(docstring: str | None) -> dict[str, str]:
   return docs
 
 
-_WHAT = {bool: 'true or false', int: 'an integer', float: 'a number', str: 'a string'}
-
-
 @dataclasses.dataclass(frozen=True)
 class Hparam:
   """A builder's keyword-only parameter with a flag-friendly type."""
@@ -115,27 +113,15 @@ class Hparam:
   choices: tuple[Any, ...] = ()  # the allowed values of a `Literal[...]` parameter
 
   def typed(self, value: Any) -> Any:
-    """`value` as this parameter takes it: a Python bool, int, finite float or str (a
-    NumPy scalar as Python's, an integer for a float as a float), one of `choices`
-    when it has them.
+    """`value` as this parameter takes it (`settings.typed`: Python's bool, int, float
+    or str; a NumPy scalar as Python's, an integer for a float as a float), a finite
+    float, one of `choices` when it has them.
 
     Raises:
       ValueError: (one line, without the parameter's name) another type, a bool for a
         number, a float that is not finite, or a value outside `choices`.
     """
-    # numbers' ABCs admit NumPy's scalars; bool is an int to Python, never a number here.
-    # NumPy's bool is looked up, not imported (this module imports only the standard
-    # library): without NumPy loaded no value can be one.
-    kinds: dict[type, tuple[type, ...]] = {
-      bool: (bool, getattr(sys.modules.get('numpy'), 'bool_', bool)),
-      int: (numbers.Integral,),
-      float: (numbers.Real,),
-      str: (str,),
-    }
-    is_bool = isinstance(value, kinds[bool])
-    if not isinstance(value, kinds[self.type]) or (self.type is not bool and is_bool):
-      raise ValueError(f'takes {_WHAT[self.type]}, got {value!r}.')
-    value = self.type(value)
+    value = settings.typed(self.type, value)
     if isinstance(value, float) and not math.isfinite(value):
       raise ValueError(f'must be a finite number, got {value}.')
     if self.choices and value not in self.choices:

@@ -15,6 +15,8 @@ without absl or a command line: so the fields are the one source and flags deriv
 from collections.abc import Callable, Iterator, Mapping, Sequence
 import dataclasses
 import math
+import numbers
+import sys
 import types
 import typing
 from typing import Any
@@ -194,12 +196,61 @@ def input_files(record: Any) -> list[str]:
   ]
 
 
+# What a setting of each plain type takes, in the message refusing another value.
+_WHAT = {bool: 'true or false', int: 'an integer', float: 'a number', str: 'a string'}
+
+
+def typed(kind: type, value: Any) -> Any:
+  """`value` as a setting or option of type `kind` (bool, int, float or str) takes it:
+  Python's bool, int, float or str; a NumPy scalar as Python's, an integer for a float
+  as a float.
+
+  Raises:
+    ValueError: (one line, without the setting's name: "takes a number, got '0.1'.")
+      a value of another type, or a bool for a number.
+  """
+  # numbers' ABCs admit NumPy's scalars; bool is an int to Python, never a number here.
+  # NumPy's bool is looked up, not imported (this module imports only the standard
+  # library): without NumPy loaded no value can be one.
+  bools = (bool, getattr(sys.modules.get('numpy'), 'bool_', bool))
+  kinds = {bool: bools, int: (numbers.Integral,), float: (numbers.Real,), str: (str,)}
+  if not isinstance(value, kinds[kind]) or (kind is not bool and isinstance(value, bools)):
+    raise ValueError(f'takes {_WHAT[kind]}, got {value!r}.')
+  return kind(value)
+
+
+def _type_refusal(hint: Any, value: Any) -> str:
+  """Why `value` does not fit the type `hint` ('' when it does): plain types as `typed`
+  takes them, None where the hint admits it, tuples element by element; other types
+  (records, callables) are their owners' to check."""
+  args = typing.get_args(hint)
+  if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+    if value is None and type(None) in args:
+      return ''
+    refusals = [_type_refusal(a, value) for a in args if a is not type(None)]
+    return '' if '' in refusals else refusals[0]
+  if typing.get_origin(hint) is tuple:
+    if not isinstance(value, (tuple, list)):
+      return f'takes a sequence, got {value!r}.'
+    return next((why for v in value if (why := _type_refusal(args[0], v))), '') if args else ''
+  if hint in _WHAT:
+    try:
+      typed(hint, value)
+    except ValueError as e:
+      return str(e)
+  return ''
+
+
 def check(record: Any) -> None:
-  """Raises ValueError ('--flag must be ...') for a value outside its choices or bounds,
-  or a float that is not finite (inf or nan would only surface rounds later, as a
-  misleading divergence)."""
+  """Raises ValueError ('--flag must be ...') for a value of another type than its
+  field's (`typed`), outside its choices or bounds, or a float that is not finite (inf
+  or nan would only surface rounds later, as a misleading divergence)."""
+  hints = typing.get_type_hints(type(record))
   for spec in specs(type(record)):
     value = getattr(record, spec.name)
+    refusal = _type_refusal(hints[spec.name], value)
+    if refusal:
+      raise ValueError(f'--{spec.flag} {refusal}')
     if value is None or isinstance(value, bool):
       continue
     if spec.choices and isinstance(value, str) and value not in spec.choices:

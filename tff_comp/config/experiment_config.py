@@ -149,6 +149,11 @@ class ExperimentConfig:
     Raises:
       ConfigError: an unknown name, or a value its record refuses.
     """
+    # A NumPy scalar as Python's (config.json records JSON's numbers, not their str).
+    values = {
+      k: v.item() if type(v).__module__ == 'numpy' and getattr(v, 'ndim', None) == 0 else v
+      for k, v in values.items()
+    }
     runtime_owner = choice.setting_owners()
     own = {k: v for k, v in values.items() if k not in OWNER and k not in runtime_owner}
     unknown = set(own) - {f.name for f in dataclasses.fields(cls)}
