@@ -1,13 +1,16 @@
 """Settings records typed as their fields declare (`settings.check`): a value of another
 type from the Python API is one line naming its flag, before anything is built (flags
-are typed by absl)."""
+are typed by absl); a frozen config's option mappings cannot change."""
 
+import dataclasses
+import json
+import pickle
 import re
 
 import numpy as np
 import pytest
 
-from tff_comp import experiment
+from tff_comp import experiment, settings
 
 
 @pytest.mark.parametrize(
@@ -43,3 +46,20 @@ def test_values_of_the_declared_types_pass_and_numpy_scalars_become_pythons():
   config.check()
   assert type(config.rounds) is int and config.rounds == 3
   assert type(config.privacy.clip_norm) is float and config.privacy.clip_norm == 0.5
+
+
+def test_a_configs_options_cannot_change_and_record_and_pickle_as_mappings():
+  config = experiment.ExperimentConfig.of(algorithm='fedprox', algorithm_options=dict(mu=0.1))
+  with pytest.raises(TypeError, match='options cannot change'):
+    config.algorithm_options['mu'] = 1.0
+  with pytest.raises(TypeError, match='options cannot change'):
+    config.task_options.update(dim=3)
+  with pytest.raises(TypeError, match='options cannot change'):
+    del config.runtime_options['tff']
+  recorded = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+  assert recorded['algorithm_options'] == {'mu': 0.1}
+  assert experiment.ExperimentConfig.from_dict(recorded) == config
+  assert pickle.loads(pickle.dumps(config)) == config
+  changed = dataclasses.replace(config, algorithm_options={'mu': 0.2})
+  assert isinstance(changed.algorithm_options, settings.Options)
+  assert changed.algorithm_options == {'mu': 0.2} and config.algorithm_options == {'mu': 0.1}

@@ -13,6 +13,7 @@ without absl or a command line: so the fields are the one source and flags deriv
 """
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+import copy
 import dataclasses
 import math
 import numbers
@@ -194,6 +195,25 @@ def input_files(record: Any) -> list[str]:
     for spec in specs(type(record))
     if spec.input_file and getattr(record, spec.name) is not None
   ]
+
+
+class Options(dict):
+  """A name -> value mapping that cannot change: the options of a frozen record (an
+  ExperimentConfig's algorithm, task and runtime options). A dict underneath, so
+  `dataclasses.asdict`, json and `==` treat it as one (types.MappingProxyType cannot be
+  deep-copied, which `asdict` does); a changed one is a new mapping."""
+
+  def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError('options cannot change: give dataclasses.replace a new mapping.')
+
+  # One refusal for every mutator; dict's overloaded signatures are not its own.
+  __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+  def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+    return type(self), (dict(self),)
+
+  def __deepcopy__(self, memo: dict[int, Any]) -> 'Options':
+    return type(self)(copy.deepcopy(dict(self), memo))
 
 
 # What a setting of each plain type takes, in the message refusing another value.

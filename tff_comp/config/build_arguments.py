@@ -3,7 +3,7 @@ names and options, the task (with the data files its build read), the regularize
 server optimizer and the registered builder's arguments. `experiment.prepare` runs these
 in order; each raises `ConfigError` with a one-line message."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import dataclasses
 from typing import Any
 
@@ -58,7 +58,7 @@ def regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
 
 
 def _typed(
-  given: dict[str, Any], entry: registry.Entry, flag: Callable[[str], str]
+  given: Mapping[str, Any], entry: registry.Entry, flag: Callable[[str], str]
 ) -> dict[str, Any]:
   """`given` options (known to `entry`) as its builder takes them (`registry.Hparam.typed`:
   `experiment.train(mu='0.1')` is refused here in one line, not inside the builder)."""

@@ -1,7 +1,7 @@
 """The settings of one run: `ExperimentConfig` collects the run's own (None: the task's
 default) and the records of the modules that own the rest (`tff_comp.settings`)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import dataclasses
 from typing import Any
 
@@ -74,8 +74,10 @@ class ExperimentConfig:
   regularizer_strength: float | None = settings.setting(
     None, 'Strength lam of psi, or radius of a ball constraint.'
   )
-  algorithm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-  task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # {name: value} of the algorithm builder's and the task builder's options (flags
+  # --<name> and --<task>_<name>); `prepare` types them as the builders declare them.
+  algorithm_options: Mapping[str, Any] = dataclasses.field(default_factory=settings.Options)
+  task_options: Mapping[str, Any] = dataclasses.field(default_factory=settings.Options)
   output_dir: str | None = settings.setting(
     None, 'Where metrics go (default runs/<algo>-<task>).', resumable=True, per_trial=True
   )
@@ -132,9 +134,12 @@ class ExperimentConfig:
   # {runtime: its settings record} for every registered runtime declaring one
   # (`runtime.choice.runtime_options`): 'inprocess' (engine, memory budget), 'tff'
   # (workers), 'ray' (address, actors), a plugin's.
-  runtime_options: dict[str, Any] = dataclasses.field(default_factory=choice.runtime_options)
+  runtime_options: Mapping[str, Any] = dataclasses.field(default_factory=choice.runtime_options)
 
   def __post_init__(self):
+    # The mappings a frozen config holds cannot change either (`settings.Options`).
+    for name in ('algorithm_options', 'task_options', 'runtime_options'):
+      object.__setattr__(self, name, settings.Options(getattr(self, name)))
     # The privacy settings against the mechanism --aggregator (the aggregation's) names.
     try:
       self.privacy.check(self.aggregation.aggregator)

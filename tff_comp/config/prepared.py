@@ -5,6 +5,7 @@ builder's arguments without running any TFF computation, raising `ConfigError` w
 one-line message on bad input; `tff_comp.experiment` builds and trains what it returns.
 """
 
+from collections.abc import Mapping
 import dataclasses
 import inspect
 import pathlib
@@ -143,7 +144,7 @@ def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str
   """The run settings and every algorithm and task option in force, defaults included,
   and the `runtime`'s description where known (what config.json's `resolved` records)."""
 
-  def in_force(entry: registry.Entry, given: dict[str, Any], skip) -> dict[str, Any]:
+  def in_force(entry: registry.Entry, given: Mapping[str, Any], skip) -> dict[str, Any]:
     return {
       h.name: given.get(h.name, h.default)
       for h in entry.hparams
