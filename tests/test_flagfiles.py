@@ -1,7 +1,8 @@
 """Every example flagfile in experiments/ is a valid run.py configuration (one per
 reproduction, at its best configuration): each is parsed and validated as run.py does,
 short of training, in one fresh interpreter (run.py's flags would clash with another
-binary's imported by a test in this one)."""
+binary's imported by a test in this one); flagfiles of the same task settings share
+its build."""
 
 import json
 import os
@@ -15,12 +16,16 @@ import json, sys
 from absl import flags
 from tff_comp import experiment
 from tff_comp.binaries import flags_lib, run
-results = {}
+results, built = {}, {}
 for path in sys.argv[1:]:
   flags.FLAGS.unparse_flags()
   flags_lib.parse_or_fail(['run.py', '--flagfile=' + path])
   config = flags_lib.config_from_flags(flags.FLAGS, run._ALGO_FLAGS, run._TASK_FLAGS)
-  prepared = experiment.prepare(config)
+  # A task built once per task settings, as a grid's trials share theirs (seven
+  # flagfiles share synthetic EMNIST's 1,000 writers).
+  task = json.dumps([config.task, config.task_options, config.task_seed], sort_keys=True)
+  prepared = experiment.prepare(config, like=built.get(task))
+  built.setdefault(task, prepared)
   results[path] = [prepared.config.output_dir, prepared.settings.rounds]
 print(json.dumps(results))
 """
