@@ -205,8 +205,8 @@ def test_calibration_spends_the_target_over_the_rounds(sampling, accountant):
   'target, says', [(1e-4, 'above 1000.0'), (1e5, r'below 0.05 .* \(there epsilon is 3.55e\+04\)')]
 )
 def test_a_target_no_noise_multiplier_in_range_reaches_is_one_line(target, says):
-  """The search's bracket (down from z = 1000 by quarters) ends at its limits with a
-  message naming the limit and the epsilon spent there."""
+  """The search's bracket (z from 0.05, PLD's from 0.3, to 1000) ends at its limits
+  with a message naming the limit and the epsilon spent there."""
   with pytest.raises(ValueError, match=says):
     accounting.calibrate(
       target, 200, clients_per_round=10, population=500, sampling='poisson', delta=1e-4
