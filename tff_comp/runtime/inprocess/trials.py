@@ -24,11 +24,11 @@ those of its separate run to the bit (`tests/test_trials.py`, every registered
 algorithm). A trial that ends (its rounds done, diverged, stopped) leaves the group;
 the others go on, its slot kept with no clients. Why threads: a trial's loop,
 callbacks and run directory are the single run's code, unchanged; only its rounds (and
-its evaluations, `together`) meet, and between rounds the loops take turns.
+its evaluations, `together`) meet, and between rounds the loops take turns
+(`rendezvous.Rendezvous`, the group's base).
 """
 
 from collections.abc import Callable, Mapping, Sequence
-import threading
 import time
 from typing import Any, NamedTuple, Protocol
 
@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tff_comp.ops import client_round
 from tff_comp.runtime import base, learning_state, nested, traced
-from tff_comp.runtime.inprocess import engine_interface
+from tff_comp.runtime.inprocess import engine_interface, rendezvous
 
 
 def _host(value: Any) -> np.ndarray | np.generic:
@@ -60,6 +60,11 @@ class _Rows:
 
   def __getitem__(self, t: int) -> Any:
     return self._packer.pack([leaf[t] for leaf in self._leaves])
+
+
+# A trial's round as it hands it to the group: its state, cohort and each client's share
+# of the work (None: whole).
+_Round = tuple[base.State, list[str], Sequence[float] | None]
 
 
 class TrialClients(NamedTuple):
@@ -101,7 +106,7 @@ def why_not(runtime: GroupRuntime) -> str:
   return ''
 
 
-class TrialGroup:
+class TrialGroup(rendezvous.Rendezvous[_Round]):
   """`size` trials of `runtime`'s algorithm on its data (see the module docstring);
   `seeds[t]`: trial t's seed of shuffling and epoch draws (its `--seed`); `clients[t]`:
   where trial t's clients are (None: every trial's are the runtime's own clients).
@@ -117,7 +122,8 @@ class TrialGroup:
     reason = why_not(runtime)
     if reason:
       raise base.UnsupportedError(reason)
-    self.runtime, self.size = runtime, len(seeds)
+    super().__init__(len(seeds))
+    self.runtime = runtime
     self._clients = clients or [TrialClients('', runtime.population_index)] * self.size
     self._seeds = tf.constant(seeds, tf.int64)
     self._round_fn = traced.OnceTraced(self._round)
@@ -126,13 +132,6 @@ class TrialGroup:
     self._packers: dict[str, nested.Packer] = {}  # by part of the state (`_packer`)
     self._reserved = [0] * self.size  # each trial's largest cohort
     self._capacity = 0  # clients of the compiled round (the trials' cohorts together)
-    self._lock = threading.Condition()
-    self._active = set(range(self.size))
-    self._waiting: dict[int, tuple[base.State, list[str], Any]] = {}
-    self._asking: dict[int, tuple[Any, Callable[[list[Any]], list[Any]]]] = {}  # `together`
-    self._results: dict[int, Any] = {}
-    self._turn = threading.Lock()  # held by the trial whose loop runs (`_in_turn`)
-    self._turn_of: int | None = None
     self._last: dict[int, base.State] = {}  # each trial's latest state (an empty slot's)
     self.rounds_run = 0  # batched rounds
     # Seconds in the compiled round function, its outputs on the host, in the rounds
@@ -153,83 +152,13 @@ class TrialGroup:
     self, t: int, state: base.State, client_ids: Sequence[str], work: Sequence[float] | None
   ) -> base.RoundOutput:
     """Trial `t`'s round; returns when the group has run it."""
-    self._end_turn(t)
-    with self._lock:
-      self._waiting[t] = (state, list(client_ids), work)
-      self._last[t] = state
-      result = self._result(t)
-    return self._in_turn(t, result)
+    return self.meet(t, (state, list(client_ids), work))
 
-  def together(self, t: int, item: Any, run: Callable[[list[Any]], list[Any]]) -> Any:
-    """Trial `t`'s share of `run(items)`, run once on the items of every trial asking
-    when each trial still running waits here or for its round (a grid's evaluations
-    together: `tff_comp.trials`). `run` gives a result per item, or the error to raise
-    in that item's trial; the first asker's `run` runs them."""
-    self._end_turn(t)
-    with self._lock:
-      self._asking[t] = (item, run)
-      result = self._result(t)
-    return self._in_turn(t, result)
-
-  def _result(self, t: int) -> Any:
-    """Trial `t`'s result once the group has run what it waits for. Called holding the
-    lock."""
-    self._run_if_all_waiting()
-    self._lock.wait_for(lambda: t in self._results)
-    return self._results.pop(t)
-
-  def _in_turn(self, t: int, result: Any) -> Any:
-    """`result` (raised if an error) once trial `t` has the turn: between their rounds
-    the trials' loops run one at a time. Woken together, Python threads spend their
-    time handing the GIL to one another: in fco_lasso's fedmid group (36 trials) a
-    sampler's draw took three times the CPU it takes in turns, and the group's round
-    was slower."""
-    if isinstance(result, BaseException):
-      raise result  # without the turn: the trial ends, or runs on without taking turns
-    self._turn.acquire()
-    self._turn_of = t
-    return result
-
-  def _end_turn(self, t: int) -> None:
-    """Trial `t` gives up the turn if it has it (it waits, or it ended)."""
-    if self._turn_of == t:
-      self._turn_of = None
-      self._turn.release()
-
-  def leave(self, t: int) -> None:
-    """Trial `t` ended: the group no longer waits for it."""
-    self._end_turn(t)
-    with self._lock:
-      self._active.discard(t)
-      self._run_if_all_waiting()
-
-  def _run_if_all_waiting(self) -> None:
-    """Once every trial still running waits: what trials asked `together`, else their
-    round."""
-    if set(self._waiting) | set(self._asking) != self._active or not self._active:
-      return
-    if self._asking:
-      asked, self._asking = self._asking, {}
-      run = next(iter(asked.values()))[1]
-      try:
-        results = run([item for item, _ in asked.values()])
-      except BaseException as error:  # each trial raises it
-        results = [error] * len(asked)
-      self._results.update(zip(asked, results))
-      self._lock.notify_all()
-      return
-    batch, self._waiting = self._waiting, {}
-    try:
-      outputs = self._run(batch)
-    except BaseException as error:  # each trial raises it
-      outputs = {t: error for t in batch}
-    self._results.update(outputs)
-    self._lock.notify_all()
-
-  def _run(self, batch: dict[int, tuple[base.State, list[str], Any]]) -> dict[int, Any]:
+  def _run(self, batch: dict[int, _Round]) -> dict[int, Any]:
     """The trials' rounds as one: states stacked and split on the host in NumPy (one
     conversion a leaf, not one eager op a leaf and trial)."""
     runtime = self.runtime
+    self._last.update({t: state for t, (state, _, _) in batch.items()})
     states, positions, indices, work, trial = [], [], [], [], []
     for t in range(self.size):
       state, cohort, share = batch.get(t, (self._last.get(t), [], None))
