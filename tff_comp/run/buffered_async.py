@@ -21,11 +21,11 @@ is a synchronous round of K clients.
 
 The schedule (who arrives at which step, from which model, at what time) depends on
 the seed and the devices only, not on the model, and is replayed from the start
-(`Schedule`). A client's update depends only on the model it starts from, its data and
-its start version (its round number for shuffling), so the clients dispatched while
-x_t is in force run together, as one cohort on the runtime's engine, when step t + 1
-begins (`BufferedAsyncRuntime`); their updates wait for their arrival (at most C of
-them held, in host memory).
+(`async_schedule.Schedule`). A client's update depends only on the model it starts from,
+its data and its start version (its round number for shuffling), so the clients
+dispatched while x_t is in force run together, as one cohort on the runtime's engine,
+when step t + 1 begins (`BufferedAsyncRuntime`); their updates wait for their arrival
+(at most C of them held, in host memory).
 
 Algorithms: those whose clients send a model delta averaged by the weighted mean with
 no per-client server state and no round-wide reference (`why_not`); others are
@@ -41,10 +41,9 @@ the aggregator's state (`InFlight`), so checkpoints hold them and `--resume` con
 exactly.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import copy
 import dataclasses
-import heapq
 import math
 from typing import Any, NamedTuple, NoReturn, Protocol, runtime_checkable
 
@@ -53,7 +52,7 @@ import tensorflow as tf
 
 from tff_comp import settings
 from tff_comp.ops import update_aggregation
-from tff_comp.run import devices, sampling
+from tff_comp.run import async_schedule, devices, sampling
 from tff_comp.runtime import base, learning_state
 from tff_comp.runtime.inprocess import stages
 from tff_comp.settings import ConfigError
@@ -109,103 +108,6 @@ class AsyncOptions:
 
   def weight(self, staleness: int) -> float:
     return 1.0 if self.staleness == 'constant' else 1.0 / math.sqrt(1.0 + staleness)
-
-
-class Arrival(NamedTuple):
-  """A client's report: its dispatch number, id, the version it started from."""
-
-  seq: int
-  client: str
-  version: int
-
-
-class StepPlan(NamedTuple):
-  """Server step t's events: the clients dispatched while x_{t-1} was in force (their
-  dispatch numbers and ids), the arrivals it aggregates (and the staleness of each),
-  the arrivals since the step before dropped as too stale, and the simulated clock at
-  the step."""
-
-  cohort: tuple[tuple[int, str], ...]
-  arrivals: tuple[Arrival, ...]
-  staleness: tuple[int, ...]
-  dropped: tuple[Arrival, ...]
-  clock: float
-
-
-class Schedule:
-  """The event simulation of the module docstring, independent of the model: `plan(t)`
-  for t = 1, 2, ..., computed in order and cached (a resumed or replayed run sees the
-  same plans).
-
-  Args:
-    draw: r -> the clients of the sampler's round r (dispatched in that order).
-    seconds: a client's device time.
-    options: concurrency, buffer size, staleness cut.
-  """
-
-  def __init__(
-    self,
-    draw: Callable[[int], Sequence[str]],
-    seconds: Callable[[str], float],
-    options: AsyncOptions,
-  ):
-    self._draw, self._seconds, self._options = draw, seconds, options
-    self._stream: list[str] = []  # clients drawn, not yet dispatched
-    self._blocks = 0
-    self._flight: list[tuple[float, int, str, int]] = []  # (arrival, seq, client, version)
-    self._seq, self._version, self._clock = 0, 0, 0.0
-    self._dispatched: list[tuple[int, str]] = []  # while the current version is in force
-    self._plans: list[StepPlan] = []
-    self._buffer: list[tuple[Arrival, int]] = []
-    self._dropped: list[Arrival] = []
-    for _ in range(options.concurrency):
-      self._dispatch()
-
-  def _dispatch(self) -> None:
-    while not self._stream:
-      self._blocks += 1
-      self._stream = list(self._draw(self._blocks))
-    client = self._stream.pop(0)
-    heapq.heappush(
-      self._flight, (self._clock + self._seconds(client), self._seq, client, self._version)
-    )
-    self._dispatched.append((self._seq, client))
-    self._seq += 1
-
-  def plan(self, step: int) -> StepPlan:
-    while len(self._plans) < step:
-      self._advance()
-    return self._plans[step - 1]
-
-  def _advance(self) -> None:
-    """Runs events until the next server step is planned."""
-    options, planned = self._options, len(self._plans)
-    while len(self._plans) == planned:
-      self._clock = self._flight[0][0]
-      arrived = []
-      while self._flight and self._flight[0][0] == self._clock:
-        _, seq, client, version = heapq.heappop(self._flight)
-        arrived.append(Arrival(seq, client, version))
-      for arrival in arrived:
-        staleness = self._version - arrival.version
-        if options.max_staleness is not None and staleness > options.max_staleness:
-          self._dropped.append(arrival)
-        else:
-          self._buffer.append((arrival, staleness))
-        if len(self._buffer) == options.buffer_size:
-          self._plans.append(
-            StepPlan(
-              tuple(self._dispatched),
-              tuple(a for a, _ in self._buffer),
-              tuple(s for _, s in self._buffer),
-              tuple(self._dropped),
-              self._clock,
-            )
-          )
-          self._buffer, self._dropped, self._dispatched = [], [], []
-          self._version += 1
-      for _ in arrived:
-        self._dispatch()
 
 
 def why_not(algorithm) -> str:
@@ -269,7 +171,7 @@ class BufferedAsyncRuntime:
   name = 'inprocess'
   partial_work = False
 
-  def __init__(self, driver: Driver, schedule: Schedule, options: AsyncOptions):
+  def __init__(self, driver: Driver, schedule: async_schedule.Schedule, options: AsyncOptions):
     self._driver, self.schedule, self.options = driver, schedule, options
     self.algorithm = driver.algorithm
     self.keeps_personal_models = False
@@ -420,7 +322,7 @@ class AsyncSampler:
   """The loop's sampler for buffered async: step t's "round" is the cohort dispatched
   from x_{t-1}; its time is the step's simulated clock."""
 
-  def __init__(self, schedule: Schedule, options: AsyncOptions):
+  def __init__(self, schedule: async_schedule.Schedule, options: AsyncOptions):
     self._schedule = schedule
     # The largest cohort: the first (C clients, then up to K - 1 replacements).
     self.capacity = options.concurrency + options.buffer_size - 1
@@ -494,7 +396,11 @@ def for_run(config, runtime, client_data, algorithm) -> BufferedAsyncRuntime:
   options = config.asynchrony
   clock = devices.clock_for(config.devices, client_data, algorithm, config.seed)
   draws = sampling.ClientSampler(client_data.client_ids, options.buffer_size, config.seed)
-  schedule = Schedule(
-    lambda r: draws.sample(r).sampled, (lambda c: 1.0) if clock is None else clock.seconds, options
+  schedule = async_schedule.Schedule(
+    lambda r: draws.sample(r).sampled,
+    (lambda c: 1.0) if clock is None else clock.seconds,
+    concurrency=options.concurrency,
+    buffer_size=options.buffer_size,
+    max_staleness=options.max_staleness,
   )
   return BufferedAsyncRuntime(runtime, schedule, options)
