@@ -106,6 +106,7 @@ class Spec:
   chain_state: bool
   applies_when: Mapping[str, Sequence[Any]]
   applies_when_any: bool
+  annotation: Any = None  # the field's own (`int | None`, `tuple[str, ...]`): what `check` types
 
 
 def _base_type(hint: Any) -> type:
@@ -145,6 +146,7 @@ def specs(record: type) -> Iterator[Spec]:
       meta.get('chain_state', False),
       meta.get('applies_when', {}),
       meta.get('applies_when_any', False),
+      hints[field.name],
     )
 
 
@@ -265,10 +267,9 @@ def check(record: Any) -> None:
   """Raises ValueError ('--flag must be ...') for a value of another type than its
   field's (`typed`), outside its choices or bounds, or a float that is not finite (inf
   or nan would only surface rounds later, as a misleading divergence)."""
-  hints = typing.get_type_hints(type(record))
   for spec in specs(type(record)):
     value = getattr(record, spec.name)
-    refusal = _type_refusal(hints[spec.name], value)
+    refusal = _type_refusal(spec.annotation, value)
     if refusal:
       raise ValueError(f'--{spec.flag} {refusal}')
     if value is None or isinstance(value, bool):
