@@ -3,6 +3,7 @@ and its bad input as one line."""
 
 import csv
 import os
+import shlex
 import subprocess
 import sys
 
@@ -198,3 +199,26 @@ def test_bad_input_is_one_line_and_exit_2(repo_root, runs, tmp_path, args, says)
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 2 and len(lines) == 1, out.stderr
   assert says in lines[0] and lines[0].startswith('compare.py: error: ')
+
+
+def test_the_readme_compares_runs_its_own_commands_make(repo_root):
+  """The README's command-line examples, run in order after `make run`, make every run
+  directory its compare.py line reads, and none writes where an earlier one wrote (it
+  would stop at "holds another run"). Read, not run: the runs themselves are other
+  tests'."""
+  readme = (repo_root / 'README.md').read_text()
+  block = readme.split('## From the command line', 1)[1].split('```sh\n', 1)[1]
+  block = block.split('```', 1)[0].replace('\\\n', ' ')
+  made = ['runs/feddualavg-lasso']  # make run's
+  compared = []
+  for line in block.splitlines():
+    words = shlex.split(line, comments=True)
+    flags = dict(
+      w.removeprefix('--').split('=', 1) for w in words if w.startswith('--') and '=' in w
+    )
+    if words[1:2] == ['binaries/run.py'] and 'algo' in flags:
+      made.append(flags.get('output_dir', f'runs/{flags["algo"]}-{flags["task"]}'))
+    elif words[1:2] == ['binaries/compare.py']:
+      compared = [w for w in words[2:] if not w.startswith('--')]
+  assert len(made) == len(set(made)), made
+  assert compared and set(compared) <= set(made), (compared, made)
