@@ -23,7 +23,7 @@ from typing import Any
 
 from absl import app, flags
 
-from tff_comp.binaries import curves, figures
+from tff_comp.binaries import closed_stdout, curves, figures
 from tff_comp.binaries.flag_check import fail
 
 _METRICS = flags.DEFINE_list(
@@ -97,9 +97,9 @@ def _settings(run: pathlib.Path) -> dict[str, str]:
 
 
 def _labels(runs: list[pathlib.Path], settings: list[dict[str, str]]) -> list[str]:
-  """The runs' names: `--labels`, else the settings their config.json differ in (the
-  algorithm by its name, others as name=value; at most three), else their directories'
-  (with the parent's where two share a name)."""
+  """The runs' names: `--labels`, else the settings their config.json differ in
+  (`_label`; at most three), else their directories' (with the parent's where two
+  share a name)."""
   if _LABELS.value:
     if len(_LABELS.value) != len(runs):
       fail(f'--labels names {len(_LABELS.value)} runs; {len(runs)} are given.')
@@ -108,14 +108,20 @@ def _labels(runs: list[pathlib.Path], settings: list[dict[str, str]]) -> list[st
   shared = [p for p in settings[0] if all(p in s for s in settings)]
   differ = [p for p in shared if len({s[p] for s in settings}) > 1]
   if len(runs) > 1 and all(settings) and 0 < len(differ) <= _MOST_SETTINGS_NAMED:
-    labels = [
-      ', '.join(s[p] if p == 'algorithm' else f'{p.split(".")[-1]}={s[p]}' for p in differ)
-      for s in settings
-    ]
+    labels = [_label(s, differ) for s in settings]
     if len(set(labels)) == len(labels):
       return labels
   names = [r.name for r in runs]
   return [f'{r.parent.name}/{r.name}' if names.count(r.name) > 1 else r.name for r in runs]
+
+
+def _label(settings: dict[str, str], differ: list[str]) -> str:
+  """A run named by its `differ` settings: the algorithm by its name, others as
+  name=value; a setting it does not have (null: FedAvg's regularizer beside FedDualAvg's
+  l1) left out, unless nothing else would name it (then name=none)."""
+  named = [(p.split('.')[-1], settings[p]) for p in differ]
+  parts = [v if n == 'algorithm' else f'{n}={v}' for n, v in named if v != 'null']
+  return ', '.join(parts or [f'{n}=none' for n, _ in named])
 
 
 def _headers(runs: list[pathlib.Path]) -> dict[pathlib.Path, list[str]]:
@@ -185,6 +191,7 @@ def _cell(points: list[tuple[float, float, int]], at: float) -> str:
   return f'{value:.4g}' if x == at else f'{value:.4g} (round {round_num})'
 
 
+@closed_stdout.closing_stdout_quietly
 def main(argv: list[str]) -> None:
   runs = [pathlib.Path(a) for a in argv[1:]]
   if not runs:

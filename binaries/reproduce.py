@@ -46,7 +46,7 @@ from absl import app, flags
 from tff_comp import experiment as experiment_lib
 from tff_comp import registry, signals
 from tff_comp import trials as trials_lib
-from tff_comp.binaries import flags_lib, grid, grid_processes, reproductions, summary
+from tff_comp.binaries import closed_stdout, flags_lib, grid, grid_processes, reproductions, summary
 from tff_comp.config import experiment_config
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import inprocess
@@ -179,7 +179,7 @@ def _steered(spec: reproductions.Reproduction) -> reproductions.Reproduction:
   return dataclasses.replace(spec, **changes)
 
 
-@flags_lib.closing_stdout_quietly
+@closed_stdout.closing_stdout_quietly
 def main(argv):
   """Ctrl-C or SIGTERM stop the running configuration at the end of its round
   (`tff_comp.signals`)."""

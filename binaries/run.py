@@ -32,7 +32,7 @@ from absl import app, flags
 import tensorflow as tf
 
 from tff_comp import experiment, registry, signals
-from tff_comp.binaries import flags_lib
+from tff_comp.binaries import closed_stdout, flags_lib
 from tff_comp.config import run_directory
 from tff_comp.run import callbacks, outputs, training_loop
 from tff_comp.runtime import workers
@@ -48,7 +48,7 @@ FLAGS = flags.FLAGS
 _fail = flags_lib.fail
 
 
-@flags_lib.closing_stdout_quietly
+@closed_stdout.closing_stdout_quietly
 def main(argv: list[str]) -> None:
   """Ctrl-C or SIGTERM stop the run at the end of its round (a second one at once), with
   one line on stderr (`tff_comp.signals`)."""

@@ -2,6 +2,7 @@
 and its bad input as one line."""
 
 import csv
+import json
 import os
 import shlex
 import subprocess
@@ -124,6 +125,62 @@ def test_by_default_runs_are_named_by_the_settings_they_differ_in(repo_root, run
     'fedprox',
   ]
   assert '<!-- quadratic -->' not in (tmp_path / 'compare.svg').read_text()
+
+
+def test_a_reader_leaving_early_is_not_an_error(repo_root, runs, tmp_path):
+  """`compare.py ... | head -1`: no BrokenPipeError traceback; the figures are written."""
+  proc = subprocess.Popen(
+    [sys.executable, str(repo_root / 'binaries' / 'compare.py'), runs / 'fedavg', runs / 'fedprox'],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    stdin=subprocess.DEVNULL,
+    text=True,
+    cwd=tmp_path,
+  )
+  try:
+    proc.stdout.close()  # before compare.py prints: its imports take a second
+    stderr = proc.stderr.read()
+    proc.wait(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 0 and not stderr, stderr
+  assert (tmp_path / 'compare.png').exists()
+
+
+def _with_settings(source, target, **settings):
+  """A copy of the run `source` whose config.json (and its resolved record) says
+  `settings`."""
+  _copy_run(source, target)
+  config = json.loads((source / 'config.json').read_text())
+  config.update(settings)
+  config['resolved'].update(settings)
+  (target / 'config.json').write_text(json.dumps(config))
+  return target
+
+
+def test_a_setting_a_run_does_not_have_is_left_out_of_its_name(repo_root, runs, tmp_path):
+  """A null setting (FedAvg's regularizer beside FedDualAvg's l1) is not named
+  ("regularizer=null" in a legend says nothing), unless nothing else would name the run."""
+  l1 = dict(regularizer='l1', regularizer_strength=0.3)
+  plain = _with_settings(runs / 'fedavg', tmp_path / 'plain')
+  prox = _with_settings(runs / 'fedprox', tmp_path / 'prox', **l1)
+  sparse = _with_settings(runs / 'fedavg', tmp_path / 'sparse', **l1)
+
+  def names(*compared):
+    out = _compare(repo_root, *compared, '--metrics=objective', cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()[2 : 2 + len(compared)]
+    return [line.split(' | ')[0].strip('| ') for line in rows]
+
+  assert names(plain, prox, sparse) == [
+    'fedavg',
+    'fedprox, regularizer=l1, regularizer_strength=0.3',
+    'fedavg, regularizer=l1, regularizer_strength=0.3',
+  ]
+  assert names(plain, sparse) == [
+    'regularizer=none, regularizer_strength=none',
+    'regularizer=l1, regularizer_strength=0.3',
+  ]
 
 
 def test_the_default_at_is_the_last_round_every_run_reached(repo_root, runs, tmp_path):
