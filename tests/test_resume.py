@@ -173,10 +173,17 @@ def test_resume_replays_partial_participation_dropout_and_stragglers(tmp_path):
 
 def test_resume_can_extend_a_finished_run(tmp_path, uninterrupted, capsys):
   """A finished run of 7 rounds (not a multiple of the checkpoint interval, 3) saved
-  its last round, and the extension says it resumes from there."""
+  its last round; resumed as it was it says it has nothing left, and the extension says
+  it resumes from there."""
   _train(tmp_path, rounds=7)
   assert (tmp_path / 'checkpoints' / 'state_7.npz').is_file()
+  finished = _rows(tmp_path)
   capsys.readouterr()
+  _train(tmp_path, rounds=7, resume=True, show=True)
+  assert 'the run had reached its 7 rounds (a larger --rounds extends it)' in (
+    capsys.readouterr().out
+  )
+  assert _rows(tmp_path) == finished
   _train(tmp_path, resume=True, show=True)
   assert 'resuming from round 7' in capsys.readouterr().out
   # Round 7 was the 7-round run's last, so it holds an evaluation the 9-round run's lacks.

@@ -206,6 +206,19 @@ def standard_callbacks(
   ]
 
 
+def _resuming(done: int, rounds: int) -> str:
+  """The line a resumed run starts with: where from, and that a finished run has nothing
+  left (its final evaluation follows)."""
+  if not done:
+    return 'resuming: no checkpoint was saved, starting from round 0'
+  if done >= rounds:
+    return (
+      f'resuming from round {done}: the run had reached its {rounds} rounds'
+      ' (a larger --rounds extends it)'
+    )
+  return f'resuming from round {done}'
+
+
 def run_simulation(
   runtime: base.Runtime,
   *,
@@ -269,12 +282,7 @@ def run_simulation(
   if resume:
     _restore(loop, saved)
     if show_progress:
-      print(
-        f'resuming from round {loop.done}'
-        if loop.done
-        else 'resuming: no checkpoint was saved, starting from round 0',
-        flush=True,
-      )
+      print(_resuming(loop.done, rounds), flush=True)
   else:
     _start_fresh(loop, saved)
   try:
