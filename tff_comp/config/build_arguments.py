@@ -58,11 +58,11 @@ def regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
 
 
 def _typed(
-  given: Mapping[str, Any], entry: registry.Entry, flag: Callable[[str], str]
+  given: Mapping[str, Any], hparams: Mapping[str, registry.Hparam], flag: Callable[[str], str]
 ) -> dict[str, Any]:
-  """`given` options (known to `entry`) as its builder takes them (`registry.Hparam.typed`:
-  `experiment.train(mu='0.1')` is refused here in one line, not inside the builder)."""
-  hparams = {h.name: h for h in entry.hparams}
+  """`given` options (each one of a builder's `hparams`, by name) as the builder takes
+  them (`registry.Hparam.typed`: `experiment.train(mu='0.1')` is refused here in one
+  line, not inside the builder)."""
   typed = {}
   for name, value in given.items():
     try:
@@ -89,22 +89,22 @@ def check_options(
   """`config` with its algorithm and task options typed as their builders take them,
   after checking that they exist for the chosen pair, the output directory is usable
   and the run-management settings are coherent."""
-  known = {h.name for h in algorithm.hparams}
+  known = {h.name: h for h in algorithm.hparams}
   for name in config.algorithm_options:
     if name not in known or name in COMMON_ALGORITHM_ARGS:
       raise ConfigError(
         f'--{name} does not apply to algorithm {config.algorithm!r}'
-        f' (its options: {", ".join(sorted(known - set(COMMON_ALGORITHM_ARGS))) or "none"}).'
+        f' (its options: {", ".join(sorted(set(known) - set(COMMON_ALGORITHM_ARGS))) or "none"}).'
       )
-  task_known = {h.name for h in task_entry.hparams}
+  task_known = {h.name: h for h in task_entry.hparams}
   for name in config.task_options:
     if name not in task_known:
       raise ConfigError(f'task {config.task!r} has no option {name!r}.')
   task = config.task
   config = dataclasses.replace(
     config,
-    algorithm_options=_typed(config.algorithm_options, algorithm, str),
-    task_options=_typed(config.task_options, task_entry, lambda name: f'{task}_{name}'),
+    algorithm_options=_typed(config.algorithm_options, known, str),
+    task_options=_typed(config.task_options, task_known, lambda name: f'{task}_{name}'),
   )
   assert config.output_dir is not None, 'resolved first (with_names)'
   run_directory.check_output_dir(config.output_dir, config.overwrite, config.resume)
