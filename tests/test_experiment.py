@@ -269,6 +269,24 @@ def test_the_readme_python_example_trains(tmp_path, monkeypatch):
   assert recorded['participation']['sampling'] == 'poisson'
 
 
+def test_an_unknown_setting_is_refused_naming_the_nearest_known_one():
+  """A misspelt setting names the setting meant, whichever owns it (a record's, the
+  algorithm's, the task's, a runtime's), as absl does for a misspelt flag; refused
+  before anything is built."""
+  for given, says in (
+    (dict(byzantine=4), 'byzantine (did you mean byzantine_clients?)'),
+    (dict(lasso_datset='II'), 'lasso_datset (did you mean lasso_dataset?)'),
+    (dict(server_momentun=0.9), 'server_momentun (did you mean server_momentum?)'),
+    (dict(engin='lanes'), 'engin (did you mean engine?)'),
+    (dict(round=3, clip=1.0), 'clip (did you mean clip_norm?), round (did you mean rounds?)'),
+  ):
+    with pytest.raises(experiment.ConfigError) as refused:
+      experiment.train('fedavg', 'lasso', output_dir='unused', **given)
+    assert str(refused.value) == f'unknown settings: {says}.'
+  with pytest.raises(experiment.ConfigError, match=r'^unknown settings: samples \(did you'):
+    experiment.ExperimentConfig.of(algorithm='fedavg', samples=2)
+
+
 def test_train_takes_options_by_their_flag_names_and_refuses_unknown_ones(tmp_path):
   final = experiment.train(
     'fedavg', task='quadratic', rounds=2, output_dir=str(tmp_path), show_progress=False

@@ -368,7 +368,10 @@ def train(
     for h in registry.get_task(task_name).hparams
     if h.name not in COMMON_TASK_ARGS
   }
-  given = {k: v for k, v in settings_.items() if k in config_names or k not in own | set(task_own)}
+  unknown = set(settings_) - config_names - own - set(task_own)
+  if unknown:
+    raise experiment_config.unknown_settings(unknown, config_names | own | set(task_own))
+  given = {k: v for k, v in settings_.items() if k in config_names}
   config = ExperimentConfig.of(
     algorithm=algorithm,
     task=task,

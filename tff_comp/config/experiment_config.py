@@ -1,8 +1,9 @@
 """The settings of one run: `ExperimentConfig` collects the run's own (None: the task's
 default) and the records of the modules that own the rest (`tff_comp.settings`)."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 import dataclasses
+import difflib
 from typing import Any
 
 from tff_comp import registry, server_optimizers, settings
@@ -20,6 +21,17 @@ from tff_comp.settings import ConfigError
 def runtime_names() -> list[str]:
   """The --runtime choices: 'auto' and every registered runtime."""
   return ['auto', *registry.RUNTIMES.names()]
+
+
+def unknown_settings(unknown: Iterable[str], known: Iterable[str]) -> ConfigError:
+  """The error naming `unknown` settings, each with its nearest `known` name if one is
+  close (`byzantine` -> `byzantine_clients`, as absl suggests for a misspelt flag)."""
+  known = sorted(known)
+  named = []
+  for name in sorted(unknown):
+    close = difflib.get_close_matches(name, known, n=1)
+    named.append(f'{name} (did you mean {close[0]}?)' if close else name)
+  return ConfigError(f'unknown settings: {", ".join(named)}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,9 +173,10 @@ class ExperimentConfig:
     }
     runtime_owner = choice.setting_owners()
     own = {k: v for k, v in values.items() if k not in OWNER and k not in runtime_owner}
-    unknown = set(own) - {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(own) - names
     if unknown:
-      raise ConfigError(f'unknown settings: {", ".join(sorted(unknown))}.')
+      raise unknown_settings(unknown, names | set(OWNER) | set(runtime_owner))
     runtime_values = {k: v for k, v in values.items() if k in runtime_owner}
     if 'runtime_options' in own and runtime_values:
       raise ConfigError(
