@@ -23,7 +23,7 @@ from typing import Any
 
 from absl import app, flags
 
-from tff_comp.binaries import closed_stdout, curves, figures
+from tff_comp.binaries import closed_stdout, curves, figures, flag_check
 from tff_comp.binaries.flag_check import fail
 
 _METRICS = flags.DEFINE_list(
@@ -260,7 +260,11 @@ def _title(settings: list[dict[str, str]]) -> str:
 
 
 def _parse(argv: list[str]) -> list[str]:
-  """absl's parser with bad flags as one line and exit 2 (not its usage text)."""
+  """absl's parser with bad flags as one line and exit 2 (not its usage text), and its
+  help with exit status 0 (absl's help flags exit 1), as run.py's."""
+  if flag_check.asks_help(argv):
+    app.usage(shorthelp=not any(a.startswith('--helpfull') for a in argv), writeto_stdout=True)
+    sys.exit(0)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:

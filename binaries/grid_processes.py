@@ -19,7 +19,7 @@ import threadpoolctl
 from tff_comp import experiment as experiment_lib
 from tff_comp import signals
 from tff_comp import trials as trials_lib
-from tff_comp.binaries import reproductions
+from tff_comp.binaries import closed_stdout, reproductions
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime.inprocess import resident_data
 from tff_comp.runtime.ray import cluster as ray_cluster
@@ -162,14 +162,17 @@ def _unless_stopped(run, *args) -> Any:
 
 def _grid_process(threads: int, parent: int) -> None:
   """A `--parallel` process of the grid: its share of the cores (`_share_cores`), a
-  signal stopping its running configuration at its round's end (`tff_comp.signals`),
-  and, when its `parent` dies, SIGTERM and an exit once its unit stopped
-  (`_exit_when_orphaned`: a killed grid's processes ran on to their last round, then
-  waited for units forever, holding the grid's stderr)."""
+  signal stopping its running configuration at its round's end (`tff_comp.signals`), a
+  closed stdout no error (`closed_stdout`), and, when its `parent` dies, SIGTERM and an
+  exit once its unit stopped (`_exit_when_orphaned`: a killed grid's processes ran on to
+  their last round, then waited for units forever, holding the grid's stderr)."""
   signals.install()
   signals.on_parent_death(signal.SIGTERM)
   threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
   _share_cores(threads)
+  # Its stdout is the grid's: once that reader has gone (`reproduce.py | head -1`), its
+  # lines go nowhere instead of ending its unit in a BrokenPipeError.
+  sys.stdout = closed_stdout.PipeSafeStdout(sys.stdout)
 
 
 def _exit_when_orphaned(parent: int) -> None:

@@ -455,6 +455,40 @@ def test_bench_workloads_run(repo_root, workload, says):
 
 
 @pytest.mark.slow
+def test_a_reader_leaving_a_grid_early_is_not_an_error(repo_root, tmp_path):
+  """`reproduce.py ... | head -1`: the grid's --parallel processes print to the same
+  closed pipe; no BrokenPipeError traceback, every unit runs, the table is written."""
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      str(repo_root / 'binaries' / 'reproduce.py'),
+      '--experiment=fco_lasso',
+      '--rounds=2',
+      '--seeds=1',
+      '--algorithms=feddualavg',
+      '--client_learning_rates=0.001',
+      '--server_learning_rates=3,10',
+      '--parallel=2',
+      '--nobatch_trials',
+      f'--output_dir={tmp_path}',
+    ],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=repo_root,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
+  try:
+    proc.stdout.close()  # before anything is printed: reproduce.py imports TensorFlow first
+    stderr = proc.stderr.read()
+    proc.wait(timeout=300)
+  finally:
+    proc.kill()
+  assert proc.returncode == 0 and 'Error' not in stderr, stderr
+  assert '| feddualavg |' in (tmp_path / 'fco_lasso' / 'results.md').read_text()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL])
 def test_a_grids_processes_stop_with_it(repo_root, tmp_path, sig):
   """`kill` (SIGTERM) reaches reproduce.py's parent alone: it forwards the signal to its

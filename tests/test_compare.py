@@ -127,6 +127,16 @@ def test_by_default_runs_are_named_by_the_settings_they_differ_in(repo_root, run
   assert '<!-- quadratic -->' not in (tmp_path / 'compare.svg').read_text()
 
 
+@pytest.mark.parametrize('flag', ['--help', '--helpfull'])
+def test_help_is_the_usage_and_exit_status_0(repo_root, tmp_path, flag):
+  """As run.py's (absl's help flags exit 1): its docstring and flags, the libraries'
+  with --helpfull."""
+  out = _compare(repo_root, flag, cwd=tmp_path)
+  assert out.returncode == 0 and not out.stderr, out.stderr
+  assert out.stdout.startswith('Compares runs') and '--labels' in out.stdout
+  assert ('absl.logging' in out.stdout) == (flag == '--helpfull')
+
+
 def test_a_reader_leaving_early_is_not_an_error(repo_root, runs, tmp_path):
   """`compare.py ... | head -1`: no BrokenPipeError traceback; the figures are written."""
   proc = subprocess.Popen(
