@@ -19,6 +19,7 @@ from absl import app, flags
 import pdoc
 
 import tff_comp
+from tff_comp.binaries import closed_stdout
 
 _OUTPUT = flags.DEFINE_string('output_dir', 'build/api', 'Where the HTML goes.')
 
@@ -41,6 +42,7 @@ def modules() -> list[str]:
   return specs
 
 
+@closed_stdout.closing_stdout_quietly
 def main(argv: list[str]) -> None:
   del argv
   for name in tff_comp.__all__:  # the lazy exports, loaded for pdoc to see

@@ -101,6 +101,7 @@ from tff_comp.binaries import (
   bench_grid,
   bench_peers,
   bench_workloads,
+  closed_stdout,
   flags_lib,
   reproductions,  # noqa: F401 (registers the built-in grids: --grid_experiment)
 )
@@ -400,6 +401,7 @@ def part4(rounds: int, per_round: int) -> None:
   )
 
 
+@closed_stdout.closing_stdout_quietly
 def main(argv):
   if len(argv) > 1:
     flags_lib.fail(f'unexpected arguments: {" ".join(argv[1:])}')

@@ -454,6 +454,28 @@ def test_bench_workloads_run(repo_root, workload, says):
   assert says in out.stdout, out.stdout
 
 
+def test_every_binary_takes_a_closed_stdout(repo_root):
+  """Every binary's `main` given to absl's `app.run` is wrapped by
+  `closed_stdout.closing_stdout_quietly` (`bench.py | head -1` ended in a traceback),
+  read from the source; worker.py is exempt: it execs TFF's worker binary."""
+  unwrapped = []
+  for path in sorted((repo_root / 'binaries').glob('*.py')):
+    tree = ast.parse(path.read_text())
+    runs = [
+      node.args[0].id
+      for node in ast.walk(tree)
+      if isinstance(node, ast.Call)
+      and ast.unparse(node.func) == 'app.run'
+      and isinstance(node.args[0], ast.Name)
+    ]
+    for node in tree.body:
+      if isinstance(node, ast.FunctionDef) and node.name in runs:
+        wrapped = 'closed_stdout.closing_stdout_quietly' in map(ast.unparse, node.decorator_list)
+        if not wrapped and path.name != 'worker.py':
+          unwrapped.append(f'{path.name}:{node.name}')
+  assert not unwrapped
+
+
 @pytest.mark.slow
 def test_a_reader_leaving_a_grid_early_is_not_an_error(repo_root, tmp_path):
   """`reproduce.py ... | head -1`: the grid's --parallel processes print to the same
