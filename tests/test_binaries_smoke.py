@@ -212,6 +212,18 @@ def _reproduce(repo_root, args):
   )
 
 
+def _start_reproduce(repo_root, args, stdout) -> subprocess.Popen:
+  """reproduce.py running with `args`, its stdout `stdout` and its stderr a pipe."""
+  return subprocess.Popen(
+    [sys.executable, str(repo_root / 'binaries' / 'reproduce.py'), *args],
+    stdout=stdout,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=repo_root,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
+
+
 def test_summarizing_a_grid_not_run_there_is_one_line(repo_root, tmp_path):
   """--summarize_only where the grid's runs are not (a wrong --output_dir) says so in one
   line and exit status 2, and leaves no directory behind; it was a traceback."""
@@ -480,10 +492,9 @@ def test_every_binary_takes_a_closed_stdout(repo_root):
 def test_a_reader_leaving_a_grid_early_is_not_an_error(repo_root, tmp_path):
   """`reproduce.py ... | head -1`: the grid's --parallel processes print to the same
   closed pipe; no BrokenPipeError traceback, every unit runs, the table is written."""
-  proc = subprocess.Popen(
+  proc = _start_reproduce(
+    repo_root,
     [
-      sys.executable,
-      str(repo_root / 'binaries' / 'reproduce.py'),
       '--experiment=fco_lasso',
       '--rounds=2',
       '--seeds=1',
@@ -494,11 +505,7 @@ def test_a_reader_leaving_a_grid_early_is_not_an_error(repo_root, tmp_path):
       '--nobatch_trials',
       f'--output_dir={tmp_path}',
     ],
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-    cwd=repo_root,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+    subprocess.PIPE,
   )
   try:
     proc.stdout.close()  # before anything is printed: reproduce.py imports TensorFlow first
@@ -520,10 +527,9 @@ def test_a_grids_processes_stop_with_it(repo_root, tmp_path, sig):
   their last round before, either way; then, orphaned, they waited for more units
   forever, holding the grid's stderr (this test hung in `communicate`)."""
   out_dir = tmp_path / 'g'
-  proc = subprocess.Popen(
+  proc = _start_reproduce(
+    repo_root,
     [
-      sys.executable,
-      str(repo_root / 'binaries' / 'reproduce.py'),
       '--experiment=fco_lasso',
       '--rounds=100000',
       '--seeds=1',
@@ -531,11 +537,7 @@ def test_a_grids_processes_stop_with_it(repo_root, tmp_path, sig):
       '--nobatch_trials',
       f'--output_dir={out_dir}',
     ],
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.PIPE,
-    text=True,
-    cwd=repo_root,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+    subprocess.DEVNULL,
   )
   children = []
   try:
