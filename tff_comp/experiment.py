@@ -357,11 +357,7 @@ def train(
     )
   entry = registry.get_algorithm(algorithm)
   task_name = task or entry.home_task or DEFAULT_TASK
-  config_names = (
-    {f.name for f in dataclasses.fields(ExperimentConfig)}
-    | set(experiment_config.OWNER)
-    | set(choice.setting_owners())
-  )
+  config_names = experiment_config.setting_names()
   own = {h.name for h in entry.hparams} - set(COMMON_ALGORITHM_ARGS)
   task_own = {
     f'{task_name}_{h.name}': h.name

@@ -173,10 +173,9 @@ class ExperimentConfig:
     }
     runtime_owner = choice.setting_owners()
     own = {k: v for k, v in values.items() if k not in OWNER and k not in runtime_owner}
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(own) - names
+    unknown = set(own) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
-      raise unknown_settings(unknown, names | set(OWNER) | set(runtime_owner))
+      raise unknown_settings(unknown, setting_names())
     runtime_values = {k: v for k, v in values.items() if k in runtime_owner}
     if 'runtime_options' in own and runtime_values:
       raise ConfigError(
@@ -317,3 +316,13 @@ GROUPS: dict[str, type] = {
   if isinstance(f.type, type) and dataclasses.is_dataclass(f.type)
 }
 OWNER = {spec.name: group for group, record in GROUPS.items() for spec in settings.specs(record)}
+
+
+def setting_names() -> set[str]:
+  """Every name `ExperimentConfig.of` takes: the config's fields, its records' settings
+  and the registered runtimes'."""
+  return (
+    {f.name for f in dataclasses.fields(ExperimentConfig)}
+    | set(OWNER)
+    | set(choice.setting_owners())
+  )
