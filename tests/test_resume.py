@@ -2,6 +2,7 @@
 uninterrupted one; metrics.csv and TensorBoard hold every round once."""
 
 import csv
+import errno
 import json
 import os
 import pathlib
@@ -567,6 +568,20 @@ def test_a_lock_that_is_a_directory_is_one_line(tmp_path):
     r' \(Is a directory\)',
   ):
     _train(tmp_path)
+
+
+def test_an_output_dir_the_os_refuses_is_one_line(tmp_path, monkeypatch):
+  """A refusal the checks before cannot foresee (a full disk here; root under /proc)."""
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(pathlib.Path, 'mkdir', full)
+  with pytest.raises(
+    experiment.ConfigError,
+    match=r'^--output_dir=.*/new cannot be created \(No space left on device\)\.$',
+  ):
+    _train(tmp_path / 'new')
 
 
 def test_the_run_files_take_the_umask_mode_not_a_temporary_files(tmp_path):

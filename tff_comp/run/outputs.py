@@ -315,7 +315,7 @@ def load_model(path: str | os.PathLike) -> Any:
 
 class OutputDirInUse(RuntimeError):
   """The output directory cannot be locked: another process runs there (the message
-  names its pid), or its lock file cannot be opened."""
+  names its pid), or it or its lock file cannot be created or opened."""
 
 
 @contextlib.contextmanager
@@ -323,7 +323,12 @@ def output_lock(output_dir: pathlib.Path):
   """Holds an advisory lock on `output_dir/.lock` (holding this process's pid) while the
   context runs, so two runs or resumes never write one directory; raises OutputDirInUse
   when another process holds it. The OS releases it when the holder dies."""
-  output_dir.mkdir(parents=True, exist_ok=True)
+  try:
+    # The checks before (`run_directory.check_output_dir`) cannot foresee every refusal:
+    # root passes os.access under /proc, a disk fills, a mount turns read-only.
+    output_dir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise OutputDirInUse(f'--output_dir={output_dir} cannot be created ({e.strerror}).') from None
   try:
     lock = open(output_dir / '.lock', 'a+')
   except OSError as e:  # a directory, or unreadable, in its place
