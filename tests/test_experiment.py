@@ -341,3 +341,19 @@ def test_train_takes_a_whole_config_and_refuses_settings_beside_it():
     experiment.train(config, 'lasso', rounds=3)
   with pytest.raises(experiment.ConfigError, match='a registered name or an ExperimentConfig'):
     experiment.train(42)
+
+
+def test_train_joins_options_by_name_and_given_whole(monkeypatch):
+  """`algorithm_options=` and `task_options=` (the config's fields) join the options
+  given by name; a name in both is refused."""
+  configs = []
+  monkeypatch.setattr(experiment, 'run_experiment', lambda prepared, **_: configs.append(prepared))
+  experiment.train(
+    'fedprox', 'lasso', mu=0.1, task_options={'dataset': 'II'}, algorithm_options={}, rounds=1
+  )
+  experiment.train('fedprox', 'lasso', algorithm_options={'mu': 0.1}, lasso_dataset='II', rounds=1)
+  by_name, whole = (prepared.config for prepared in configs)
+  assert by_name == whole
+  assert by_name.algorithm_options == {'mu': 0.1} and by_name.task_options == {'dataset': 'II'}
+  with pytest.raises(experiment.ConfigError, match=r'^mu given both by name and in algorithm_opt'):
+    experiment.train('fedprox', 'lasso', mu=0.1, algorithm_options={'mu': 0.2})

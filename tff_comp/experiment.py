@@ -335,7 +335,8 @@ def train(
   """Trains the registered `algorithm` on `task` (None: its home task); returns the final
   evaluation metrics. Settings go by their flags' names: the run's and its records'
   (`ExperimentConfig.of`: `rounds=50`, `sampling='poisson'`), the algorithm's options
-  (`mu=0.1`) and the task's (`lasso_dataset='II'`, as `--lasso_dataset`). `algorithm`
+  (`mu=0.1`) and the task's (`lasso_dataset='II'`, as `--lasso_dataset`), these two
+  also whole (`algorithm_options={'mu': 0.1}`, `task_options={'dataset': 'II'}`). `algorithm`
   may instead be a whole `ExperimentConfig` (then nothing else is given). `callbacks`
   join `default_callbacks` before the progress line.
 
@@ -368,11 +369,18 @@ def train(
   if unknown:
     raise experiment_config.unknown_settings(unknown, config_names | own | set(task_own))
   given = {k: v for k, v in settings_.items() if k in config_names}
-  config = ExperimentConfig.of(
-    algorithm=algorithm,
-    task=task,
-    **given,
-    algorithm_options={k: v for k, v in settings_.items() if k not in given and k in own},
-    task_options={task_own[k]: v for k, v in settings_.items() if k not in given and k in task_own},
-  )
+  # The options by name (`mu=0.1`) join those given whole (`algorithm_options={...}`,
+  # the config's own field), each name given once.
+  options = {
+    'algorithm_options': {k: v for k, v in settings_.items() if k not in given and k in own},
+    'task_options': {
+      task_own[k]: v for k, v in settings_.items() if k not in given and k in task_own
+    },
+  }
+  for field, named in options.items():
+    whole = dict(given.pop(field, None) or {})
+    if twice := sorted(set(whole) & set(named)):
+      raise ConfigError(f'{", ".join(twice)} given both by name and in {field}: give one.')
+    named.update(whole)
+  config = ExperimentConfig.of(algorithm=algorithm, task=task, **given, **options)
   return run_experiment(prepare(config), show_progress=show_progress, callbacks=callbacks)
