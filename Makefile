@@ -26,9 +26,10 @@ $(STAMP): requirements/tff.txt requirements/dev.txt requirements/ray.txt setup.c
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -c "import tensorflow_federated, tff_comp, tff_comp.tasks, tff_comp.binaries; print('tff_comp installed with TFF', tensorflow_federated.__version__)"
 	touch $(STAMP)
 
-# The main job: FedDualAvg on federated LASSO (built-in generated data).
+# The main job: FedDualAvg on federated LASSO (built-in generated data). Resumed: run
+# again, it reports the finished run (or continues one stopped with Ctrl-C).
 run: install
-	$(PY) binaries/run.py --algo=feddualavg --task=lasso
+	$(PY) binaries/run.py --algo=feddualavg --task=lasso --resume
 
 # The linter, the formatter's check and the type checker (pyproject.toml); CI runs it
 # before the tests.

@@ -172,6 +172,12 @@ def test_resume_replays_partial_participation_dropout_and_stragglers(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_resume_with_no_run_there_starts_one_and_says_so(tmp_path, capsys):
+  _train(tmp_path / 'new', rounds=1, resume=True, show=True)
+  assert 'resuming: no run here yet, starting from round 0' in capsys.readouterr().out
+  assert [r['round'] for r in _rows(tmp_path / 'new')] == ['0', '1']
+
+
 def test_resume_can_extend_a_finished_run(tmp_path, uninterrupted, capsys):
   """A finished run of 7 rounds (not a multiple of the checkpoint interval, 3) saved
   its last round; resumed as it was it says it has nothing left, and the extension says

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -153,8 +154,21 @@ BAD_INPUT = [
     'training diverged at round',
   ),
 ]
+
+
+def _make_run_args() -> list[str]:
+  """run.py's arguments in the Makefile's `run` recipe (make run's job)."""
+  makefile = (pathlib.Path(__file__).resolve().parent.parent / 'Makefile').read_text()
+  recipe = makefile[makefile.index('\nrun: ') :].splitlines()[2]
+  return recipe.split('binaries/run.py', 1)[1].split()
+
+
+# make run's job, two rounds of it, twice: the second reports the finished run.
+MAKE_RUN = [*_make_run_args(), '--rounds=2', '--output_dir={make_run}']
 # Runs that succeed, in this order, in the same interpreter as BAD_INPUT.
 GOOD_INPUT = [
+  MAKE_RUN,
+  MAKE_RUN,
   ['--flagfile={flagfile}'],
   ['--algo=per_fedavg', '--rounds=1', '--output_dir={per_fedavg}'],
   ['--algo=fedavg', '--task=quadratic', '--rounds=2', '--output_dir={rerun}'],
@@ -203,6 +217,7 @@ def cli_runs(repo_root, tmp_path_factory):
       'per_fedavg',
       'tb_file',
       'private',
+      'make_run',
     )
   }
   paths['binary'].write_bytes(bytes(range(256)))
@@ -255,8 +270,20 @@ def test_divergence_keeps_the_initial_metrics(cli_runs):
   assert rows[1].startswith('0,')  # the initial evaluation is kept
 
 
+def test_make_run_again_reports_the_finished_run(cli_runs):
+  """A second `make run` (its recipe resumes) says the run is done and shows its final
+  evaluation, exit 0, its rows written once (it stopped at 'holds another run')."""
+  results, paths = cli_runs
+  returncode, stdout, stderr = results[' '.join(MAKE_RUN)]
+  assert returncode == 0, stderr
+  assert 'resuming from round 2: the run had reached its 2 rounds' in stdout, stdout
+  assert 'final evaluation:' in stdout
+  with (paths['make_run'] / 'metrics.csv').open() as f:
+    assert [row['round'] for row in csv.DictReader(f)] == ['0', '1', '2']
+
+
 def test_flagfile_and_algorithm_and_task_flags(cli_runs):
-  returncode, _, stderr = cli_runs[0][' '.join(GOOD_INPUT[0])]
+  returncode, _, stderr = cli_runs[0][' '.join(GOOD_INPUT[2])]
   assert returncode == 0, stderr
   config = json.loads((cli_runs[1]['flagfile_out'] / 'config.json').read_text())
   assert config['algorithm_options'] == {'mu': 0.1}
@@ -265,18 +292,18 @@ def test_flagfile_and_algorithm_and_task_flags(cli_runs):
 
 def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
   results, paths = cli_runs
-  returncode, stdout, stderr = results[' '.join(GOOD_INPUT[1])]
+  returncode, stdout, stderr = results[' '.join(GOOD_INPUT[3])]
   assert returncode == 0, stderr
   assert 'per_fedavg on sinewave:' in stdout and ', 10 local steps,' in stdout
   # FedAvg's local_steps of 0 means epochs (the header said '0 local steps').
-  header = results[' '.join(GOOD_INPUT[2])][1].splitlines()[0]
+  header = results[' '.join(GOOD_INPUT[4])][1].splitlines()[0]
   assert ', 1 epoch(s),' in header and 'local steps' not in header, header
   # Its choices among variants, which metrics.csv's hparams do not log.
   assert ', variant fo, client weighting uniform,' in stdout
   assert re.search(r'\d+ clients/round \(uniform\)', stdout) and 'None (None)' not in stdout
   # The final evaluation and the centralized reference line up (the labels were cut to
   # 12 columns): every value starts in one column.
-  _, lasso_out, _ = results[' '.join(GOOD_INPUT[0])]
+  _, lasso_out, _ = results[' '.join(GOOD_INPUT[2])]
   table = lasso_out[lasso_out.index('final evaluation:') :].splitlines()
   rows = [line for line in table if line.startswith('  ')]
   assert 'centralized reference:' in table and len(rows) > 4
@@ -292,9 +319,9 @@ def test_header_says_what_runs_and_rounds_log_what_defines_the_method(cli_runs):
 
 def test_overwrite_replaces_a_run_and_seeds_are_separate(cli_runs):
   results, paths = cli_runs
-  assert [results[' '.join(a)][0] for a in GOOD_INPUT[2:4]] == [0, 0]
+  assert [results[' '.join(a)][0] for a in GOOD_INPUT[4:6]] == [0, 0]
   # The header says when the task's batch size replaces the builder's.
-  assert "batch 1 (task quadratic's; fedavg alone uses 10)" in results[' '.join(GOOD_INPUT[2])][1]
+  assert "batch 1 (task quadratic's; fedavg alone uses 10)" in results[' '.join(GOOD_INPUT[4])][1]
   assert len(list((paths['rerun'] / 'tensorboard').glob('events.*'))) == 1
   config = json.loads((paths['rerun'] / 'config.json').read_text())
   assert (config['seed'], config['data_seed']) == (3, 5)
@@ -304,7 +331,7 @@ def test_the_console_shows_the_clock_late_clients_and_the_privacy_spent(cli_runs
   """A run with devices or DP showed neither its simulated time, nor its late clients,
   nor, at the end, the epsilon it spent."""
   results, paths = cli_runs
-  returncode, stdout, stderr = results[' '.join(GOOD_INPUT[4])]
+  returncode, stdout, stderr = results[' '.join(GOOD_INPUT[6])]
   assert returncode == 0, stderr
   with open(paths['private'] / 'metrics.csv', newline='') as f:
     last = list(csv.DictReader(f))[-1]

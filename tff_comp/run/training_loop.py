@@ -206,10 +206,12 @@ def standard_callbacks(
   ]
 
 
-def _resuming(done: int, rounds: int) -> str:
-  """The line a resumed run starts with: where from, and that a finished run has nothing
-  left (its final evaluation follows)."""
+def _resuming(done: int, rounds: int, begun: bool) -> str:
+  """The line a resumed run starts with: where from (`begun`: the directory held a run),
+  and that a finished run has nothing left (its final evaluation follows)."""
   if not done:
+    if not begun:
+      return 'resuming: no run here yet, starting from round 0'
     return 'resuming: no checkpoint was saved, starting from round 0'
   if done >= rounds:
     return (
@@ -280,9 +282,10 @@ def run_simulation(
     )
   loop.initial_hparams = runtime.get_hparams(loop.state)
   if resume:
+    begun = (output_dir / 'metrics.csv').exists()
     _restore(loop, saved)
     if show_progress:
-      print(_resuming(loop.done, rounds), flush=True)
+      print(_resuming(loop.done, rounds, begun), flush=True)
   else:
     _start_fresh(loop, saved)
   try:
