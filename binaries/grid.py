@@ -46,6 +46,23 @@ def run_dir(root, algorithm, config, seed, seeds, names=()) -> pathlib.Path:
   return out / f'seed_{seed}' if len(seeds) > 1 else out
 
 
+def run_dirs(
+  root: pathlib.Path,
+  spec: reproductions.Reproduction,
+  algorithm: str,
+  seeds,
+  only=None,
+) -> list[pathlib.Path]:
+  """The run directories of `algorithm` in the grid (`run_dir`), seed by seed: of every
+  seed in `seeds`, or of those `only` lists."""
+  names = list(reproductions.axes(spec, algorithm))
+  return [
+    run_dir(root, algorithm, config, s, seeds, names)
+    for s in (seeds if only is None else only)
+    for config in reproductions.configurations(spec, algorithm)
+  ]
+
+
 def _config(
   spec: reproductions.Reproduction,
   algorithm: str,
@@ -304,12 +321,7 @@ def run_grid(
     )
   labels = [a if seed is None else f'{a}, seed {seed}' for a, seed in units]
   unit_runs = [
-    [
-      run_dir(root, a, config, s, seeds, list(reproductions.axes(spec, a)))
-      for s in (seeds if seed is None else [seed])
-      for config in reproductions.configurations(spec, a)
-    ]
-    for a, seed in units
+    run_dirs(root, spec, a, seeds, None if seed is None else [seed]) for a, seed in units
   ]
   with grid_progress.GridProgress(
     labels, unit_runs, rounds, every=progress_every, replacing=overwrite

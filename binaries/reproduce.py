@@ -47,7 +47,7 @@ from tff_comp import experiment as experiment_lib
 from tff_comp import registry, signals
 from tff_comp import trials as trials_lib
 from tff_comp.binaries import closed_stdout, flags_lib, grid, grid_processes, reproductions, summary
-from tff_comp.config import experiment_config
+from tff_comp.config import experiment_config, run_directory
 from tff_comp.runtime import base as runtime_base
 from tff_comp.runtime import inprocess
 from tff_comp.runtime.ray import cluster as ray_cluster
@@ -220,6 +220,18 @@ def _reproduce(argv):
       curves = grid.read_grid(spec, seeds, root)
     except FileNotFoundError as e:
       flags_lib.fail(f'--summarize_only: {e}')
+  if not (_SUMMARIZE_ONLY.value or _OVERWRITE.value or _RESUME.value):
+    # Said before the grid starts (each run's own check refused the first it met, after
+    # the grid's processes had started).
+    runs = [path for a in spec.algorithms for path in grid.run_dirs(root, spec, a, seeds)]
+    held = [path for path in runs if any((path / f).exists() for f in run_directory.RUN_FILES)]
+    if held:
+      flags_lib.fail(
+        f'--output_dir={_OUTPUT.value} holds {len(held)} of the {len(runs)} runs of {name}'
+        f' (the first: {held[0]}); pass --resume to read the finished ones back and run the'
+        ' rest, --overwrite to run them anew, or --summarize_only to rebuild the table from'
+        ' them.'
+      )
   root.mkdir(parents=True, exist_ok=True)
   # The command that ran, as it was given (flag values included).
   command = ' '.join(['python binaries/reproduce.py', *sys.argv[1:]])

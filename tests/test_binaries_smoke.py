@@ -16,6 +16,7 @@ import time
 import psutil
 import pytest
 
+from tff_comp import registry
 from tff_comp.binaries import grid, reproductions, summary
 
 
@@ -58,8 +59,6 @@ def test_every_built_in_comparison_tunes_each_method_alike():
   """Equal budgets: in each built-in experiment every method's grid has the same size,
   3 seeds run, and configurations are chosen on another metric than the one reported
   (validation data, or the objective the optimization papers minimize)."""
-  from tff_comp import registry
-
   for name in registry.REPRODUCTIONS.names():
     spec = registry.REPRODUCTIONS.get(name).build()
     sizes = {a: len(reproductions.configurations(spec, a)) for a in spec.algorithms}
@@ -222,6 +221,27 @@ def _start_reproduce(repo_root, args, stdout) -> subprocess.Popen:
     cwd=repo_root,
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
   )
+
+
+def test_a_grid_already_run_there_is_one_line_before_any_unit_starts(repo_root, tmp_path):
+  """reproduce.py run twice into one --output_dir: the second said the first of its runs
+  held another run, after its processes had started."""
+  spec = registry.REPRODUCTIONS.get('fco_lasso').build()
+  held = grid.run_dirs(tmp_path / 'fco_lasso', spec, spec.algorithms[-1], spec.seeds)[-1]
+  held.mkdir(parents=True)
+  (held / 'metrics.csv').write_text('round\n0\n')
+  out = _reproduce(repo_root, ['--experiment=fco_lasso', '--rounds=1', f'--output_dir={tmp_path}'])
+  assert out.returncode == 2, out.stderr
+  runs = sum(len(reproductions.configurations(spec, a)) for a in spec.algorithms) * len(spec.seeds)
+  assert out.stderr.strip() == (
+    f'reproduce.py: error: --output_dir={tmp_path} holds 1 of the {runs} runs of fco_lasso'
+    f' (the first: {held}); pass --resume to read the'
+    ' finished ones back and run the rest, --overwrite to run them anew, or'
+    ' --summarize_only to rebuild the table from them.'
+  )
+  assert out.stdout == '' and [p.name for p in (tmp_path / 'fco_lasso').iterdir()] == [
+    spec.algorithms[-1]
+  ]
 
 
 def test_summarizing_a_grid_not_run_there_is_one_line(repo_root, tmp_path):
