@@ -282,7 +282,9 @@ def _reproduce(argv):
       f'Took {minutes} min {seconds} s on {summary.machine()},'
       f' {datetime.date.today()} ('
       + (f'--ray_address={_RAY_ADDRESS.value}' if _RAY_ADDRESS.value else f'--parallel={parallel}')
-      + f', --{"" if _BATCH_TRIALS.value else "no"}batch_trials).'
+      + f', --{"" if _BATCH_TRIALS.value else "no"}batch_trials'
+      + (', --resume: the runs finished before were read back, untimed' if _RESUME.value else '')
+      + ').'
     )
   print(summary.summarize(name, spec, curves, rounds, root, command, provenance))
   print(

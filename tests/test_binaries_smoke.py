@@ -327,6 +327,14 @@ def test_reproduce_is_steered_from_the_command_line_and_records_it(repo_root, tm
   assert (
     f'{took} Tables and plot rewritten by `python binaries/reproduce.py {" ".join(again)}`.\n'
   ) in rewritten, rewritten
+  # Resumed, the grid's time is this run's alone, and the record says so.
+  out = _reproduce(repo_root, [*args, '--resume'])
+  assert out.returncode == 0, out.stderr
+  assert re.search(
+    r'Took \d+ min \d+ s .*\(--parallel=1, --batch_trials, --resume: the runs finished'
+    r' before were read back, untimed\)\.\n',
+    (tmp_path / 'fco_lasso' / 'results.md').read_text(),
+  )
   bad = _reproduce(repo_root, ['--client_learning_rates=fast', f'--output_dir={tmp_path}'])
   assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
