@@ -5,6 +5,7 @@ all of an algorithm's configurations and seeds as batched trials, `tff_comp.tria
 and the curves read back from each run's metrics.csv."""
 
 import collections
+from collections.abc import Sequence
 import pathlib
 import time
 from typing import Any
@@ -50,8 +51,8 @@ def run_dirs(
   root: pathlib.Path,
   spec: reproductions.Reproduction,
   algorithm: str,
-  seeds,
-  only=None,
+  seeds: Sequence[int],
+  only: Sequence[int] | None = None,
 ) -> list[pathlib.Path]:
   """The run directories of `algorithm` in the grid (`run_dir`), seed by seed: of every
   seed in `seeds`, or of those `only` lists."""

@@ -224,7 +224,7 @@ def _reproduce(argv):
     # Said before the grid starts (each run's own check refused the first it met, after
     # the grid's processes had started).
     runs = [path for a in spec.algorithms for path in grid.run_dirs(root, spec, a, seeds)]
-    held = [path for path in runs if any((path / f).exists() for f in run_directory.RUN_FILES)]
+    held = [path for path in runs if run_directory.run_files(path)]
     if held:
       flags_lib.fail(
         f'--output_dir={_OUTPUT.value} holds {len(held)} of the {len(runs)} runs of {name}'

@@ -64,6 +64,11 @@ def _check_length(path: pathlib.Path) -> None:
     )
 
 
+def run_files(path: pathlib.Path) -> list[str]:
+  """The `RUN_FILES` a directory holds (none: it holds no run)."""
+  return [name for name in RUN_FILES if (path / name).exists()]
+
+
 def check_output_dir(
   output_dir: str | os.PathLike, overwrite: bool = False, resume: bool = False
 ) -> None:
@@ -76,7 +81,7 @@ def check_output_dir(
   if path.exists() and not path.is_dir():
     raise ConfigError(f'--output_dir={path} is a file, not a directory.')
   if path.is_dir():
-    found = [name for name in RUN_FILES if (path / name).exists()]
+    found = run_files(path)
     blocked = [name for name in RUN_DIRS if name in found and not (path / name).is_dir()]
     if blocked:
       raise ConfigError(
