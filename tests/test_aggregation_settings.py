@@ -5,6 +5,7 @@ every combination that cannot work (or a setting that would be ignored) refused 
 line before any work."""
 
 import csv
+import dataclasses
 import json
 import math
 
@@ -157,15 +158,34 @@ def test_batched_trials_with_a_robust_chain_equal_their_separate_runs(tmp_path):
     (dict(aggregator='median', clip_norm=1.0), '--clip_norm sets a clipping or DP aggregator'),
     (
       dict(aggregator='krum', byzantine_clients=2, clients_per_round=5),
-      '--aggregator=krum with --byzantine_clients=2 needs at least 2 f + 3 = 7 clients',
+      '--aggregator=krum needs at least 7 rows a round (2 f + 3 with f = 2):'
+      ' --clients_per_round=5.',
     ),
     (
       dict(aggregator='multi_krum', multi_krum_select=6, clients_per_round=5),
-      '--multi_krum_select=6 is more rows than a round has (--clients_per_round=5)',
+      '--aggregator=multi_krum needs at least 6 rows a round (it averages the 6 rows',
     ),
     (
       dict(aggregator='bulyan', byzantine_clients=1, clients_per_round=5),
-      '--aggregator=bulyan with --byzantine_clients=1 needs at least 4 f + 3 = 7 clients',
+      '--aggregator=bulyan needs at least 7 rows a round (4 f + 3 with f = 1)',
+    ),
+    (
+      dict(aggregator='median', clients_per_round=2),
+      '--aggregator=median needs at least 3 rows a round (the median of two rows is their'
+      ' mean): --clients_per_round=2.',
+    ),
+    (
+      dict(aggregator='geometric_median', clients_per_round=2),
+      '--aggregator=geometric_median needs at least 3 rows a round',
+    ),
+    (
+      dict(aggregator='trimmed_mean', clients_per_round=5),
+      '--aggregator=trimmed_mean needs at least 10 rows a round (it drops floor(0.1 m)',
+    ),
+    (  # Krum reads the buckets: 3 of them
+      dict(aggregator='krum', pre_aggregation='bucketing', bucket_size=2, clients_per_round=6),
+      '--aggregator=krum needs at least 5 rows a round (2 f + 3 with f = 1):'
+      ' --clients_per_round=6 gives 3 after --pre_aggregation=bucketing.',
     ),
     (
       dict(aggregator='centered_clip', centered_clip_tau=1e-300),
@@ -184,6 +204,21 @@ def test_what_cannot_work_is_one_line_before_any_work(tmp_path, settings, says):
     experiment.prepare(_config(tmp_path, **settings))
   assert says in str(error.value) and '\n' not in str(error.value)
   assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_trimmed_mean_asked_to_trim_nothing_runs():
+  options = aggregation_settings.AggregationOptions(aggregator='trimmed_mean', trim_fraction=0.0)
+  assert options.chain(None, clients_per_round=2).combiner.beta == 0.0
+  kept = dataclasses.replace(options, trim_fraction=0.2)  # floor(0.2 x 5) = 1 at each end
+  assert kept.chain(None, clients_per_round=5).combiner.beta == 0.2
+
+
+def test_multi_krum_averages_m_minus_f_of_the_rows_it_reads():
+  """After bucketing, the m of Multi-Krum's m - f is the buckets' count."""
+  options = aggregation_settings.AggregationOptions(
+    aggregator='multi_krum', byzantine_clients=1, pre_aggregation='bucketing', bucket_size=2
+  )
+  assert options.chain(None, clients_per_round=11).combiner.select == 5  # 6 buckets
 
 
 def test_multi_krum_averages_m_minus_f_rows_by_default():

@@ -65,6 +65,18 @@ def test_trimmed_mean_is_scipys(beta):
   np.testing.assert_allclose(got, scipy.stats.trim_mean(X, beta, axis=0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('beta', [0.05, 0.1, 0.15, 0.3, 0.35, 0.49])
+def test_a_trimmed_means_fewest_rows_are_the_fewest_it_trims(beta):
+  """min_rows: the least m at which `combine` drops a value (one fewer: the mean)."""
+  combiner = agg.TrimmedMean(beta)
+  m = combiner.min_rows()[0]
+  x = np.random.default_rng(0).normal(size=(m, 3)).astype(np.float32)
+  for rows, trims in ((m, True), (m - 1, False)):
+    got = combiner.combine(combiner.initial_state(), tf.constant(x[:rows]), tf.ones([rows]))[0]
+    is_the_mean = np.allclose(got, x[:rows].mean(0), atol=1e-6)
+    assert is_the_mean != trims, (rows, got)
+
+
 def _krum_reference(x, f, select):
   return x[numpy_reference.krum_chosen(x, f, select)].mean(0)
 

@@ -123,7 +123,9 @@ SETTINGS = {
     attack='alie',
     attack_fraction=0.3,
   ),
-  'trimmed-mean-qsgd': dict(engine='mapped', aggregator='trimmed_mean', compression='qsgd'),
+  'trimmed-mean-qsgd': dict(
+    engine='mapped', aggregator='trimmed_mean', trim_fraction=0.4, compression='qsgd'
+  ),
   'krum-rand-k-sign-flip': dict(
     engine='lanes', aggregator='krum', byzantine_clients=0, compression='rand_k', attack='sign_flip'
   ),

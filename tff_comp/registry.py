@@ -402,14 +402,16 @@ def register_runtime(
 
 
 def register_combiner(name: str, *, options: type | None = None):
-  """Registers a combiner builder `(options, clients_per_round) -> ops.aggregators.Combiner`
-  that `--aggregator=name` chooses. `options`: its settings record (a frozen dataclass of
-  `tff_comp.settings.setting` fields; None: it has none), whose fields become flags of
-  the run's aggregation record (`aggregation_settings.AggregationOptions`) applying with
-  `--aggregator=name` (a field several combiners declare, alike, applies with each);
-  `options` is an instance of it. The builder raises ValueError, one line naming the
-  flags, for settings a cohort of `clients_per_round` cannot take. The first sentence
-  of its docstring is its line in `--aggregator`'s help."""
+  """Registers a combiner builder `(options, rows) -> ops.aggregators.Combiner` that
+  `--aggregator=name` chooses; `rows`: those it reads a round (--clients_per_round, or
+  what a pre-aggregation makes of them). `options`: its settings record (a frozen
+  dataclass of `tff_comp.settings.setting` fields; None: it has none), whose fields
+  become flags of the run's aggregation record (`aggregation_settings.AggregationOptions`)
+  applying with `--aggregator=name` (a field several combiners declare, alike, applies
+  with each); `options` is an instance of it. The settings refuse rows below the
+  combiner's `min_rows`; the builder raises ValueError, one line naming the flags, for
+  other settings it cannot take. The first sentence of its docstring is its line in
+  `--aggregator`'s help."""
   return COMBINERS.register(name, metadata=dict(options=options))
 
 

@@ -177,10 +177,17 @@ class _AggregationOptions:
         compressor = aggregators.ErrorFeedback(compressor.for_error_feedback(), self.error_feedback)
       stages.append(compressor)
     votes = bool(compression) and compression[-1].votes
-    combiner = self._combiner(private, clients_per_round, votes)
-    pre = None
+    pre, rows, given = None, clients_per_round, f'--clients_per_round={clients_per_round}'
     if self.pre_aggregation != 'none':
       pre = self._built(registry.PRE_AGGREGATIONS.get(self.pre_aggregation), clients_per_round)
+      rows = pre.rows(clients_per_round)
+      given += f' gives {rows} after --pre_aggregation={self.pre_aggregation}'
+    combiner = self._combiner(private, rows, votes)
+    needed, why = combiner.min_rows()
+    if rows < needed:
+      raise ValueError(
+        f'--aggregator={self.aggregator} needs at least {needed} rows a round ({why}): {given}.'
+      )
     return aggregators.Chain(tuple(stages), combiner, pre)
 
   def _attack(self, clients_per_round: int) -> aggregators.Stage | None:
@@ -210,7 +217,7 @@ class _AggregationOptions:
   def _combiner(
     self,
     private: aggregators.Chain | None,
-    clients_per_round: int,
+    rows: int,
     votes: bool,
   ) -> aggregators.Combiner:
     aggregator = self.aggregator
@@ -220,7 +227,7 @@ class _AggregationOptions:
           f"--aggregator={aggregator} needs each client's update, while"
           ' --secure_aggregation reveals only their total.'
         )
-      return self._built(registry.COMBINERS.get(aggregator), clients_per_round)
+      return self._built(registry.COMBINERS.get(aggregator), rows)
     if self.secure_aggregation:
       if private is not None and not private.combiner.weighted:
         raise ValueError(
@@ -231,7 +238,7 @@ class _AggregationOptions:
         self.secure_bound,
         self.secure_bits,
         self.secure_sum_bits,
-        max_clients=max(clients_per_round, 2),
+        max_clients=max(rows, 2),
       )
     if votes and private is None:
       return aggregators.MajorityVote()

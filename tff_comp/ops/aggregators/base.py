@@ -153,6 +153,12 @@ class Combiner:
   selects = False
   in_state: tuple[str, ...] = ()  # as `Stage.in_state`
 
+  def min_rows(self) -> tuple[int, str]:
+    """(the fewest rows a round for the rule to do what it says, why): a median of two
+    rows is their mean, Krum needs 2f + 3. A smaller round (dropouts, Poisson sampling)
+    still combines; the settings refuse a cohort that is always smaller."""
+    return 1, ''
+
   def upload_bits(self, d: int, bits: float) -> float:
     """Bits a client sends of a row of `d` values that arrive as `bits` (a secure sum's
     modulus)."""
@@ -194,6 +200,10 @@ class PreAggregation:
 
   name = 'pre_aggregation'
   in_state: tuple[str, ...] = ()  # none: it has no state
+
+  def rows(self, m: int) -> int:
+    """The rows m' that `mix` makes of a cohort's m."""
+    return m
 
   def mix(
     self, values: tf.Tensor, weights: tf.Tensor, seed: tf.Tensor

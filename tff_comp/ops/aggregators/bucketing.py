@@ -32,6 +32,9 @@ class Bucketing(base.PreAggregation):
       raise ValueError(f'bucketing needs bucket_size >= 1, got {bucket_size}.')
     self.bucket_size = bucket_size
 
+  def rows(self, m: int) -> int:
+    return -(-m // self.bucket_size)  # ceil(m / s)
+
   def permutation(self, m: tf.Tensor | int, seed: tf.Tensor) -> tf.Tensor:
     """[m] the round's order of the rows, from its `seed` [2]."""
     draws = stateless.row_uniform(tf.cast(seed, tf.int64)[None, :], m)[0]

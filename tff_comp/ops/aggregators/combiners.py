@@ -34,6 +34,7 @@ Each robust combiner registers what `--aggregator` calls it, with its settings r
 import dataclasses
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tff_comp import registry, settings
@@ -129,6 +130,9 @@ class Median(_Robust):
 
   name = 'median'
 
+  def min_rows(self) -> tuple[int, str]:
+    return 3, 'the median of two rows is their mean'
+
   def combine(self, state, values, weights):
     return median(nan_as_inf(values)), None, state, base.Measurements()
 
@@ -154,6 +158,15 @@ class TrimmedMean(_Robust):
 
   def initial_state(self) -> tf.Tensor:
     return tf.constant(self.beta, tf.float32)
+
+  def min_rows(self) -> tuple[int, str]:
+    if not self.beta:
+      return 1, ''  # the mean, asked for
+    # The least m whose b drops a value, in `combine`'s float32 arithmetic.
+    m = max(int(1 / self.beta) - 1, 1)
+    while np.floor(np.float32(self.beta) * np.float32(m)) < 1:
+      m += 1
+    return m, f'it drops floor({self.beta:g} m) values at each end of a coordinate, none of fewer'
 
   def combine(self, state, values, weights):
     m = tf.shape(values)[0]
@@ -213,6 +226,12 @@ class Krum(_Robust):
   def initial_state(self) -> tf.Tensor:
     return tf.constant([self.byzantine, self.select], tf.int32)  # f, the rows averaged
 
+  def min_rows(self) -> tuple[int, str]:
+    f = self.byzantine
+    if self.select > 2 * f + 3:
+      return self.select, f'it averages the {self.select} rows of lowest score'
+    return 2 * f + 3, f'2 f + 3 with f = {f}'
+
   def combine(self, state, values, weights):
     m = tf.shape(values)[0]
     distances = squared_distances(values)
@@ -242,6 +261,9 @@ class GeometricMedian(_Robust):
   (RFA's); measurement `geometric_median_iterations`."""
 
   name = 'geometric_median'
+
+  def min_rows(self) -> tuple[int, str]:
+    return 3, 'the geometric median of two rows is any point between them (here their mean)'
 
   def __init__(self, iters: int = 10, nu: float = 1e-6):
     if iters < 1 or not nu > 0:
@@ -319,20 +341,10 @@ def byzantine_clients() -> Any:
   )
 
 
-def check_cohort(aggregator: str, f: int, a: int, b: int, m: int) -> None:
-  """ValueError (one line) when a cohort of m is below the a f + b clients the rule
-  needs (a smaller cohort in a round, by dropouts or Poisson sampling, is clamped)."""
-  if m < a * f + b:
-    raise ValueError(
-      f'--aggregator={aggregator} with --byzantine_clients={f} needs at least {a} f + {b} ='
-      f' {a * f + b} clients a round (--clients_per_round={m}).'
-    )
-
-
 @registry.register_combiner('median')
-def _median(options: None, clients_per_round: int) -> Median:
+def _median(options: None, rows: int) -> Median:
   """The coordinate-wise median."""
-  del options, clients_per_round
+  del options, rows
   return Median()
 
 
@@ -349,10 +361,10 @@ class TrimmedMeanOptions:
 
 
 @registry.register_combiner('trimmed_mean', options=TrimmedMeanOptions)
-def _trimmed_mean(options: TrimmedMeanOptions, clients_per_round: int) -> TrimmedMean:
+def _trimmed_mean(options: TrimmedMeanOptions, rows: int) -> TrimmedMean:
   """The coordinate-wise mean once a fraction of each coordinate's values is dropped at
   each end."""
-  del clients_per_round
+  del rows
   return TrimmedMean(options.trim_fraction)
 
 
@@ -362,9 +374,9 @@ class KrumOptions:
 
 
 @registry.register_combiner('krum', options=KrumOptions)
-def _krum(options: KrumOptions, clients_per_round: int) -> Krum:
+def _krum(options: KrumOptions, rows: int) -> Krum:
   """The row nearest its m - f - 2 nearest others (Blanchard et al. 2017; m > 2f + 2)."""
-  check_cohort('krum', options.byzantine_clients, 2, 3, clients_per_round)
+  del rows
   return Krum(options.byzantine_clients)
 
 
@@ -382,16 +394,10 @@ class MultiKrumOptions:
 
 
 @registry.register_combiner('multi_krum', options=MultiKrumOptions)
-def _multi_krum(options: MultiKrumOptions, clients_per_round: int) -> Krum:
+def _multi_krum(options: MultiKrumOptions, rows: int) -> Krum:
   """The mean of the rows of lowest Krum score (m > 2f + 2)."""
-  f, m = options.byzantine_clients, clients_per_round
-  check_cohort('multi_krum', f, 2, 3, m)
-  if (options.multi_krum_select or 0) > m:
-    raise ValueError(
-      f'--multi_krum_select={options.multi_krum_select} is more rows than a round has'
-      f' (--clients_per_round={m}).'
-    )
-  return Krum(f, options.multi_krum_select or max(1, m - f))
+  f = options.byzantine_clients
+  return Krum(f, options.multi_krum_select or max(1, rows - f))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,9 +408,9 @@ class GeometricMedianOptions:
 
 
 @registry.register_combiner('geometric_median', options=GeometricMedianOptions)
-def _geometric_median(options: GeometricMedianOptions, clients_per_round: int) -> GeometricMedian:
+def _geometric_median(options: GeometricMedianOptions, rows: int) -> GeometricMedian:
   """The geometric median by smoothed Weiszfeld steps (RFA's, every client alike)."""
-  del clients_per_round
+  del rows
   return GeometricMedian(options.geometric_median_iters)
 
 
@@ -421,7 +427,7 @@ class CenteredClipOptions:
 
 
 @registry.register_combiner('centered_clip', options=CenteredClipOptions)
-def _centered_clip(options: CenteredClipOptions, clients_per_round: int) -> CenteredClip:
+def _centered_clip(options: CenteredClipOptions, rows: int) -> CenteredClip:
   """Centered clipping around the previous round's result (Karimireddy et al. 2021)."""
-  del clients_per_round
+  del rows
   return CenteredClip(options.centered_clip_tau)
