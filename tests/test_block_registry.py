@@ -105,7 +105,7 @@ class Options:
 
 
 @registry.register_combiner('plugin_trimmed', options=Options)
-def build(options: Options, clients_per_round: int) -> aggregators.TrimmedMean:
+def build(options: Options, rows: int) -> aggregators.TrimmedMean:
   """A trimmed mean from a plugin package."""
   return aggregators.TrimmedMean(options.plugin_trim)
 '''
