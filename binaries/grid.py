@@ -268,6 +268,30 @@ def _run_group(
   return curves
 
 
+def check_grid(
+  spec: reproductions.Reproduction, seeds, rounds: int, root: pathlib.Path, options: dict
+) -> None:
+  """Prepares every algorithm of the grid with each of its configurations' own values
+  (one task built, shared), so that a setting the settings refuse stops the grid before
+  any unit starts: in processes, every other unit ran to its end before a unit's error
+  surfaced, and no table was written.
+
+  Raises:
+    ConfigError: the first configuration refused, in one line.
+  """
+  first = None
+  for algorithm in spec.algorithms:
+    names = list(reproductions.axes(spec, algorithm))
+    owns = dict.fromkeys(
+      tuple(sorted(_split(dict(zip(names, config)), set())[1].items()))
+      for config in reproductions.configurations(spec, algorithm)
+    )
+    for own in owns:
+      config = _config(spec, algorithm, seeds[0], rounds, root, options, dict(own))
+      prepared = experiment_lib.prepare(config, like=first)
+      first = first or prepared
+
+
 def run_grid(
   name: str,
   spec: reproductions.Reproduction,
@@ -308,6 +332,7 @@ def run_grid(
     runtime=runtime,
     engine=engine,
   )
+  check_grid(spec, seeds, rounds, root, options)
   if batch_trials:
     units = [(a, None) for a in spec.algorithms]
     run, args = (

@@ -56,6 +56,26 @@ def test_reproduce_writes_table_and_plot(tmp_path, capfd):
   assert (tmp_path / 'fedavg' / 'lr_0.01_2' / 'metrics.csv').exists()
 
 
+def test_a_grid_with_a_configuration_the_settings_refuse_starts_no_unit(tmp_path):
+  """Refused before any unit: in processes, the other units ran to their end first."""
+  spec = reproductions.Reproduction(
+    task='quadratic',
+    algorithms=('fedavg', 'median_of_2'),
+    aliases={'median_of_2': 'fedavg'},
+    algorithm_settings={'median_of_2': dict(aggregator='median', clients_per_round=2)},
+    client_learning_rates=(0.01,),
+    server_learning_rates=(1.0,),
+    rounds=2,
+    checkpoints=(2,),
+    metric='distance_to_optimum',
+    higher_is_better=False,
+    seeds=(0, 1, 2),
+  )
+  with pytest.raises(experiment_lib.ConfigError, match='--aggregator=median needs at least 3'):
+    grid.run_grid('refused', spec, spec.rounds, spec.seeds, tmp_path, parallel=2)
+  assert not list(tmp_path.rglob('metrics.csv'))
+
+
 def test_every_built_in_comparison_tunes_each_method_alike():
   """Equal budgets: in each built-in experiment every method's grid has the same size,
   3 seeds run, and configurations are chosen on another metric than the one reported
