@@ -182,6 +182,11 @@ def test_batched_trials_with_a_robust_chain_equal_their_separate_runs(tmp_path):
       dict(aggregator='trimmed_mean', clients_per_round=5),
       '--aggregator=trimmed_mean needs at least 10 rows a round (it drops floor(0.1 m)',
     ),
+    (
+      dict(aggregator='median', pre_aggregation='nnm', byzantine_clients=2, clients_per_round=4),
+      '--pre_aggregation=nnm needs at least 5 clients a round (2 f + 1 with f = 2):'
+      ' --clients_per_round=4.',
+    ),
     (  # Krum reads the buckets: 3 of them
       dict(aggregator='krum', pre_aggregation='bucketing', bucket_size=2, clients_per_round=6),
       '--aggregator=krum needs at least 5 rows a round (2 f + 3 with f = 1):'

@@ -180,6 +180,12 @@ class _AggregationOptions:
     pre, rows, given = None, clients_per_round, f'--clients_per_round={clients_per_round}'
     if self.pre_aggregation != 'none':
       pre = self._built(registry.PRE_AGGREGATIONS.get(self.pre_aggregation), clients_per_round)
+      needed, why = pre.min_rows()
+      if clients_per_round < needed:
+        raise ValueError(
+          f'--pre_aggregation={self.pre_aggregation} needs at least {needed} clients a round'
+          f' ({why}): {given}.'
+        )
       rows = pre.rows(clients_per_round)
       given += f' gives {rows} after --pre_aggregation={self.pre_aggregation}'
     combiner = self._combiner(private, rows, votes)

@@ -205,6 +205,10 @@ class PreAggregation:
     """The rows m' that `mix` makes of a cohort's m."""
     return m
 
+  def min_rows(self) -> tuple[int, str]:
+    """As `Combiner.min_rows`, of the cohort it mixes."""
+    return 1, ''
+
   def mix(
     self, values: tf.Tensor, weights: tf.Tensor, seed: tf.Tensor
   ) -> tuple[tf.Tensor, tf.Tensor]:

@@ -8,8 +8,9 @@ before a robust combiner reads them; the paper shows NNM brings Krum, the geomet
 coordinate-wise medians and the trimmed mean to the optimal error under heterogeneity.
 Distances are `combiners.squared_distances`' (float64; a row holding a non-finite value
 farther than any other), ties broken by position; a row whose neighbours include a
-non-finite row mixes to NaN, which the robust combiner handles as such. A cohort of at
-most f rows keeps each row's nearest one (itself).
+non-finite row mixes to NaN, which the robust combiner handles as such. The settings
+refuse a cohort under the paper's 2f + 1; a round left with at most f rows (dropouts)
+keeps each row's nearest one (itself).
 """
 
 import dataclasses
@@ -29,6 +30,10 @@ class NearestNeighbourMixing(base.PreAggregation):
     if byzantine < 0:
       raise ValueError(f'nearest-neighbour mixing needs byzantine >= 0, got {byzantine}.')
     self.byzantine = byzantine
+
+  def min_rows(self) -> tuple[int, str]:
+    # The paper's m > 2f, which its guarantees assume (at m <= f a row mixes only itself).
+    return 2 * self.byzantine + 1, f'2 f + 1 with f = {self.byzantine}'
 
   def mix(self, values, weights, seed):
     del seed  # deterministic
