@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -58,17 +59,10 @@ def test_reproduce_writes_table_and_plot(tmp_path, capfd):
 
 def test_a_grid_with_a_configuration_the_settings_refuse_starts_no_unit(tmp_path):
   """Refused before any unit: in processes, the other units ran to their end first."""
-  spec = reproductions.Reproduction(
-    task='quadratic',
+  spec = _quadratic(
     algorithms=('fedavg', 'median_of_2'),
     aliases={'median_of_2': 'fedavg'},
     algorithm_settings={'median_of_2': dict(aggregator='median', clients_per_round=2)},
-    client_learning_rates=(0.01,),
-    server_learning_rates=(1.0,),
-    rounds=2,
-    checkpoints=(2,),
-    metric='distance_to_optimum',
-    higher_is_better=False,
     seeds=(0, 1, 2),
   )
   with pytest.raises(experiment_lib.ConfigError, match='--aggregator=median needs at least 3'):
@@ -109,15 +103,8 @@ def test_every_built_in_grid_is_a_configuration_the_settings_take(name, tmp_path
 def test_own_axes_are_set_through_hparams_or_as_build_options(tmp_path):
   """q-FedAvg's q is a client hparam (one build); FedProx's mu an option (a build each):
   each run records and uses its configuration's value."""
-  spec = reproductions.Reproduction(
-    task='quadratic',
+  spec = _quadratic(
     algorithms=('qfedavg', 'fedprox'),
-    client_learning_rates=(0.01,),
-    server_learning_rates=(1.0,),
-    rounds=2,
-    checkpoints=(2,),
-    metric='distance_to_optimum',
-    higher_is_better=False,
     eval_period=1,
     tuning=dict(qfedavg=dict(q=(0.5, 2.0)), fedprox=dict(mu=(0.01, 1.0))),
   )
@@ -199,17 +186,27 @@ def test_curves_against_simulated_time_and_the_time_to_a_target(tmp_path):
   assert (tmp_path / 'timed.png').stat().st_size > 1000
 
 
-def _tiny(lr: float, rounds: int = 100) -> 'reproductions.Reproduction':
+def _quadratic(**fields: Any) -> reproductions.Reproduction:
+  """A grid on the quadratic task: FedAvg at one learning rate a side for 2 rounds,
+  scored by the distance to the optimum, as `fields` do not say otherwise."""
   return reproductions.Reproduction(
-    task='quadratic',
-    algorithms=('fedavg',),
-    client_learning_rates=(lr,),
-    server_learning_rates=(1.0,),
-    rounds=rounds,
-    checkpoints=(50, 100),
-    metric='distance_to_optimum',
-    higher_is_better=False,
-    eval_period=1,
+    **{
+      'task': 'quadratic',
+      'algorithms': ('fedavg',),
+      'client_learning_rates': (0.01,),
+      'server_learning_rates': (1.0,),
+      'rounds': 2,
+      'checkpoints': (2,),
+      'metric': 'distance_to_optimum',
+      'higher_is_better': False,
+      **fields,
+    }
+  )
+
+
+def _tiny(lr: float, rounds: int = 100) -> reproductions.Reproduction:
+  return _quadratic(
+    client_learning_rates=(lr,), rounds=rounds, checkpoints=(50, 100), eval_period=1
   )
 
 
