@@ -88,7 +88,6 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
     config.privacy,
     config.aggregation,
     algorithm,
-    builder_args,
     rounds=settings.rounds,
     clients_per_round=settings.clients_per_round,
     client_weighting=config.local_work.client_weighting,
@@ -98,6 +97,7 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
     min_separation=config.participation.min_separation,
   )
   settings = dataclasses.replace(settings, **plan.resolved)
+  builder_args = {**builder_args, **plan.arguments}
   if config.devices.device_model != 'none' and config.participation.sampling == 'cyclic':
     raise ConfigError(
       '--sampling=cyclic takes fixed blocks of clients in turn, which --device_model'

@@ -52,11 +52,14 @@ DEFAULT_MAX_BANDS = 32
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """A run's aggregator as resolved: `mean` (None for the algorithm's own), the ledger
-  of a DP run, and the values config.json records (`noise_multiplier`, `target_delta`)."""
+  of a DP run, the values config.json records (`noise_multiplier`, `target_delta`), and
+  the builder's arguments the aggregation sets (`configure`: `model_aggregator`, and
+  `client_weighting` where it forces it)."""
 
   mean: privacy.PrivateMean | None
   ledger: accounting.Ledger | None
   resolved: dict[str, Any]
+  arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,7 +359,6 @@ def configure(
   options: PrivacyOptions,
   aggregation: aggregation_settings.AggregationOptions,
   algorithm: Any,
-  builder_args: dict[str, Any],
   *,
   rounds: int,
   clients_per_round: int,
@@ -366,8 +368,8 @@ def configure(
   resuming: str | None,
   min_separation: int = 0,
 ) -> Plan:
-  """Puts the run's model aggregator into the builder's arguments `builder_args` of the
-  registered `algorithm`: --aggregator's `ops.privacy.PrivateMean` (clip, dp,
+  """The run's model aggregator, for the builder of the registered `algorithm` (the
+  plan's `arguments`): --aggregator's `ops.privacy.PrivateMean` (clip, dp,
   dp_adaptive), or with a robust combiner, compression, secure aggregation or attackers
   the chain of all of them (`aggregation_settings.AggregationOptions.chain`); an
   aggregator counting every client alike (DP, the robust ones) weighs them uniformly.
@@ -437,9 +439,12 @@ def configure(
         f'{named} weighs every client alike ({why}): drop --client_weighting or set it to uniform.'
       )
     if algorithm.accepts('client_weighting'):
-      builder_args['client_weighting'] = forced['client_weighting'] = 'uniform'
-  builder_args['model_aggregator'] = model_aggregator
-  return dataclasses.replace(plan, resolved={**forced, **plan.resolved})
+      forced['client_weighting'] = 'uniform'
+  return dataclasses.replace(
+    plan,
+    resolved={**forced, **plan.resolved},
+    arguments={**forced, 'model_aggregator': model_aggregator},
+  )
 
 
 def recorded_settings(output_dir: str | pathlib.Path) -> dict[str, Any]:
