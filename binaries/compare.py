@@ -43,7 +43,9 @@ _LABELS = flags.DEFINE_list(
   "The runs' names (default: the settings in which their config.json differ, at most"
   " three, else their directories').",
 )
-_OUTPUT = flags.DEFINE_string('output', 'compare', 'Path and stem of the table and figures.')
+_OUTPUT = flags.DEFINE_string(
+  'output', 'runs/compare', 'Path and stem of the table and figures (default: beside the runs).'
+)
 _TITLE = flags.DEFINE_string(
   'title', None, "The figure's title (default: the runs' task when they share one)."
 )

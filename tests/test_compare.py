@@ -94,7 +94,7 @@ def test_by_default_every_common_evaluation_metric_at_the_last_round(repo_root, 
   assert out.returncode == 0, out.stderr
   header = out.stdout.splitlines()[0]
   assert 'Objective @ round 5' in header and 'Distance to optimum @ round 5' in header
-  assert (tmp_path / 'compare.png').exists()
+  assert (tmp_path / 'runs' / 'compare.png').exists()
 
 
 def test_by_default_runs_are_named_by_the_settings_they_differ_in(repo_root, runs, tmp_path):
@@ -118,13 +118,13 @@ def test_by_default_runs_are_named_by_the_settings_they_differ_in(repo_root, run
     'fedprox, client_learning_rate=0.01',
     'fedavg, client_learning_rate=0.02',
   ]
-  assert '<!-- quadratic -->' in (tmp_path / 'compare.svg').read_text()
+  assert '<!-- quadratic -->' in (tmp_path / 'runs' / 'compare.svg').read_text()
   two = _compare(repo_root, runs / 'fedavg', runs / 'fedprox', '--title=', cwd=tmp_path)
   assert [line.split(' | ')[0].strip('| ') for line in two.stdout.splitlines()[2:4]] == [
     'fedavg',
     'fedprox',
   ]
-  assert '<!-- quadratic -->' not in (tmp_path / 'compare.svg').read_text()
+  assert '<!-- quadratic -->' not in (tmp_path / 'runs' / 'compare.svg').read_text()
 
 
 @pytest.mark.parametrize('flag', ['--help', '--helpfull'])
@@ -154,7 +154,7 @@ def test_a_reader_leaving_early_is_not_an_error(repo_root, runs, tmp_path):
   finally:
     proc.kill()
   assert proc.returncode == 0 and not stderr, stderr
-  assert (tmp_path / 'compare.png').exists()
+  assert (tmp_path / 'runs' / 'compare.png').exists()
 
 
 def _with_settings(source, target, **settings):
