@@ -44,7 +44,7 @@ _LABELS = flags.DEFINE_list(
   " three, else their directories').",
 )
 _OUTPUT = flags.DEFINE_string(
-  'output', 'runs/compare', 'Path and stem of the table and figures (default: beside the runs).'
+  'output', 'runs/compare', 'Path and stem of the table and figures (under runs/, ignored by git).'
 )
 _TITLE = flags.DEFINE_string(
   'title', None, "The figure's title (default: the runs' task when they share one)."
