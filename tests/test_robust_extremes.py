@@ -88,6 +88,17 @@ def test_krum_far_from_the_origin_chooses_the_exact_minimum():
   assert wrong == 0
 
 
+def test_krum_at_float32s_farthest_offset_chooses_the_exact_minimum():
+  """Integer rows at offset 2^23 (float32 still holds every integer there) and spread 1:
+  the exact integer scores against Krum's; the float64 Gram-matrix distances taken from
+  the origin (||a||^2 = 7e16, past float64's integers) chose a row of non-minimal score."""
+  for _ in range(10):
+    z = RNG.integers(-1, 2, size=(M, 1024))
+    expected = numpy_reference.krum_chosen(z, 2, 1)[0]  # int64: exact, ties by position
+    got = _combine(agg.Krum(2), (2**23 + z).astype(np.float32))
+    np.testing.assert_array_equal(got, 2**23 + z[expected])
+
+
 @pytest.mark.parametrize('name', ['median', 'trimmed_mean'])
 def test_a_nan_value_counts_as_the_largest_for_coordinate_wise_combiners(name):
   honest = RNG.normal(size=(M - 1, D)).astype(np.float32)

@@ -23,7 +23,7 @@ the robust ones need every row, and survive any single row a client can send: a 
 value sorts as +inf for the coordinate-wise ones, a row holding a non-finite value is
 farther than any other from every row for Krum (and Bulyan), and weighs nothing in the
 geometric median and centered clipping; distances and norms are taken in float64, from
-the mean of the rows of at most median norm, so that huge rows (1e20: float32 squares
+the finite row of median norm, so that huge rows (1e20: float32 squares
 overflow) and rows far from the origin (||a||^2 + ||b||^2 - 2ab cancels) are measured
 exactly enough.
 
@@ -187,15 +187,13 @@ def squared_distances(values: tf.Tensor) -> tf.Tensor:
   score at offset/spread 1e4), and in float64, where 1e20^2 is finite."""
   finite, rows = finite_rows(values)
   rows = tf.cast(rows, tf.float64)
-  # Any point amid the rows serves as the origin: the mean of the finite rows of norm
-  # at most their median norm (a sort of m norms; a coordinate-wise median, a sort of
-  # d columns, doubled Krum's cost), which a few huge rows cannot drag.
-  norms = tf.where(finite, tf.norm(rows, axis=1), tf.constant(float('inf'), tf.float64))
-  near = tf.logical_and(finite, norms <= median(norms[:, None])[0])
-  center = tf.reduce_sum(tf.where(near[:, None], rows, 0.0), 0) / tf.maximum(
-    tf.reduce_sum(tf.cast(near, tf.float64)), 1.0
-  )
-  rows = rows - center[None, :]
+  # Any point amid the rows serves as the origin: the finite row of median norm (a top-k
+  # of m norms; a coordinate-wise median, a sort of d columns, doubled Krum's cost),
+  # which a few huge rows cannot move. Chosen for few ops: on a cohort of 10 rows each
+  # op costs more to dispatch than its arithmetic (docs/speed.md, part 9).
+  norms = tf.where(finite, tf.reduce_sum(tf.square(rows), 1), tf.constant(float('inf'), tf.float64))
+  middle = tf.math.top_k(-norms, (tf.shape(norms)[0] + 1) // 2).indices[-1]
+  rows = rows - rows[middle][None, :]
   norms = tf.reduce_sum(tf.square(rows), 1)
   distances = tf.maximum(
     norms[:, None] + norms[None, :] - 2.0 * tf.matmul(rows, rows, transpose_b=True), 0.0
@@ -235,12 +233,11 @@ class Krum(_Robust):
   def combine(self, state, values, weights):
     m = tf.shape(values)[0]
     distances = squared_distances(values)
-    # Each row's m - f - 2 nearest others (at least one): the smallest after itself (0).
-    k = tf.maximum(m - state[0] - 2, 1)
-    nearest = tf.sort(distances, axis=1)[:, 1:]
-    scores = tf.reduce_sum(tf.where(tf.range(m - 1)[None, :] < k, nearest, 0.0), 1)
+    # Each row's m - f - 2 nearest others (at least one), and itself (0): the smallest.
+    nearest = tf.minimum(tf.maximum(m - state[0] - 2, 1) + 1, m)
+    scores = -tf.reduce_sum(tf.math.top_k(-distances, nearest).values, 1)
     chosen = tf.minimum(state[1], m)
-    best = tf.argsort(scores, stable=True)[:chosen]
+    best = tf.math.top_k(-scores, chosen).indices  # the lowest; ties by position
     result = tf.reduce_mean(tf.gather(values, best), 0)
     clamped = tf.logical_or(m < 2 * state[0] + 3, state[1] > m)
     share = tf.fill([chosen], 1.0 / tf.cast(chosen, tf.float32))
