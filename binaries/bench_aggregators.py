@@ -11,10 +11,13 @@ round, part 1's FedAvg round on the lasso shape (10 clients x 128 examples, d = 
     (`learning_process.chain_factory`).
 
 Each chain's blocks of rounds alternate with the plain mean's (at least 5 of each, the
-plain one's before the first and after every one), and its ratio is of the two medians
-(the machine's speed drifts over minutes); targets from issue #74.
+plain one's before the first and after every one); a block's ratio is its time over the
+mean of the plain blocks on either side (the machine's speed drifts over minutes, and
+each chain is built after the last in one process), the chain's the median of its
+blocks'; targets from issue #74.
 """
 
+import statistics
 import time
 
 from tensorflow_federated import learning as tff_learning
@@ -79,12 +82,14 @@ def part9(rounds: int, repeats: int) -> None:
     f" medians of {blocks} blocks of {rounds} rounds, alternating with the plain mean's"
   )
   for name, (chain, target) in CHAINS.items():
-    timed, others = timing.time_rounds_between(lanes(chain), rounds, blocks, plain_block)
-    plain = others['plain']
+    timings, others = timing.blocks_between(lanes(chain), rounds, blocks, plain_block)
+    plains = [block['plain'] for block in others]
+    ratios = timing.paired_ratios(timings, plains)
     goal = f' (target <= {target})' if target else ''
     print(
-      f'  lanes  {name:28s} {timed:.5f} s/round; plain mean {plain:.5f};'
-      f' ratio {timed / plain:.2f}{goal}'
+      f'  lanes  {name:28s} {statistics.median(timings):.5f} s/round; plain mean'
+      f' {statistics.median(plains):.5f}; ratio {statistics.median(ratios):.2f}{goal},'
+      f' blocks {min(ratios):.2f}-{max(ratios):.2f}'
     )
 
   def builtin(aggregator):

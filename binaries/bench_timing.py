@@ -16,8 +16,17 @@ def time_rounds(run_round, rounds: int, repeats: int, warmup: int = 3) -> float:
 def time_rounds_between(
   run_round, rounds: int, repeats: int, peers: Callable[[], dict[str, float]], warmup: int = 3
 ) -> tuple[float, dict[str, float]]:
-  """(`time_rounds` of `run_round`, each peer's median): `peers()` (each peer's block
-  of rounds, {name: s/round}) runs before each of the `repeats` blocks and after the
+  """(`time_rounds` of `run_round`, each peer's median), timed by `blocks_between`."""
+  timings, blocks = blocks_between(run_round, rounds, repeats, peers, warmup)
+  medians = {name: statistics.median(block[name] for block in blocks) for name in blocks[0]}
+  return statistics.median(timings), medians
+
+
+def blocks_between(
+  run_round, rounds: int, repeats: int, peers: Callable[[], dict[str, float]], warmup: int = 3
+) -> tuple[list[float], list[dict[str, float]]]:
+  """`run_round(r)`'s seconds a round in each of `repeats` blocks of `rounds`, and the
+  peers' blocks ({name: s/round}, `peers()`), one before each of ours and one after the
   last, so that all are timed in the same minutes; after a peers' block, `warmup`
   untimed rounds (caches and threads the peers' processes took)."""
   for r in range(warmup):
@@ -32,8 +41,14 @@ def time_rounds_between(
       run_round(r)
     timings.append((time.perf_counter() - start) / rounds)
     blocks.append(peers())
-  medians = {name: statistics.median(block[name] for block in blocks) for name in blocks[0]}
-  return statistics.median(timings), medians
+  return timings, blocks
+
+
+def paired_ratios(timings: list[float], beside: list[float]) -> list[float]:
+  """Each block's time over the mean of the two blocks `beside` it (`blocks_between`'s
+  order: beside[i] before timings[i], beside[i + 1] after): a drift of the machine's
+  speed over minutes moves both sides of each ratio alike."""
+  return [t / (0.5 * (beside[i] + beside[i + 1])) for i, t in enumerate(timings)]
 
 
 def selections(num_clients: int, per_round: int, total: int):

@@ -64,6 +64,12 @@ def test_a_peers_block_runs_before_each_of_ours_and_after_the_last():
   assert medians == {'P': 2.5} and ours >= 0
 
 
+def test_a_blocks_ratio_is_over_the_plain_blocks_on_either_side():
+  """A drift that doubles the machine's speed between blocks leaves each ratio 2."""
+  beside = [1.0, 0.5, 0.25]
+  assert bench_timing.paired_ratios([1.5, 0.75], beside) == pytest.approx([2.0, 2.0])
+
+
 def test_without_peers_no_round_is_added():
   events = []
   bench_timing.time_rounds(lambda r: events.append(r), rounds=2, repeats=2, warmup=1)
