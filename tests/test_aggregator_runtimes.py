@@ -22,9 +22,11 @@ COHORT = [IDS[3], IDS[0], IDS[4], IDS[1]]  # positions not the population's indi
 
 @dataclasses.dataclass
 class _Scale(agg.Stage):
-  """A stage as a plugin may write it: a dataclass, so unhashable (eq, no hash)."""
+  """A stage as a plugin may write it: a dataclass, so unhashable (eq, no hash), its
+  encodes compiled (`runtime.inprocess.stages` binds the chain to its program)."""
 
   factor: float = 0.5
+  worth_compiling = True
 
   def encode(self, state, x, weights, rows, seeds):
     return agg.base.Encoded(x * self.factor, weights, rows, {})
@@ -119,6 +121,24 @@ def test_a_round_with_a_chain_is_the_chain_on_the_clients_own_updates(name, engi
       np.testing.assert_allclose(np.asarray(state.aggregator.rows)[indices], rows, atol=1e-6)
       assert np.abs(rows).max() > 0  # the residuals are kept
     assert abs(want).max() > 1e-4
+
+
+@pytest.mark.parametrize(
+  'name, compiled',
+  [
+    ('clip_median', False),
+    ('ef_top_k', False),
+    ('momentum_median', False),
+    ('krum_under_sign_flip', False),  # an attack's draws: TensorFlow's
+    ('rotate_quantize', True),
+    ('dataclass_stage', True),
+  ],
+)
+def test_only_encodes_of_many_ops_a_row_are_compiled(name, compiled):
+  """Clipping, top-k and momentum run faster as graph ops than as an XLA program, the
+  rotation and quantization's draws slower (docs/speed.md, part 9)."""
+  runtime = inprocess.build(_fedavg(CHAINS[name]), DATA, engine='lanes')
+  assert runtime.stages.encodes_compiled == compiled
 
 
 def test_fednova_normalizes_before_the_chain_and_keeps_tau_eff_exact():

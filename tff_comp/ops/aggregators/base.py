@@ -85,6 +85,9 @@ class Stage:
   # XLA, so a stage using them in its encode says False, and its chain's encodes are
   # not compiled (`runtime.inprocess.stages`).
   exact_under_xla = True
+  # Its encode is many ops a row (draws, transforms), faster as one XLA program than op
+  # by op; a few-op encode (clipping, top-k) is faster as graph ops (`inprocess.stages`).
+  worth_compiling = False
   # Its settings that its state holds, not its program (`Chain.structure`).
   in_state: tuple[str, ...] = ()
 

@@ -50,6 +50,7 @@ class Rotate(base.Stage):
 
   name = 'rotate'
   randomized = True
+  worth_compiling = True
 
   def __init__(self, d: int | None = None):
     self.d = d
@@ -127,6 +128,7 @@ class Quantize(base.Stage):
 
   name = 'quantize'
   randomized = True
+  worth_compiling = True  # its draws: a hash a value
 
   def __init__(self, bits: int = 8):
     if not 1 <= bits <= 16:
@@ -151,6 +153,7 @@ class QSGD(base.Stage):
 
   name = 'qsgd'
   randomized = True
+  worth_compiling = True  # its draws: a hash a value
 
   def __init__(self, levels: int = 16):
     if levels < 1:
@@ -214,6 +217,7 @@ class RandK(_Sparsify):
 
   name = 'rand_k'
   randomized = True
+  worth_compiling = True  # its draws: a hash a value
 
   def __init__(self, fraction: float, d: int | None = None, unbiased: bool = True):
     super().__init__(fraction, d)
@@ -270,6 +274,7 @@ class ErrorFeedback(base.Stage):
     self.row_size = d or 0
     self.randomized = compressor.randomized
     self.exact_under_xla = compressor.exact_under_xla
+    self.worth_compiling = compressor.worth_compiling
 
   def bind(self, d: int) -> 'ErrorFeedback':
     return ErrorFeedback(self.compressor.bind(d), self.variant, d)

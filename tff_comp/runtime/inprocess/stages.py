@@ -60,19 +60,25 @@ class RoundStages:
   def __init__(self, algorithm: algorithm_lib.Algorithm, data: Any):
     self.algorithm, self.data = algorithm, data
     self._chain = algorithm.model_chain  # an ops.aggregators.Chain, or None: the mean
-    # A chain's encodes as one XLA program: as graph ops, each stage's few ops a row
-    # cost their dispatch (the Hadamard rotation with 8-bit quantization: 2.5x lasso's
-    # plain round; compiled, 1.4x: docs/speed.md, part 9). Not without stages, where the
-    # encode is a flatten, cheaper than the program's launch (Krum, the median: 0.1 ms
-    # more); not for a stage reading the whole cohort (an attack's), whose rows cannot
-    # be padded to a compiled size (`_encode`), nor one whose draws XLA would change
-    # (`Stage.exact_under_xla`: an attack's, so that it picks the attackers it picks on
-    # every runtime).
+    # A chain's encodes as one XLA program where a stage's many ops a row would each
+    # cost their dispatch (`Stage.worth_compiling`: the Hadamard rotation with 8-bit
+    # quantization took 2.5x lasso's plain round as graph ops, 1.4x compiled). Not where
+    # every encode is a few ops, cheaper than the program's launch (clipping: 0.03 ms
+    # more a round as graph ops, 0.14 ms compiled; top-k with error feedback 0.09 ms
+    # against 0.14: docs/speed.md, part 9); not for a stage reading the whole cohort
+    # (an attack's), whose rows cannot be padded to a compiled size (`_encode`), nor one
+    # whose draws XLA would change (`Stage.exact_under_xla`: an attack's, so that it
+    # picks the attackers it picks on every runtime).
     # The chain is bound, not an argument: a tf.function keys its traces by its Python
     # arguments, which would need a plugin's stages hashable.
     self._compiled_encode = None
     chain = self._chain
-    if chain is not None and chain.stages and not chain.cohort_wide and chain.exact_under_xla:
+    if (
+      chain is not None
+      and any(stage.worth_compiling for stage in chain.stages)
+      and not chain.cohort_wide
+      and chain.exact_under_xla
+    ):
       bound: aggregators.Chain = chain
 
       def encode_rows(*cohort) -> aggregators.Encoded:
@@ -84,6 +90,11 @@ class RoundStages:
     # metrics is a slice per leaf and one `nested.Packer` call.
     self._metric_packer: nested.Packer | None = None
     self._metric_layout: list[tuple[int, int, tuple[int, ...], Any]] = []
+
+  @property
+  def encodes_compiled(self) -> bool:
+    """Whether the chain's encodes run as one XLA program (`__init__` says when)."""
+    return self._compiled_encode is not None
 
   def reference_candidates(
     self, payload, hparams, positions: tf.Tensor, *, trial: tf.Tensor | None = None
