@@ -80,7 +80,8 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tmp_path, unin
   with pytest.raises(experiment.ConfigError, match='pass --resume to continue it'):
     _train(tmp_path)
   with pytest.raises(
-    experiment.ConfigError, match=r'configured differently \(seed: recorded 0, now 1\)'
+    experiment.ConfigError,
+    match=r'configured differently \(seed: recorded 0, now 1\);.* or delete .+ to start it afresh',
   ):
     _train(tmp_path, resume=True, seed=1)
   _train(tmp_path, resume=True)

@@ -184,8 +184,8 @@ def check_resumable(
     changes = '; '.join(f'{k}: recorded {a!r}, now {b!r}' for k, (a, b) in differ.items())
     raise ConfigError(
       f'--resume: the run in {output_dir} was configured differently'
-      f' ({changes}); resume it with its own settings or choose another'
-      ' --output_dir.'
+      f' ({changes}); resume it with its own settings, choose another'
+      f' --output_dir, or delete {output_dir} to start it afresh.'
     )
 
 
