@@ -47,3 +47,31 @@ def test_compiled_draws_equal_eager_ones():
   seeds = _seeds(10, offset=123)
   compiled = tf.function(lambda s: stateless.row_uniform(s, 1024), jit_compile=True)
   np.testing.assert_array_equal(compiled(seeds).numpy(), stateless.row_uniform(seeds, 1024).numpy())
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+  """The murmur-style finalizer in NumPy's uint32, written from its definition."""
+  x = x.astype(np.uint32)
+  for _ in range(2):
+    x = (x ^ (x >> np.uint32(16))) * np.uint32(0x45D9F3B)
+  return x ^ (x >> np.uint32(16))
+
+
+def test_the_bits_are_the_hash_written_in_numpy():
+  """Every run's shuffles and draws come from these bits: a change to them is a change
+  to every recorded run, so they are pinned to an independent NumPy reference."""
+  rng = np.random.default_rng(0)
+  x = np.concatenate([rng.integers(-(2**62), 2**62, 10_000), [0, -1, 2**63 - 1, -(2**63)]])
+  np.testing.assert_array_equal(
+    stateless.mix32(tf.constant(x, tf.int64)).numpy(), _mix32(x.astype(np.uint64))
+  )
+  seeds = rng.integers(-(2**62), 2**62, (5, 2))
+  key = np.zeros((5, 1), np.uint32)
+  for column in range(2):
+    for half in (seeds[:, column : column + 1], seeds[:, column : column + 1] >> 32):
+      key = _mix32(key * np.uint32(31) ^ half.astype(np.uint64).astype(np.uint32))
+  second = _mix32(key + np.uint32(0x2545F491))
+  bits = _mix32(_mix32(key + np.arange(300, dtype=np.uint32)[None, :]) + second)
+  want = (bits >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
+  got = stateless.row_uniform(tf.constant(seeds, tf.int64), 300).numpy()
+  np.testing.assert_array_equal(got, want)
