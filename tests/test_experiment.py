@@ -183,15 +183,15 @@ def test_absurd_sizes_are_one_line_errors_before_any_work(tmp_path, change, says
   'options, says',
   [
     (dict(algorithm_options=dict(mu='0.1')), "--mu takes a number, got '0.1'"),
-    (dict(algorithm_options=dict(mu=None)), '--mu takes a number, got None'),
+    (dict(algorithm_options=dict(mu=[0.1])), '--mu takes a number, got [0.1]'),
     (dict(algorithm_options=dict(mu=True)), '--mu takes a number, got True'),
     (dict(algorithm_options=dict(mu=float('nan'))), '--mu must be a finite number'),
     (dict(task_options=dict(dim=2.5)), '--quadratic_dim takes an integer, got 2.5'),
   ],
 )
 def test_options_of_another_type_are_one_line_errors(tmp_path, options, says):
-  """The Python API's options are typed as the builder's signature declares them before
-  anything is built (the flags are typed by absl)."""
+  """The Python API's options are typed as the builder's signature declares them when
+  the config is made (the flags are typed by absl)."""
   with pytest.raises(experiment.ConfigError, match=re.escape(says)):
     experiment.prepare(_config(tmp_path, 'fedprox', task='quadratic', **options))
 

@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from tff_comp import experiment, settings
+from tff_comp import experiment
+from tff_comp.config import builder_options
 
 
 @pytest.mark.parametrize(
@@ -49,17 +50,23 @@ def test_values_of_the_declared_types_pass_and_numpy_scalars_become_pythons():
 
 
 def test_a_configs_options_cannot_change_and_record_and_pickle_as_mappings():
+  """The builders' options records (`config.builder_options`) pickle by the builder's
+  name and the options given: their classes are made at run time, so pickle cannot find
+  them by reference (a config sent to another process, copied, deep-copied)."""
   config = experiment.ExperimentConfig.of(algorithm='fedprox', algorithm_options=dict(mu=0.1))
   with pytest.raises(TypeError, match='options cannot change'):
     config.algorithm_options['mu'] = 1.0
   with pytest.raises(TypeError, match='options cannot change'):
     config.task_options.update(dim=3)
+  with pytest.raises(AttributeError, match='options cannot change'):
+    config.algorithm_options.mu = 1.0  # type: ignore[misc]
   with pytest.raises(TypeError, match='options cannot change'):
     del config.runtime_options['tff']
   recorded = json.loads(json.dumps(dataclasses.asdict(config), default=str))
   assert recorded['algorithm_options'] == {'mu': 0.1}
   assert experiment.ExperimentConfig.from_dict(recorded) == config
-  assert pickle.loads(pickle.dumps(config)) == config
+  again = pickle.loads(pickle.dumps(config))
+  assert again == config and type(again.algorithm_options) is type(config.algorithm_options)
   changed = dataclasses.replace(config, algorithm_options={'mu': 0.2})
-  assert isinstance(changed.algorithm_options, settings.Options)
+  assert isinstance(changed.algorithm_options, builder_options.BuilderOptions)
   assert changed.algorithm_options == {'mu': 0.2} and config.algorithm_options == {'mu': 0.1}

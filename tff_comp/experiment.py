@@ -13,7 +13,7 @@ import pathlib
 from typing import Any
 
 from tff_comp import evaluation, poisoning, registry, settings
-from tff_comp.config import build_arguments, experiment_config, run_directory
+from tff_comp.config import builder_options, experiment_config, run_directory
 from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.config.prepared import Prepared, prepare, resolved_options
 from tff_comp.ops import algorithm as algorithm_lib
@@ -39,9 +39,9 @@ __all__ = [
   'train_runner',
 ]
 
-COMMON_ALGORITHM_ARGS = build_arguments.COMMON_ALGORITHM_ARGS
-COMMON_TASK_ARGS = build_arguments.COMMON_TASK_ARGS
-DEFAULT_TASK = build_arguments.DEFAULT_TASK
+COMMON_ALGORITHM_ARGS = builder_options.COMMON_ALGORITHM_ARGS
+COMMON_TASK_ARGS = builder_options.COMMON_TASK_ARGS
+DEFAULT_TASK = experiment_config.DEFAULT_TASK
 ConfigError = settings.ConfigError  # bad settings; the message is one line for the user
 
 
@@ -356,15 +356,10 @@ def train(
       f'train: algorithm is a registered name or an ExperimentConfig, got'
       f' {type(algorithm).__name__}.'
     )
-  entry = registry.get_algorithm(algorithm)
-  task_name = task or entry.home_task or DEFAULT_TASK
+  task_name = task or registry.get_algorithm(algorithm).home_task or DEFAULT_TASK
   config_names = experiment_config.setting_names()
-  own = {h.name for h in entry.hparams} - set(COMMON_ALGORITHM_ARGS)
-  task_own = {
-    f'{task_name}_{h.name}': h.name
-    for h in registry.get_task(task_name).hparams
-    if h.name not in COMMON_TASK_ARGS
-  }
+  own = builder_options.names('algorithm', algorithm)
+  task_own = {f'{task_name}_{name}': name for name in builder_options.names('task', task_name)}
   unknown = set(settings_) - config_names - own - set(task_own)
   if unknown:
     raise experiment_config.unknown_settings(unknown, config_names | own | set(task_own))

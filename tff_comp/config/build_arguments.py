@@ -1,9 +1,8 @@
-"""A run's settings turned into what it builds, checked: the algorithm's and the task's
-names and options, the task (with the data files its build read), the regularizer, the
+"""A run's settings turned into what it builds, checked: the task's name, the run
+directory, the task (with the data files its build read), the regularizer, the
 server optimizer and the registered builder's arguments. `experiment.prepare` runs these
 in order; each raises `ConfigError` with a one-line message."""
 
-from collections.abc import Callable, Mapping
 import dataclasses
 from typing import Any
 
@@ -13,23 +12,6 @@ from tff_comp.config import run_directory, run_settings
 from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.settings import ConfigError
-
-# Builder parameters that every run sets from the common flags.
-COMMON_ALGORITHM_ARGS = (
-  'client_learning_rate',
-  'server_learning_rate',
-  'batch_size',
-  'local_epochs',
-  'client_weighting',
-  'regularizer',
-  'seed',
-  'num_clients',
-)
-# Task parameters fed from common settings rather than task flags.
-COMMON_TASK_ARGS = ('seed',)
-
-
-DEFAULT_TASK = 'lasso'
 
 
 def regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
@@ -57,55 +39,19 @@ def regularizer(config, task, algorithm) -> regularizers_lib.Regularizer | None:
   return psi
 
 
-def _typed(
-  given: Mapping[str, Any], hparams: Mapping[str, registry.Hparam], flag: Callable[[str], str]
-) -> dict[str, Any]:
-  """`given` options (each one of a builder's `hparams`, by name) as the builder takes
-  them (`registry.Hparam.typed`: `experiment.train(mu='0.1')` is refused here in one
-  line, not inside the builder)."""
-  typed = {}
-  for name, value in given.items():
-    try:
-      typed[name] = hparams[name].typed(value)
-    except ValueError as e:
-      raise ConfigError(f'--{flag(name)} {e}') from e
-  return typed
-
-
-def with_names(
-  config: ExperimentConfig, algorithm: registry.Entry
-) -> tuple[ExperimentConfig, registry.Entry]:
+def with_names(config: ExperimentConfig) -> tuple[ExperimentConfig, registry.Entry]:
   """(config with its task and output directory resolved, the task's entry)."""
-  task_name = config.task or algorithm.home_task or DEFAULT_TASK
+  task_name = config.task_name
   config = dataclasses.replace(
     config, task=task_name, output_dir=config.output_dir or f'runs/{config.algorithm}-{task_name}'
   )
   return config, registry.get_task(task_name)
 
 
-def check_options(
-  config: ExperimentConfig, algorithm: registry.Entry, task_entry: registry.Entry
-) -> ExperimentConfig:
-  """`config` with its algorithm and task options typed as their builders take them,
-  after checking that they exist for the chosen pair, the output directory is usable
-  and the run-management settings are coherent."""
-  known = {h.name: h for h in algorithm.hparams}
-  for name in config.algorithm_options:
-    if name not in known or name in COMMON_ALGORITHM_ARGS:
-      raise ConfigError(
-        f'--{name} does not apply to algorithm {config.algorithm!r}'
-        f' (its options: {", ".join(sorted(set(known) - set(COMMON_ALGORITHM_ARGS))) or "none"}).'
-      )
-  task_known = {h.name: h for h in task_entry.hparams}
-  for name in config.task_options:
-    if name not in task_known:
-      raise ConfigError(f'task {config.task!r} has no option {name!r}.')
-  task = config.task
-  config = dataclasses.replace(
-    config,
-    algorithm_options=_typed(config.algorithm_options, known, str),
-    task_options=_typed(config.task_options, task_known, lambda name: f'{task}_{name}'),
-  )
+def check_run_directory(config: ExperimentConfig) -> None:
+  """Raises ConfigError unless the output directory is usable and the run-management
+  settings are coherent (the options were checked with the config,
+  `builder_options`)."""
   assert config.output_dir is not None, 'resolved first (with_names)'
   run_directory.check_output_dir(config.output_dir, config.overwrite, config.resume)
   if config.resume and config.overwrite:
@@ -116,7 +62,6 @@ def check_options(
     paths.check_cache_root()
   except ValueError as e:
     raise ConfigError(str(e)) from e
-  return config
 
 
 def build_task(

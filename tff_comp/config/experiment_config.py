@@ -8,7 +8,7 @@ from typing import Any
 
 from tff_comp import registry, server_optimizers, settings
 from tff_comp import schedules as schedules_lib
-from tff_comp.config import aggregation_settings, client_settings, privacy_settings
+from tff_comp.config import aggregation_settings, builder_options, client_settings, privacy_settings
 from tff_comp.ops import regularizers as regularizers_lib
 from tff_comp.run import buffered_async
 from tff_comp.run import checkpoints as checkpoints_lib
@@ -16,6 +16,8 @@ from tff_comp.run import devices as devices_lib
 from tff_comp.run import sampling as sampling_lib
 from tff_comp.runtime import choice
 from tff_comp.settings import ConfigError
+
+DEFAULT_TASK = 'lasso'  # the task of an algorithm without a home task
 
 
 def runtime_names() -> list[str]:
@@ -86,10 +88,15 @@ class ExperimentConfig:
   regularizer_strength: float | None = settings.setting(
     None, 'Strength lam of psi, or radius of a ball constraint.'
   )
-  # {name: value} of the algorithm builder's and the task builder's options (flags
-  # --<name> and --<task>_<name>); `prepare` types them as the builders declare them.
-  algorithm_options: Mapping[str, Any] = dataclasses.field(default_factory=settings.Options)
-  task_options: Mapping[str, Any] = dataclasses.field(default_factory=settings.Options)
+  # The algorithm builder's and the task builder's options (flags --<name> and
+  # --<task>_<name>): given as a mapping {name: value}, held as the builder's typed
+  # record (`builder_options`: `config.algorithm_options.mu`, None where not given).
+  algorithm_options: builder_options.BuilderOptions = dataclasses.field(
+    default_factory=builder_options.BuilderOptions
+  )
+  task_options: builder_options.BuilderOptions = dataclasses.field(
+    default_factory=builder_options.BuilderOptions
+  )
   output_dir: str | None = settings.setting(
     None, 'Where metrics go (default runs/<algo>-<task>).', resumable=True, per_trial=True
   )
@@ -149,9 +156,14 @@ class ExperimentConfig:
   runtime_options: Mapping[str, Any] = dataclasses.field(default_factory=choice.runtime_options)
 
   def __post_init__(self):
-    # The mappings a frozen config holds cannot change either (`settings.Options`).
-    for name in ('algorithm_options', 'task_options', 'runtime_options'):
-      object.__setattr__(self, name, settings.Options(getattr(self, name)))
+    # The options as their builders' records (typed, checked); the runtimes' mapping
+    # cannot change either (`settings.Options`).
+    for name, kind, builder in (
+      ('algorithm_options', 'algorithm', self.algorithm),
+      ('task_options', 'task', self.task_name),
+    ):
+      object.__setattr__(self, name, builder_options.of(kind, builder, getattr(self, name)))
+    object.__setattr__(self, 'runtime_options', settings.Options(self.runtime_options))
     # The privacy settings against the mechanism --aggregator (the aggregation's) names.
     try:
       self.privacy.check(self.aggregation.aggregator)
@@ -259,6 +271,12 @@ class ExperimentConfig:
         )
       args['model'] = self.model
     return args
+
+  @property
+  def task_name(self) -> str:
+    """The task the run trains: `task`, else the algorithm's home task, else
+    DEFAULT_TASK."""
+    return self.task or registry.get_algorithm(self.algorithm).home_task or DEFAULT_TASK
 
   @property
   def task_seed(self) -> int:

@@ -13,7 +13,13 @@ from typing import Any
 
 from tff_comp import accounting, registry
 from tff_comp import task as task_lib
-from tff_comp.config import build_arguments, privacy_settings, run_directory, run_settings
+from tff_comp.config import (
+  build_arguments,
+  builder_options,
+  privacy_settings,
+  run_directory,
+  run_settings,
+)
 from tff_comp.config.experiment_config import ExperimentConfig
 from tff_comp.run import devices, sampling
 from tff_comp.settings import ConfigError
@@ -61,9 +67,10 @@ class Prepared:
 
 def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepared:
   """Validates `config` and builds the task; runs no TFF computation. Steps: the
-  runtime settings, the algorithm and task names, their options, the task, the run
-  settings, the builder's arguments. `like`: a run prepared from the same task settings
-  (the trials of a grid), whose task this one shares instead of building it again.
+  runtime settings, the task's name, the run directory, the task, the run settings, the
+  builder's arguments (the options were checked with the config, `builder_options`).
+  `like`: a run prepared from the same task settings (the trials of a grid), whose task
+  this one shares instead of building it again.
 
   Raises:
     registry.RegistryError: unknown algorithm or task.
@@ -71,10 +78,10 @@ def prepare(config: ExperimentConfig, *, like: Prepared | None = None) -> Prepar
   """
   config.check()
   algorithm = registry.get_algorithm(config.algorithm)
-  config, task_entry = build_arguments.with_names(config, algorithm)
+  config, task_entry = build_arguments.with_names(config)
   # Settings and options that work for the (algorithm, home task) pair.
   home = dict(algorithm.home_settings) if config.task == algorithm.home_task else {}
-  config = build_arguments.check_options(config, algorithm, task_entry)
+  build_arguments.check_run_directory(config)
   task, task_files = (
     (like.task, like.task_files)
     if like is not None
@@ -155,13 +162,13 @@ def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str
     prepared.settings.record(),
     **({} if runtime is None else {'runtime': runtime}),
     algorithm_options=in_force(
-      prepared.algorithm, prepared.builder_args, build_arguments.COMMON_ALGORITHM_ARGS
+      prepared.algorithm, prepared.builder_args, builder_options.COMMON_ALGORITHM_ARGS
     ),
     task_options=dict(
       in_force(
         registry.get_task(prepared.task_name),
         prepared.config.task_options,
-        build_arguments.COMMON_TASK_ARGS,
+        builder_options.COMMON_TASK_ARGS,
       ),
       # A plugin's task (the `task.Task` protocol) need not say what it resolved.
       **getattr(prepared.task, 'resolved_options', {}),
