@@ -17,7 +17,7 @@ def _config(**values):
 def test_options_are_the_builders_typed_record():
   config = _config(algorithm_options={'mu': 1}, task_options={'dim': 3})
   options = config.algorithm_options
-  assert type(options).__name__ == 'FedproxOptions' and repr(options) == 'FedproxOptions(mu=1.0)'
+  assert repr(options) == 'FedproxAlgorithmOptions(mu=1.0)'
   assert options.mu == 1.0 and type(options.mu) is float
   assert options.local_steps is None  # not given: the builder's default applies
   assert dict(options) == {'mu': 1.0}
@@ -37,7 +37,9 @@ def test_none_is_not_given():
 
 
 def test_a_task_seed_option_is_refused_as_the_data_seed_sets_it():
-  with pytest.raises(experiment.ConfigError, match="task 'quadratic' has no option 'seed'"):
+  with pytest.raises(
+    experiment.ConfigError, match="--quadratic_seed does not apply to task 'quadratic'"
+  ):
     _config(task_options={'seed': 3})
 
 
@@ -46,7 +48,7 @@ def test_changing_the_algorithm_or_task_checks_the_options_again():
   with pytest.raises(experiment.ConfigError, match="--mu does not apply to algorithm 'fedavg'"):
     dataclasses.replace(config, algorithm='fedavg')
   assert dict(dataclasses.replace(config, task='lasso').algorithm_options) == {'mu': 0.5}
-  with pytest.raises(experiment.ConfigError, match="task 'lasso' has no option 'dim'"):
+  with pytest.raises(experiment.ConfigError, match="--lasso_dim does not apply to task 'lasso'"):
     dataclasses.replace(_config(task_options={'dim': 3}), task='lasso')
 
 
@@ -58,7 +60,7 @@ def test_an_option_named_as_a_mapping_method_is_refused():
     del items
 
   table.add('clash', build)
-  kinds = dict(builder_options.KINDS, algorithm=(table, ()))
+  kinds = dict(builder_options.KINDS, algorithm=builder_options.Kind(table, (), False))
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(builder_options, 'KINDS', kinds)
     with pytest.raises(registry.RegistryError, match="option 'items' is a name"):

@@ -12,6 +12,7 @@ registry of the process unpickling it (pickle cannot find a class made at run ti
 its name)."""
 
 from collections.abc import Mapping
+import dataclasses
 import operator
 import re
 from typing import Any, ClassVar
@@ -32,9 +33,21 @@ COMMON_ALGORITHM_ARGS = (
 )
 # Task parameters set from common settings (`--data_seed`), not options.
 COMMON_TASK_ARGS = ('seed',)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """A kind of registered builder with options: its table, the parameters a run sets
+  from common settings (not options), and whether its flags start with its name."""
+
+  table: registry.Registry
+  common: tuple[str, ...]
+  flags_named: bool  # --<task>_<option>, where an algorithm's are --<option>
+
+
 KINDS = {
-  'algorithm': (registry.ALGORITHMS, COMMON_ALGORITHM_ARGS),
-  'task': (registry.TASKS, COMMON_TASK_ARGS),
+  'algorithm': Kind(registry.ALGORITHMS, COMMON_ALGORITHM_ARGS, flags_named=False),
+  'task': Kind(registry.TASKS, COMMON_TASK_ARGS, flags_named=True),
 }
 
 
@@ -46,6 +59,7 @@ class BuilderOptions(settings.Options):
   kind: ClassVar[str] = ''
   builder: ClassVar[str] = ''
   hparams: ClassVar[Mapping[str, registry.Hparam]] = {}
+  flag_prefix: ClassVar[str] = ''  # 'lasso_' for task lasso's --lasso_dataset
 
   def __init__(self, given: Any = (), /) -> None:
     """`given`: a mapping or pairs {option: value}; None is not given.
@@ -57,23 +71,17 @@ class BuilderOptions(settings.Options):
     given = {name: value for name, value in dict(given).items() if value is not None}
     unknown = sorted(set(given) - set(self.hparams))
     if unknown:
-      known = ', '.join(sorted(self.hparams)) or 'none'
       raise ConfigError(
-        f'--{unknown[0]} does not apply to algorithm {self.builder!r} (its options: {known}).'
-        if self.kind == 'algorithm'
-        else f'task {self.builder!r} has no option {unknown[0]!r} (its options: {known}).'
+        f'--{self.flag_prefix}{unknown[0]} does not apply to {self.kind} {self.builder!r}'
+        f' (its options: {", ".join(sorted(self.hparams)) or "none"}).'
       )
     typed = {}
     for name, value in given.items():
       try:
         typed[name] = self.hparams[name].typed(value)
       except ValueError as e:
-        raise ConfigError(f'--{self.flag(name)} {e}') from e
+        raise ConfigError(f'--{self.flag_prefix}{name} {e}') from e
     super().__init__(typed)
-
-  def flag(self, name: str) -> str:
-    """The command-line flag setting option `name`: --mu, --lasso_dataset."""
-    return name if self.kind == 'algorithm' else f'{self.builder}_{name}'
 
   def __setattr__(self, name: str, value: Any) -> None:
     raise AttributeError(
@@ -87,12 +95,6 @@ class BuilderOptions(settings.Options):
     return of, (self.kind, self.builder, dict(self))
 
 
-def _entry(kind: str, name: str) -> tuple[registry.Entry, tuple[str, ...]]:
-  """The registered builder `name` of `kind`, and the parameters that are not options."""
-  table, common = KINDS[kind]
-  return table.get(name), common
-
-
 # (kind, name) -> (the entry the record was made from, the record): a name registered
 # again (a test's plugin) gets a new record.
 _RECORDS: dict[tuple[str, str], tuple[registry.Entry, type[BuilderOptions]]] = {}
@@ -104,11 +106,11 @@ def record_type(kind: str, name: str) -> type[BuilderOptions]:
   Raises:
     registry.RegistryError: no such builder.
   """
-  entry, common = _entry(kind, name)
+  entry = KINDS[kind].table.get(name)
   made = _RECORDS.get((kind, name))
   if made is not None and made[0] is entry:
     return made[1]
-  hparams = {h.name: h for h in entry.hparams if h.name not in common}
+  hparams = {h.name: h for h in entry.hparams if h.name not in KINDS[kind].common}
   taken = sorted(set(hparams) & set(dir(BuilderOptions)))
   if taken:  # its property would hide the mapping's own method
     raise registry.RegistryError(
@@ -117,7 +119,7 @@ def record_type(kind: str, name: str) -> type[BuilderOptions]:
     )
   words = ''.join(part.capitalize() for part in re.split(r'[^0-9A-Za-z]+', name))
   record = type(
-    f'{words}{"Task" if kind == "task" else ""}Options',
+    f'{words}{kind.capitalize()}Options',
     (BuilderOptions,),
     {
       '__module__': __name__,
@@ -126,6 +128,7 @@ def record_type(kind: str, name: str) -> type[BuilderOptions]:
       'kind': kind,
       'builder': name,
       'hparams': hparams,
+      'flag_prefix': f'{name}_' if KINDS[kind].flags_named else '',
       **{
         option: property(operator.methodcaller('get', option), doc=entry.option_help(option))
         for option in hparams
