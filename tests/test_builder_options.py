@@ -32,6 +32,14 @@ def test_options_are_the_builders_typed_record():
   assert 'seed' not in builder_options.names('task', 'quadratic')
 
 
+def test_a_record_made_directly_is_the_configs_own():
+  record = builder_options.record_type('algorithm', 'fedprox')(mu=0.5)
+  config = _config(algorithm_options=record)
+  assert config.algorithm_options is record and record.mu == 0.5
+  with pytest.raises(experiment.ConfigError, match="--mu takes a number, got 'x'"):
+    builder_options.record_type('algorithm', 'fedprox')(mu='x')
+
+
 def test_none_is_not_given():
   assert dict(_config(algorithm_options={'mu': None}).algorithm_options) == {}
 

@@ -61,14 +61,15 @@ class BuilderOptions(settings.Options):
   hparams: ClassVar[Mapping[str, registry.Hparam]] = {}
   flag_prefix: ClassVar[str] = ''  # 'lasso_' for task lasso's --lasso_dataset
 
-  def __init__(self, given: Any = (), /) -> None:
-    """`given`: a mapping or pairs {option: value}; None is not given.
+  def __init__(self, given: Any = (), /, **options: Any) -> None:
+    """`given` (a mapping or pairs {option: value}) and `options` by name
+    (`record_type('algorithm', 'fedprox')(mu=0.1)`); None is not given.
 
     Raises:
       ConfigError: an option the builder lacks, or a value it cannot take (one line:
         `--mu takes a number, got '0.1'.`).
     """
-    given = {name: value for name, value in dict(given).items() if value is not None}
+    given = {name: value for name, value in dict(given, **options).items() if value is not None}
     unknown = sorted(set(given) - set(self.hparams))
     if unknown:
       raise ConfigError(
