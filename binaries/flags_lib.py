@@ -195,14 +195,15 @@ def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, st
 def _recorded_for_resume(values: flags.FlagValues) -> experiment.ExperimentConfig | None:
   """With --resume and an --output_dir holding a readable config.json: the settings that
   run recorded, which the flags given on the command line then change (the resume
-  check refuses changes that are not resumable). None otherwise: an unreadable record
-  is the resume check's to refuse."""
+  check refuses changes that are not resumable). None otherwise: an unreadable record,
+  or one naming an algorithm or task not registered here, is the resume check's to
+  refuse."""
   if not values.resume or not values.output_dir:
     return None
   try:
     recorded = json.loads((pathlib.Path(values.output_dir) / 'config.json').read_text())
     return experiment.ExperimentConfig.from_dict(recorded)
-  except (OSError, ValueError, TypeError, AttributeError):
+  except (OSError, ValueError, TypeError, AttributeError, registry.RegistryError):
     return None
 
 

@@ -140,6 +140,10 @@ BAD_INPUT = [
   (['--algo=nope'], 'Known algorithms: afl, comfedl, ditto, fedavg, fedavg_subgrad,'),
   # A run's directory whose tensorboard/ is a file (FileExistsError in outputs.py).
   (['--resume', '--output_dir={tb_file}'], 'tensorboard is a file where the run keeps a directory'),
+  (  # a run of a plugin's algorithm no longer installed
+    ['--algo=fedavg', '--resume', '--output_dir={gone}'],
+    "configured differently (algorithm: recorded 'gone_plugin', now 'fedavg'",
+  ),
   # A model TensorFlow cannot allocate (a 49-line out-of-memory traceback).
   (
     [
@@ -218,12 +222,15 @@ def cli_runs(repo_root, tmp_path_factory):
       'tb_file',
       'private',
       'make_run',
+      'gone',
     )
   }
   paths['binary'].write_bytes(bytes(range(256)))
   paths['file'].write_text('x')
   paths['run'].mkdir()
   (paths['run'] / 'metrics.csv').write_text('round\n0\n')
+  paths['gone'].mkdir()
+  (paths['gone'] / 'config.json').write_text('{"algorithm": "gone_plugin"}')
   paths['tb_file'].mkdir()
   (paths['tb_file'] / 'metrics.csv').write_text('round\n0\n')
   (paths['tb_file'] / 'tensorboard').write_text('x')
