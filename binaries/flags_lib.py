@@ -232,7 +232,7 @@ def config_from_flags(
   same = base is not None and (algorithm, task_name) == (base.algorithm, base.task)
   algorithm_options = dict(base.algorithm_options) if same else {}
   algorithm_options.update({f: values[f].value for f in algo_flags if values[f].present})
-  chosen = task_name or registry.get_algorithm(algorithm).home_task or experiment.DEFAULT_TASK
+  chosen = experiment_config.task_of(algorithm, task_name)
   task_options = dict(base.task_options) if same else {}
   for flag, (task, option) in task_flags.items():
     if values[flag].present:

@@ -356,7 +356,7 @@ def train(
       f'train: algorithm is a registered name or an ExperimentConfig, got'
       f' {type(algorithm).__name__}.'
     )
-  task_name = task or registry.get_algorithm(algorithm).home_task or DEFAULT_TASK
+  task_name = experiment_config.task_of(algorithm, task)
   config_names = experiment_config.setting_names()
   own = builder_options.names('algorithm', algorithm)
   task_own = {f'{task_name}_{name}': name for name in builder_options.names('task', task_name)}

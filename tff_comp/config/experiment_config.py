@@ -20,6 +20,12 @@ from tff_comp.settings import ConfigError
 DEFAULT_TASK = 'lasso'  # the task of an algorithm without a home task
 
 
+def task_of(algorithm: str, task: str | None) -> str:
+  """The task a run of the registered `algorithm` trains: `task`, else the algorithm's
+  home task, else DEFAULT_TASK."""
+  return task or registry.get_algorithm(algorithm).home_task or DEFAULT_TASK
+
+
 def runtime_names() -> list[str]:
   """The --runtime choices: 'auto' and every registered runtime."""
   return ['auto', *registry.RUNTIMES.names()]
@@ -274,9 +280,8 @@ class ExperimentConfig:
 
   @property
   def task_name(self) -> str:
-    """The task the run trains: `task`, else the algorithm's home task, else
-    DEFAULT_TASK."""
-    return self.task or registry.get_algorithm(self.algorithm).home_task or DEFAULT_TASK
+    """The task the run trains (`task_of`)."""
+    return task_of(self.algorithm, self.task)
 
   @property
   def task_seed(self) -> int:
