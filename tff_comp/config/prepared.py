@@ -151,25 +151,23 @@ def resolved_options(prepared: Prepared, runtime: str | None = None) -> dict[str
   """The run settings and every algorithm and task option in force, defaults included,
   and the `runtime`'s description where known (what config.json's `resolved` records)."""
 
-  def in_force(entry: registry.Entry, given: Mapping[str, Any], skip) -> dict[str, Any]:
+  def in_force(options: builder_options.BuilderOptions, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Each of `options`' record's options with a default: its value in `given`, else
+    that default."""
     return {
-      h.name: given.get(h.name, h.default)
-      for h in entry.hparams
-      if h.name not in skip and h.default is not inspect.Parameter.empty
+      name: given.get(name, h.default)
+      for name, h in options.hparams.items()
+      if h.default is not inspect.Parameter.empty
     }
 
+  config = prepared.config
   return dict(
     prepared.settings.record(),
     **({} if runtime is None else {'runtime': runtime}),
-    algorithm_options=in_force(
-      prepared.algorithm, prepared.builder_args, builder_options.COMMON_ALGORITHM_ARGS
-    ),
+    # The algorithm's given, home settings and the run's arguments all in builder_args.
+    algorithm_options=in_force(config.algorithm_options, prepared.builder_args),
     task_options=dict(
-      in_force(
-        registry.get_task(prepared.task_name),
-        prepared.config.task_options,
-        builder_options.COMMON_TASK_ARGS,
-      ),
+      in_force(config.task_options, config.task_options),
       # A plugin's task (the `task.Task` protocol) need not say what it resolved.
       **getattr(prepared.task, 'resolved_options', {}),
     ),
