@@ -18,7 +18,7 @@ from absl import flags, logging
 
 from tff_comp import experiment, registry, settings
 from tff_comp.binaries import flag_check
-from tff_comp.config import experiment_config
+from tff_comp.config import builder_options, experiment_config
 from tff_comp.runtime import choice
 
 _DEFINE = {
@@ -138,9 +138,7 @@ def _plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
   algo_flags: dict[str, list[str]] = {}
   types: dict[str, type] = {}
   for name in registry.ALGORITHMS.names():
-    for h in registry.get_algorithm(name).hparams:
-      if h.name in experiment.COMMON_ALGORITHM_ARGS:
-        continue
+    for h in builder_options.record_type('algorithm', name).hparams.values():
       if types.setdefault(h.name, h.type) is not h.type:
         first = algo_flags[h.name][0]
         pair = sorted(
@@ -157,14 +155,9 @@ def _plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, str]]]:
       algo_flags.setdefault(h.name, []).append(name)
   task_flags = {}
   for name in registry.TASKS.names():
-    for h in registry.get_task(name).hparams:
-      if h.name not in experiment.COMMON_TASK_ARGS:
-        task_flags[f'{name}_{h.name}'] = (name, h.name)
+    for option in builder_options.record_type('task', name).hparams:
+      task_flags[f'{name}_{option}'] = (name, option)
   return algo_flags, task_flags
-
-
-def _hparam(entry: registry.Entry, name: str) -> registry.Hparam:
-  return next(h for h in entry.hparams if h.name == name)
 
 
 def _default(h: registry.Hparam) -> str:
@@ -175,7 +168,9 @@ def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, st
   """Defines algorithm and task option flags; returns their owners."""
   algo_flags, task_flags = _plugin_flags()
   for flag, users in algo_flags.items():
-    owners = [(user, _hparam(registry.get_algorithm(user), flag)) for user in users]
+    owners = [
+      (user, builder_options.record_type('algorithm', user).hparams[flag]) for user in users
+    ]
     choices = sorted({c for _, h in owners for c in h.choices})
     texts = {registry.get_algorithm(u).option_help(flag) for u in users}
     if len(texts) == 1:  # one meaning: say it once, then who takes it
@@ -186,9 +181,9 @@ def define_plugin_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, st
       )
     _define(owners[0][1], flag, text.strip(), choices)
   for flag, (task, option) in task_flags.items():
-    entry = registry.get_task(task)
-    h = _hparam(entry, option)
-    _define(h, flag, f'Task {task}{_default(h)}: {entry.option_help(option)}'.strip(), h.choices)
+    h = builder_options.record_type('task', task).hparams[option]
+    help_text = registry.get_task(task).option_help(option)
+    _define(h, flag, f'Task {task}{_default(h)}: {help_text}'.strip(), h.choices)
   return algo_flags, task_flags
 
 
